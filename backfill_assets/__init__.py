@@ -1,0 +1,1 @@
+"""Resumable, multi-tenant LLM moderation backfill on Dagster."""

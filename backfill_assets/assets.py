@@ -1,0 +1,99 @@
+"""The assets: imported posts and the moderation labels (thin: orchestration only)."""
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+
+from .importer import import_jsonl
+from .metadata import partition_metadata
+from .partitions import moderation_partitions, partition_ref, tenant_partitions
+from .pipeline import run_partitions
+from .resources import BackfillSettings, ModelResource, StoreResource, versions_for
+
+DEMO_POSTS = Path(__file__).resolve().parent / "demo" / "posts.jsonl"
+
+
+class PostsImportConfig(dg.Config):
+    """Where the export to import lives."""
+
+    path: str = str(DEMO_POSTS)
+
+
+@dg.asset(group_name="moderation", kinds={"sql"})
+def posts(
+    context: dg.AssetExecutionContext, config: PostsImportConfig, store: StoreResource
+) -> dg.MaterializeResult[None]:
+    """Posts imported from a JSONL export; bad lines go to rejected_records (line, reason)."""
+    summary = import_jsonl(store.engine(), Path(config.path))
+    known = set(context.instance.get_dynamic_partitions(tenant_partitions.name or "tenants"))
+    fresh = sorted({*summary.new_tenants} - known)
+    if fresh:
+        context.instance.add_dynamic_partitions(tenant_partitions.name or "tenants", fresh)
+    counts = summary.as_dict()
+    metadata: dict[str, dg.MetadataValue[Any]] = {
+        k: dg.MetadataValue.int(int(str(counts[k])))
+        for k in ("read", "imported", "updated", "unchanged", "rejected")
+    }
+    metadata["source"] = dg.MetadataValue.path(config.path)
+    metadata["new_tenants"] = dg.MetadataValue.text(", ".join(fresh) or "-")
+    return dg.MaterializeResult(metadata=metadata)
+
+
+def build_moderation_labels(code_version: str, partitions_per_run: int) -> dg.AssetsDefinition:
+    """The labels asset; its code version names the task, prompt and model."""
+    with warnings.catch_warnings():
+        # BackfillPolicy is "beta" in Dagster 1.13; the warning is noise on every CLI call.
+        warnings.simplefilter("ignore", dg.BetaWarning)
+        return _labels_asset(code_version, partitions_per_run)
+
+
+def _labels_asset(code_version: str, partitions_per_run: int) -> dg.AssetsDefinition:
+    @dg.asset(
+        name="moderation_labels",
+        partitions_def=moderation_partitions,
+        code_version=code_version,
+        backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=partitions_per_run),
+        deps=[posts],
+        group_name="moderation",
+        kinds={"python", "sql"},
+        tags={"llm": "moderation"},
+    )
+    def moderation_labels(
+        context: dg.AssetExecutionContext,
+        store: StoreResource,
+        model: ModelResource,
+        settings: BackfillSettings,
+    ) -> dg.MaterializeResult[None]:
+        """LLM moderation labels per tenant x slice; re-runs only send unfinished keys."""
+        versions = versions_for(settings, model)
+        if versions.code_version != code_version:
+            context.log.warning(
+                f"resources select {versions.code_version} but the asset was defined with "
+                f"{code_version}; reload the code location after changing the model or prompt"
+            )
+        refs = [partition_ref(k) for k in context.partition_keys]
+        context.log.info(f"{len(refs)} partition(s), {versions.code_version}")
+        reports = run_partitions(
+            store.engine(),
+            refs,
+            model.build_adapter,
+            versions,
+            settings.rubric(),
+            context.run_id,
+            settings.run_options(),
+            log=context.log.info,
+        )
+        for rep in reports:
+            context.add_asset_metadata(partition_metadata(rep, versions), partition_key=rep.ref.key)
+        busy = [r.ref.key for r in reports if r.busy]
+        if busy:
+            raise dg.Failure(
+                description=f"{len(busy)} partition(s) are being written by another run: "
+                + ", ".join(busy[:10]),
+                allow_retries=True,
+            )
+        return dg.MaterializeResult()
+
+    return moderation_labels

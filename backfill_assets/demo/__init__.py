@@ -1,0 +1,1 @@
+"""Demo corpus generator (deterministic)."""

@@ -1,0 +1,304 @@
+"""The per-key state machine: reserve, announce, call, book, validate, record an outcome.
+
+Workers take keys from one queue; a key waiting on a back-off is parked on a timer, so it
+holds no concurrency slot while it sleeps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .keys import Versions
+from .limits import Reservation, TenantBudgets
+from .models.base import (
+    ModelAdapter,
+    ModelCallError,
+    ModelRequest,
+    RetriableError,
+    TransportRejected,
+)
+from .outcomes import Outcome, RetryPolicy
+from .rubric import MAX_OUTPUT_TOKENS, OutputRejected, Rubric, estimate_prompt_tokens, parse_output
+from .store.tables import utcnow
+from .store.writer import FlushReport, LedgerWriter
+
+_MESSAGE_CHARS = 300
+
+
+@dataclass(frozen=True, slots=True)
+class WorkItem:
+    """One key of one partition. ``text`` is only ever sent to the model."""
+
+    partition: str
+    tenant_id: str
+    slice: int
+    post_id: str
+    content_hash: str
+    text: str
+    key: str
+
+
+@dataclass
+class PartitionStats:
+    """What happened to a partition's keys in this run."""
+
+    outcomes: Counter[str] = field(default_factory=Counter)
+    labels: Counter[str] = field(default_factory=Counter)
+    calls: int = 0
+    retries: int = 0
+    rate_limited: int = 0
+    tokens_in: int = 0
+    tokens_out: int = 0
+    cost: float = 0.0
+    latencies_ms: list[float] = field(default_factory=list)
+
+
+@dataclass
+class DispatchConfig:
+    """Knobs of one dispatch."""
+
+    run_id: str
+    versions: Versions
+    rubric: Rubric
+    concurrency: int = 8
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    seed: int | None = None
+
+
+class Dispatcher:
+    """Runs keys through the model with bounded concurrency and records every step."""
+
+    def __init__(
+        self,
+        adapter: ModelAdapter,
+        writer: LedgerWriter,
+        budgets: TenantBudgets,
+        config: DispatchConfig,
+    ) -> None:
+        self.adapter = adapter
+        self.writer = writer
+        self.budgets = budgets
+        self.cfg = config
+        self.stats: dict[str, PartitionStats] = {}
+        self._rng = random.Random(config.seed)
+        self._ids = itertools.count(1)
+        self._id_prefix = uuid.uuid4().hex[:12]
+        self._queue: asyncio.Queue[tuple[WorkItem, int] | None] = asyncio.Queue()
+        self._outstanding = 0
+        self._window = asyncio.Semaphore(max(4 * config.concurrency, 64))
+        self._feeding_done = False
+        self._idle = asyncio.Event()
+
+    def stats_for(self, partition: str) -> PartitionStats:
+        """Stats of a partition (created on first use)."""
+        st = self.stats.get(partition)
+        if st is None:
+            st = self.stats[partition] = PartitionStats()
+        return st
+
+    def on_flush(self, report: FlushReport) -> None:
+        """Rows the frame check refused turn from accepted into schema_rejected."""
+        for row, _reason in report.rejected:
+            st = self.stats_for(row["partition"])
+            st.outcomes[Outcome.ACCEPTED] -= 1
+            st.labels[row["label"]] -= 1
+            st.outcomes[Outcome.SCHEMA_REJECTED] += 1
+
+    async def run(self, items: Iterable[WorkItem]) -> None:
+        """Process every item to a terminal outcome (or deferral)."""
+        workers = [
+            asyncio.create_task(self._worker(), name=f"dispatch-{i}")
+            for i in range(self.cfg.concurrency)
+        ]
+        try:
+            for item in items:
+                await self._window.acquire()
+                self._outstanding += 1
+                self._queue.put_nowait((item, 1))
+            self._feeding_done = True
+            if self._outstanding == 0:
+                self._idle.set()
+            await self._idle.wait()
+        finally:
+            for _ in workers:
+                self._queue.put_nowait(None)
+            results = await asyncio.gather(*workers, return_exceptions=True)
+        for res in results:
+            if isinstance(res, BaseException):
+                raise res
+
+    def _finish(self) -> None:
+        self._outstanding -= 1
+        self._window.release()
+        if self._feeding_done and self._outstanding == 0:
+            self._idle.set()
+
+    async def _worker(self) -> None:
+        while True:
+            job = await self._queue.get()
+            if job is None:
+                return
+            item, attempt = job
+            if await self._attempt(item, attempt):
+                self._finish()
+
+    def _requeue_later(self, item: WorkItem, attempt: int, delay: float) -> None:
+        loop = asyncio.get_running_loop()
+        loop.call_later(delay, self._queue.put_nowait, (item, attempt))
+
+    async def _attempt(self, item: WorkItem, attempt: int) -> bool:
+        """One attempt; returns True when the key reached a terminal state in this run."""
+        st = self.stats_for(item.partition)
+        estimate = estimate_prompt_tokens(self.cfg.rubric, item.text) + MAX_OUTPUT_TOKENS
+        reservation = await self.budgets.reserve(item.tenant_id, estimate)
+        if reservation is None:
+            st.outcomes[Outcome.DEFERRED] += 1
+            return True
+        attempt_id = f"{self._id_prefix}-{next(self._ids)}"
+        await self.writer.record_attempt(self._event(item, attempt, attempt_id, "attempt"))
+        request = ModelRequest(
+            key=item.key,
+            tenant_id=item.tenant_id,
+            post_id=item.post_id,
+            attempt=attempt,
+            model=self.cfg.versions.model,
+            messages=self.cfg.rubric.messages(item.key, item.text),
+            max_output_tokens=MAX_OUTPUT_TOKENS,
+            estimated_tokens=estimate,
+        )
+        st.calls += 1
+        started = time.perf_counter()
+        try:
+            response = await self.adapter.complete(request)
+        except ModelCallError as exc:
+            return self._failed(item, attempt, attempt_id, exc, reservation, st)
+        except Exception as exc:  # an adapter bug must not kill the run; treat as transient
+            wrapped = RetriableError(f"adapter error: {type(exc).__name__}")
+            return self._failed(item, attempt, attempt_id, wrapped, reservation, st)
+        st.latencies_ms.append(response.latency_ms or (time.perf_counter() - started) * 1000)
+        cost = response.cost
+        if cost is None:
+            cost = self.adapter.cost_of(
+                self.cfg.versions.model, response.tokens_in, response.tokens_out
+            )
+        # Booked before the answer is trusted: a malformed answer still cost tokens.
+        usage = self._event(item, attempt, attempt_id, "usage")
+        usage.update(
+            tokens_in=response.tokens_in,
+            tokens_out=response.tokens_out,
+            cost=cost,
+            request_id=response.request_id[:200],
+            status=200,
+        )
+        self.writer.stage_event(usage, reservation.reservation_id)
+        self.budgets.settle(reservation, response.tokens_in + response.tokens_out)
+        st.tokens_in += response.tokens_in
+        st.tokens_out += response.tokens_out
+        st.cost += cost
+        try:
+            out = parse_output(response.raw_text, item.key)
+        except OutputRejected as exc:
+            self.writer.stage_dead(self._dead(item, Outcome.SCHEMA_REJECTED, str(exc), attempt))
+            st.outcomes[Outcome.SCHEMA_REJECTED] += 1
+            return True
+        row = self._base(item)
+        row.update(
+            label=out.label,
+            confidence=out.confidence,
+            correlation_id=out.correlation_id,
+            schema_version=out.schema_version,
+            created_at=utcnow(),
+            partition=item.partition,
+        )
+        self.writer.stage_result(row)
+        st.outcomes[Outcome.ACCEPTED] += 1
+        st.labels[out.label] += 1
+        return True
+
+    def _failed(
+        self,
+        item: WorkItem,
+        attempt: int,
+        attempt_id: str,
+        exc: ModelCallError,
+        reservation: Reservation,
+        st: PartitionStats,
+    ) -> bool:
+        self.budgets.settle(reservation, 0)
+        event = self._event(item, attempt, attempt_id, "error")
+        event.update(
+            status=exc.status,
+            request_id=(exc.request_id or None),
+            message=f"{type(exc).__name__}: {str(exc)[:_MESSAGE_CHARS]}",
+        )
+        self.writer.stage_event(event)
+        if exc.status == 429:
+            st.rate_limited += 1
+        if isinstance(exc, TransportRejected):
+            reason = f"HTTP {exc.status}: {str(exc)[:_MESSAGE_CHARS]}"
+            self.writer.stage_dead(self._dead(item, Outcome.TRANSPORT_REJECTED, reason, attempt))
+            st.outcomes[Outcome.TRANSPORT_REJECTED] += 1
+            return True
+        if self.cfg.retry.exhausted(attempt):
+            reason = f"{attempt} attempts; last: {str(exc)[:_MESSAGE_CHARS]}"
+            self.writer.stage_dead(self._dead(item, Outcome.RETRY_EXHAUSTED, reason, attempt))
+            st.outcomes[Outcome.RETRY_EXHAUSTED] += 1
+            return True
+        st.retries += 1
+        self._requeue_later(
+            item, attempt + 1, self.cfg.retry.delay(attempt, exc.retry_after, self._rng)
+        )
+        return False
+
+    def _base(self, item: WorkItem) -> dict[str, Any]:
+        v = self.cfg.versions
+        return {
+            "key": item.key,
+            "tenant_id": item.tenant_id,
+            "post_id": item.post_id,
+            "slice": item.slice,
+            "content_hash": item.content_hash,
+            "model": v.model,
+            "prompt_version": v.prompt_version,
+            "task_version": v.task_version,
+            "run_id": self.cfg.run_id,
+        }
+
+    def _event(self, item: WorkItem, attempt: int, attempt_id: str, kind: str) -> dict[str, Any]:
+        v = self.cfg.versions
+        first = kind == "attempt"
+        return {
+            "tenant_id": item.tenant_id,
+            "key": item.key,
+            "attempt_id": attempt_id,
+            "attempt_no": attempt,
+            "type": kind,
+            "slice": item.slice,
+            # Only the attempt carries the key's derivation; later events point at it.
+            "post_id": item.post_id if first else None,
+            "content_hash": item.content_hash if first else None,
+            "model": v.model,
+            "prompt_version": v.prompt_version if first else None,
+            "task_version": v.task_version if first else None,
+            "tokens_in": 0,
+            "tokens_out": 0,
+            "cost": 0.0,
+            "request_id": None,
+            "status": None,
+            "message": None,
+            "run_id": self.cfg.run_id,
+            "at": utcnow(),
+        }
+
+    def _dead(self, item: WorkItem, outcome: Outcome, reason: str, attempts: int) -> dict[str, Any]:
+        row = self._base(item)
+        row.update(outcome=str(outcome), reason=reason[:500], attempts=attempts, at=utcnow())
+        return row

@@ -1,0 +1,94 @@
+"""Stable, content-derived work keys and slices (pure).
+
+A key names one unit of paid work: the same post under the same task, prompt and model
+always maps to the same key; anything that changes the answer changes the key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import unicodedata
+from dataclasses import dataclass
+
+TENANT_ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
+SLICE_COUNT = 16
+SLICE_KEYS: tuple[str, ...] = tuple(f"s{i:02d}" for i in range(SLICE_COUNT))
+
+
+class InvalidTenantId(ValueError):
+    """A tenant id that does not match ``TENANT_ID_RE``."""
+
+
+def validate_tenant_id(tenant_id: object) -> str:
+    """Return the tenant id if it is well-formed, else raise ``InvalidTenantId``."""
+    if not isinstance(tenant_id, str) or not TENANT_ID_RE.fullmatch(tenant_id):
+        raise InvalidTenantId(f"invalid tenant id {str(tenant_id)[:48]!r}")
+    return tenant_id
+
+
+def normalize_text(text: str) -> str:
+    """NFC-normalise so that canonically equal texts hash the same."""
+    return unicodedata.normalize("NFC", text)
+
+
+def content_hash(text: str) -> str:
+    """sha256 hex of the NFC form of ``text``."""
+    return hashlib.sha256(normalize_text(text).encode("utf-8")).hexdigest()
+
+
+def _frame(fields: tuple[str, ...]) -> bytes:
+    # Length-prefixed fields ("<len>:<bytes>") are unambiguous whatever the fields contain,
+    # so ("a", "bc") and ("ab", "c") can never collide.
+    out = bytearray()
+    for field in fields:
+        raw = field.encode("utf-8")
+        out += str(len(raw)).encode("ascii") + b":" + raw
+    return bytes(out)
+
+
+@dataclass(frozen=True, slots=True)
+class Versions:
+    """What, besides the post, decides the answer: task, prompt and model."""
+
+    task_version: str
+    prompt_version: str
+    model: str
+
+    @property
+    def code_version(self) -> str:
+        """The Dagster code version of the labels asset."""
+        return f"task={self.task_version};prompt={self.prompt_version};model={self.model}"
+
+
+def work_key(versions: Versions, tenant_id: str, post_id: str, text_hash: str) -> str:
+    """sha256(task_version, prompt_version, model, tenant_id, post_id, sha256(NFC(text)))."""
+    frame = _frame(
+        (
+            versions.task_version,
+            versions.prompt_version,
+            versions.model,
+            tenant_id,
+            post_id,
+            text_hash,
+        )
+    )
+    return hashlib.sha256(frame).hexdigest()
+
+
+def slice_of(tenant_id: str, post_id: str) -> int:
+    """Bucket of a post: a pure function of its identity, stable under re-export."""
+    digest = hashlib.sha256(_frame((tenant_id, post_id))).digest()
+    return int.from_bytes(digest[:8], "big") % SLICE_COUNT
+
+
+def slice_key(slice_no: int) -> str:
+    """Partition key of a slice number (``3`` -> ``"s03"``)."""
+    return SLICE_KEYS[slice_no]
+
+
+def slice_no(key: str) -> int:
+    """Slice number of a partition key (``"s03"`` -> ``3``)."""
+    if key not in SLICE_KEYS:
+        raise ValueError(f"unknown slice {key!r}; expected one of s00..s{SLICE_COUNT - 1:02d}")
+    return int(key[1:])

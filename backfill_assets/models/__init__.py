@@ -1,0 +1,1 @@
+"""Model adapters: one interface, a deterministic fake and HTTP providers."""

@@ -1,0 +1,86 @@
+"""Deterministic in-process model: same input, same answer, same failures, every run."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+
+from .base import ModelAdapter, ModelRequest, ModelResponse, RetriableError
+from .rules import classify, count_tokens
+
+_POST_OPEN = "<post>\n"
+_POST_CLOSE = "\n</post>"
+
+
+def _post_text(request: ModelRequest) -> str:
+    user = request.messages[-1]["content"]
+    start = user.find(_POST_OPEN)
+    end = user.rfind(_POST_CLOSE)
+    return user[start + len(_POST_OPEN) : end] if 0 <= start < end else user
+
+
+def _unit(*parts: str) -> float:
+    digest = hashlib.sha256("\x1f".join(parts).encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
+class FakeModel(ModelAdapter):
+    """Labels by keyword rules and answers raw JSON text for the pipeline to parse.
+
+    Token usage is an estimate from text length (about four characters a token), reported as
+    if the provider had billed it. ``failure_rate`` makes calls fail with a retriable error,
+    decided by hash(key, attempt) so every run fails at the same places; ``malformed_rate``
+    makes answers unparseable, decided by the key (every attempt the same).
+    """
+
+    name = "fake"
+
+    def __init__(
+        self,
+        model: str = "fake-moderator-1",
+        latency_ms: float = 0.0,
+        failure_rate: float = 0.0,
+        malformed_rate: float = 0.0,
+        seed: str = "fake",
+    ) -> None:
+        super().__init__()
+        self.model = model
+        self.latency_s = latency_ms / 1000.0
+        self.failure_rate = failure_rate
+        self.malformed_rate = malformed_rate
+        self.seed = seed
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        """Answer one request."""
+        self.stats.calls += 1
+        if self.latency_s:
+            await asyncio.sleep(self.latency_s)
+        if (
+            self.failure_rate
+            and _unit(self.seed, "fail", request.key, str(request.attempt)) < self.failure_rate
+        ):
+            self.stats.rate_limited += 1
+            raise RetriableError("fake provider: 503 service unavailable", status=503)
+        text = _post_text(request)
+        label, confidence = classify(text)
+        if self.malformed_rate and _unit(self.seed, "malformed", request.key) < self.malformed_rate:
+            raw = '{"schema_version": 1, "label": "ok", "confidence": '
+        else:
+            raw = json.dumps(
+                {
+                    "schema_version": 1,
+                    "correlation_id": request.key,
+                    "label": label,
+                    "confidence": confidence,
+                },
+                separators=(",", ":"),
+            )
+        tokens_in = sum(count_tokens(m["content"]) + 4 for m in request.messages)
+        return ModelResponse(
+            raw_text=raw,
+            tokens_in=tokens_in,
+            tokens_out=count_tokens(raw),
+            request_id=f"fake-{request.key[:12]}-{request.attempt}",
+            latency_ms=self.latency_s * 1000.0,
+        )

@@ -1,0 +1,211 @@
+"""Runs a set of partitions through the dispatcher: lock, find pending keys, dispatch, report."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import statistics
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy.engine import Engine
+
+from .dispatch import DispatchConfig, Dispatcher, PartitionStats, WorkItem
+from .keys import Versions, work_key
+from .limits import TenantBudgets
+from .models.base import ModelAdapter
+from .outcomes import Outcome, RetryPolicy
+from .rubric import Rubric
+from .store.budget import StoreBudgetLedger
+from .store.engine import read_tx
+from .store.reports import dead_counts, label_counts
+from .store.work import PartitionBusy, partition_lock, partition_size, pending_posts
+from .store.writer import LedgerWriter
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionRef:
+    """A tenant x slice partition and its Dagster key string."""
+
+    key: str
+    tenant_id: str
+    slice: int
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """Execution knobs of one run."""
+
+    concurrency: int = 8
+    budget_tokens: int | None = None
+    kill_after_usage: int | None = None
+    flush_rows: int = 256
+    flush_interval_s: float = 0.05
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    seed: int | None = None
+
+
+@dataclass
+class PartitionReport:
+    """One partition's result for metadata, CLI output and tests."""
+
+    ref: PartitionRef
+    posts: int = 0
+    pending: int = 0
+    busy: bool = False
+    stats: PartitionStats = field(default_factory=PartitionStats)
+    labels_total: dict[str, int] = field(default_factory=dict)
+    dead_total: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def skipped(self) -> int:
+        """Keys already finished before this run."""
+        return self.posts - self.pending
+
+    def summary(self) -> dict[str, Any]:
+        """Plain JSON summary."""
+        st = self.stats
+        lat = sorted(st.latencies_ms)
+        return {
+            "partition": self.ref.key,
+            "tenant": self.ref.tenant_id,
+            "slice": f"s{self.ref.slice:02d}",
+            "busy": self.busy,
+            "posts": self.posts,
+            "skipped": self.skipped,
+            "pending": self.pending,
+            "outcomes": {str(o): st.outcomes.get(str(o), 0) for o in Outcome},
+            "calls": st.calls,
+            "retries": st.retries,
+            "rate_limited": st.rate_limited,
+            "tokens_in": st.tokens_in,
+            "tokens_out": st.tokens_out,
+            "cost": round(st.cost, 6),
+            "labels_this_run": dict(sorted((k, v) for k, v in st.labels.items() if v)),
+            "labels_total": dict(sorted(self.labels_total.items())),
+            "dead_letters_total": dict(sorted(self.dead_total.items())),
+            "latency_p50_ms": round(statistics.median(lat), 2) if lat else None,
+            "latency_p95_ms": round(lat[int(0.95 * (len(lat) - 1))], 2) if lat else None,
+        }
+
+
+def run_partitions(
+    engine: Engine,
+    refs: Sequence[PartitionRef],
+    make_adapter: Callable[[], ModelAdapter],
+    versions: Versions,
+    rubric: Rubric,
+    run_id: str,
+    options: RunOptions,
+    log: Callable[[str], None] = lambda _m: None,
+) -> list[PartitionReport]:
+    """Process the partitions' remaining keys; one writer per partition, all in one event loop."""
+    reports = {r.key: PartitionReport(ref=r) for r in refs}
+    with contextlib.ExitStack() as stack:
+        owned: list[PartitionRef] = []
+        for ref in refs:
+            try:
+                stack.enter_context(partition_lock(engine, ref.tenant_id, ref.slice))
+                owned.append(ref)
+            except PartitionBusy as exc:
+                reports[ref.key].busy = True
+                log(f"skipping {ref.key}: {exc}")
+        asyncio.run(
+            _dispatch(engine, owned, reports, make_adapter, versions, rubric, run_id, options, log)
+        )
+    with read_tx(engine) as conn:
+        for ref in refs:
+            rep = reports[ref.key]
+            rep.labels_total = label_counts(conn, ref.tenant_id, ref.slice, versions)
+            rep.dead_total = dead_counts(conn, ref.tenant_id, ref.slice, versions)
+    return [reports[r.key] for r in refs]
+
+
+def _work(
+    engine: Engine,
+    refs: Sequence[PartitionRef],
+    reports: dict[str, PartitionReport],
+    versions: Versions,
+) -> Iterator[WorkItem]:
+    # Read one partition at a time: memory is bounded by the largest slice, not the archive.
+    for ref in refs:
+        with read_tx(engine) as conn:
+            size = partition_size(conn, ref.tenant_id, ref.slice)
+            pending = pending_posts(conn, ref.tenant_id, ref.slice, versions)
+        rep = reports[ref.key]
+        rep.posts, rep.pending = size, len(pending)
+        for p in pending:
+            yield WorkItem(
+                partition=ref.key,
+                tenant_id=ref.tenant_id,
+                slice=ref.slice,
+                post_id=p.post_id,
+                content_hash=p.content_hash,
+                text=p.text,
+                key=work_key(versions, ref.tenant_id, p.post_id, p.content_hash),
+            )
+
+
+async def _dispatch(
+    engine: Engine,
+    refs: Sequence[PartitionRef],
+    reports: dict[str, PartitionReport],
+    make_adapter: Callable[[], ModelAdapter],
+    versions: Versions,
+    rubric: Rubric,
+    run_id: str,
+    options: RunOptions,
+    log: Callable[[str], None],
+) -> None:
+    # The adapter (and any HTTP client) lives and dies with this event loop.
+    adapter = make_adapter()
+    budgets = TenantBudgets(
+        options.budget_tokens,
+        StoreBudgetLedger(engine, holder=run_id) if options.budget_tokens else None,
+        chunk_calls=max(4, options.concurrency * 2),
+    )
+    dispatcher: Dispatcher
+    writer = LedgerWriter(
+        engine,
+        flush_rows=options.flush_rows,
+        flush_interval_s=options.flush_interval_s,
+        kill_after_usage=options.kill_after_usage,
+        on_flush=lambda rep: dispatcher.on_flush(rep),
+    )
+    dispatcher = Dispatcher(
+        adapter,
+        writer,
+        budgets,
+        DispatchConfig(
+            run_id=run_id,
+            versions=versions,
+            rubric=rubric,
+            concurrency=options.concurrency,
+            retry=options.retry,
+            seed=options.seed,
+        ),
+    )
+    for ref in refs:
+        dispatcher.stats[ref.key] = reports[ref.key].stats
+    writer.start()
+    progress = asyncio.create_task(_progress(dispatcher, budgets, log))
+    try:
+        await dispatcher.run(_work(engine, refs, reports, versions))
+    finally:
+        progress.cancel()
+        await writer.close()
+        await budgets.release()
+        await adapter.aclose()
+
+
+async def _progress(
+    dispatcher: Dispatcher, budgets: TenantBudgets, log: Callable[[str], None]
+) -> None:
+    # Visible progress for long runs, and a heartbeat so live budget reservations stay live.
+    while True:
+        await asyncio.sleep(10.0)
+        done = sum(sum(s.outcomes.values()) for s in dispatcher.stats.values())
+        calls = sum(s.calls for s in dispatcher.stats.values())
+        log(f"progress: {done} keys finished, {calls} model calls")
+        await budgets.heartbeat()

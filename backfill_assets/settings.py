@@ -1,0 +1,102 @@
+"""Environment variables -> resource configuration. Callers pass the environment in."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from .keys import Versions
+from .resources import (
+    BackfillSettings,
+    FakeModelResource,
+    ModelResource,
+    StoreResource,
+    versions_for,
+)
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
+class SettingsError(ValueError):
+    """An environment variable with a value we cannot use."""
+
+
+def dagster_home(env: Mapping[str, str]) -> Path:
+    """``$DAGSTER_HOME``, or ``.dagster_home`` inside the project."""
+    return Path(env.get("DAGSTER_HOME") or PROJECT_ROOT / ".dagster_home")
+
+
+def database_url(env: Mapping[str, str]) -> str:
+    """``$BACKFILL_DATABASE_URL``, or a SQLite file in the Dagster home."""
+    url = env.get("BACKFILL_DATABASE_URL", "").strip()
+    return url or f"sqlite:///{dagster_home(env) / 'backfill.db'}"
+
+
+def _int(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise SettingsError(f"{name}={raw!r} is not an integer") from None
+
+
+def _float(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise SettingsError(f"{name}={raw!r} is not a number") from None
+
+
+def settings_from_env(env: Mapping[str, str]) -> BackfillSettings:
+    """Run settings from ``BACKFILL_*`` variables."""
+    return BackfillSettings(
+        concurrency=_int(env, "BACKFILL_CONCURRENCY", 8),
+        tenant_budget_tokens=_int(env, "BACKFILL_TENANT_BUDGET_TOKENS", 0),
+        kill_after_usage=_int(env, "BACKFILL_KILL_AFTER_USAGE", 0),
+        max_attempts=_int(env, "BACKFILL_MAX_ATTEMPTS", 5),
+        retry_base_seconds=_float(env, "BACKFILL_RETRY_BASE_SECONDS", 0.5),
+        retry_max_seconds=_float(env, "BACKFILL_RETRY_MAX_SECONDS", 30.0),
+        flush_ms=_float(env, "BACKFILL_FLUSH_MS", 50.0),
+        prompt_path=env.get("BACKFILL_PROMPT_PATH", ""),
+    )
+
+
+def model_from_env(env: Mapping[str, str]) -> ModelResource:
+    """The model resource selected by ``BACKFILL_MODEL_BACKEND`` (default: fake)."""
+    backend = env.get("BACKFILL_MODEL_BACKEND", "fake").strip() or "fake"
+    if backend == "fake":
+        return FakeModelResource(
+            model=env.get("BACKFILL_MODEL", "").strip() or "fake-moderator-1",
+            latency_ms=_float(env, "BACKFILL_FAKE_LATENCY_MS", 0.0),
+            failure_rate=_float(env, "BACKFILL_FAKE_FAILURE_RATE", 0.0),
+            malformed_rate=_float(env, "BACKFILL_FAKE_MALFORMED_RATE", 0.0),
+        )
+    raise SettingsError(f"BACKFILL_MODEL_BACKEND={backend!r}: expected one of fake")
+
+
+def resources_from_env(env: Mapping[str, str]) -> dict[str, Any]:
+    """All resources the definitions need."""
+    return {
+        "store": StoreResource(database_url=database_url(env)),
+        "model": model_from_env(env),
+        "settings": settings_from_env(env),
+    }
+
+
+def versions_from_env(env: Mapping[str, str]) -> Versions:
+    """The versions (and so the code version) the environment selects."""
+    return versions_for(settings_from_env(env), model_from_env(env))
+
+
+def partitions_per_run(env: Mapping[str, str]) -> int:
+    """How many partitions one backfill run handles."""
+    n = _int(env, "BACKFILL_PARTITIONS_PER_RUN", 16)
+    if n < 1:
+        raise SettingsError("BACKFILL_PARTITIONS_PER_RUN must be at least 1")
+    return n

@@ -1,0 +1,75 @@
+"""Engines for the two supported stores: SQLite (embedded default) and PostgreSQL."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+
+def normalize_url(url: str) -> str:
+    """Pin PostgreSQL URLs to psycopg2, the driver dagster-postgres is tested with."""
+    if url.startswith("postgres://"):
+        url = "postgresql://" + url[len("postgres://") :]
+    if url.startswith("postgresql://"):
+        url = "postgresql+psycopg2://" + url[len("postgresql://") :]
+    return url
+
+
+def make_engine(url: str) -> Engine:
+    """Create an engine; SQLite gets WAL, a busy timeout and explicit write locking."""
+    url = normalize_url(url)
+    if url.startswith("sqlite"):
+        db = sa.engine.make_url(url).database
+        if db and db != ":memory:" and not db.startswith("file:"):
+            Path(db).parent.mkdir(parents=True, exist_ok=True)
+        engine = sa.create_engine(url, connect_args={"timeout": 60, "check_same_thread": False})
+        _configure_sqlite(engine)
+        return engine
+    return sa.create_engine(url, pool_pre_ping=True, pool_size=4, max_overflow=8)
+
+
+def _configure_sqlite(engine: Engine) -> None:
+    @sa.event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        # Take transaction control from pysqlite so BEGIN IMMEDIATE is possible.
+        dbapi_conn.isolation_level = None
+        cur = dbapi_conn.cursor()
+        if engine.url.database not in (None, "", ":memory:"):
+            cur.execute("PRAGMA journal_mode=WAL")
+        # WAL + NORMAL: a commit survives a SIGKILL of this process (only power loss can
+        # drop the last commits), which is the failure this tool is built for.
+        cur.execute("PRAGMA synchronous=NORMAL")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.execute("PRAGMA busy_timeout=60000")
+        cur.close()
+
+    @sa.event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        # Writers take the lock up front; a deferred transaction that upgrades later can
+        # fail with SQLITE_BUSY without waiting.
+        mode = "IMMEDIATE" if conn.get_execution_options().get("write") else "DEFERRED"
+        conn.exec_driver_sql(f"BEGIN {mode}")
+
+
+def is_sqlite(engine: Engine) -> bool:
+    """True for the embedded store."""
+    return engine.dialect.name == "sqlite"
+
+
+@contextlib.contextmanager
+def write_tx(engine: Engine) -> Iterator[Connection]:
+    """A write transaction (BEGIN IMMEDIATE on SQLite)."""
+    with engine.connect().execution_options(write=True) as conn, conn.begin():
+        yield conn
+
+
+@contextlib.contextmanager
+def read_tx(engine: Engine) -> Iterator[Connection]:
+    """A read transaction with one consistent snapshot where the store offers one."""
+    with engine.connect() as conn, conn.begin():
+        yield conn

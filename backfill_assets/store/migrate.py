@@ -1,0 +1,99 @@
+"""Apply the numbered DDL files in ``sql/`` once each, in order, recorded in schema_migrations."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from .engine import is_sqlite, write_tx
+from .tables import utcnow
+
+SQL_DIR = Path(__file__).resolve().parents[2] / "sql"
+_FILE_RE = re.compile(r"^(\d{3})_([a-z0-9_]+)\.sql$")
+# Arbitrary constant: all migrators on one PostgreSQL server serialise on it.
+_PG_LOCK_ID = 0x6D6F6431
+
+
+@dataclass(frozen=True)
+class Migration:
+    """One DDL file."""
+
+    version: int
+    name: str
+    sql: str
+
+    @property
+    def checksum(self) -> str:
+        """Detects a file edited after it was applied."""
+        return hashlib.sha256(self.sql.encode("utf-8")).hexdigest()[:16]
+
+
+class MigrationError(RuntimeError):
+    """The database and the files in ``sql/`` disagree."""
+
+
+def load_migrations(sql_dir: Path = SQL_DIR) -> list[Migration]:
+    """Migrations sorted by version; file names must be ``NNN_name.sql``."""
+    found: list[Migration] = []
+    for path in sorted(sql_dir.glob("*.sql")):
+        match = _FILE_RE.match(path.name)
+        if not match:
+            raise MigrationError(f"{path.name}: expected a name like 001_core.sql")
+        found.append(Migration(int(match[1]), match[2], path.read_text("utf-8")))
+    versions = [m.version for m in found]
+    if len(set(versions)) != len(versions):
+        raise MigrationError(f"duplicate migration versions in {sql_dir}")
+    return found
+
+
+def statements(sql: str, dialect: str) -> list[str]:
+    """Split a DDL file into statements and fill in dialect tokens."""
+    serial = "INTEGER PRIMARY KEY AUTOINCREMENT" if dialect == "sqlite" else "BIGSERIAL PRIMARY KEY"
+    body = "\n".join(line for line in sql.splitlines() if not line.lstrip().startswith("--"))
+    body = body.replace("{serial_pk}", serial)
+    return [s.strip() for s in body.split(";") if s.strip()]
+
+
+def _ensure_table(conn: Connection) -> None:
+    conn.exec_driver_sql(
+        "CREATE TABLE IF NOT EXISTS schema_migrations ("
+        " version INTEGER PRIMARY KEY, name TEXT NOT NULL, checksum TEXT NOT NULL,"
+        " applied_at TIMESTAMP NOT NULL)"
+    )
+
+
+def migrate(engine: Engine, sql_dir: Path = SQL_DIR) -> list[int]:
+    """Apply pending migrations; returns the versions applied now. Idempotent, concurrent-safe."""
+    applied_now: list[int] = []
+    with write_tx(engine) as conn:
+        if not is_sqlite(engine):
+            conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_LOCK_ID})
+        _ensure_table(conn)
+        done = {
+            int(r.version): str(r.checksum)
+            for r in conn.execute(sa.text("SELECT version, checksum FROM schema_migrations"))
+        }
+        for mig in load_migrations(sql_dir):
+            if mig.version in done:
+                if done[mig.version] != mig.checksum:
+                    raise MigrationError(
+                        f"sql/{mig.version:03d}_{mig.name}.sql changed after it was applied; "
+                        "add a new migration instead of editing an applied one"
+                    )
+                continue
+            for stmt in statements(mig.sql, engine.dialect.name):
+                conn.exec_driver_sql(stmt)
+            conn.execute(
+                sa.text(
+                    "INSERT INTO schema_migrations (version, name, checksum, applied_at)"
+                    " VALUES (:v, :n, :c, :at)"
+                ),
+                {"v": mig.version, "n": mig.name, "c": mig.checksum, "at": utcnow()},
+            )
+            applied_now.append(mig.version)
+    return applied_now

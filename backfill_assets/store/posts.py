@@ -1,0 +1,166 @@
+"""Streaming import of post exports into ``posts`` (and ``tenants``, ``rejected_records``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from ..records import Post, Rejection
+from .dialect import insert_for
+from .engine import write_tx
+from .tables import posts, rejected_records, tenants, utcnow
+
+
+@dataclass
+class ImportSummary:
+    """Counts printed by ``backfill-moderation import``."""
+
+    read: int = 0
+    imported: int = 0
+    updated: int = 0
+    unchanged: int = 0
+    rejected: int = 0
+    new_tenants: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, object]:
+        """JSON-friendly form."""
+        return {
+            "read": self.read,
+            "imported": self.imported,
+            "updated": self.updated,
+            "unchanged": self.unchanged,
+            "rejected": self.rejected,
+            "new_tenants": sorted(self.new_tenants),
+        }
+
+
+def register_tenants(conn: Connection, tenant_ids: Iterable[str]) -> list[str]:
+    """Insert unknown tenants; returns the ones that were new."""
+    wanted = sorted(set(tenant_ids))
+    if not wanted:
+        return []
+    known = set(
+        conn.execute(sa.select(tenants.c.tenant_id).where(tenants.c.tenant_id.in_(wanted)))
+        .scalars()
+        .all()
+    )
+    new = [t for t in wanted if t not in known]
+    if new:
+        stmt = insert_for(conn, tenants).on_conflict_do_nothing()
+        now = utcnow()
+        conn.execute(stmt, [{"tenant_id": t, "billed_tokens": 0, "created_at": now} for t in new])
+    return new
+
+
+def write_batch(
+    engine: Engine, source: str, batch: list[Post | Rejection], summary: ImportSummary
+) -> None:
+    """Upsert one batch of parsed lines in one transaction."""
+    latest: dict[tuple[str, str], Post] = {}
+    rejects: list[Rejection] = []
+    for item in batch:
+        if isinstance(item, Rejection):
+            rejects.append(item)
+            continue
+        ident = (item.tenant_id, item.post_id)
+        prior = latest.get(ident)
+        if prior is not None:
+            # Same post twice in one batch: the later line wins, like a later export would.
+            if prior.content_hash == item.content_hash:
+                summary.unchanged += 1
+            else:
+                summary.updated += 1
+        latest[ident] = item
+    with write_tx(engine) as conn:
+        summary.new_tenants += register_tenants(conn, (t for t, _ in latest))
+        _upsert_posts(conn, list(latest.values()), summary)
+        if rejects:
+            _record_rejects(conn, source, rejects)
+    summary.rejected += len(rejects)
+
+
+def _upsert_posts(conn: Connection, batch: list[Post], summary: ImportSummary) -> None:
+    if not batch:
+        return
+    existing: dict[tuple[str, str], str] = {}
+    by_tenant: dict[str, list[str]] = {}
+    for p in batch:
+        by_tenant.setdefault(p.tenant_id, []).append(p.post_id)
+    for tenant_id, post_ids in by_tenant.items():
+        rows = conn.execute(
+            sa.select(posts.c.post_id, posts.c.content_hash).where(
+                posts.c.tenant_id == tenant_id, posts.c.post_id.in_(post_ids)
+            )
+        )
+        existing.update({(tenant_id, r.post_id): r.content_hash for r in rows})
+    now = utcnow()
+    inserts, updates = [], []
+    for p in batch:
+        old = existing.get((p.tenant_id, p.post_id))
+        row = {
+            "tenant_id": p.tenant_id,
+            "post_id": p.post_id,
+            "text": p.text,
+            "content_hash": p.content_hash,
+            "slice": p.slice,
+            "imported_at": now,
+            "updated_at": now,
+        }
+        if old is None:
+            inserts.append(row)
+        elif old != p.content_hash:
+            updates.append(row)
+        else:
+            summary.unchanged += 1
+    if inserts:
+        conn.execute(posts.insert(), inserts)
+        summary.imported += len(inserts)
+    if updates:
+        conn.execute(
+            posts.update()
+            .where(
+                posts.c.tenant_id == sa.bindparam("b_tenant"),
+                posts.c.post_id == sa.bindparam("b_post"),
+            )
+            .values(
+                text=sa.bindparam("b_text"),
+                content_hash=sa.bindparam("b_hash"),
+                updated_at=sa.bindparam("b_at"),
+            ),
+            [
+                {
+                    "b_tenant": r["tenant_id"],
+                    "b_post": r["post_id"],
+                    "b_text": r["text"],
+                    "b_hash": r["content_hash"],
+                    "b_at": now,
+                }
+                for r in updates
+            ],
+        )
+        summary.updated += len(updates)
+
+
+def _record_rejects(conn: Connection, source: str, rejects: list[Rejection]) -> None:
+    stmt = insert_for(conn, rejected_records)
+    stmt = stmt.on_conflict_do_update(
+        index_elements=["source", "line"],
+        set_={"reason": stmt.excluded.reason, "tenant_given": stmt.excluded.tenant_given},
+    )
+    now = utcnow()
+    conn.execute(
+        stmt,
+        [
+            {
+                "source": source,
+                "line": r.line,
+                "reason": r.reason[:500],
+                "tenant_given": r.tenant_given,
+                "at": now,
+            }
+            for r in rejects
+        ],
+    )

@@ -1,0 +1,117 @@
+"""SQLAlchemy Core mirrors of the tables created by ``sql/`` (a test keeps them in step)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import sqlalchemy as sa
+
+metadata = sa.MetaData()
+
+
+def utcnow() -> datetime:
+    """Naive UTC, stored the same way by both stores."""
+    return datetime.now(UTC).replace(tzinfo=None)
+
+
+tenants = sa.Table(
+    "tenants",
+    metadata,
+    sa.Column("tenant_id", sa.Text, primary_key=True),
+    sa.Column("region", sa.Text),
+    sa.Column("billed_tokens", sa.BigInteger, nullable=False),
+    sa.Column("created_at", sa.DateTime, nullable=False),
+)
+
+posts = sa.Table(
+    "posts",
+    metadata,
+    sa.Column("tenant_id", sa.Text, primary_key=True),
+    sa.Column("post_id", sa.Text, primary_key=True),
+    sa.Column("text", sa.Text, nullable=False),
+    sa.Column("content_hash", sa.Text, nullable=False),
+    sa.Column("slice", sa.Integer, nullable=False),
+    sa.Column("imported_at", sa.DateTime, nullable=False),
+    sa.Column("updated_at", sa.DateTime, nullable=False),
+)
+
+rejected_records = sa.Table(
+    "rejected_records",
+    metadata,
+    sa.Column("id", sa.BigInteger, primary_key=True, autoincrement=True),
+    sa.Column("source", sa.Text, nullable=False),
+    sa.Column("line", sa.Integer, nullable=False),
+    sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("tenant_given", sa.Text),
+    sa.Column("at", sa.DateTime, nullable=False),
+)
+
+results = sa.Table(
+    "results",
+    metadata,
+    sa.Column("key", sa.Text, primary_key=True),
+    sa.Column("tenant_id", sa.Text, nullable=False),
+    sa.Column("post_id", sa.Text, nullable=False),
+    sa.Column("slice", sa.Integer, nullable=False),
+    sa.Column("content_hash", sa.Text, nullable=False),
+    sa.Column("label", sa.Text, nullable=False),
+    sa.Column("confidence", sa.Float, nullable=False),
+    sa.Column("model", sa.Text, nullable=False),
+    sa.Column("prompt_version", sa.Text, nullable=False),
+    sa.Column("task_version", sa.Text, nullable=False),
+    sa.Column("run_id", sa.Text, nullable=False),
+    sa.Column("created_at", sa.DateTime, nullable=False),
+)
+
+ledger_events = sa.Table(
+    "ledger_events",
+    metadata,
+    sa.Column("id", sa.BigInteger, primary_key=True, autoincrement=True),
+    sa.Column("tenant_id", sa.Text, nullable=False),
+    sa.Column("key", sa.Text, nullable=False),
+    sa.Column("attempt_id", sa.Text, nullable=False),
+    sa.Column("attempt_no", sa.Integer, nullable=False),
+    sa.Column("type", sa.Text, nullable=False),
+    sa.Column("slice", sa.Integer, nullable=False),
+    sa.Column("post_id", sa.Text),
+    sa.Column("content_hash", sa.Text),
+    sa.Column("model", sa.Text, nullable=False),
+    sa.Column("prompt_version", sa.Text),
+    sa.Column("task_version", sa.Text),
+    sa.Column("tokens_in", sa.BigInteger, nullable=False),
+    sa.Column("tokens_out", sa.BigInteger, nullable=False),
+    sa.Column("cost", sa.Float, nullable=False),
+    sa.Column("request_id", sa.Text),
+    sa.Column("status", sa.Integer),
+    sa.Column("message", sa.Text),
+    sa.Column("run_id", sa.Text, nullable=False),
+    sa.Column("at", sa.DateTime, nullable=False),
+)
+
+dead_letters = sa.Table(
+    "dead_letters",
+    metadata,
+    sa.Column("key", sa.Text, primary_key=True),
+    sa.Column("tenant_id", sa.Text, nullable=False),
+    sa.Column("post_id", sa.Text, nullable=False),
+    sa.Column("slice", sa.Integer, nullable=False),
+    sa.Column("content_hash", sa.Text, nullable=False),
+    sa.Column("model", sa.Text, nullable=False),
+    sa.Column("prompt_version", sa.Text, nullable=False),
+    sa.Column("task_version", sa.Text, nullable=False),
+    sa.Column("outcome", sa.Text, nullable=False),
+    sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("attempts", sa.Integer, nullable=False),
+    sa.Column("run_id", sa.Text, nullable=False),
+    sa.Column("at", sa.DateTime, nullable=False),
+)
+
+budget_reservations = sa.Table(
+    "budget_reservations",
+    metadata,
+    sa.Column("reservation_id", sa.Text, primary_key=True),
+    sa.Column("tenant_id", sa.Text, nullable=False),
+    sa.Column("tokens", sa.BigInteger, nullable=False),
+    sa.Column("holder", sa.Text, nullable=False),
+    sa.Column("heartbeat_at", sa.DateTime, nullable=False),
+)

@@ -1,0 +1,187 @@
+"""Independent verification: recompute every key from the posts alone and audit every row (pure).
+
+Shared by ``backfill-moderation verify`` and the asset checks. Works on any scope (a tenant or
+one partition): the caller passes that scope's posts and every row that claims to be in it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .keys import Versions, work_key
+
+Row = Mapping[str, Any]
+BLOCKING_KINDS = ("isolation", "duplicate")
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One finding; ``key`` and ids only, never post text."""
+
+    kind: str
+    tenant: str
+    table: str
+    key: str
+    detail: str
+
+
+@dataclass
+class ScopeReport:
+    """Per-tenant (or per-partition) figures, in the shape ``verify --json`` prints."""
+
+    tenant: str
+    expected: int = 0
+    done: int = 0
+    dead: int = 0
+    missing: int = 0
+    billed_tokens: int = 0
+    rebilled_tokens: int = 0
+    orphan_attempts: int = 0
+    dead_by_outcome: dict[str, int] = field(default_factory=dict)
+    missing_keys: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON form (without the key sample)."""
+        out = asdict(self)
+        out.pop("missing_keys")
+        return out
+
+
+def _versions_of(row: Row) -> Versions:
+    return Versions(str(row["task_version"]), str(row["prompt_version"]), str(row["model"]))
+
+
+def _derives(row: Row, tenant: str, posts: Mapping[str, str]) -> str | None:
+    """Why a row's key does not derive from ``tenant``'s post, or None when it does."""
+    if row["tenant_id"] != tenant:
+        return f"row tenant {row['tenant_id']!r} is not {tenant!r}"
+    post_id = row.get("post_id")
+    if post_id is None or post_id not in posts:
+        return "post does not exist for this tenant"
+    # The row's own content hash is used: a result for an older text of an edited post is
+    # stale, not foreign.
+    expected = work_key(_versions_of(row), tenant, str(post_id), str(row["content_hash"]))
+    if expected != row["key"]:
+        return "key does not recompute from the tenant's post and the row's versions"
+    return None
+
+
+def verify_scope(
+    tenant: str,
+    posts: Mapping[str, str],
+    results: Iterable[Row],
+    dead: Iterable[Row],
+    ledger: Iterable[Row],
+    versions: Versions,
+    known_posts: Mapping[str, str] | None = None,
+    sample: int = 5,
+) -> tuple[ScopeReport, list[Problem]]:
+    """Audit one tenant's scope.
+
+    ``posts`` (post_id -> current content hash) defines the expected keys; ``known_posts``
+    (default: ``posts``) is every post of the tenant a row may legitimately derive from.
+    """
+    rep = ScopeReport(tenant=tenant)
+    owned = posts if known_posts is None else known_posts
+    problems: list[Problem] = []
+    expected = {work_key(versions, tenant, pid, h) for pid, h in posts.items()}
+    rep.expected = len(expected)
+
+    result_keys: Counter[str] = Counter()
+    per_post: Counter[tuple[str, ...]] = Counter()
+    for row in results:
+        result_keys[row["key"]] += 1
+        per_post[
+            (str(row["post_id"]), str(row["content_hash"]), _versions_of(row).code_version)
+        ] += 1
+        why = _derives(row, tenant, owned)
+        if why:
+            problems.append(Problem("isolation", tenant, "results", row["key"], why))
+    for key, n in result_keys.items():
+        if n > 1:
+            problems.append(Problem("duplicate", tenant, "results", key, f"{n} result rows"))
+    for ident, n in per_post.items():
+        if n > 1:
+            problems.append(
+                Problem("duplicate", tenant, "results", "", f"{n} results for post {ident[0]!r}")
+            )
+
+    dead_keys: dict[str, str] = {}
+    for row in dead:
+        why = _derives(row, tenant, owned)
+        if why:
+            problems.append(Problem("isolation", tenant, "dead_letters", row["key"], why))
+        if row["key"] in result_keys:
+            problems.append(
+                Problem(
+                    "duplicate",
+                    tenant,
+                    "dead_letters",
+                    row["key"],
+                    "key is both accepted and dead-lettered",
+                )
+            )
+        dead_keys[row["key"]] = str(row["outcome"])
+
+    done = expected & set(result_keys)
+    dead_in_scope = {k: o for k, o in dead_keys.items() if k in expected and k not in result_keys}
+    missing = expected - done - set(dead_in_scope)
+    rep.done, rep.dead, rep.missing = len(done), len(dead_in_scope), len(missing)
+    rep.dead_by_outcome = dict(Counter(dead_in_scope.values()))
+    rep.missing_keys = sorted(missing)[:sample]
+
+    _audit_ledger(tenant, owned, ledger, rep, problems)
+    return rep, problems
+
+
+def _audit_ledger(
+    tenant: str,
+    posts: Mapping[str, str],
+    ledger: Iterable[Row],
+    rep: ScopeReport,
+    problems: list[Problem],
+) -> None:
+    attempts: dict[str, str] = {}
+    answered: set[str] = set()
+    usage_by_key: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    for ev in ledger:
+        kind = ev["type"]
+        if kind == "attempt":
+            why = _derives(ev, tenant, posts)
+            if why:
+                problems.append(Problem("isolation", tenant, "ledger_events", ev["key"], why))
+            attempts[ev["attempt_id"]] = ev["key"]
+            continue
+        if ev["tenant_id"] != tenant:
+            problems.append(
+                Problem(
+                    "isolation",
+                    tenant,
+                    "ledger_events",
+                    ev["key"],
+                    f"row tenant {ev['tenant_id']!r}",
+                )
+            )
+        answered.add(ev["attempt_id"])
+        if kind == "usage":
+            tokens = int(ev["tokens_in"]) + int(ev["tokens_out"])
+            rep.billed_tokens += tokens
+            usage_by_key[ev["key"]].append((int(ev["id"]), tokens))
+    for ev_attempt in answered:
+        if ev_attempt not in attempts:
+            problems.append(
+                Problem(
+                    "isolation",
+                    tenant,
+                    "ledger_events",
+                    ev_attempt,
+                    "event without an attempt of this tenant",
+                )
+            )
+    rep.orphan_attempts = sum(1 for a in attempts if a not in answered)
+    for usages in usage_by_key.values():
+        usages.sort()
+        rep.rebilled_tokens += sum(t for _, t in usages[1:])
