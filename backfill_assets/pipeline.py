@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import statistics
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -20,7 +19,7 @@ from .rubric import Rubric
 from .store.budget import StoreBudgetLedger
 from .store.engine import read_tx
 from .store.reports import dead_counts, label_counts
-from .store.work import PartitionBusy, partition_lock, partition_size, pending_posts
+from .store.work import PartitionBusy, WriterLocks, partition_size, pending_posts
 from .store.writer import LedgerWriter
 
 
@@ -102,11 +101,11 @@ def run_partitions(
 ) -> list[PartitionReport]:
     """Process the partitions' remaining keys; one writer per partition, all in one event loop."""
     reports = {r.key: PartitionReport(ref=r) for r in refs}
-    with contextlib.ExitStack() as stack:
+    with WriterLocks(engine) as locks:
         owned: list[PartitionRef] = []
         for ref in refs:
             try:
-                stack.enter_context(partition_lock(engine, ref.tenant_id, ref.slice))
+                locks.acquire(ref.tenant_id, ref.slice)
                 owned.append(ref)
             except PartitionBusy as exc:
                 reports[ref.key].busy = True

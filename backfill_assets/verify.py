@@ -42,11 +42,15 @@ class ScopeReport:
     orphan_attempts: int = 0
     dead_by_outcome: dict[str, int] = field(default_factory=dict)
     missing_keys: list[str] = field(default_factory=list)
+    # Samples for the spend check's metadata (keys only).
+    rebilled_keys: list[str] = field(default_factory=list)
+    orphan_keys: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
-        """JSON form (without the key sample)."""
+        """JSON form (without the key samples)."""
         out = asdict(self)
-        out.pop("missing_keys")
+        for sample in ("missing_keys", "rebilled_keys", "orphan_keys"):
+            out.pop(sample)
         return out
 
 
@@ -133,7 +137,7 @@ def verify_scope(
     rep.dead_by_outcome = dict(Counter(dead_in_scope.values()))
     rep.missing_keys = sorted(missing)[:sample]
 
-    _audit_ledger(tenant, owned, ledger, rep, problems)
+    _audit_ledger(tenant, owned, ledger, rep, problems, sample)
     return rep, problems
 
 
@@ -143,6 +147,7 @@ def _audit_ledger(
     ledger: Iterable[Row],
     rep: ScopeReport,
     problems: list[Problem],
+    sample: int,
 ) -> None:
     attempts: dict[str, str] = {}
     answered: set[str] = set()
@@ -181,7 +186,11 @@ def _audit_ledger(
                     "event without an attempt of this tenant",
                 )
             )
+    orphans = sorted({k for a, k in attempts.items() if a not in answered})
     rep.orphan_attempts = sum(1 for a in attempts if a not in answered)
-    for usages in usage_by_key.values():
+    rep.orphan_keys = orphans[:sample]
+    for key, usages in sorted(usage_by_key.items()):
         usages.sort()
         rep.rebilled_tokens += sum(t for _, t in usages[1:])
+        if len(usages) > 1 and len(rep.rebilled_keys) < sample:
+            rep.rebilled_keys.append(key)

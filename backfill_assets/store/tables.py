@@ -33,6 +33,11 @@ posts = sa.Table(
     sa.Column("slice", sa.Integer, nullable=False),
     sa.Column("imported_at", sa.DateTime, nullable=False),
     sa.Column("updated_at", sa.DateTime, nullable=False),
+    # sql/002: labels applied by applied_labels (live pair, then the shadow pair).
+    sa.Column("moderation_label", sa.Text),
+    sa.Column("moderation_rubric_version", sa.Text),
+    sa.Column("moderation_label_shadow", sa.Text),
+    sa.Column("moderation_rubric_version_shadow", sa.Text),
 )
 
 rejected_records = sa.Table(

@@ -85,51 +85,84 @@ def _lock_name(tenant_id: str, slice_no: int) -> str:
     return f"{tenant_id}.s{slice_no:02d}"
 
 
-@contextlib.contextmanager
-def partition_lock(engine: Engine, tenant_id: str, slice_no: int) -> Iterator[None]:
-    """Exclusive writer lock, released by the OS/server when the holder dies (even SIGKILL)."""
-    name = _lock_name(tenant_id, slice_no)
-    if is_sqlite(engine):
-        with _file_lock(engine, name):
-            yield
-        return
-    lock_id = int.from_bytes(
-        hashlib.sha256(f"backfill:{name}".encode()).digest()[:8], "big", signed=True
-    )
-    with engine.connect() as conn:
-        # A session lock (not a transaction lock): held while this connection lives.
-        got = conn.execute(sa.text("SELECT pg_try_advisory_lock(:k)"), {"k": lock_id}).scalar_one()
-        conn.commit()
-        if not got:
-            raise PartitionBusy(f"partition {name} is being written by another process")
-        try:
-            yield
-        finally:
-            conn.execute(sa.text("SELECT pg_advisory_unlock(:k)"), {"k": lock_id})
-            conn.commit()
+class WriterLocks:
+    """Exclusive per-partition writer locks, released by the OS or server when the holder dies.
 
+    PostgreSQL: session advisory locks, all on one connection (so a run over many partitions
+    costs one connection). SQLite file: ``flock`` on a file per partition next to the database.
+    In-memory SQLite: a process-local lock.
+    """
 
-@contextlib.contextmanager
-def _file_lock(engine: Engine, name: str) -> Iterator[None]:
-    db = engine.url.database
-    if db in (None, "", ":memory:"):
-        with _local_guard:
-            lock = _local_locks.setdefault(name, threading.Lock())
-        if not lock.acquire(blocking=False):
-            raise PartitionBusy(f"partition {name} is being written by another thread")
-        try:
-            yield
-        finally:
-            lock.release()
-        return
-    lock_dir = Path(f"{db}.locks")
-    lock_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(lock_dir / f"{name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
-    try:
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._conn: Connection | None = None
+        self._fds: list[int] = []
+        self._held_local: list[threading.Lock] = []
+        self._pg_ids: list[int] = []
+
+    def acquire(self, tenant_id: str, slice_no: int) -> None:
+        """Take the lock or raise ``PartitionBusy``."""
+        name = _lock_name(tenant_id, slice_no)
+        if not is_sqlite(self._engine):
+            self._acquire_pg(name)
+            return
+        db = self._engine.url.database
+        if db in (None, "", ":memory:"):
+            with _local_guard:
+                lock = _local_locks.setdefault(name, threading.Lock())
+            if not lock.acquire(blocking=False):
+                raise PartitionBusy(f"partition {name} is being written by another thread")
+            self._held_local.append(lock)
+            return
+        lock_dir = Path(f"{db}.locks")
+        lock_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock_dir / f"{name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            os.close(fd)
             raise PartitionBusy(f"partition {name} is being written by another process") from None
+        self._fds.append(fd)
+
+    def _acquire_pg(self, name: str) -> None:
+        lock_id = int.from_bytes(
+            hashlib.sha256(f"backfill:{name}".encode()).digest()[:8], "big", signed=True
+        )
+        if self._conn is None:
+            self._conn = self._engine.connect()
+        got = self._conn.execute(sa.text("SELECT pg_try_advisory_lock(:k)"), {"k": lock_id})
+        ok = bool(got.scalar_one())
+        self._conn.commit()
+        if not ok:
+            raise PartitionBusy(f"partition {name} is being written by another process")
+        self._pg_ids.append(lock_id)
+
+    def release_all(self) -> None:
+        """Release every lock held."""
+        if self._conn is not None:
+            try:
+                for lock_id in self._pg_ids:
+                    self._conn.execute(sa.text("SELECT pg_advisory_unlock(:k)"), {"k": lock_id})
+                self._conn.commit()
+            finally:
+                self._conn.close()
+                self._conn = None
+        for fd in self._fds:
+            os.close(fd)
+        for lock in self._held_local:
+            lock.release()
+        self._fds, self._held_local, self._pg_ids = [], [], []
+
+    def __enter__(self) -> WriterLocks:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.release_all()
+
+
+@contextlib.contextmanager
+def partition_lock(engine: Engine, tenant_id: str, slice_no: int) -> Iterator[None]:
+    """One partition's writer lock as a context manager."""
+    with WriterLocks(engine) as locks:
+        locks.acquire(tenant_id, slice_no)
         yield
-    finally:
-        os.close(fd)

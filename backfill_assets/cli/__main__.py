@@ -1,0 +1,7 @@
+"""``python -m backfill_assets.cli``."""
+
+import sys
+
+from . import main
+
+sys.exit(main())

@@ -1,0 +1,103 @@
+"""Shared fixtures: a fresh store per test on SQLite and (marker ``pg``) on PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from backfill_assets.importer import import_jsonl
+from backfill_assets.resources import engine_for
+from backfill_assets.store.posts import ImportSummary
+
+PG_BASE_URL = os.environ.get(
+    "BACKFILL_TEST_PG_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres"
+)
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def _pg_admin() -> Engine:
+    return sa.create_engine(PG_BASE_URL, isolation_level="AUTOCOMMIT")
+
+
+@pytest.fixture(scope="session")
+def pg_available() -> bool:
+    """Whether PostgreSQL answers; under CI=true it must."""
+    try:
+        with _pg_admin().connect() as conn:
+            conn.execute(sa.text("SELECT 1"))
+        return True
+    except Exception as exc:
+        if IN_CI:
+            pytest.fail(f"CI=true but PostgreSQL is unreachable at {PG_BASE_URL}: {exc}")
+        return False
+
+
+def make_pg_database(prefix: str = "bf_test") -> str:
+    """Create an empty database and return its URL."""
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    with _pg_admin().connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    return sa.engine.make_url(PG_BASE_URL).set(database=name).render_as_string(hide_password=False)
+
+
+def drop_pg_database(url: str) -> None:
+    """Drop a test database, disconnecting leftovers."""
+    name = sa.engine.make_url(url).database
+    with _pg_admin().connect() as conn:
+        conn.execute(
+            sa.text(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :n"
+                " AND pid <> pg_backend_pid()"
+            ),
+            {"n": name},
+        )
+        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}"'))
+
+
+@pytest.fixture(params=["sqlite", pytest.param("pg", marks=pytest.mark.pg)])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh, empty store on each backend."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'store.db'}"
+        return
+    if not request.getfixturevalue("pg_available"):
+        pytest.skip("PostgreSQL not available (set BACKFILL_TEST_PG_URL)")
+    url = make_pg_database()
+    try:
+        yield url
+    finally:
+        from backfill_assets.resources import _engines
+
+        eng = _engines.pop(url, None)
+        if eng is not None:
+            eng.dispose()
+        drop_pg_database(url)
+
+
+@pytest.fixture
+def engine(store_url: str) -> Engine:
+    """A migrated engine for ``store_url``."""
+    return engine_for(store_url)
+
+
+def write_jsonl(path: Path, records: list[Any]) -> Path:
+    """Write records (dicts as JSON, strings verbatim) as JSONL."""
+    with path.open("w", encoding="utf-8") as fh:
+        for rec in records:
+            fh.write((rec if isinstance(rec, str) else json.dumps(rec, ensure_ascii=False)) + "\n")
+    return path
+
+
+def import_records(
+    engine: Engine, tmp_path: Path, records: list[Any], name: str = "export.jsonl"
+) -> ImportSummary:
+    """Import records through the real importer."""
+    return import_jsonl(engine, write_jsonl(tmp_path / name, records))
