@@ -1,0 +1,66 @@
+"""What the simulated model answers, and the error each fault produces (pure)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from backfill_assets.models.rules import classify
+from backfill_assets.providersim.config import FaultKind
+from backfill_assets.providersim.wire import ApiError
+
+# Cloudflare answers a dead origin with an HTML page, not a JSON error; clients must cope.
+BAD_GATEWAY_HTML = (
+    b"<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n"
+    b"<center><h1>502 Bad Gateway</h1></center>\r\n<hr><center>cloudflare</center>\r\n"
+    b"</body>\r\n</html>\r\n"
+)
+FORCED_RETRY_AFTER_SECONDS = 1.0
+
+
+def other_key(correlation_id: str) -> str:
+    """A different, well-formed 64-hex key, for the ``wrong_key`` fault."""
+    return hashlib.sha256(f"wrong:{correlation_id}".encode()).hexdigest()
+
+
+def answer_content(fault: FaultKind | None, correlation_id: str, post: str) -> tuple[str, str]:
+    """Assistant content and finish reason; content faults distort an otherwise right answer."""
+    label, confidence = classify(post)
+    answer: dict[str, object] = {
+        "schema_version": 1,
+        "correlation_id": other_key(correlation_id) if fault == "wrong_key" else correlation_id,
+        "label": "maybe" if fault == "unknown_label" else label,
+        "confidence": 1.7 if fault == "bad_confidence" else confidence,
+    }
+    content = json.dumps(answer)
+    if fault == "malformed":
+        # Output cut off at the token cap is how real models produce invalid JSON.
+        return content[: len(content) // 2], "length"
+    return content, "stop"
+
+
+def fault_error(kind: FaultKind, model: str) -> ApiError:
+    """The JSON error for a status-code fault (``502`` is answered as HTML elsewhere)."""
+    if kind == "429":
+        return ApiError(
+            429,
+            f"Rate limit reached for {model} on requests per min (RPM). Please try again in "
+            "1s. (simulated)",
+            error_type="requests",
+            code="rate_limit_exceeded",
+        )
+    if kind == "400":
+        return ApiError(400, "Invalid request (simulated fault).", code="invalid_value")
+    if kind == "503":
+        return ApiError(
+            503,
+            "The engine is currently overloaded, please try again later. (simulated)",
+            error_type="server_error",
+        )
+    if kind == "500":
+        return ApiError(
+            500,
+            "The server had an error while processing your request. Sorry about that! (simulated)",
+            error_type="server_error",
+        )
+    raise ValueError(f"{kind!r} is not answered with a JSON error")

@@ -1,0 +1,198 @@
+"""Routes of the simulated provider: chat completions, model list and admin endpoints.
+
+Order of checks for ``POST /v1/chat/completions``: API key (401), body (400), rate limits (429,
+consuming nothing), then the fault plan for the admitted attempt, then latency and the answer.
+A forced ``429`` fault consumes no capacity either; every other admitted attempt does, and
+its attempt number (per correlation id, counted from 1) feeds the fault draw.
+New endpoints (the Files and Batch APIs) are one ``router.add`` each in ``SimApp.__init__``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import math
+import random
+import time
+from dataclasses import dataclass
+
+from backfill_assets.models.rules import count_tokens
+from backfill_assets.providersim.answers import (
+    BAD_GATEWAY_HTML,
+    FORCED_RETRY_AFTER_SECONDS,
+    answer_content,
+    fault_error,
+)
+from backfill_assets.providersim.config import FaultKind, SimConfig
+from backfill_assets.providersim.faults import decide_fault
+from backfill_assets.providersim.http import Drop, Reply, Request, Response, Router
+from backfill_assets.providersim.limits import Denial, RateLimiter, retry_after_headers
+from backfill_assets.providersim.meter import BilledCall, Meter
+from backfill_assets.providersim.wire import (
+    ApiError,
+    ChatRequest,
+    completion_body,
+    correlation_id_of,
+    last_user_text,
+    new_request_id,
+    parse_chat_request,
+    post_text_of,
+    prompt_tokens,
+)
+
+_STATUS_FAULTS: frozenset[FaultKind] = frozenset({"500", "503", "400"})
+
+
+@dataclass(frozen=True, slots=True)
+class _Admitted:
+    """A request that passed auth, validation and the rate limits, with its fault (if any)."""
+
+    chat: ChatRequest
+    prompt: int
+    correlation_id: str
+    post: str
+    fault: FaultKind | None
+
+
+class SimApp:
+    """The simulated provider's behaviour; runs on one event loop."""
+
+    def __init__(self, config: SimConfig, meter: Meter) -> None:
+        self.config = config
+        self.meter = meter
+        self.limiter = RateLimiter(config.rpm, config.tpm, config.burst_seconds)
+        self._rng = random.Random(config.seed)
+        self.router = Router()
+        self.router.add("POST", "/v1/chat/completions", self.chat_completions)
+        self.router.add("GET", "/v1/models", self.list_models)
+        self.router.add("GET", "/_sim/meter", self.read_meter)
+        self.router.add("POST", "/_sim/reset", self.reset_meter)
+
+    def reset(self) -> None:
+        """Clear the meter (and with it attempt numbers) and refill the rate-limit buckets."""
+        self.meter.clear()
+        self.limiter.reset()
+
+    def _authorize(self, request: Request) -> None:
+        expected = self.config.api_key
+        if expected is None:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not token:
+            raise ApiError(
+                401,
+                "You didn't provide an API key. You need to provide your API key in an "
+                "Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).",
+                code="invalid_api_key",
+            )
+        if not hmac.compare_digest(token.strip().encode(), expected.encode()):
+            raise ApiError(401, "Incorrect API key provided.", code="invalid_api_key")
+
+    def _latency_seconds(self) -> float:
+        median = self.config.latency_median_ms
+        if median <= 0:
+            return 0.0
+        sigma = self.config.latency_sigma
+        ms = self._rng.lognormvariate(math.log(median), sigma) if sigma > 0 else median
+        return ms / 1000.0
+
+    async def chat_completions(self, request: Request) -> Reply:
+        """``POST /v1/chat/completions``."""
+        self.meter.record_request()
+        request_id = new_request_id()
+        started = time.monotonic()
+        rate_headers: dict[str, str] | None = None
+        try:
+            call = self._admit(request)
+            # Stamped at admission, before latency, as a provider reports its buckets.
+            rate_headers = self.limiter.headers()
+            reply = await self._answer(call, request_id)
+        except ApiError as exc:
+            reply = Response.json(exc.status, exc.body(), exc.headers)
+        if isinstance(reply, Drop):
+            return reply
+        self.meter.record_status(reply.status)
+        elapsed_ms = round((time.monotonic() - started) * 1000)
+        return reply.with_headers(
+            {
+                "x-request-id": request_id,
+                "openai-processing-ms": str(elapsed_ms),
+                **(rate_headers if rate_headers is not None else self.limiter.headers()),
+            }
+        )
+
+    def _admit(self, request: Request) -> _Admitted:
+        """Auth, validation, rate limits and the fault draw; no await, so atomic on the loop."""
+        self._authorize(request)
+        chat = parse_chat_request(request.body)
+        prompt = prompt_tokens(chat)
+        charge = prompt + (chat.max_tokens or self.config.default_max_tokens)
+        denial = self.limiter.check(charge)
+        if denial is not None:
+            raise _rate_limited(denial, chat.model)
+        user_text = last_user_text(chat)
+        correlation_id = correlation_id_of(user_text)
+        fault = decide_fault(self.config, correlation_id, self.meter.record_attempt(correlation_id))
+        if fault == "429":
+            error = fault_error("429", chat.model)
+            error.headers.update(retry_after_headers(FORCED_RETRY_AFTER_SECONDS))
+            raise error
+        self.limiter.consume(charge)
+        self.meter.record_accepted()
+        return _Admitted(chat, prompt, correlation_id, post_text_of(user_text), fault)
+
+    async def _answer(self, call: _Admitted, request_id: str) -> Reply:
+        """Latency, then the fault's misbehaviour or the billed answer."""
+        if call.fault == "timeout":
+            await asyncio.sleep(self.config.hang_seconds)
+            self.meter.record_drop("timeout")
+            return Drop(reset=False)
+        await asyncio.sleep(self._latency_seconds())
+        if call.fault == "reset":
+            self.meter.record_drop("reset")
+            return Drop(reset=True)
+        if call.fault == "502":
+            return Response(502, BAD_GATEWAY_HTML, {"content-type": "text/html"})
+        if call.fault in _STATUS_FAULTS:
+            raise fault_error(call.fault, call.chat.model)
+        content, finish_reason = answer_content(call.fault, call.correlation_id, call.post)
+        completion = count_tokens(content)
+        model = call.chat.model
+        self.meter.bill(BilledCall(request_id, call.correlation_id, model, call.prompt, completion))
+        return Response.json(
+            200, completion_body(model, content, finish_reason, call.prompt, completion)
+        )
+
+    async def list_models(self, request: Request) -> Reply:
+        """``GET /v1/models``."""
+        try:
+            self._authorize(request)
+        except ApiError as exc:
+            return Response.json(exc.status, exc.body())
+        data = [
+            {"id": model, "object": "model", "created": 0, "owned_by": "providersim"}
+            for model in self.config.models
+        ]
+        return Response.json(200, {"object": "list", "data": data})
+
+    async def read_meter(self, request: Request) -> Reply:
+        """``GET /_sim/meter``: the meter snapshot as JSON."""
+        return Response.json(200, self.meter.snapshot().to_dict())
+
+    async def reset_meter(self, request: Request) -> Reply:
+        """``POST /_sim/reset``: clear the meter and refill the buckets."""
+        self.reset()
+        return Response.json(200, {"reset": True})
+
+
+def _rate_limited(denial: Denial, model: str) -> ApiError:
+    unit = "RPM" if denial.kind == "requests" else "TPM"
+    wait_ms = max(1, math.ceil(denial.wait_seconds * 1000))
+    return ApiError(
+        429,
+        f"Rate limit reached for {model} on {denial.kind} per min ({unit}): Limit "
+        f"{denial.limit}, Requested {denial.requested}. Please try again in {wait_ms}ms.",
+        error_type=denial.kind,
+        code="rate_limit_exceeded",
+        headers=retry_after_headers(denial.wait_seconds),
+    )

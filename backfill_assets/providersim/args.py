@@ -1,0 +1,102 @@
+"""Command-line options of ``backfill-moderation provider-sim``."""
+
+from __future__ import annotations
+
+import argparse
+
+from backfill_assets.providersim.config import FAULT_KINDS, FaultRule, SimConfig
+
+
+def _rule(value: str, *, sticky: bool) -> FaultRule:
+    kind, sep, rate_text = value.partition("=")
+    if not sep or kind not in FAULT_KINDS:
+        kinds = ", ".join(FAULT_KINDS)
+        raise argparse.ArgumentTypeError(f"expected KIND=RATE with KIND one of {kinds}: {value!r}")
+    try:
+        rate = float(rate_text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"rate must be a number: {value!r}") from None
+    if not 0.0 <= rate <= 1.0:
+        raise argparse.ArgumentTypeError(f"rate must be within [0, 1]: {value!r}")
+    return FaultRule.model_validate({"kind": kind, "rate": rate, "sticky": sticky})
+
+
+def _fault(value: str) -> FaultRule:
+    return _rule(value, sticky=False)
+
+
+def _sticky_fault(value: str) -> FaultRule:
+    return _rule(value, sticky=True)
+
+
+def _count(value: str) -> int:
+    number = int(value)
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0: {value!r}")
+    return number
+
+
+def _seconds(value: str) -> float:
+    number = float(value)
+    if not number >= 0.0:  # also rejects nan
+        raise argparse.ArgumentTypeError(f"must be >= 0: {value!r}")
+    return number
+
+
+def _positive_seconds(value: str) -> float:
+    number = _seconds(value)
+    if number == 0.0:
+        raise argparse.ArgumentTypeError(f"must be > 0: {value!r}")
+    return number
+
+
+def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the simulator's options; ``--fault`` and ``--fault-sticky`` keep their given order."""
+    parser.add_argument("--host", default="127.0.0.1", help="interface to bind")
+    parser.add_argument("--port", type=int, default=8799, help="port to bind (0: any free)")
+    parser.add_argument("--rpm", type=_count, default=0, help="requests per minute (0: unlimited)")
+    parser.add_argument("--tpm", type=_count, default=0, help="tokens per minute (0: unlimited)")
+    parser.add_argument(
+        "--burst-seconds",
+        type=_positive_seconds,
+        default=1.0,
+        help="bucket size in seconds of refill",
+    )
+    parser.add_argument("--latency-ms", type=_seconds, default=0.0, help="median latency (ms)")
+    parser.add_argument("--latency-sigma", type=_seconds, default=0.0, help="lognormal sigma")
+    parser.add_argument("--seed", type=int, default=0, help="seed for latency and faults")
+    parser.add_argument(
+        "--fault",
+        dest="faults",
+        action="append",
+        type=_fault,
+        metavar="KIND=RATE",
+        help="inject a fault into a fraction of attempts (repeatable)",
+    )
+    parser.add_argument(
+        "--fault-sticky",
+        dest="faults",
+        action="append",
+        type=_sticky_fault,
+        metavar="KIND=RATE",
+        help="like --fault, but every attempt of an affected key fails alike",
+    )
+    parser.add_argument(
+        "--hang-seconds", type=_seconds, default=30.0, help="how long a 'timeout' fault hangs"
+    )
+    parser.add_argument("--api-key", default=None, help="require this bearer token")
+
+
+def config_from_args(ns: argparse.Namespace) -> SimConfig:
+    """The ``SimConfig`` described by parsed options (host and port are read by the caller)."""
+    return SimConfig(
+        rpm=ns.rpm,
+        tpm=ns.tpm,
+        burst_seconds=ns.burst_seconds,
+        latency_median_ms=ns.latency_ms,
+        latency_sigma=ns.latency_sigma,
+        seed=ns.seed,
+        faults=tuple(ns.faults or ()),
+        hang_seconds=ns.hang_seconds,
+        api_key=ns.api_key,
+    )

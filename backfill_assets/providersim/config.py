@@ -1,0 +1,75 @@
+"""Simulator configuration: rate limits, latency and the fault plan (immutable, validated)."""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field
+
+FaultKind = Literal[
+    "500",
+    "502",
+    "503",
+    "429",
+    "400",
+    "timeout",
+    "reset",
+    "malformed",
+    "unknown_label",
+    "bad_confidence",
+    "wrong_key",
+]
+FAULT_KINDS: tuple[str, ...] = get_args(FaultKind)
+DEFAULT_MODELS: tuple[str, ...] = ("gpt-4o-mini", "gpt-4.1-mini", "gpt-4.1-nano")
+
+
+class FaultRule(BaseModel):
+    """Inject ``kind`` into a fraction ``rate`` of accepted requests."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: FaultKind = Field(description="What goes wrong (HTTP status or misbehaviour).")
+    rate: float = Field(ge=0.0, le=1.0, description="Probability that the rule fires.")
+    sticky: bool = Field(
+        default=False,
+        description="Decide once per correlation id, so every retry of a key fails alike.",
+    )
+
+
+class SimConfig(BaseModel):
+    """Everything that shapes the simulator's behaviour; the same config and seed replay alike."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rpm: int = Field(default=0, ge=0, description="Requests per minute; 0 means unlimited.")
+    tpm: int = Field(default=0, ge=0, description="Tokens per minute; 0 means unlimited.")
+    burst_seconds: float = Field(
+        default=1.0, gt=0.0, description="Bucket capacity in seconds of refill (limit/60 * this)."
+    )
+    latency_median_ms: float = Field(
+        default=0.0, ge=0.0, description="Median of the lognormal latency; 0 means none."
+    )
+    latency_sigma: float = Field(default=0.0, ge=0.0, description="Lognormal sigma of latency.")
+    seed: int = Field(default=0, description="Seeds latency draws and fault decisions.")
+    faults: tuple[FaultRule, ...] = Field(
+        default=(), description="Fault rules checked in order; the first that fires wins."
+    )
+    fault_by_key: dict[str, FaultKind] = Field(
+        default_factory=dict,
+        description="Correlation id -> fault that always fires for it (pinpoint tests).",
+    )
+    hang_seconds: float = Field(
+        default=30.0, ge=0.0, description="How long a 'timeout' fault holds the request."
+    )
+    api_key: str | None = Field(
+        default=None, description="If set, requests need 'Authorization: Bearer <key>'."
+    )
+    models: tuple[str, ...] = Field(
+        default=DEFAULT_MODELS, description="Listed by GET /v1/models (any model is accepted)."
+    )
+    default_max_tokens: int = Field(
+        default=64, gt=0, description="Token reservation when a request sets no max tokens."
+    )
+    max_body_bytes: int = Field(
+        default=8 * 1024 * 1024, gt=0, description="Larger request bodies get a 413."
+    )

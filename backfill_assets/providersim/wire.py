@@ -1,0 +1,236 @@
+"""OpenAI chat-completions wire format: request validation, error and completion bodies (pure).
+
+Token accounting is deterministic so tests can predict bills exactly::
+
+    prompt_tokens     = sum(count_tokens(message text) + 4 for each message)
+    completion_tokens = count_tokens(assistant content)
+
+where ``count_tokens`` is ``backfill_assets.models.rules.count_tokens``. The rate-limit charge
+of a request is ``prompt_tokens + (max_completion_tokens or max_tokens or default)``.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from backfill_assets.models.rules import count_tokens
+
+_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+_FORMATS = frozenset({"text", "json_object", "json_schema"})
+_CID_PREFIX = "correlation_id:"
+_POST_OPEN = "<post>\n"
+_POST_CLOSE = "\n</post>"
+
+
+class ApiError(Exception):
+    """An error answered with OpenAI's ``{"error": {...}}`` body."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        error_type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.error_type = error_type
+        self.param = param
+        self.code = code
+        self.headers = dict(headers or {})
+
+    def body(self) -> dict[str, Any]:
+        """The JSON error body."""
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.error_type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ChatMessage:
+    """One message with its content flattened to text."""
+
+    role: str
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ChatRequest:
+    """The parts of a chat-completions request the simulator acts on."""
+
+    model: str
+    messages: tuple[ChatMessage, ...]
+    max_tokens: int | None
+
+
+def _invalid(message: str, param: str | None, code: str | None = "invalid_type") -> ApiError:
+    return ApiError(400, message, param=param, code=code)
+
+
+def _message_text(content: Any, index: int) -> str:
+    if isinstance(content, str):
+        return content
+    # Content may also be a list of parts; only text parts carry tokens here.
+    if isinstance(content, list) and all(isinstance(part, dict) for part in content):
+        return "".join(str(part.get("text", "")) for part in content)
+    raise _invalid(
+        f"Invalid type for 'messages[{index}].content': expected a string or an array.",
+        f"messages[{index}].content",
+    )
+
+
+def _parse_messages(raw: Any) -> tuple[ChatMessage, ...]:
+    if raw is None:
+        raise _invalid(
+            "Missing required parameter: 'messages'.", "messages", "missing_required_parameter"
+        )
+    if not isinstance(raw, list) or not raw:
+        raise _invalid("Invalid 'messages': expected a non-empty array.", "messages")
+    out: list[ChatMessage] = []
+    for index, item in enumerate(raw):
+        if not isinstance(item, dict):
+            raise _invalid(
+                f"Invalid type for 'messages[{index}]': expected an object.", f"messages[{index}]"
+            )
+        role = item.get("role")
+        if role not in _ROLES:
+            raise _invalid(
+                f"Invalid value for 'messages[{index}].role': {role!r}.",
+                f"messages[{index}].role",
+                "invalid_value",
+            )
+        out.append(ChatMessage(str(role), _message_text(item.get("content"), index)))
+    return tuple(out)
+
+
+def _parse_max_tokens(body: dict[str, Any]) -> int | None:
+    for param in ("max_completion_tokens", "max_tokens"):
+        value = body.get(param)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise _invalid(f"Invalid '{param}': expected an integer >= 1.", param, "invalid_value")
+        return value
+    return None
+
+
+def _check_options(body: dict[str, Any]) -> None:
+    temperature = body.get("temperature")
+    if temperature is not None and (
+        isinstance(temperature, bool)
+        or not isinstance(temperature, int | float)
+        or not 0 <= temperature <= 2
+    ):
+        raise _invalid("Invalid 'temperature': expected a number from 0 to 2.", "temperature")
+    fmt = body.get("response_format")
+    if fmt is None:
+        return
+    if not isinstance(fmt, dict) or fmt.get("type") not in _FORMATS:
+        raise _invalid("Invalid 'response_format.type'.", "response_format.type", "invalid_value")
+    if fmt["type"] == "json_schema":
+        spec = fmt.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+            raise _invalid(
+                "Missing required parameter: 'response_format.json_schema.name'.",
+                "response_format.json_schema.name",
+                "missing_required_parameter",
+            )
+
+
+def parse_chat_request(raw: bytes) -> ChatRequest:
+    """Validate a request body the way the API does; raises ``ApiError`` (400) if invalid."""
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        raise ApiError(
+            400,
+            "We could not parse the JSON body of your request. (HINT: This likely means you "
+            "aren't using your HTTP library correctly.)",
+        ) from None
+    if not isinstance(body, dict):
+        raise _invalid("Invalid request body: expected a JSON object.", None)
+    model = body.get("model")
+    if model is None:
+        raise _invalid(
+            "Missing required parameter: 'model'.", "model", "missing_required_parameter"
+        )
+    if not isinstance(model, str) or not model:
+        raise _invalid("Invalid 'model': expected a non-empty string.", "model")
+    messages = _parse_messages(body.get("messages"))
+    max_tokens = _parse_max_tokens(body)
+    _check_options(body)
+    return ChatRequest(model=model, messages=messages, max_tokens=max_tokens)
+
+
+def prompt_tokens(request: ChatRequest) -> int:
+    """Deterministic prompt token count (see module docstring)."""
+    return sum(count_tokens(message.text) + 4 for message in request.messages)
+
+
+def last_user_text(request: ChatRequest) -> str:
+    """Text of the last user message ('' if there is none)."""
+    for message in reversed(request.messages):
+        if message.role == "user":
+            return message.text
+    return ""
+
+
+def correlation_id_of(user_text: str) -> str:
+    """The id on the ``correlation_id:`` line of the rubric's user message ('' if absent)."""
+    for line in user_text.splitlines():
+        if line.startswith(_CID_PREFIX):
+            return line[len(_CID_PREFIX) :].strip()
+    return ""
+
+
+def post_text_of(user_text: str) -> str:
+    """The post between ``<post>`` and ``</post>``; the whole message if not delimited."""
+    start = user_text.find(_POST_OPEN)
+    end = user_text.rfind(_POST_CLOSE)
+    if start < 0 or end < start + len(_POST_OPEN):
+        return user_text
+    return user_text[start + len(_POST_OPEN) : end]
+
+
+def new_request_id() -> str:
+    """An ``x-request-id`` value."""
+    return f"req_{secrets.token_hex(16)}"
+
+
+def completion_body(
+    model: str, content: str, finish_reason: str, prompt: int, completion: int
+) -> dict[str, Any]:
+    """A 200 body of ``POST /v1/chat/completions``."""
+    return {
+        "id": f"chatcmpl-{secrets.token_hex(12)}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": content, "refusal": None},
+                "logprobs": None,
+                "finish_reason": finish_reason,
+            }
+        ],
+        "usage": {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+        },
+        "system_fingerprint": "fp_providersim",
+    }

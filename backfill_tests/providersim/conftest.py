@@ -1,0 +1,61 @@
+"""Fixtures for the provider simulator tests: started simulators and request bodies."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from backfill_assets.providersim import SimConfig, Simulator
+from backfill_assets.rubric import Rubric, output_json_schema
+
+StartSim = Callable[..., Simulator]
+
+
+def _key_for(name: str) -> str:
+    return hashlib.sha256(name.encode()).hexdigest()
+
+
+def _chat_body(key: str, text: str = "hello there", **extra: Any) -> dict[str, Any]:
+    """A request body as the pipeline sends it (rubric messages, strict JSON schema)."""
+    body: dict[str, Any] = {
+        "model": "gpt-4o-mini",
+        "messages": Rubric().messages(key, text),
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "moderation", "strict": True, "schema": output_json_schema()},
+        },
+        "max_tokens": 64,
+        "temperature": 0,
+    }
+    body.update(extra)
+    return body
+
+
+@pytest.fixture
+def start_sim() -> Iterator[StartSim]:
+    """Start simulators with keyword config; all are stopped at teardown."""
+    started: list[Simulator] = []
+
+    def start(**config: Any) -> Simulator:
+        sim = Simulator(SimConfig(**config)).start()
+        started.append(sim)
+        return sim
+
+    yield start
+    for sim in started:
+        sim.stop()
+
+
+@pytest.fixture
+def key_for() -> Callable[[str], str]:
+    """A 64-hex correlation id derived from a readable name."""
+    return _key_for
+
+
+@pytest.fixture
+def chat_body() -> Callable[..., dict[str, Any]]:
+    """Build a request body as the pipeline sends it: ``chat_body(key, text, **overrides)``."""
+    return _chat_body
