@@ -7,12 +7,13 @@ holds no concurrency slot while it sleeps.
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import random
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,7 +28,6 @@ from .models.base import (
 )
 from .outcomes import Outcome, RetryPolicy
 from .rubric import MAX_OUTPUT_TOKENS, OutputRejected, Rubric, estimate_prompt_tokens, parse_output
-from .store.tables import utcnow
 from .store.writer import FlushReport, LedgerWriter
 
 _MESSAGE_CHARS = 300
@@ -74,7 +74,11 @@ class DispatchConfig:
 
 
 class Dispatcher:
-    """Runs keys through the model with bounded concurrency and records every step."""
+    """Runs keys through the model with bounded concurrency and records every step.
+
+    ``concurrency`` workers pull keys straight from the source; a key waiting on a back-off
+    sits on a timer, not in a worker, so sleeping never holds a concurrency slot.
+    """
 
     def __init__(
         self,
@@ -91,11 +95,12 @@ class Dispatcher:
         self._rng = random.Random(config.seed)
         self._ids = itertools.count(1)
         self._id_prefix = uuid.uuid4().hex[:12]
-        self._queue: asyncio.Queue[tuple[WorkItem, int] | None] = asyncio.Queue()
-        self._outstanding = 0
-        self._window = asyncio.Semaphore(max(4 * config.concurrency, 64))
-        self._feeding_done = False
-        self._idle = asyncio.Event()
+        self._source: Iterator[WorkItem] = iter(())
+        self._source_done = False
+        self._ready: collections.deque[tuple[WorkItem, int]] = collections.deque()
+        self._sleeping = 0
+        self._busy = 0
+        self._wake = asyncio.Event()
 
     def stats_for(self, partition: str) -> PartitionStats:
         """Stats of a partition (created on first use)."""
@@ -114,45 +119,56 @@ class Dispatcher:
 
     async def run(self, items: Iterable[WorkItem]) -> None:
         """Process every item to a terminal outcome (or deferral)."""
+        self._source = iter(items)
         workers = [
             asyncio.create_task(self._worker(), name=f"dispatch-{i}")
             for i in range(self.cfg.concurrency)
         ]
         try:
-            for item in items:
-                await self._window.acquire()
-                self._outstanding += 1
-                self._queue.put_nowait((item, 1))
-            self._feeding_done = True
-            if self._outstanding == 0:
-                self._idle.set()
-            await self._idle.wait()
-        finally:
-            for _ in workers:
-                self._queue.put_nowait(None)
-            results = await asyncio.gather(*workers, return_exceptions=True)
-        for res in results:
-            if isinstance(res, BaseException):
-                raise res
+            await asyncio.gather(*workers)
+        except BaseException:
+            for w in workers:
+                w.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
+            raise
 
-    def _finish(self) -> None:
-        self._outstanding -= 1
-        self._window.release()
-        if self._feeding_done and self._outstanding == 0:
-            self._idle.set()
+    def _next_job(self) -> tuple[WorkItem, int] | None:
+        if self._ready:
+            return self._ready.popleft()
+        if not self._source_done:
+            try:
+                return next(self._source), 1
+            except StopIteration:
+                self._source_done = True
+        return None
 
     async def _worker(self) -> None:
         while True:
-            job = await self._queue.get()
+            job = self._next_job()
             if job is None:
-                return
-            item, attempt = job
-            if await self._attempt(item, attempt):
-                self._finish()
+                if self._source_done and not self._sleeping and not self._busy:
+                    self._wake.set()  # let idle peers see that the work is done
+                    return
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            self._busy += 1
+            try:
+                await self._attempt(*job)
+            finally:
+                self._busy -= 1
+            if self._source_done and not self._busy:
+                self._wake.set()
 
     def _requeue_later(self, item: WorkItem, attempt: int, delay: float) -> None:
-        loop = asyncio.get_running_loop()
-        loop.call_later(delay, self._queue.put_nowait, (item, attempt))
+        self._sleeping += 1
+
+        def due() -> None:
+            self._sleeping -= 1
+            self._ready.append((item, attempt))
+            self._wake.set()
+
+        asyncio.get_running_loop().call_later(delay, due)
 
     async def _attempt(self, item: WorkItem, attempt: int) -> bool:
         """One attempt; returns True when the key reached a terminal state in this run."""
@@ -215,7 +231,6 @@ class Dispatcher:
             confidence=out.confidence,
             correlation_id=out.correlation_id,
             schema_version=out.schema_version,
-            created_at=utcnow(),
             partition=item.partition,
         )
         self.writer.stage_result(row)
@@ -295,10 +310,9 @@ class Dispatcher:
             "status": None,
             "message": None,
             "run_id": self.cfg.run_id,
-            "at": utcnow(),
         }
 
     def _dead(self, item: WorkItem, outcome: Outcome, reason: str, attempts: int) -> dict[str, Any]:
         row = self._base(item)
-        row.update(outcome=str(outcome), reason=reason[:500], attempts=attempts, at=utcnow())
+        row.update(outcome=str(outcome), reason=reason[:500], attempts=attempts)
         return row

@@ -39,8 +39,8 @@ class RunOptions:
     concurrency: int = 8
     budget_tokens: int | None = None
     kill_after_usage: int | None = None
-    flush_rows: int = 256
-    flush_interval_s: float = 0.05
+    flush_rows: int = 2048
+    flush_interval_s: float = 0.1
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     seed: int | None = None
 

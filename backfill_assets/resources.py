@@ -82,7 +82,7 @@ class BackfillSettings(dg.ConfigurableResource):  # type: ignore[type-arg]
     max_attempts: int = Field(default=5, ge=1, le=20)
     retry_base_seconds: float = Field(default=0.5, ge=0.0)
     retry_max_seconds: float = Field(default=30.0, ge=0.0)
-    flush_ms: float = Field(default=50.0, gt=0.0, le=1000.0, description="Max group-commit delay.")
+    flush_ms: float = Field(default=100.0, gt=0.0, le=1000.0, description="Max group-commit delay.")
     prompt_path: str = Field(default="", description="File with a custom system prompt.")
 
     def rubric(self) -> Rubric:

@@ -62,7 +62,7 @@ def settings_from_env(env: Mapping[str, str]) -> BackfillSettings:
         max_attempts=_int(env, "BACKFILL_MAX_ATTEMPTS", 5),
         retry_base_seconds=_float(env, "BACKFILL_RETRY_BASE_SECONDS", 0.5),
         retry_max_seconds=_float(env, "BACKFILL_RETRY_MAX_SECONDS", 30.0),
-        flush_ms=_float(env, "BACKFILL_FLUSH_MS", 50.0),
+        flush_ms=_float(env, "BACKFILL_FLUSH_MS", 100.0),
         prompt_path=env.get("BACKFILL_PROMPT_PATH", ""),
     )
 

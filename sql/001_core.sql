@@ -1,5 +1,5 @@
 -- Core schema. Portable between SQLite and PostgreSQL; {serial_pk} is the only
--- dialect-specific token (INTEGER PRIMARY KEY AUTOINCREMENT / BIGSERIAL PRIMARY KEY).
+-- dialect-specific token (INTEGER PRIMARY KEY / BIGSERIAL PRIMARY KEY).
 
 CREATE TABLE tenants (
     tenant_id   TEXT PRIMARY KEY,
@@ -77,7 +77,6 @@ CREATE TABLE ledger_events (
 );
 CREATE INDEX ledger_by_tenant ON ledger_events (tenant_id, type);
 CREATE INDEX ledger_by_key ON ledger_events (key);
-CREATE INDEX ledger_by_attempt ON ledger_events (attempt_id);
 
 -- Current terminal failure of a key (one row per key); accepted keys have none.
 CREATE TABLE dead_letters (

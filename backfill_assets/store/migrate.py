@@ -53,7 +53,9 @@ def load_migrations(sql_dir: Path = SQL_DIR) -> list[Migration]:
 
 def statements(sql: str, dialect: str) -> list[str]:
     """Split a DDL file into statements and fill in dialect tokens."""
-    serial = "INTEGER PRIMARY KEY AUTOINCREMENT" if dialect == "sqlite" else "BIGSERIAL PRIMARY KEY"
+    # A rowid alias, not AUTOINCREMENT: ids stay monotonic without a sqlite_sequence update
+    # per insert (rows are never deleted from the tables that use it).
+    serial = "INTEGER PRIMARY KEY" if dialect == "sqlite" else "BIGSERIAL PRIMARY KEY"
     body = "\n".join(line for line in sql.splitlines() if not line.lstrip().startswith("--"))
     body = body.replace("{serial_pk}", serial)
     return [s.strip() for s in body.split(";") if s.strip()]

@@ -1,10 +1,13 @@
 """Group-committing writer for ledger events, results and dead letters.
 
-Two lanes share one transaction stream:
-- attempts are committed before the call they announce (callers await durability);
-- usage/error events, results and dead letters are staged and committed together, at most
-  ``flush_interval_s`` after the first one was staged, so a key's usage and its outcome become
-  durable in the same transaction and the crash window is "calls in flight plus one flush".
+Two lanes, each with its own thread and connection:
+- the attempt lane commits attempt events before the calls they announce (callers await it);
+- the outcome lane stages usage/error events, results and dead letters and commits them
+  together, at most ``flush_interval_s`` after the first was staged, so a key's usage and its
+  outcome become durable in one transaction; a crash loses at most the calls in flight plus
+  one flush, and those show up as attempts without usage ("orphan attempts").
+The frame check (pandera) runs before the outcome transaction opens, so the attempt lane is
+never stuck behind it.
 """
 
 from __future__ import annotations
@@ -13,9 +16,10 @@ import asyncio
 import contextlib
 import os
 import signal
+import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,11 +27,18 @@ from typing import Any
 from sqlalchemy.engine import Connection, Engine
 
 from ..validation import split_valid
-from .dialect import insert_for
-from .engine import write_tx
+from .bulk import db_time, insert_rows
+from .engine import is_sqlite
 from .tables import budget_reservations, dead_letters, ledger_events, results, tenants, utcnow
 
 Row = dict[str, Any]
+
+EVENT_COLUMNS = tuple(c.name for c in ledger_events.c if c.name != "id")
+RESULT_COLUMNS = tuple(c.name for c in results.c)
+DEAD_COLUMNS = tuple(c.name for c in dead_letters.c)
+DEAD_UPSERT = "ON CONFLICT (key) DO UPDATE SET " + ", ".join(
+    f"{c} = excluded.{c}" for c in ("outcome", "reason", "attempts", "run_id", "at")
+)
 
 
 @dataclass
@@ -42,53 +53,117 @@ class _Staged:
     def empty(self) -> bool:
         return not (self.events or self.results or self.dead)
 
+    def rows(self) -> int:
+        return len(self.results) + len(self.dead)
+
 
 @dataclass
 class FlushReport:
-    """What one flush made durable; ``rejected`` rows failed the frame check."""
+    """What one outcome flush made durable; ``rejected`` rows failed the frame check."""
 
     usage_events: int
     accepted: list[Row]
     rejected: list[tuple[Row, str]]
 
 
+class _Lane:
+    """A thread with its own write connection."""
+
+    def __init__(self, engine: Engine, name: str, tx_lock: threading.Lock | None) -> None:
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        self._engine = engine
+        self._conn: Connection | None = None
+        self._tx_lock = tx_lock
+
+    @contextlib.contextmanager
+    def tx(self) -> Iterator[Connection]:
+        """A write transaction on the lane's connection (call from the lane's thread)."""
+        if self._conn is None:
+            self._conn = self._engine.connect().execution_options(write=True)
+        lock = self._tx_lock or contextlib.nullcontext()
+        with lock, self._conn.begin():
+            yield self._conn
+
+    @contextlib.contextmanager
+    def raw_tx(self) -> Iterator[Any]:
+        """A write transaction straight on the driver connection (the per-call hot path)."""
+        if self._conn is None:
+            self._conn = self._engine.connect().execution_options(write=True)
+        raw = self._conn.connection.driver_connection
+        assert raw is not None
+        sqlite = is_sqlite(self._engine)
+        lock = self._tx_lock or contextlib.nullcontext()
+        with lock:
+            if sqlite:
+                raw.execute("BEGIN IMMEDIATE")
+            try:
+                yield raw
+            except BaseException:
+                raw.rollback() if not sqlite else raw.execute("ROLLBACK")
+                raise
+            if sqlite:
+                raw.execute("COMMIT")
+            else:
+                raw.commit()
+
+    def close(self) -> None:
+        """Close the connection and stop the thread."""
+
+        def _close() -> None:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+        self.pool.submit(_close).result()
+        self.pool.shutdown(wait=True)
+
+
 class LedgerWriter:
-    """Owns one connection in one thread; the event loop never blocks on the database."""
+    """Durable bookkeeping for the dispatcher; the event loop never blocks on the database."""
 
     def __init__(
         self,
         engine: Engine,
         *,
-        flush_rows: int = 256,
-        flush_interval_s: float = 0.05,
+        flush_rows: int = 2048,
+        flush_interval_s: float = 0.1,
         kill_after_usage: int | None = None,
         on_flush: Callable[[FlushReport], None] | None = None,
     ) -> None:
-        self._engine = engine
+        # SQLite has one write lock per database: hand it over in-process with a Python lock
+        # instead of SQLite's sleeping busy handler.
+        tx_lock = threading.Lock() if is_sqlite(engine) else None
+        self._dialect = engine.dialect.name
+        self._attempt_lane = _Lane(engine, "ledger-attempts", tx_lock)
+        self._outcome_lane = _Lane(engine, "ledger-outcomes", tx_lock)
         self._flush_rows = flush_rows
         self._interval = flush_interval_s
         self._kill_after = kill_after_usage if kill_after_usage and kill_after_usage > 0 else None
         self._on_flush = on_flush
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ledger-writer")
         self._attempts: list[Row] = []
         self._waiters: list[asyncio.Future[None]] = []
         self._staged = _Staged()
-        self._wake = asyncio.Event()
+        self._attempt_wake = asyncio.Event()
+        self._outcome_wake = asyncio.Event()
         self._closing = False
-        self._task: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
         self.usage_committed = 0
         self.flushes = 0
 
     def start(self) -> None:
-        """Start the flush loop on the running event loop."""
-        self._task = asyncio.get_running_loop().create_task(self._loop(), name="ledger-writer")
+        """Start both flush loops on the running event loop."""
+        loop = asyncio.get_running_loop()
+        self._tasks = [
+            loop.create_task(self._attempt_loop(), name="ledger-attempts"),
+            loop.create_task(self._outcome_loop(), name="ledger-outcomes"),
+        ]
 
     async def record_attempt(self, row: Row) -> None:
         """Write an attempt event and return once it is committed."""
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._attempts.append(row)
         self._waiters.append(fut)
-        self._wake.set()
+        self._attempt_wake.set()
         await fut
 
     def stage_event(self, row: Row, reservation_id: str | None = None) -> None:
@@ -114,46 +189,34 @@ class LedgerWriter:
     def _mark(self) -> None:
         if self._staged.first_at is None:
             self._staged.first_at = time.monotonic()
-            self._wake.set()
-        if len(self._staged.results) + len(self._staged.dead) >= self._flush_rows:
-            self._wake.set()
+            self._outcome_wake.set()
+        elif self._staged.rows() >= self._flush_rows:
+            self._outcome_wake.set()
 
     async def close(self) -> None:
         """Flush everything and stop."""
         self._closing = True
-        self._wake.set()
-        if self._task is not None:
-            await self._task
-        self._pool.shutdown(wait=True)
+        self._attempt_wake.set()
+        self._outcome_wake.set()
+        try:
+            await asyncio.gather(*self._tasks)
+        finally:
+            await asyncio.to_thread(self._attempt_lane.close)
+            await asyncio.to_thread(self._outcome_lane.close)
 
-    def _staged_due(self) -> bool:
-        s = self._staged
-        if s.empty():
-            return False
-        if self._closing or len(s.results) + len(s.dead) >= self._flush_rows:
-            return True
-        return s.first_at is not None and time.monotonic() - s.first_at >= self._interval
-
-    async def _loop(self) -> None:
+    async def _attempt_loop(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            if not self._attempts and not self._staged_due():
-                if self._closing and self._staged.empty():
+            if not self._attempts:
+                if self._closing:
                     return
-                timeout = None
-                if self._staged.first_at is not None:
-                    timeout = max(0.0, self._interval - (time.monotonic() - self._staged.first_at))
-                self._wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), timeout)
+                self._attempt_wake.clear()
+                await self._attempt_wake.wait()
                 continue
-            attempts, waiters = self._attempts, self._waiters
+            rows, waiters = self._attempts, self._waiters
             self._attempts, self._waiters = [], []
-            staged = None
-            if self._staged_due():
-                staged, self._staged = self._staged, _Staged()
             try:
-                report = await loop.run_in_executor(self._pool, self._flush, attempts, staged)
+                await loop.run_in_executor(self._attempt_lane.pool, self._write_attempts, rows)
             except BaseException as exc:
                 for w in waiters:
                     if not w.done():
@@ -162,50 +225,80 @@ class LedgerWriter:
             for w in waiters:
                 if not w.done():
                     w.set_result(None)
-            if report is not None and self._on_flush is not None:
+
+    def _staged_due(self) -> bool:
+        s = self._staged
+        if s.empty():
+            return False
+        if self._closing or s.rows() >= self._flush_rows:
+            return True
+        return s.first_at is not None and time.monotonic() - s.first_at >= self._interval
+
+    async def _outcome_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self._staged_due():
+                if self._closing and self._staged.empty() and not self._attempts:
+                    return
+                timeout = None
+                if self._staged.first_at is not None:
+                    timeout = max(0.0, self._interval - (time.monotonic() - self._staged.first_at))
+                elif self._closing:
+                    timeout = 0.01
+                self._outcome_wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._outcome_wake.wait(), timeout)
+                continue
+            staged, self._staged = self._staged, _Staged()
+            report = await loop.run_in_executor(
+                self._outcome_lane.pool, self._write_outcomes, staged
+            )
+            if self._on_flush is not None:
                 self._on_flush(report)
 
-    def _flush(self, attempts: list[Row], staged: _Staged | None) -> FlushReport | None:
-        report = None
-        with write_tx(self._engine) as conn:
-            if attempts:
-                conn.execute(ledger_events.insert(), attempts)
-            if staged is not None:
-                report = self._write_staged(conn, staged)
+    def _write_attempts(self, rows: list[Row]) -> None:
+        with self._attempt_lane.raw_tx() as raw:
+            now = db_time(self._dialect, utcnow())
+            for row in rows:
+                row["at"] = now
+            insert_rows(raw, ledger_events, EVENT_COLUMNS, rows)
         self.flushes += 1
-        if report is not None:
-            self.usage_committed += report.usage_events
-            if self._kill_after is not None and self.usage_committed >= self._kill_after:
-                # Fault injection (BACKFILL_KILL_AFTER_USAGE): die the hard way, right after
-                # the Nth usage event became durable, to prove resume never loses or re-pays.
-                os.kill(os.getpid(), signal.SIGKILL)
-        return report
 
-    def _write_staged(self, conn: Connection, s: _Staged) -> FlushReport:
+    def _write_outcomes(self, s: _Staged) -> FlushReport:
+        # Validate outside the transaction: the write lock is held only for the inserts.
         good, bad = split_valid(s.results)
-        dead = list(s.dead)
-        now = utcnow()
-        for row, reason in bad:
-            dead.append(_as_dead(row, reason, now))
-        if s.events:
-            conn.execute(ledger_events.insert(), s.events)
-        if good:
-            conn.execute(
-                insert_for(conn, results).on_conflict_do_nothing(),
-                [{k: v for k, v in r.items() if k in results.c} for r in good],
-            )
-            conn.execute(
-                dead_letters.delete().where(dead_letters.c.key.in_([r["key"] for r in good]))
-            )
-        if dead:
-            stmt = insert_for(conn, dead_letters)
-            stmt = stmt.on_conflict_do_update(
-                index_elements=["key"],
-                set_={
-                    c: stmt.excluded[c] for c in ("outcome", "reason", "attempts", "run_id", "at")
-                },
-            )
-            conn.execute(stmt, _last_per_key(dead))
+        dead = list(s.dead) + [_as_dead(row, reason) for row, reason in bad]
+        with self._outcome_lane.tx() as conn:
+            now = db_time(self._dialect, utcnow())
+            for row in s.events:
+                row["at"] = now
+            insert_rows(conn, ledger_events, EVENT_COLUMNS, s.events)
+            if good:
+                for row in good:
+                    row["created_at"] = now
+                insert_rows(conn, results, RESULT_COLUMNS, good, "ON CONFLICT DO NOTHING")
+                conn.execute(
+                    dead_letters.delete().where(dead_letters.c.key.in_([r["key"] for r in good]))
+                )
+            if dead:
+                latest = list({r["key"]: r for r in dead}.values())
+                for row in latest:
+                    row["at"] = now
+                insert_rows(conn, dead_letters, DEAD_COLUMNS, latest, DEAD_UPSERT)
+            self._settle(conn, s)
+        self.flushes += 1
+        usage = sum(1 for e in s.events if e["type"] == "usage")
+        self.usage_committed += usage
+        if self._kill_after is not None and self.usage_committed >= self._kill_after:
+            # Fault injection (BACKFILL_KILL_AFTER_USAGE): die the hard way, right after the
+            # Nth usage event became durable, to prove resume never loses or re-pays.
+            os.kill(os.getpid(), signal.SIGKILL)
+        return FlushReport(usage_events=usage, accepted=good, rejected=bad)
+
+    @staticmethod
+    def _settle(conn: Connection, s: _Staged) -> None:
+        # Billed tokens move from the reservation to the tenant's total in the same
+        # transaction as the usage events, so billed + reserved never drops below real spend.
         for tenant_id, tokens in s.billed.items():
             conn.execute(
                 tenants.update()
@@ -216,13 +309,11 @@ class LedgerWriter:
             conn.execute(
                 budget_reservations.update()
                 .where(budget_reservations.c.reservation_id == rid)
-                .values(tokens=budget_reservations.c.tokens - tokens, heartbeat_at=now)
+                .values(tokens=budget_reservations.c.tokens - tokens, heartbeat_at=utcnow())
             )
-        usage = sum(1 for e in s.events if e["type"] == "usage")
-        return FlushReport(usage_events=usage, accepted=good, rejected=bad)
 
 
-def _as_dead(row: Row, reason: str, now: Any) -> Row:
+def _as_dead(row: Row, reason: str) -> Row:
     return {
         "key": row["key"],
         "tenant_id": row["tenant_id"],
@@ -236,12 +327,4 @@ def _as_dead(row: Row, reason: str, now: Any) -> Row:
         "reason": reason[:500],
         "attempts": int(row.get("attempts", 1)),
         "run_id": row["run_id"],
-        "at": now,
     }
-
-
-def _last_per_key(rows: list[Row]) -> list[Row]:
-    latest: dict[str, Row] = {}
-    for r in rows:
-        latest[r["key"]] = r
-    return [{k: v for k, v in r.items() if k in dead_letters.c} for r in latest.values()]
