@@ -44,6 +44,8 @@ def insert_rows(
     values = [pick(r) for r in rows] if len(columns) > 1 else [(pick(r),) for r in rows]
     cols = ", ".join(columns)
     raw = conn.connection.driver_connection if isinstance(conn, Connection) else conn
+    if raw is None:
+        raise RuntimeError("connection is closed")
     cursor = raw.cursor()
     try:
         if not isinstance(raw, sqlite3.Connection):
