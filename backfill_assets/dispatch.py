@@ -44,6 +44,7 @@ class WorkItem:
     content_hash: str
     text: str
     key: str
+    had_dead_letter: bool = False
 
 
 @dataclass
@@ -232,6 +233,7 @@ class Dispatcher:
             correlation_id=out.correlation_id,
             schema_version=out.schema_version,
             partition=item.partition,
+            had_dead_letter=item.had_dead_letter,
         )
         self.writer.stage_result(row)
         st.outcomes[Outcome.ACCEPTED] += 1

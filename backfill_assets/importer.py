@@ -8,6 +8,7 @@ from pathlib import Path
 from sqlalchemy.engine import Engine
 
 from .records import Post, Rejection, parse_line
+from .store.engine import refresh_planner_stats
 from .store.posts import ImportSummary, write_batch
 
 BATCH_LINES = 2000
@@ -37,4 +38,5 @@ def import_jsonl(
                     progress(summary)
     if batch:
         write_batch(engine, src, batch, summary)
+    refresh_planner_stats(engine, ("tenants", "posts"))
     return summary

@@ -17,9 +17,9 @@ from .models.base import ModelAdapter
 from .outcomes import Outcome, RetryPolicy
 from .rubric import Rubric
 from .store.budget import StoreBudgetLedger
-from .store.engine import read_tx
-from .store.reports import dead_counts, label_counts
-from .store.work import PartitionBusy, WriterLocks, partition_size, pending_posts
+from .store.engine import read_tx, refresh_planner_stats
+from .store.partition_counts import partition_counts, post_counts
+from .store.work import PartitionBusy, WriterLocks, pending_posts
 from .store.writer import LedgerWriter
 
 
@@ -101,6 +101,7 @@ def run_partitions(
 ) -> list[PartitionReport]:
     """Process the partitions' remaining keys; one writer per partition, all in one event loop."""
     reports = {r.key: PartitionReport(ref=r) for r in refs}
+    refresh_planner_stats(engine, ("posts", "results", "dead_letters"))
     with WriterLocks(engine) as locks:
         owned: list[PartitionRef] = []
         for ref in refs:
@@ -114,10 +115,12 @@ def run_partitions(
             _dispatch(engine, owned, reports, make_adapter, versions, rubric, run_id, options, log)
         )
     with read_tx(engine) as conn:
-        for ref in refs:
-            rep = reports[ref.key]
-            rep.labels_total = label_counts(conn, ref.tenant_id, ref.slice, versions)
-            rep.dead_total = dead_counts(conn, ref.tenant_id, ref.slice, versions)
+        counts = partition_counts(conn, sorted({r.tenant_id for r in refs}), versions)
+    for ref in refs:
+        got = counts.get((ref.tenant_id, ref.slice))
+        if got is not None:
+            reports[ref.key].labels_total = got.labels
+            reports[ref.key].dead_total = got.dead
     return [reports[r.key] for r in refs]
 
 
@@ -128,12 +131,13 @@ def _work(
     versions: Versions,
 ) -> Iterator[WorkItem]:
     # Read one partition at a time: memory is bounded by the largest slice, not the archive.
+    with read_tx(engine) as conn:
+        sizes = post_counts(conn, sorted({r.tenant_id for r in refs}))
     for ref in refs:
         with read_tx(engine) as conn:
-            size = partition_size(conn, ref.tenant_id, ref.slice)
             pending = pending_posts(conn, ref.tenant_id, ref.slice, versions)
         rep = reports[ref.key]
-        rep.posts, rep.pending = size, len(pending)
+        rep.posts, rep.pending = sizes.get((ref.tenant_id, ref.slice), 0), len(pending)
         for p in pending:
             yield WorkItem(
                 partition=ref.key,
@@ -143,6 +147,7 @@ def _work(
                 content_hash=p.content_hash,
                 text=p.text,
                 key=work_key(versions, ref.tenant_id, p.post_id, p.content_hash),
+                had_dead_letter=p.had_dead_letter,
             )
 
 

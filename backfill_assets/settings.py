@@ -100,3 +100,11 @@ def partitions_per_run(env: Mapping[str, str]) -> int:
     if n < 1:
         raise SettingsError("BACKFILL_PARTITIONS_PER_RUN must be at least 1")
     return n
+
+
+def executor_kind(env: Mapping[str, str]) -> str:
+    """``in_process`` (default) or ``multiprocess`` (Dagster's default executor)."""
+    kind = env.get("BACKFILL_EXECUTOR", "").strip() or "in_process"
+    if kind not in ("in_process", "multiprocess"):
+        raise SettingsError(f"BACKFILL_EXECUTOR={kind!r}: expected in_process or multiprocess")
+    return kind

@@ -18,7 +18,8 @@ CREATE TABLE posts (
     updated_at    TIMESTAMP NOT NULL,
     PRIMARY KEY (tenant_id, post_id)
 );
-CREATE INDEX posts_by_partition ON posts (tenant_id, slice);
+-- Covers the work query's scan of a partition without touching post texts.
+CREATE INDEX posts_by_partition ON posts (tenant_id, slice, post_id, content_hash);
 
 -- Refused input lines: where and why, never the text.
 CREATE TABLE rejected_records (
@@ -47,9 +48,10 @@ CREATE TABLE results (
     run_id          TEXT NOT NULL,
     created_at      TIMESTAMP NOT NULL
 );
+-- One result per post text and versions; leading (tenant_id, slice) also serves partition scans
+-- and the work query's anti-join.
 CREATE UNIQUE INDEX results_by_post ON results
-    (tenant_id, post_id, content_hash, model, prompt_version, task_version);
-CREATE INDEX results_by_partition ON results (tenant_id, slice);
+    (tenant_id, slice, post_id, content_hash, model, prompt_version, task_version);
 
 -- Spend and call history. attempt rows carry the key's derivation so every event can be
 -- traced to one tenant's post; usage/error rows point at their attempt.
@@ -75,8 +77,7 @@ CREATE TABLE ledger_events (
     run_id          TEXT NOT NULL,
     at              TIMESTAMP NOT NULL
 );
-CREATE INDEX ledger_by_tenant ON ledger_events (tenant_id, type);
-CREATE INDEX ledger_by_key ON ledger_events (key);
+CREATE INDEX ledger_by_partition ON ledger_events (tenant_id, slice);
 
 -- Current terminal failure of a key (one row per key); accepted keys have none.
 CREATE TABLE dead_letters (
@@ -95,8 +96,7 @@ CREATE TABLE dead_letters (
     run_id          TEXT NOT NULL,
     at              TIMESTAMP NOT NULL
 );
-CREATE INDEX dead_letters_by_partition ON dead_letters (tenant_id, slice);
-CREATE INDEX dead_letters_by_post ON dead_letters (tenant_id, post_id, content_hash);
+CREATE INDEX dead_letters_by_post ON dead_letters (tenant_id, slice, post_id, content_hash);
 
 -- Tokens reserved against a tenant's budget and not yet settled. A holder that dies leaves
 -- its row behind; rows whose heartbeat is older than the lease are ignored.

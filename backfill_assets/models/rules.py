@@ -9,29 +9,26 @@ from __future__ import annotations
 import hashlib
 import re
 
+# Matched against the lower-cased text: cheaper than IGNORECASE on every search.
 _SPAM = re.compile(
     r"\b(buy now|free money|click here|limited offer|crypto giveaway|discount code|"
-    r"work from home|earn \$?\d+|viagra|casino)\b|https?://\S+\.(ru|xyz|top)\b",
-    re.IGNORECASE,
+    r"work from home|earn \$?\d+|viagra|casino)\b|https?://\S+\.(ru|xyz|top)\b"
 )
-_ABUSE = re.compile(
-    r"\b(idiot|moron|stupid|loser|i will hurt you|kill you|trash human|shut up)\b",
-    re.IGNORECASE,
-)
+_ABUSE = re.compile(r"\b(idiot|moron|stupid|loser|i will hurt you|kill you|trash human|shut up)\b")
 _REVIEW = re.compile(
     r"\b(ignore (all )?previous instructions|system prompt|self[- ]harm|suicide|"
-    r"label this post|you are now)\b",
-    re.IGNORECASE,
+    r"label this post|you are now)\b"
 )
 
 
 def classify(text: str) -> tuple[str, float]:
     """Label and confidence for a post text; same text, same answer."""
-    if _REVIEW.search(text):
+    lowered = text.lower()
+    if _REVIEW.search(lowered):
         label = "needs_review"
-    elif _ABUSE.search(text):
+    elif _ABUSE.search(lowered):
         label = "abuse"
-    elif _SPAM.search(text):
+    elif _SPAM.search(lowered):
         label = "spam"
     else:
         label = "ok"

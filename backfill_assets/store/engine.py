@@ -76,3 +76,18 @@ def read_tx(engine: Engine) -> Iterator[Connection]:
     """A read transaction with one consistent snapshot where the store offers one."""
     with engine.connect() as conn, conn.begin():
         yield conn
+
+
+def refresh_planner_stats(engine: Engine, tables: tuple[str, ...]) -> None:
+    """ANALYZE: right after a bulk import or run the planners have no statistics and pick
+    scans that cost milliseconds per partition instead of microseconds."""
+    with engine.connect() as conn:
+        if is_sqlite(engine):
+            # Sampled, so it stays cheap on big files; without statistics SQLite scans a
+            # tenant's whole primary key instead of the partition index.
+            conn.exec_driver_sql("PRAGMA analysis_limit=1000")
+            for table in tables:
+                conn.exec_driver_sql(f"ANALYZE {table}")
+        else:
+            conn.exec_driver_sql("ANALYZE " + ", ".join(tables))
+        conn.commit()

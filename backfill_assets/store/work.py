@@ -29,11 +29,13 @@ class PendingPost:
     post_id: str
     content_hash: str
     text: str
+    had_dead_letter: bool = False
 
 
 def _same_work(table: sa.Table, versions: Versions) -> sa.ColumnElement[bool]:
     return sa.and_(
         table.c.tenant_id == posts.c.tenant_id,
+        table.c.slice == posts.c.slice,
         table.c.post_id == posts.c.post_id,
         table.c.content_hash == posts.c.content_hash,
         table.c.model == versions.model,
@@ -50,10 +52,11 @@ def pending_query(
     dead = sa.exists().where(
         _same_work(dead_letters, versions), dead_letters.c.outcome.in_(FINAL_DEAD_OUTCOMES)
     )
-    return (
-        sa.select(posts.c.post_id, posts.c.content_hash, posts.c.text)
-        .where(posts.c.tenant_id == tenant_id, posts.c.slice == slice_no, ~done, ~dead)
-        .order_by(posts.c.post_id)
+    # Only evaluated for rows that pass the filters: tells the writer which accepted keys
+    # have a (retry_exhausted) dead letter to clear, so it skips the delete for all others.
+    had_dead = sa.exists().where(_same_work(dead_letters, versions)).label("had_dead_letter")
+    return sa.select(posts.c.post_id, posts.c.content_hash, posts.c.text, had_dead).where(
+        posts.c.tenant_id == tenant_id, posts.c.slice == slice_no, ~done, ~dead
     )
 
 
@@ -62,7 +65,7 @@ def pending_posts(
 ) -> list[PendingPost]:
     """The partition's remaining work (bounded by one slice)."""
     rows = conn.execute(pending_query(tenant_id, slice_no, versions))
-    return [PendingPost(r.post_id, r.content_hash, r.text) for r in rows]
+    return [PendingPost(r.post_id, r.content_hash, r.text, bool(r.had_dead_letter)) for r in rows]
 
 
 def partition_size(conn: Connection, tenant_id: str, slice_no: int) -> int:

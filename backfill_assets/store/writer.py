@@ -277,9 +277,9 @@ class LedgerWriter:
                 for row in good:
                     row["created_at"] = now
                 insert_rows(conn, results, RESULT_COLUMNS, good, "ON CONFLICT DO NOTHING")
-                conn.execute(
-                    dead_letters.delete().where(dead_letters.c.key.in_([r["key"] for r in good]))
-                )
+                cleared = [r["key"] for r in good if r.get("had_dead_letter", True)]
+                if cleared:
+                    conn.execute(dead_letters.delete().where(dead_letters.c.key.in_(cleared)))
             if dead:
                 latest = list({r["key"]: r for r in dead}.values())
                 for row in latest:

@@ -1,0 +1,62 @@
+"""Per-partition counts for a whole run in three grouped queries (not four per partition)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from ..keys import Versions
+from .tables import dead_letters, posts, results
+
+
+@dataclass
+class PartitionCounts:
+    """Posts, accepted labels and dead letters of one partition (current versions)."""
+
+    posts: int = 0
+    labels: dict[str, int] = field(default_factory=dict)
+    dead: dict[str, int] = field(default_factory=dict)
+
+
+def _same_versions(table: sa.Table, versions: Versions) -> sa.ColumnElement[bool]:
+    return sa.and_(
+        table.c.model == versions.model,
+        table.c.prompt_version == versions.prompt_version,
+        table.c.task_version == versions.task_version,
+    )
+
+
+def post_counts(conn: Connection, tenants: Sequence[str]) -> dict[tuple[str, int], int]:
+    """Posts per (tenant, slice)."""
+    stmt = (
+        sa.select(posts.c.tenant_id, posts.c.slice, sa.func.count())
+        .where(posts.c.tenant_id.in_(list(tenants)))
+        .group_by(posts.c.tenant_id, posts.c.slice)
+    )
+    return {(str(t), int(s)): int(n) for t, s, n in conn.execute(stmt)}
+
+
+def partition_counts(
+    conn: Connection, tenants: Sequence[str], versions: Versions
+) -> dict[tuple[str, int], PartitionCounts]:
+    """Counts for every partition of ``tenants`` that has posts or rows."""
+    out: dict[tuple[str, int], PartitionCounts] = defaultdict(PartitionCounts)
+    for ident, n in post_counts(conn, tenants).items():
+        out[ident].posts = n
+    wanted = list(tenants)
+    for table, column, attr in (
+        (results, results.c.label, "labels"),
+        (dead_letters, dead_letters.c.outcome, "dead"),
+    ):
+        stmt = (
+            sa.select(table.c.tenant_id, table.c.slice, column, sa.func.count())
+            .where(table.c.tenant_id.in_(wanted), _same_versions(table, versions))
+            .group_by(table.c.tenant_id, table.c.slice, column)
+        )
+        for t, s, value, n in conn.execute(stmt):
+            getattr(out[(str(t), int(s))], attr)[str(value)] = int(n)
+    return dict(out)

@@ -1,0 +1,69 @@
+"""Shared bench helpers: stores, medians, subprocess workers."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+ROOT = Path(__file__).resolve().parents[1]
+PG_BASE = os.environ.get(
+    "BACKFILL_TEST_PG_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres"
+)
+
+
+def new_store(kind: str, workdir: Path) -> str:
+    """A fresh, empty store URL."""
+    if kind == "sqlite":
+        return f"sqlite:///{workdir / f'store-{uuid.uuid4().hex[:6]}.db'}"
+    name = f"bf_bench_{uuid.uuid4().hex[:8]}"
+    admin = sa.create_engine(PG_BASE, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    admin.dispose()
+    return sa.engine.make_url(PG_BASE).set(database=name).render_as_string(hide_password=False)
+
+
+def drop_store(url: str) -> None:
+    """Drop a PostgreSQL bench database (SQLite files live in the temp dir)."""
+    if not url.startswith("postgresql"):
+        return
+    name = sa.engine.make_url(url).database
+    admin = sa.create_engine(PG_BASE, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+def worker(module: str, args: Sequence[str], env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run ``python -m module args`` in a fresh process; its last stdout line is JSON."""
+    out = subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"{module} {' '.join(args)} failed:\n{out.stderr[-4000:]}")
+    doc: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return doc
+
+
+def median(values: Sequence[float]) -> float:
+    """Median (the machines are noisy)."""
+    return float(statistics.median(values))
+
+
+def fmt(values: Sequence[float], unit: str, digits: int = 0) -> str:
+    """'median unit (min-max, n=3)'."""
+    return f"{median(values):,.{digits}f} {unit} (min {min(values):,.{digits}f}, max {max(values):,.{digits}f}, n={len(values)})"
