@@ -74,12 +74,17 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     try:
         yield url
     finally:
-        from backfill_assets.resources import _engines
-
-        eng = _engines.pop(url, None)
-        if eng is not None:
-            eng.dispose()
+        dispose_engine(url)
         drop_pg_database(url)
+
+
+def dispose_engine(url: str) -> None:
+    """Close the pooled connections of a test store before dropping it."""
+    from backfill_assets.resources import _engines
+
+    eng = _engines.pop(url, None)
+    if eng is not None:
+        eng.dispose()
 
 
 @pytest.fixture
