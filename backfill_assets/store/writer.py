@@ -69,27 +69,43 @@ class FlushReport:
 class _Lane:
     """A thread with its own write connection."""
 
-    def __init__(self, engine: Engine, name: str, tx_lock: threading.Lock | None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        name: str,
+        tx_lock: threading.Lock | None,
+        relaxed_commit: bool = False,
+    ) -> None:
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
         self._engine = engine
         self._conn: Connection | None = None
         self._tx_lock = tx_lock
+        self._relaxed = relaxed_commit
+
+    def _connection(self) -> Connection:
+        if self._conn is None:
+            self._conn = self._engine.connect().execution_options(write=True)
+            if self._relaxed and not is_sqlite(self._engine):
+                # Attempt events only: the server still makes them durable within
+                # wal_writer_delay, and our own SIGKILL cannot lose a commit the server has
+                # acknowledged; only a server crash could, and it would lose measurement (an
+                # orphan-attempt record), never a result or a usage event.
+                self._conn.exec_driver_sql("SET synchronous_commit = off")
+                self._conn.commit()
+        return self._conn
 
     @contextlib.contextmanager
     def tx(self) -> Iterator[Connection]:
         """A write transaction on the lane's connection (call from the lane's thread)."""
-        if self._conn is None:
-            self._conn = self._engine.connect().execution_options(write=True)
+        conn = self._connection()
         lock = self._tx_lock or contextlib.nullcontext()
-        with lock, self._conn.begin():
-            yield self._conn
+        with lock, conn.begin():
+            yield conn
 
     @contextlib.contextmanager
     def raw_tx(self) -> Iterator[Any]:
         """A write transaction straight on the driver connection (the per-call hot path)."""
-        if self._conn is None:
-            self._conn = self._engine.connect().execution_options(write=True)
-        raw = self._conn.connection.driver_connection
+        raw = self._connection().connection.driver_connection
         assert raw is not None
         sqlite = is_sqlite(self._engine)
         lock = self._tx_lock or contextlib.nullcontext()
@@ -119,7 +135,11 @@ class _Lane:
 
 
 class LedgerWriter:
-    """Durable bookkeeping for the dispatcher; the event loop never blocks on the database."""
+    """Durable bookkeeping for the dispatcher.
+
+    Outcome flushes (validation, bulk inserts) run on their lane's thread; attempt commits are
+    small and by default run on the event loop, since a thread hop costs more than they do.
+    """
 
     def __init__(
         self,
@@ -129,13 +149,15 @@ class LedgerWriter:
         flush_interval_s: float = 0.1,
         kill_after_usage: int | None = None,
         on_flush: Callable[[FlushReport], None] | None = None,
+        inline_attempts: bool = True,
     ) -> None:
         # SQLite has one write lock per database: hand it over in-process with a Python lock
         # instead of SQLite's sleeping busy handler.
         tx_lock = threading.Lock() if is_sqlite(engine) else None
-        self._inline_attempts = is_sqlite(engine)
+        # A remote database with millisecond round trips is better served from the thread.
+        self._inline_attempts = inline_attempts
         self._dialect = engine.dialect.name
-        self._attempt_lane = _Lane(engine, "ledger-attempts", tx_lock)
+        self._attempt_lane = _Lane(engine, "ledger-attempts", tx_lock, relaxed_commit=True)
         self._outcome_lane = _Lane(engine, "ledger-outcomes", tx_lock)
         self._flush_rows = flush_rows
         self._interval = flush_interval_s
@@ -218,8 +240,8 @@ class LedgerWriter:
             self._attempts, self._waiters = [], []
             try:
                 if self._inline_attempts:
-                    # SQLite commits locally in tens of microseconds: cheaper on the loop
-                    # than a hop to the lane's thread and back.
+                    # A small local commit (SQLite, or PostgreSQL without waiting for the WAL
+                    # flush) costs less on the loop than a hop to the lane's thread and back.
                     self._write_attempts(rows)
                 else:
                     await loop.run_in_executor(self._attempt_lane.pool, self._write_attempts, rows)
