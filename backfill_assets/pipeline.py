@@ -198,9 +198,11 @@ async def _dispatch(
         await dispatcher.run(_work(engine, refs, reports, versions))
     finally:
         progress.cancel()
-        await writer.close()
-        await budgets.release()
-        await adapter.aclose()
+        try:
+            await writer.close()
+            await budgets.release()
+        finally:
+            await adapter.aclose()
 
 
 async def _progress(

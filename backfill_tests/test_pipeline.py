@@ -249,3 +249,37 @@ def test_no_post_text_in_results_ledger_dead_letters_or_rejects(
         for table in ("results", "ledger_events", "dead_letters", "rejected_records"):
             for row in conn.execute(sa.text(f"SELECT * FROM {table}")):
                 assert "UNIQUE-TEXT" not in repr(tuple(row)), table
+
+
+class _SabotagingModel(FakeModel):
+    """Breaks the store after some calls, as a full disk or a dropped table would."""
+
+    def __init__(self, engine: Engine, after: int) -> None:
+        super().__init__(latency_ms=3)
+        self._engine = engine
+        self._after = after
+
+    async def complete(self, request):  # type: ignore[no-untyped-def]
+        if self.stats.calls == self._after:
+            with self._engine.begin() as conn:
+                conn.execute(sa.text("ALTER TABLE results RENAME TO results_gone"))
+        return await super().complete(request)
+
+
+def test_a_failing_outcome_flush_stops_new_calls(engine: Engine, tmp_path: Path) -> None:
+    import pytest
+
+    from backfill_assets.keys import slice_of
+
+    ids = [f"p{i}" for i in range(4000) if slice_of("acme", f"p{i}") == 0][:200]
+    import_records(
+        engine, tmp_path, [{"tenant_id": "acme", "post_id": p, "text": "t"} for p in ids]
+    )
+    model = _SabotagingModel(engine, after=20)
+    opts = RunOptions(retry=FAST_RETRY, flush_interval_s=0.01)
+    with pytest.raises(Exception, match="results"):
+        run_partitions(
+            engine, refs_for(["acme"], [0]), lambda: model, VERSIONS, RUBRIC, "r-broken", opts
+        )
+    # The first outcome flush after the break failed; no call started after that.
+    assert 20 < model.stats.calls < 150

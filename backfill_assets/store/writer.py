@@ -169,6 +169,7 @@ class LedgerWriter:
         self._attempt_wake = asyncio.Event()
         self._outcome_wake = asyncio.Event()
         self._closing = False
+        self._failure: BaseException | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.usage_committed = 0
         self.flushes = 0
@@ -183,6 +184,9 @@ class LedgerWriter:
 
     async def record_attempt(self, row: Row) -> None:
         """Write an attempt event and return once it is committed."""
+        if self._failure is not None:
+            # The outcome lane is down: no new call may start whose result could not be kept.
+            raise RuntimeError("ledger writer failed") from self._failure
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._attempts.append(row)
         self._waiters.append(fut)
@@ -278,9 +282,13 @@ class LedgerWriter:
                     await asyncio.wait_for(self._outcome_wake.wait(), timeout)
                 continue
             staged, self._staged = self._staged, _Staged()
-            report = await loop.run_in_executor(
-                self._outcome_lane.pool, self._write_outcomes, staged
-            )
+            try:
+                report = await loop.run_in_executor(
+                    self._outcome_lane.pool, self._write_outcomes, staged
+                )
+            except BaseException as exc:
+                self._failure = exc
+                raise
             if self._on_flush is not None:
                 self._on_flush(report)
 
