@@ -10,7 +10,10 @@ from .importer import import_jsonl
 from .metadata import partition_metadata
 from .partitions import moderation_partitions, partition_ref, tenant_partitions
 from .pipeline import run_partitions
+from .range_guard import require_full_range
 from .resources import BackfillSettings, ModelResource, StoreResource, versions_for
+from .store.engine import read_tx
+from .store.reports import partition_spend
 
 DEMO_POSTS = Path(__file__).resolve().parent / "demo" / "posts.jsonl"
 
@@ -21,7 +24,7 @@ class PostsImportConfig(dg.Config):
     path: str = str(DEMO_POSTS)
 
 
-@dg.asset(group_name="moderation", kinds={"sql"})
+@dg.asset(group_name="ingest", kinds={"sql"})
 def posts(
     context: dg.AssetExecutionContext, config: PostsImportConfig, store: StoreResource
 ) -> dg.MaterializeResult[None]:
@@ -67,6 +70,7 @@ def _labels_asset(code_version: str, partitions_per_run: int) -> dg.AssetsDefini
         settings: BackfillSettings,
     ) -> dg.MaterializeResult[None]:
         """LLM moderation labels per tenant x slice; re-runs only send unfinished keys."""
+        require_full_range(context)
         versions = versions_for(settings, model)
         if versions.code_version != code_version:
             context.log.warning(
@@ -85,8 +89,14 @@ def _labels_asset(code_version: str, partitions_per_run: int) -> dg.AssetsDefini
             settings.run_options(),
             log=context.log.info,
         )
+        with read_tx(store.engine()) as conn:
+            spend = {
+                r.ref.key: partition_spend(conn, r.ref.tenant_id, r.ref.slice) for r in reports
+            }
         for rep in reports:
-            context.add_asset_metadata(partition_metadata(rep, versions), partition_key=rep.ref.key)
+            context.add_asset_metadata(
+                partition_metadata(rep, versions, spend[rep.ref.key]), partition_key=rep.ref.key
+            )
         busy = [r.ref.key for r in reports if r.busy]
         if busy:
             raise dg.Failure(

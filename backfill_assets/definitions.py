@@ -7,31 +7,51 @@ from collections.abc import Mapping
 
 import dagster as dg
 
+from .applied import build_applied_labels
 from .assets import build_moderation_labels, posts
+from .checks import build_partition_checks
 from .partitions import moderation_partitions
+from .policy import policy_from_env
 from .sensors import tenant_partitions_sensor
-from .settings import partitions_per_run, resources_from_env, versions_from_env
+from .settings import executor_kind, partitions_per_run, resources_from_env, versions_from_env
+from .usage import tenant_usage
 
 BACKFILL_JOB = "moderation_backfill"
+APPLY_JOB = "apply_labels"
 
 
 def build_definitions(env: Mapping[str, str]) -> dg.Definitions:
     """Definitions wired from an environment mapping."""
-    labels = build_moderation_labels(versions_from_env(env).code_version, partitions_per_run(env))
+    per_run = partitions_per_run(env)
+    labels = build_moderation_labels(versions_from_env(env).code_version, per_run)
+    applied = build_applied_labels(per_run)
+    checks = build_partition_checks()
     backfill_job = dg.define_asset_job(
         BACKFILL_JOB,
-        selection=dg.AssetSelection.assets(labels),
+        # Selecting the assets selects their checks too: labels, the six checks, then the
+        # apply, which the blocking checks gate within each run.
+        selection=dg.AssetSelection.assets(labels, applied),
         partitions_def=moderation_partitions,
-        description="Materialise moderation labels for tenant x slice partitions.",
+        description="Moderation labels, their checks and the gated apply, per tenant x slice.",
+    )
+    apply_job = dg.define_asset_job(
+        APPLY_JOB,
+        selection=dg.AssetSelection.assets(applied),
+        partitions_def=moderation_partitions,
+        description="Apply verified labels only (re-checks the blocking checks itself).",
     )
     return dg.Definitions(
-        assets=[posts, labels],
-        jobs=[backfill_job],
+        assets=[posts, labels, applied, tenant_usage],
+        asset_checks=[checks],
+        jobs=[backfill_job, apply_job],
         sensors=[tenant_partitions_sensor],
-        resources=resources_from_env(env),
+        resources={**resources_from_env(env), "policy": policy_from_env(env)},
         # One process per run: partitions are batched into runs, so per-step subprocesses
-        # would only add start-up cost (see README, "Execution").
-        executor=dg.in_process_executor,
+        # would only add start-up cost (see README, "Execution"). BACKFILL_EXECUTOR=multiprocess
+        # restores Dagster's default (the orchestration benchmark compares the two).
+        executor=dg.multiprocess_executor
+        if executor_kind(env) == "multiprocess"
+        else dg.in_process_executor,
     )
 
 

@@ -21,8 +21,10 @@ def label_table(labels: dict[str, int]) -> str:
     return "\n".join(lines)
 
 
-def partition_metadata(rep: PartitionReport, versions: Versions) -> dict[str, Any]:
-    """Metadata of one partition's materialisation."""
+def partition_metadata(
+    rep: PartitionReport, versions: Versions, spend: dict[str, int] | None = None
+) -> dict[str, Any]:
+    """Metadata of one partition's materialisation; ``spend`` is the partition's ledger view."""
     s = rep.summary()
     out: dict[str, Any] = {
         "posts": dg.MetadataValue.int(s["posts"]),
@@ -39,6 +41,10 @@ def partition_metadata(rep: PartitionReport, versions: Versions) -> dict[str, An
         "prompt_version": versions.prompt_version,
         "model": versions.model,
     }
+    if spend is not None:
+        # Over the partition's whole ledger, not just this run: what the tenant was billed.
+        out["billed_tokens_total"] = dg.MetadataValue.int(spend["billed_tokens"])
+        out["rebilled_tokens_total"] = dg.MetadataValue.int(spend["rebilled_tokens"])
     for outcome, n in s["outcomes"].items():
         out[f"outcome_{outcome}"] = dg.MetadataValue.int(int(n))
     if s["latency_p95_ms"] is not None:

@@ -8,22 +8,51 @@ from typing import Any
 
 import dagster as dg
 
+from .check_rules import BLOCKING_CHECKS
 from .keys import SLICE_KEYS
-from .partitions import partition_key_for, tenant_partitions
+from .partitions import partition_key_for, partition_ref, tenant_partitions
+from .range_guard import RANGE_END, RANGE_START
 
-RANGE_START = "dagster/asset_partition_range_start"
-RANGE_END = "dagster/asset_partition_range_end"
+LABELS = dg.AssetKey("moderation_labels")
+APPLIED = dg.AssetKey("applied_labels")
+
+
+@dataclass(frozen=True)
+class CheckOutcome:
+    """One check's evaluation of one partition in one run."""
+
+    name: str
+    passed: bool
+    blocking: bool
+    severity: str
+    summary: str | None
 
 
 @dataclass
 class RunRecord:
-    """One in-process Dagster run and what it materialised."""
+    """One in-process Dagster run and what it materialised.
+
+    ``partitions`` and ``metadata`` are moderation_labels'; ``applied`` lists the partitions
+    applied_labels materialised, ``checks`` each partition's check outcomes.
+    """
 
     run_id: str
     success: bool
     partitions: list[str]
     metadata: dict[str, dict[str, Any]] = field(default_factory=dict)
     error: str | None = None
+    checks: dict[str, list[CheckOutcome]] = field(default_factory=dict)
+    applied: list[str] = field(default_factory=list)
+    job: str = ""
+
+    def blocked(self) -> dict[str, list[str]]:
+        """Partitions with failed blocking checks, and which."""
+        out: dict[str, list[str]] = {}
+        for pk, outcomes in self.checks.items():
+            names = [c.name for c in outcomes if c.blocking and not c.passed]
+            if names:
+                out[pk] = names
+        return out
 
 
 def rectangles(tenants: Sequence[str], slices: Sequence[str]) -> list[tuple[str, str, str]]:
@@ -51,6 +80,56 @@ def _metadata_value(value: Any) -> Any:
     return getattr(value, "value", value)
 
 
+def _record(result: dg.ExecuteInProcessResult, job_name: str) -> RunRecord:
+    rec = RunRecord(run_id=result.run_id, success=result.success, partitions=[], job=job_name)
+    for ev in result.get_asset_materialization_events():
+        mat = ev.event_specific_data.materialization  # type: ignore[union-attr]
+        if mat is None or mat.partition is None:
+            continue
+        pk = str(mat.partition)
+        if mat.asset_key == APPLIED:
+            rec.applied.append(pk)
+        elif mat.asset_key == LABELS:
+            rec.partitions.append(pk)
+            rec.metadata[pk] = {k: _metadata_value(v) for k, v in mat.metadata.items()}
+    for evaluation in result.get_asset_check_evaluations():
+        if evaluation.partition is None:
+            continue
+        rec.checks.setdefault(evaluation.partition, []).append(
+            CheckOutcome(
+                name=evaluation.check_name,
+                passed=evaluation.passed,
+                blocking=bool(evaluation.blocking),
+                severity=evaluation.severity.value,
+                summary=evaluation.description,
+            )
+        )
+    if not result.success:
+        failures = [e for e in result.all_events if e.is_failure]
+        rec.error = failures[0].message if failures and failures[0].message else "run failed"
+    return rec
+
+
+def _execute(
+    defs: dg.Definitions,
+    instance: dg.DagsterInstance,
+    job_name: str,
+    tenant: str,
+    first: str,
+    last: str,
+    tags: dict[str, str] | None,
+    log_level: str,
+) -> RunRecord:
+    start, end = partition_key_for(tenant, first), partition_key_for(tenant, last)
+    result = defs.resolve_job_def(job_name).execute_in_process(
+        instance=instance,
+        run_config={"loggers": {"console": {"config": {"log_level": log_level}}}},
+        tags={RANGE_START: start, RANGE_END: end, "tenant": tenant, **(tags or {})},
+        raise_on_error=False,
+    )
+    return _record(result, job_name)
+
+
 def materialize(
     defs: dg.Definitions,
     instance: dg.DagsterInstance,
@@ -59,30 +138,31 @@ def materialize(
     slices: Sequence[str],
     tags: dict[str, str] | None = None,
     log_level: str = "INFO",
+    apply_job: str | None = None,
 ) -> list[RunRecord]:
-    """Run ``job_name`` over tenants x slices: one in-process run per tenant and slice range."""
+    """Run ``job_name`` over tenants x slices: one in-process run per tenant and slice range.
+
+    Blocking checks gate the apply per *run*, so one bad partition keeps the apply from every
+    partition of its range. With ``apply_job``, the partitions of such a run that passed every
+    blocking check are applied in a follow-up run (contiguous ranges again); that job's asset
+    re-verifies them before writing.
+    """
     ensure_tenant_partitions(instance, tenants)
-    job = defs.resolve_job_def(job_name)
     records: list[RunRecord] = []
     for tenant, first, last in rectangles(tenants, slices):
-        start, end = partition_key_for(tenant, first), partition_key_for(tenant, last)
-        result = job.execute_in_process(
-            instance=instance,
-            run_config={"loggers": {"console": {"config": {"log_level": log_level}}}},
-            tags={RANGE_START: start, RANGE_END: end, "tenant": tenant, **(tags or {})},
-            raise_on_error=False,
-        )
-        rec = RunRecord(run_id=result.run_id, success=result.success, partitions=[])
-        for ev in result.get_asset_materialization_events():
-            mat = ev.event_specific_data.materialization  # type: ignore[union-attr]
-            if mat is None or mat.partition is None:
-                continue
-            rec.partitions.append(str(mat.partition))
-            rec.metadata[str(mat.partition)] = {
-                k: _metadata_value(v) for k, v in mat.metadata.items()
-            }
-        if not result.success:
-            failures = [e for e in result.all_events if e.is_failure]
-            rec.error = failures[0].message if failures and failures[0].message else "run failed"
+        rec = _execute(defs, instance, job_name, tenant, first, last, tags, log_level)
         records.append(rec)
+        blocked = rec.blocked()
+        if apply_job is None or rec.success or not blocked:
+            continue
+        clean = [
+            partition_ref(pk)
+            for pk, outcomes in rec.checks.items()
+            if pk not in blocked
+            and pk not in rec.applied
+            and {c.name for c in outcomes} >= set(BLOCKING_CHECKS)
+        ]
+        clean_slices = [f"s{ref.slice:02d}" for ref in clean]
+        for _t, a, b in rectangles([tenant], clean_slices):
+            records.append(_execute(defs, instance, apply_job, tenant, a, b, tags, log_level))
     return records

@@ -12,8 +12,11 @@ from sqlalchemy.engine import Engine
 from .keys import Versions
 from .models.base import ModelAdapter
 from .models.fake import FakeModel
+from .models.openai_http import HttpTimeouts, OpenAIHttpModel
 from .outcomes import RetryPolicy
 from .pipeline import RunOptions
+from .prices import PriceTable
+from .ratelimit import SHARED_LIMITERS, LimiterConfig
 from .rubric import TASK_VERSION, Rubric
 from .store.engine import make_engine
 from .store.migrate import migrate
@@ -68,6 +71,65 @@ class FakeModelResource(ModelResource):
             latency_ms=self.latency_ms,
             failure_rate=self.failure_rate,
             malformed_rate=self.malformed_rate,
+        )
+
+
+class OpenAIModelResource(ModelResource):
+    """Any OpenAI-compatible chat-completions server (OpenAI, vLLM, Ollama, LiteLLM, ...)."""
+
+    model: str = "gpt-4o-mini"
+    base_url: str = Field(
+        default="https://api.openai.com/v1", description="Base URL; /chat/completions is added."
+    )
+    api_key: str = Field(
+        default="",
+        description="Bearer token; wire it as dg.EnvVar(...) so its value is never stored.",
+    )
+    rpm: int = Field(default=0, ge=0, description="Requests per minute to aim for (0 = unset).")
+    tpm: int = Field(default=0, ge=0, description="Tokens per minute to aim for (0 = unset).")
+    adaptive: bool = Field(default=True, description="AIMD on 429s and latency.")
+    trust_limit_headers: bool = Field(
+        default=True, description="Lower the limits to the provider's x-ratelimit-limit-*."
+    )
+    connect_timeout_s: float = Field(default=5.0, gt=0.0)
+    read_timeout_s: float = Field(default=60.0, gt=0.0)
+    total_timeout_s: float = Field(default=120.0, gt=0.0, description="Whole call, end to end.")
+    max_connections: int = Field(default=256, ge=1)
+    max_tokens_param: str = Field(
+        default="max_tokens", description="max_tokens, or max_completion_tokens (newer models)."
+    )
+    prices_json: str = Field(
+        default="", description='Extra prices, USD per 1M tokens: {"model": {"input": .., ..}}.'
+    )
+
+    def limiter_config(self) -> LimiterConfig:
+        """The limiter settings of this endpoint."""
+        return LimiterConfig(
+            rpm=self.rpm,
+            tpm=self.tpm,
+            adaptive=self.adaptive,
+            trust_limit_headers=self.trust_limit_headers,
+        )
+
+    def build_adapter(self) -> ModelAdapter:
+        """An HTTP adapter sharing the process-wide limiter of this endpoint and model."""
+        key = self.api_key
+        # Outside a run, Dagster leaves an EnvVar unresolved: read it the same way it would.
+        resolved = key.get_value("") if isinstance(key, dg.EnvVar) else key
+        base_url = self.base_url.rstrip("/")
+        return OpenAIHttpModel(
+            base_url=base_url,
+            model=self.model,
+            api_key=resolved or "",
+            limiter=SHARED_LIMITERS.get(f"{base_url}#{self.model}", self.limiter_config()),
+            prices=PriceTable.from_json(self.prices_json),
+            timeouts=HttpTimeouts(
+                connect=self.connect_timeout_s,
+                read=self.read_timeout_s,
+                total=self.total_timeout_s,
+            ),
+            max_tokens_param=self.max_tokens_param,
+            max_connections=self.max_connections,
         )
 
 

@@ -6,11 +6,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import dagster as dg
+from pydantic import ValidationError
+
 from .keys import Versions
+from .prices import PriceError, PriceTable
 from .resources import (
     BackfillSettings,
     FakeModelResource,
     ModelResource,
+    OpenAIModelResource,
     StoreResource,
     versions_for,
 )
@@ -77,7 +82,62 @@ def model_from_env(env: Mapping[str, str]) -> ModelResource:
             failure_rate=_float(env, "BACKFILL_FAKE_FAILURE_RATE", 0.0),
             malformed_rate=_float(env, "BACKFILL_FAKE_MALFORMED_RATE", 0.0),
         )
-    raise SettingsError(f"BACKFILL_MODEL_BACKEND={backend!r}: expected one of fake")
+    if backend == "openai":
+        return openai_from_env(env)
+    raise SettingsError(f"BACKFILL_MODEL_BACKEND={backend!r}: expected one of fake, openai")
+
+
+def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = env.get(name, "").strip().lower()
+    if not raw:
+        return default
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw in ("0", "false", "no", "off"):
+        return False
+    raise SettingsError(f"{name}={raw!r} is not a boolean")
+
+
+def openai_from_env(env: Mapping[str, str]) -> OpenAIModelResource:
+    """``BACKFILL_MODEL_*``, ``BACKFILL_RPM``/``TPM`` and HTTP knobs -> the OpenAI resource."""
+    prices = env.get("BACKFILL_PRICES", "")
+    try:
+        PriceTable.from_json(prices)
+    except PriceError as exc:
+        raise SettingsError(f"BACKFILL_PRICES: {exc}") from None
+    param = env.get("BACKFILL_MAX_TOKENS_PARAM", "").strip() or "max_tokens"
+    if param not in ("max_tokens", "max_completion_tokens"):
+        raise SettingsError(
+            f"BACKFILL_MAX_TOKENS_PARAM={param!r}: max_tokens|max_completion_tokens"
+        )
+    limits = {name: _int(env, f"BACKFILL_{name.upper()}", 0) for name in ("rpm", "tpm")}
+    if min(limits.values()) < 0:
+        raise SettingsError("BACKFILL_RPM and BACKFILL_TPM must be >= 0")
+    try:
+        return _openai_resource(env, limits, param, prices)
+    except ValidationError as exc:
+        problems = "; ".join(f"{e['loc'][0]}: {e['msg']}" for e in exc.errors()[:3])
+        raise SettingsError(f"BACKFILL_MODEL_BACKEND=openai: {problems}") from None
+
+
+def _openai_resource(
+    env: Mapping[str, str], limits: dict[str, int], param: str, prices: str
+) -> OpenAIModelResource:
+    return OpenAIModelResource(
+        model=env.get("BACKFILL_MODEL", "").strip() or "gpt-4o-mini",
+        base_url=env.get("BACKFILL_MODEL_BASE_URL", "").strip() or "https://api.openai.com/v1",
+        # The key itself never enters the config: Dagster resolves the variable at run time.
+        api_key=dg.EnvVar("BACKFILL_MODEL_API_KEY") if env.get("BACKFILL_MODEL_API_KEY") else "",
+        rpm=limits["rpm"],
+        tpm=limits["tpm"],
+        adaptive=_bool(env, "BACKFILL_ADAPTIVE", True),
+        trust_limit_headers=_bool(env, "BACKFILL_TRUST_LIMIT_HEADERS", True),
+        connect_timeout_s=_float(env, "BACKFILL_HTTP_CONNECT_TIMEOUT_S", 5.0),
+        read_timeout_s=_float(env, "BACKFILL_HTTP_READ_TIMEOUT_S", 60.0),
+        total_timeout_s=_float(env, "BACKFILL_HTTP_TOTAL_TIMEOUT_S", 120.0),
+        max_tokens_param=param,
+        prices_json=prices,
+    )
 
 
 def resources_from_env(env: Mapping[str, str]) -> dict[str, Any]:

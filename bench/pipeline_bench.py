@@ -19,7 +19,7 @@ import time
 import uuid
 from pathlib import Path
 
-from bench.common import ROOT, drop_store, fmt, new_store, worker
+from bench.common import drop_store, fmt, new_store, worker
 
 TENANTS = ["acme", "globex", "initech"]
 
@@ -27,12 +27,11 @@ TENANTS = ["acme", "globex", "initech"]
 def _work(mode: str, url: str, export: str, concurrency: int) -> None:
     """Worker process: import (not timed), then time the pipeline of one run."""
     from backfill_assets.importer import import_jsonl
-    from backfill_assets.keys import SLICE_COUNT
+    from backfill_assets.keys import SLICE_COUNT, Versions
     from backfill_assets.models.fake import FakeModel
     from backfill_assets.pipeline import PartitionRef, RunOptions, run_partitions
     from backfill_assets.resources import engine_for
     from backfill_assets.rubric import TASK_VERSION, Rubric
-    from backfill_assets.keys import Versions
 
     engine = engine_for(url)
     if mode == "full":

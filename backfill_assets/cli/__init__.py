@@ -1,4 +1,4 @@
-"""``backfill-moderation``: import, run, verify, usage, dry-run, requeue, provider-sim."""
+"""``backfill-moderation``: import, run, verify, check, launch, usage, dry-run, requeue, ..."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from collections.abc import Sequence
 
 from ..settings import SettingsError
 from . import commands
+from .operator import add_operator_commands
+from .provider_sim import add_provider_sim_command
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,7 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--tenant", action="append", default=[], help="limit to tenant (repeatable)")
     sp.set_defaults(func=commands.cmd_verify)
 
-    sp = add("usage", "Tokens and cost per tenant and model, from the ledger.")
+    sp = add("usage", "Tokens, cost and calls per tenant, model and day, from the ledger.")
+    sp.add_argument("--csv", action="store_true", help="print CSV (for invoicing)")
+    sp.add_argument("--totals", action="store_true", help="per tenant and model, not per day")
     sp.set_defaults(func=commands.cmd_usage)
 
     sp = add("dry-run", "Keys left to process and estimated tokens per tenant; no model calls.")
@@ -65,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--posts", type=int, default=200, help="posts per tenant")
     sp.add_argument("--no-bad-lines", action="store_true")
     sp.set_defaults(func=commands.cmd_demo_data)
+
+    add_operator_commands(add)
+    add_provider_sim_command(sub)
     return p
 
 

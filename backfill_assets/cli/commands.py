@@ -3,19 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import json
 import shutil
 import sys
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
 import sqlalchemy as sa
 
-from ..definitions import BACKFILL_JOB, build_definitions
+from ..definitions import APPLY_JOB, BACKFILL_JOB, build_definitions
 from ..demo.generate import write_export
 from ..importer import import_jsonl
 from ..keys import SLICE_COUNT, SLICE_KEYS, InvalidTenantId, validate_tenant_id
@@ -32,10 +29,12 @@ from ..settings import (
 from ..store.audit import verify_store
 from ..store.engine import read_tx, write_tx
 from ..store.migrate import migrate
-from ..store.reports import tenant_ids, usage_by_tenant_model
+from ..store.reports import tenant_ids, usage_by_day, usage_by_tenant_model
 from ..store.tables import dead_letters
 from ..store.work import pending_query
+from ..usage import USAGE_COLUMNS, usage_csv
 from .format import table
+from .run_report import HUMAN_COLUMNS, human_rows, run_document
 
 Env = dict[str, str]
 
@@ -95,7 +94,7 @@ def cmd_import(args: argparse.Namespace, env: Env) -> int:
 
 
 def cmd_run(args: argparse.Namespace, env: Env) -> int:
-    """Materialise partitions in-process and summarise them."""
+    """Materialise labels, checks and the gated apply in-process; exit 1 if a check blocked."""
     engine = engine_for(database_url(env))
     with read_tx(engine) as conn:
         known = tenant_ids(conn)
@@ -104,50 +103,19 @@ def cmd_run(args: argparse.Namespace, env: Env) -> int:
     if unknown:
         raise UserError(f"unknown tenant(s): {', '.join(unknown)} (import their posts first)")
     slices = _slices(args.slice) or list(SLICE_KEYS)
-    records = materialize(build_definitions(env), _instance(env), BACKFILL_JOB, tenants, slices)
-    totals: dict[str, int] = defaultdict(int)
-    rows = []
-    for rec in records:
-        for pk in rec.partitions:
-            md = rec.metadata[pk]
-            row: dict[str, Any] = {"partition": pk, "run_id": rec.run_id}
-            for k in ("posts", "skipped_done", "model_calls", "tokens_in", "tokens_out"):
-                row[k] = int(md.get(k, 0))
-            for k, v in md.items():
-                if k.startswith("outcome_"):
-                    row[k[len("outcome_") :]] = int(v)
-            rows.append(row)
-            for k, v in row.items():
-                if isinstance(v, int):
-                    totals[k] += v
-    failed = [r for r in records if not r.success]
-    doc = {
-        "ok": not failed,
-        "runs": [{"run_id": r.run_id, "success": r.success, "error": r.error} for r in records],
-        "partitions": rows,
-        "totals": dict(totals),
-    }
-    human = table(
-        rows,
-        [
-            "partition",
-            "posts",
-            "skipped_done",
-            "model_calls",
-            "accepted",
-            "schema_rejected",
-            "retry_exhausted",
-            "transport_rejected",
-            "deferred",
-            "tokens_in",
-            "tokens_out",
-        ],
+    records = materialize(
+        build_definitions(env), _instance(env), BACKFILL_JOB, tenants, slices, apply_job=APPLY_JOB
     )
-    human += "\n" + json.dumps({"totals": dict(totals), "failed_runs": len(failed)})
+    doc = run_document(records)
+    human = table(human_rows(doc), HUMAN_COLUMNS)
+    failed = [r for r in doc["runs"] if not r["success"]]
+    human += "\n" + json.dumps({"totals": doc["totals"], "failed_runs": len(failed)})
     for r in failed:
-        human += f"\nrun {r.run_id} failed: {r.error}"
+        human += f"\nrun {r['run_id']} ({r['job']}) failed: {r['error']}"
+    if doc["blocked_partitions"]:
+        human += "\nblocking checks failed; see `backfill-moderation check --tenant T --slice S`"
     _emit(args, doc, human)
-    return 1 if failed else 0
+    return 0 if doc["ok"] else 1
 
 
 def cmd_verify(args: argparse.Namespace, env: Env) -> int:
@@ -179,17 +147,13 @@ def cmd_verify(args: argparse.Namespace, env: Env) -> int:
 
 
 def cmd_usage(args: argparse.Namespace, env: Env) -> int:
-    """Tokens and cost per tenant and model."""
+    """Tokens, cost and calls per tenant, model and day (or per tenant and model)."""
     engine = engine_for(database_url(env))
     with read_tx(engine) as conn:
-        rows = usage_by_tenant_model(conn)
-    cols = ["tenant", "model", "calls", "tokens_in", "tokens_out", "tokens", "cost"]
-    if getattr(args, "csv", False):
-        buf = io.StringIO()
-        w = csv.DictWriter(buf, fieldnames=cols)
-        w.writeheader()
-        w.writerows(rows)
-        print(buf.getvalue(), end="")
+        rows = usage_by_tenant_model(conn) if args.totals else usage_by_day(conn)
+    cols = [c for c in USAGE_COLUMNS if not (args.totals and c == "day")]
+    if args.csv:
+        print(usage_csv(rows, cols), end="", flush=True)
         return 0
     _emit(args, {"usage": rows}, table(rows, cols))
     return 0

@@ -9,10 +9,15 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from ..keys import Versions
+from ..check_rules import PartitionEvidence
+from ..keys import Versions, work_key
+from ..validation import stored_result_problems
 from ..verify import BLOCKING_KINDS, Problem, ScopeReport, verify_scope
 from .engine import read_tx
 from .tables import dead_letters, ledger_events, posts, results, tenants
+
+# Bound on bind parameters per IN (...) list: SQLite allows 32,766, PostgreSQL 65,535.
+_IN_CHUNK = 500
 
 
 @dataclass
@@ -101,6 +106,57 @@ def scope_rows(conn: Connection, tenant_id: str, slice_no: int | None = None) ->
         results=_rows(conn, results, *rw),
         dead=_rows(conn, dead_letters, *dw),
         ledger=ledger,
+    )
+
+
+def _by_keys(
+    conn: Connection, table: sa.Table, keys: list[str], *where: Any
+) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for i in range(0, len(keys), _IN_CHUNK):
+        rows += _rows(conn, table, table.c.key.in_(keys[i : i + _IN_CHUNK]), *where)
+    return rows
+
+
+def partition_evidence(
+    conn: Connection, tenant_id: str, slice_no: int, versions: Versions
+) -> PartitionEvidence:
+    """One partition's posts and every row that claims it *or* carries one of its keys.
+
+    A result or dead letter re-labelled to another tenant no longer claims this partition;
+    fetching those by expected key too (their primary key) means this partition's isolation
+    check still sees it. Ledger rows are fetched by claim only (the ledger has no key index,
+    on purpose: it is the hottest insert path); a foreign one fails the isolation check of the
+    tenant it claims, because its key does not recompute from that tenant's post.
+    """
+    slice_posts = {
+        str(r.post_id): str(r.content_hash)
+        for r in conn.execute(
+            sa.select(posts.c.post_id, posts.c.content_hash).where(
+                posts.c.tenant_id == tenant_id, posts.c.slice == slice_no
+            )
+        )
+    }
+    keys = sorted(work_key(versions, tenant_id, p, h) for p, h in slice_posts.items())
+
+    def gather(table: sa.Table, ident: str, by_key: bool) -> list[dict[str, Any]]:
+        # Union by primary key: a row both claimed and found by key is one row, not a duplicate.
+        rows = _rows(conn, table, table.c.tenant_id == tenant_id, table.c.slice == slice_no)
+        if by_key:
+            rows += _by_keys(conn, table, keys)
+        found = {row[ident]: row for row in rows}
+        return [found[k] for k in sorted(found)]
+
+    result_rows = gather(results, "key", by_key=True)
+    return PartitionEvidence(
+        tenant=tenant_id,
+        slice=slice_no,
+        versions=versions,
+        posts=slice_posts,
+        results=result_rows,
+        dead=gather(dead_letters, "key", by_key=True),
+        ledger=gather(ledger_events, "id", by_key=False),
+        schema_problems=stored_result_problems(result_rows),
     )
 
 

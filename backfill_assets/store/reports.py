@@ -100,3 +100,81 @@ def posts_for_tenants(
     if tenants_wanted:
         stmt = stmt.where(posts.c.tenant_id.in_(list(tenants_wanted)))
     return conn.execute(stmt.order_by(posts.c.tenant_id, posts.c.post_id))
+
+
+def partition_spend(conn: Connection, tenant_id: str, slice_no: int) -> dict[str, int]:
+    """Billed tokens of a partition and the part paid more than once for the same key."""
+    le = ledger_events
+    per_event = (
+        sa.select(
+            (le.c.tokens_in + le.c.tokens_out).label("tokens"),
+            sa.func.row_number().over(partition_by=le.c.key, order_by=le.c.id).label("nth"),
+        )
+        .where(le.c.tenant_id == tenant_id, le.c.slice == slice_no, le.c.type == "usage")
+        .subquery()
+    )
+    row = conn.execute(
+        sa.select(
+            sa.func.coalesce(sa.func.sum(per_event.c.tokens), 0),
+            sa.func.coalesce(
+                sa.func.sum(sa.case((per_event.c.nth > 1, per_event.c.tokens), else_=0)), 0
+            ),
+        )
+    ).one()
+    return {"billed_tokens": int(row[0]), "rebilled_tokens": int(row[1])}
+
+
+def live_label_counts(
+    conn: Connection, tenant_id: str, exclude_rubric_version: str | None = None
+) -> dict[str, int]:
+    """Labels in the posts' live column for a tenant (the live moderation's judgement).
+
+    Labels this rubric version wrote itself (after the live switch) are left out, or the
+    baseline would drift towards the thing it is checking.
+    """
+    stmt = sa.select(posts.c.moderation_label, sa.func.count()).where(
+        posts.c.tenant_id == tenant_id, posts.c.moderation_label.is_not(None)
+    )
+    if exclude_rubric_version is not None:
+        stmt = stmt.where(
+            sa.or_(
+                posts.c.moderation_rubric_version.is_(None),
+                posts.c.moderation_rubric_version != exclude_rubric_version,
+            )
+        )
+    return {
+        str(label): int(n) for label, n in conn.execute(stmt.group_by(posts.c.moderation_label))
+    }
+
+
+def usage_by_day(conn: Connection) -> list[dict[str, object]]:
+    """Tokens, cost and calls per tenant, model and UTC day, from usage events."""
+    le = ledger_events
+    day = sa.func.date(le.c.at)
+    stmt = (
+        sa.select(
+            le.c.tenant_id,
+            le.c.model,
+            day.label("day"),
+            sa.func.count().label("calls"),
+            sa.func.sum(le.c.tokens_in).label("tokens_in"),
+            sa.func.sum(le.c.tokens_out).label("tokens_out"),
+            sa.func.sum(le.c.cost).label("cost"),
+        )
+        .where(le.c.type == "usage")
+        .group_by(le.c.tenant_id, le.c.model, day)
+        .order_by(le.c.tenant_id, le.c.model, day)
+    )
+    return [
+        {
+            "tenant": r.tenant_id,
+            "model": r.model,
+            "day": str(r.day)[:10],
+            "calls": int(r.calls),
+            "tokens_in": int(r.tokens_in or 0),
+            "tokens_out": int(r.tokens_out or 0),
+            "tokens": int((r.tokens_in or 0) + (r.tokens_out or 0)),
+            "cost": round(float(r.cost or 0.0), 6),
+        }
+        for r in conn.execute(stmt)
+    ]

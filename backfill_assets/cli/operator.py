@@ -1,0 +1,141 @@
+"""Operator commands: ``check`` (one partition's checks, offending keys) and ``launch``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..check_rules import CHECK_NAMES, Verdict
+from ..checks import verdicts_for
+from ..keys import SLICE_KEYS
+from ..launch import DONE_STATUSES, DagsterClient, GraphQLError, by_tenant, select_partitions
+from ..partitions import partition_key_for, partition_ref
+from ..policy import policy_from_env
+from ..resources import engine_for
+from ..settings import database_url, versions_from_env
+from .commands import Env, UserError, _emit, _slices, _tenants
+
+
+def add_operator_commands(add: Callable[[str, str], argparse.ArgumentParser]) -> None:
+    """Register ``check`` and ``launch``."""
+    sp = add("check", "Run the partition checks of moderation_labels and list offending keys.")
+    sp.add_argument("--tenant", required=True, help="tenant id")
+    sp.add_argument("--slice", action="append", default=[], help="slice (repeatable; default all)")
+    sp.add_argument("--name", action="append", default=[], choices=CHECK_NAMES, help="check")
+    sp.add_argument("--limit", type=int, default=50, help="offending keys listed per check")
+    sp.set_defaults(func=cmd_check)
+
+    sp = add("launch", "Launch Dagster backfills of stale/missing/failed partitions (GraphQL).")
+    sp.add_argument("--stale", action="store_true", help="partitions with a new code version")
+    sp.add_argument("--missing", action="store_true", help="never materialised partitions")
+    sp.add_argument("--failed", action="store_true", help="partitions whose last run failed")
+    sp.add_argument(
+        "--check-failed", action="store_true", help="partitions with a failed blocking check"
+    )
+    sp.add_argument("--tenant", action="append", default=[], help="limit to tenant (repeatable)")
+    sp.add_argument("--url", default="", help="webserver URL (default $DAGSTER_WEBSERVER_URL)")
+    sp.add_argument("--dry-run", action="store_true", help="print the selection, launch nothing")
+    sp.add_argument("--wait", type=float, default=0.0, help="seconds to wait for completion")
+    sp.set_defaults(func=cmd_launch)
+
+
+def _verdict_doc(pk: str, v: Verdict) -> dict[str, Any]:
+    return {
+        "partition": pk,
+        "check": v.name,
+        "passed": v.passed,
+        "blocking": v.blocking,
+        "severity": "WARN" if v.warn else "ERROR",
+        "summary": v.summary,
+        "counts": v.counts,
+        "offending": list(v.sample_keys),
+    }
+
+
+def cmd_check(args: argparse.Namespace, env: Env) -> int:
+    """The same checks Dagster runs, for one tenant's partitions; exit 1 on blocking failures."""
+    tenant = _tenants([args.tenant])[0]
+    slices = _slices(args.slice) or list(SLICE_KEYS)
+    names = [n for n in CHECK_NAMES if n in args.name] or list(CHECK_NAMES)
+    engine = engine_for(database_url(env))
+    versions, policy = versions_from_env(env), policy_from_env(env)
+    docs = []
+    for s in slices:
+        pk = partition_key_for(tenant, s)
+        for v in verdicts_for(
+            engine, partition_ref(pk), versions, policy, names, sample=args.limit
+        ):
+            docs.append(_verdict_doc(pk, v))
+    blocked = [d for d in docs if d["blocking"] and not d["passed"]]
+    lines = []
+    for d in docs:
+        if d["passed"] and len(slices) > 1 and not args.name:
+            continue  # a full sweep lists only what needs attention
+        mark = "ok  " if d["passed"] else ("FAIL" if d["severity"] == "ERROR" else "WARN")
+        lines.append(f"{mark} {d['partition']} {d['check']}: {d['summary']}")
+        lines += [f"     {x}" for x in d["offending"]]
+    passed = sum(1 for d in docs if d["passed"])
+    lines.append(f"{passed}/{len(docs)} check(s) passed; {len(blocked)} blocking failure(s)")
+    _emit(args, {"ok": not blocked, "checks": docs}, "\n".join(lines))
+    return 1 if blocked else 0
+
+
+def cmd_launch(args: argparse.Namespace, env: Env) -> int:
+    """Compute the partition list, then launch one backfill per tenant through GraphQL."""
+    if not (args.stale or args.missing or args.failed or args.check_failed):
+        raise UserError("choose at least one of --stale, --missing, --failed, --check-failed")
+    url = args.url or env.get("DAGSTER_WEBSERVER_URL", "") or "http://127.0.0.1:3000"
+    client = DagsterClient(url)
+    try:
+        return _launch(args, client)
+    except GraphQLError as exc:
+        raise UserError(f"webserver: {exc}") from None
+    finally:
+        client.close()
+
+
+def _launch(args: argparse.Namespace, client: DagsterClient) -> int:
+    state = client.partition_state()
+    tenants = _tenants(args.tenant)
+    keys = select_partitions(
+        state, args.stale, args.missing, args.failed, args.check_failed, tenants
+    )
+    kinds = [k for k in ("stale", "missing", "failed", "check_failed") if getattr(args, k)]
+    groups = by_tenant(keys)
+    launched: list[dict[str, Any]] = []
+    for tenant, pks in sorted(groups.items()):
+        entry: dict[str, Any] = {"tenant": tenant, "partitions": pks}
+        if not args.dry_run:
+            title = f"moderation {tenant}: {'+'.join(kinds)} ({len(pks)} partitions)"
+            bid = client.launch_backfill(pks, title, {"tenant": tenant})
+            entry.update(backfill_id=bid, url=client.backfill_url(bid))
+        launched.append(entry)
+    statuses = _wait(client, launched, args.wait) if args.wait and not args.dry_run else {}
+    for entry in launched:
+        if "backfill_id" in entry:
+            entry["status"] = statuses.get(entry["backfill_id"], "REQUESTED")
+    doc = {"selection": kinds, "partitions": len(keys), "backfills": launched}
+    human = [f"{len(keys)} partition(s) selected ({', '.join(kinds)})"]
+    for e in launched:
+        where = e.get("url", "(dry run)")
+        human.append(
+            f"  {e['tenant']}: {len(e['partitions'])} partition(s) {where} {e.get('status', '')}"
+        )
+    _emit(args, doc, "\n".join(human))
+    failed = [s for s in statuses.values() if s not in ("COMPLETED", "COMPLETED_SUCCESS")]
+    return 1 if failed else 0
+
+
+def _wait(client: DagsterClient, launched: list[dict[str, Any]], seconds: float) -> dict[str, str]:
+    deadline = time.monotonic() + seconds
+    ids = [e["backfill_id"] for e in launched]
+    statuses: dict[str, str] = {}
+    while True:
+        statuses = {bid: client.backfill_status(bid) for bid in ids}
+        if all(s in DONE_STATUSES for s in statuses.values()) or time.monotonic() > deadline:
+            return statuses
+        print(f"... {statuses}", file=sys.stderr, flush=True)
+        time.sleep(2.0)

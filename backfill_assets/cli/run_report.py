@@ -1,0 +1,91 @@
+"""What ``backfill-moderation run`` prints: per partition, outcomes, checks and the apply."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+from ..orchestrate import RunRecord
+
+HUMAN_COLUMNS = [
+    "partition",
+    "posts",
+    "skipped_done",
+    "model_calls",
+    "accepted",
+    "schema_rejected",
+    "retry_exhausted",
+    "transport_rejected",
+    "deferred",
+    "tokens_in",
+    "tokens_out",
+    "checks",
+    "applied",
+]
+
+
+def _partition_row(rec: RunRecord, pk: str) -> dict[str, Any]:
+    md = rec.metadata[pk]
+    row: dict[str, Any] = {"partition": pk, "run_id": rec.run_id}
+    for k in ("posts", "skipped_done", "model_calls", "tokens_in", "tokens_out"):
+        row[k] = int(md.get(k, 0))
+    for k, v in md.items():
+        if k.startswith("outcome_"):
+            row[k[len("outcome_") :]] = int(v)
+    return row
+
+
+def run_document(records: Sequence[RunRecord]) -> dict[str, Any]:
+    """The ``run --json`` document: runs, partitions (with checks and apply) and totals."""
+    applied = {pk for r in records for pk in r.applied}
+    checks: dict[str, list[dict[str, Any]]] = {}
+    for rec in records:
+        for pk, outcomes in rec.checks.items():
+            checks[pk] = [
+                {"name": c.name, "passed": c.passed, "blocking": c.blocking, "severity": c.severity}
+                for c in outcomes
+            ]
+    totals: dict[str, int] = defaultdict(int)
+    rows = []
+    for rec in records:
+        for pk in rec.partitions:
+            row = _partition_row(rec, pk)
+            for k, v in row.items():
+                if isinstance(v, int):
+                    totals[k] += v
+            row["checks"] = checks.get(pk, [])
+            row["blocking_failed"] = [
+                c["name"] for c in row["checks"] if c["blocking"] and not c["passed"]
+            ]
+            row["applied"] = pk in applied
+            rows.append(row)
+    rows.sort(key=lambda r: tuple(reversed(str(r["partition"]).split("|"))))
+    failed = [r for r in records if not r.success]
+    blocked = [r["partition"] for r in rows if r["blocking_failed"]]
+    return {
+        "ok": not failed and not blocked,
+        "runs": [
+            {"run_id": r.run_id, "job": r.job, "success": r.success, "error": r.error}
+            for r in records
+        ],
+        "partitions": rows,
+        "blocked_partitions": blocked,
+        "applied_partitions": len(applied),
+        "totals": dict(totals),
+    }
+
+
+def _checks_cell(checks: list[dict[str, Any]]) -> str:
+    if not checks:
+        return "-"
+    failed = [c["name"] + ("!" if c["blocking"] else "") for c in checks if not c["passed"]]
+    return "ok" if not failed else "FAIL " + ",".join(failed)
+
+
+def human_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """Rows of the human table (check failures marked ``!`` when blocking)."""
+    return [
+        {**r, "checks": _checks_cell(r["checks"]), "applied": "yes" if r["applied"] else "no"}
+        for r in doc["partitions"]
+    ]

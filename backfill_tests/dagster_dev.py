@@ -1,0 +1,128 @@
+"""A real ``dagster dev`` (webserver + daemon) on a temporary home, for end-to-end tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = ROOT / "backfill_assets" / "demo" / "posts.jsonl"
+
+
+@dataclass
+class DagsterDev:
+    """A running webserver and how to reach it and its store."""
+
+    base_url: str
+    env: dict[str, str]
+    store_path: Path
+    log_path: Path
+
+    def gql(self, query: str, variables: dict[str, Any] | None = None) -> dict[str, Any]:
+        """One GraphQL call; fails the test on GraphQL errors."""
+        resp = httpx.post(
+            f"{self.base_url}/graphql",
+            json={"query": query, "variables": variables or {}},
+            timeout=30,
+        )
+        resp.raise_for_status()
+        doc: dict[str, Any] = resp.json()
+        assert not doc.get("errors"), doc["errors"]
+        data: dict[str, Any] = doc["data"]
+        return data
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _wait_ready(dev: DagsterDev, proc: subprocess.Popen[bytes], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, dev.log_path.read_text()[-3000:]
+        try:
+            node = dev.gql(
+                '{ assetNodeOrError(assetKey: {path: ["moderation_labels"]}) { __typename } }'
+            )
+            if node["assetNodeOrError"]["__typename"] == "AssetNode":
+                return
+        except (httpx.HTTPError, AssertionError):
+            pass
+        time.sleep(0.5)
+    raise AssertionError(
+        f"dagster dev not ready in {timeout}s:\n{dev.log_path.read_text()[-3000:]}"
+    )
+
+
+@contextmanager
+def dagster_dev(tmp: Path, startup_timeout: float = 90) -> Iterator[DagsterDev]:
+    """Import the demo posts into a fresh store, start ``dagster dev``, stop it afterwards."""
+    home = tmp / "dagster_home"
+    home.mkdir(parents=True)
+    (home / "dagster.yaml").write_bytes((ROOT / "dagster.yaml").read_bytes())
+    store = tmp / "store.db"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("BACKFILL_", "DAGSTER_"))}
+    env.update(DAGSTER_HOME=str(home), BACKFILL_DATABASE_URL=f"sqlite:///{store}")
+    imported = subprocess.run(
+        [sys.executable, "-m", "backfill_assets.cli", "import", str(DEMO)],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert imported.returncode == 0, imported.stderr
+    port = _free_port()
+    log = tmp / "dagster_dev.log"
+    dev = DagsterDev(f"http://127.0.0.1:{port}", env, store, log)
+    with log.open("wb") as fh:
+        # Own session: the webserver, daemon and code server share its process group, so the
+        # whole tree can be stopped by this one id.
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "dagster",
+                "dev",
+                "-w",
+                str(ROOT / "workspace.yaml"),
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(port),
+            ],
+            env=env,
+            cwd=ROOT,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        _wait_ready(dev, proc, startup_timeout)
+        yield dev
+    finally:
+        _stop(proc)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        with suppress(subprocess.TimeoutExpired):
+            proc.wait(15)
+    with suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)  # the group we created; stragglers included
+    proc.wait(10)

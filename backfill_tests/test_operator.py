@@ -1,0 +1,232 @@
+"""Operator commands (run, check, usage, launch), usage reporting and materialisation metadata."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import httpx
+import pytest
+from sqlalchemy.engine import Engine
+
+from backfill_assets.cli import build_parser
+from backfill_assets.definitions import BACKFILL_JOB, build_definitions
+from backfill_assets.launch import (
+    DagsterClient,
+    GraphQLError,
+    PartitionState,
+    by_tenant,
+    expand_ranges,
+    select_partitions,
+)
+from backfill_assets.orchestrate import ensure_tenant_partitions
+from backfill_assets.partitions import partition_key_for
+from backfill_assets.range_guard import RANGE_END, RANGE_START
+from backfill_assets.resources import StoreResource
+from backfill_assets.usage import tenant_usage
+from backfill_tests.moderation_helpers import busiest, execute, load, one_key
+
+ACME = "acme"
+
+
+def cli(
+    argv: list[str], env: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> tuple[int, str]:
+    args = build_parser().parse_args(argv)
+    code: int = args.func(args, env)
+    return code, capsys.readouterr().out
+
+
+@pytest.fixture
+def store_url(tmp_path: Path) -> str:
+    """SQLite only: these tests drive the CLI against an on-disk Dagster instance (seconds per
+    run); the checks, apply and pipeline tests cover both stores."""
+    return f"sqlite:///{tmp_path / 'store.db'}"
+
+
+@pytest.fixture
+def env(engine: Engine, store_url: str, tmp_path: Path) -> dict[str, str]:
+    load(engine, tmp_path, {ACME: 60, "globex": 20}, spam_every=6)
+    return {"BACKFILL_DATABASE_URL": store_url, "DAGSTER_HOME": str(tmp_path / "home")}
+
+
+def test_run_json_reports_checks_and_apply_per_partition(
+    engine: Engine, env: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out = cli(["run", "--tenant", ACME, "--json"], env, capsys)
+    doc = json.loads(out.strip().splitlines()[-1])
+    assert code == 0 and doc["ok"], doc["runs"]
+    assert len(doc["partitions"]) == 16
+    row = doc["partitions"][0]
+    assert row["applied"] is True and row["blocking_failed"] == []
+    assert [c["name"] for c in row["checks"]] == [
+        "isolation",
+        "no_duplicates",
+        "coverage",
+        "output_schema",
+        "spend",
+        "label_drift",
+    ]
+    assert all(c["passed"] for c in row["checks"])
+    assert doc["totals"]["accepted"] == 60
+
+    ref = busiest(engine, ACME)
+    execute(engine, "UPDATE results SET label = 'nsfw' WHERE key = :k", k=one_key(engine, ref))
+    code, out = cli(["run", "--tenant", ACME, "--json"], env, capsys)
+    doc = json.loads(out.strip().splitlines()[-1])
+    assert code == 1 and not doc["ok"]
+    assert doc["blocked_partitions"] == [ref.key]
+    by_key = {r["partition"]: r for r in doc["partitions"]}
+    assert by_key[ref.key]["blocking_failed"] == ["output_schema"]
+    assert by_key[ref.key]["applied"] is False
+    assert sum(r["applied"] for r in doc["partitions"]) == 15
+
+    code, out = cli(["check", "--tenant", ACME], env, capsys)
+    assert code == 1
+    assert f"FAIL {ref.key} output_schema: 1 row(s) fail the result schema" in out
+    # globex was never run: its partitions are incomplete, and only coverage says so.
+    code, out = cli(["check", "--tenant", "globex", "--slice", "s00", "--json"], env, capsys)
+    doc = json.loads(out)
+    assert code == 1 and not doc["ok"]
+    assert [c["check"] for c in doc["checks"] if not c["passed"]] == ["coverage"]
+
+
+def test_usage_and_metadata_after_a_run(
+    engine: Engine, env: dict[str, str], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    assert cli(["run"], env, capsys)[0] == 0
+    labels_metadata_names_versions_spend_and_distribution(engine, env)
+    code, out = cli(["usage", "--csv"], env, capsys)
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert code == 0 and [r["tenant"] for r in rows] == [ACME, "globex"]
+    assert {r["model"] for r in rows} == {"fake-moderator-1"} and all(
+        len(r["day"]) == 10 for r in rows
+    )
+    assert [int(r["calls"]) for r in rows] == [60, 20]
+    code, out = cli(["usage", "--totals", "--json"], env, capsys)
+    totals = json.loads(out)["usage"]
+    assert [t["tokens"] for t in totals] == [int(r["tokens"]) for r in rows]
+
+    result = dg.materialize(
+        [tenant_usage],
+        resources={"store": StoreResource(database_url=env["BACKFILL_DATABASE_URL"])},
+        instance=dg.DagsterInstance.ephemeral(tempdir=str(tmp_path / "dagster")),
+    )
+    md = result.asset_materializations_for_node("tenant_usage")[0].metadata
+    assert md["tenants"].value == 2 and md["calls"].value == 80
+    assert md["tokens"].value == sum(int(r["tokens"]) for r in rows)
+    usage_table = str(md["usage"].value)
+    assert usage_table.startswith("| tenant | model | day |") and "| globex |" in usage_table
+
+
+def labels_metadata_names_versions_spend_and_distribution(
+    engine: Engine, env: dict[str, str]
+) -> None:
+    """Each partition's materialisation carries versions, spend, labels and latency."""
+    instance = dg.DagsterInstance.from_config(env["DAGSTER_HOME"])
+    ref = busiest(engine, ACME)
+    record = instance.fetch_materializations(
+        dg.AssetRecordsFilter(
+            asset_key=dg.AssetKey("moderation_labels"), asset_partitions=[ref.key]
+        ),
+        limit=1,
+    ).records[0]
+    mat = record.event_log_entry.asset_materialization
+    assert mat is not None
+    md = {k: v.value for k, v in mat.metadata.items()}
+    for name in (
+        "task_version",
+        "prompt_version",
+        "model",
+        "billed_tokens_total",
+        "latency_p95_ms",
+    ):
+        assert name in md, name
+    assert md["rebilled_tokens_total"] == 0 and md["billed_tokens_total"] > 0
+    assert md["label_distribution"].startswith("| label | count | share |")
+    assert md["outcome_accepted"] == md["posts"]
+    instance.dispose()
+
+
+def test_a_range_resolved_to_one_partition_fails_loudly(
+    engine: Engine, store_url: str, tmp_path: Path
+) -> None:
+    """Dagster 1.13 job backfills tag range runs with the first partition's dimension tags."""
+    defs = build_definitions({"BACKFILL_DATABASE_URL": store_url})
+    instance = dg.DagsterInstance.ephemeral(tempdir=str(tmp_path / "dagster"))
+    ensure_tenant_partitions(instance, [ACME])
+    tags = {
+        RANGE_START: partition_key_for(ACME, "s00"),
+        RANGE_END: partition_key_for(ACME, "s15"),
+        "dagster/partition/slice": "s00",
+        "dagster/partition/tenant": ACME,
+    }
+    result = defs.resolve_job_def(BACKFILL_JOB).execute_in_process(
+        instance=instance, tags=tags, raise_on_error=False
+    )
+    assert not result.success
+    failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
+    assert "resolved it to the single partition s00|acme" in str(failure.event_specific_data)
+    assert result.get_asset_materialization_events() == []
+
+
+STATUSES = [
+    {
+        "primaryDimStartKey": "s00",
+        "primaryDimEndKey": "s02",
+        "secondaryDim": {"failedPartitions": ["acme"]},
+    },
+    {
+        "primaryDimStartKey": "s05",
+        "primaryDimEndKey": "s05",
+        "secondaryDim": {"failedPartitions": ["globex", "acme"]},
+    },
+]
+
+
+def test_partition_selection_for_launch_is_pure() -> None:
+    assert expand_ranges(STATUSES, "failedPartitions") == {
+        "s00|acme",
+        "s01|acme",
+        "s02|acme",
+        "s05|globex",
+        "s05|acme",
+    }
+    keys = [partition_key_for(t, f"s{i:02d}") for i in range(16) for t in (ACME, "globex")]
+    state = PartitionState(
+        keys=keys, stale={"s03|acme"}, missing={"s04|globex"}, failed={"s00|acme"}
+    )
+    assert select_partitions(state, stale=True) == ["s03|acme"]
+    assert select_partitions(state, stale=True, missing=True, failed=True) == [
+        "s00|acme",
+        "s03|acme",
+        "s04|globex",
+    ]
+    assert select_partitions(state, missing=True, failed=True, tenants=[ACME]) == ["s00|acme"]
+    assert by_tenant(["s00|acme", "s04|globex", "s03|acme"]) == {
+        ACME: ["s00|acme", "s03|acme"],
+        "globex": ["s04|globex"],
+    }
+
+
+def test_launch_reports_webserver_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        body: dict[str, Any] = json.loads(request.content)
+        if "launchPartitionBackfill" in body["query"]:
+            doc = {"launchPartitionBackfill": {"__typename": "PythonError", "message": "boom"}}
+            return httpx.Response(200, json={"data": doc})
+        return httpx.Response(200, json={"errors": [{"message": "Cannot query field"}]})
+
+    client = DagsterClient("http://dagster.test", transport=httpx.MockTransport(handler))
+    with pytest.raises(GraphQLError, match="PythonError: boom"):
+        client.launch_backfill(["s00|acme"], "t", {"tenant": ACME})
+    with pytest.raises(GraphQLError, match="Cannot query field"):
+        client.partition_state()
+    client.close()
+    args = build_parser().parse_args(["launch", "--missing", "--url", "http://127.0.0.1:9"])
+    with pytest.raises(ValueError, match="webserver"):
+        args.func(args, {})
