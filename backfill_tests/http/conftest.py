@@ -1,0 +1,110 @@
+"""Fixtures for the HTTP provider path: simulators on loopback and adapters bound to them."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from backfill_assets.keys import Versions
+from backfill_assets.models.base import ModelRequest, ModelResponse
+from backfill_assets.models.openai_http import HttpTimeouts, OpenAIHttpModel
+from backfill_assets.providersim import SimConfig, Simulator
+from backfill_assets.ratelimit import LimiterConfig, LimiterRegistry
+from backfill_assets.rubric import TASK_VERSION, Rubric
+
+MODEL = "gpt-4o-mini"
+RUBRIC = Rubric()
+VERSIONS = Versions(TASK_VERSION, RUBRIC.prompt_version, MODEL)
+API_KEY = "sk-test-9f2c1e7a4b3d6e8f0a1b2c3d"
+
+StartSim = Callable[..., Simulator]
+
+
+@pytest.fixture
+def start_sim() -> Iterator[StartSim]:
+    """Start simulators with keyword config; all are stopped at teardown."""
+    started: list[Simulator] = []
+
+    def start(**config: Any) -> Simulator:
+        sim = Simulator(SimConfig(**config)).start()
+        started.append(sim)
+        return sim
+
+    yield start
+    for sim in started:
+        sim.stop()
+
+
+@dataclass
+class Call:
+    """One ``complete`` as the adapter saw it (monotonic times)."""
+
+    key: str
+    attempt: int
+    sent: float
+    done: float
+    status: int | None
+
+
+class RecordingModel(OpenAIHttpModel):
+    """The real HTTP adapter, noting when each attempt went out and how it ended."""
+
+    def __init__(self, calls: list[Call], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.calls = calls
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        sent = time.monotonic()
+        try:
+            response = await super().complete(request)
+        except Exception as exc:
+            status = getattr(exc, "status", None)
+            self.calls.append(Call(request.key, request.attempt, sent, time.monotonic(), status))
+            raise
+        self.calls.append(Call(request.key, request.attempt, sent, time.monotonic(), 200))
+        return response
+
+
+AdapterFactory = Callable[..., Callable[[], OpenAIHttpModel]]
+
+
+@pytest.fixture
+def adapter_for() -> AdapterFactory:
+    """``adapter_for(sim, rpm=.., total_timeout=.., calls=[...])`` -> a ``make_adapter`` callable.
+
+    Each test gets its own limiter registry, so limiters never leak between tests; all the
+    adapters one factory makes share one limiter, as runs in one process do.
+    """
+    registry = LimiterRegistry()
+
+    def factory(
+        sim: Simulator,
+        *,
+        api_key: str = "",
+        rpm: int = 0,
+        tpm: int = 0,
+        adaptive: bool = True,
+        trust_limit_headers: bool = True,
+        total_timeout: float = 10.0,
+        calls: list[Call] | None = None,
+    ) -> Callable[[], OpenAIHttpModel]:
+        config = LimiterConfig(
+            rpm=rpm, tpm=tpm, adaptive=adaptive, trust_limit_headers=trust_limit_headers
+        )
+        limiter = registry.get(f"{sim.base_url}#{MODEL}", config)
+        kwargs: dict[str, Any] = {
+            "base_url": sim.base_url,
+            "model": MODEL,
+            "api_key": api_key,
+            "limiter": limiter,
+            "timeouts": HttpTimeouts(connect=2.0, read=total_timeout, total=total_timeout),
+        }
+        if calls is not None:
+            return lambda: RecordingModel(calls, **kwargs)
+        return lambda: OpenAIHttpModel(**kwargs)
+
+    return factory
