@@ -57,6 +57,8 @@ def parse_line(raw: bytes, line_no: int) -> Post | Rejection | None:
         decoded = raw.decode("utf-8")
     except UnicodeDecodeError:
         return Rejection(line_no, "line is not valid UTF-8", None)
+    if line_no == 1 and decoded.startswith("\ufeff"):
+        decoded = decoded[1:]  # a byte-order mark some exporters write
     if not decoded.strip():
         return None
     try:
@@ -101,6 +103,9 @@ def _validate(obj: dict[str, Any]) -> Post:
         text.encode("utf-8")
     except UnicodeEncodeError:
         raise ValueError("text contains unpaired surrogates") from None
+    if "\x00" in text:
+        # PostgreSQL cannot store NUL in text; refusing it here keeps both stores equal.
+        raise ValueError("text contains NUL characters")
     return Post(
         tenant_id=tenant,
         post_id=post_id,

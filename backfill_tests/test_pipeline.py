@@ -283,3 +283,34 @@ def test_a_failing_outcome_flush_stops_new_calls(engine: Engine, tmp_path: Path)
         )
     # The first outcome flush after the break failed; no call started after that.
     assert 20 < model.stats.calls < 150
+
+
+def test_hostile_lines_never_break_the_import(engine: Engine, tmp_path: Path) -> None:
+    path = tmp_path / "hostile.jsonl"
+    good = '{"tenant_id": "acme", "post_id": "ok-1", "text": "fine"}'
+    lines = [
+        "\ufeff" + good,  # byte-order mark
+        '{"tenant_id": "acme", "post_id": "nul", "text": "a\\u0000b"}',
+        '{"tenant_id": "acme", "post_id": "sur", "text": "\\ud800"}',
+        '{"tenant_id": "\\u0430cme", "post_id": "cyr", "text": "lookalike tenant"}',
+        '{"tenant_id": "acme", "post_id": "a\\nb", "text": "newline in id"}',
+        "[" * 100_000 + "]" * 100_000,
+        '{"tenant_id": "acme", "post_id": "big", "text": "' + "x" * 300_000 + '"}',
+        "null",
+        '"just a string"',
+        '{"tenant_id": ["acme"], "post_id": "list", "text": "t"}',
+        '{"tenant_id": "acme", "post_id": "ok-2", "text": "fine again"}\r',
+        "",
+    ]
+    path.write_bytes("\n".join(lines).encode("utf-8"))
+    from backfill_assets.importer import import_jsonl
+
+    summary = import_jsonl(engine, path)
+    assert (summary.imported, summary.rejected) == (2, 9)
+    with engine.connect() as conn:
+        lines_rejected = [
+            r.line for r in conn.execute(sa.text("SELECT line FROM rejected_records ORDER BY line"))
+        ]
+    assert lines_rejected == [2, 3, 4, 5, 6, 7, 8, 9, 10]
+    reports, _ = run(engine, ["acme"])
+    assert total(reports, "accepted") == 2

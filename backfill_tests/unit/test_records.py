@@ -43,6 +43,9 @@ def test_blank_line_is_skipped() -> None:
             "conflicting",
         ),
         (b"\xff\xfe not utf8", "not valid UTF-8"),
+        (line({"tenant_id": "acme", "post_id": "p", "text": "nul\u0000byte"}), "NUL"),
+        (line({"tenant_id": "acme", "post_id": "p", "text": "\ud800"}), "surrogates"),
+        (line({"tenant_id": "acme", "post_id": "\ud800", "text": "x"}), "control characters"),
     ],
 )
 def test_bad_lines_are_rejected_with_a_reason_and_line_number(raw: bytes, reason: str) -> None:
@@ -68,3 +71,9 @@ def test_tenant_given_is_truncated_and_printable() -> None:
         and len(out.tenant_given) <= 40
         and "\n" not in out.tenant_given
     )
+
+
+def test_byte_order_mark_on_the_first_line_is_ignored() -> None:
+    raw = "\ufeff".encode() + line({"tenant_id": "acme", "post_id": "p1", "text": "hi"})
+    assert isinstance(parse_line(raw, 1), Post)
+    assert isinstance(parse_line(raw, 2), Rejection)
