@@ -7,44 +7,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from ..keys import Versions
-from .tables import dead_letters, ledger_events, posts, results, tenants
-
-
-def label_counts(
-    conn: Connection, tenant_id: str, slice_no: int, versions: Versions
-) -> dict[str, int]:
-    """Accepted labels of a partition under the current versions."""
-    stmt = (
-        sa.select(results.c.label, sa.func.count())
-        .where(
-            results.c.tenant_id == tenant_id,
-            results.c.slice == slice_no,
-            results.c.model == versions.model,
-            results.c.prompt_version == versions.prompt_version,
-            results.c.task_version == versions.task_version,
-        )
-        .group_by(results.c.label)
-    )
-    return {str(label): int(n) for label, n in conn.execute(stmt)}
-
-
-def dead_counts(
-    conn: Connection, tenant_id: str, slice_no: int, versions: Versions
-) -> dict[str, int]:
-    """Dead letters of a partition by outcome under the current versions."""
-    stmt = (
-        sa.select(dead_letters.c.outcome, sa.func.count())
-        .where(
-            dead_letters.c.tenant_id == tenant_id,
-            dead_letters.c.slice == slice_no,
-            dead_letters.c.model == versions.model,
-            dead_letters.c.prompt_version == versions.prompt_version,
-            dead_letters.c.task_version == versions.task_version,
-        )
-        .group_by(dead_letters.c.outcome)
-    )
-    return {str(o): int(n) for o, n in conn.execute(stmt)}
+from .tables import ledger_events, posts, tenants
 
 
 def usage_by_tenant_model(conn: Connection) -> list[dict[str, object]]:
