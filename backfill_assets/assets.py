@@ -86,7 +86,7 @@ def _labels_asset(code_version: str, partitions_per_run: int) -> dg.AssetsDefini
             versions,
             settings.rubric(),
             context.run_id,
-            settings.run_options(),
+            settings.run_options(model),
             log=context.log.info,
         )
         with read_tx(store.engine()) as conn:

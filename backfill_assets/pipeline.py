@@ -10,6 +10,8 @@ from typing import Any
 
 from sqlalchemy.engine import Engine
 
+from .batch.mode import run_batch
+from .batch.options import BatchOptions
 from .dispatch import DispatchConfig, Dispatcher, PartitionStats, WorkItem
 from .keys import Versions, work_key
 from .limits import TenantBudgets
@@ -43,6 +45,9 @@ class RunOptions:
     flush_interval_s: float = 0.1
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     seed: int | None = None
+    # "sync" (one call per key) or "batch" (the provider's Batch API; see batch/).
+    dispatch_mode: str = "sync"
+    batch: BatchOptions | None = None
 
 
 @dataclass
@@ -111,8 +116,9 @@ def run_partitions(
             except PartitionBusy as exc:
                 reports[ref.key].busy = True
                 log(f"skipping {ref.key}: {exc}")
+        dispatch = run_batch if options.dispatch_mode == "batch" else _dispatch
         asyncio.run(
-            _dispatch(engine, owned, reports, make_adapter, versions, rubric, run_id, options, log)
+            dispatch(engine, owned, reports, make_adapter, versions, rubric, run_id, options, log)
         )
     with read_tx(engine) as conn:
         counts = partition_counts(conn, sorted({r.tenant_id for r in refs}), versions)

@@ -9,6 +9,7 @@ import dagster as dg
 from pydantic import Field
 from sqlalchemy.engine import Engine
 
+from .batch.options import BatchEndpoint, BatchOptions
 from .keys import Versions
 from .models.base import ModelAdapter
 from .models.fake import FakeModel
@@ -54,6 +55,10 @@ class ModelResource(dg.ConfigurableResource):  # type: ignore[type-arg]
     def build_adapter(self) -> ModelAdapter:
         """A new adapter bound to the caller's event loop."""
         raise NotImplementedError
+
+    def batch_endpoint(self) -> BatchEndpoint | None:
+        """Where batch mode sends files and batches; None if the backend has no Batch API."""
+        return None
 
 
 class FakeModelResource(ModelResource):
@@ -132,6 +137,20 @@ class OpenAIModelResource(ModelResource):
             max_connections=self.max_connections,
         )
 
+    def batch_endpoint(self) -> BatchEndpoint:
+        """The same endpoint's Files and Batches APIs (batch mode)."""
+        key = self.api_key
+        resolved = key.get_value("") if isinstance(key, dg.EnvVar) else key
+        return BatchEndpoint(
+            base_url=self.base_url.rstrip("/"),
+            model=self.model,
+            api_key=resolved or "",
+            prices_json=self.prices_json,
+            max_tokens_param=self.max_tokens_param,
+            connect_timeout_s=self.connect_timeout_s,
+            read_timeout_s=self.read_timeout_s,
+        )
+
 
 class BackfillSettings(dg.ConfigurableResource):  # type: ignore[type-arg]
     """How a run behaves: concurrency, budget, retries, prompt, fault injection."""
@@ -146,6 +165,22 @@ class BackfillSettings(dg.ConfigurableResource):  # type: ignore[type-arg]
     retry_max_seconds: float = Field(default=30.0, ge=0.0)
     flush_ms: float = Field(default=100.0, gt=0.0, le=1000.0, description="Max group-commit delay.")
     prompt_path: str = Field(default="", description="File with a custom system prompt.")
+    dispatch: str = Field(
+        default="sync",
+        pattern="^(sync|batch)$",
+        description="sync (one call per key) or batch (the provider's Batch API, half price).",
+    )
+    batch_max_lines: int = Field(
+        default=50_000, ge=1, le=50_000, description="Batch mode: requests per batch file."
+    )
+    batch_poll_seconds: float = Field(
+        default=30.0, gt=0.0, description="Batch mode: first poll interval (grows to 10 min)."
+    )
+    batch_kill_at: str = Field(
+        default="",
+        pattern="^(|intent|upload|create|poll|fetch)$",
+        description="Fault injection: SIGKILL at this batch step (crash drills only).",
+    )
 
     def rubric(self) -> Rubric:
         """The rubric in force (a custom prompt file changes the prompt version)."""
@@ -153,8 +188,18 @@ class BackfillSettings(dg.ConfigurableResource):  # type: ignore[type-arg]
             return Rubric(system_prompt=Path(self.prompt_path).read_text("utf-8"))
         return Rubric()
 
-    def run_options(self) -> RunOptions:
-        """Options for ``run_partitions``."""
+    def batch_options(self, model: ModelResource | None) -> BatchOptions:
+        """Batch mode settings with the model's endpoint (None: the run fails, explaining)."""
+        return BatchOptions(
+            endpoint=model.batch_endpoint() if model is not None else None,
+            max_lines=self.batch_max_lines,
+            poll_seconds=self.batch_poll_seconds,
+            max_poll_seconds=max(600.0, self.batch_poll_seconds),
+            kill_at=self.batch_kill_at,
+        )
+
+    def run_options(self, model: ModelResource | None = None) -> RunOptions:
+        """Options for ``run_partitions``; batch mode needs the ``model`` resource."""
         return RunOptions(
             concurrency=self.concurrency,
             budget_tokens=self.tenant_budget_tokens or None,
@@ -165,6 +210,8 @@ class BackfillSettings(dg.ConfigurableResource):  # type: ignore[type-arg]
                 base_delay_s=self.retry_base_seconds,
                 max_delay_s=self.retry_max_seconds,
             ),
+            dispatch_mode=self.dispatch,
+            batch=self.batch_options(model) if self.dispatch == "batch" else None,
         )
 
 

@@ -9,6 +9,7 @@ from typing import Any
 import dagster as dg
 from pydantic import ValidationError
 
+from .batch.options import KILL_POINTS, PROVIDER_MAX_LINES
 from .keys import Versions
 from .prices import PriceError, PriceTable
 from .resources import (
@@ -69,7 +70,32 @@ def settings_from_env(env: Mapping[str, str]) -> BackfillSettings:
         retry_max_seconds=_float(env, "BACKFILL_RETRY_MAX_SECONDS", 30.0),
         flush_ms=_float(env, "BACKFILL_FLUSH_MS", 100.0),
         prompt_path=env.get("BACKFILL_PROMPT_PATH", ""),
+        **batch_settings(env),
     )
+
+
+def batch_settings(env: Mapping[str, str]) -> dict[str, Any]:
+    """``BACKFILL_DISPATCH``, ``BACKFILL_BATCH_*`` and ``BACKFILL_KILL_AT``, checked."""
+    dispatch = env.get("BACKFILL_DISPATCH", "").strip() or "sync"
+    if dispatch not in ("sync", "batch"):
+        raise SettingsError(f"BACKFILL_DISPATCH={dispatch!r}: expected sync or batch")
+    max_lines = _int(env, "BACKFILL_BATCH_MAX_LINES", PROVIDER_MAX_LINES)
+    if not 1 <= max_lines <= PROVIDER_MAX_LINES:
+        raise SettingsError(f"BACKFILL_BATCH_MAX_LINES must be within 1..{PROVIDER_MAX_LINES}")
+    poll = _float(env, "BACKFILL_BATCH_POLL_SECONDS", 30.0)
+    if not poll > 0:
+        raise SettingsError("BACKFILL_BATCH_POLL_SECONDS must be > 0")
+    kill_at = env.get("BACKFILL_KILL_AT", "").strip()
+    if kill_at and kill_at not in KILL_POINTS:
+        raise SettingsError(
+            f"BACKFILL_KILL_AT={kill_at!r}: expected one of {', '.join(KILL_POINTS)}"
+        )
+    return {
+        "dispatch": dispatch,
+        "batch_max_lines": max_lines,
+        "batch_poll_seconds": poll,
+        "batch_kill_at": kill_at,
+    }
 
 
 def model_from_env(env: Mapping[str, str]) -> ModelResource:
@@ -142,10 +168,13 @@ def _openai_resource(
 
 def resources_from_env(env: Mapping[str, str]) -> dict[str, Any]:
     """All resources the definitions need."""
+    model, settings = model_from_env(env), settings_from_env(env)
+    if settings.dispatch == "batch" and model.batch_endpoint() is None:
+        raise SettingsError("BACKFILL_DISPATCH=batch needs BACKFILL_MODEL_BACKEND=openai")
     return {
         "store": StoreResource(database_url=database_url(env)),
-        "model": model_from_env(env),
-        "settings": settings_from_env(env),
+        "model": model,
+        "settings": settings,
     }
 
 

@@ -4,7 +4,7 @@ Order of checks for ``POST /v1/chat/completions``: API key (401), body (400), ra
 consuming nothing), then the fault plan for the admitted attempt, then latency and the answer.
 A forced ``429`` fault consumes no capacity either; every other admitted attempt does, and
 its attempt number (per correlation id, counted from 1) feeds the fault draw.
-New endpoints (the Files and Batch APIs) are one ``router.add`` each in ``SimApp.__init__``.
+The Files and Batch APIs (``batch_api.py``) register their routes on the same router.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from backfill_assets.providersim.answers import (
     answer_content,
     fault_error,
 )
+from backfill_assets.providersim.batch_api import BatchApi
 from backfill_assets.providersim.config import FaultKind, SimConfig
 from backfill_assets.providersim.faults import decide_fault
 from backfill_assets.providersim.http import Drop, Reply, Request, Response, Router
@@ -67,11 +68,14 @@ class SimApp:
         self.router.add("GET", "/v1/models", self.list_models)
         self.router.add("GET", "/_sim/meter", self.read_meter)
         self.router.add("POST", "/_sim/reset", self.reset_meter)
+        self.batch_api = BatchApi(config, meter, self._authorize)
+        self.batch_api.register(self.router)
 
     def reset(self) -> None:
         """Clear the meter (and with it attempt numbers) and refill the rate-limit buckets."""
         self.meter.clear()
         self.limiter.reset()
+        self.batch_api.reset()
 
     def _authorize(self, request: Request) -> None:
         expected = self.config.api_key
@@ -176,7 +180,8 @@ class SimApp:
         return Response.json(200, {"object": "list", "data": data})
 
     async def read_meter(self, request: Request) -> Reply:
-        """``GET /_sim/meter``: the meter snapshot as JSON."""
+        """``GET /_sim/meter``: the meter snapshot as JSON (batches due to finish are billed)."""
+        self.batch_api.batches.advance()
         return Response.json(200, self.meter.snapshot().to_dict())
 
     async def reset_meter(self, request: Request) -> Reply:

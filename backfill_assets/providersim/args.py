@@ -43,6 +43,13 @@ def _seconds(value: str) -> float:
     return number
 
 
+def _share(value: str) -> float:
+    number = float(value)
+    if not 0.0 <= number <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be within [0, 1]: {value!r}")
+    return number
+
+
 def _positive_seconds(value: str) -> float:
     number = _seconds(value)
     if number == 0.0:
@@ -85,6 +92,23 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
         "--hang-seconds", type=_seconds, default=30.0, help="how long a 'timeout' fault hangs"
     )
     parser.add_argument("--api-key", default=None, help="require this bearer token")
+    batch = parser.add_argument_group("Batch API")
+    batch.add_argument(
+        "--batch-processing-ms", type=_seconds, default=50.0, help="time a batch is in_progress"
+    )
+    batch.add_argument(
+        "--batch-expire-count", type=_count, default=0, help="the first N batches expire"
+    )
+    batch.add_argument(
+        "--batch-expire-finished-share",
+        type=_share,
+        default=0.7,
+        help="share of an expiring batch's lines that finished",
+    )
+    batch.add_argument("--enqueued-token-limit", type=_count, default=0, help="0: unlimited")
+    batch.add_argument(
+        "--batch-poll-rpm", type=_count, default=0, help="status polls per minute (0: unlimited)"
+    )
 
 
 def config_from_args(ns: argparse.Namespace) -> SimConfig:
@@ -99,4 +123,9 @@ def config_from_args(ns: argparse.Namespace) -> SimConfig:
         faults=tuple(ns.faults or ()),
         hang_seconds=ns.hang_seconds,
         api_key=ns.api_key,
+        batch_processing_ms=ns.batch_processing_ms,
+        batch_expire_count=ns.batch_expire_count,
+        batch_expire_finished_share=ns.batch_expire_finished_share,
+        enqueued_token_limit=ns.enqueued_token_limit,
+        batch_poll_rpm=ns.batch_poll_rpm,
     )

@@ -73,3 +73,37 @@ class SimConfig(BaseModel):
     max_body_bytes: int = Field(
         default=8 * 1024 * 1024, gt=0, description="Larger request bodies get a 413."
     )
+    # Files and Batch APIs (see batches.py). Times are milliseconds so tests stay fast; a real
+    # provider takes minutes to hours. Line-level failures reuse ``faults``/``fault_by_key``.
+    batch_validating_ms: float = Field(default=5.0, ge=0.0, description="Time in 'validating'.")
+    batch_processing_ms: float = Field(
+        default=50.0, ge=0.0, description="Time in 'in_progress' for a whole batch file."
+    )
+    batch_finalizing_ms: float = Field(default=5.0, ge=0.0, description="Time in 'finalizing'.")
+    batch_expire_count: int = Field(
+        default=0, ge=0, description="The first N batches created expire before they finish."
+    )
+    batch_expire_finished_share: float = Field(
+        default=0.7,
+        ge=0.0,
+        le=1.0,
+        description="Share of an expiring batch's lines that finished (and are billed).",
+    )
+    batch_fail_count: int = Field(
+        default=0, ge=0, description="The first N batches created fail validation (simulated)."
+    )
+    enqueued_token_limit: int = Field(
+        default=0,
+        ge=0,
+        description="Prompt tokens of in-progress batches allowed at once; 0 means unlimited.",
+    )
+    batch_poll_rpm: int = Field(
+        default=0, ge=0, description="Batch retrieve/list requests per minute; 0 means unlimited."
+    )
+    batch_max_lines: int = Field(default=50_000, gt=0, description="Requests per batch file.")
+    batch_max_file_bytes: int = Field(
+        default=200 * 1024 * 1024, gt=0, description="Size limit of a batch input file."
+    )
+    batch_chunk_metadata_key: str = Field(
+        default="chunk_id", description="Batch metadata key whose creates the meter counts."
+    )

@@ -2,6 +2,8 @@
 
 A call is billed exactly when the simulator answered 200 with a ``usage`` object, including
 answers whose content is wrong on purpose; errors, rate limits, hangs and resets cost nothing.
+Batch lines are billed the same way when their batch finishes (``batch_id`` set); the meter
+also counts batch creates per chunk (from the batch metadata) and status polls.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 
@@ -22,6 +24,7 @@ class BilledCall:
     model: str
     prompt_tokens: int
     completion_tokens: int
+    batch_id: str = ""
 
     @property
     def total_tokens(self) -> int:
@@ -40,6 +43,16 @@ class MeterSnapshot:
     calls_by_correlation_id: dict[str, int]
     timestamps: tuple[float, ...]
     dropped: dict[str, int]
+    batch_creates_by_chunk: dict[str, int] = field(default_factory=dict)
+    batch_creates_total: int = 0
+    batch_polls: int = 0
+    batch_polls_rate_limited: int = 0
+    files_uploaded: int = 0
+
+    @property
+    def billed_batch_tokens(self) -> int:
+        """Tokens billed for batch lines (a subset of ``billed_tokens_total``)."""
+        return sum(call.total_tokens for call in self.billed.values() if call.batch_id)
 
     @property
     def billed_prompt_tokens(self) -> int:
@@ -61,6 +74,11 @@ class MeterSnapshot:
             "calls_by_correlation_id": dict(self.calls_by_correlation_id),
             "timestamps": list(self.timestamps),
             "dropped": dict(self.dropped),
+            "batch_creates_by_chunk": dict(self.batch_creates_by_chunk),
+            "batch_creates_total": self.batch_creates_total,
+            "batch_polls": self.batch_polls,
+            "batch_polls_rate_limited": self.batch_polls_rate_limited,
+            "files_uploaded": self.files_uploaded,
         }
 
     @classmethod
@@ -77,6 +95,13 @@ class MeterSnapshot:
             },
             timestamps=tuple(float(t) for t in data["timestamps"]),
             dropped={str(k): int(v) for k, v in data.get("dropped", {}).items()},
+            batch_creates_by_chunk={
+                str(k): int(v) for k, v in data.get("batch_creates_by_chunk", {}).items()
+            },
+            batch_creates_total=int(data.get("batch_creates_total", 0)),
+            batch_polls=int(data.get("batch_polls", 0)),
+            batch_polls_rate_limited=int(data.get("batch_polls_rate_limited", 0)),
+            files_uploaded=int(data.get("files_uploaded", 0)),
         )
 
 
@@ -91,6 +116,29 @@ class Meter:
         self._attempts: Counter[str] = Counter()
         self._timestamps: list[float] = []
         self._dropped: Counter[str] = Counter()
+        self._creates: Counter[str] = Counter()
+        self._creates_total = 0
+        self._polls = 0
+        self._polls_limited = 0
+        self._uploads = 0
+
+    def record_batch_create(self, chunk_id: str) -> None:
+        """A batch was created; ``chunk_id`` from its metadata ('' when absent)."""
+        with self._lock:
+            self._creates_total += 1
+            if chunk_id:
+                self._creates[chunk_id] += 1
+
+    def record_batch_poll(self, rate_limited: bool) -> None:
+        """A batch retrieve or list request, and whether it was answered 429."""
+        with self._lock:
+            self._polls += 1
+            self._polls_limited += int(rate_limited)
+
+    def record_upload(self) -> None:
+        """A file was uploaded."""
+        with self._lock:
+            self._uploads += 1
 
     def record_request(self) -> None:
         """A request arrived on the completions route."""
@@ -135,6 +183,11 @@ class Meter:
                 calls_by_correlation_id=dict(self._attempts),
                 timestamps=tuple(self._timestamps),
                 dropped=dict(self._dropped),
+                batch_creates_by_chunk=dict(self._creates),
+                batch_creates_total=self._creates_total,
+                batch_polls=self._polls,
+                batch_polls_rate_limited=self._polls_limited,
+                files_uploaded=self._uploads,
             )
 
     def clear(self) -> None:
@@ -146,3 +199,6 @@ class Meter:
             self._attempts.clear()
             self._timestamps.clear()
             self._dropped.clear()
+            self._creates.clear()
+            self._creates_total = 0
+            self._polls = self._polls_limited = self._uploads = 0

@@ -98,7 +98,7 @@ def test_models_list_and_unknown_routes(start_sim) -> None:
     sim = start_sim(models=("m-small", "m-large"))
     with httpx.Client(base_url=sim.base_url, timeout=5) as client:
         models = client.get("/models").json()
-        unknown = client.post("/files", json={})
+        unknown = client.post("/images/generations", json={})
         wrong_method = client.get("/chat/completions")
 
     assert models["object"] == "list"
@@ -107,7 +107,7 @@ def test_models_list_and_unknown_routes(start_sim) -> None:
         ("m-large", "model"),
     ]
     assert unknown.status_code == 404
-    assert unknown.json()["error"]["message"] == "Invalid URL (POST /v1/files)"
+    assert unknown.json()["error"]["message"] == "Invalid URL (POST /v1/images/generations)"
     assert wrong_method.status_code == 405
 
 

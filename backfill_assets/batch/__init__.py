@@ -1,0 +1,9 @@
+"""Batch API dispatch (``BACKFILL_DISPATCH=batch``): half-price, crash-safe backfills.
+
+Modules: ``options`` (settings), ``chunks`` (pure chunking and chunk ids), ``wire`` (JSONL and
+batch objects), ``triage`` (what each output line means), ``client`` (Files/Batches over
+httpx), ``submit`` (intent, upload, create, re-attach), ``apply`` (fetch and commit),
+``runner`` (the per-run coordinator and poller), ``pacing`` (token-limit gate, poll spacing),
+``mode`` (the entry point ``pipeline.run_partitions`` calls). ``cli/batch_run.py`` runs it
+without Dagster.
+"""

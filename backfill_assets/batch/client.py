@@ -1,0 +1,213 @@
+"""Files and Batches over ``httpx.AsyncClient``: timeouts on every call, typed failures.
+
+- ``RateLimited`` (429): nothing happened; wait (Retry-After) and ask again. A 429 on a
+  status call says nothing about the batch, so it is never read as "not ready".
+- ``Unsure`` (timeout, connection error, 5xx): the call may or may not have taken effect;
+  idempotent calls are simply repeated, a create is first looked up by its metadata.
+- ``Refused`` (other 4xx): the request is wrong; ``code`` says why (``token_limit_exceeded``).
+Messages are the scrubbed summaries of ``models._openai_wire``: never the key, never a post.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import random
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+import httpx
+
+from ..models._openai_wire import error_summary, retry_after_seconds
+from .options import BatchEndpoint
+from .wire import ENDPOINT, BatchObject, BatchPage
+
+T = TypeVar("T")
+_USER_AGENT = "backfill-moderation/0.1 batch (+httpx)"
+
+
+class BatchApiError(Exception):
+    """A Files/Batches call that did not succeed."""
+
+    def __init__(self, message: str, *, status: int | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+
+
+class RateLimited(BatchApiError):
+    """429: slow down; ``retry_after`` seconds if the provider said."""
+
+    def __init__(self, message: str, retry_after: float | None) -> None:
+        super().__init__(message, status=429, code="rate_limit_exceeded")
+        self.retry_after = retry_after
+
+
+class Unsure(BatchApiError):
+    """No answer (timeout, connection) or a 5xx: the call may have taken effect."""
+
+
+class Refused(BatchApiError):
+    """A 4xx other than 429: repeating the same request will not help."""
+
+
+class BatchClient:
+    """One provider endpoint's Files and Batches APIs."""
+
+    def __init__(
+        self,
+        endpoint: BatchEndpoint,
+        transport: httpx.AsyncBaseTransport | None = None,
+        retry_base_s: float = 1.0,
+    ) -> None:
+        self._api_key = endpoint.api_key
+        self.retry_base_s = retry_base_s
+        headers = {"user-agent": _USER_AGENT}
+        if endpoint.api_key:
+            headers["authorization"] = f"Bearer {endpoint.api_key}"
+        timeout = httpx.Timeout(
+            connect=endpoint.connect_timeout_s,
+            read=endpoint.read_timeout_s,
+            write=endpoint.read_timeout_s,
+            pool=endpoint.read_timeout_s,
+        )
+        self._transfer = httpx.Timeout(
+            connect=endpoint.connect_timeout_s,
+            read=endpoint.transfer_timeout_s,
+            write=endpoint.transfer_timeout_s,
+            pool=endpoint.read_timeout_s,
+        )
+        self._client = httpx.AsyncClient(
+            base_url=endpoint.base_url.rstrip("/"),
+            headers=headers,
+            timeout=timeout,
+            transport=transport,
+            follow_redirects=False,
+        )
+
+    async def aclose(self) -> None:
+        """Close pooled connections."""
+        await self._client.aclose()
+
+    async def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            response = await self._client.request(method, path, **kwargs)
+        except httpx.TimeoutException as exc:
+            raise Unsure(f"{method} {path}: timeout ({type(exc).__name__})") from None
+        except httpx.RequestError as exc:
+            raise Unsure(f"{method} {path}: connection error ({type(exc).__name__})") from None
+        status = response.status_code
+        if 200 <= status < 300:
+            return response
+        summary, message = error_summary(
+            status,
+            response.content,
+            response.headers.get("content-type", ""),
+            secrets=[self._api_key] if self._api_key else [],
+        )
+        code = _error_code(response)
+        if status == 429:
+            raise RateLimited(summary, retry_after_seconds(response.headers, message))
+        if status >= 500 or status in (408, 409):
+            raise Unsure(summary, status=status, code=code)
+        raise Refused(summary, status=status, code=code)
+
+    async def upload(self, filename: str, content: bytes) -> str:
+        """Upload a batch input file; returns its file id."""
+        response = await self._call(
+            "POST",
+            "/files",
+            data={"purpose": "batch"},
+            files={"file": (filename, content, "application/jsonl")},
+            timeout=self._transfer,
+        )
+        return str(response.json()["id"])
+
+    async def create(self, file_id: str, metadata: dict[str, str]) -> BatchObject:
+        """Create a batch over an uploaded file (not idempotent: see ``find``)."""
+        body = {
+            "input_file_id": file_id,
+            "endpoint": ENDPOINT,
+            "completion_window": "24h",
+            "metadata": metadata,
+        }
+        response = await self._call("POST", "/batches", json=body)
+        return BatchObject.model_validate_json(response.content)
+
+    async def retrieve(self, batch_id: str) -> BatchObject:
+        """A batch's current state."""
+        response = await self._call("GET", f"/batches/{batch_id}")
+        return BatchObject.model_validate_json(response.content)
+
+    async def cancel(self, batch_id: str) -> BatchObject:
+        """Ask the provider to cancel a batch."""
+        response = await self._call("POST", f"/batches/{batch_id}/cancel")
+        return BatchObject.model_validate_json(response.content)
+
+    async def content(self, file_id: str) -> bytes:
+        """A file's bytes (batch output or error file)."""
+        response = await self._call("GET", f"/files/{file_id}/content", timeout=self._transfer)
+        return response.content
+
+    async def page(self, after: str | None, limit: int = 100) -> BatchPage:
+        """One page of batches, newest first."""
+        params: dict[str, str | int] = {"limit": limit}
+        if after:
+            params["after"] = after
+        response = await self._call("GET", "/batches", params=params)
+        return BatchPage.model_validate_json(response.content)
+
+    async def find(self, key: str, value: str, since: datetime) -> BatchObject | None:
+        """The newest batch whose metadata has ``key == value``, created after ``since``.
+
+        Lists newest first and stops at batches older than ``since`` (the chunk's intent), so
+        an organisation's long batch history is not read to the end.
+        """
+        floor = since.replace(tzinfo=UTC).timestamp() - 300  # clock skew margin
+        after: str | None = None
+        while True:
+            page = await retry(
+                functools.partial(self.page, after), what="list batches", base_s=self.retry_base_s
+            )
+            for batch in page.data:
+                if (batch.metadata or {}).get(key) == value:
+                    return batch
+            older = [b for b in page.data if b.created_at is not None and b.created_at < floor]
+            if not page.has_more or not page.data or older:
+                return None
+            after = page.last_id or page.data[-1].id
+
+
+def _error_code(response: httpx.Response) -> str | None:
+    try:
+        error = response.json().get("error")
+    except (ValueError, AttributeError):
+        return None
+    code = error.get("code") if isinstance(error, dict) else None
+    return str(code)[:60] if code else None
+
+
+async def retry(
+    call: Callable[[], Awaitable[T]],
+    *,
+    what: str,
+    attempts: int = 8,
+    base_s: float = 1.0,
+    max_s: float = 60.0,
+    log: Callable[[str], None] = lambda _m: None,
+) -> T:
+    """Repeat an idempotent call through 429s and unsure failures, with jittered back-off."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return await call()
+        except (RateLimited, Unsure) as exc:
+            if attempt == attempts:
+                raise
+            ceiling = min(max_s, base_s * 2 ** (attempt - 1))
+            wait = random.uniform(ceiling / 2, ceiling)
+            if isinstance(exc, RateLimited) and exc.retry_after is not None:
+                wait = max(wait, exc.retry_after)
+            log(f"{what}: {exc}; retrying in {wait:.1f}s")
+            await asyncio.sleep(wait)
+    raise AssertionError("unreachable")

@@ -1,0 +1,50 @@
+"""Batch mode settings: where the Batch API is and how a run uses it (plain values)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Fault injection points of BACKFILL_KILL_AT, in the order a chunk passes them.
+KILL_POINTS = ("intent", "upload", "create", "poll", "fetch")
+# OpenAI's limits per batch input file.
+PROVIDER_MAX_LINES = 50_000
+PROVIDER_MAX_FILE_BYTES = 200 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class BatchEndpoint:
+    """An OpenAI-compatible API with ``/files`` and ``/batches`` under ``base_url``."""
+
+    base_url: str
+    model: str
+    # Never printed: a repr ends up in logs and tracebacks.
+    api_key: str = field(default="", repr=False)
+    prices_json: str = ""
+    max_tokens_param: str = "max_tokens"
+    connect_timeout_s: float = 5.0
+    read_timeout_s: float = 60.0
+    # Uploads and downloads of files up to 200 MB need more than a status call.
+    transfer_timeout_s: float = 600.0
+
+
+@dataclass(frozen=True)
+class BatchOptions:
+    """How a batch-mode run chunks, polls and (in drills) dies."""
+
+    endpoint: BatchEndpoint | None = None
+    max_lines: int = PROVIDER_MAX_LINES
+    # A margin under the provider's 200 MB for the multipart envelope.
+    max_file_bytes: int = PROVIDER_MAX_FILE_BYTES - 1024 * 1024
+    poll_seconds: float = 30.0
+    max_poll_seconds: float = 600.0
+    # Batch price as a share of the synchronous price (OpenAI and Anthropic: half).
+    price_factor: float = 0.5
+    kill_at: str = ""
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.max_lines <= PROVIDER_MAX_LINES:
+            raise ValueError(f"batch max lines must be within 1..{PROVIDER_MAX_LINES}")
+        if self.poll_seconds <= 0 or self.max_poll_seconds < self.poll_seconds:
+            raise ValueError("batch poll seconds must be > 0 and <= the maximum poll interval")
+        if self.kill_at and self.kill_at not in KILL_POINTS:
+            raise ValueError(f"kill point {self.kill_at!r}: expected one of {KILL_POINTS}")

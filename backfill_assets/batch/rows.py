@@ -1,0 +1,114 @@
+"""Ledger events, results and dead letters of batch lines, shaped like the sync dispatcher's.
+
+The same shapes go through the same ``LedgerWriter``, so ``verify`` and the checks account
+for batch mode unchanged: an attempt per line at intent, then a usage or error event with the
+same attempt id, committed together with the key's outcome.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..keys import Versions
+from ..outcomes import Outcome
+from ..rubric import ModerationOutput
+from ..store.submissions import LineRow, attempt_id
+
+Row = dict[str, Any]
+_MESSAGE_CHARS = 300
+
+
+@dataclass(frozen=True)
+class LineRows:
+    """Row builders for one chunk's lines."""
+
+    versions: Versions
+    run_id: str
+    tenant_id: str
+    slice: int
+    partition: str
+    chunk_id: str
+
+    def _event(self, line: LineRow, kind: str) -> Row:
+        v = self.versions
+        first = kind == "attempt"
+        return {
+            "tenant_id": self.tenant_id,
+            "key": line.key,
+            "attempt_id": attempt_id(self.chunk_id, line.line_no),
+            "attempt_no": line.attempt_no,
+            "type": kind,
+            "slice": self.slice,
+            # Only the attempt carries the key's derivation; later events point at it.
+            "post_id": line.post_id if first else None,
+            "content_hash": line.content_hash if first else None,
+            "model": v.model,
+            "prompt_version": v.prompt_version if first else None,
+            "task_version": v.task_version if first else None,
+            "tokens_in": 0,
+            "tokens_out": 0,
+            "cost": 0.0,
+            "request_id": None,
+            "status": None,
+            "message": None,
+            "run_id": self.run_id,
+        }
+
+    def attempt(self, line: LineRow) -> Row:
+        """Written with the chunk's intent, before the upload."""
+        return self._event(line, "attempt")
+
+    def usage(
+        self, line: LineRow, tokens_in: int, tokens_out: int, cost: float, request_id: str
+    ) -> Row:
+        """What the provider billed for the line (at the batch price)."""
+        row = self._event(line, "usage")
+        row.update(
+            tokens_in=tokens_in,
+            tokens_out=tokens_out,
+            cost=cost,
+            request_id=request_id[:200],
+            status=200,
+        )
+        return row
+
+    def error(self, line: LineRow, status: int | None, message: str) -> Row:
+        """A line that produced no billed answer (closes its attempt)."""
+        row = self._event(line, "error")
+        row.update(status=status, message=message[:_MESSAGE_CHARS])
+        return row
+
+    def _base(self, line: LineRow) -> Row:
+        v = self.versions
+        return {
+            "key": line.key,
+            "tenant_id": self.tenant_id,
+            "post_id": line.post_id,
+            "slice": self.slice,
+            "content_hash": line.content_hash,
+            "model": v.model,
+            "prompt_version": v.prompt_version,
+            "task_version": v.task_version,
+            "run_id": self.run_id,
+        }
+
+    def result(self, line: LineRow, out: ModerationOutput) -> Row:
+        """An accepted label (the writer validates it again as a frame)."""
+        row = self._base(line)
+        row.update(
+            label=out.label,
+            confidence=out.confidence,
+            correlation_id=out.correlation_id,
+            schema_version=out.schema_version,
+            partition=self.partition,
+            # Clears an earlier retry_exhausted dead letter of the key, if any.
+            had_dead_letter=True,
+        )
+        return row
+
+    def dead(self, line: LineRow, outcome: Outcome, reason: str) -> Row:
+        """A dead letter (replaces any earlier one for the key)."""
+        row = self._base(line)
+        row.update(outcome=str(outcome), reason=reason[:500], attempts=line.attempt_no)
+        return row

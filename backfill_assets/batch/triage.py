@@ -1,0 +1,76 @@
+"""What each line of a finished batch means for its key (pure).
+
+- ``answered``: a 200 with a completion; booked (usage) before its content is parsed, exactly
+  like a synchronous answer, then accepted or ``schema_rejected`` by the rubric.
+- ``rejected``: the provider refused the request itself (``invalid_request``, other 4xx);
+  dead-lettered as ``transport_rejected``, never resubmitted.
+- ``retry``: 429/408/409/5xx, a 200 that is no completion, a line the batch never ran
+  (``batch_expired``, ``batch_cancelled``) or one missing from both files: resubmitted in a
+  new batch, and only these lines.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..models._openai_wire import NotACompletion, error_summary, parse_completion
+from .wire import OutputLine
+
+_RETRIABLE_4XX = frozenset({408, 409, 429})
+
+
+class Verdict(enum.StrEnum):
+    """What happens to a key after its batch ended."""
+
+    ANSWERED = "answered"
+    REJECTED = "rejected"
+    RETRY = "retry"
+
+
+@dataclass(frozen=True, slots=True)
+class LineVerdict:
+    """A line's verdict with what the ledger books for it."""
+
+    verdict: Verdict
+    status: int | None
+    message: str = ""
+    request_id: str | None = None
+    content: str = ""
+    tokens_in: int = 0
+    tokens_out: int = 0
+    usage_reported: bool = True
+
+
+def triage(line: OutputLine | None, secrets: Sequence[str] = ()) -> LineVerdict:
+    """Classify one key's line (``None``: the key is in neither file)."""
+    if line is None:
+        return LineVerdict(Verdict.RETRY, None, "missing from the batch's output and error files")
+    response = line.response
+    if response is None:
+        code = (line.error.code if line.error else None) or "error"
+        return LineVerdict(Verdict.RETRY, None, f"{code[:60]}: not run by the batch")
+    status = response.status_code
+    body = json.dumps(response.body).encode("utf-8")
+    if 200 <= status < 300:
+        try:
+            completion = parse_completion(body)
+        except NotACompletion as exc:
+            return LineVerdict(Verdict.RETRY, status, f"HTTP {status}: {exc}", response.request_id)
+        usage = completion.usage
+        return LineVerdict(
+            Verdict.ANSWERED,
+            status,
+            request_id=response.request_id or completion.id,
+            content=completion.content,
+            tokens_in=usage.prompt_tokens if usage else 0,
+            tokens_out=usage.completion_tokens if usage else 0,
+            usage_reported=usage is not None,
+        )
+    # Only the scrubbed summary is kept: a provider may echo the request (post text).
+    summary, _raw = error_summary(status, body, "application/json", secrets=secrets)
+    if status in _RETRIABLE_4XX or status >= 500:
+        return LineVerdict(Verdict.RETRY, status, summary, response.request_id)
+    return LineVerdict(Verdict.REJECTED, status, summary, response.request_id)

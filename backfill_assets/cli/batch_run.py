@@ -1,0 +1,85 @@
+"""A batch-mode run of whole tenants without Dagster (crash drills, benchmarks, operators).
+
+    python -m backfill_assets.cli.batch_run [--tenant T]...
+
+Reads the same environment as the CLI (``BACKFILL_DATABASE_URL``, ``BACKFILL_MODEL_*``,
+``BACKFILL_BATCH_*``, ``BACKFILL_KILL_AT``) and runs ``pipeline.run_partitions`` in batch mode
+with the same writer locks, ledger and outcomes as a Dagster run; only the orchestration (run
+records, checks, the apply) is left out. Prints one JSON line: totals over the partitions
+and chunks per state. Exit 1 if a chunk failed (the provider refused it; the log has
+its errors) or a partition was busy, 2 on bad settings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import uuid
+from collections import Counter
+from collections.abc import Sequence
+
+from ..keys import SLICE_KEYS, validate_tenant_id
+from ..partitions import partition_key_for
+from ..pipeline import PartitionRef, run_partitions
+from ..resources import engine_for, versions_for
+from ..settings import SettingsError, database_url, model_from_env, settings_from_env
+from ..store import submissions
+from ..store.engine import read_tx
+from ..store.reports import tenant_ids
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run; exit 2 on bad settings."""
+    parser = argparse.ArgumentParser(prog="python -m backfill_assets.cli.batch_run")
+    parser.add_argument("--tenant", action="append", default=[], help="tenant id (repeatable)")
+    args = parser.parse_args(argv)
+    env = {**os.environ, "BACKFILL_DISPATCH": "batch"}
+    try:
+        settings, model = settings_from_env(env), model_from_env(env)
+        if model.batch_endpoint() is None:
+            raise SettingsError("batch mode needs BACKFILL_MODEL_BACKEND=openai")
+        tenants = [validate_tenant_id(t) for t in args.tenant]
+    except (SettingsError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    engine = engine_for(database_url(env))
+    with read_tx(engine) as conn:
+        tenants = tenants or tenant_ids(conn)
+    refs = [
+        PartitionRef(partition_key_for(t, s), t, i)
+        for t in tenants
+        for i, s in enumerate(SLICE_KEYS)
+    ]
+    run_id = f"batch-{uuid.uuid4().hex[:12]}"
+    reports = run_partitions(
+        engine,
+        refs,
+        model.build_adapter,
+        versions_for(settings, model),
+        settings.rubric(),
+        run_id,
+        settings.run_options(model),
+        log=lambda m: print(m, file=sys.stderr, flush=True),
+    )
+    totals: Counter[str] = Counter()
+    for rep in reports:
+        for name, value in rep.summary().items():
+            if isinstance(value, int) and not isinstance(value, bool):
+                totals[name] += value
+        for outcome, n in rep.stats.outcomes.items():
+            totals[f"outcome_{outcome}"] += n
+        totals["cost_micro_usd"] += round(rep.stats.cost * 1_000_000)
+    with read_tx(engine) as conn:
+        chunks = submissions.state_counts(conn, tenants)
+        failed = submissions.state_counts(conn, tenants, run_id).get("failed", 0)
+    busy = [r.ref.key for r in reports if r.busy]
+    doc = {"totals": dict(totals), "chunks": chunks, "failed_this_run": failed, "busy": busy}
+    print(json.dumps(doc, sort_keys=True), flush=True)
+    # Chunks the provider refused (see the log for their errors) or partitions left to others.
+    return 1 if failed or busy else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

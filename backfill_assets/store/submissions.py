@@ -1,0 +1,206 @@
+"""The Batch API submission ledger: chunks, their lines, and every step's ids and times.
+
+Blocking SQL; the batch runner calls it through ``asyncio.to_thread``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from .bulk import db_time, insert_rows
+from .engine import write_tx
+from .tables import batch_lines, batch_submissions, ledger_events, posts, utcnow
+from .writer import EVENT_COLUMNS
+
+# A chunk in one of these states may still have a batch (or results) at the provider.
+OPEN_STATES = ("intent", "uploaded", "submitted", "ended")
+# Chunks that never ran at the provider: their lines do not count as attempts.
+NOT_RUN_STATES = ("requeued", "abandoned")
+LINE_COLUMNS = tuple(c.name for c in batch_lines.c)
+_IN_CHUNK = 500
+
+
+@dataclass(frozen=True, slots=True)
+class LineRow:
+    """One line of a chunk: the key and how to find its post again (no text)."""
+
+    line_no: int
+    key: str
+    post_id: str
+    content_hash: str
+    attempt_no: int
+
+
+@dataclass
+class Submission:
+    """A ``batch_submissions`` row (the runner's copy; writes go through ``update``)."""
+
+    chunk_id: str
+    chunk_base: str
+    seq: int
+    tenant_id: str
+    slice: int
+    model: str
+    prompt_version: str
+    task_version: str
+    lines: int
+    file_sha256: str
+    file_bytes: int
+    run_id: str
+    intent_at: datetime
+    state: str = "intent"
+    file_id: str | None = None
+    batch_id: str | None = None
+    provider_status: str | None = None
+    output_file_id: str | None = None
+    error_file_id: str | None = None
+    requests_total: int = 0
+    requests_completed: int = 0
+    requests_failed: int = 0
+    reserved_tokens: int = 0
+    errors: str | None = None
+    submitted_at: datetime | None = None
+    finished_at: datetime | None = None
+    applied_at: datetime | None = None
+
+    @classmethod
+    def from_row(cls, row: Any) -> Submission:
+        """From a selected row."""
+        data = row._mapping
+        return cls(**{f.name: data[f.name] for f in fields(cls)})
+
+    def values(self) -> dict[str, Any]:
+        """Column values."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def next_seq(conn: Connection, base: str) -> int:
+    """1 + the chunks already recorded for the same keys."""
+    stmt = sa.select(sa.func.coalesce(sa.func.max(batch_submissions.c.seq), 0)).where(
+        batch_submissions.c.chunk_base == base
+    )
+    return int(conn.execute(stmt).scalar_one()) + 1
+
+
+def record_intent(
+    engine: Engine, sub: Submission, lines: Sequence[LineRow], attempts: Sequence[dict[str, Any]]
+) -> None:
+    """The chunk, its lines and each line's attempt event, in one transaction."""
+    with write_tx(engine) as conn:
+        conn.execute(batch_submissions.insert().values(**sub.values()))
+        rows = [
+            {**_line_dict(line), "chunk_id": sub.chunk_id, "tenant_id": sub.tenant_id}
+            for line in lines
+        ]
+        for row in rows:
+            row["slice"] = sub.slice
+        insert_rows(conn, batch_lines, LINE_COLUMNS, rows)
+        now = db_time(engine.dialect.name, utcnow())
+        for event in attempts:
+            event["at"] = now
+        insert_rows(conn, ledger_events, EVENT_COLUMNS, attempts)
+
+
+def _line_dict(line: LineRow) -> dict[str, Any]:
+    return {f.name: getattr(line, f.name) for f in fields(line)}
+
+
+def update(engine: Engine, sub: Submission, **values: Any) -> None:
+    """Change columns of a submission, in the store and on ``sub``."""
+    with write_tx(engine) as conn:
+        conn.execute(
+            batch_submissions.update()
+            .where(batch_submissions.c.chunk_id == sub.chunk_id)
+            .values(**values)
+        )
+    for name, value in values.items():
+        setattr(sub, name, value)
+
+
+def open_submissions(conn: Connection, tenant_id: str, slice_no: int) -> list[Submission]:
+    """A partition's chunks that may still have work at the provider, oldest first."""
+    stmt = (
+        sa.select(batch_submissions)
+        .where(
+            batch_submissions.c.tenant_id == tenant_id,
+            batch_submissions.c.slice == slice_no,
+            batch_submissions.c.state.in_(OPEN_STATES),
+        )
+        .order_by(batch_submissions.c.intent_at, batch_submissions.c.chunk_id)
+    )
+    return [Submission.from_row(r) for r in conn.execute(stmt)]
+
+
+def chunk_lines(conn: Connection, chunk_id: str) -> list[LineRow]:
+    """The lines of a chunk in file order."""
+    stmt = (
+        sa.select(*(batch_lines.c[f.name] for f in fields(LineRow)))
+        .where(batch_lines.c.chunk_id == chunk_id)
+        .order_by(batch_lines.c.line_no)
+    )
+    return [LineRow(**r._mapping) for r in conn.execute(stmt)]
+
+
+def post_texts(conn: Connection, tenant_id: str, post_ids: Sequence[str]) -> dict[str, Any]:
+    """post_id -> (content_hash, text) of current posts, to rebuild a file after a crash."""
+    out: dict[str, Any] = {}
+    ids = list(post_ids)
+    for i in range(0, len(ids), _IN_CHUNK):
+        stmt = sa.select(posts.c.post_id, posts.c.content_hash, posts.c.text).where(
+            posts.c.tenant_id == tenant_id, posts.c.post_id.in_(ids[i : i + _IN_CHUNK])
+        )
+        out.update({str(r.post_id): (str(r.content_hash), str(r.text)) for r in conn.execute(stmt)})
+    return out
+
+
+def prior_sends(conn: Connection, tenant_id: str, slice_no: int) -> dict[str, int]:
+    """How often each key of a partition was sent in a chunk that ran (attempt numbers)."""
+    stmt = (
+        sa.select(batch_lines.c.key, sa.func.count())
+        .join(batch_submissions, batch_submissions.c.chunk_id == batch_lines.c.chunk_id)
+        .where(
+            batch_lines.c.tenant_id == tenant_id,
+            batch_lines.c.slice == slice_no,
+            batch_submissions.c.state.not_in(NOT_RUN_STATES),
+        )
+        .group_by(batch_lines.c.key)
+    )
+    return {str(k): int(n) for k, n in conn.execute(stmt)}
+
+
+def closed_lines(conn: Connection, sub: Submission) -> set[int]:
+    """Line numbers whose attempt already has its usage or error event (a resumed apply)."""
+    prefix = f"{sub.chunk_id}:"
+    stmt = sa.select(ledger_events.c.attempt_id).where(
+        ledger_events.c.tenant_id == sub.tenant_id,
+        ledger_events.c.slice == sub.slice,
+        ledger_events.c.type != "attempt",
+        ledger_events.c.attempt_id.startswith(prefix, autoescape=True),
+    )
+    return {int(str(a)[len(prefix) :]) for a in conn.execute(stmt).scalars()}
+
+
+def attempt_id(chunk: str, line_no: int) -> str:
+    """The ledger attempt id of a batch line."""
+    return f"{chunk}:{line_no}"
+
+
+def state_counts(
+    conn: Connection, tenant_ids: Sequence[str], run_id: str | None = None
+) -> dict[str, int]:
+    """Chunks per state for the tenants (of one run, if given): run summaries."""
+    where: list[sa.ColumnElement[bool]] = [batch_submissions.c.tenant_id.in_(list(tenant_ids))]
+    if run_id is not None:
+        where.append(batch_submissions.c.run_id == run_id)
+    stmt = (
+        sa.select(batch_submissions.c.state, sa.func.count())
+        .where(*where)
+        .group_by(batch_submissions.c.state)
+    )
+    return {str(s): int(n) for s, n in conn.execute(stmt)}

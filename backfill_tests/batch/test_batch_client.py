@@ -1,0 +1,140 @@
+"""The Files/Batches client: failure classes, back-off, and finding a lost create by metadata."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import UTC, datetime
+
+import httpx
+import pytest
+
+from backfill_assets.batch.client import BatchClient, RateLimited, Refused, Unsure, retry
+from backfill_assets.batch.options import BatchEndpoint
+from backfill_tests.batch.conftest import API_KEY, StartSim
+
+
+def _client(handler: httpx.MockTransport) -> BatchClient:
+    endpoint = BatchEndpoint("http://provider.test/v1", "gpt-4o-mini", api_key=API_KEY)
+    return BatchClient(endpoint, transport=handler, retry_base_s=0.001)
+
+
+def _error(status: int, code: str, message: str = "nope") -> httpx.Response:
+    body = {"error": {"message": message, "type": "invalid_request_error", "code": code}}
+    return httpx.Response(status, json=body, headers={"retry-after-ms": "20"})
+
+
+def test_failures_are_classified_and_never_carry_the_key() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        assert request.headers["authorization"] == f"Bearer {API_KEY}"
+        path = request.url.path
+        if path.endswith("/slow"):
+            raise httpx.ReadTimeout("slow", request=request)
+        if path.endswith("/busy"):
+            return _error(429, "rate_limit_exceeded")
+        if path.endswith("/down"):
+            return httpx.Response(502, text="<html>bad gateway</html>")
+        return _error(400, "token_limit_exceeded", f"key {API_KEY} over the limit")
+
+    async def scenario() -> list[Exception]:
+        client = _client(httpx.MockTransport(handler))
+        found: list[Exception] = []
+        for batch_id in ("slow", "busy", "down", "full"):
+            with pytest.raises((Unsure, RateLimited, Refused)) as info:
+                await client.retrieve(batch_id)
+            found.append(info.value)
+        await client.aclose()
+        return found
+
+    slow, busy, down, full = asyncio.run(scenario())
+    assert isinstance(slow, Unsure) and isinstance(down, Unsure) and down.status == 502
+    assert isinstance(busy, RateLimited) and busy.retry_after == pytest.approx(0.02)
+    assert isinstance(full, Refused) and full.code == "token_limit_exceeded"
+    assert all(API_KEY not in str(e) for e in (slow, busy, down, full))
+
+
+def test_retry_waits_out_429s_and_gives_up_after_its_attempts() -> None:
+    calls: list[str] = []
+
+    async def flaky() -> str:
+        calls.append("x")
+        if len(calls) < 3:
+            raise RateLimited("429", retry_after=0.01)
+        return "ok"
+
+    async def never() -> str:
+        raise Unsure("down")
+
+    assert asyncio.run(retry(flaky, what="t", base_s=0.001)) == "ok" and len(calls) == 3
+    with pytest.raises(Unsure):
+        asyncio.run(retry(never, what="t", attempts=3, base_s=0.001))
+
+
+def test_find_pages_newest_first_and_stops_at_batches_older_than_the_intent() -> None:
+    now = int(datetime.now(UTC).timestamp())
+    batches = [
+        {
+            "id": f"b{i}",
+            "status": "completed",
+            "created_at": now - 60 * i,
+            "metadata": {"chunk_id": f"c{i}"},
+        }
+        for i in range(12)
+    ]
+    pages: list[str | None] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        after = request.url.params.get("after")
+        pages.append(after)
+        start = 0 if after is None else int(after[1:]) + 1
+        data = batches[start : start + 3]
+        return httpx.Response(
+            200, json={"data": data, "has_more": start + 3 < 12, "last_id": data[-1]["id"]}
+        )
+
+    async def find(chunk: str, minutes_ago: int) -> str | None:
+        client = _client(httpx.MockTransport(handler))
+        since = datetime.fromtimestamp(now - 60 * minutes_ago, UTC).replace(tzinfo=None)
+        found = await client.find("chunk_id", chunk, since)
+        await client.aclose()
+        return found.id if found else None
+
+    assert asyncio.run(find("c4", 30)) == "b4"
+    assert pages == [None, "b2"]
+    pages.clear()
+    # Intent 2 minutes ago (+5 minutes of skew): pages older than that are not read.
+    assert asyncio.run(find("c11", 2)) is None
+    assert pages == [None, "b2", "b5"]
+
+
+def test_client_against_the_simulator(start_sim: StartSim) -> None:
+    sim = start_sim()
+    content = json.dumps(
+        {
+            "custom_id": "k1",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]},
+        }
+    ).encode()
+
+    async def scenario() -> tuple[str, str | None, bytes]:
+        client = BatchClient(BatchEndpoint(sim.base_url, "gpt-4o-mini", api_key=API_KEY))
+        file_id = await client.upload("c.jsonl", content + b"\n")
+        created = await client.create(file_id, {"chunk_id": "ck-1"})
+        batch = created
+        while not batch.terminal:
+            await asyncio.sleep(0.005)
+            batch = await client.retrieve(created.id)
+        since = datetime.now(UTC).replace(tzinfo=None)
+        found = await client.find("chunk_id", "ck-1", since)
+        output = await client.content(batch.output_file_id or "")
+        with pytest.raises(Refused) as info:
+            await client.create("file-missing", {})
+        assert info.value.status == 404
+        await client.aclose()
+        return batch.status, found.id if found else None, output
+
+    status, found, output = asyncio.run(scenario())
+    assert status == "completed" and found is not None
+    assert json.loads(output)["custom_id"] == "k1"

@@ -1,0 +1,68 @@
+"""Batch mode through the real CLI and Dagster: BACKFILL_DISPATCH=batch is all it takes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from backfill_assets.resources import engine_for
+from backfill_tests.batch.conftest import API_KEY, StartSim, records, rows
+from backfill_tests.conftest import write_jsonl
+
+POSTS = 24
+
+
+def _cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "backfill_assets.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+
+
+def test_cli_run_in_batch_mode_materialises_checks_and_applies(
+    tmp_path: Path, start_sim: StartSim
+) -> None:
+    sim = start_sim()
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BACKFILL_")}
+    env.update(
+        DAGSTER_HOME=str(tmp_path / "dagster_home"),
+        BACKFILL_DATABASE_URL=url,
+        BACKFILL_MODEL_BACKEND="openai",
+        BACKFILL_MODEL_BASE_URL=sim.base_url,
+        BACKFILL_MODEL_API_KEY=API_KEY,
+        BACKFILL_DISPATCH="batch",
+        BACKFILL_BATCH_POLL_SECONDS="0.01",
+    )
+    data = records(["acme"], POSTS)
+    imported = _cli(["import", str(write_jsonl(tmp_path / "posts.jsonl", data))], env)
+    assert imported.returncode == 0, imported.stderr[-2000:]
+
+    run = _cli(["run", "--json"], env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    doc = json.loads(run.stdout.strip().splitlines()[-1])
+    assert doc["ok"] and doc["totals"]["model_calls"] == POSTS
+    assert doc["totals"]["accepted"] == POSTS
+    assert {c["passed"] for p in doc["partitions"] for c in p["checks"]} == {True}
+    assert len({p["partition"] for p in doc["partitions"] if p["applied"]}) == 16
+    assert "batch" in run.stderr and "completed" in run.stderr  # progress in the run log
+
+    meter = sim.meter.snapshot()
+    assert meter.responses_by_status == {}  # not one synchronous call
+    assert len(meter.billed) == POSTS and set(meter.batch_creates_by_chunk.values()) == {1}
+    engine = engine_for(url)
+    assert {r.state for r in rows(engine, "SELECT state FROM batch_submissions")} == {"applied"}
+
+    verify = _cli(["verify", "--require-complete", "--json"], env)
+    report = json.loads(verify.stdout.strip().splitlines()[-1])
+    assert verify.returncode == 0 and report["ok"], report["problems"]
+    assert report["tenants"][0]["rebilled_tokens"] == 0
+    captured = imported.stderr + run.stdout + run.stderr + verify.stdout
+    assert API_KEY not in captured
+    assert not [r["text"] for r in data if r["text"] in captured]

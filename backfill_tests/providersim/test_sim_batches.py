@@ -1,0 +1,273 @@
+"""The simulator's Files and Batch APIs over real HTTP: states, output shape, expiry, limits."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+from backfill_assets.providersim import (
+    MeterSnapshot,
+    SimConfig,
+    Simulator,
+    add_cli_arguments,
+    config_from_args,
+)
+
+FAST = {"batch_validating_ms": 2, "batch_processing_ms": 20, "batch_finalizing_ms": 2}
+TERMINAL = {"completed", "failed", "expired", "cancelled"}
+
+
+def _jsonl(items: list[dict[str, Any]]) -> bytes:
+    return b"".join(json.dumps(i).encode() + b"\n" for i in items)
+
+
+def _lines(chat_body: Callable[..., dict[str, Any]], keys: list[str]) -> list[dict[str, Any]]:
+    return [
+        {"custom_id": k, "method": "POST", "url": "/v1/chat/completions", "body": chat_body(k)}
+        for k in keys
+    ]
+
+
+def _upload(client: httpx.Client, content: bytes, purpose: str = "batch") -> httpx.Response:
+    return client.post(
+        "/files", data={"purpose": purpose}, files={"file": ("in.jsonl", content, "text/plain")}
+    )
+
+
+def _create(client: httpx.Client, file_id: str, **extra: Any) -> httpx.Response:
+    body = {"input_file_id": file_id, "endpoint": "/v1/chat/completions"}
+    return client.post("/batches", json={"completion_window": "24h", **body, **extra})
+
+
+def _submit(client: httpx.Client, items: list[dict[str, Any]], chunk: str = "c") -> dict[str, Any]:
+    file_id = _upload(client, _jsonl(items)).json()["id"]
+    resp = _create(client, file_id, metadata={"chunk_id": chunk})
+    assert resp.status_code == 200, resp.text
+    batch: dict[str, Any] = resp.json()
+    return batch
+
+
+def _wait(client: httpx.Client, created: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """Poll until terminal; the statuses seen, starting with the one ``create`` returned."""
+    batch_id = created["id"]
+    seen: list[str] = [created["status"]]
+    for _ in range(500):
+        batch: dict[str, Any] = client.get(f"/batches/{batch_id}").json()
+        if seen[-1] != batch["status"]:
+            seen.append(batch["status"])
+        if batch["status"] in TERMINAL:
+            return batch, seen
+        time.sleep(0.002)
+    raise AssertionError(f"batch {batch_id} did not finish: {seen}")
+
+
+def _file(client: httpx.Client, file_id: str | None) -> dict[str, dict[str, Any]]:
+    if file_id is None:
+        return {}
+    content = client.get(f"/files/{file_id}/content").content
+    return {line["custom_id"]: line for line in map(json.loads, content.splitlines())}
+
+
+def test_a_batch_runs_through_its_states_and_answers_by_custom_id(
+    start_sim: Callable[..., Simulator], chat_body: Callable[..., dict[str, Any]], key_for
+) -> None:
+    sim = start_sim(**FAST)
+    keys = [key_for(f"k{i}") for i in range(30)]
+    with httpx.Client(base_url=sim.base_url, timeout=5) as client:
+        upload = _upload(client, _jsonl(_lines(chat_body, keys)))
+        assert upload.status_code == 200
+        info = upload.json()
+        assert (info["object"], info["purpose"]) == ("file", "batch")
+        assert client.get(f"/files/{info['id']}").json()["bytes"] == info["bytes"]
+        assert client.get(f"/files/{info['id']}/content").content == _jsonl(_lines(chat_body, keys))
+        created = _create(client, info["id"], metadata={"chunk_id": "c1", "tenant": "acme"}).json()
+        assert created["status"] == "validating" and created["metadata"]["tenant"] == "acme"
+        batch, seen = _wait(client, created)
+        output = client.get(f"/files/{batch['output_file_id']}/content").content.splitlines()
+
+    assert seen[0] == "validating" and seen[-1] == "completed"
+    assert set(seen) <= {"validating", "in_progress", "finalizing", "completed"}
+    assert batch["request_counts"] == {"total": 30, "completed": 30, "failed": 0}
+    assert batch["error_file_id"] is None and batch["completed_at"] >= batch["created_at"]
+    lines = [json.loads(line) for line in output]
+    assert sorted(line["custom_id"] for line in lines) == sorted(keys)
+    assert [line["custom_id"] for line in lines] != keys  # the output order is not the input's
+    for line in lines:
+        response = line["response"]
+        assert response["status_code"] == 200 and line["error"] is None
+        content = json.loads(response["body"]["choices"][0]["message"]["content"])
+        assert content["correlation_id"] == line["custom_id"]
+    meter = sim.meter.snapshot()
+    assert meter.batch_creates_by_chunk == {"c1": 1} and meter.files_uploaded == 1
+    assert len(meter.billed) == 30 and {c.batch_id for c in meter.billed.values()} == {batch["id"]}
+    assert (
+        meter.billed_batch_tokens
+        == meter.billed_tokens_total
+        == sum(json.loads(x)["response"]["body"]["usage"]["total_tokens"] for x in output)
+    )
+    assert meter.responses_by_status == {}  # batch traffic is not chat traffic
+
+
+def test_line_faults_go_to_the_error_file_and_only_answers_are_billed(
+    start_sim: Callable[..., Simulator], chat_body: Callable[..., dict[str, Any]], key_for
+) -> None:
+    keys = [key_for(f"f{i}") for i in range(6)]
+    pins = {keys[0]: "400", keys[1]: "500", keys[2]: "429", keys[3]: "malformed"}
+    sim = start_sim(fault_by_key=pins, **FAST)
+    with httpx.Client(base_url=sim.base_url, timeout=5) as client:
+        batch, _ = _wait(client, _submit(client, _lines(chat_body, keys)))
+        errors, output = (
+            _file(client, batch["error_file_id"]),
+            _file(client, batch["output_file_id"]),
+        )
+    assert batch["request_counts"] == {"total": 6, "completed": 3, "failed": 3}
+    statuses = {k: line["response"]["status_code"] for k, line in errors.items()}
+    assert statuses == {keys[0]: 400, keys[1]: 500, keys[2]: 429}
+    assert errors[keys[0]]["response"]["body"]["error"]["type"] == "invalid_request_error"
+    assert set(output) == {keys[3], keys[4], keys[5]}
+    assert {c.correlation_id for c in sim.meter.snapshot().billed.values()} == set(output)
+
+
+def test_expired_batch_bills_its_finished_lines_and_expires_the_rest(
+    start_sim: Callable[..., Simulator], chat_body: Callable[..., dict[str, Any]], key_for
+) -> None:
+    sim = start_sim(batch_expire_count=1, batch_expire_finished_share=0.7, **FAST)
+    keys = [key_for(f"e{i}") for i in range(20)]
+    with httpx.Client(base_url=sim.base_url, timeout=5) as client:
+        first, _ = _wait(client, _submit(client, _lines(chat_body, keys), "a"))
+        errors, output = (
+            _file(client, first["error_file_id"]),
+            _file(client, first["output_file_id"]),
+        )
+        second, _ = _wait(client, _submit(client, _lines(chat_body, list(errors)), "b"))
+    assert first["status"] == "expired" and first["expired_at"] is not None
+    assert len(output) == math.floor(0.7 * 20) and len(errors) == 20 - len(output)
+    assert {line["error"]["code"] for line in errors.values()} == {"batch_expired"}
+    assert all(line["response"] is None for line in errors.values())
+    assert second["status"] == "completed"  # only the first batch expires
+    billed = [c.correlation_id for c in sim.meter.snapshot().billed.values()]
+    assert sorted(billed) == sorted(keys)  # finished lines billed once, expired ones not at all
+
+
+def test_validation_failures_fail_the_whole_batch(
+    start_sim: Callable[..., Simulator], chat_body: Callable[..., dict[str, Any]], key_for
+) -> None:
+    sim = start_sim(batch_max_lines=3, **FAST)
+    good = _lines(chat_body, [key_for("v1"), key_for("v2")])
+    cases = {
+        "duplicate_custom_id": [good[0], good[0]],
+        "mismatched_endpoint": [{**good[0], "url": "/v1/embeddings"}],
+        "too_many_requests": _lines(chat_body, [key_for(f"m{i}") for i in range(4)]),
+        "invalid_json_line": None,
+    }
+    with httpx.Client(base_url=sim.base_url, timeout=5) as client:
+        for code, items in cases.items():
+            content = b"{not json}\n" if items is None else _jsonl(items)
+            file_id = _upload(client, content).json()["id"]
+            batch, seen = _wait(client, _create(client, file_id).json())
+            assert seen == ["validating", "failed"], code
+            assert code in {e["code"] for e in batch["errors"]["data"]}, code
+            assert batch["output_file_id"] is None and batch["failed_at"] is not None
+        # Requests the API refuses outright, before any batch exists.
+        file_id = _upload(client, _jsonl(good)).json()["id"]
+        assert _create(client, file_id, completion_window="1h").status_code == 400
+        assert _create(client, file_id, endpoint="/v1/images").status_code == 400
+        many = {f"k{i}": "v" for i in range(17)}
+        assert _create(client, file_id, metadata=many).status_code == 400
+        assert _create(client, "file-nope").status_code == 404
+        assert _upload(client, _jsonl(good), purpose="nonsense").status_code == 400
+        assert client.post("/files", content=b"x").status_code == 400
+    assert sim.meter.snapshot().billed == {}
+
+
+def test_enqueued_token_limit_fails_a_batch_until_earlier_ones_finish(
+    start_sim: Callable[..., Simulator], chat_body: Callable[..., dict[str, Any]], key_for
+) -> None:
+    sim = start_sim(enqueued_token_limit=4000, **{**FAST, "batch_processing_ms": 300})
+    batch_of = [_lines(chat_body, [key_for(f"t{n}-{i}") for i in range(10)]) for n in range(3)]
+    with httpx.Client(base_url=sim.base_url, timeout=5) as client:
+        first = _submit(client, batch_of[0], "a")
+        time.sleep(0.01)  # first is in progress now
+        second, _ = _wait(client, _submit(client, batch_of[1], "b"))
+        assert _wait(client, first)[0]["status"] == "completed"
+        third, _ = _wait(client, _submit(client, batch_of[2], "c"))
+    assert second["status"] == "failed"
+    [error] = second["errors"]["data"]
+    assert error["code"] == "token_limit_exceeded" and "4,000" in error["message"]
+    assert third["status"] == "completed"
+
+
+def test_status_polls_are_rate_limited_with_retry_after(
+    start_sim: Callable[..., Simulator], chat_body: Callable[..., dict[str, Any]], key_for
+) -> None:
+    sim = start_sim(batch_poll_rpm=60, **FAST)  # one per second, bucket of one
+    with httpx.Client(base_url=sim.base_url, timeout=5) as client:
+        batch = _submit(client, _lines(chat_body, [key_for("p")]))
+        assert client.get(f"/batches/{batch['id']}").status_code == 200
+        limited = client.get(f"/batches/{batch['id']}")
+        listed = client.get("/batches")
+    assert limited.status_code == 429 and listed.status_code == 429
+    assert limited.json()["error"]["code"] == "rate_limit_exceeded"
+    assert 0 < float(limited.headers["retry-after-ms"]) <= 1000
+    meter = sim.meter.snapshot()
+    assert (meter.batch_polls, meter.batch_polls_rate_limited) == (3, 2)
+
+
+def test_list_pages_newest_first_with_metadata_and_cancel(
+    start_sim: Callable[..., Simulator], chat_body: Callable[..., dict[str, Any]], key_for
+) -> None:
+    sim = start_sim(**{**FAST, "batch_processing_ms": 5000})
+    with httpx.Client(base_url=sim.base_url, timeout=5) as client:
+        created = [
+            _submit(client, _lines(chat_body, [key_for(f"l{n}"), key_for(f"m{n}")]), f"c{n}")
+            for n in range(5)
+        ]
+        ids = [b["id"] for b in created]
+        page1 = client.get("/batches", params={"limit": 2}).json()
+        page2 = client.get("/batches", params={"limit": 2, "after": page1["last_id"]}).json()
+        page3 = client.get("/batches", params={"limit": 2, "after": page2["last_id"]}).json()
+        cancelled = client.post(f"/batches/{ids[0]}/cancel").json()
+        final, _ = _wait(client, cancelled)
+        errors = _file(client, final["error_file_id"])
+        admin = f"http://127.0.0.1:{sim.port}"
+        meter = MeterSnapshot.from_dict(client.get(f"{admin}/_sim/meter").json())
+    listed = [b["id"] for page in (page1, page2, page3) for b in page["data"]]
+    assert listed == list(reversed(ids))
+    assert (page1["has_more"], page2["has_more"], page3["has_more"]) == (True, True, False)
+    assert [b["metadata"]["chunk_id"] for b in page1["data"]] == ["c4", "c3"]
+    assert cancelled["status"] == "cancelling" and final["status"] == "cancelled"
+    assert {line["error"]["code"] for line in errors.values()} == {"batch_cancelled"}
+    assert meter.batch_creates_by_chunk == {f"c{n}": 1 for n in range(5)}
+    assert meter.batch_creates_total == 5 and meter.billed == {}
+
+
+def test_cli_arguments_configure_the_batch_api() -> None:
+    parser = argparse.ArgumentParser()
+    add_cli_arguments(parser)
+    ns = parser.parse_args(
+        [
+            "--batch-processing-ms",
+            "500",
+            "--batch-expire-count",
+            "2",
+            "--batch-expire-finished-share",
+            "0.5",
+            "--enqueued-token-limit",
+            "90000",
+            "--batch-poll-rpm",
+            "120",
+        ]
+    )
+    assert config_from_args(ns) == SimConfig(
+        batch_processing_ms=500,
+        batch_expire_count=2,
+        batch_expire_finished_share=0.5,
+        enqueued_token_limit=90000,
+        batch_poll_rpm=120,
+    )
