@@ -85,7 +85,17 @@ def pick(pg: Any, dialog: Any, dimension_index: int, value: str) -> None:
     """Choose one key of a partition dimension in the launch dialog."""
     dialog.get_by_text("Select a partition or create one").nth(dimension_index).click()
     pg.keyboard.type(value)
-    pg.get_by_role("menuitem").filter(has_text=re.compile(f"^{value}")).last.click()
+    item = pg.get_by_role("menuitem").filter(has_text=re.compile(f"^{re.escape(value)}"))
+    # The suggestion list re-renders while it filters; an item can detach between being
+    # found and being clicked, so retry a few short clicks instead of one long one.
+    for attempt in range(6):
+        try:
+            item.last.click(timeout=5_000)
+            break
+        except playwright_api.Error:
+            if attempt == 5:
+                raise
+            pg.wait_for_timeout(300)
     dialog.get_by_text("Launch runs to materialize").click()  # close the popover
 
 
