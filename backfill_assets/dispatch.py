@@ -28,6 +28,7 @@ from .models.base import (
 )
 from .outcomes import Outcome, RetryPolicy
 from .rubric import MAX_OUTPUT_TOKENS, OutputRejected, Rubric, estimate_prompt_tokens, parse_output
+from .store.rows import event_row, key_row
 from .store.writer import FlushReport, LedgerWriter
 
 _MESSAGE_CHARS = 300
@@ -276,43 +277,29 @@ class Dispatcher:
         return False
 
     def _base(self, item: WorkItem) -> dict[str, Any]:
-        v = self.cfg.versions
-        return {
-            "key": item.key,
-            "tenant_id": item.tenant_id,
-            "post_id": item.post_id,
-            "slice": item.slice,
-            "content_hash": item.content_hash,
-            "model": v.model,
-            "prompt_version": v.prompt_version,
-            "task_version": v.task_version,
-            "run_id": self.cfg.run_id,
-        }
+        return key_row(
+            self.cfg.versions,
+            self.cfg.run_id,
+            key=item.key,
+            tenant_id=item.tenant_id,
+            post_id=item.post_id,
+            slice_no=item.slice,
+            content_hash=item.content_hash,
+        )
 
     def _event(self, item: WorkItem, attempt: int, attempt_id: str, kind: str) -> dict[str, Any]:
-        v = self.cfg.versions
-        first = kind == "attempt"
-        return {
-            "tenant_id": item.tenant_id,
-            "key": item.key,
-            "attempt_id": attempt_id,
-            "attempt_no": attempt,
-            "type": kind,
-            "slice": item.slice,
-            # Only the attempt carries the key's derivation; later events point at it.
-            "post_id": item.post_id if first else None,
-            "content_hash": item.content_hash if first else None,
-            "model": v.model,
-            "prompt_version": v.prompt_version if first else None,
-            "task_version": v.task_version if first else None,
-            "tokens_in": 0,
-            "tokens_out": 0,
-            "cost": 0.0,
-            "request_id": None,
-            "status": None,
-            "message": None,
-            "run_id": self.cfg.run_id,
-        }
+        return event_row(
+            self.cfg.versions,
+            self.cfg.run_id,
+            kind,
+            key=item.key,
+            tenant_id=item.tenant_id,
+            slice_no=item.slice,
+            attempt_id=attempt_id,
+            attempt_no=attempt,
+            post_id=item.post_id,
+            content_hash=item.content_hash,
+        )
 
     def _dead(self, item: WorkItem, outcome: Outcome, reason: str, attempts: int) -> dict[str, Any]:
         row = self._base(item)

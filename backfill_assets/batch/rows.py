@@ -13,6 +13,7 @@ from typing import Any
 from ..keys import Versions
 from ..outcomes import Outcome
 from ..rubric import ModerationOutput
+from ..store.rows import event_row, key_row
 from ..store.submissions import LineRow, attempt_id
 
 Row = dict[str, Any]
@@ -31,29 +32,18 @@ class LineRows:
     chunk_id: str
 
     def _event(self, line: LineRow, kind: str) -> Row:
-        v = self.versions
-        first = kind == "attempt"
-        return {
-            "tenant_id": self.tenant_id,
-            "key": line.key,
-            "attempt_id": attempt_id(self.chunk_id, line.line_no),
-            "attempt_no": line.attempt_no,
-            "type": kind,
-            "slice": self.slice,
-            # Only the attempt carries the key's derivation; later events point at it.
-            "post_id": line.post_id if first else None,
-            "content_hash": line.content_hash if first else None,
-            "model": v.model,
-            "prompt_version": v.prompt_version if first else None,
-            "task_version": v.task_version if first else None,
-            "tokens_in": 0,
-            "tokens_out": 0,
-            "cost": 0.0,
-            "request_id": None,
-            "status": None,
-            "message": None,
-            "run_id": self.run_id,
-        }
+        return event_row(
+            self.versions,
+            self.run_id,
+            kind,
+            key=line.key,
+            tenant_id=self.tenant_id,
+            slice_no=self.slice,
+            attempt_id=attempt_id(self.chunk_id, line.line_no),
+            attempt_no=line.attempt_no,
+            post_id=line.post_id,
+            content_hash=line.content_hash,
+        )
 
     def attempt(self, line: LineRow) -> Row:
         """Written with the chunk's intent, before the upload."""
@@ -80,18 +70,15 @@ class LineRows:
         return row
 
     def _base(self, line: LineRow) -> Row:
-        v = self.versions
-        return {
-            "key": line.key,
-            "tenant_id": self.tenant_id,
-            "post_id": line.post_id,
-            "slice": self.slice,
-            "content_hash": line.content_hash,
-            "model": v.model,
-            "prompt_version": v.prompt_version,
-            "task_version": v.task_version,
-            "run_id": self.run_id,
-        }
+        return key_row(
+            self.versions,
+            self.run_id,
+            key=line.key,
+            tenant_id=self.tenant_id,
+            post_id=line.post_id,
+            slice_no=self.slice,
+            content_hash=line.content_hash,
+        )
 
     def result(self, line: LineRow, out: ModerationOutput) -> Row:
         """An accepted label (the writer validates it again as a frame)."""

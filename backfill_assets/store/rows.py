@@ -1,0 +1,71 @@
+"""Row shapes shared by the sync dispatcher and batch mode, so both book the same way."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..keys import Versions
+
+Row = dict[str, Any]
+
+
+def key_row(
+    versions: Versions,
+    run_id: str,
+    *,
+    key: str,
+    tenant_id: str,
+    post_id: str,
+    slice_no: int,
+    content_hash: str,
+) -> Row:
+    """A key with its derivation: the common part of result and dead-letter rows."""
+    return {
+        "key": key,
+        "tenant_id": tenant_id,
+        "post_id": post_id,
+        "slice": slice_no,
+        "content_hash": content_hash,
+        "model": versions.model,
+        "prompt_version": versions.prompt_version,
+        "task_version": versions.task_version,
+        "run_id": run_id,
+    }
+
+
+def event_row(
+    versions: Versions,
+    run_id: str,
+    kind: str,
+    *,
+    key: str,
+    tenant_id: str,
+    slice_no: int,
+    attempt_id: str,
+    attempt_no: int,
+    post_id: str,
+    content_hash: str,
+) -> Row:
+    """A ledger event; callers fill tokens, cost, request id, status or message."""
+    first = kind == "attempt"
+    return {
+        "tenant_id": tenant_id,
+        "key": key,
+        "attempt_id": attempt_id,
+        "attempt_no": attempt_no,
+        "type": kind,
+        "slice": slice_no,
+        # Only the attempt carries the key's derivation; later events point at it.
+        "post_id": post_id if first else None,
+        "content_hash": content_hash if first else None,
+        "model": versions.model,
+        "prompt_version": versions.prompt_version if first else None,
+        "task_version": versions.task_version if first else None,
+        "tokens_in": 0,
+        "tokens_out": 0,
+        "cost": 0.0,
+        "request_id": None,
+        "status": None,
+        "message": None,
+        "run_id": run_id,
+    }
