@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from backfill_assets.importer import import_jsonl
+from backfill_assets.providersim import SimConfig, Simulator
 from backfill_assets.resources import engine_for
 from backfill_assets.store.posts import ImportSummary
 
@@ -106,3 +107,27 @@ def import_records(
 ) -> ImportSummary:
     """Import records through the real importer."""
     return import_jsonl(engine, write_jsonl(tmp_path / name, records))
+
+
+StartSim = Callable[..., Simulator]
+
+
+@pytest.fixture
+def sim_defaults() -> dict[str, Any]:
+    """Simulator settings every ``start_sim`` call starts from (test packages override it)."""
+    return {}
+
+
+@pytest.fixture
+def start_sim(sim_defaults: dict[str, Any]) -> Iterator[StartSim]:
+    """Start simulators with keyword config; all are stopped at teardown."""
+    started: list[Simulator] = []
+
+    def start(**config: Any) -> Simulator:
+        sim = Simulator(SimConfig(**{**sim_defaults, **config})).start()
+        started.append(sim)
+        return sim
+
+    yield start
+    for sim in started:
+        sim.stop()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -14,8 +14,9 @@ from backfill_assets.batch.options import BatchEndpoint, BatchOptions
 from backfill_assets.keys import Versions, content_hash, work_key
 from backfill_assets.outcomes import RetryPolicy
 from backfill_assets.pipeline import PartitionReport, RunOptions, run_partitions
-from backfill_assets.providersim import SimConfig, Simulator
+from backfill_assets.providersim import Simulator
 from backfill_assets.rubric import TASK_VERSION, Rubric
+from backfill_tests.conftest import StartSim as StartSim  # re-exported for the tests
 from backfill_tests.pipeline_helpers import refs_for
 
 MODEL = "gpt-4o-mini"
@@ -30,22 +31,11 @@ FAST_SIM: dict[str, Any] = {
     "batch_finalizing_ms": 2,
 }
 
-StartSim = Callable[..., Simulator]
-
 
 @pytest.fixture
-def start_sim() -> Iterator[StartSim]:
-    """Start simulators (fast batch timings unless overridden); all stop at teardown."""
-    started: list[Simulator] = []
-
-    def start(**config: Any) -> Simulator:
-        sim = Simulator(SimConfig(**{**FAST_SIM, "api_key": API_KEY, **config})).start()
-        started.append(sim)
-        return sim
-
-    yield start
-    for sim in started:
-        sim.stop()
+def sim_defaults() -> dict[str, Any]:
+    """Fast batch timings and the API key, unless a test overrides them."""
+    return {**FAST_SIM, "api_key": API_KEY}
 
 
 def records(tenants: list[str], n: int) -> list[dict[str, str]]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,31 +12,15 @@ import pytest
 from backfill_assets.keys import Versions
 from backfill_assets.models.base import ModelRequest, ModelResponse
 from backfill_assets.models.openai_http import HttpTimeouts, OpenAIHttpModel
-from backfill_assets.providersim import SimConfig, Simulator
+from backfill_assets.providersim import Simulator
 from backfill_assets.ratelimit import LimiterConfig, LimiterRegistry
 from backfill_assets.rubric import TASK_VERSION, Rubric
+from backfill_tests.conftest import StartSim as StartSim  # re-exported for the tests
 
 MODEL = "gpt-4o-mini"
 RUBRIC = Rubric()
 VERSIONS = Versions(TASK_VERSION, RUBRIC.prompt_version, MODEL)
 API_KEY = "sk-test-9f2c1e7a4b3d6e8f0a1b2c3d"
-
-StartSim = Callable[..., Simulator]
-
-
-@pytest.fixture
-def start_sim() -> Iterator[StartSim]:
-    """Start simulators with keyword config; all are stopped at teardown."""
-    started: list[Simulator] = []
-
-    def start(**config: Any) -> Simulator:
-        sim = Simulator(SimConfig(**config)).start()
-        started.append(sim)
-        return sim
-
-    yield start
-    for sim in started:
-        sim.stop()
 
 
 @dataclass

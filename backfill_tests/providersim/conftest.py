@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from backfill_assets.providersim import SimConfig, Simulator
 from backfill_assets.rubric import Rubric, output_json_schema
-
-StartSim = Callable[..., Simulator]
+from backfill_tests.conftest import StartSim as StartSim  # re-exported for the tests
 
 
 def _key_for(name: str) -> str:
@@ -32,21 +30,6 @@ def _chat_body(key: str, text: str = "hello there", **extra: Any) -> dict[str, A
     }
     body.update(extra)
     return body
-
-
-@pytest.fixture
-def start_sim() -> Iterator[StartSim]:
-    """Start simulators with keyword config; all are stopped at teardown."""
-    started: list[Simulator] = []
-
-    def start(**config: Any) -> Simulator:
-        sim = Simulator(SimConfig(**config)).start()
-        started.append(sim)
-        return sim
-
-    yield start
-    for sim in started:
-        sim.stop()
 
 
 @pytest.fixture
