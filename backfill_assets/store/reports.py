@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
@@ -48,21 +46,6 @@ def tenant_ids(conn: Connection) -> list[str]:
             sa.select(tenants.c.tenant_id).order_by(tenants.c.tenant_id)
         ).scalars()
     ]
-
-
-def billed_tokens(conn: Connection) -> dict[str, int]:
-    """Running billed-token totals per tenant (the budget's view)."""
-    return {str(r.tenant_id): int(r.billed_tokens) for r in conn.execute(sa.select(tenants))}
-
-
-def posts_for_tenants(
-    conn: Connection, tenants_wanted: Sequence[str] | None
-) -> sa.CursorResult[tuple[str, str, str, int]]:
-    """(tenant_id, post_id, content_hash, slice) of every post, streamed in tenant order."""
-    stmt = sa.select(posts.c.tenant_id, posts.c.post_id, posts.c.content_hash, posts.c.slice)
-    if tenants_wanted:
-        stmt = stmt.where(posts.c.tenant_id.in_(list(tenants_wanted)))
-    return conn.execute(stmt.order_by(posts.c.tenant_id, posts.c.post_id))
 
 
 def partition_spend(conn: Connection, tenant_id: str, slice_no: int) -> dict[str, int]:

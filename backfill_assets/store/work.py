@@ -68,14 +68,6 @@ def pending_posts(
     return [PendingPost(r.post_id, r.content_hash, r.text, bool(r.had_dead_letter)) for r in rows]
 
 
-def partition_size(conn: Connection, tenant_id: str, slice_no: int) -> int:
-    """Number of posts in a partition."""
-    stmt = sa.select(sa.func.count()).where(
-        posts.c.tenant_id == tenant_id, posts.c.slice == slice_no
-    )
-    return int(conn.execute(stmt).scalar_one())
-
-
 class PartitionBusy(RuntimeError):
     """Another process holds the writer lock of this partition."""
 
