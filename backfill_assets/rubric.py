@@ -109,6 +109,40 @@ class Rubric:
 
 
 def estimate_prompt_tokens(rubric: Rubric, text: str) -> int:
-    """Conservative input-token estimate (UTF-8 bytes / 3 plus framing), used for reservations."""
+    """Cheap input-token estimate (UTF-8 bytes / 3 plus framing): for ``dry-run`` and pacing.
+
+    Not a bound: a provider's tokenizer may count more. Budgets reserve ``call_token_bound``.
+    """
     framing = len(rubric.system_prompt.encode("utf-8")) + 120
     return (len(text.encode("utf-8")) + framing) // 3 + 8
+
+
+# Chat-template tokens (role markers, separators, reply priming) cover no bytes of the text, so
+# they are counted apart, generously: OpenAI's templates use 3-4 per message and 3 per request.
+TEMPLATE_TOKENS_PER_MESSAGE = 16
+TEMPLATE_TOKENS_PER_REQUEST = 64
+# Structured outputs put the JSON schema into the prompt as well.
+_SCHEMA_BYTES = len(json.dumps(output_json_schema()).encode("utf-8"))
+
+
+def prompt_token_bound(rubric: Rubric, key: str, text: str) -> int:
+    """The most prompt tokens any byte-level BPE tokenizer can bill for this post.
+
+    Each such token covers at least one byte, so the UTF-8 bytes of every message (and of the
+    output schema sent with them) plus the template's special tokens bound the count.
+    """
+    messages = rubric.messages(key, text)
+    body = sum(len(m["content"].encode("utf-8")) + len(m["role"]) for m in messages)
+    return (
+        body
+        + _SCHEMA_BYTES
+        + TEMPLATE_TOKENS_PER_MESSAGE * len(messages)
+        + TEMPLATE_TOKENS_PER_REQUEST
+    )
+
+
+def call_token_bound(
+    rubric: Rubric, key: str, text: str, max_output_tokens: int = MAX_OUTPUT_TOKENS
+) -> int:
+    """The most tokens one call can bill: the prompt bound plus the completion cap."""
+    return prompt_token_bound(rubric, key, text) + max_output_tokens
