@@ -6,10 +6,11 @@ from typing import Any
 
 import dagster as dg
 
+from .faults import NO_FAULTS, FaultHooks
 from .importer import import_jsonl
 from .metadata import partition_metadata
 from .partitions import moderation_partitions, partition_ref, tenant_partitions
-from .pipeline import run_partitions
+from .pipeline import RunStopped, run_partitions
 from .range_guard import require_full_range
 from .resources import BackfillSettings, ModelResource, StoreResource, versions_for
 from .store.engine import read_tx
@@ -44,15 +45,23 @@ def posts(
     return dg.MaterializeResult(metadata=metadata)
 
 
-def build_moderation_labels(code_version: str, partitions_per_run: int) -> dg.AssetsDefinition:
-    """The labels asset; its code version names the task, prompt and model."""
+def build_moderation_labels(
+    code_version: str, partitions_per_run: int, faults: FaultHooks = NO_FAULTS
+) -> dg.AssetsDefinition:
+    """The labels asset; its code version names the task, prompt and model.
+
+    ``faults`` (crash drills) come from the environment and are closed over here, so no
+    launchpad config can switch them on.
+    """
     with warnings.catch_warnings():
         # BackfillPolicy is "beta" in Dagster 1.13; the warning is noise on every CLI call.
         warnings.simplefilter("ignore", dg.BetaWarning)
-        return _labels_asset(code_version, partitions_per_run)
+        return _labels_asset(code_version, partitions_per_run, faults)
 
 
-def _labels_asset(code_version: str, partitions_per_run: int) -> dg.AssetsDefinition:
+def _labels_asset(
+    code_version: str, partitions_per_run: int, faults: FaultHooks
+) -> dg.AssetsDefinition:
     @dg.asset(
         name="moderation_labels",
         partitions_def=moderation_partitions,
@@ -79,16 +88,20 @@ def _labels_asset(code_version: str, partitions_per_run: int) -> dg.AssetsDefini
             )
         refs = [partition_ref(k) for k in context.partition_keys]
         context.log.info(f"{len(refs)} partition(s), {versions.code_version}")
-        reports = run_partitions(
-            store.engine(),
-            refs,
-            model.build_adapter,
-            versions,
-            settings.rubric(),
-            context.run_id,
-            settings.run_options(model),
-            log=context.log.info,
-        )
+        stopped: RunStopped | None = None
+        try:
+            reports = run_partitions(
+                store.engine(),
+                refs,
+                model.build_adapter,
+                versions,
+                settings.rubric(),
+                context.run_id,
+                settings.run_options(model, faults),
+                log=context.log.info,
+            )
+        except RunStopped as exc:
+            stopped, reports = exc, exc.reports
         with read_tx(store.engine()) as conn:
             spend = {
                 r.ref.key: partition_spend(conn, r.ref.tenant_id, r.ref.slice) for r in reports
@@ -97,6 +110,10 @@ def _labels_asset(code_version: str, partitions_per_run: int) -> dg.AssetsDefini
             context.add_asset_metadata(
                 partition_metadata(rep, versions, spend[rep.ref.key]), partition_key=rep.ref.key
             )
+        if stopped is not None:
+            # A run-level error (wrong key, permission, model, URL): nothing more was sent and
+            # every key left is pending, so the next run with the fix completes them.
+            raise dg.Failure(description=str(stopped), allow_retries=False)
         busy = [r.ref.key for r in reports if r.busy]
         if busy:
             raise dg.Failure(

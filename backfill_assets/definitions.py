@@ -13,7 +13,13 @@ from .checks import build_partition_checks
 from .partitions import moderation_partitions
 from .policy import policy_from_env
 from .sensors import tenant_partitions_sensor
-from .settings import executor_kind, partitions_per_run, resources_from_env, versions_from_env
+from .settings import (
+    executor_kind,
+    faults_from_env,
+    partitions_per_run,
+    resources_from_env,
+    versions_from_env,
+)
 from .usage import tenant_usage
 
 BACKFILL_JOB = "moderation_backfill"
@@ -23,7 +29,9 @@ APPLY_JOB = "apply_labels"
 def build_definitions(env: Mapping[str, str]) -> dg.Definitions:
     """Definitions wired from an environment mapping."""
     per_run = partitions_per_run(env)
-    labels = build_moderation_labels(versions_from_env(env).code_version, per_run)
+    labels = build_moderation_labels(
+        versions_from_env(env).code_version, per_run, faults_from_env(env)
+    )
     applied = build_applied_labels(per_run)
     checks = build_partition_checks()
     backfill_job = dg.define_asset_job(

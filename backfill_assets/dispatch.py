@@ -13,7 +13,7 @@ import random
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,11 +23,21 @@ from .models.base import (
     ModelAdapter,
     ModelCallError,
     ModelRequest,
+    ModelResponse,
+    NotSent,
     RetriableError,
+    RunFatalError,
     TransportRejected,
 )
 from .outcomes import Outcome, RetryPolicy
-from .rubric import MAX_OUTPUT_TOKENS, OutputRejected, Rubric, estimate_prompt_tokens, parse_output
+from .rubric import (
+    MAX_OUTPUT_TOKENS,
+    OutputRejected,
+    Rubric,
+    call_token_bound,
+    estimate_prompt_tokens,
+    parse_output,
+)
 from .store.rows import event_row, key_row
 from .store.writer import FlushReport, LedgerWriter
 
@@ -61,6 +71,13 @@ class PartitionStats:
     tokens_out: int = 0
     cost: float = 0.0
     latencies_ms: list[float] = field(default_factory=list)
+    # Usage the provider did not report in full (booked as total only, or at the bound).
+    usage_total_only: int = 0
+    usage_missing: int = 0
+    # Calls billed past their reserved bound (the tenant is stopped), and longest Retry-After.
+    over_bound: int = 0
+    retry_after_max_s: float = 0.0
+    retry_after_capped: int = 0
 
 
 @dataclass
@@ -73,6 +90,11 @@ class DispatchConfig:
     concurrency: int = 8
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     seed: int | None = None
+    log: Callable[[str], None] = lambda _m: None
+
+
+class RunStopped(RuntimeError):
+    """A run-level error (401, 403, 404, ...): the run sent nothing more; keys stay pending."""
 
 
 class Dispatcher:
@@ -103,6 +125,11 @@ class Dispatcher:
         self._sleeping = 0
         self._busy = 0
         self._wake = asyncio.Event()
+        # Set by the first run-level error: nothing more is sent, every key left stays pending.
+        self.fatal: RunFatalError | None = None
+        # Tenants stopped in this run (billed past a reserved bound), with the reason.
+        self.stopped_tenants: dict[str, str] = {}
+        self._warned_retry_after = False
 
     def stats_for(self, partition: str) -> PartitionStats:
         """Stats of a partition (created on first use)."""
@@ -133,8 +160,20 @@ class Dispatcher:
                 w.cancel()
             await asyncio.gather(*workers, return_exceptions=True)
             raise
+        if self.fatal is not None:
+            raise RunStopped(f"run stopped: {self.fatal}") from self.fatal
+
+    def _stop(self, exc: RunFatalError) -> None:
+        """A run-level error: send nothing more (calls already sent still finish)."""
+        if self.fatal is None:
+            self.fatal = exc
+            self.adapter.halt(f"HTTP {exc.status} from {exc.endpoint}")
+            self.cfg.log(f"ERROR: {exc}; stopping the run, keys left stay pending")
+        self._wake.set()
 
     def _next_job(self) -> tuple[WorkItem, int] | None:
+        if self.fatal is not None:
+            return None
         if self._ready:
             return self._ready.popleft()
         if not self._source_done:
@@ -148,7 +187,9 @@ class Dispatcher:
         while True:
             job = self._next_job()
             if job is None:
-                if self._source_done and not self._sleeping and not self._busy:
+                if self.fatal is not None or (
+                    self._source_done and not self._sleeping and not self._busy
+                ):
                     self._wake.set()  # let idle peers see that the work is done
                     return
                 self._wake.clear()
@@ -175,8 +216,13 @@ class Dispatcher:
     async def _attempt(self, item: WorkItem, attempt: int) -> bool:
         """One attempt; returns True when the key reached a terminal state in this run."""
         st = self.stats_for(item.partition)
-        estimate = estimate_prompt_tokens(self.cfg.rubric, item.text) + MAX_OUTPUT_TOKENS
-        reservation = await self.budgets.reserve(item.tenant_id, estimate)
+        if item.tenant_id in self.stopped_tenants:
+            st.outcomes[Outcome.DEFERRED] += 1  # left pending for a later run
+            return True
+        # The budget reserves what the call can cost at most, whatever the provider's
+        # tokenizer; the limiter paces on the cheap estimate and settles to the billed figure.
+        bound = call_token_bound(self.cfg.rubric, item.key, item.text)
+        reservation = await self.budgets.reserve(item.tenant_id, bound)
         if reservation is None:
             st.outcomes[Outcome.DEFERRED] += 1
             return True
@@ -190,7 +236,8 @@ class Dispatcher:
             model=self.cfg.versions.model,
             messages=self.cfg.rubric.messages(item.key, item.text),
             max_output_tokens=MAX_OUTPUT_TOKENS,
-            estimated_tokens=estimate,
+            estimated_tokens=estimate_prompt_tokens(self.cfg.rubric, item.text) + MAX_OUTPUT_TOKENS,
+            bound_tokens=bound,
         )
         st.calls += 1
         started = time.perf_counter()
@@ -202,25 +249,7 @@ class Dispatcher:
             wrapped = RetriableError(f"adapter error: {type(exc).__name__}")
             return self._failed(item, attempt, attempt_id, wrapped, reservation, st)
         st.latencies_ms.append(response.latency_ms or (time.perf_counter() - started) * 1000)
-        cost = response.cost
-        if cost is None:
-            cost = self.adapter.cost_of(
-                self.cfg.versions.model, response.tokens_in, response.tokens_out
-            )
-        # Booked before the answer is trusted: a malformed answer still cost tokens.
-        usage = self._event(item, attempt, attempt_id, "usage")
-        usage.update(
-            tokens_in=response.tokens_in,
-            tokens_out=response.tokens_out,
-            cost=cost,
-            request_id=response.request_id[:200],
-            status=200,
-        )
-        self.writer.stage_event(usage, reservation.reservation_id)
-        self.budgets.settle(reservation, response.tokens_in + response.tokens_out)
-        st.tokens_in += response.tokens_in
-        st.tokens_out += response.tokens_out
-        st.cost += cost
+        self._book_usage(item, attempt, attempt_id, response, reservation, st)
         try:
             out = parse_output(response.raw_text, item.key)
         except OutputRejected as exc:
@@ -241,6 +270,54 @@ class Dispatcher:
         st.labels[out.label] += 1
         return True
 
+    def _book_usage(
+        self,
+        item: WorkItem,
+        attempt: int,
+        attempt_id: str,
+        response: ModelResponse,
+        reservation: Reservation,
+        st: PartitionStats,
+    ) -> None:
+        """Stage the usage event before the answer is trusted: a malformed answer still cost."""
+        cost = response.cost
+        if cost is None:
+            cost = self.adapter.cost_of(
+                self.cfg.versions.model, response.tokens_in, response.tokens_out
+            )
+        billed = response.tokens_in + response.tokens_out
+        usage = self._event(item, attempt, attempt_id, "usage")
+        usage.update(
+            tokens_in=response.tokens_in,
+            tokens_out=response.tokens_out,
+            cost=cost,
+            request_id=response.request_id[:200],
+            status=200,
+            usage_shape=response.usage_shape,
+            bound_tokens=reservation.tokens,
+        )
+        if response.usage_shape == "missing":
+            usage["message"] = "usage_missing: the provider reported no usage; booked the bound"
+            st.usage_missing += 1
+        elif response.usage_shape == "total":
+            st.usage_total_only += 1
+        if billed > reservation.tokens:
+            # Past any byte-level tokenizer's count: the cap can no longer be promised for this
+            # tenant, so it gets no more calls in this run. The event records bound and bill.
+            usage["message"] = f"over_bound: billed {billed} > reserved bound {reservation.tokens}"
+            st.over_bound += 1
+            if item.tenant_id not in self.stopped_tenants:
+                self.stopped_tenants[item.tenant_id] = usage["message"]
+                self.cfg.log(
+                    f"ERROR: tenant {item.tenant_id}: provider {usage['message']}; "
+                    "stopping this tenant (see the spend check and verify)"
+                )
+        self.writer.stage_event(usage, reservation.reservation_id)
+        self.budgets.settle(reservation, billed)
+        st.tokens_in += response.tokens_in
+        st.tokens_out += response.tokens_out
+        st.cost += cost
+
     def _failed(
         self,
         item: WorkItem,
@@ -258,8 +335,27 @@ class Dispatcher:
             message=f"{type(exc).__name__}: {str(exc)[:_MESSAGE_CHARS]}",
         )
         self.writer.stage_event(event)
+        if isinstance(exc, RunFatalError):
+            self._stop(exc)
+            st.outcomes[Outcome.DEFERRED] += 1  # not the key's fault: it stays pending
+            return True
+        if isinstance(exc, NotSent):
+            st.calls -= 1
+            st.outcomes[Outcome.DEFERRED] += 1
+            return True
         if exc.status == 429:
             st.rate_limited += 1
+        if exc.retry_after is not None:
+            st.retry_after_max_s = max(st.retry_after_max_s, exc.retry_after)
+            if exc.retry_after > self.cfg.retry.max_retry_after_s:
+                st.retry_after_capped += 1
+                if not self._warned_retry_after:
+                    self._warned_retry_after = True
+                    self.cfg.log(
+                        f"provider asked to retry after {exc.retry_after:.0f}s; waiting "
+                        f"{self.cfg.retry.max_retry_after_s:.0f}s "
+                        "(BACKFILL_RETRY_AFTER_MAX_SECONDS)"
+                    )
         if isinstance(exc, TransportRejected):
             reason = f"HTTP {exc.status}: {str(exc)[:_MESSAGE_CHARS]}"
             self.writer.stage_dead(self._dead(item, Outcome.TRANSPORT_REJECTED, reason, attempt))

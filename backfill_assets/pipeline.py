@@ -13,6 +13,7 @@ from sqlalchemy.engine import Engine
 from .batch.mode import run_batch
 from .batch.options import BatchOptions
 from .dispatch import DispatchConfig, Dispatcher, PartitionStats, WorkItem
+from .dispatch import RunStopped as DispatchStopped
 from .keys import Versions, work_key
 from .limits import TenantBudgets
 from .models.base import ModelAdapter
@@ -23,6 +24,14 @@ from .store.engine import read_tx, refresh_planner_stats
 from .store.partition_counts import partition_counts, post_counts
 from .store.work import PartitionBusy, WriterLocks, pending_posts
 from .store.writer import LedgerWriter
+
+
+class RunStopped(RuntimeError):
+    """A run-level error stopped the run; ``reports`` holds what was done before it."""
+
+    def __init__(self, message: str, reports: list[PartitionReport]) -> None:
+        super().__init__(message)
+        self.reports = reports
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,9 +126,15 @@ def run_partitions(
                 reports[ref.key].busy = True
                 log(f"skipping {ref.key}: {exc}")
         dispatch = run_batch if options.dispatch_mode == "batch" else _dispatch
-        asyncio.run(
-            dispatch(engine, owned, reports, make_adapter, versions, rubric, run_id, options, log)
-        )
+        stopped: Exception | None = None
+        try:
+            asyncio.run(
+                dispatch(
+                    engine, owned, reports, make_adapter, versions, rubric, run_id, options, log
+                )
+            )
+        except DispatchStopped as exc:
+            stopped = exc
     with read_tx(engine) as conn:
         counts = partition_counts(conn, sorted({r.tenant_id for r in refs}), versions)
     for ref in refs:
@@ -127,7 +142,10 @@ def run_partitions(
         if got is not None:
             reports[ref.key].labels_total = got.labels
             reports[ref.key].dead_total = got.dead
-    return [reports[r.key] for r in refs]
+    done = [reports[r.key] for r in refs]
+    if stopped is not None:
+        raise RunStopped(str(stopped), done) from stopped
+    return done
 
 
 def _work(
@@ -194,6 +212,7 @@ async def _dispatch(
             concurrency=options.concurrency,
             retry=options.retry,
             seed=options.seed,
+            log=log,
         ),
     )
     for ref in refs:

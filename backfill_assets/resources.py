@@ -10,6 +10,7 @@ from pydantic import Field
 from sqlalchemy.engine import Engine
 
 from .batch.options import BatchEndpoint, BatchOptions
+from .faults import NO_FAULTS, FaultHooks
 from .keys import Versions
 from .models.base import ModelAdapter
 from .models.fake import FakeModel
@@ -68,6 +69,14 @@ class FakeModelResource(ModelResource):
     latency_ms: float = Field(default=0.0, description="Added latency per call.")
     failure_rate: float = Field(default=0.0, description="Share of calls failing (retriable).")
     malformed_rate: float = Field(default=0.0, description="Share of keys answered malformed.")
+    overbill_factor: float = Field(
+        default=1.0, gt=0.0, description="Bill prompt tokens times this (another tokenizer)."
+    )
+    usage_shape: str = Field(
+        default="split",
+        pattern="^(split|total|missing)$",
+        description="How usage is reported: split, total (total only) or missing (none).",
+    )
 
     def build_adapter(self) -> ModelAdapter:
         """A fake model."""
@@ -76,6 +85,8 @@ class FakeModelResource(ModelResource):
             latency_ms=self.latency_ms,
             failure_rate=self.failure_rate,
             malformed_rate=self.malformed_rate,
+            overbill_factor=self.overbill_factor,
+            usage_shape=self.usage_shape,
         )
 
 
@@ -92,6 +103,9 @@ class OpenAIModelResource(ModelResource):
     )
     rpm: int = Field(default=0, ge=0, description="Requests per minute to aim for (0 = unset).")
     tpm: int = Field(default=0, ge=0, description="Tokens per minute to aim for (0 = unset).")
+    retry_after_max_s: float = Field(
+        default=900.0, gt=0.0, description="Longest Retry-After pause of the endpoint."
+    )
     adaptive: bool = Field(default=True, description="AIMD on 429s and latency.")
     trust_limit_headers: bool = Field(
         default=True, description="Lower the limits to the provider's x-ratelimit-limit-*."
@@ -112,6 +126,7 @@ class OpenAIModelResource(ModelResource):
         return LimiterConfig(
             rpm=self.rpm,
             tpm=self.tpm,
+            max_pause_s=self.retry_after_max_s,
             adaptive=self.adaptive,
             trust_limit_headers=self.trust_limit_headers,
         )
@@ -157,12 +172,14 @@ class BackfillSettings(dg.ConfigurableResource):  # type: ignore[type-arg]
 
     concurrency: int = Field(default=8, ge=1, le=1024, description="Model calls in flight.")
     tenant_budget_tokens: int = Field(default=0, ge=0, description="Per-tenant cap; 0 = none.")
-    kill_after_usage: int = Field(
-        default=0, ge=0, description="Fault injection: SIGKILL after N usage events (0 = off)."
-    )
     max_attempts: int = Field(default=5, ge=1, le=20)
     retry_base_seconds: float = Field(default=0.5, ge=0.0)
     retry_max_seconds: float = Field(default=30.0, ge=0.0)
+    retry_after_max_seconds: float = Field(
+        default=900.0,
+        gt=0.0,
+        description="Longest Retry-After honoured; a provider asking for more waits this long.",
+    )
     flush_ms: float = Field(default=100.0, gt=0.0, le=1000.0, description="Max group-commit delay.")
     prompt_path: str = Field(default="", description="File with a custom system prompt.")
     dispatch: str = Field(
@@ -176,11 +193,6 @@ class BackfillSettings(dg.ConfigurableResource):  # type: ignore[type-arg]
     batch_poll_seconds: float = Field(
         default=30.0, gt=0.0, description="Batch mode: first poll interval (grows to 10 min)."
     )
-    batch_kill_at: str = Field(
-        default="",
-        pattern="^(|intent|upload|create|poll|fetch)$",
-        description="Fault injection: SIGKILL at this batch step (crash drills only).",
-    )
 
     def rubric(self) -> Rubric:
         """The rubric in force (a custom prompt file changes the prompt version)."""
@@ -188,30 +200,38 @@ class BackfillSettings(dg.ConfigurableResource):  # type: ignore[type-arg]
             return Rubric(system_prompt=Path(self.prompt_path).read_text("utf-8"))
         return Rubric()
 
-    def batch_options(self, model: ModelResource | None) -> BatchOptions:
+    def batch_options(
+        self, model: ModelResource | None, faults: FaultHooks = NO_FAULTS
+    ) -> BatchOptions:
         """Batch mode settings with the model's endpoint (None: the run fails, explaining)."""
         return BatchOptions(
             endpoint=model.batch_endpoint() if model is not None else None,
             max_lines=self.batch_max_lines,
             poll_seconds=self.batch_poll_seconds,
             max_poll_seconds=max(600.0, self.batch_poll_seconds),
-            kill_at=self.batch_kill_at,
+            kill_at=faults.kill_at,
         )
 
-    def run_options(self, model: ModelResource | None = None) -> RunOptions:
-        """Options for ``run_partitions``; batch mode needs the ``model`` resource."""
+    def run_options(
+        self, model: ModelResource | None = None, faults: FaultHooks = NO_FAULTS
+    ) -> RunOptions:
+        """Options for ``run_partitions``; batch mode needs the ``model`` resource.
+
+        ``faults`` come from the environment (``faults.py``), never from this config.
+        """
         return RunOptions(
             concurrency=self.concurrency,
             budget_tokens=self.tenant_budget_tokens or None,
-            kill_after_usage=self.kill_after_usage or None,
+            kill_after_usage=faults.kill_after_usage or None,
             flush_interval_s=self.flush_ms / 1000.0,
             retry=RetryPolicy(
                 max_attempts=self.max_attempts,
                 base_delay_s=self.retry_base_seconds,
                 max_delay_s=self.retry_max_seconds,
+                max_retry_after_s=self.retry_after_max_seconds,
             ),
             dispatch_mode=self.dispatch,
-            batch=self.batch_options(model) if self.dispatch == "batch" else None,
+            batch=self.batch_options(model, faults) if self.dispatch == "batch" else None,
         )
 
 

@@ -10,6 +10,7 @@ import dagster as dg
 from pydantic import ValidationError
 
 from .batch.options import KILL_POINTS, PROVIDER_MAX_LINES
+from .faults import FaultHooks
 from .keys import Versions
 from .prices import PriceError, PriceTable
 from .resources import (
@@ -64,10 +65,10 @@ def settings_from_env(env: Mapping[str, str]) -> BackfillSettings:
     return BackfillSettings(
         concurrency=_int(env, "BACKFILL_CONCURRENCY", 8),
         tenant_budget_tokens=_int(env, "BACKFILL_TENANT_BUDGET_TOKENS", 0),
-        kill_after_usage=_int(env, "BACKFILL_KILL_AFTER_USAGE", 0),
         max_attempts=_int(env, "BACKFILL_MAX_ATTEMPTS", 5),
         retry_base_seconds=_float(env, "BACKFILL_RETRY_BASE_SECONDS", 0.5),
         retry_max_seconds=_float(env, "BACKFILL_RETRY_MAX_SECONDS", 30.0),
+        retry_after_max_seconds=_float(env, "BACKFILL_RETRY_AFTER_MAX_SECONDS", 900.0),
         flush_ms=_float(env, "BACKFILL_FLUSH_MS", 100.0),
         prompt_path=env.get("BACKFILL_PROMPT_PATH", ""),
         **batch_settings(env),
@@ -75,7 +76,7 @@ def settings_from_env(env: Mapping[str, str]) -> BackfillSettings:
 
 
 def batch_settings(env: Mapping[str, str]) -> dict[str, Any]:
-    """``BACKFILL_DISPATCH``, ``BACKFILL_BATCH_*`` and ``BACKFILL_KILL_AT``, checked."""
+    """``BACKFILL_DISPATCH`` and ``BACKFILL_BATCH_*``, checked."""
     dispatch = env.get("BACKFILL_DISPATCH", "").strip() or "sync"
     if dispatch not in ("sync", "batch"):
         raise SettingsError(f"BACKFILL_DISPATCH={dispatch!r}: expected sync or batch")
@@ -85,17 +86,24 @@ def batch_settings(env: Mapping[str, str]) -> dict[str, Any]:
     poll = _float(env, "BACKFILL_BATCH_POLL_SECONDS", 30.0)
     if not poll > 0:
         raise SettingsError("BACKFILL_BATCH_POLL_SECONDS must be > 0")
+    return {
+        "dispatch": dispatch,
+        "batch_max_lines": max_lines,
+        "batch_poll_seconds": poll,
+    }
+
+
+def faults_from_env(env: Mapping[str, str]) -> FaultHooks:
+    """``BACKFILL_KILL_AFTER_USAGE`` and ``BACKFILL_KILL_AT`` (crash drills only)."""
     kill_at = env.get("BACKFILL_KILL_AT", "").strip()
     if kill_at and kill_at not in KILL_POINTS:
         raise SettingsError(
             f"BACKFILL_KILL_AT={kill_at!r}: expected one of {', '.join(KILL_POINTS)}"
         )
-    return {
-        "dispatch": dispatch,
-        "batch_max_lines": max_lines,
-        "batch_poll_seconds": poll,
-        "batch_kill_at": kill_at,
-    }
+    after = _int(env, "BACKFILL_KILL_AFTER_USAGE", 0)
+    if after < 0:
+        raise SettingsError("BACKFILL_KILL_AFTER_USAGE must be >= 0")
+    return FaultHooks(kill_after_usage=after, kill_at=kill_at)
 
 
 def model_from_env(env: Mapping[str, str]) -> ModelResource:
@@ -107,6 +115,8 @@ def model_from_env(env: Mapping[str, str]) -> ModelResource:
             latency_ms=_float(env, "BACKFILL_FAKE_LATENCY_MS", 0.0),
             failure_rate=_float(env, "BACKFILL_FAKE_FAILURE_RATE", 0.0),
             malformed_rate=_float(env, "BACKFILL_FAKE_MALFORMED_RATE", 0.0),
+            overbill_factor=_float(env, "BACKFILL_FAKE_OVERBILL_FACTOR", 1.0),
+            usage_shape=env.get("BACKFILL_FAKE_USAGE_SHAPE", "").strip() or "split",
         )
     if backend == "openai":
         return openai_from_env(env)
@@ -156,6 +166,7 @@ def _openai_resource(
         api_key=dg.EnvVar("BACKFILL_MODEL_API_KEY") if env.get("BACKFILL_MODEL_API_KEY") else "",
         rpm=limits["rpm"],
         tpm=limits["tpm"],
+        retry_after_max_s=_float(env, "BACKFILL_RETRY_AFTER_MAX_SECONDS", 900.0),
         adaptive=_bool(env, "BACKFILL_ADAPTIVE", True),
         trust_limit_headers=_bool(env, "BACKFILL_TRUST_LIMIT_HEADERS", True),
         connect_timeout_s=_float(env, "BACKFILL_HTTP_CONNECT_TIMEOUT_S", 5.0),

@@ -59,15 +59,15 @@ def triage(line: OutputLine | None, secrets: Sequence[str] = ()) -> LineVerdict:
             completion = parse_completion(body)
         except NotACompletion as exc:
             return LineVerdict(Verdict.RETRY, status, f"HTTP {status}: {exc}", response.request_id)
-        usage = completion.usage
+        billed = completion.billed
         return LineVerdict(
             Verdict.ANSWERED,
             status,
             request_id=response.request_id or completion.id,
             content=completion.content,
-            tokens_in=usage.prompt_tokens if usage else 0,
-            tokens_out=usage.completion_tokens if usage else 0,
-            usage_reported=usage is not None,
+            tokens_in=billed.tokens_in if billed else 0,
+            tokens_out=billed.tokens_out if billed else 0,
+            usage_reported=billed is not None,
         )
     # Only the scrubbed summary is kept: a provider may echo the request (post text).
     summary, _raw = error_summary(status, body, "application/json", secrets=secrets)

@@ -24,7 +24,13 @@ from ..keys import SLICE_KEYS, validate_tenant_id
 from ..partitions import partition_key_for
 from ..pipeline import PartitionRef, run_partitions
 from ..resources import engine_for, versions_for
-from ..settings import SettingsError, database_url, model_from_env, settings_from_env
+from ..settings import (
+    SettingsError,
+    database_url,
+    faults_from_env,
+    model_from_env,
+    settings_from_env,
+)
 from ..store import submissions
 from ..store.engine import read_tx
 from ..store.reports import tenant_ids
@@ -37,7 +43,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     env = {**os.environ, "BACKFILL_DISPATCH": "batch"}
     try:
-        settings, model = settings_from_env(env), model_from_env(env)
+        settings, model, faults = settings_from_env(env), model_from_env(env), faults_from_env(env)
         if model.batch_endpoint() is None:
             raise SettingsError("batch mode needs BACKFILL_MODEL_BACKEND=openai")
         tenants = [validate_tenant_id(t) for t in args.tenant]
@@ -60,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         versions_for(settings, model),
         settings.rubric(),
         run_id,
-        settings.run_options(model),
+        settings.run_options(model, faults),
         log=lambda m: print(m, file=sys.stderr, flush=True),
     )
     totals: Counter[str] = Counter()

@@ -12,6 +12,7 @@ import json
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -28,6 +29,10 @@ _MESSAGE_CHARS = 160
 _ECHO_WINDOW = 16
 _QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"|`[^`]*`")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
+# Key-like tokens, masked or not ("Incorrect API key provided: sk-te****1234"): never stored.
+_KEY_LIKE = re.compile(r"\b(?:sk|pk|rk|key|api[_-]?key)[-_][A-Za-z0-9*._-]{2,}", re.IGNORECASE)
+# A run of this many characters of a secret counts as the secret.
+_SECRET_WINDOW = 6
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
 _TRY_AGAIN = re.compile(r"try again in (\d+(?:\.\d+)?)\s*(ms|s)\b", re.IGNORECASE)
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -49,13 +54,60 @@ def request_body(request: ModelRequest, max_tokens_param: str = "max_tokens") ->
     }
 
 
-class Usage(BaseModel):
-    """Tokens the provider billed."""
+# Larger token counts are not a real provider's: treat them as unreadable.
+_MAX_COUNT = 10**12
 
-    model_config = ConfigDict(extra="ignore", frozen=True)
 
-    prompt_tokens: int = Field(ge=0)
-    completion_tokens: int = Field(ge=0)
+@dataclass(frozen=True, slots=True)
+class BilledUsage:
+    """What a provider billed for one call, in the shape it was reported.
+
+    ``shape`` is ``split`` (prompt and completion known) or ``total`` (only the total is known:
+    it is booked as ``tokens_in`` with ``tokens_out = 0``). No usage at all is ``None``: the
+    caller books the call's upper bound instead, never 0.
+    """
+
+    tokens_in: int
+    tokens_out: int
+    shape: str
+
+    @property
+    def total(self) -> int:
+        """Tokens billed."""
+        return self.tokens_in + self.tokens_out
+
+
+def _count(value: object) -> int | None:
+    if isinstance(value, bool):
+        return None  # JSON true is no token count
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, int) and 0 <= value < _MAX_COUNT:
+        return value
+    return None
+
+
+def billed_usage(raw: object) -> BilledUsage | None:
+    """The billed figures of any usage shape real servers send; None if the total is unknowable.
+
+    OpenAI sends prompt, completion and total tokens (plus ``*_details``); vLLM and Ollama send
+    ``*_details: null``; some gateways send ``completion_tokens: null`` or ``total_tokens`` alone;
+    Anthropic-style servers say ``input_tokens``/``output_tokens``. When a total larger than
+    prompt + completion is given, the total is what was billed.
+    """
+    if not isinstance(raw, dict):
+        return None
+    prompt = _count(raw.get("prompt_tokens", raw.get("input_tokens")))
+    completion = _count(raw.get("completion_tokens", raw.get("output_tokens")))
+    total = _count(raw.get("total_tokens"))
+    if prompt is not None and completion is not None:
+        billed = max(prompt + completion, total or 0)
+        return BilledUsage(prompt, billed - prompt, "split")
+    if prompt is not None and total is not None and total >= prompt:
+        return BilledUsage(prompt, total - prompt, "split")
+    if total is not None:
+        return BilledUsage(total, 0, "total")
+    return None
 
 
 class _Message(BaseModel):
@@ -78,7 +130,13 @@ class ChatCompletion(BaseModel):
 
     id: str | None = None
     choices: list[_Choice] = Field(default_factory=list)
-    usage: Usage | None = None
+    # Kept raw: a usage shape we do not model must never make a paid answer unreadable.
+    usage: Any = None
+
+    @property
+    def billed(self) -> BilledUsage | None:
+        """The billed figures, whatever shape the usage came in (None: not reported)."""
+        return billed_usage(self.usage)
 
     @property
     def content(self) -> str:
@@ -105,15 +163,11 @@ def parse_completion(body: bytes) -> ChatCompletion:
     except ValidationError as exc:
         # Keep what was billed even if the rest is odd: usage alone is worth booking.
         usage = data.get("usage")
-        try:
-            billed = Usage.model_validate(usage) if isinstance(usage, dict) else None
-        except ValidationError:
-            billed = None
-        if billed is None:
+        if billed_usage(usage) is None:
             fields = ", ".join(".".join(str(p) for p in e["loc"]) for e in exc.errors()[:3])
             raise NotACompletion(f"2xx body is not a chat completion ({fields})") from None
         return ChatCompletion(
-            id=data.get("id") if isinstance(data.get("id"), str) else None, usage=billed
+            id=data.get("id") if isinstance(data.get("id"), str) else None, usage=usage
         )
 
 
@@ -156,13 +210,18 @@ def _int_header(headers: Mapping[str, str], name: str) -> int | None:
 
 
 def retry_after_seconds(
-    headers: Mapping[str, str], message: str = "", now: datetime | None = None
+    headers: Mapping[str, str],
+    message: str = "",
+    now: datetime | None = None,
+    *,
+    resets: bool = True,
 ) -> float | None:
     """When the provider says to retry, in seconds; None if it does not say.
 
     Order: ``retry-after-ms``, ``retry-after`` (seconds or an HTTP date, any size), then the
     ``x-ratelimit-reset-*`` of the exhausted limit (both if unclear), then "try again in Xs"
-    in the error message.
+    in the error message. ``resets=False`` (for 5xx answers) skips the rate-limit resets: they
+    describe the rate window, not the outage, and a 5xx must not park callers for minutes.
     """
     ms = headers.get("retry-after-ms", "").strip()
     if ms:
@@ -174,17 +233,19 @@ def retry_after_seconds(
         value = _retry_after_header(after, now or datetime.now(UTC))
         if value is not None:
             return value
-    resets: list[float] = []
+    if not resets:
+        return None
+    found: list[float] = []
     exhausted: list[float] = []
     for kind in ("requests", "tokens"):
         reset = parse_duration(headers.get(f"x-ratelimit-reset-{kind}", ""))
         if reset is None:
             continue
-        resets.append(reset)
+        found.append(reset)
         if _int_header(headers, f"x-ratelimit-remaining-{kind}") == 0:
             exhausted.append(reset)
-    if exhausted or resets:
-        return max(exhausted or resets)
+    if exhausted or found:
+        return max(exhausted or found)
     match = _TRY_AGAIN.search(message)
     if match:
         return float(match.group(1)) * _UNITS[match.group(2).lower()]
@@ -217,10 +278,22 @@ def scrub(message: str, echoes: Sequence[str], secrets: Sequence[str]) -> str:
     """A provider message safe to store: no quoted values, no echo of the request, no secret."""
     text = _CONTROL.sub(" ", message)
     text = _QUOTED.sub("'…'", text)
+    text = _KEY_LIKE.sub("<key>", text)
     text = text[:_MESSAGE_CHARS]
-    if _echoes(text, echoes) or any(s and s in message for s in secrets):
+    if _echoes(text, echoes) or any(_leaks(text, s) for s in secrets):
         return "(message withheld: it echoed the request)"
     return text
+
+
+def _leaks(text: str, secret: str) -> bool:
+    """True if ``text`` holds the secret or any run of ``_SECRET_WINDOW`` of its characters."""
+    if not secret:
+        return False
+    if len(secret) <= _SECRET_WINDOW:
+        return secret in text
+    return any(
+        secret[i : i + _SECRET_WINDOW] in text for i in range(len(secret) - _SECRET_WINDOW + 1)
+    )
 
 
 def error_summary(

@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import math
 
 from .base import ModelAdapter, ModelRequest, ModelResponse, RetriableError
 from .rules import classify, count_tokens
 
+USAGE_SHAPES = ("split", "total", "missing")
 _POST_OPEN = "<post>\n"
 _POST_CLOSE = "\n</post>"
 
@@ -32,6 +34,10 @@ class FakeModel(ModelAdapter):
     if the provider had billed it. ``failure_rate`` makes calls fail with a retriable error,
     decided by hash(key, attempt) so every run fails at the same places; ``malformed_rate``
     makes answers unparseable, decided by the key (every attempt the same).
+
+    Hostile modes, as real providers behave: ``overbill_factor`` bills the prompt tokens times
+    the factor (another tokenizer); ``usage_shape`` reports ``split`` (default), ``total``
+    (the total alone) or ``missing`` (no usage at all).
     """
 
     name = "fake"
@@ -43,6 +49,8 @@ class FakeModel(ModelAdapter):
         failure_rate: float = 0.0,
         malformed_rate: float = 0.0,
         seed: str = "fake",
+        overbill_factor: float = 1.0,
+        usage_shape: str = "split",
     ) -> None:
         super().__init__()
         self.model = model
@@ -50,9 +58,16 @@ class FakeModel(ModelAdapter):
         self.failure_rate = failure_rate
         self.malformed_rate = malformed_rate
         self.seed = seed
+        self.overbill_factor = overbill_factor
+        # What this fake "provider" billed in truth, whatever it reported (a meter for tests).
+        self.billed_tokens = 0
+        if usage_shape not in USAGE_SHAPES:
+            raise ValueError(f"usage_shape must be one of {USAGE_SHAPES}")
+        self.usage_shape = usage_shape
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
         """Answer one request."""
+        self.check_not_halted()
         self.stats.calls += 1
         if self.latency_s:
             await asyncio.sleep(self.latency_s)
@@ -77,10 +92,20 @@ class FakeModel(ModelAdapter):
                 separators=(",", ":"),
             )
         tokens_in = sum(count_tokens(m["content"]) + 4 for m in request.messages)
+        tokens_in = math.ceil(tokens_in * self.overbill_factor)
+        tokens_out = count_tokens(raw)
+        self.billed_tokens += tokens_in + tokens_out
+        if self.usage_shape == "total":
+            tokens_in, tokens_out = tokens_in + tokens_out, 0
+        elif self.usage_shape == "missing":
+            # What a caller books for a call with no usage: the bound it reserved.
+            bound = request.bound_tokens or request.estimated_tokens
+            tokens_in, tokens_out = bound - request.max_output_tokens, request.max_output_tokens
         return ModelResponse(
             raw_text=raw,
             tokens_in=tokens_in,
-            tokens_out=count_tokens(raw),
+            tokens_out=tokens_out,
             request_id=f"fake-{request.key[:12]}-{request.attempt}",
+            usage_shape=self.usage_shape,
             latency_ms=self.latency_s * 1000.0,
         )

@@ -5,7 +5,10 @@ validate. Failures are classified for the dispatcher's state machine:
 
 - 429, 408, 409, 5xx, timeouts, connection errors, a 2xx that is no completion: ``RetriableError``
   (with the provider's Retry-After, if any);
-- any other 4xx (and 3xx: a wrong base URL): ``TransportRejected``, never retried.
+- 401, 403, 404, 3xx and account-level codes (``errors.RUN_FATAL_CODES``): ``RunFatalError``,
+  the run stops and every key stays pending;
+- any other 4xx: ``TransportRejected``, never retried.
+The scopes come from one table, ``models.errors``, shared with batch mode.
 
 Exception messages are stored in the ledger and dead letters, so they carry only the status,
 the provider's error type/code and a scrubbed excerpt: never post text, never the API key.
@@ -14,6 +17,7 @@ the provider's error type/code and a scrubbed excerpt: never post text, never th
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from dataclasses import dataclass
 
@@ -29,9 +33,16 @@ from ._openai_wire import (
     request_body,
     retry_after_seconds,
 )
-from .base import ModelAdapter, ModelRequest, ModelResponse, RetriableError, TransportRejected
+from .base import (
+    ModelAdapter,
+    ModelRequest,
+    ModelResponse,
+    RetriableError,
+    RunFatalError,
+    TransportRejected,
+)
+from .errors import Scope, classify, run_fatal_hint
 
-_RETRIABLE_4XX = frozenset({408, 409})
 _USER_AGENT = "backfill-moderation/0.1 (+httpx)"
 
 
@@ -110,7 +121,14 @@ class OpenAIHttpModel(ModelAdapter):
     async def complete(self, request: ModelRequest) -> ModelResponse:
         """Send one request once the limiter admits it; classify what comes back."""
         body = request_body(request, self._max_tokens_param)
+        self.check_not_halted()
         permit = await self.limiter.acquire(request.estimated_tokens)
+        try:
+            # The run may have been stopped while this call waited for its slot.
+            self.check_not_halted()
+        except BaseException:
+            self.limiter.on_unused(permit)
+            raise
         self.stats.calls += 1
         started = time.perf_counter()
         try:
@@ -147,15 +165,19 @@ class OpenAIHttpModel(ModelAdapter):
                 status=response.status_code,
                 request_id=request_id or None,
             ) from None
-        usage = completion.usage
-        if usage is not None:
-            tokens_in, tokens_out = usage.prompt_tokens, usage.completion_tokens
+        billed = completion.billed
+        if billed is not None:
+            tokens_in, tokens_out, shape = billed.tokens_in, billed.tokens_out, billed.shape
             # Providers count the prompt plus the requested completion cap against TPM.
-            charged = tokens_in + request.max_output_tokens
+            charged = max(billed.total, tokens_in + request.max_output_tokens)
         else:
-            # Unreported usage (some local servers): book the reservation's estimate, flagged.
-            tokens_in = request.estimated_tokens - request.max_output_tokens
-            tokens_out = request.max_output_tokens
+            # No usage at all: book the most the call could have cost (never 0), flagged.
+            bound = request.bound_tokens or request.estimated_tokens
+            tokens_in, tokens_out, shape = (
+                bound - request.max_output_tokens,
+                request.max_output_tokens,
+                "missing",
+            )
             charged = request.estimated_tokens
         self.limiter.on_success(permit, latency, charged, advertised)
         self.stats.latencies_ms.append(latency * 1000.0)
@@ -164,14 +186,22 @@ class OpenAIHttpModel(ModelAdapter):
             tokens_in=tokens_in,
             tokens_out=tokens_out,
             request_id=request_id or completion.id or "",
-            usage_reported=usage is not None,
+            usage_shape=shape,
             latency_ms=latency * 1000.0,
-            cost=self._prices.cost(request.model, tokens_in, tokens_out),
+            cost=self._cost(request, tokens_in, tokens_out, shape),
         )
+
+    def _cost(self, request: ModelRequest, tokens_in: int, tokens_out: int, shape: str) -> float:
+        if shape == "total":
+            # The split is unknown: price it as the dearest one the call allows (the completion
+            # used its cap), so an invoice never under-recovers what the provider charged.
+            out = min(tokens_in, request.max_output_tokens)
+            return self._prices.cost(request.model, tokens_in - out, out)
+        return self._prices.cost(request.model, tokens_in, tokens_out)
 
     def _refused(
         self, request: ModelRequest, permit: Permit, response: httpx.Response, raw: bytes
-    ) -> RetriableError | TransportRejected:
+    ) -> RetriableError | TransportRejected | RunFatalError:
         status = response.status_code
         request_id = response.headers.get("x-request-id") or None
         summary, message = error_summary(
@@ -181,7 +211,17 @@ class OpenAIHttpModel(ModelAdapter):
             echoes=_post_text(request),
             secrets=[self._api_key] if self._api_key else [],
         )
-        retry_after = retry_after_seconds(response.headers, message)
+        scope = classify(status, _error_code(raw))
+        retry_after = retry_after_seconds(response.headers, message, resets=status == 429)
+        if scope is Scope.RUN:
+            self.limiter.on_failure(permit)
+            endpoint = str(self._client.base_url).rstrip("/") + "/chat/completions"
+            return RunFatalError(
+                f"{summary} from {endpoint} ({run_fatal_hint(status)})",
+                status=status,
+                endpoint=endpoint,
+                request_id=request_id,
+            )
         if status == 429:
             self.stats.rate_limited += 1
             self.limiter.on_rate_limited(permit, retry_after, advertised_limits(response.headers))
@@ -189,10 +229,19 @@ class OpenAIHttpModel(ModelAdapter):
                 summary, status=status, retry_after=retry_after, request_id=request_id
             )
         self.limiter.on_failure(permit)
-        if status in _RETRIABLE_4XX or status >= 500:
+        if scope is Scope.RETRY:
             return RetriableError(
                 summary, status=status, retry_after=retry_after, request_id=request_id
             )
-        if status in (401, 403):
-            summary += " (check BACKFILL_MODEL_API_KEY and BACKFILL_MODEL_BASE_URL)"
         return TransportRejected(summary, status=status, request_id=request_id)
+
+
+def _error_code(raw: bytes) -> str | None:
+    """``error.code`` of an OpenAI-style error body, if any."""
+    try:
+        data = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        return None
+    error = data.get("error") if isinstance(data, dict) else None
+    code = error.get("code") if isinstance(error, dict) else None
+    return code if isinstance(code, str) else None

@@ -39,6 +39,9 @@ class LimiterConfig:
     rpm: int = 0
     tpm: int = 0
     burst_seconds: float = 0.25
+    # Longest Retry-After honoured (BACKFILL_RETRY_AFTER_MAX_SECONDS): a bogus value (days,
+    # 10^12 s) must not freeze the endpoint for every run in the process.
+    max_pause_s: float = 900.0
     adaptive: bool = True
     trust_limit_headers: bool = True
     aimd: AimdConfig = field(default_factory=AimdConfig)
@@ -91,6 +94,8 @@ class EndpointLimiter:
         self.sent = 0
         self.rate_limited = 0
         self.revoked = 0
+        self.pauses_capped = 0
+        self.longest_pause_s = 0.0
         self._apply_rates(now)
 
     # -- admission -----------------------------------------------------------------------
@@ -185,11 +190,22 @@ class EndpointLimiter:
             if changed or paused:
                 self._revoke(now)
             if retry_after is not None and paused:
+                if retry_after > self.config.max_pause_s:
+                    self.pauses_capped += 1
+                    retry_after = self.config.max_pause_s
+                self.longest_pause_s = max(self.longest_pause_s, retry_after)
                 # After the pause the schedules start empty: no burst at the moment every
                 # parked request wakes up.
                 self._paused_until = max(self._paused_until, now + retry_after)
                 self._requests.hold_until(self._paused_until)
                 self._tokens.hold_until(self._paused_until)
+
+    def on_unused(self, permit: Permit) -> None:
+        """A permit whose request was never sent (the run stopped): give its slot back."""
+        with self._lock:
+            self.sent -= 1
+            self._requests.refund(1)
+            self._tokens.refund(permit.tokens)
 
     def on_failure(self, permit: Permit, latency_s: float | None = None) -> None:
         """Any other failure; a timeout's duration counts as a latency sample."""
@@ -218,6 +234,8 @@ class EndpointLimiter:
                 "cuts": self._aimd.cuts,
                 "latency_cuts": self._aimd.latency_cuts,
                 "revoked": self.revoked,
+                "pauses_capped": self.pauses_capped,
+                "longest_pause_s": round(self.longest_pause_s, 3),
             }
 
     # -- internals (lock held) -----------------------------------------------------------

@@ -68,4 +68,6 @@ def event_row(
         "status": None,
         "message": None,
         "run_id": run_id,
+        "usage_shape": None,
+        "bound_tokens": None,
     }

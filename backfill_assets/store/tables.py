@@ -91,6 +91,9 @@ ledger_events = sa.Table(
     sa.Column("message", sa.Text),
     sa.Column("run_id", sa.Text, nullable=False),
     sa.Column("at", sa.DateTime, nullable=False),
+    # sql/004: 'split' | 'total' | 'missing' on usage events, and the call's reserved bound.
+    sa.Column("usage_shape", sa.Text),
+    sa.Column("bound_tokens", sa.BigInteger),
 )
 
 dead_letters = sa.Table(

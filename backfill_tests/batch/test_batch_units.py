@@ -16,7 +16,13 @@ from backfill_assets.batch.triage import Verdict, triage
 from backfill_assets.batch.wire import BatchObject, OutputLine, input_line, output_lines
 from backfill_assets.keys import Versions
 from backfill_assets.models.base import ModelRequest
-from backfill_assets.settings import SettingsError, resources_from_env, settings_from_env
+from backfill_assets.resources import BackfillSettings
+from backfill_assets.settings import (
+    SettingsError,
+    faults_from_env,
+    resources_from_env,
+    settings_from_env,
+)
 from backfill_assets.store.submissions import LineRow
 from backfill_assets.store.tables import batch_lines, batch_submissions
 from backfill_assets.store.writer import EVENT_COLUMNS
@@ -186,10 +192,15 @@ def test_batch_options_and_settings_are_validated() -> None:
         ("BACKFILL_DISPATCH", "async"),
         ("BACKFILL_BATCH_MAX_LINES", "50001"),
         ("BACKFILL_BATCH_POLL_SECONDS", "0"),
-        ("BACKFILL_KILL_AT", "never"),
     ]:
         with pytest.raises(SettingsError, match=name):
             settings_from_env({**base, name: value})
+    # Fault hooks come from the environment only: they are no resource config (launchpad).
+    assert faults_from_env({"BACKFILL_KILL_AT": "poll"}).kill_at == "poll"
+    with pytest.raises(SettingsError, match="BACKFILL_KILL_AT"):
+        faults_from_env({"BACKFILL_KILL_AT": "never"})
+    fields = set(BackfillSettings.model_fields)
+    assert not {f for f in fields if "kill" in f}, fields
     with pytest.raises(SettingsError, match="BACKFILL_MODEL_BACKEND=openai"):
         resources_from_env({**base, "BACKFILL_DISPATCH": "batch"})
     openai = {

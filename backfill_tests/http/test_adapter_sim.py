@@ -14,6 +14,7 @@ from backfill_assets.models.base import (
     ModelRequest,
     ModelResponse,
     RetriableError,
+    RunFatalError,
     TransportRejected,
 )
 from backfill_assets.models.openai_http import HttpTimeouts, OpenAIHttpModel
@@ -50,7 +51,7 @@ def _call(make: Callable[[], OpenAIHttpModel], request: ModelRequest) -> ModelRe
 
 
 def _fails(make: Callable[[], OpenAIHttpModel], request: ModelRequest) -> Exception:
-    with pytest.raises((RetriableError, TransportRejected)) as info:
+    with pytest.raises((RetriableError, TransportRejected, RunFatalError)) as info:
         _call(make, request)
     assert isinstance(info.value, Exception)
     return info.value
@@ -78,8 +79,10 @@ def test_wrong_api_key_is_rejected_without_echoing_it(
     sim = start_sim(api_key=API_KEY)
     wrong = "sk-wrong-5555666677778888"
     exc = _fails(adapter_for(sim, api_key=wrong), _request())
-    assert isinstance(exc, TransportRejected) and exc.status == 401
+    # A run-level error, not a key's: the run stops and keys stay pending.
+    assert isinstance(exc, RunFatalError) and exc.status == 401
     assert "invalid_api_key" in str(exc) and "BACKFILL_MODEL_API_KEY" in str(exc)
+    assert exc.endpoint.endswith("/v1/chat/completions") and exc.endpoint in str(exc)
     assert wrong not in str(exc) and API_KEY not in str(exc)
 
 
