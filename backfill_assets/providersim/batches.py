@@ -131,11 +131,11 @@ class BatchStore:
     def page(self, after: str | None, limit: int) -> tuple[list[SimBatch], bool]:
         """Newest first, starting after the batch id ``after``; young ones lag (list only)."""
         self.advance()
-        visible_until = self._clock() - self.config.batch_list_lag_ms / 1000.0
-        newest = [i for i in reversed(self._order) if self._batches[i].created_at <= visible_until]
+        newest = list(reversed(self._order))
         start = newest.index(after) + 1 if after in self._batches else 0
-        ids = newest[start : start + limit]
-        return [self._batches[i] for i in ids], start + limit < len(newest)
+        shown_until = self._clock() - self.config.batch_list_lag_ms / 1000.0
+        rest = [i for i in newest[start:] if self._batches[i].created_at <= shown_until]
+        return [self._batches[i] for i in rest[:limit]], len(rest) > limit
 
     def cancel(self, batch_id: str) -> SimBatch:
         """``POST /v1/batches/{id}/cancel``."""

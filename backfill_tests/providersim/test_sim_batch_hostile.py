@@ -87,10 +87,12 @@ def test_list_lags_behind_creates_but_retrieve_does_not(
         time.sleep(0.45)
         newer = submit(client, request_lines(chat_body, [key_for("b")]), "b")
         at_once = [b["id"] for b in client.get("/batches").json()["data"]]
+        after_hidden = client.get("/batches", params={"after": newer["id"]}).json()
         retrieved = client.get(f"/batches/{newer['id']}")
         time.sleep(0.45)
         later = [b["id"] for b in client.get("/batches").json()["data"]]
     assert at_once == [older["id"]]
+    assert [b["id"] for b in after_hidden["data"]] == [older["id"]]
     assert retrieved.status_code == 200 and retrieved.json()["id"] == newer["id"]
     assert later == [newer["id"], older["id"]]
 
