@@ -6,22 +6,40 @@ Used by tests, demos and benchmarks in place of a real provider::
         client = httpx.Client(base_url=sim.base_url)
         ...
         sim.meter.snapshot().billed_tokens_total
+
+Hostile modes (all off by default) copy what real providers and gateways do: over-billing
+(``prompt_token_factor``), other ``usage`` shapes, 401/403/404 refusals, Retry-After forms,
+refused, hung or lagging batch creates, and error messages that echo the request.
 """
 
 from backfill_assets.providersim.args import add_cli_arguments, config_from_args
-from backfill_assets.providersim.config import FAULT_KINDS, FaultKind, FaultRule, SimConfig
-from backfill_assets.providersim.meter import BilledCall, Meter, MeterSnapshot
+from backfill_assets.providersim.config import (
+    FAULT_KINDS,
+    FORBID_MODES,
+    RETRY_AFTER_FORMATS,
+    USAGE_SHAPES,
+    FaultKind,
+    FaultRule,
+    SimConfig,
+    UsageShape,
+)
+from backfill_assets.providersim.meter import BilledCall, KeyBill, Meter, MeterSnapshot
 from backfill_assets.providersim.runner import Simulator, run_forever
 
 __all__ = [
     "FAULT_KINDS",
+    "FORBID_MODES",
+    "RETRY_AFTER_FORMATS",
+    "USAGE_SHAPES",
     "BilledCall",
     "FaultKind",
     "FaultRule",
+    "KeyBill",
     "Meter",
     "MeterSnapshot",
     "SimConfig",
     "Simulator",
+    "UsageShape",
     "add_cli_arguments",
     "config_from_args",
     "run_forever",

@@ -1,22 +1,24 @@
 """Routes of the simulated provider: chat completions, model list and admin endpoints.
 
-Order of checks for ``POST /v1/chat/completions``: API key (401), body (400), rate limits (429,
-consuming nothing), then the fault plan for the admitted attempt, then latency and the answer.
-A forced ``429`` fault consumes no capacity either; every other admitted attempt does, and
-its attempt number (per correlation id, counted from 1) feeds the fault draw.
+Order of checks for ``POST /v1/chat/completions``: API key (401), ``forbid`` (403), body (400),
+``strict_models`` (404), rate limits (429, consuming nothing), then the fault plan for the
+admitted attempt, then latency and the answer. Forced ``429``/``401``/``403``/``404`` faults
+consume no capacity either; every other admitted attempt does, and its attempt number (per
+correlation id, counted from 1) feeds the fault draw. With ``echo_errors`` every JSON error
+but 401/403 quotes the request's user message.
 The Files and Batch APIs (``batch_api.py``) register their routes on the same router.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import math
 import random
 import time
 from dataclasses import dataclass
 
 from backfill_assets.models.rules import count_tokens
+from backfill_assets.providersim.access import Access
 from backfill_assets.providersim.answers import (
     BAD_GATEWAY_HTML,
     FORCED_RETRY_AFTER_SECONDS,
@@ -24,11 +26,17 @@ from backfill_assets.providersim.answers import (
     fault_error,
 )
 from backfill_assets.providersim.batch_api import BatchApi
-from backfill_assets.providersim.config import FaultKind, SimConfig
+from backfill_assets.providersim.config import FaultKind, RetryAfterFormat, SimConfig
 from backfill_assets.providersim.faults import decide_fault
 from backfill_assets.providersim.http import Drop, Reply, Request, Response, Router
-from backfill_assets.providersim.limits import Denial, RateLimiter, retry_after_headers
+from backfill_assets.providersim.limits import (
+    Denial,
+    RateLimiter,
+    exhausted_headers,
+    retry_after_headers,
+)
 from backfill_assets.providersim.meter import BilledCall, Meter
+from backfill_assets.providersim.usage import billed_prompt, chat_usage_shape, usage_body
 from backfill_assets.providersim.wire import (
     ApiError,
     ChatRequest,
@@ -39,9 +47,15 @@ from backfill_assets.providersim.wire import (
     parse_chat_request,
     post_text_of,
     prompt_tokens,
+    user_text_in,
 )
 
 _STATUS_FAULTS: frozenset[FaultKind] = frozenset({"500", "503", "400"})
+_REFUSAL_FAULTS: frozenset[FaultKind] = frozenset({"401", "403", "404"})
+_CHAT = "POST /v1/chat/completions"
+# What reset_headers_on_5xx claims: every limit used up for six minutes (limits 0 = unset).
+_EXHAUSTED_RESET_SECONDS = 360.0
+_UNSET_LIMITS = {"requests": 500, "tokens": 200_000}
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +82,8 @@ class SimApp:
         self.router.add("GET", "/v1/models", self.list_models)
         self.router.add("GET", "/_sim/meter", self.read_meter)
         self.router.add("POST", "/_sim/reset", self.reset_meter)
-        self.batch_api = BatchApi(config, meter, self._authorize)
+        self.access = Access(config, meter)
+        self.batch_api = BatchApi(config, meter, self.access)
         self.batch_api.register(self.router)
 
     def reset(self) -> None:
@@ -76,21 +91,6 @@ class SimApp:
         self.meter.clear()
         self.limiter.reset()
         self.batch_api.reset()
-
-    def _authorize(self, request: Request) -> None:
-        expected = self.config.api_key
-        if expected is None:
-            return
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not token:
-            raise ApiError(
-                401,
-                "You didn't provide an API key. You need to provide your API key in an "
-                "Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).",
-                code="invalid_api_key",
-            )
-        if not hmac.compare_digest(token.strip().encode(), expected.encode()):
-            raise ApiError(401, "Incorrect API key provided.", code="invalid_api_key")
 
     def _latency_seconds(self) -> float:
         median = self.config.latency_median_ms
@@ -112,10 +112,14 @@ class SimApp:
             rate_headers = self.limiter.headers()
             reply = await self._answer(call, request_id)
         except ApiError as exc:
-            reply = Response.json(exc.status, exc.body(), exc.headers)
+            error = self._echoing(exc, request)
+            reply = Response.json(error.status, error.body(), error.headers)
         if isinstance(reply, Drop):
             return reply
         self.meter.record_status(reply.status)
+        if reply.status >= 500 and self.config.reset_headers_on_5xx:
+            # Added first, so they win over the live bucket headers below.
+            reply = reply.with_headers(self._exhausted_headers())
         elapsed_ms = round((time.monotonic() - started) * 1000)
         return reply.with_headers(
             {
@@ -125,22 +129,37 @@ class SimApp:
             }
         )
 
+    def _echoing(self, error: ApiError, request: Request) -> ApiError:
+        if not self.config.echo_errors or error.status in (401, 403):
+            return error
+        text = user_text_in(request.body)
+        return error if text is None else error.quoting(text)
+
+    def _exhausted_headers(self) -> dict[str, str]:
+        limits = {"requests": self.config.rpm, "tokens": self.config.tpm}
+        claimed = {kind: limit or _UNSET_LIMITS[kind] for kind, limit in limits.items()}
+        return exhausted_headers(claimed, _EXHAUSTED_RESET_SECONDS)
+
     def _admit(self, request: Request) -> _Admitted:
         """Auth, validation, rate limits and the fault draw; no await, so atomic on the loop."""
-        self._authorize(request)
+        self.access.check(request, _CHAT)
         chat = parse_chat_request(request.body)
-        prompt = prompt_tokens(chat)
+        self.access.check_model(chat.model, _CHAT)
+        prompt = billed_prompt(prompt_tokens(chat), self.config.prompt_token_factor)
         charge = prompt + (chat.max_tokens or self.config.default_max_tokens)
+        fmt = self.config.retry_after_format
         denial = self.limiter.check(charge)
         if denial is not None:
-            raise _rate_limited(denial, chat.model)
+            raise _rate_limited(denial, chat.model, fmt)
         user_text = last_user_text(chat)
         correlation_id = correlation_id_of(user_text)
         fault = decide_fault(self.config, correlation_id, self.meter.record_attempt(correlation_id))
         if fault == "429":
             error = fault_error("429", chat.model)
-            error.headers.update(retry_after_headers(FORCED_RETRY_AFTER_SECONDS))
+            error.headers.update(retry_after_headers(FORCED_RETRY_AFTER_SECONDS, fmt))
             raise error
+        if fault in _REFUSAL_FAULTS:
+            raise self.access.fault(fault, request, chat.model, _CHAT)
         self.limiter.consume(charge)
         self.meter.record_accepted()
         return _Admitted(chat, prompt, correlation_id, post_text_of(user_text), fault)
@@ -163,14 +182,15 @@ class SimApp:
         completion = count_tokens(content)
         model = call.chat.model
         self.meter.bill(BilledCall(request_id, call.correlation_id, model, call.prompt, completion))
-        return Response.json(
-            200, completion_body(model, content, finish_reason, call.prompt, completion)
+        usage = usage_body(
+            chat_usage_shape(self.config, call.correlation_id), call.prompt, completion
         )
+        return Response.json(200, completion_body(model, content, finish_reason, usage))
 
     async def list_models(self, request: Request) -> Reply:
         """``GET /v1/models``."""
         try:
-            self._authorize(request)
+            self.access.check(request, "GET /v1/models")
         except ApiError as exc:
             return Response.json(exc.status, exc.body())
         data = [
@@ -190,7 +210,7 @@ class SimApp:
         return Response.json(200, {"reset": True})
 
 
-def _rate_limited(denial: Denial, model: str) -> ApiError:
+def _rate_limited(denial: Denial, model: str, fmt: RetryAfterFormat) -> ApiError:
     unit = "RPM" if denial.kind == "requests" else "TPM"
     wait_ms = max(1, math.ceil(denial.wait_seconds * 1000))
     return ApiError(
@@ -199,5 +219,5 @@ def _rate_limited(denial: Denial, model: str) -> ApiError:
         f"{denial.limit}, Requested {denial.requested}. Please try again in {wait_ms}ms.",
         error_type=denial.kind,
         code="rate_limit_exceeded",
-        headers=retry_after_headers(denial.wait_seconds),
+        headers=retry_after_headers(denial.wait_seconds, fmt),
     )

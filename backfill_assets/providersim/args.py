@@ -3,8 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import math
 
-from backfill_assets.providersim.config import FAULT_KINDS, FaultRule, SimConfig
+from backfill_assets.providersim.config import (
+    DEFAULT_MODELS,
+    FAULT_KINDS,
+    FORBID_MODES,
+    RETRY_AFTER_FORMATS,
+    USAGE_SHAPES,
+    FaultRule,
+    SimConfig,
+)
 
 
 def _rule(value: str, *, sticky: bool) -> FaultRule:
@@ -55,6 +64,82 @@ def _positive_seconds(value: str) -> float:
     if number == 0.0:
         raise argparse.ArgumentTypeError(f"must be > 0: {value!r}")
     return number
+
+
+def _factor(value: str) -> float:
+    number = float(value)
+    if not (number > 0.0 and math.isfinite(number)):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0: {value!r}")
+    return number
+
+
+def _names(value: str) -> tuple[str, ...]:
+    names = tuple(part.strip() for part in value.split(",") if part.strip())
+    if not names:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list: {value!r}")
+    return names
+
+
+def _shapes(value: str) -> tuple[str, ...]:
+    shapes = _names(value)
+    unknown = [shape for shape in shapes if shape not in USAGE_SHAPES]
+    if unknown:
+        allowed = ", ".join(USAGE_SHAPES)
+        raise argparse.ArgumentTypeError(f"unknown usage shape {unknown[0]!r} (one of {allowed})")
+    return shapes
+
+
+def _add_hostile_arguments(parser: argparse.ArgumentParser) -> None:
+    hostile = parser.add_argument_group("Hostile provider (all off by default)")
+    hostile.add_argument(
+        "--models",
+        type=_names,
+        default=None,
+        help=f"comma-separated model list (default: {','.join(DEFAULT_MODELS)})",
+    )
+    hostile.add_argument(
+        "--strict-models",
+        action="store_true",
+        help="answer a model outside --models with 404 model_not_found",
+    )
+    hostile.add_argument(
+        "--forbid",
+        choices=FORBID_MODES,
+        default="off",
+        help="answer every /v1 request 403 (region: OpenAI's country block; permission)",
+    )
+    hostile.add_argument(
+        "--prompt-token-factor",
+        type=_factor,
+        default=1.0,
+        help="bill ceil(prompt tokens x this) (over-billing tokenizer)",
+    )
+    hostile.add_argument(
+        "--usage-shape", choices=USAGE_SHAPES, default="plain", help="shape of chat 'usage'"
+    )
+    hostile.add_argument(
+        "--usage-shape-mix",
+        type=_shapes,
+        default=(),
+        metavar="SHAPE,SHAPE,...",
+        help="draw each key's usage shape from these (by --seed)",
+    )
+    hostile.add_argument(
+        "--retry-after-format",
+        choices=RETRY_AFTER_FORMATS,
+        default="both",
+        help="how 429s say when to retry",
+    )
+    hostile.add_argument(
+        "--reset-headers-on-5xx",
+        action="store_true",
+        help="5xx answers claim every limit exhausted for 6m0s",
+    )
+    hostile.add_argument(
+        "--echo-errors",
+        action="store_true",
+        help="error messages quote the request's user message verbatim",
+    )
 
 
 def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
@@ -109,6 +194,28 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
     batch.add_argument(
         "--batch-poll-rpm", type=_count, default=0, help="status polls per minute (0: unlimited)"
     )
+    batch.add_argument(
+        "--batch-create-token-limit-count",
+        type=_count,
+        default=0,
+        help="answer the first N creates 400 token_limit_exceeded",
+    )
+    batch.add_argument(
+        "--batch-create-hang-count",
+        type=_count,
+        default=0,
+        help="create the first N batches but withhold the answer for --hang-seconds",
+    )
+    batch.add_argument(
+        "--batch-list-lag-ms",
+        type=_seconds,
+        default=0.0,
+        help="GET /v1/batches omits batches younger than this",
+    )
+    batch.add_argument(
+        "--batch-usage-shape", choices=USAGE_SHAPES, default="plain", help="usage in output lines"
+    )
+    _add_hostile_arguments(parser)
 
 
 def config_from_args(ns: argparse.Namespace) -> SimConfig:
@@ -128,4 +235,17 @@ def config_from_args(ns: argparse.Namespace) -> SimConfig:
         batch_expire_finished_share=ns.batch_expire_finished_share,
         enqueued_token_limit=ns.enqueued_token_limit,
         batch_poll_rpm=ns.batch_poll_rpm,
+        models=ns.models or DEFAULT_MODELS,
+        strict_models=ns.strict_models,
+        forbid=ns.forbid,
+        prompt_token_factor=ns.prompt_token_factor,
+        usage_shape=ns.usage_shape,
+        usage_shape_mix=ns.usage_shape_mix,
+        retry_after_format=ns.retry_after_format,
+        reset_headers_on_5xx=ns.reset_headers_on_5xx,
+        echo_errors=ns.echo_errors,
+        batch_create_token_limit_count=ns.batch_create_token_limit_count,
+        batch_create_hang_count=ns.batch_create_hang_count,
+        batch_list_lag_ms=ns.batch_list_lag_ms,
+        batch_usage_shape=ns.batch_usage_shape,
     )

@@ -23,6 +23,7 @@ from typing import Any
 from backfill_assets.providersim.batch_lines import (
     BatchLine,
     answer_line,
+    error_item,
     jsonl,
     parse_input_file,
     unfinished_line,
@@ -128,12 +129,13 @@ class BatchStore:
         return found
 
     def page(self, after: str | None, limit: int) -> tuple[list[SimBatch], bool]:
-        """Newest first, starting after the batch id ``after``."""
+        """Newest first, starting after the batch id ``after``; young ones lag (list only)."""
         self.advance()
         newest = list(reversed(self._order))
         start = newest.index(after) + 1 if after in self._batches else 0
-        ids = newest[start : start + limit]
-        return [self._batches[i] for i in ids], start + limit < len(newest)
+        shown_until = self._clock() - self.config.batch_list_lag_ms / 1000.0
+        rest = [i for i in newest[start:] if self._batches[i].created_at <= shown_until]
+        return [self._batches[i] for i in rest[:limit]], len(rest) > limit
 
     def cancel(self, batch_id: str) -> SimBatch:
         """``POST /v1/batches/{id}/cancel``."""
@@ -176,10 +178,12 @@ class BatchStore:
     def _validate(self, batch: SimBatch, at: float) -> None:
         cfg = self.config
         content = self._files.get(batch.input_file_id).content
-        lines, errors = parse_input_file(content, batch.endpoint, cfg.batch_max_lines)
+        lines, errors = parse_input_file(content, batch.endpoint, cfg)
         batch.lines = lines
+        # With echo_errors, batch-level errors quote the first request, as line 1 is blamed.
+        echo = lines[0].user if cfg.echo_errors and lines else None
         if not errors and batch.index < cfg.batch_fail_count:
-            errors = [_error_item("invalid_request", "Simulated validation failure.", 1)]
+            errors = [error_item("invalid_request", "Simulated validation failure.", 1, None, echo)]
         if not errors and cfg.enqueued_token_limit:
             active = sum(b.enqueued_tokens for b in self._batches.values() if b.status in ACTIVE)
             if active + batch.enqueued_tokens > cfg.enqueued_token_limit:
@@ -189,7 +193,7 @@ class BatchStore:
                     f"Limit: {cfg.enqueued_token_limit:,} enqueued tokens. Please try again "
                     "once some in_progress batches have been completed."
                 )
-                errors = [_error_item("token_limit_exceeded", message, None)]
+                errors = [error_item("token_limit_exceeded", message, None, None, echo)]
         if errors:
             batch.status, batch.errors, batch.next_at = "failed", errors, None
             batch.times["failed_at"] = at
@@ -211,7 +215,7 @@ class BatchStore:
         code = "batch_cancelled" if status == "cancelled" else "batch_expired"
         for n, line in enumerate(self._ordered(batch)):
             if n >= runs:
-                failures.append(unfinished_line(line.custom_id, code))
+                failures.append(unfinished_line(line, code, self.config))
                 continue
             out = answer_line(self.config, self._meter, line, batch.id)
             (outputs if out["response"]["status_code"] == 200 else failures).append(out)
@@ -272,10 +276,6 @@ _TIME_FIELDS = (
     "cancelling_at",
     "cancelled_at",
 )
-
-
-def _error_item(code: str, message: str, line: int | None) -> dict[str, Any]:
-    return {"code": code, "message": message, "param": None, "line": line}
 
 
 def _metadata(raw: Any) -> dict[str, str] | None:

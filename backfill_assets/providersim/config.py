@@ -1,4 +1,7 @@
-"""Simulator configuration: rate limits, latency and the fault plan (immutable, validated)."""
+"""Simulator configuration: rate limits, latency, the fault plan and hostile modes (validated).
+
+Every hostile mode is off by default: ``SimConfig()`` answers exactly as before they existed.
+"""
 
 from __future__ import annotations
 
@@ -18,8 +21,20 @@ FaultKind = Literal[
     "unknown_label",
     "bad_confidence",
     "wrong_key",
+    "401",
+    "403",
+    "404",
 ]
 FAULT_KINDS: tuple[str, ...] = get_args(FaultKind)
+# How ``usage`` is reported (see usage.py); "plain" is the simulator's historical shape.
+UsageShape = Literal["plain", "full", "details_null", "completion_null", "total_only", "none"]
+USAGE_SHAPES: tuple[str, ...] = get_args(UsageShape)
+# How a 429 says when to come back; "both" sends ``retry-after`` and ``retry-after-ms``.
+RetryAfterFormat = Literal["both", "seconds", "ms", "http_date", "huge", "none"]
+RETRY_AFTER_FORMATS: tuple[str, ...] = get_args(RetryAfterFormat)
+# Why every request is refused with 403 ("off": never).
+ForbidMode = Literal["off", "region", "permission"]
+FORBID_MODES: tuple[str, ...] = get_args(ForbidMode)
 DEFAULT_MODELS: tuple[str, ...] = ("gpt-4o-mini", "gpt-4.1-mini", "gpt-4.1-nano")
 
 
@@ -65,7 +80,42 @@ class SimConfig(BaseModel):
         default=None, description="If set, requests need 'Authorization: Bearer <key>'."
     )
     models: tuple[str, ...] = Field(
-        default=DEFAULT_MODELS, description="Listed by GET /v1/models (any model is accepted)."
+        default=DEFAULT_MODELS,
+        description="Listed by GET /v1/models; any model is accepted unless strict_models.",
+    )
+    strict_models: bool = Field(
+        default=False,
+        description="A model not in 'models' gets 404 'model_not_found' (chat, batch create).",
+    )
+    forbid: ForbidMode = Field(
+        default="off",
+        description="Answer every /v1 request 403: 'region' (unsupported_country_region_"
+        "territory, as OpenAI) or 'permission' (permission_error, as gateways).",
+    )
+    prompt_token_factor: float = Field(
+        default=1.0,
+        gt=0.0,
+        allow_inf_nan=False,
+        description="Billed prompt tokens = ceil(own count * factor), in usage, meter and TPM.",
+    )
+    usage_shape: UsageShape = Field(
+        default="plain",
+        description="Shape of a chat answer's 'usage' (the meter always bills the true total).",
+    )
+    usage_shape_mix: tuple[UsageShape, ...] = Field(
+        default=(),
+        description="If set, each correlation id draws its usage shape from these (by seed).",
+    )
+    retry_after_format: RetryAfterFormat = Field(
+        default="both", description="How 429 answers say when to retry (see limits.py)."
+    )
+    reset_headers_on_5xx: bool = Field(
+        default=False,
+        description="5xx answers carry x-ratelimit-remaining-* 0 and reset-* '6m0s' headers.",
+    )
+    echo_errors: bool = Field(
+        default=False,
+        description="Error messages about a request quote its user message verbatim.",
     )
     default_max_tokens: int = Field(
         default=64, gt=0, description="Token reservation when a request sets no max tokens."
@@ -103,6 +153,26 @@ class SimConfig(BaseModel):
     batch_max_lines: int = Field(default=50_000, gt=0, description="Requests per batch file.")
     batch_max_file_bytes: int = Field(
         default=200 * 1024 * 1024, gt=0, description="Size limit of a batch input file."
+    )
+    batch_create_token_limit_count: int = Field(
+        default=0,
+        ge=0,
+        description="The first N batch creates are answered 400 'token_limit_exceeded'.",
+    )
+    batch_create_hang_count: int = Field(
+        default=0,
+        ge=0,
+        description="The first N batches are created but their create answer is withheld for "
+        "hang_seconds, then the connection closes.",
+    )
+    batch_list_lag_ms: float = Field(
+        default=0.0,
+        ge=0.0,
+        allow_inf_nan=False,
+        description="GET /v1/batches omits batches younger than this (retrieve sees them).",
+    )
+    batch_usage_shape: UsageShape = Field(
+        default="plain", description="Shape of 'usage' in batch output lines ('none': absent)."
     )
     batch_chunk_metadata_key: str = Field(
         default="chunk_id", description="Batch metadata key whose creates the meter counts."

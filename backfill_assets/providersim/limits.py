@@ -12,12 +12,16 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from email.utils import formatdate
 from typing import Literal
+
+from backfill_assets.providersim.config import RetryAfterFormat
 
 Clock = Callable[[], float]
 LimitKind = Literal["requests", "tokens"]
 # Absorbs float drift when a client waits exactly the advertised retry-after-ms.
 _EPSILON = 1e-6
+HUGE_RETRY_AFTER = "1000000000000"
 
 
 class TokenBucket:
@@ -118,12 +122,39 @@ class RateLimiter:
                 bucket.fill()
 
 
-def retry_after_headers(wait_seconds: float) -> dict[str, str]:
-    """``retry-after`` (whole seconds, at least 1) and ``retry-after-ms``."""
-    return {
-        "retry-after": str(max(1, math.ceil(wait_seconds))),
-        "retry-after-ms": str(max(1, math.ceil(wait_seconds * 1000.0))),
-    }
+def retry_after_headers(
+    wait_seconds: float, fmt: RetryAfterFormat = "both", now: float | None = None
+) -> dict[str, str]:
+    """The 429's retry hint in ``fmt``; by default ``retry-after`` and ``retry-after-ms``.
+
+    ``seconds``: whole seconds, at least 1; ``ms``: ``retry-after-ms`` alone; ``http_date``:
+    an IMF-fixdate rounded up to the second (``now`` defaults to the wall clock); ``huge``:
+    ``retry-after: 1000000000000``, the bogus value some gateways send; ``none``: no hint.
+    """
+    seconds = str(max(1, math.ceil(wait_seconds)))
+    millis = str(max(1, math.ceil(wait_seconds * 1000.0)))
+    if fmt == "both":
+        return {"retry-after": seconds, "retry-after-ms": millis}
+    if fmt == "seconds":
+        return {"retry-after": seconds}
+    if fmt == "ms":
+        return {"retry-after-ms": millis}
+    if fmt == "http_date":
+        at = math.ceil((time.time() if now is None else now) + wait_seconds)
+        return {"retry-after": formatdate(at, usegmt=True)}
+    if fmt == "huge":
+        return {"retry-after": HUGE_RETRY_AFTER}
+    return {}
+
+
+def exhausted_headers(limits: dict[str, int], reset_seconds: float) -> dict[str, str]:
+    """``x-ratelimit-*`` headers claiming every limit is used up until ``reset_seconds``."""
+    out: dict[str, str] = {}
+    for kind, limit in limits.items():
+        out[f"x-ratelimit-limit-{kind}"] = str(limit)
+        out[f"x-ratelimit-remaining-{kind}"] = "0"
+        out[f"x-ratelimit-reset-{kind}"] = format_duration(reset_seconds)
+    return out
 
 
 def format_duration(seconds: float) -> str:

@@ -3,7 +3,10 @@
 A call is billed exactly when the simulator answered 200 with a ``usage`` object, including
 answers whose content is wrong on purpose; errors, rate limits, hangs and resets cost nothing.
 Batch lines are billed the same way when their batch finishes (``batch_id`` set); the meter
-also counts batch creates per chunk (from the batch metadata) and status polls.
+also counts batch creates per chunk (from the batch metadata) and status polls. What is billed
+never depends on the ``usage`` shape the client was shown: tests compare their ledger with
+``billed_by_correlation_id`` (requests, prompt, completion and total tokens per key).
+Refusals by the access checks (401, 403, 404) are counted per status and per endpoint.
 """
 
 from __future__ import annotations
@@ -33,6 +36,16 @@ class BilledCall:
 
 
 @dataclass(frozen=True, slots=True)
+class KeyBill:
+    """What one correlation id was billed in all."""
+
+    requests: int
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
 class MeterSnapshot:
     """A consistent copy of the meter at one instant."""
 
@@ -48,6 +61,9 @@ class MeterSnapshot:
     batch_polls: int = 0
     batch_polls_rate_limited: int = 0
     files_uploaded: int = 0
+    batch_create_requests: int = 0
+    refusals_by_status: dict[int, int] = field(default_factory=dict)
+    refusals_by_endpoint: dict[str, int] = field(default_factory=dict)
 
     @property
     def billed_batch_tokens(self) -> int:
@@ -64,13 +80,29 @@ class MeterSnapshot:
         """Sum of billed completion tokens."""
         return sum(call.completion_tokens for call in self.billed.values())
 
+    @property
+    def billed_by_correlation_id(self) -> dict[str, KeyBill]:
+        """Billed requests and tokens per correlation id (batch lines included)."""
+        sums: dict[str, list[int]] = {}
+        for call in self.billed.values():
+            row = sums.setdefault(call.correlation_id, [0, 0, 0])
+            row[0] += 1
+            row[1] += call.prompt_tokens
+            row[2] += call.completion_tokens
+        return {key: KeyBill(n, p, c, p + c) for key, (n, p, c) in sums.items()}
+
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form, as served by ``GET /_sim/meter``."""
+        """JSON-ready form, as served by ``GET /_sim/meter`` (with derived sums for scripts)."""
         return {
             "requests_total": self.requests_total,
             "responses_by_status": {str(k): v for k, v in self.responses_by_status.items()},
             "billed": [asdict(call) for call in self.billed.values()],
             "billed_tokens_total": self.billed_tokens_total,
+            "billed_prompt_tokens": self.billed_prompt_tokens,
+            "billed_completion_tokens": self.billed_completion_tokens,
+            "billed_by_correlation_id": {
+                key: asdict(bill) for key, bill in self.billed_by_correlation_id.items()
+            },
             "calls_by_correlation_id": dict(self.calls_by_correlation_id),
             "timestamps": list(self.timestamps),
             "dropped": dict(self.dropped),
@@ -79,6 +111,9 @@ class MeterSnapshot:
             "batch_polls": self.batch_polls,
             "batch_polls_rate_limited": self.batch_polls_rate_limited,
             "files_uploaded": self.files_uploaded,
+            "batch_create_requests": self.batch_create_requests,
+            "refusals_by_status": {str(k): v for k, v in self.refusals_by_status.items()},
+            "refusals_by_endpoint": dict(self.refusals_by_endpoint),
         }
 
     @classmethod
@@ -102,6 +137,13 @@ class MeterSnapshot:
             batch_polls=int(data.get("batch_polls", 0)),
             batch_polls_rate_limited=int(data.get("batch_polls_rate_limited", 0)),
             files_uploaded=int(data.get("files_uploaded", 0)),
+            batch_create_requests=int(data.get("batch_create_requests", 0)),
+            refusals_by_status={
+                int(k): int(v) for k, v in data.get("refusals_by_status", {}).items()
+            },
+            refusals_by_endpoint={
+                str(k): int(v) for k, v in data.get("refusals_by_endpoint", {}).items()
+            },
         )
 
 
@@ -121,6 +163,20 @@ class Meter:
         self._polls = 0
         self._polls_limited = 0
         self._uploads = 0
+        self._create_requests = 0
+        self._refusals: Counter[int] = Counter()
+        self._refusals_at: Counter[str] = Counter()
+
+    def record_refusal(self, status: int, endpoint: str) -> None:
+        """An access check refused a request (``endpoint``: 'POST /v1/batches' and the like)."""
+        with self._lock:
+            self._refusals[status] += 1
+            self._refusals_at[endpoint] += 1
+
+    def record_batch_create_request(self) -> None:
+        """A ``POST /v1/batches`` arrived (created, refused or hung alike)."""
+        with self._lock:
+            self._create_requests += 1
 
     def record_batch_create(self, chunk_id: str) -> None:
         """A batch was created; ``chunk_id`` from its metadata ('' when absent)."""
@@ -188,6 +244,9 @@ class Meter:
                 batch_polls=self._polls,
                 batch_polls_rate_limited=self._polls_limited,
                 files_uploaded=self._uploads,
+                batch_create_requests=self._create_requests,
+                refusals_by_status=dict(self._refusals),
+                refusals_by_endpoint=dict(self._refusals_at),
             )
 
     def clear(self) -> None:
@@ -201,4 +260,6 @@ class Meter:
             self._dropped.clear()
             self._creates.clear()
             self._creates_total = 0
-            self._polls = self._polls_limited = self._uploads = 0
+            self._polls = self._polls_limited = self._uploads = self._create_requests = 0
+            self._refusals.clear()
+            self._refusals_at.clear()

@@ -26,6 +26,11 @@ _POST_OPEN = "<post>\n"
 _POST_CLOSE = "\n</post>"
 
 
+def quoted(message: str, text: str) -> str:
+    """``message`` quoting a request's ``text`` verbatim, as providers echo offending input."""
+    return f"{message} Invalid content: '{text}'"
+
+
 class ApiError(Exception):
     """An error answered with OpenAI's ``{"error": {...}}`` body."""
 
@@ -46,6 +51,17 @@ class ApiError(Exception):
         self.param = param
         self.code = code
         self.headers = dict(headers or {})
+
+    def quoting(self, text: str) -> ApiError:
+        """A copy whose message quotes ``text`` verbatim, as providers echo offending input."""
+        return ApiError(
+            self.status,
+            quoted(self.message, text),
+            error_type=self.error_type,
+            param=self.param,
+            code=self.code,
+            headers=self.headers,
+        )
 
     def body(self) -> dict[str, Any]:
         """The JSON error body."""
@@ -188,6 +204,26 @@ def last_user_text(request: ChatRequest) -> str:
     return ""
 
 
+def user_text_in(body: Any) -> str | None:
+    """Best effort, for echoing errors: the last user message of a body, even an invalid one."""
+    if isinstance(body, bytes):
+        try:
+            body = json.loads(body)
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+            return None
+    messages = body.get("messages") if isinstance(body, dict) else None
+    if not isinstance(messages, list):
+        return None
+    for index in reversed(range(len(messages))):
+        item = messages[index]
+        if isinstance(item, dict) and item.get("role") == "user":
+            try:
+                return _message_text(item.get("content"), index)
+            except ApiError:
+                return None
+    return None
+
+
 def correlation_id_of(user_text: str) -> str:
     """The id on the ``correlation_id:`` line of the rubric's user message ('' if absent)."""
     for line in user_text.splitlines():
@@ -211,10 +247,10 @@ def new_request_id() -> str:
 
 
 def completion_body(
-    model: str, content: str, finish_reason: str, prompt: int, completion: int
+    model: str, content: str, finish_reason: str, usage: dict[str, Any] | None
 ) -> dict[str, Any]:
-    """A 200 body of ``POST /v1/chat/completions``."""
-    return {
+    """A 200 body of ``POST /v1/chat/completions``; no ``usage`` key when ``usage`` is None."""
+    body: dict[str, Any] = {
         "id": f"chatcmpl-{secrets.token_hex(12)}",
         "object": "chat.completion",
         "created": int(time.time()),
@@ -227,10 +263,9 @@ def completion_body(
                 "finish_reason": finish_reason,
             }
         ],
-        "usage": {
-            "prompt_tokens": prompt,
-            "completion_tokens": completion,
-            "total_tokens": prompt + completion,
-        },
+        "usage": usage,
         "system_fingerprint": "fp_providersim",
     }
+    if usage is None:
+        del body["usage"]
+    return body

@@ -18,60 +18,14 @@ from backfill_assets.providersim import (
     add_cli_arguments,
     config_from_args,
 )
-
-FAST = {"batch_validating_ms": 2, "batch_processing_ms": 20, "batch_finalizing_ms": 2}
-TERMINAL = {"completed", "failed", "expired", "cancelled"}
-
-
-def _jsonl(items: list[dict[str, Any]]) -> bytes:
-    return b"".join(json.dumps(i).encode() + b"\n" for i in items)
-
-
-def _lines(chat_body: Callable[..., dict[str, Any]], keys: list[str]) -> list[dict[str, Any]]:
-    return [
-        {"custom_id": k, "method": "POST", "url": "/v1/chat/completions", "body": chat_body(k)}
-        for k in keys
-    ]
-
-
-def _upload(client: httpx.Client, content: bytes, purpose: str = "batch") -> httpx.Response:
-    return client.post(
-        "/files", data={"purpose": purpose}, files={"file": ("in.jsonl", content, "text/plain")}
-    )
-
-
-def _create(client: httpx.Client, file_id: str, **extra: Any) -> httpx.Response:
-    body = {"input_file_id": file_id, "endpoint": "/v1/chat/completions"}
-    return client.post("/batches", json={"completion_window": "24h", **body, **extra})
-
-
-def _submit(client: httpx.Client, items: list[dict[str, Any]], chunk: str = "c") -> dict[str, Any]:
-    file_id = _upload(client, _jsonl(items)).json()["id"]
-    resp = _create(client, file_id, metadata={"chunk_id": chunk})
-    assert resp.status_code == 200, resp.text
-    batch: dict[str, Any] = resp.json()
-    return batch
-
-
-def _wait(client: httpx.Client, created: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    """Poll until terminal; the statuses seen, starting with the one ``create`` returned."""
-    batch_id = created["id"]
-    seen: list[str] = [created["status"]]
-    for _ in range(500):
-        batch: dict[str, Any] = client.get(f"/batches/{batch_id}").json()
-        if seen[-1] != batch["status"]:
-            seen.append(batch["status"])
-        if batch["status"] in TERMINAL:
-            return batch, seen
-        time.sleep(0.002)
-    raise AssertionError(f"batch {batch_id} did not finish: {seen}")
-
-
-def _file(client: httpx.Client, file_id: str | None) -> dict[str, dict[str, Any]]:
-    if file_id is None:
-        return {}
-    content = client.get(f"/files/{file_id}/content").content
-    return {line["custom_id"]: line for line in map(json.loads, content.splitlines())}
+from backfill_tests.providersim.batchkit import FAST
+from backfill_tests.providersim.batchkit import create as _create
+from backfill_tests.providersim.batchkit import file_lines as _file
+from backfill_tests.providersim.batchkit import jsonl as _jsonl
+from backfill_tests.providersim.batchkit import request_lines as _lines
+from backfill_tests.providersim.batchkit import submit as _submit
+from backfill_tests.providersim.batchkit import upload as _upload
+from backfill_tests.providersim.batchkit import wait as _wait
 
 
 def test_a_batch_runs_through_its_states_and_answers_by_custom_id(

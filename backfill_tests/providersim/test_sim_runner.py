@@ -11,6 +11,7 @@ import sys
 import httpx
 import pytest
 
+from backfill_assets.models.rules import count_tokens
 from backfill_assets.providersim import (
     FaultRule,
     SimConfig,
@@ -116,3 +117,48 @@ def test_simulator_lifecycle() -> None:
         httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=1)
     with sim:  # restartable
         assert httpx.get(f"{sim.base_url}/models", timeout=5).status_code == 200
+
+
+def test_the_real_command_serves_hostile_modes(chat_body, key_for) -> None:
+    argv = [
+        *("-m", "backfill_assets.cli", "provider-sim", "--port", "0"),
+        *("--api-key", "sk-proj-right-key-000000000000", "--models", "gpt-4o-mini"),
+        *("--strict-models", "--usage-shape", "total_only", "--prompt-token-factor", "3"),
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        base_url = proc.stdout.readline().strip().removeprefix("provider-sim listening on ")
+        right = {"authorization": "Bearer sk-proj-right-key-000000000000"}
+        wrong = {"authorization": "Bearer sk-proj-wrong-key-000000000000"}
+        body = chat_body(key_for("cli"))
+        with httpx.Client(base_url=base_url, timeout=5) as client:
+            refused = client.post("/chat/completions", json=body, headers=wrong)
+            unknown = client.post(
+                "/chat/completions", json={**body, "model": "gpt-x"}, headers=right
+            )
+            ok = client.post("/chat/completions", json=body, headers=right)
+            meter = client.get(base_url.removesuffix("/v1") + "/_sim/meter").json()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+    assert refused.status_code == 401
+    assert "provided: sk-proj-" + "*" * 18 + "0000." in refused.json()["error"]["message"]
+    assert unknown.json()["error"]["code"] == "model_not_found"
+    assert set(ok.json()["usage"]) == {"total_tokens"}
+    [billed] = meter["billed"]
+    assert billed["prompt_tokens"] == 3 * sum(
+        count_tokens(m["content"]) + 4 for m in body["messages"]
+    )
+    assert (
+        ok.json()["usage"]["total_tokens"] == billed["prompt_tokens"] + billed["completion_tokens"]
+    )
+    assert meter["refusals_by_status"] == {"401": 1, "404": 1}
