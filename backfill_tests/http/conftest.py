@@ -75,9 +75,14 @@ def adapter_for() -> AdapterFactory:
         trust_limit_headers: bool = True,
         total_timeout: float = 10.0,
         calls: list[Call] | None = None,
+        max_pause_s: float = 900.0,
     ) -> Callable[[], OpenAIHttpModel]:
         config = LimiterConfig(
-            rpm=rpm, tpm=tpm, adaptive=adaptive, trust_limit_headers=trust_limit_headers
+            rpm=rpm,
+            tpm=tpm,
+            adaptive=adaptive,
+            trust_limit_headers=trust_limit_headers,
+            max_pause_s=max_pause_s,
         )
         limiter = registry.get(f"{sim.base_url}#{MODEL}", config)
         kwargs: dict[str, Any] = {
