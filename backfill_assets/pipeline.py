@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import statistics
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -18,12 +19,17 @@ from .keys import Versions, work_key
 from .limits import TenantBudgets
 from .models.base import ModelAdapter
 from .outcomes import Outcome, RetryPolicy
+from .ratelimit.shared import SHARED_LIMITS
 from .rubric import Rubric
+from .store import limiter_members
 from .store.budget import StoreBudgetLedger
 from .store.engine import read_tx, refresh_planner_stats
 from .store.partition_counts import partition_counts, post_counts
 from .store.work import PartitionBusy, WriterLocks, pending_posts
 from .store.writer import LedgerWriter
+
+# A member silent this long is taken for dead and its share of the limit goes to the others.
+_MEMBER_TTL_S = 5.0
 
 
 class RunStopped(RuntimeError):
@@ -220,7 +226,8 @@ async def _dispatch(
     writer.start()
     progress = asyncio.create_task(_progress(dispatcher, budgets, log))
     try:
-        await dispatcher.run(_work(engine, refs, reports, versions))
+        with _shared_limit(adapter, engine):
+            await dispatcher.run(_work(engine, refs, reports, versions))
     finally:
         progress.cancel()
         try:
@@ -228,6 +235,20 @@ async def _dispatch(
             await budgets.release()
         finally:
             await adapter.aclose()
+
+
+def _shared_limit(adapter: ModelAdapter, engine: Engine) -> contextlib.AbstractContextManager[None]:
+    """Membership of the account-wide limit for the dispatch (processes share RPM/TPM)."""
+    found = adapter.rate_limit()
+    if found is None:
+        return contextlib.nullcontext()
+    endpoint, limiter = found
+    return SHARED_LIMITS.member(
+        limiter,
+        endpoint,
+        beat=lambda e, m, w: limiter_members.heartbeat(engine, e, m, w, ttl_s=_MEMBER_TTL_S),
+        leave=lambda e, m: limiter_members.leave(engine, e, m),
+    )
 
 
 async def _progress(

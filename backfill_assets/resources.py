@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from pathlib import Path
 
@@ -106,6 +107,10 @@ class OpenAIModelResource(ModelResource):
     retry_after_max_s: float = Field(
         default=900.0, gt=0.0, description="Longest Retry-After pause of the endpoint."
     )
+    share_limit: bool = Field(
+        default=True,
+        description="Share rpm/tpm with every process using this account (via the store).",
+    )
     adaptive: bool = Field(default=True, description="AIMD on 429s and latency.")
     trust_limit_headers: bool = Field(
         default=True, description="Lower the limits to the provider's x-ratelimit-limit-*."
@@ -141,7 +146,10 @@ class OpenAIModelResource(ModelResource):
             base_url=base_url,
             model=self.model,
             api_key=resolved or "",
-            limiter=SHARED_LIMITERS.get(f"{base_url}#{self.model}", self.limiter_config()),
+            # One limiter per account in the process: base URL, model and key (as a hash).
+            limiter=SHARED_LIMITERS.get(
+                f"{base_url}#{self.model}#{_key_id(resolved or '')}", self.limiter_config()
+            ),
             prices=PriceTable.from_json(self.prices_json),
             timeouts=HttpTimeouts(
                 connect=self.connect_timeout_s,
@@ -150,6 +158,7 @@ class OpenAIModelResource(ModelResource):
             ),
             max_tokens_param=self.max_tokens_param,
             max_connections=self.max_connections,
+            share_limit=self.share_limit,
         )
 
     def batch_endpoint(self) -> BatchEndpoint:
@@ -233,6 +242,11 @@ class BackfillSettings(dg.ConfigurableResource):  # type: ignore[type-arg]
             dispatch_mode=self.dispatch,
             batch=self.batch_options(model, faults) if self.dispatch == "batch" else None,
         )
+
+
+def _key_id(api_key: str) -> str:
+    """A short, one-way id of an API key (never the key itself)."""
+    return hashlib.sha256(api_key.encode("utf-8")).hexdigest()[:12]
 
 
 def versions_for(settings: BackfillSettings, model: ModelResource) -> Versions:

@@ -168,6 +168,7 @@ def _openai_resource(
         tpm=limits["tpm"],
         retry_after_max_s=_float(env, "BACKFILL_RETRY_AFTER_MAX_SECONDS", 900.0),
         adaptive=_bool(env, "BACKFILL_ADAPTIVE", True),
+        share_limit=_bool(env, "BACKFILL_SHARE_LIMIT", True),
         trust_limit_headers=_bool(env, "BACKFILL_TRUST_LIMIT_HEADERS", True),
         connect_timeout_s=_float(env, "BACKFILL_HTTP_CONNECT_TIMEOUT_S", 5.0),
         read_timeout_s=_float(env, "BACKFILL_HTTP_READ_TIMEOUT_S", 60.0),

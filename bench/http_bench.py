@@ -76,7 +76,7 @@ class NoLimiter(EndpointLimiter):
     def __init__(self) -> None:
         super().__init__(LimiterConfig(adaptive=False, trust_limit_headers=False))
 
-    async def acquire(self, tokens: int) -> Permit:
+    async def acquire(self, tokens: int, tenant: str | None = None) -> Permit:
         return Permit(tokens, time.monotonic(), 1.0)
 
     def on_success(self, *args: Any, **kwargs: Any) -> None:

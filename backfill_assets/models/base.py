@@ -5,6 +5,8 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass, field
 
+from ..ratelimit import EndpointLimiter
+
 
 @dataclass(frozen=True, slots=True)
 class ModelRequest:
@@ -121,6 +123,11 @@ class ModelAdapter(abc.ABC):
     def cost_of(self, model: str, tokens_in: int, tokens_out: int) -> float:
         """Cost in USD of a call; adapters with a price table override this."""
         return 0.0
+
+    def rate_limit(self) -> tuple[str, EndpointLimiter] | None:
+        """The account this adapter's limit belongs to (an id, never a secret) and its
+        limiter, when the limit is one other processes share; None for in-process fakes."""
+        return None
 
     async def aclose(self) -> None:
         """Release connections."""

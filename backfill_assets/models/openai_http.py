@@ -17,6 +17,7 @@ the provider's error type/code and a scrubbed excerpt: never post text, never th
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import time
 from dataclasses import dataclass
@@ -88,6 +89,7 @@ class OpenAIHttpModel(ModelAdapter):
         max_tokens_param: str = "max_tokens",
         max_connections: int = 256,
         transport: httpx.AsyncBaseTransport | None = None,
+        share_limit: bool = True,
     ) -> None:
         super().__init__()
         self.model = model
@@ -96,6 +98,7 @@ class OpenAIHttpModel(ModelAdapter):
         self._prices = prices or PriceTable.from_json("")
         self._timeouts = timeouts or HttpTimeouts()
         self._max_tokens_param = max_tokens_param
+        self._share_limit = share_limit
         headers = {"user-agent": _USER_AGENT}
         if api_key:
             headers["authorization"] = f"Bearer {api_key}"
@@ -114,6 +117,13 @@ class OpenAIHttpModel(ModelAdapter):
         """Cost from the configured price table."""
         return self._prices.cost(model, tokens_in, tokens_out)
 
+    def rate_limit(self) -> tuple[str, EndpointLimiter] | None:
+        """One account = base URL + model + key; the key only as a short hash."""
+        if not self._share_limit:
+            return None
+        digest = hashlib.sha256(self._api_key.encode("utf-8")).hexdigest()[:12]
+        return f"{self._client.base_url}#{self.model}#{digest}", self.limiter
+
     async def aclose(self) -> None:
         """Close pooled connections."""
         await self._client.aclose()
@@ -122,7 +132,7 @@ class OpenAIHttpModel(ModelAdapter):
         """Send one request once the limiter admits it; classify what comes back."""
         body = request_body(request, self._max_tokens_param)
         self.check_not_halted()
-        permit = await self.limiter.acquire(request.estimated_tokens)
+        permit = await self.limiter.acquire(request.estimated_tokens, request.tenant_id)
         try:
             # The run may have been stopped while this call waited for its slot.
             self.check_not_halted()

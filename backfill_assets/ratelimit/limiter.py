@@ -96,12 +96,19 @@ class EndpointLimiter:
         self.revoked = 0
         self.pauses_capped = 0
         self.longest_pause_s = 0.0
+        # This process's part of an account-wide limit shared with other processes
+        # (``shared.py``), and when each tenant last sent (its weight in that sharing).
+        self._fraction = 1.0
+        self._tenants_seen: dict[str, float] = {}
         self._apply_rates(now)
 
     # -- admission -----------------------------------------------------------------------
 
-    async def acquire(self, tokens: int) -> Permit:
+    async def acquire(self, tokens: int, tenant: str | None = None) -> Permit:
         """Wait for a send slot for one request of ``tokens`` (estimated) tokens."""
+        if tenant is not None:
+            with self._lock:
+                self._tenants_seen[tenant] = self._clock()
         ticket = self.reserve(tokens)
         try:
             while True:
@@ -182,8 +189,9 @@ class EndpointLimiter:
             changed = self._learn(advertised)
             if self.config.adaptive:
                 if self._rpm_ceiling is None and self._tpm_ceiling is None:
-                    # No limit known: our own recent send rate is where the cut starts from.
-                    self._rpm_ceiling = self._observed_rpm(now)
+                    # No limit known: our own recent send rate is where the cut starts from
+                    # (as an account-wide figure: ours is only our fraction of it).
+                    self._rpm_ceiling = self._observed_rpm(now) / self._fraction
                     changed = True
                 changed = self._aimd.on_rate_limited(permit.share, permit.sent_at, now) or changed
             paused = retry_after is not None and retry_after > 0
@@ -216,6 +224,39 @@ class EndpointLimiter:
             if self._aimd.on_latency(latency_s, now):
                 self._revoke(now)
 
+    # -- sharing with other processes ----------------------------------------------------
+
+    def weight(self, window_s: float = 10.0) -> float:
+        """Tenants this process sent for in the last ``window_s``: its claim on a shared limit."""
+        with self._lock:
+            now = self._clock()
+            for tenant, at in list(self._tenants_seen.items()):
+                if at < now - window_s:
+                    del self._tenants_seen[tenant]
+            n = len(self._tenants_seen)
+            return float(n if n else (1 if self._pending_requests else 0))
+
+    @property
+    def fraction(self) -> float:
+        """This process's part of the configured (account-wide) limits."""
+        return self._fraction
+
+    def set_fraction(self, fraction: float) -> None:
+        """Pace at ``fraction`` of the configured limits (other processes use the rest)."""
+        fraction = min(1.0, max(0.001, fraction))
+        with self._lock:
+            if abs(fraction - self._fraction) < 0.005 * self._fraction:
+                return
+            now = self._clock()
+            lower = fraction < self._fraction
+            self._fraction = fraction
+            if lower:
+                # Requests queued under the larger share are re-timed, not sent into the
+                # newcomer's part of the limit.
+                self._revoke(now)
+            else:
+                self._apply_rates(now)
+
     # -- views ---------------------------------------------------------------------------
 
     def snapshot(self) -> dict[str, Any]:
@@ -234,6 +275,7 @@ class EndpointLimiter:
                 "cuts": self._aimd.cuts,
                 "latency_cuts": self._aimd.latency_cuts,
                 "revoked": self.revoked,
+                "fraction": round(self._fraction, 4),
                 "pauses_capped": self.pauses_capped,
                 "longest_pause_s": round(self.longest_pause_s, 3),
             }
@@ -242,6 +284,7 @@ class EndpointLimiter:
 
     def _apply_rates(self, now: float) -> None:
         share = self._aimd.share(now) if self.config.adaptive else 1.0
+        share *= self._fraction
         self._requests.set_rate((self._rpm_ceiling or 0.0) * share, now)
         self._tokens.set_rate((self._tpm_ceiling or 0.0) * share, now)
 

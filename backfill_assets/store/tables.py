@@ -169,3 +169,12 @@ batch_lines = sa.Table(
     sa.Column("content_hash", sa.Text, nullable=False),
     sa.Column("attempt_no", sa.Integer, nullable=False),
 )
+
+limiter_members = sa.Table(
+    "limiter_members",
+    metadata,
+    sa.Column("endpoint", sa.Text, primary_key=True),
+    sa.Column("member", sa.Text, primary_key=True),
+    sa.Column("weight", sa.Float, nullable=False),
+    sa.Column("heartbeat_at", sa.Float, nullable=False),
+)
