@@ -25,10 +25,10 @@ from ..settings import (
     versions_from_env,
 )
 from ..store.audit import verify_store
+from ..store.dead_letters import requeue
 from ..store.engine import read_tx, write_tx
-from ..store.migrate import migrate
+from ..store.migrate import migrate, schema_versions
 from ..store.reports import tenant_ids, usage_by_day, usage_by_tenant_model
-from ..store.tables import dead_letters
 from ..store.work import pending_query
 from ..usage import USAGE_COLUMNS, usage_csv
 from .inputs import known_tenants
@@ -149,12 +149,8 @@ def cmd_requeue(args: argparse.Namespace, env: Env) -> int:
     engine = engine_for(database_url(env))
     tenant = store_tenants(engine, [args.tenant])[0]
     with write_tx(engine) as conn:
-        n = conn.execute(
-            dead_letters.delete().where(
-                dead_letters.c.tenant_id == tenant, dead_letters.c.outcome == args.outcome
-            )
-        ).rowcount
-    doc = {"tenant": tenant, "outcome": args.outcome, "requeued": int(n or 0)}
+        n = requeue(conn, tenant, args.outcome)
+    doc = {"tenant": tenant, "outcome": args.outcome, "requeued": n}
     emit(args, doc, f"requeued {doc['requeued']} {args.outcome} key(s) of {tenant}")
     return 0
 
@@ -163,9 +159,7 @@ def cmd_migrate(args: argparse.Namespace, env: Env) -> int:
     """Apply migrations."""
     engine = engine_for(database_url(env))
     with read_tx(engine) as conn:
-        versions = [
-            int(v) for v in conn.execute(sa.text("SELECT version FROM schema_migrations")).scalars()
-        ]
+        versions = schema_versions(conn)
     applied = migrate(engine)
     emit(
         args,
