@@ -18,11 +18,6 @@ SECRET = "SECRET-POST-TEXT-4242"
 
 
 @pytest.fixture
-def store_url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'store.db'}"
-
-
-@pytest.fixture
 def cli_env(
     engine: Engine, store_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
