@@ -63,12 +63,14 @@ def cmd_import(args: argparse.Namespace, env: Env) -> int:
             done = import_files(engine, files, progress=progress)
         except ImportInputError as exc:
             raise UserError(str(exc)) from None
+        finally:
+            # Also after a corrupt file: the posts committed before it need their partitions.
+            with read_tx(engine) as conn:
+                all_tenants = tenant_ids(conn)
+            ensure_tenant_partitions(instance(env), all_tenants)
     total = ImportSummary()
     for _, s in done:
         total.add(s)
-    with read_tx(engine) as conn:
-        all_tenants = tenant_ids(conn)
-    ensure_tenant_partitions(instance(env), all_tenants)
     rows = [{"file": f.name, **_counts(s)} for f, s in done]
     if len(rows) > 1:
         rows.append({"file": f"total ({len(rows)} files)", **_counts(total)})
