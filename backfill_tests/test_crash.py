@@ -47,7 +47,7 @@ def drill_env(store_url: str, tmp_path: Path) -> dict[str, str]:
     # share one dispatcher, so a kill lands mid-partition.
     export = write_export(tmp_path / "posts.jsonl", ["acme"], TOTAL, bad_lines=False)
     assert export == TOTAL
-    out = cli(["import", str(tmp_path / "posts.jsonl")], env)
+    out = cli(["import", "--json", str(tmp_path / "posts.jsonl")], env)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout.strip().splitlines()[-1])["imported"] == TOTAL
     return env

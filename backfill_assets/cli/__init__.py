@@ -1,4 +1,4 @@
-"""``backfill-moderation``: import, run, verify, check, launch, usage, dry-run, requeue, ..."""
+"""``backfill-moderation``: import, rejects, run, verify, check, launch, usage, dry-run, ..."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from collections.abc import Sequence
 
 from ..settings import SettingsError
 from . import commands
+from .ingest import add_ingest_commands
+from .inputs import UserError, choice, slice_key
 from .operator import add_operator_commands
 from .provider_sim import add_provider_sim_command
 
@@ -26,14 +28,12 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--json", action="store_true", help="print JSON instead of a table")
         return sp
 
-    sp = add("import", "Stream a JSONL export into the posts table.")
-    sp.add_argument("path", help="JSONL file: tenant_id/tenantId, post_id/postId, text per line")
-    sp.set_defaults(func=commands.cmd_import)
+    add_ingest_commands(add)
 
     sp = add("run", "Materialise moderation_labels for the matching partitions through Dagster.")
     sp.add_argument("--tenant", action="append", default=[], help="tenant id (repeatable)")
     sp.add_argument(
-        "--slice", action="append", default=[], help="slice, e.g. s03 or 3 (repeatable)"
+        "--slice", action="append", default=[], type=slice_key, help="s03 or 3 (repeatable)"
     )
     sp.set_defaults(func=commands.cmd_run)
 
@@ -53,10 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = add("requeue", "Clear dead letters of an outcome so the next run sends those keys again.")
     sp.add_argument("--tenant", required=True, help="tenant id")
+    outcomes = ["schema_rejected", "transport_rejected", "retry_exhausted"]
     sp.add_argument(
-        "--outcome",
-        required=True,
-        choices=["schema_rejected", "transport_rejected", "retry_exhausted"],
+        "--outcome", required=True, type=choice("outcome", outcomes), help=", ".join(outcomes)
     )
     sp.set_defaults(func=commands.cmd_requeue)
 
@@ -76,12 +75,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the console script."""
-    args = build_parser().parse_args(argv)
+    """Entry point of the console script: the exit code (2: bad input, named in the message)."""
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # argparse: --help (0) or a bad argument (2), already printed
+        return exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 2
     try:
         code: int = args.func(args, dict(os.environ))
-    except (SettingsError, commands.UserError) as exc:
-        print(f"backfill-moderation: error: {exc}", file=sys.stderr)
+    except (SettingsError, UserError) as exc:
+        print(f"backfill-moderation {args.command}: error: {exc}", file=sys.stderr)
         return 2
     return code
 

@@ -20,7 +20,7 @@ import uuid
 from collections import Counter
 from collections.abc import Sequence
 
-from ..keys import SLICE_KEYS, validate_tenant_id
+from ..keys import SLICE_KEYS
 from ..partitions import partition_key_for
 from ..pipeline import PartitionRef, run_partitions
 from ..resources import engine_for, versions_for
@@ -34,6 +34,7 @@ from ..settings import (
 from ..store import submissions
 from ..store.engine import read_tx
 from ..store.reports import tenant_ids
+from .inputs import known_tenants
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -46,13 +47,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings, model, faults = settings_from_env(env), model_from_env(env), faults_from_env(env)
         if model.batch_endpoint() is None:
             raise SettingsError("batch mode needs BACKFILL_MODEL_BACKEND=openai")
-        tenants = [validate_tenant_id(t) for t in args.tenant]
-    except (SettingsError, ValueError) as exc:
+        engine = engine_for(database_url(env))
+        with read_tx(engine) as conn:
+            known = tenant_ids(conn)
+        tenants = known_tenants(args.tenant, known) or known
+    except (SettingsError, ValueError) as exc:  # UserError too: an unknown --tenant
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    engine = engine_for(database_url(env))
-    with read_tx(engine) as conn:
-        tenants = tenants or tenant_ids(conn)
     refs = [
         PartitionRef(partition_key_for(t, s), t, i)
         for t in tenants

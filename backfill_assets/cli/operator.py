@@ -16,15 +16,28 @@ from ..partitions import partition_key_for, partition_ref
 from ..policy import policy_from_env
 from ..resources import engine_for
 from ..settings import database_url, versions_from_env
-from .commands import Env, UserError, _emit, _slices, _tenants
+from .commands import Env, emit, store_tenants
+from .inputs import UserError, choice, known_tenants, slice_key
 
 
 def add_operator_commands(add: Callable[[str, str], argparse.ArgumentParser]) -> None:
     """Register ``check`` and ``launch``."""
     sp = add("check", "Run the partition checks of moderation_labels and list offending keys.")
     sp.add_argument("--tenant", required=True, help="tenant id")
-    sp.add_argument("--slice", action="append", default=[], help="slice (repeatable; default all)")
-    sp.add_argument("--name", action="append", default=[], choices=CHECK_NAMES, help="check")
+    sp.add_argument(
+        "--slice",
+        action="append",
+        default=[],
+        type=slice_key,
+        help="slice, s03 or 3 (repeatable; default all)",
+    )
+    sp.add_argument(
+        "--name",
+        action="append",
+        default=[],
+        type=choice("check", CHECK_NAMES),
+        help=f"check (repeatable): {', '.join(CHECK_NAMES)}",
+    )
     sp.add_argument("--limit", type=int, default=50, help="offending keys listed per check")
     sp.set_defaults(func=cmd_check)
 
@@ -57,10 +70,10 @@ def _verdict_doc(pk: str, v: Verdict) -> dict[str, Any]:
 
 def cmd_check(args: argparse.Namespace, env: Env) -> int:
     """The same checks Dagster runs, for one tenant's partitions; exit 1 on blocking failures."""
-    tenant = _tenants([args.tenant])[0]
-    slices = _slices(args.slice) or list(SLICE_KEYS)
-    names = [n for n in CHECK_NAMES if n in args.name] or list(CHECK_NAMES)
     engine = engine_for(database_url(env))
+    tenant = store_tenants(engine, [args.tenant])[0]
+    slices = args.slice or list(SLICE_KEYS)
+    names = [n for n in CHECK_NAMES if n in args.name] or list(CHECK_NAMES)
     versions, policy = versions_from_env(env), policy_from_env(env)
     docs = []
     for s in slices:
@@ -79,7 +92,7 @@ def cmd_check(args: argparse.Namespace, env: Env) -> int:
         lines += [f"     {x}" for x in d["offending"]]
     passed = sum(1 for d in docs if d["passed"])
     lines.append(f"{passed}/{len(docs)} check(s) passed; {len(blocked)} blocking failure(s)")
-    _emit(args, {"ok": not blocked, "checks": docs}, "\n".join(lines))
+    emit(args, {"ok": not blocked, "checks": docs}, "\n".join(lines))
     return 1 if blocked else 0
 
 
@@ -99,7 +112,8 @@ def cmd_launch(args: argparse.Namespace, env: Env) -> int:
 
 def _launch(args: argparse.Namespace, client: DagsterClient) -> int:
     state = client.partition_state()
-    tenants = _tenants(args.tenant)
+    # The tenants the webserver has partitions for: what a backfill can be launched for.
+    tenants = known_tenants(args.tenant, sorted({partition_ref(k).tenant_id for k in state.keys}))
     keys = select_partitions(
         state, args.stale, args.missing, args.failed, args.check_failed, tenants
     )
@@ -124,7 +138,7 @@ def _launch(args: argparse.Namespace, client: DagsterClient) -> int:
         human.append(
             f"  {e['tenant']}: {len(e['partitions'])} partition(s) {where} {e.get('status', '')}"
         )
-    _emit(args, doc, "\n".join(human))
+    emit(args, doc, "\n".join(human))
     failed = [s for s in statuses.values() if s not in ("COMPLETED", "COMPLETED_SUCCESS")]
     return 1 if failed else 0
 

@@ -89,3 +89,11 @@ def human_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
         {**r, "checks": _checks_cell(r["checks"]), "applied": "yes" if r["applied"] else "no"}
         for r in doc["partitions"]
     ]
+
+
+def totals_line(doc: dict[str, Any]) -> str:
+    """One line under the table: the totals over all partitions and the failed runs."""
+    totals = doc["totals"]
+    failed = sum(1 for r in doc["runs"] if not r["success"])
+    parts = [f"{k} {totals[k]:,}" for k in HUMAN_COLUMNS if isinstance(totals.get(k), int)]
+    return "totals: " + ", ".join([*parts, f"runs {len(doc['runs'])}", f"failed runs {failed}"])

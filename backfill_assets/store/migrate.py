@@ -99,3 +99,9 @@ def migrate(engine: Engine, sql_dir: Path = SQL_DIR) -> list[int]:
             )
             applied_now.append(mig.version)
     return applied_now
+
+
+def schema_versions(conn: Connection) -> list[int]:
+    """The migrations recorded as applied, in order."""
+    rows = conn.execute(sa.text("SELECT version FROM schema_migrations ORDER BY version"))
+    return [int(v) for v in rows.scalars()]

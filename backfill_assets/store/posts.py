@@ -11,7 +11,8 @@ from sqlalchemy.engine import Connection, Engine
 from ..records import Post, Rejection
 from .dialect import insert_for
 from .engine import write_tx
-from .tables import posts, rejected_records, tenants, utcnow
+from .rejects import record_rejects
+from .tables import posts, tenants, utcnow
 
 
 @dataclass
@@ -24,6 +25,18 @@ class ImportSummary:
     unchanged: int = 0
     rejected: int = 0
     new_tenants: list[str] = field(default_factory=list)
+    # Rejected lines not recorded by an earlier import of the same file (not in the JSON).
+    new_rejects: int = 0
+
+    def add(self, other: ImportSummary) -> None:
+        """Add another file's counts (a directory import)."""
+        self.read += other.read
+        self.imported += other.imported
+        self.updated += other.updated
+        self.unchanged += other.unchanged
+        self.rejected += other.rejected
+        self.new_rejects += other.new_rejects
+        self.new_tenants += [t for t in other.new_tenants if t not in self.new_tenants]
 
     def as_dict(self) -> dict[str, object]:
         """JSON-friendly form."""
@@ -77,8 +90,7 @@ def write_batch(
     with write_tx(engine) as conn:
         summary.new_tenants += register_tenants(conn, (t for t, _ in latest))
         _upsert_posts(conn, list(latest.values()), summary)
-        if rejects:
-            _record_rejects(conn, source, rejects)
+        summary.new_rejects += record_rejects(conn, source, rejects)
     summary.rejected += len(rejects)
 
 
@@ -142,25 +154,3 @@ def _upsert_posts(conn: Connection, batch: list[Post], summary: ImportSummary) -
             ],
         )
         summary.updated += len(updates)
-
-
-def _record_rejects(conn: Connection, source: str, rejects: list[Rejection]) -> None:
-    stmt = insert_for(conn, rejected_records)
-    stmt = stmt.on_conflict_do_update(
-        index_elements=["source", "line"],
-        set_={"reason": stmt.excluded.reason, "tenant_given": stmt.excluded.tenant_given},
-    )
-    now = utcnow()
-    conn.execute(
-        stmt,
-        [
-            {
-                "source": source,
-                "line": r.line,
-                "reason": r.reason[:500],
-                "tenant_given": r.tenant_given,
-                "at": now,
-            }
-            for r in rejects
-        ],
-    )

@@ -1,0 +1,90 @@
+"""``bin/dev`` starts quietly: no instance-config or deprecation warnings, rejects said once."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from contextlib import suppress
+from pathlib import Path
+
+import httpx
+import pytest
+
+from backfill_tests.dagster_dev import ROOT
+
+pytestmark = pytest.mark.slow
+
+HINT = "3 lines rejected, see `backfill-moderation rejects`"
+NOISE = (
+    "Found a dagster instance configuration value",  # dagster.yaml in the working directory
+    "SupersessionWarning",
+    "superseded",
+    "DeprecationWarning",
+    "deprecated",
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _start(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    with log.open("wb") as fh:
+        return subprocess.Popen(
+            [str(ROOT / "bin" / "dev")],
+            env=env,
+            cwd=ROOT,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # one group: webserver, daemon and code server included
+        )
+
+
+def _wait_for(proc: subprocess.Popen[bytes], log: Path, ready: str, timeout: float) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, log.read_text()[-3000:]
+        text = log.read_text(errors="replace")
+        if ready in text:
+            return text
+        time.sleep(0.5)
+    raise AssertionError(f"no {ready!r} in {timeout}s:\n{log.read_text()[-3000:]}")
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    with suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)  # the group this test created, nothing else
+    proc.wait(30)
+
+
+def test_bin_dev_starts_without_warnings_and_names_rejects_once(tmp_path: Path) -> None:
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("BACKFILL_", "DAGSTER_"))}
+    env.update(DAGSTER_HOME=str(tmp_path / "home"), PORT=str(port))
+    first = tmp_path / "first.log"
+    proc = _start(env, first)
+    try:
+        _wait_for(proc, first, f"Serving dagster-webserver on http://127.0.0.1:{port}", 240)
+        assert httpx.get(f"http://127.0.0.1:{port}/server_info", timeout=30).status_code == 200
+        time.sleep(3)  # the daemon's first ticks
+    finally:
+        _kill(proc)
+    text = first.read_text(errors="replace")
+    for noise in NOISE:
+        assert noise not in text, text
+    assert text.count(HINT) == 1, text
+    assert "invalid JSON" not in text and '"rejected"' not in text  # no bad lines, no JSON
+
+    again = tmp_path / "again.log"
+    proc = _start(env, again)
+    try:
+        text = _wait_for(proc, again, "Launching Dagster services", 240)
+    finally:
+        _kill(proc)
+    assert "rejected" not in text, text
