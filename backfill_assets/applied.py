@@ -7,7 +7,7 @@ import dagster as dg
 
 from .check_rules import BLOCKING_CHECKS, blocking_failures
 from .checks import LABELS_KEY, verdicts_for
-from .partitions import moderation_partitions, partition_ref
+from .partitions import moderation_partitions, run_refs
 from .policy import PolicyResource
 from .range_guard import require_full_range
 from .resources import BackfillSettings, ModelResource, StoreResource, versions_for
@@ -68,8 +68,8 @@ def _applied_asset(partitions_per_run: int) -> dg.AssetsDefinition:
     ) -> dg.MaterializeResult[None]:
         """Keyed upsert of accepted labels onto posts (shadow columns unless switched live)."""
         require_full_range(context)
+        refs = run_refs(context.partition_keys)
         versions = versions_for(settings, model)
-        refs = [partition_ref(k) for k in context.partition_keys]
         engine = store.engine()
         # Dagster's blocking checks gate this step when they ran in the same run. Launched on
         # its own (UI, or the CLI's per-partition follow-up) it would not be gated, so for any

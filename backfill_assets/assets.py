@@ -8,7 +8,7 @@ import dagster as dg
 
 from .importer import import_jsonl
 from .metadata import partition_metadata
-from .partitions import moderation_partitions, partition_ref, tenant_partitions
+from .partitions import moderation_partitions, run_refs, tenant_partitions
 from .pipeline import run_partitions
 from .range_guard import require_full_range
 from .resources import BackfillSettings, ModelResource, StoreResource, versions_for
@@ -71,13 +71,13 @@ def _labels_asset(code_version: str, partitions_per_run: int) -> dg.AssetsDefini
     ) -> dg.MaterializeResult[None]:
         """LLM moderation labels per tenant x slice; re-runs only send unfinished keys."""
         require_full_range(context)
+        refs = run_refs(context.partition_keys)
         versions = versions_for(settings, model)
         if versions.code_version != code_version:
             context.log.warning(
                 f"resources select {versions.code_version} but the asset was defined with "
                 f"{code_version}; reload the code location after changing the model or prompt"
             )
-        refs = [partition_ref(k) for k in context.partition_keys]
         context.log.info(f"{len(refs)} partition(s), {versions.code_version}")
         reports = run_partitions(
             store.engine(),

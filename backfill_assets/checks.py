@@ -24,7 +24,7 @@ from sqlalchemy.engine import Engine
 
 from .check_rules import CHECK_NAMES, CHECKS, Verdict, evaluate
 from .keys import Versions
-from .partitions import moderation_partitions, partition_ref
+from .partitions import moderation_partitions, run_refs
 from .pipeline import PartitionRef
 from .policy import PolicyResource
 from .resources import BackfillSettings, ModelResource, StoreResource, versions_for
@@ -143,15 +143,15 @@ def _checks(specs: list[dg.AssetCheckSpec]) -> dg.AssetChecksDefinition:
         policy: PolicyResource,
     ) -> Iterator[dg.AssetCheckEvaluation | dg.Output[None]]:
         """Isolation, duplicates, coverage, schema, spend and drift per partition."""
+        refs = run_refs(context.partition_keys)
         versions = versions_for(settings, model)
         selected = {k.name for k in context.selected_asset_check_keys}
         names = [n for n in CHECK_NAMES if n in selected]
         failed: dict[str, list[str]] = {}
-        for pk in context.partition_keys:
+        for ref in refs:
+            pk = ref.key
             target, deferred = _latest_materialization(context.instance, pk)
-            for v in verdicts_for(
-                store.engine(), partition_ref(pk), versions, policy, names, deferred
-            ):
+            for v in verdicts_for(store.engine(), ref, versions, policy, names, deferred):
                 if not v.passed:
                     failed.setdefault(v.name, []).append(pk)
                 yield _evaluation(v, pk, target)

@@ -13,7 +13,7 @@ from sqlalchemy.engine import Engine
 from .batch.mode import run_batch
 from .batch.options import BatchOptions
 from .dispatch import DispatchConfig, Dispatcher, PartitionStats, WorkItem
-from .keys import Versions, work_key
+from .keys import SLICE_COUNT, Versions, validate_tenant_id, work_key
 from .limits import TenantBudgets
 from .models.base import ModelAdapter
 from .outcomes import Outcome, RetryPolicy
@@ -32,6 +32,12 @@ class PartitionRef:
     key: str
     tenant_id: str
     slice: int
+
+    def __post_init__(self) -> None:
+        # Tenant ids name lock files and scope every query: never build one from a bad id.
+        validate_tenant_id(self.tenant_id)
+        if not 0 <= self.slice < SLICE_COUNT:
+            raise ValueError(f"slice {self.slice!r} out of range 0..{SLICE_COUNT - 1}")
 
 
 @dataclass(frozen=True)
