@@ -21,7 +21,7 @@ from .rubric import Rubric
 from .store.budget import StoreBudgetLedger
 from .store.engine import read_tx, refresh_planner_stats
 from .store.partition_counts import partition_counts, post_counts
-from .store.work import PartitionBusy, WriterLocks, pending_posts
+from .store.work import PartitionBusy, WriterLocks, pending_posts, while_held
 from .store.writer import LedgerWriter
 
 
@@ -123,9 +123,10 @@ def run_partitions(
                 reports[ref.key].busy = True
                 log(f"skipping {ref.key}: {exc}")
         dispatch = run_batch if options.dispatch_mode == "batch" else _dispatch
-        asyncio.run(
-            dispatch(engine, owned, reports, make_adapter, versions, rubric, run_id, options, log)
+        work = dispatch(
+            engine, owned, reports, make_adapter, versions, rubric, run_id, options, log
         )
+        asyncio.run(while_held(locks, work))
     with read_tx(engine) as conn:
         counts = partition_counts(conn, sorted({r.tenant_id for r in refs}), versions)
     for ref in refs:

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
 import hashlib
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
@@ -17,6 +19,8 @@ from sqlalchemy.engine import Connection, Engine
 from ..keys import SLICE_COUNT, Versions, slice_key, validate_tenant_id
 from .engine import is_sqlite
 from .tables import dead_letters, posts, results
+
+T = TypeVar("T")
 
 # Outcomes a later run must not send again without an operator's requeue or a version change.
 FINAL_DEAD_OUTCOMES = ("schema_rejected", "transport_rejected")
@@ -169,9 +173,12 @@ class WriterLocks:
         elif self._pg_ids and self.lost():
             # Never take new locks on a session that silently replaced the one holding ours.
             raise LockLost(f"writer locks lost before taking {name}")
-        got = self._conn.execute(sa.text("SELECT pg_try_advisory_lock(:k)"), {"k": lock_id})
-        ok = bool(got.scalar_one())
-        self._conn.commit()
+        try:
+            got = self._conn.execute(sa.text("SELECT pg_try_advisory_lock(:k)"), {"k": lock_id})
+            ok = bool(got.scalar_one())
+            self._conn.commit()
+        except sa.exc.SQLAlchemyError as exc:
+            raise LockLost(f"the lock connection failed while taking {name}: {exc}") from exc
         if not ok:
             raise PartitionBusy(f"partition {name} is being written by another process")
         self._pg_ids[lock_id] = name
@@ -190,7 +197,7 @@ class WriterLocks:
             pid = int(self._conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one())
             held = {int(k) for k in self._conn.execute(_HELD_ADVISORY).scalars()}
             self._conn.commit()
-        except sa.exc.DBAPIError:
+        except sa.exc.SQLAlchemyError:  # dropped, or invalidated by an earlier drop
             return sorted(self._pg_ids.values())
         if pid != self._pg_pid:
             return sorted(self._pg_ids.values())
@@ -203,7 +210,7 @@ class WriterLocks:
                 for lock_id in self._pg_ids:
                     self._conn.execute(sa.text("SELECT pg_advisory_unlock(:k)"), {"k": lock_id})
                 self._conn.commit()
-            except sa.exc.DBAPIError:
+            except sa.exc.SQLAlchemyError:
                 pass  # the session is gone, and the server released its locks with it
             finally:
                 self._conn.close()
@@ -230,6 +237,42 @@ def _same_file(path: Path, fd: int) -> bool:
         return False
     mine = os.fstat(fd)
     return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
+
+
+# How often a run checks that it still holds its writer locks: the longest a run can go on
+# sending after losing one (plus the calls then in flight).
+LOCK_CHECK_SECONDS = 2.0
+
+
+async def while_held(
+    locks: WriterLocks, work: Awaitable[T], period_s: float = LOCK_CHECK_SECONDS
+) -> T:
+    """Await ``work``; if a lock is found lost, cancel it and raise ``LockLost``.
+
+    Cancelling stops new calls at once; the work's own clean-up still books what was already
+    paid for (usage and outcomes are facts, and results insert idempotently).
+    """
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=period_s)
+            if done:
+                return task.result()
+            lost = await asyncio.to_thread(locks.lost)
+            if lost:
+                break
+    except BaseException:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        raise
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    raise LockLost(
+        f"writer lock(s) lost mid-run for {len(lost)} partition(s): {', '.join(lost[:10])}. "
+        "The lock connection dropped or the lock file was replaced, so another run may now "
+        "write these partitions; this run stopped sending, booked what it had been paid "
+        "for, and failed. Re-run to finish them."
+    )
 
 
 @contextlib.contextmanager
