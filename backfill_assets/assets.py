@@ -11,7 +11,7 @@ from .metadata import partition_metadata
 from .partitions import moderation_partitions, run_refs, tenant_partitions
 from .pipeline import run_partitions
 from .range_guard import require_full_range
-from .resources import BackfillSettings, ModelResource, StoreResource, versions_for
+from .resources import BackfillSettings, ModelResource, StoreResource, run_versions
 from .store.engine import read_tx
 from .store.reports import partition_spend
 
@@ -72,19 +72,15 @@ def _labels_asset(code_version: str, partitions_per_run: int) -> dg.AssetsDefini
         """LLM moderation labels per tenant x slice; re-runs only send unfinished keys."""
         require_full_range(context)
         refs = run_refs(context.partition_keys)
-        versions = versions_for(settings, model)
-        if versions.code_version != code_version:
-            context.log.warning(
-                f"resources select {versions.code_version} but the asset was defined with "
-                f"{code_version}; reload the code location after changing the model or prompt"
-            )
+        # One read of the prompt file per step: the keys and the requests use the same text.
+        rubric, versions = run_versions(settings, model, code_version)
         context.log.info(f"{len(refs)} partition(s), {versions.code_version}")
         reports = run_partitions(
             store.engine(),
             refs,
             model.build_adapter,
             versions,
-            settings.rubric(),
+            rubric,
             context.run_id,
             settings.run_options(model),
             log=context.log.info,
