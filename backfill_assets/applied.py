@@ -6,11 +6,11 @@ from typing import Any
 import dagster as dg
 
 from .check_rules import BLOCKING_CHECKS, blocking_failures
-from .checks import LABELS_KEY, verdicts_for
-from .partitions import moderation_partitions, partition_ref
+from .checks import LABELS_KEY, loaded_code_version, verdicts_for
+from .partitions import moderation_partitions, run_refs
 from .policy import PolicyResource
 from .range_guard import require_full_range
-from .resources import BackfillSettings, ModelResource, StoreResource, versions_for
+from .resources import BackfillSettings, ModelResource, StoreResource, run_versions
 from .store.apply import ApplyReport, apply_partition
 from .store.engine import write_tx
 
@@ -68,8 +68,8 @@ def _applied_asset(partitions_per_run: int) -> dg.AssetsDefinition:
     ) -> dg.MaterializeResult[None]:
         """Keyed upsert of accepted labels onto posts (shadow columns unless switched live)."""
         require_full_range(context)
-        versions = versions_for(settings, model)
-        refs = [partition_ref(k) for k in context.partition_keys]
+        refs = run_refs(context.partition_keys)
+        _rubric, versions = run_versions(settings, model, loaded_code_version(context.job_def))
         engine = store.engine()
         # Dagster's blocking checks gate this step when they ran in the same run. Launched on
         # its own (UI, or the CLI's per-partition follow-up) it would not be gated, so for any

@@ -9,10 +9,10 @@ import dagster as dg
 from .faults import NO_FAULTS, FaultHooks
 from .importer import import_jsonl
 from .metadata import partition_metadata
-from .partitions import moderation_partitions, partition_ref, tenant_partitions
+from .partitions import moderation_partitions, run_refs, tenant_partitions
 from .pipeline import RunStopped, run_partitions
 from .range_guard import require_full_range
-from .resources import BackfillSettings, ModelResource, StoreResource, versions_for
+from .resources import BackfillSettings, ModelResource, StoreResource, run_versions
 from .store.engine import read_tx
 from .store.reports import partition_spend
 
@@ -80,13 +80,9 @@ def _labels_asset(
     ) -> dg.MaterializeResult[None]:
         """LLM moderation labels per tenant x slice; re-runs only send unfinished keys."""
         require_full_range(context)
-        versions = versions_for(settings, model)
-        if versions.code_version != code_version:
-            context.log.warning(
-                f"resources select {versions.code_version} but the asset was defined with "
-                f"{code_version}; reload the code location after changing the model or prompt"
-            )
-        refs = [partition_ref(k) for k in context.partition_keys]
+        refs = run_refs(context.partition_keys)
+        # One read of the prompt file per step: the keys and the requests use the same text.
+        rubric, versions = run_versions(settings, model, code_version)
         context.log.info(f"{len(refs)} partition(s), {versions.code_version}")
         stopped: RunStopped | None = None
         try:
@@ -95,7 +91,7 @@ def _labels_asset(
                 refs,
                 model.build_adapter,
                 versions,
-                settings.rubric(),
+                rubric,
                 context.run_id,
                 settings.run_options(model, faults),
                 log=context.log.info,

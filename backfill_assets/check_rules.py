@@ -36,8 +36,9 @@ CHECKS: tuple[CheckDef, ...] = (
         "isolation",
         True,
         False,
-        "Every results, ledger and dead-letter row of the partition carries its tenant, and its "
-        "key recomputes from that tenant's post in this slice.",
+        "Every results, ledger and dead-letter row of the partition carries its tenant, its "
+        "slice is slice_of(tenant, post), and its key recomputes from that tenant's post: its "
+        "current text, or an older text the ledger's attempts show was sent (stale).",
     ),
     CheckDef(
         "no_duplicates",
@@ -212,6 +213,7 @@ def _coverage(rep: ScopeReport, ev: PartitionEvidence) -> Verdict:
         "accepted": rep.done,
         "dead_lettered": rep.dead,
         "missing": rep.missing,
+        "stale": rep.stale,
     }
     for outcome, n in sorted(rep.dead_by_outcome.items()):
         counts[f"dead_{outcome}"] = n

@@ -24,10 +24,10 @@ from sqlalchemy.engine import Engine
 
 from .check_rules import CHECK_NAMES, CHECKS, Verdict, evaluate
 from .keys import Versions
-from .partitions import moderation_partitions, partition_ref
+from .partitions import moderation_partitions, run_refs
 from .pipeline import PartitionRef
 from .policy import PolicyResource
-from .resources import BackfillSettings, ModelResource, StoreResource, versions_for
+from .resources import BackfillSettings, ModelResource, StoreResource, run_versions
 from .store.apply import rubric_version
 from .store.audit import partition_evidence
 from .store.engine import read_tx
@@ -35,6 +35,12 @@ from .store.reports import live_label_counts
 
 LABELS_KEY = dg.AssetKey("moderation_labels")
 CHECKS_NAME = "moderation_label_checks"
+
+
+def loaded_code_version(job: dg.JobDefinition) -> str | None:
+    """moderation_labels' code version as the definitions loaded it (None outside a job)."""
+    layer = job.asset_layer
+    return layer.get(LABELS_KEY).code_version if layer.has(LABELS_KEY) else None
 
 
 def verdicts_for(
@@ -143,15 +149,16 @@ def _checks(specs: list[dg.AssetCheckSpec]) -> dg.AssetChecksDefinition:
         policy: PolicyResource,
     ) -> Iterator[dg.AssetCheckEvaluation | dg.Output[None]]:
         """Isolation, duplicates, coverage, schema, spend and drift per partition."""
-        versions = versions_for(settings, model)
+        refs = run_refs(context.partition_keys)
+        job = context.op_execution_context.job_def
+        _rubric, versions = run_versions(settings, model, loaded_code_version(job))
         selected = {k.name for k in context.selected_asset_check_keys}
         names = [n for n in CHECK_NAMES if n in selected]
         failed: dict[str, list[str]] = {}
-        for pk in context.partition_keys:
+        for ref in refs:
+            pk = ref.key
             target, deferred = _latest_materialization(context.instance, pk)
-            for v in verdicts_for(
-                store.engine(), partition_ref(pk), versions, policy, names, deferred
-            ):
+            for v in verdicts_for(store.engine(), ref, versions, policy, names, deferred):
                 if not v.passed:
                     failed.setdefault(v.name, []).append(pk)
                 yield _evaluation(v, pk, target)

@@ -15,7 +15,7 @@ import httpx
 
 from .check_rules import BLOCKING_CHECKS
 from .keys import SLICE_KEYS
-from .partitions import partition_ref
+from .partitions import InvalidPartitionKey, partition_ref
 
 LABELS_PATH = ["moderation_labels"]
 BACKFILL_ASSETS = (["moderation_labels"], ["applied_labels"])
@@ -119,6 +119,17 @@ class PartitionState:
     missing: set[str] = field(default_factory=set)
     failed: set[str] = field(default_factory=set)
     check_failed: set[str] = field(default_factory=set)
+    # Keys the webserver lists that fail validation (e.g. a tenant added by hand in the UI):
+    # never selected, never launched; reported so an operator can delete them.
+    invalid: list[str] = field(default_factory=list)
+
+
+def _valid(key: str) -> bool:
+    try:
+        partition_ref(key)
+    except InvalidPartitionKey:
+        return False
+    return True
 
 
 def expand_ranges(ranges: Iterable[Mapping[str, Any]], member: str) -> set[str]:
@@ -154,7 +165,7 @@ def select_partitions(
     return [
         k
         for k in state.keys
-        if k in chosen and (not tenants or partition_ref(k).tenant_id in tenants)
+        if k in chosen and _valid(k) and (not tenants or partition_ref(k).tenant_id in tenants)
     ]
 
 
@@ -200,7 +211,10 @@ class DagsterClient:
         node = self.query(_PARTITIONS_QUERY, {"assetKey": key})["assetNodeOrError"]
         if node.get("__typename") != "AssetNode":
             raise GraphQLError(f"moderation_labels not found: {node.get('__typename')}")
-        state = PartitionState(keys=list(node["partitionKeys"]))
+        listed = [str(k) for k in node["partitionKeys"]]
+        state = PartitionState(
+            keys=[k for k in listed if _valid(k)], invalid=[k for k in listed if not _valid(k)]
+        )
         statuses = node["assetPartitionStatuses"]
         state.failed = expand_ranges(statuses.get("ranges", []), "failedPartitions")
         for i in range(0, len(state.keys), _STALE_CHUNK):
@@ -223,7 +237,12 @@ class DagsterClient:
     def launch_backfill(
         self, partitions: Sequence[str], title: str, tags: Mapping[str, str]
     ) -> str:
-        """Launch one asset backfill of labels + apply (checks included); returns its id."""
+        """Launch one asset backfill of labels + apply (checks included); returns its id.
+
+        Raises ``InvalidPartitionKey`` before any request if a key fails validation.
+        """
+        for key in partitions:
+            partition_ref(key)
         params = {
             "partitionNames": list(partitions),
             "assetSelection": [{"path": p} for p in BACKFILL_ASSETS],

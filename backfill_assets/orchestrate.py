@@ -9,7 +9,7 @@ from typing import Any
 import dagster as dg
 
 from .check_rules import BLOCKING_CHECKS
-from .keys import SLICE_KEYS
+from .keys import SLICE_KEYS, validate_tenant_id
 from .partitions import partition_key_for, partition_ref, tenant_partitions
 from .range_guard import RANGE_END, RANGE_START
 
@@ -68,7 +68,9 @@ def rectangles(tenants: Sequence[str], slices: Sequence[str]) -> list[tuple[str,
 
 
 def ensure_tenant_partitions(instance: dg.DagsterInstance, tenants: Sequence[str]) -> None:
-    """Register tenants as dynamic partitions (idempotent)."""
+    """Register tenants as dynamic partitions (idempotent); invalid ids raise first."""
+    for tenant in tenants:
+        validate_tenant_id(tenant)
     name = tenant_partitions.name or "tenants"
     known = set(instance.get_dynamic_partitions(name))
     new = [t for t in tenants if t not in known]
@@ -147,6 +149,9 @@ def materialize(
     blocking check are applied in a follow-up run (contiguous ranges again); that job's asset
     re-verifies them before writing.
     """
+    for tenant in tenants:
+        for slice_key in slices:
+            partition_ref(partition_key_for(tenant, slice_key))  # raises before anything runs
     ensure_tenant_partitions(instance, tenants)
     records: list[RunRecord] = []
     for tenant, first, last in rectangles(tenants, slices):

@@ -15,7 +15,7 @@ from .batch.mode import run_batch
 from .batch.options import BatchOptions
 from .dispatch import DispatchConfig, Dispatcher, PartitionStats, WorkItem
 from .dispatch import RunStopped as DispatchStopped
-from .keys import Versions, work_key
+from .keys import SLICE_COUNT, Versions, validate_tenant_id, work_key
 from .limits import TenantBudgets
 from .models.base import ModelAdapter
 from .outcomes import Outcome, RetryPolicy
@@ -25,7 +25,7 @@ from .store import limiter_members
 from .store.budget import StoreBudgetLedger
 from .store.engine import read_tx, refresh_planner_stats
 from .store.partition_counts import partition_counts, post_counts
-from .store.work import PartitionBusy, WriterLocks, pending_posts
+from .store.work import PartitionBusy, WriterLocks, pending_posts, while_held
 from .store.writer import LedgerWriter
 
 # A member silent this long is taken for dead and its share of the limit goes to the others.
@@ -47,6 +47,12 @@ class PartitionRef:
     key: str
     tenant_id: str
     slice: int
+
+    def __post_init__(self) -> None:
+        # Tenant ids name lock files and scope every query: never build one from a bad id.
+        validate_tenant_id(self.tenant_id)
+        if not 0 <= self.slice < SLICE_COUNT:
+            raise ValueError(f"slice {self.slice!r} out of range 0..{SLICE_COUNT - 1}")
 
 
 @dataclass(frozen=True)
@@ -133,12 +139,11 @@ def run_partitions(
                 log(f"skipping {ref.key}: {exc}")
         dispatch = run_batch if options.dispatch_mode == "batch" else _dispatch
         stopped: Exception | None = None
+        work = dispatch(
+            engine, owned, reports, make_adapter, versions, rubric, run_id, options, log
+        )
         try:
-            asyncio.run(
-                dispatch(
-                    engine, owned, reports, make_adapter, versions, rubric, run_id, options, log
-                )
-            )
+            asyncio.run(while_held(locks, work))
         except DispatchStopped as exc:
             stopped = exc
     with read_tx(engine) as conn:

@@ -249,6 +249,33 @@ def _key_id(api_key: str) -> str:
     return hashlib.sha256(api_key.encode("utf-8")).hexdigest()[:12]
 
 
-def versions_for(settings: BackfillSettings, model: ModelResource) -> Versions:
-    """Task, prompt and model versions that name this run's work."""
-    return Versions(TASK_VERSION, settings.rubric().prompt_version, model.model)
+def versions_for(
+    settings: BackfillSettings, model: ModelResource, rubric: Rubric | None = None
+) -> Versions:
+    """Task, prompt and model versions that name this run's work (of ``rubric``, if given)."""
+    prompt_version = (rubric or settings.rubric()).prompt_version
+    return Versions(TASK_VERSION, prompt_version, model.model)
+
+
+def run_versions(
+    settings: BackfillSettings, model: ModelResource, loaded: str | None
+) -> tuple[Rubric, Versions]:
+    """A step's rubric, read once, and its versions, which must be the ones the code loaded with.
+
+    ``loaded`` is moderation_labels' code version from the definitions. A prompt file edited
+    (or a model changed) after they loaded would otherwise do work under one version while the
+    UI records another, or mix versions between the steps of one run.
+    """
+    rubric = settings.rubric()
+    versions = versions_for(settings, model, rubric)
+    if loaded is not None and versions.code_version != loaded:
+        raise dg.Failure(
+            description=(
+                f"this run's versions ({versions.code_version}) are not the code version the "
+                f"definitions were loaded with ({loaded}): the prompt file or the model changed "
+                "since. Nothing was done. Reload the code location (or restart the command) "
+                "so the code version names the work."
+            ),
+            allow_retries=False,
+        )
+    return rubric, versions

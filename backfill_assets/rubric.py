@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 TASK_VERSION = "moderation-2026.1"
 SCHEMA_VERSION = 1
@@ -32,34 +33,109 @@ given>, "label": <one of ok|spam|abuse|needs_review>, "confidence": <number from
 class ModerationOutput(BaseModel):
     """What the model must answer for one post; anything else is ``schema_rejected``."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
     schema_version: Literal[1] = Field(description="Output contract version.")
     correlation_id: str = Field(description="The key the request was sent with, echoed.")
     label: Label = Field(description="One label from the closed set.")
     confidence: float = Field(ge=0.0, le=1.0, description="Model confidence in [0, 1].")
 
+    @field_validator("schema_version", "confidence", mode="before")
+    @classmethod
+    def _json_number(cls, value: Any, info: ValidationInfo) -> Any:
+        # bool is an int subclass: without this, ``true`` passes as 1 and 1.0.
+        if isinstance(value, bool):
+            raise ValueError("a boolean is not a number")
+        if info.field_name == "confidence" and isinstance(value, int):
+            # JSON has one number type; 1 and 1.0 are the same confidence. A huge integer
+            # must fail validation, not raise OverflowError past the gate.
+            if abs(value) > 1:
+                raise ValueError("confidence out of range")
+            return float(value)
+        return value
+
+    @field_validator("confidence")
+    @classmethod
+    def _no_negative_zero(cls, value: float) -> float:
+        return value + 0.0  # -0.0 -> 0.0
+
 
 class OutputRejected(ValueError):
     """The raw model answer failed the output contract; the reason never holds post text."""
 
 
-def parse_output(raw: str, sent_key: str) -> ModerationOutput:
-    """Parse and validate a raw model answer bound to the key it was sent with."""
+# Far above any answer the contract allows (~150 bytes); bounds parse time and nesting.
+MAX_ANSWER_CHARS = 4096
+# A number literal longer than this is no confidence a model means (and 4,300+ digit
+# integers raise ValueError inside ``int``).
+MAX_NUMBER_CHARS = 40
+_FIELDS = frozenset(ModerationOutput.model_fields)
+
+
+def _parse_int(literal: str) -> int:
+    if len(literal) > MAX_NUMBER_CHARS:
+        raise OutputRejected("malformed JSON: number too long")
+    return int(literal)
+
+
+def _parse_float(literal: str) -> float:
+    if len(literal) > MAX_NUMBER_CHARS:
+        raise OutputRejected("malformed JSON: number too long")
+    value = float(literal)
+    if not math.isfinite(value):
+        raise OutputRejected("malformed JSON: number out of range")
+    return value
+
+
+def _parse_constant(name: str) -> Any:
+    raise OutputRejected(f"malformed JSON: {name} is not JSON")
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        # Parsers disagree on which duplicate wins; an ambiguous answer is no answer.
+        raise OutputRejected("malformed JSON: duplicate key")
+    return out
+
+
+def _loads(raw: str) -> Any:
+    if not isinstance(raw, str):
+        raise OutputRejected(f"answer is {type(raw).__name__}, not text")
+    if len(raw) > MAX_ANSWER_CHARS:
+        raise OutputRejected(f"answer longer than {MAX_ANSWER_CHARS} characters")
     try:
-        data: Any = json.loads(raw)
-    except (json.JSONDecodeError, RecursionError) as exc:
+        return json.loads(
+            raw,
+            parse_int=_parse_int,
+            parse_float=_parse_float,
+            parse_constant=_parse_constant,
+            object_pairs_hook=_unique_keys,
+        )
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
+        if isinstance(exc, OutputRejected):
+            raise
         raise OutputRejected(f"malformed JSON: {type(exc).__name__}") from None
-    if isinstance(data, dict) and isinstance(data.get("confidence"), int):
-        # JSON has one number type; 1 and 1.0 are the same confidence.
-        data = {**data, "confidence": float(data["confidence"])}
+
+
+def _where(loc: tuple[int | str, ...]) -> str:
+    # Locations name the model's own keys: print only ours, so a model that echoes the post
+    # as a key cannot put its text into a dead letter.
+    parts = [str(p) if p in _FIELDS else "<other>" for p in loc]
+    return ".".join(parts) or "root"
+
+
+def parse_output(raw: str, sent_key: str) -> ModerationOutput:
+    """Parse and validate a raw model answer bound to the key it was sent with.
+
+    The output gate: whatever ``raw`` holds, this returns a ``ModerationOutput`` that meets the
+    contract or raises ``OutputRejected``, never another exception.
+    """
+    data = _loads(raw)
     try:
         out = ModerationOutput.model_validate(data)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or 'root'}: {err['type']}"
-            for err in exc.errors()[:4]
-        )
+        problems = "; ".join(f"{_where(err['loc'])}: {err['type']}" for err in exc.errors()[:4])
         raise OutputRejected(f"output schema: {problems}") from None
     if out.correlation_id != sent_key:
         raise OutputRejected("correlation id does not match the key sent")

@@ -2,6 +2,7 @@
 
 import dagster as dg
 
+from .keys import TENANT_ID_RE
 from .partitions import tenant_partitions
 from .resources import StoreResource
 from .store.engine import read_tx
@@ -12,11 +13,21 @@ from .store.reports import tenant_ids
 def tenant_partitions_sensor(
     context: dg.SensorEvaluationContext, store: StoreResource
 ) -> dg.SensorResult:
-    """Registers tenants imported outside Dagster (e.g. by the CLI against another instance)."""
+    """Registers tenants imported outside Dagster (e.g. by the CLI against another instance).
+
+    Only ids that pass the import's rule become partitions: a row written into ``tenants`` by
+    other means must not turn into a partition key (and from there into a lock path).
+    """
     with read_tx(store.engine()) as conn:
         in_store = set(tenant_ids(conn))
+    valid = {t for t in in_store if TENANT_ID_RE.fullmatch(t)}
+    if invalid := sorted(in_store - valid):
+        shown = ", ".join(repr(t[:48]) for t in invalid[:5])
+        context.log.warning(
+            f"{len(invalid)} tenant id(s) in the store are invalid and not registered: {shown}"
+        )
     known = set(context.instance.get_dynamic_partitions(tenant_partitions.name or "tenants"))
-    new = sorted(in_store - known)
+    new = sorted(valid - known)
     return dg.SensorResult(
         dynamic_partitions_requests=[tenant_partitions.build_add_request(new)] if new else []
     )

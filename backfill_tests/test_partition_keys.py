@@ -1,0 +1,201 @@
+"""Partition keys are validated wherever they enter: a bad tenant id never becomes a path.
+
+The defect: the partition key ``s00|../../escaped`` (a dynamic partition anyone can add in the
+UI) ran, and created ``escaped.s00.lock`` two folders above the lock folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import httpx
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from backfill_assets.definitions import APPLY_JOB, BACKFILL_JOB, build_definitions
+from backfill_assets.keys import InvalidTenantId
+from backfill_assets.launch import DagsterClient, select_partitions
+from backfill_assets.orchestrate import materialize
+from backfill_assets.partitions import InvalidPartitionKey, partition_ref
+from backfill_assets.pipeline import PartitionRef
+from backfill_assets.resources import StoreResource
+from backfill_assets.sensors import tenant_partitions_sensor
+from backfill_assets.store.work import PartitionBusy, WriterLocks
+from backfill_tests.conftest import import_records
+
+BAD = "../../escaped"
+BAD_KEY = f"s00|{BAD}"
+
+
+def tree(root: Path) -> set[str]:
+    """Every path under ``root`` (the Dagster instance's own folder aside)."""
+    return {
+        str(p.relative_to(root))
+        for p in root.rglob("*")
+        if "dagster" not in p.relative_to(root).parts
+    }
+
+
+def store_dump(engine: Engine) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of every table, so "touched nothing" can be compared exactly."""
+    with engine.connect() as conn:
+        names = sa.inspect(conn).get_table_names()
+        return {
+            n: sorted(map(tuple, conn.execute(sa.text(f"SELECT * FROM {n}"))), key=repr)
+            for n in names
+        }
+
+
+def step_errors(result: dg.ExecuteInProcessResult) -> str:
+    """The text of every step failure of a run."""
+    return " ".join(
+        str(e.event_specific_data)
+        for e in result.all_events
+        if e.event_type_value == "STEP_FAILURE"
+    )
+
+
+@pytest.fixture
+def loaded(engine: Engine, tmp_path: Path) -> Engine:
+    import_records(engine, tmp_path, [{"tenant_id": "acme", "post_id": "p1", "text": "hello"}])
+    return engine
+
+
+@pytest.mark.parametrize("job", [BACKFILL_JOB, APPLY_JOB])
+def test_a_bad_partition_key_fails_the_run_and_creates_nothing(
+    loaded: Engine, store_url: str, tmp_path: Path, job: str
+) -> None:
+    instance = dg.DagsterInstance.ephemeral(tempdir=str(tmp_path / "dagster"))
+    instance.add_dynamic_partitions("tenants", [BAD])
+    files, rows = tree(tmp_path.parent), store_dump(loaded)
+    defs = build_definitions({"BACKFILL_DATABASE_URL": store_url})
+    result = defs.resolve_job_def(job).execute_in_process(
+        instance=instance, partition_key=BAD_KEY, raise_on_error=False
+    )
+    assert not result.success
+    assert "invalid tenant id '../../escaped'" in step_errors(result)
+    assert "nothing was done" in step_errors(result)
+    assert result.get_asset_materialization_events() == []
+    assert tree(tmp_path.parent) == files  # no lock file, inside .locks or outside
+    assert not (tmp_path.parent / "escaped.s00.lock").exists()
+    assert store_dump(loaded) == rows
+    instance.dispose()
+
+
+def test_materialize_refuses_a_bad_tenant_before_registering_it(
+    store_url: str, tmp_path: Path
+) -> None:
+    instance = dg.DagsterInstance.ephemeral(tempdir=str(tmp_path / "dagster"))
+    defs = build_definitions({"BACKFILL_DATABASE_URL": store_url})
+    with pytest.raises(InvalidTenantId):
+        materialize(defs, instance, BACKFILL_JOB, ["acme", BAD], ["s00"])
+    with pytest.raises(ValueError, match="unknown slice"):
+        materialize(defs, instance, BACKFILL_JOB, ["acme"], ["s16"])
+    assert instance.get_dynamic_partitions("tenants") == []
+    instance.dispose()
+
+
+def test_the_sensor_registers_only_valid_tenant_ids(
+    loaded: Engine, store_url: str, tmp_path: Path
+) -> None:
+    with loaded.begin() as conn:
+        for bad in (BAD, "Acme Corp", "x" * 41):
+            conn.execute(
+                sa.text(
+                    "INSERT INTO tenants (tenant_id, billed_tokens, created_at)"
+                    " VALUES (:t, 0, CURRENT_TIMESTAMP)"
+                ),
+                {"t": bad},
+            )
+    instance = dg.DagsterInstance.ephemeral(tempdir=str(tmp_path / "dagster"))
+    ctx = dg.build_sensor_context(
+        instance=instance, resources={"store": StoreResource(database_url=store_url)}
+    )
+    result = tenant_partitions_sensor(ctx)
+    assert isinstance(result, dg.SensorResult)
+    (request,) = result.dynamic_partitions_requests or []
+    assert list(request.partition_keys) == ["acme"]
+    instance.dispose()
+
+
+def test_partition_keys_are_parsed_strictly() -> None:
+    assert partition_ref("s03|acme") == PartitionRef("s03|acme", "acme", 3)
+    for bad in (BAD_KEY, "s00|Acme", "s16|acme", "acme|s00", "s00", "s00|acme|x", "s00|"):
+        with pytest.raises(InvalidPartitionKey):
+            partition_ref(bad)
+    with pytest.raises(InvalidTenantId):
+        PartitionRef("x", BAD, 0)
+    with pytest.raises(ValueError):
+        PartitionRef("x", "acme", 16)
+
+
+def test_the_launcher_never_selects_or_launches_a_bad_key() -> None:
+    sent: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        body: dict[str, Any] = json.loads(request.content)
+        sent.append(body["query"])
+        query, variables = body["query"], body["variables"]
+        if "staleStatusByPartition" in query:
+            node = {"staleStatusByPartition": ["MISSING" for _ in variables["partitions"]]}
+        elif "assetChecksOrError" in query:
+            node = {"assetChecksOrError": {"__typename": "AssetChecks", "checks": []}}
+        else:
+            node = {
+                "__typename": "AssetNode",
+                "partitionKeys": ["s00|acme", BAD_KEY, "s01|acme"],
+                "assetPartitionStatuses": {"ranges": []},
+            }
+        return httpx.Response(200, json={"data": {"assetNodeOrError": node}})
+
+    client = DagsterClient("http://dagster.test", transport=httpx.MockTransport(handler))
+    state = client.partition_state()
+    assert state.keys == ["s00|acme", "s01|acme"] and state.invalid == [BAD_KEY]
+    assert select_partitions(state, missing=True) == ["s00|acme", "s01|acme"]
+    sent.clear()
+    with pytest.raises(InvalidPartitionKey):
+        client.launch_backfill(["s00|acme", BAD_KEY], "t", {"tenant": "acme"})
+    assert sent == []  # refused before any request
+    client.close()
+
+
+def test_writer_locks_refuse_bad_ids_and_create_no_file(tmp_path: Path) -> None:
+    engine = sa.create_engine(f"sqlite:///{tmp_path / 'store.db'}")
+    with WriterLocks(engine) as locks:
+        for tenant, slice_no in ((BAD, 0), ("Acme", 0), ("acme", 16), ("acme", -1)):
+            with pytest.raises(ValueError):
+                locks.acquire(tenant, slice_no)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_one_sqlite_file_is_one_lock_folder_whatever_its_url(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = tmp_path / "data" / "store.db"
+    real.parent.mkdir()
+    real.touch()
+    (tmp_path / "link.db").symlink_to(real)
+    monkeypatch.chdir(real.parent)
+    urls = [f"sqlite:///{real}", "sqlite:///store.db", f"sqlite:///{tmp_path / 'link.db'}"]
+    with WriterLocks(sa.create_engine(urls[0])) as first:
+        first.acquire("acme", 3)
+        for url in urls[1:]:
+            with WriterLocks(sa.create_engine(url)) as other, pytest.raises(PartitionBusy):
+                other.acquire("acme", 3)
+    assert not (tmp_path / "link.db.locks").exists()
+
+
+def test_a_replaced_lock_file_counts_as_lost(tmp_path: Path) -> None:
+    engine = sa.create_engine(f"sqlite:///{tmp_path / 'store.db'}")
+    with WriterLocks(engine) as locks:
+        locks.acquire("acme", 1)
+        locks.acquire("acme", 2)
+        assert locks.lost() == []
+        # Someone cleans up the lock folder; the next writer would lock a fresh file.
+        os.unlink(tmp_path / "store.db.locks" / "acme.s02.lock")
+        assert locks.lost() == ["acme.s02"]
