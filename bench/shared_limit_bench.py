@@ -169,7 +169,12 @@ def _together(args: argparse.Namespace, share: bool, work: Path) -> dict[str, An
         drop_store(url)
     requests = int(meter["requests_total"])
     refused = int(meter["responses_by_status"].get("429", 0))
-    rpm = _steady_rpm(list(meter["timestamps"]))
+    stamps = sorted(meter["timestamps"])
+    rpm = _steady_rpm(stamps)
+    # Admitted requests per 10 s, to see ramp-up and tail (the limit is rpm/6 per bucket).
+    timeline = [0] * (int((stamps[-1] - stamps[0]) // 10) + 1)
+    for t in stamps:
+        timeline[int((t - stamps[0]) // 10)] += 1
     return {
         "mode": "shared" if share else "unshared",
         "runs": args.runs,
@@ -180,6 +185,7 @@ def _together(args: argparse.Namespace, share: bool, work: Path) -> dict[str, An
         "share_of_limit": round(rpm / args.rpm, 4),
         "requests": requests,
         "share_429": round(refused / max(1, requests), 5),
+        "per_10s": timeline,
     }
 
 
