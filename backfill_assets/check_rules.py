@@ -64,7 +64,8 @@ CHECKS: tuple[CheckDef, ...] = (
         "spend",
         False,
         False,
-        "Rebilled tokens, orphan attempts and tokens per key are within the configured bounds.",
+        "Rebilled tokens, orphan attempts and tokens per key are within the configured bounds, "
+        "and no call was billed past the upper bound reserved for it.",
     ),
     CheckDef(
         "label_drift",
@@ -252,6 +253,10 @@ def _spend(rep: ScopeReport, b: CheckBounds, sample: int) -> Verdict:
     per_key = rep.billed_tokens / rep.expected if rep.expected else 0.0
     if b.max_tokens_per_key and per_key > b.max_tokens_per_key:
         reasons.append(f"{per_key:.0f} tokens per key > {b.max_tokens_per_key}")
+    if rep.over_bound:
+        # The provider billed more than any byte-level tokenizer can count: the cap could
+        # not be kept, so the tenant was stopped. Never within bounds.
+        reasons.append(f"{rep.over_bound} call(s) billed past their reserved bound")
     counts: dict[str, int | float] = {
         "billed_tokens": rep.billed_tokens,
         "rebilled_tokens": rep.rebilled_tokens,
@@ -259,6 +264,8 @@ def _spend(rep: ScopeReport, b: CheckBounds, sample: int) -> Verdict:
         "orphan_attempts": rep.orphan_attempts,
         "orphan_attempts_allowed": b.max_orphan_attempts,
         "tokens_per_key": round(per_key, 1),
+        "usage_missing": rep.usage_missing,
+        "over_bound_calls": rep.over_bound,
     }
     keys = tuple(f"rebilled {k}" for k in rep.rebilled_keys) + tuple(
         f"orphan {k}" for k in rep.orphan_keys

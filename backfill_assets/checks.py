@@ -25,7 +25,7 @@ from sqlalchemy.engine import Engine
 from .check_rules import CHECK_NAMES, CHECKS, Verdict, evaluate
 from .keys import Versions
 from .partitions import moderation_partitions, run_refs
-from .pipeline import PartitionRef
+from .pipeline import PartitionRef, with_levels
 from .policy import PolicyResource
 from .resources import BackfillSettings, ModelResource, StoreResource, run_versions
 from .store.apply import rubric_version
@@ -54,7 +54,7 @@ def verdicts_for(
 ) -> list[Verdict]:
     """Gather one partition's rows and judge them (shared by checks, gate and CLI)."""
     with read_tx(engine) as conn:
-        ev = partition_evidence(conn, ref.tenant_id, ref.slice, versions)
+        ev = partition_evidence(conn, ref.tenant_id, ref.slice, ref.slices, versions)
         if "label_drift" in names:
             configured = policy.configured_baseline()
             if configured is not None:
@@ -152,6 +152,7 @@ def _checks(specs: list[dg.AssetCheckSpec]) -> dg.AssetChecksDefinition:
         refs = run_refs(context.partition_keys)
         job = context.op_execution_context.job_def
         _rubric, versions = run_versions(settings, model, loaded_code_version(job))
+        refs = with_levels(store.engine(), refs)
         selected = {k.name for k in context.selected_asset_check_keys}
         names = [n for n in CHECK_NAMES if n in selected]
         failed: dict[str, list[str]] = {}

@@ -101,6 +101,8 @@ def cmd_verify(args: argparse.Namespace, env: Env) -> int:
             "billed_tokens",
             "rebilled_tokens",
             "orphan_attempts",
+            "usage_missing",
+            "over_bound",
         ],
     )
     problems = [
@@ -135,7 +137,7 @@ def cmd_dry_run(args: argparse.Namespace, env: Env) -> int:
         for tenant in tenants:
             keys = tokens = 0
             for s in range(SLICE_COUNT):
-                for row in conn.execute(pending_query(tenant, s, versions)):
+                for row in conn.execute(pending_query(tenant, [s], versions)):
                     keys += 1
                     tokens += estimate_prompt_tokens(rubric, row.text) + MAX_OUTPUT_TOKENS
             out.append({"tenant": tenant, "keys": keys, "estimated_tokens": tokens})

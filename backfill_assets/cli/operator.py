@@ -13,6 +13,7 @@ from ..checks import verdicts_for
 from ..keys import SLICE_KEYS
 from ..launch import DONE_STATUSES, DagsterClient, GraphQLError, by_tenant, select_partitions
 from ..partitions import partition_key_for, partition_ref
+from ..pipeline import with_levels
 from ..policy import policy_from_env
 from ..resources import engine_for
 from ..settings import database_url, versions_from_env
@@ -78,9 +79,8 @@ def cmd_check(args: argparse.Namespace, env: Env) -> int:
     docs = []
     for s in slices:
         pk = partition_key_for(tenant, s)
-        for v in verdicts_for(
-            engine, partition_ref(pk), versions, policy, names, sample=args.limit
-        ):
+        ref = with_levels(engine, [partition_ref(pk)])[0]
+        for v in verdicts_for(engine, ref, versions, policy, names, sample=args.limit):
             docs.append(_verdict_doc(pk, v))
     blocked = [d for d in docs if d["blocking"] and not d["passed"]]
     lines = []
