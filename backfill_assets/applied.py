@@ -5,7 +5,7 @@ from typing import Any
 
 import dagster as dg
 
-from .check_rules import BLOCKING_CHECKS, blocking_failures
+from .check_rules import BLOCKING_CHECKS, CHECK_GROUPS, blocking_failures
 from .checks import LABELS_KEY, loaded_code_version, verdicts_for
 from .partitions import moderation_partitions, run_refs
 from .pipeline import with_levels
@@ -38,7 +38,8 @@ def passed_in_run(context: dg.AssetExecutionContext) -> set[str]:
         ev = event.event_specific_data if event is not None else None
         if isinstance(ev, dg.AssetCheckEvaluation) and ev.partition is not None:
             seen.setdefault(ev.partition, {})[ev.check_name] = ev.passed
-    return {pk for pk, c in seen.items() if all(c.get(n, False) for n in BLOCKING_CHECKS)}
+    blocking = [g.name for g in CHECK_GROUPS if g.blocking]
+    return {pk for pk, c in seen.items() if all(c.get(n, False) for n in blocking)}
 
 
 def build_applied_labels(partitions_per_run: int) -> dg.AssetsDefinition:

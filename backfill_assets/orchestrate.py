@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -82,6 +83,25 @@ def _metadata_value(value: Any) -> Any:
     return getattr(value, "value", value)
 
 
+def _members(evaluation: dg.AssetCheckEvaluation) -> list[CheckOutcome]:
+    """A group evaluation's member checks, from the JSON list in its metadata."""
+    raw = _metadata_value(evaluation.metadata.get("checks_json"))
+    try:
+        members = json.loads(raw) if isinstance(raw, str) else []
+    except json.JSONDecodeError:
+        members = []
+    return [
+        CheckOutcome(
+            name=str(m["name"]),
+            passed=bool(m["passed"]),
+            blocking=bool(m["blocking"]),
+            severity="WARN" if m.get("warn") else "ERROR",
+            summary=evaluation.description if not m["passed"] else None,
+        )
+        for m in members
+    ]
+
+
 def _record(result: dg.ExecuteInProcessResult, job_name: str) -> RunRecord:
     rec = RunRecord(run_id=result.run_id, success=result.success, partitions=[], job=job_name)
     for ev in result.get_asset_materialization_events():
@@ -97,15 +117,7 @@ def _record(result: dg.ExecuteInProcessResult, job_name: str) -> RunRecord:
     for evaluation in result.get_asset_check_evaluations():
         if evaluation.partition is None:
             continue
-        rec.checks.setdefault(evaluation.partition, []).append(
-            CheckOutcome(
-                name=evaluation.check_name,
-                passed=evaluation.passed,
-                blocking=bool(evaluation.blocking),
-                severity=evaluation.severity.value,
-                summary=evaluation.description,
-            )
-        )
+        rec.checks.setdefault(evaluation.partition, []).extend(_members(evaluation))
     if not result.success:
         failures = [e for e in result.all_events if e.is_failure]
         rec.error = failures[0].message if failures and failures[0].message else "run failed"
