@@ -10,8 +10,9 @@ from typing import Any
 import dagster as dg
 
 from .check_rules import BLOCKING_CHECKS
-from .keys import SLICE_KEYS, validate_tenant_id
+from .keys import SLICE_KEYS, slice_no, validate_tenant_id
 from .partitions import partition_key_for, partition_ref, tenant_partitions
+from .plan import Box
 from .range_guard import RANGE_END, RANGE_START
 
 LABELS = dg.AssetKey("moderation_labels")
@@ -128,17 +129,20 @@ def _execute(
     defs: dg.Definitions,
     instance: dg.DagsterInstance,
     job_name: str,
-    tenant: str,
-    first: str,
-    last: str,
+    box: Box,
     tags: dict[str, str] | None,
     log_level: str,
 ) -> RunRecord:
-    start, end = partition_key_for(tenant, first), partition_key_for(tenant, last)
+    # The range tags make one run cover the whole box (Dagster reads them as a 2D range).
+    run_tags = {RANGE_START: box.start, RANGE_END: box.end}
+    if len(box.tenants) == 1:
+        run_tags["tenant"] = box.tenants[0]  # the run queue's per-tenant limit
+    else:
+        run_tags["tenants"] = str(len(box.tenants))
     result = defs.resolve_job_def(job_name).execute_in_process(
         instance=instance,
         run_config={"loggers": {"console": {"config": {"log_level": log_level}}}},
-        tags={RANGE_START: start, RANGE_END: end, "tenant": tenant, **(tags or {})},
+        tags={**run_tags, **(tags or {})},
         raise_on_error=False,
     )
     return _record(result, job_name)
@@ -154,32 +158,50 @@ def materialize(
     log_level: str = "INFO",
     apply_job: str | None = None,
 ) -> list[RunRecord]:
-    """Run ``job_name`` over tenants x slices: one in-process run per tenant and slice range.
-
-    Blocking checks gate the apply per *run*, so one bad partition keeps the apply from every
-    partition of its range. With ``apply_job``, the partitions of such a run that passed every
-    blocking check are applied in a follow-up run (contiguous ranges again); that job's asset
-    re-verifies them before writing.
-    """
+    """Run ``job_name`` over tenants x slices as given: one run per tenant and slice range
+    (no planning; ``run_boxes`` runs a plan's pooled boxes)."""
     for tenant in tenants:
         for slice_key in slices:
             partition_ref(partition_key_for(tenant, slice_key))  # raises before anything runs
     ensure_tenant_partitions(instance, tenants)
+    boxes = [Box((t,), slice_no(a), slice_no(b)) for t, a, b in rectangles(tenants, slices)]
+    return run_boxes(defs, instance, job_name, boxes, tags, log_level, apply_job)
+
+
+def run_boxes(
+    defs: dg.Definitions,
+    instance: dg.DagsterInstance,
+    job_name: str,
+    boxes: Sequence[Box],
+    tags: dict[str, str] | None = None,
+    log_level: str = "INFO",
+    apply_job: str | None = None,
+) -> list[RunRecord]:
+    """One in-process run per box.
+
+    Blocking checks gate the apply per *run*, so one bad partition keeps the apply from every
+    partition of its box. With ``apply_job``, the partitions of such a run that passed every
+    blocking check are applied in follow-up runs (one per tenant and contiguous slice range);
+    that job's asset re-verifies them before writing.
+    """
     records: list[RunRecord] = []
-    for tenant, first, last in rectangles(tenants, slices):
-        rec = _execute(defs, instance, job_name, tenant, first, last, tags, log_level)
+    for box in boxes:
+        rec = _execute(defs, instance, job_name, box, tags, log_level)
         records.append(rec)
         blocked = rec.blocked()
         if apply_job is None or rec.success or not blocked:
             continue
-        clean = [
-            partition_ref(pk)
-            for pk, outcomes in rec.checks.items()
-            if pk not in blocked
-            and pk not in rec.applied
-            and {c.name for c in outcomes} >= set(BLOCKING_CHECKS)
-        ]
-        clean_slices = [f"s{ref.slice:02d}" for ref in clean]
-        for _t, a, b in rectangles([tenant], clean_slices):
-            records.append(_execute(defs, instance, apply_job, tenant, a, b, tags, log_level))
+        clean: dict[str, list[str]] = {}
+        for pk, outcomes in rec.checks.items():
+            if (
+                pk not in blocked
+                and pk not in rec.applied
+                and {c.name for c in outcomes} >= set(BLOCKING_CHECKS)
+            ):
+                ref = partition_ref(pk)
+                clean.setdefault(ref.tenant_id, []).append(f"s{ref.slice:02d}")
+        for tenant, chosen in sorted(clean.items()):
+            for _t, a, b in rectangles([tenant], chosen):
+                follow = Box((tenant,), slice_no(a), slice_no(b))
+                records.append(_execute(defs, instance, apply_job, follow, tags, log_level))
     return records

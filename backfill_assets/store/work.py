@@ -66,6 +66,24 @@ def pending_query(
     ).where(posts.c.tenant_id == tenant_id, _in_slices(posts, slices), ~done, ~dead)
 
 
+def pending_counts(
+    conn: Connection, tenants: Sequence[str] | None, versions: Versions
+) -> dict[tuple[str, int], tuple[int, int]]:
+    """(posts, pending keys) per (tenant, stored slice), for all tenants or ``tenants``, in one
+    grouped query: what a run would send, without reading a single post text."""
+    done = sa.exists().where(_same_work(results, versions))
+    dead = sa.exists().where(
+        _same_work(dead_letters, versions), dead_letters.c.outcome.in_(FINAL_DEAD_OUTCOMES)
+    )
+    pending = sa.func.sum(sa.case((sa.and_(~done, ~dead), 1), else_=0))
+    stmt = sa.select(posts.c.tenant_id, posts.c.slice, sa.func.count(), pending).group_by(
+        posts.c.tenant_id, posts.c.slice
+    )
+    if tenants is not None:
+        stmt = stmt.where(posts.c.tenant_id.in_(list(tenants)))
+    return {(str(t), int(s)): (int(n), int(p or 0)) for t, s, n, p in conn.execute(stmt)}
+
+
 def _in_slices(table: sa.Table, slices: Sequence[int]) -> sa.ColumnElement[bool]:
     # One slice is an equality (the index's prefix); a few are an IN list, still indexed.
     chosen = list(slices)
