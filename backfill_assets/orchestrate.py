@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Sequence
+import os
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -125,6 +127,27 @@ def _record(result: dg.ExecuteInProcessResult, job_name: str) -> RunRecord:
     return rec
 
 
+# Dagster writes one "planned" event per partition and asset at run start unless told to write
+# one per asset with the partition subset: a run over 100 partitions then starts with 2 events
+# instead of 200 (each a commit). The price: a failed run's partitions show as missing, not
+# failed, in the UI; the CLI reports the failure and its next ``run`` plans them again.
+_PLANNED_SUBSET = "DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS"
+
+
+@contextlib.contextmanager
+def planned_events_per_run() -> Iterator[None]:
+    """For in-process runs started here: one planned event per asset, not per partition."""
+    before = os.environ.get(_PLANNED_SUBSET)
+    os.environ[_PLANNED_SUBSET] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(_PLANNED_SUBSET, None)
+        else:
+            os.environ[_PLANNED_SUBSET] = before
+
+
 def _execute(
     defs: dg.Definitions,
     instance: dg.DagsterInstance,
@@ -186,7 +209,8 @@ def run_boxes(
     """
     records: list[RunRecord] = []
     for box in boxes:
-        rec = _execute(defs, instance, job_name, box, tags, log_level)
+        with planned_events_per_run():
+            rec = _execute(defs, instance, job_name, box, tags, log_level)
         records.append(rec)
         blocked = rec.blocked()
         if apply_job is None or rec.success or not blocked:

@@ -14,10 +14,11 @@ from ..keys import SLICE_KEYS
 from ..launch import DONE_STATUSES, DagsterClient, GraphQLError, by_tenant, select_partitions
 from ..partitions import partition_key_for, partition_ref
 from ..pipeline import with_levels
+from ..plan import make_plan
 from ..policy import policy_from_env
 from ..resources import engine_for
 from ..settings import database_url, versions_from_env
-from .commands import Env, emit, store_tenants
+from .commands import Env, emit, instance, store_tenants
 from .inputs import UserError, choice, known_tenants, slice_key
 
 
@@ -103,20 +104,31 @@ def cmd_launch(args: argparse.Namespace, env: Env) -> int:
     url = args.url or env.get("DAGSTER_WEBSERVER_URL", "") or "http://127.0.0.1:3000"
     client = DagsterClient(url)
     try:
-        return _launch(args, client)
+        return _launch(args, client, _needs_work(env))
     except GraphQLError as exc:
         raise UserError(f"webserver: {exc}") from None
     finally:
         client.close()
 
 
-def _launch(args: argparse.Namespace, client: DagsterClient) -> int:
+def _needs_work(env: Env) -> dict[str, str]:
+    """Partitions ``run`` would run, with why (the same rule: plan.py), from the store and the
+    local instance; the others (no posts, nothing to do) are not worth a backfill."""
+    engine = engine_for(database_url(env))
+    plan = make_plan(engine, instance(env), versions_from_env(env))
+    return {p.ref.key: p.reason for p in plan.partitions if p.run}
+
+
+def _launch(args: argparse.Namespace, client: DagsterClient, needed: dict[str, str]) -> int:
     state = client.partition_state()
     # The tenants the webserver has partitions for: what a backfill can be launched for.
     tenants = known_tenants(args.tenant, sorted({partition_ref(k).tenant_id for k in state.keys}))
-    keys = select_partitions(
+    selected = select_partitions(
         state, args.stale, args.missing, args.failed, args.check_failed, tenants
     )
+    # Same rule as ``run``: partitions that hold no posts, or have nothing pending and are
+    # materialised, checked and applied at this code version, are left out.
+    keys = [k for k in selected if k in needed]
     kinds = [k for k in ("stale", "missing", "failed", "check_failed") if getattr(args, k)]
     groups = by_tenant(keys)
     launched: list[dict[str, Any]] = []
@@ -131,8 +143,16 @@ def _launch(args: argparse.Namespace, client: DagsterClient) -> int:
     for entry in launched:
         if "backfill_id" in entry:
             entry["status"] = statuses.get(entry["backfill_id"], "REQUESTED")
-    doc = {"selection": kinds, "partitions": len(keys), "backfills": launched}
-    human = [f"{len(keys)} partition(s) selected ({', '.join(kinds)})"]
+    doc = {
+        "selection": kinds,
+        "partitions": len(keys),
+        "left_out": len(selected) - len(keys),
+        "backfills": launched,
+    }
+    human = [
+        f"{len(keys)} partition(s) selected ({', '.join(kinds)}); "
+        f"{len(selected) - len(keys)} left out (no posts, or nothing to do)"
+    ]
     for e in launched:
         where = e.get("url", "(dry run)")
         human.append(
