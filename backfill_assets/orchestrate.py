@@ -48,6 +48,8 @@ class RunRecord:
     checks: dict[str, list[CheckOutcome]] = field(default_factory=dict)
     applied: list[str] = field(default_factory=list)
     job: str = ""
+    # SIGTERM/SIGINT stopped the run (it is recorded as canceled, not failed).
+    interrupted: bool = False
 
     def blocked(self) -> dict[str, list[str]]:
         """Partitions with failed blocking checks, and which."""
@@ -124,6 +126,7 @@ def _record(result: dg.ExecuteInProcessResult, job_name: str) -> RunRecord:
     if not result.success:
         failures = [e for e in result.all_events if e.is_failure]
         rec.error = failures[0].message if failures and failures[0].message else "run failed"
+        rec.interrupted = any(_INTERRUPTED in str(e.event_specific_data) for e in failures)
     return rec
 
 
@@ -132,6 +135,8 @@ def _record(result: dg.ExecuteInProcessResult, job_name: str) -> RunRecord:
 # instead of 200 (each a commit). The price: a failed run's partitions show as missing, not
 # failed, in the UI; the CLI reports the failure and its next ``run`` plans them again.
 _PLANNED_SUBSET = "DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS"
+# Dagster raises this inside a step when the process gets SIGTERM or SIGINT.
+_INTERRUPTED = "DagsterExecutionInterruptedError"
 
 
 @contextlib.contextmanager
@@ -168,7 +173,14 @@ def _execute(
         tags={**run_tags, **(tags or {})},
         raise_on_error=False,
     )
-    return _record(result, job_name)
+    rec = _record(result, job_name)
+    if rec.interrupted:
+        # Dagster turns SIGTERM/SIGINT inside a step into a failure; for the operator (and the
+        # UI) the run was stopped on purpose. What had finished is committed (the pipeline's
+        # writer flushes on the way out); calls in flight show up as orphan attempts.
+        instance.report_run_canceled(result.dagster_run, message="stopped by SIGTERM/SIGINT")
+        rec.error = "stopped by a signal (SIGTERM/SIGINT); finished work was committed"
+    return rec
 
 
 def materialize(
@@ -212,6 +224,8 @@ def run_boxes(
         with planned_events_per_run():
             rec = _execute(defs, instance, job_name, box, tags, log_level)
         records.append(rec)
+        if rec.interrupted:
+            break  # stopped by a signal: start nothing more
         blocked = rec.blocked()
         if apply_job is None or rec.success or not blocked:
             continue

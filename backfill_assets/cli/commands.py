@@ -87,6 +87,14 @@ def cmd_run(args: argparse.Namespace, env: Env) -> int:
     )
     records = run_boxes(defs, inst, BACKFILL_JOB, plan.boxes, apply_job=APPLY_JOB)
     doc = run_document(records, plan)
+    if any(r.interrupted for r in records):
+        emit(
+            args,
+            doc,
+            "interrupted: finished work is committed and the run is marked canceled;"
+            " `backfill-moderation run` again continues where it stopped",
+        )
+        raise KeyboardInterrupt
     rows = human_rows(doc)
     # Beyond a screenful of partitions, one row per tenant (--json has every partition).
     human: list[Human] = [table(rows if len(rows) <= 48 else by_tenant(rows), HUMAN_COLUMNS)]
