@@ -265,3 +265,21 @@ def test_prod_refuses_without_postgres(pg_url: str, store_url: str, message: str
     assert done.returncode == 2
     assert message in done.stderr
     assert "s3cr3t" not in done.stderr  # the password is redacted
+
+
+def test_prod_refuses_a_home_with_the_sqlite_instance(tmp_path: Path) -> None:
+    """A home first touched by another command (e.g. ``import``) holds the embedded config."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text((ROOT / "dagster.yaml").read_text())
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("BACKFILL_", "DAGSTER_"))}
+    env.update(
+        DAGSTER_PG_URL="postgresql+psycopg2://h/d",
+        BACKFILL_DATABASE_URL="postgresql://h/s",
+        DAGSTER_HOME=str(home),
+    )
+    done = subprocess.run(
+        [str(PROD), "check"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2, done.stderr
+    assert "does not keep runs, events and schedules in PostgreSQL" in done.stderr
