@@ -71,4 +71,5 @@ def test_a_signal_stops_run_commits_and_cancels(tmp_path: Path, signum: int) -> 
     assert again.returncode == 0, err[-2000:]
     assert json.loads(out)["totals"]["model_calls"] <= 2000 - done + 64
     verify = _cli(["verify", "--require-complete", "--json"], env)
-    assert verify.wait(timeout=120) == 0
+    verify.communicate(timeout=120)
+    assert verify.returncode == 0
