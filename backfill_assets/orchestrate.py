@@ -16,8 +16,10 @@ from .keys import SLICE_KEYS, slice_no, validate_tenant_id
 from .partitions import partition_key_for, partition_ref, tenant_partitions
 from .plan import Box
 from .range_guard import RANGE_END, RANGE_START
+from .store.posts import ImportSummary
 
 LABELS = dg.AssetKey("moderation_labels")
+POSTS = dg.AssetKey("posts")
 APPLIED = dg.AssetKey("applied_labels")
 
 
@@ -71,6 +73,33 @@ def rectangles(tenants: Sequence[str], slices: Sequence[str]) -> list[tuple[str,
         else:
             groups.append((s, s))
     return [(t, a, b) for t in tenants for a, b in groups]
+
+
+def record_import(instance: dg.DagsterInstance, source: str, summary: ImportSummary) -> None:
+    """Record an import from the CLI as a materialisation of ``posts``.
+
+    The posts asset is what the labels depend on; without a materialisation the UI warns on
+    "Materialize all" that it was never materialised, and assets that follow imports
+    (``backfill_plan``) have nothing to follow.
+    """
+    counts = summary.as_dict()
+    metadata: dict[str, dg.MetadataValue[Any]] = {
+        k: dg.MetadataValue.int(int(str(counts[k])))
+        for k in ("read", "imported", "updated", "unchanged", "rejected")
+    }
+    metadata["source"] = dg.MetadataValue.path(source)
+    metadata["new_tenants"] = dg.MetadataValue.int(len(summary.new_tenants))
+    instance.report_runless_asset_event(dg.AssetMaterialization(asset_key=POSTS, metadata=metadata))
+
+
+def refresh_usage(defs: dg.Definitions, instance: dg.DagsterInstance, job_name: str) -> bool:
+    """Materialise tenant_usage in-process after label runs; True if it succeeded."""
+    result = defs.resolve_job_def(job_name).execute_in_process(
+        instance=instance,
+        run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}},
+        raise_on_error=False,
+    )
+    return bool(result.success)
 
 
 def ensure_tenant_partitions(instance: dg.DagsterInstance, tenants: Sequence[str]) -> None:

@@ -11,11 +11,11 @@ from typing import Any
 import dagster as dg
 import sqlalchemy as sa
 
-from ..definitions import APPLY_JOB, BACKFILL_JOB, build_definitions
+from ..definitions import APPLY_JOB, BACKFILL_JOB, USAGE_JOB, build_definitions
 from ..demo.generate import write_export
 from ..estimate import estimate_pending
 from ..keys import slice_no
-from ..orchestrate import ensure_tenant_partitions, run_boxes
+from ..orchestrate import ensure_tenant_partitions, refresh_usage, run_boxes
 from ..plan import make_plan
 from ..resources import engine_for
 from ..settings import (
@@ -86,6 +86,8 @@ def cmd_run(args: argparse.Namespace, env: Env) -> int:
         force=args.force,
     )
     records = run_boxes(defs, inst, BACKFILL_JOB, plan.boxes, apply_job=APPLY_JOB)
+    if records and not any(r.interrupted for r in records):
+        refresh_usage(defs, inst, USAGE_JOB)  # tenant_usage shows this run's spend at once
     doc = run_document(records, plan)
     if any(r.interrupted for r in records):
         emit(
