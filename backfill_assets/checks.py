@@ -283,3 +283,31 @@ def _checks(specs: list[dg.AssetCheckSpec]) -> dg.AssetChecksDefinition:
                 yield dg.Output(None, output_name=output_name)
 
     return moderation_label_checks
+
+
+BLOCKING_GROUPS = tuple(g.name for g in CHECK_GROUPS if g.blocking)
+# What ``check --summary`` says of a check group on a partition.
+CHECK_STATES = ("passed", "failed", "older", "never ran")
+
+
+def check_status(
+    instance: dg.DagsterInstance, partition_keys: Sequence[str]
+) -> dict[str, dict[str, str]]:
+    """Each partition's check groups as the instance recorded them: ``passed``, ``failed``,
+    ``older`` (the latest evaluation is of an earlier materialisation) or ``never ran``."""
+    out = {pk: {g.name: "never ran" for g in CHECK_GROUPS} for pk in partition_keys}
+    keys = [dg.AssetCheckKey(LABELS_KEY, g.name) for g in CHECK_GROUPS]
+    storage = instance.event_log_storage
+    for i in range(0, len(partition_keys), 900):
+        chunk = list(partition_keys[i : i + 900])
+        for info in storage.get_asset_check_partition_info(keys, partition_keys=chunk):
+            if info.partition_key not in out:
+                continue
+            status = info.latest_execution_status.value
+            state = {"SUCCEEDED": "passed", "FAILED": "failed"}.get(status)
+            if state is None:
+                continue  # planned or skipped: not evaluated
+            if not info.is_current:
+                state = "older"
+            out[info.partition_key][info.check_key.name] = state
+    return out
