@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,6 +12,7 @@ from .check_rules import BLOCKING_CHECKS
 from .keys import SLICE_KEYS, validate_tenant_id
 from .partitions import partition_key_for, partition_ref, tenant_partitions
 from .range_guard import RANGE_END, RANGE_START
+from .regions import run_tags
 
 LABELS = dg.AssetKey("moderation_labels")
 APPLIED = dg.AssetKey("applied_labels")
@@ -141,6 +142,7 @@ def materialize(
     tags: dict[str, str] | None = None,
     log_level: str = "INFO",
     apply_job: str | None = None,
+    regions: Mapping[str, str | None] | None = None,
 ) -> list[RunRecord]:
     """Run ``job_name`` over tenants x slices: one in-process run per tenant and slice range.
 
@@ -148,6 +150,8 @@ def materialize(
     partition of its range. With ``apply_job``, the partitions of such a run that passed every
     blocking check are applied in a follow-up run (contiguous ranges again); that job's asset
     re-verifies them before writing.
+
+    ``regions`` (tenant -> region) adds each run's ``region`` tag for the run queue.
     """
     for tenant in tenants:
         for slice_key in slices:
@@ -155,7 +159,9 @@ def materialize(
     ensure_tenant_partitions(instance, tenants)
     records: list[RunRecord] = []
     for tenant, first, last in rectangles(tenants, slices):
-        rec = _execute(defs, instance, job_name, tenant, first, last, tags, log_level)
+        # Runs are per tenant, so each has one region (regions.run_tags pools several).
+        run = {**(tags or {}), **run_tags([(regions or {}).get(tenant)])}
+        rec = _execute(defs, instance, job_name, tenant, first, last, run, log_level)
         records.append(rec)
         blocked = rec.blocked()
         if apply_job is None or rec.success or not blocked:
@@ -169,5 +175,5 @@ def materialize(
         ]
         clean_slices = [f"s{ref.slice:02d}" for ref in clean]
         for _t, a, b in rectangles([tenant], clean_slices):
-            records.append(_execute(defs, instance, apply_job, tenant, a, b, tags, log_level))
+            records.append(_execute(defs, instance, apply_job, tenant, a, b, run, log_level))
     return records

@@ -29,6 +29,7 @@ from ..store.dead_letters import requeue
 from ..store.engine import read_tx, write_tx
 from ..store.migrate import migrate, schema_versions
 from ..store.reports import tenant_ids, usage_by_day, usage_by_tenant_model
+from ..store.tenants import tenant_regions
 from ..store.work import pending_query
 from ..usage import USAGE_COLUMNS, usage_csv
 from .inputs import known_tenants
@@ -67,8 +68,16 @@ def cmd_run(args: argparse.Namespace, env: Env) -> int:
     engine = engine_for(database_url(env))
     tenants = store_tenants(engine, args.tenant)
     slices = args.slice or list(SLICE_KEYS)
+    with read_tx(engine) as conn:
+        regions = tenant_regions(conn, tenants)  # each run's region tag
     records = materialize(
-        build_definitions(env), instance(env), BACKFILL_JOB, tenants, slices, apply_job=APPLY_JOB
+        build_definitions(env),
+        instance(env),
+        BACKFILL_JOB,
+        tenants,
+        slices,
+        apply_job=APPLY_JOB,
+        regions=regions,
     )
     doc = run_document(records)
     human: list[Human] = [table(human_rows(doc), HUMAN_COLUMNS), totals_line(doc)]

@@ -14,8 +14,11 @@ from ..keys import SLICE_KEYS
 from ..launch import DONE_STATUSES, DagsterClient, GraphQLError, by_tenant, select_partitions
 from ..partitions import partition_key_for, partition_ref
 from ..policy import policy_from_env
+from ..regions import run_tags
 from ..resources import engine_for
 from ..settings import database_url, versions_from_env
+from ..store.engine import read_tx
+from ..store.tenants import tenant_regions
 from .commands import Env, emit, store_tenants
 from .inputs import UserError, choice, known_tenants, slice_key
 
@@ -103,14 +106,14 @@ def cmd_launch(args: argparse.Namespace, env: Env) -> int:
     url = args.url or env.get("DAGSTER_WEBSERVER_URL", "") or "http://127.0.0.1:3000"
     client = DagsterClient(url)
     try:
-        return _launch(args, client)
+        return _launch(args, client, env)
     except GraphQLError as exc:
         raise UserError(f"webserver: {exc}") from None
     finally:
         client.close()
 
 
-def _launch(args: argparse.Namespace, client: DagsterClient) -> int:
+def _launch(args: argparse.Namespace, client: DagsterClient, env: Env) -> int:
     state = client.partition_state()
     # The tenants the webserver has partitions for: what a backfill can be launched for.
     tenants = known_tenants(args.tenant, sorted({partition_ref(k).tenant_id for k in state.keys}))
@@ -119,12 +122,16 @@ def _launch(args: argparse.Namespace, client: DagsterClient) -> int:
     )
     kinds = [k for k in ("stale", "missing", "failed", "check_failed") if getattr(args, k)]
     groups = by_tenant(keys)
+    regions = _regions(env, list(groups))
     launched: list[dict[str, Any]] = []
     for tenant, pks in sorted(groups.items()):
         entry: dict[str, Any] = {"tenant": tenant, "partitions": pks}
+        # The backfill's tags go on each of its runs: per-tenant and per-region queue limits.
+        tags = {"tenant": tenant, **run_tags([regions.get(tenant)])}
+        entry["tags"] = tags
         if not args.dry_run:
             title = f"moderation {tenant}: {'+'.join(kinds)} ({len(pks)} partitions)"
-            bid = client.launch_backfill(pks, title, {"tenant": tenant})
+            bid = client.launch_backfill(pks, title, tags)
             entry.update(backfill_id=bid, url=client.backfill_url(bid))
         launched.append(entry)
     statuses = _wait(client, launched, args.wait) if args.wait and not args.dry_run else {}
@@ -141,6 +148,14 @@ def _launch(args: argparse.Namespace, client: DagsterClient) -> int:
     emit(args, doc, "\n".join(human))
     failed = [s for s in statuses.values() if s not in ("COMPLETED", "COMPLETED_SUCCESS")]
     return 1 if failed else 0
+
+
+def _regions(env: Env, tenants: list[str]) -> dict[str, str | None]:
+    """The tenants' regions from the store (none selected: the store is not opened)."""
+    if not tenants:
+        return {}
+    with read_tx(engine_for(database_url(env))) as conn:
+        return tenant_regions(conn, tenants)
 
 
 def _wait(client: DagsterClient, launched: list[dict[str, Any]], seconds: float) -> dict[str, str]:
