@@ -109,8 +109,17 @@ def _record(result: dg.ExecuteInProcessResult, job_name: str) -> RunRecord:
         )
     if not result.success:
         failures = [e for e in result.all_events if e.is_failure]
-        rec.error = failures[0].message if failures and failures[0].message else "run failed"
+        rec.error = _failure_text(failures[0]) if failures else "run failed"
     return rec
+
+
+def _failure_text(event: dg.DagsterEvent) -> str:
+    """The step's failure message plus the asset's ``dg.Failure`` description, which says why
+    (e.g. the region without an endpoint); the message alone only names the step."""
+    user = getattr(event.event_specific_data, "user_failure_data", None)
+    description = getattr(user, "description", None)
+    message = event.message or "run failed"
+    return f"{message} {description}" if description else message
 
 
 def _execute(

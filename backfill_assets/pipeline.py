@@ -147,7 +147,8 @@ def run_partitions(
     reports = {r.key: PartitionReport(ref=r) for r in refs}
     refresh_planner_stats(engine, ("posts", "results", "dead_letters"))
     with read_tx(engine) as conn:
-        plan = plan_lanes(refs, tenant_regions(conn, {r.tenant_id for r in refs}), options.lanes)
+        region_of = tenant_regions(conn, {r.tenant_id for r in refs})
+    plan = plan_lanes(refs, region_of, options.lanes, batch=options.dispatch_mode == "batch")
     for region, keys in plan.unroutable.items():
         log(f"ERROR: not dispatching {len(keys)} partition(s) of region {region!r}: no endpoint")
     with WriterLocks(engine) as locks:

@@ -42,11 +42,12 @@ class Lanes:
     batch: Mapping[str, BatchEndpoint] = field(default_factory=dict)
     any_region: bool = False
 
-    def lane(self, region: str | None) -> tuple[bool, str | None]:
-        """(routable, lane) of a tenant in ``region``; the lane ``None`` is the default."""
+    def lane(self, region: str | None, batch: bool = False) -> tuple[bool, str | None]:
+        """(routable, lane) of a tenant in ``region``, sync or batch; lane ``None`` is the
+        default endpoint."""
         if region is None or self.any_region:
             return True, DEFAULT_LANE
-        return region in self.adapters, region
+        return region in (self.batch if batch else self.adapters), region
 
 
 @dataclass
@@ -64,14 +65,17 @@ class LanePlan:
 
 
 def plan_lanes(
-    refs: Sequence[PartitionRef], region_of: Mapping[str, str | None], lanes: Lanes
+    refs: Sequence[PartitionRef],
+    region_of: Mapping[str, str | None],
+    lanes: Lanes,
+    batch: bool = False,
 ) -> LanePlan:
     """Group partitions by lane; a tenant the store does not know goes to the default lane
     (it has no region, and the work query finds no posts for it)."""
     plan = LanePlan()
     for ref in refs:
         region = region_of.get(ref.tenant_id)
-        ok, lane = lanes.lane(region)
+        ok, lane = lanes.lane(region, batch)
         if ok:
             plan.lanes.setdefault(lane, []).append(ref)
             plan.region_of[ref.tenant_id] = lane
