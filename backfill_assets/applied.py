@@ -5,9 +5,10 @@ from typing import Any
 
 import dagster as dg
 
-from .check_rules import BLOCKING_CHECKS, blocking_failures
+from .check_rules import BLOCKING_CHECKS, CHECK_GROUPS, blocking_failures
 from .checks import LABELS_KEY, loaded_code_version, verdicts_for
 from .partitions import moderation_partitions, run_refs
+from .pipeline import with_levels
 from .policy import PolicyResource
 from .range_guard import require_full_range
 from .resources import BackfillSettings, ModelResource, StoreResource, run_versions
@@ -37,7 +38,8 @@ def passed_in_run(context: dg.AssetExecutionContext) -> set[str]:
         ev = event.event_specific_data if event is not None else None
         if isinstance(ev, dg.AssetCheckEvaluation) and ev.partition is not None:
             seen.setdefault(ev.partition, {})[ev.check_name] = ev.passed
-    return {pk for pk, c in seen.items() if all(c.get(n, False) for n in BLOCKING_CHECKS)}
+    blocking = [g.name for g in CHECK_GROUPS if g.blocking]
+    return {pk for pk, c in seen.items() if all(c.get(n, False) for n in blocking)}
 
 
 def build_applied_labels(partitions_per_run: int) -> dg.AssetsDefinition:
@@ -71,6 +73,7 @@ def _applied_asset(partitions_per_run: int) -> dg.AssetsDefinition:
         refs = run_refs(context.partition_keys)
         _rubric, versions = run_versions(settings, model, loaded_code_version(context.job_def))
         engine = store.engine()
+        refs = with_levels(engine, refs)
         # Dagster's blocking checks gate this step when they ran in the same run. Launched on
         # its own (UI, or the CLI's per-partition follow-up) it would not be gated, so for any
         # partition this run did not check, the same blocking checks run here; nothing is
@@ -93,7 +96,7 @@ def _applied_asset(partitions_per_run: int) -> dg.AssetsDefinition:
         for ref in refs:
             with write_tx(engine) as conn:
                 rep = apply_partition(
-                    conn, ref.tenant_id, ref.slice, versions, live=policy.apply_live
+                    conn, ref.tenant_id, ref.slices, versions, live=policy.apply_live
                 )
             changed += rep.changed
             context.add_asset_metadata(apply_metadata(rep), partition_key=ref.key)

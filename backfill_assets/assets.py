@@ -10,7 +10,7 @@ from .faults import NO_FAULTS, FaultHooks
 from .importer import import_jsonl
 from .metadata import partition_metadata
 from .partitions import moderation_partitions, run_refs, tenant_partitions
-from .pipeline import RunStopped, run_partitions
+from .pipeline import RunStopped, run_partitions, with_levels
 from .range_guard import require_full_range
 from .resources import BackfillSettings, ModelResource, StoreResource, run_versions
 from .store.engine import read_tx
@@ -27,10 +27,15 @@ class PostsImportConfig(dg.Config):
 
 @dg.asset(group_name="ingest", kinds={"sql"})
 def posts(
-    context: dg.AssetExecutionContext, config: PostsImportConfig, store: StoreResource
+    context: dg.AssetExecutionContext,
+    config: PostsImportConfig,
+    store: StoreResource,
+    settings: BackfillSettings,
 ) -> dg.MaterializeResult[None]:
     """Posts imported from a JSONL export; bad lines go to rejected_records (line, reason)."""
-    summary = import_jsonl(store.engine(), Path(config.path))
+    summary = import_jsonl(
+        store.engine(), Path(config.path), slice_target=settings.slice_target_posts
+    )
     known = set(context.instance.get_dynamic_partitions(tenant_partitions.name or "tenants"))
     fresh = sorted({*summary.new_tenants} - known)
     if fresh:
@@ -83,6 +88,8 @@ def _labels_asset(
         refs = run_refs(context.partition_keys)
         # One read of the prompt file per step: the keys and the requests use the same text.
         rubric, versions = run_versions(settings, model, code_version)
+        # Which stored slices each partition holds depends on its tenant's slice level.
+        refs = with_levels(store.engine(), refs)
         context.log.info(f"{len(refs)} partition(s), {versions.code_version}")
         stopped: RunStopped | None = None
         try:
@@ -100,7 +107,7 @@ def _labels_asset(
             stopped, reports = exc, exc.reports
         with read_tx(store.engine()) as conn:
             spend = {
-                r.ref.key: partition_spend(conn, r.ref.tenant_id, r.ref.slice) for r in reports
+                r.ref.key: partition_spend(conn, r.ref.tenant_id, r.ref.slices) for r in reports
             }
         for rep in reports:
             context.add_asset_metadata(

@@ -10,6 +10,7 @@ the spec: a failed blocking evaluation still fails the step and keeps ``applied_
 the run (see README, "Checks in multi-partition runs").
 """
 
+import json
 import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -22,10 +23,17 @@ from dagster._core.definitions.asset_checks.asset_check_evaluation import (
 )
 from sqlalchemy.engine import Engine
 
-from .check_rules import CHECK_NAMES, CHECKS, Verdict, evaluate
+from .check_rules import (
+    CHECK_GROUPS,
+    CHECK_NAMES,
+    GroupVerdict,
+    Verdict,
+    evaluate,
+    group_verdicts,
+)
 from .keys import Versions
 from .partitions import moderation_partitions, run_refs
-from .pipeline import PartitionRef
+from .pipeline import PartitionRef, with_levels
 from .policy import PolicyResource
 from .resources import BackfillSettings, ModelResource, StoreResource, run_versions
 from .store.apply import rubric_version
@@ -54,7 +62,7 @@ def verdicts_for(
 ) -> list[Verdict]:
     """Gather one partition's rows and judge them (shared by checks, gate and CLI)."""
     with read_tx(engine) as conn:
-        ev = partition_evidence(conn, ref.tenant_id, ref.slice, versions)
+        ev = partition_evidence(conn, ref.tenant_id, ref.slice, ref.slices, versions)
         if "label_drift" in names:
             configured = policy.configured_baseline()
             if configured is not None:
@@ -84,6 +92,38 @@ def verdict_metadata(v: Verdict) -> dict[str, Any]:
     return md
 
 
+def group_metadata(gv: GroupVerdict) -> dict[str, Any]:
+    """One evaluation's metadata: each member's result, and what to act on for failures.
+
+    Numbers stay typed (``int``/``float`` metadata) so Dagster can plot them; the members'
+    results are also a JSON list (``checks_json``) the CLI reads back.
+    """
+    rows = ["| check | blocking | result | summary |", "|---|---|---|---|"]
+    md: dict[str, Any] = {}
+    for v in gv.members:
+        result = "passed" if v.passed else ("warning" if v.warn else "FAILED")
+        rows.append(f"| {v.name} | {'yes' if v.blocking else 'no'} | {result} | {v.summary} |")
+        for name, value in v.counts.items():
+            md[f"{v.name}.{name}"] = value
+        if not v.passed:
+            if v.sample_keys:
+                md[f"{v.name}.offending_sample"] = dg.MetadataValue.text("\n".join(v.sample_keys))
+            if v.table:
+                md[f"{v.name}.table"] = dg.MetadataValue.md(v.table)
+            md[f"{v.name}.inspect"] = dg.MetadataValue.text(v.inspect)
+    md["checks"] = dg.MetadataValue.md("\n".join(rows))
+    md["failed"] = dg.MetadataValue.text(", ".join(v.name for v in gv.failed) or "-")
+    md["checks_json"] = dg.MetadataValue.text(
+        json.dumps(
+            [
+                {"name": v.name, "passed": v.passed, "blocking": v.blocking, "warn": v.warn}
+                for v in gv.members
+            ]
+        )
+    )
+    return md
+
+
 def _latest_materialization(
     instance: dg.DagsterInstance, partition_key: str
 ) -> tuple[TargetMaterialization | None, int | None]:
@@ -104,37 +144,41 @@ def _latest_materialization(
 
 
 def _evaluation(
-    v: Verdict,
+    gv: GroupVerdict,
     partition_key: str,
     target: TargetMaterialization | None,
 ) -> dg.AssetCheckEvaluation:
+    # Only an ERROR evaluation of a blocking check gates the downstream step; a group whose
+    # failed members are all warnings (drift) is reported as WARN.
+    severity = dg.AssetCheckSeverity.WARN if gv.warn_only else dg.AssetCheckSeverity.ERROR
     return dg.AssetCheckEvaluation(
         asset_key=LABELS_KEY,
-        check_name=v.name,
-        passed=v.passed,
-        metadata=verdict_metadata(v),
+        check_name=gv.group.name,
+        passed=gv.passed,
+        metadata=group_metadata(gv),
         target_materialization_data=target,
-        severity=dg.AssetCheckSeverity.WARN if v.warn else dg.AssetCheckSeverity.ERROR,
-        description=v.summary,
-        blocking=v.blocking,
+        severity=severity,
+        description=gv.summary,
+        blocking=gv.group.blocking,
         partition=partition_key,
     )
 
 
 def build_partition_checks() -> dg.AssetChecksDefinition:
-    """The six checks as one multi-check: the partition's rows are read once for all of them."""
+    """The six checks in two groups (``check_rules.CHECK_GROUPS``), one multi-check: the
+    partition's rows are read once for all of them."""
     with warnings.catch_warnings():
         # Partitioned checks are "preview" in Dagster 1.13; the warning is noise on every load.
         warnings.simplefilter("ignore", dg.PreviewWarning)
         specs = [
             dg.AssetCheckSpec(
-                c.name,
+                g.name,
                 asset=LABELS_KEY,
-                blocking=c.blocking,
-                description=c.description,
+                blocking=g.blocking,
+                description=g.description,
                 partitions_def=moderation_partitions,
             )
-            for c in CHECKS
+            for g in CHECK_GROUPS
         ]
     return _checks(specs)
 
@@ -148,20 +192,23 @@ def _checks(specs: list[dg.AssetCheckSpec]) -> dg.AssetChecksDefinition:
         settings: BackfillSettings,
         policy: PolicyResource,
     ) -> Iterator[dg.AssetCheckEvaluation | dg.Output[None]]:
-        """Isolation, duplicates, coverage, schema, spend and drift per partition."""
+        """Integrity (blocking) and spend and drift, one evaluation each per partition."""
         refs = run_refs(context.partition_keys)
         job = context.op_execution_context.job_def
         _rubric, versions = run_versions(settings, model, loaded_code_version(job))
+        refs = with_levels(store.engine(), refs)
         selected = {k.name for k in context.selected_asset_check_keys}
-        names = [n for n in CHECK_NAMES if n in selected]
+        names = [m for g in CHECK_GROUPS if g.name in selected for m in g.members]
         failed: dict[str, list[str]] = {}
         for ref in refs:
             pk = ref.key
             target, deferred = _latest_materialization(context.instance, pk)
-            for v in verdicts_for(store.engine(), ref, versions, policy, names, deferred):
+            verdicts = verdicts_for(store.engine(), ref, versions, policy, names, deferred)
+            for v in verdicts:
                 if not v.passed:
                     failed.setdefault(v.name, []).append(pk)
-                yield _evaluation(v, pk, target)
+            for gv in group_verdicts(verdicts):
+                yield _evaluation(gv, pk, target)
         for name, pks in failed.items():
             context.log.warning(f"{name} failed for {len(pks)} partition(s): {', '.join(pks[:10])}")
         # One output per selected check lets Dagster wire the check to downstream steps; the

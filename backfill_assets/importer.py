@@ -11,9 +11,10 @@ from pathlib import Path
 
 from sqlalchemy.engine import Engine
 
+from .keys import DEFAULT_SLICE_TARGET
 from .records import Post, Rejection, parse_line
 from .store.engine import refresh_planner_stats
-from .store.posts import ImportSummary, write_batch
+from .store.posts import ImportSummary, raise_slice_levels, write_batch
 
 BATCH_LINES = 2000
 EXPORT_PATTERNS = ("*.jsonl", "*.jsonl.gz")
@@ -67,26 +68,33 @@ def import_jsonl(
     path: Path,
     source: str | None = None,
     progress: Progress | None = None,
+    slice_target: int = DEFAULT_SLICE_TARGET,
 ) -> ImportSummary:
-    """Import a file or every export in a directory; bad lines go to ``rejected_records``."""
+    """Import a file or every export in a directory; bad lines go to ``rejected_records``.
+
+    ``slice_target``: posts per partition before a tenant's partitions split.
+    """
     files = export_files(path)
     if len(files) == 1 and files[0] == path:
-        return _import_file(engine, path, source or str(path.resolve()), progress)
+        return _import_file(engine, path, source or str(path.resolve()), progress, slice_target)
     total = ImportSummary()
     for f in files:
-        total.add(_import_file(engine, f, str(f.resolve()), progress))
+        total.add(_import_file(engine, f, str(f.resolve()), progress, slice_target))
     return total
 
 
 def import_files(
-    engine: Engine, files: list[Path], progress: Progress | None = None
+    engine: Engine,
+    files: list[Path],
+    progress: Progress | None = None,
+    slice_target: int = DEFAULT_SLICE_TARGET,
 ) -> list[tuple[Path, ImportSummary]]:
     """Import files from ``export_files`` one after another; the summary of each."""
-    return [(f, _import_file(engine, f, str(f.resolve()), progress)) for f in files]
+    return [(f, _import_file(engine, f, str(f.resolve()), progress, slice_target)) for f in files]
 
 
 def _import_file(
-    engine: Engine, path: Path, source: str, progress: Progress | None
+    engine: Engine, path: Path, source: str, progress: Progress | None, slice_target: int
 ) -> ImportSummary:
     summary = ImportSummary()
     batch: list[Post | Rejection] = []
@@ -108,12 +116,14 @@ def _import_file(
         # A truncated or corrupt gzip: what came before it is imported, the rest is not.
         if batch:
             write_batch(engine, source, batch, summary)
+        raise_slice_levels(engine, summary.tenants_seen, slice_target)
         raise ImportInputError(
             f"{path}: unreadable after line {line_no} ({type(exc).__name__}: {exc}); "
             "the lines before it were imported"
         ) from None
     if batch:
         write_batch(engine, source, batch, summary)
+    raise_slice_levels(engine, summary.tenants_seen, slice_target)
     if progress is not None:
         progress(path, summary)
     refresh_planner_stats(engine, ("tenants", "posts"))

@@ -82,6 +82,39 @@ def slice_of(tenant_id: str, post_id: str) -> int:
     return int.from_bytes(digest[:8], "big") % SLICE_COUNT
 
 
+# A tenant spreads its posts over 2**level of its SLICE_COUNT partitions: a small tenant uses
+# one partition, a big one all of them. A post's stored slice (``slice_of``) never changes; the
+# partition that holds it is ``slice % 2**level``, so as a tenant grows its partitions only
+# split (s00 -> s00 + s01 -> s00..s03 ...), and at the top level partition = slice.
+assert SLICE_COUNT & (SLICE_COUNT - 1) == 0, "SLICE_COUNT must be a power of two"
+MAX_LEVEL = SLICE_COUNT.bit_length() - 1
+# Default posts per partition before a tenant's partitions split (BACKFILL_SLICE_TARGET_POSTS).
+DEFAULT_SLICE_TARGET = 5_000
+
+
+def level_for(posts: int, target: int) -> int:
+    """The smallest level whose partitions hold at most ``target`` posts each (0..MAX_LEVEL)."""
+    if target <= 0:
+        return MAX_LEVEL
+    level = 0
+    while level < MAX_LEVEL and posts > target << level:
+        level += 1
+    return level
+
+
+def partition_slices(partition: int, level: int) -> tuple[int, ...]:
+    """The stored slices partition ``partition`` holds at ``level``; () if it holds none."""
+    step = 1 << level
+    if not 0 <= partition < step:
+        return ()
+    return tuple(range(partition, SLICE_COUNT, step))
+
+
+def partition_of(slice_no: int, level: int) -> int:
+    """The partition holding stored slice ``slice_no`` at ``level``."""
+    return slice_no % (1 << level)
+
+
 def slice_key(slice_no: int) -> str:
     """Partition key of a slice number (``3`` -> ``"s03"``)."""
     return SLICE_KEYS[slice_no]

@@ -13,13 +13,15 @@ from typing import Any
 
 import httpx
 
-from .check_rules import BLOCKING_CHECKS
+from .check_rules import CHECK_GROUPS
 from .keys import SLICE_KEYS
 from .partitions import InvalidPartitionKey, partition_ref
 
 LABELS_PATH = ["moderation_labels"]
 BACKFILL_ASSETS = (["moderation_labels"], ["applied_labels"])
 _STALE_CHUNK = 500
+# Dagster check names of the blocking check group(s): their failures are "check-failed".
+_BLOCKING_GROUPS = tuple(g.name for g in CHECK_GROUPS if g.blocking)
 
 _PARTITIONS_QUERY = """
 query Partitions($assetKey: AssetKeyInput!) {
@@ -229,7 +231,7 @@ class DagsterClient:
                     state.missing.add(pk)
         checks = self.query(_CHECKS_QUERY, {"assetKey": key})["assetNodeOrError"]
         for chk in checks["assetChecksOrError"].get("checks", []):
-            if chk["name"] in BLOCKING_CHECKS and chk.get("partitionStatuses"):
+            if chk["name"] in _BLOCKING_GROUPS and chk.get("partitionStatuses"):
                 ranges = chk["partitionStatuses"].get("ranges", [])
                 state.check_failed |= expand_ranges(ranges, "failedPartitions")
         return state

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+import json
+import os
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import dagster as dg
 
 from .check_rules import BLOCKING_CHECKS
-from .keys import SLICE_KEYS, validate_tenant_id
+from .keys import SLICE_KEYS, slice_no, validate_tenant_id
 from .partitions import partition_key_for, partition_ref, tenant_partitions
+from .plan import Box
 from .range_guard import RANGE_END, RANGE_START
-from .regions import run_tags
+from .regions import run_tags as region_tags
 
 LABELS = dg.AssetKey("moderation_labels")
 APPLIED = dg.AssetKey("applied_labels")
@@ -83,6 +87,25 @@ def _metadata_value(value: Any) -> Any:
     return getattr(value, "value", value)
 
 
+def _members(evaluation: dg.AssetCheckEvaluation) -> list[CheckOutcome]:
+    """A group evaluation's member checks, from the JSON list in its metadata."""
+    raw = _metadata_value(evaluation.metadata.get("checks_json"))
+    try:
+        members = json.loads(raw) if isinstance(raw, str) else []
+    except json.JSONDecodeError:
+        members = []
+    return [
+        CheckOutcome(
+            name=str(m["name"]),
+            passed=bool(m["passed"]),
+            blocking=bool(m["blocking"]),
+            severity="WARN" if m.get("warn") else "ERROR",
+            summary=evaluation.description if not m["passed"] else None,
+        )
+        for m in members
+    ]
+
+
 def _record(result: dg.ExecuteInProcessResult, job_name: str) -> RunRecord:
     rec = RunRecord(run_id=result.run_id, success=result.success, partitions=[], job=job_name)
     for ev in result.get_asset_materialization_events():
@@ -98,15 +121,7 @@ def _record(result: dg.ExecuteInProcessResult, job_name: str) -> RunRecord:
     for evaluation in result.get_asset_check_evaluations():
         if evaluation.partition is None:
             continue
-        rec.checks.setdefault(evaluation.partition, []).append(
-            CheckOutcome(
-                name=evaluation.check_name,
-                passed=evaluation.passed,
-                blocking=bool(evaluation.blocking),
-                severity=evaluation.severity.value,
-                summary=evaluation.description,
-            )
-        )
+        rec.checks.setdefault(evaluation.partition, []).extend(_members(evaluation))
     if not result.success:
         failures = [e for e in result.all_events if e.is_failure]
         rec.error = _failure_text(failures[0]) if failures else "run failed"
@@ -122,21 +137,48 @@ def _failure_text(event: dg.DagsterEvent) -> str:
     return f"{message} {description}" if description else message
 
 
+# Dagster writes one "planned" event per partition and asset at run start unless told to write
+# one per asset with the partition subset: a run over 100 partitions then starts with 2 events
+# instead of 200 (each a commit). The price: a failed run's partitions show as missing, not
+# failed, in the UI; the CLI reports the failure and its next ``run`` plans them again.
+_PLANNED_SUBSET = "DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS"
+
+
+@contextlib.contextmanager
+def planned_events_per_run() -> Iterator[None]:
+    """For in-process runs started here: one planned event per asset, not per partition."""
+    before = os.environ.get(_PLANNED_SUBSET)
+    os.environ[_PLANNED_SUBSET] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(_PLANNED_SUBSET, None)
+        else:
+            os.environ[_PLANNED_SUBSET] = before
+
+
 def _execute(
     defs: dg.Definitions,
     instance: dg.DagsterInstance,
     job_name: str,
-    tenant: str,
-    first: str,
-    last: str,
+    box: Box,
     tags: dict[str, str] | None,
     log_level: str,
+    regions: Mapping[str, str | None] | None = None,
 ) -> RunRecord:
-    start, end = partition_key_for(tenant, first), partition_key_for(tenant, last)
+    # The range tags make one run cover the whole box (Dagster reads them as a 2D range).
+    run_tags = {RANGE_START: box.start, RANGE_END: box.end}
+    if len(box.tenants) == 1:
+        run_tags["tenant"] = box.tenants[0]  # the run queue's per-tenant limit
+    else:
+        run_tags["tenants"] = str(len(box.tenants))
+    # The run queue's per-region limit (regions.py; a box of plan.pool_by_region has one).
+    run_tags.update(region_tags((regions or {}).get(t) for t in box.tenants))
     result = defs.resolve_job_def(job_name).execute_in_process(
         instance=instance,
         run_config={"loggers": {"console": {"config": {"log_level": log_level}}}},
-        tags={RANGE_START: start, RANGE_END: end, "tenant": tenant, **(tags or {})},
+        tags={**run_tags, **(tags or {})},
         raise_on_error=False,
     )
     return _record(result, job_name)
@@ -151,38 +193,55 @@ def materialize(
     tags: dict[str, str] | None = None,
     log_level: str = "INFO",
     apply_job: str | None = None,
-    regions: Mapping[str, str | None] | None = None,
 ) -> list[RunRecord]:
-    """Run ``job_name`` over tenants x slices: one in-process run per tenant and slice range.
-
-    Blocking checks gate the apply per *run*, so one bad partition keeps the apply from every
-    partition of its range. With ``apply_job``, the partitions of such a run that passed every
-    blocking check are applied in a follow-up run (contiguous ranges again); that job's asset
-    re-verifies them before writing.
-
-    ``regions`` (tenant -> region) adds each run's ``region`` tag for the run queue.
-    """
+    """Run ``job_name`` over tenants x slices as given: one run per tenant and slice range
+    (no planning; ``run_boxes`` runs a plan's pooled boxes)."""
     for tenant in tenants:
         for slice_key in slices:
             partition_ref(partition_key_for(tenant, slice_key))  # raises before anything runs
     ensure_tenant_partitions(instance, tenants)
+    boxes = [Box((t,), slice_no(a), slice_no(b)) for t, a, b in rectangles(tenants, slices)]
+    return run_boxes(defs, instance, job_name, boxes, tags, log_level, apply_job)
+
+
+def run_boxes(
+    defs: dg.Definitions,
+    instance: dg.DagsterInstance,
+    job_name: str,
+    boxes: Sequence[Box],
+    tags: dict[str, str] | None = None,
+    log_level: str = "INFO",
+    apply_job: str | None = None,
+    regions: Mapping[str, str | None] | None = None,
+) -> list[RunRecord]:
+    """One in-process run per box (``regions``, tenant -> region, tags each run).
+
+    Blocking checks gate the apply per *run*, so one bad partition keeps the apply from every
+    partition of its box. With ``apply_job``, the partitions of such a run that passed every
+    blocking check are applied in follow-up runs (one per tenant and contiguous slice range);
+    that job's asset re-verifies them before writing.
+    """
     records: list[RunRecord] = []
-    for tenant, first, last in rectangles(tenants, slices):
-        # Runs are per tenant, so each has one region (regions.run_tags pools several).
-        run = {**(tags or {}), **run_tags([(regions or {}).get(tenant)])}
-        rec = _execute(defs, instance, job_name, tenant, first, last, run, log_level)
+    for box in boxes:
+        with planned_events_per_run():
+            rec = _execute(defs, instance, job_name, box, tags, log_level, regions)
         records.append(rec)
         blocked = rec.blocked()
         if apply_job is None or rec.success or not blocked:
             continue
-        clean = [
-            partition_ref(pk)
-            for pk, outcomes in rec.checks.items()
-            if pk not in blocked
-            and pk not in rec.applied
-            and {c.name for c in outcomes} >= set(BLOCKING_CHECKS)
-        ]
-        clean_slices = [f"s{ref.slice:02d}" for ref in clean]
-        for _t, a, b in rectangles([tenant], clean_slices):
-            records.append(_execute(defs, instance, apply_job, tenant, a, b, run, log_level))
+        clean: dict[str, list[str]] = {}
+        for pk, outcomes in rec.checks.items():
+            if (
+                pk not in blocked
+                and pk not in rec.applied
+                and {c.name for c in outcomes} >= set(BLOCKING_CHECKS)
+            ):
+                ref = partition_ref(pk)
+                clean.setdefault(ref.tenant_id, []).append(f"s{ref.slice:02d}")
+        for tenant, chosen in sorted(clean.items()):
+            for _t, a, b in rectangles([tenant], chosen):
+                follow = Box((tenant,), slice_no(a), slice_no(b))
+                records.append(
+                    _execute(defs, instance, apply_job, follow, tags, log_level, regions)
+                )
     return records

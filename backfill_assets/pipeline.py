@@ -14,7 +14,14 @@ from sqlalchemy.engine import Engine
 from .batch.options import BatchOptions
 from .dispatch import DispatchConfig, Dispatcher, PartitionStats, WorkItem
 from .dispatch import RunStopped as DispatchStopped
-from .keys import SLICE_COUNT, Versions, validate_tenant_id, work_key
+from .keys import (
+    MAX_LEVEL,
+    SLICE_COUNT,
+    Versions,
+    partition_slices,
+    validate_tenant_id,
+    work_key,
+)
 from .limits import TenantBudgets
 from .models.base import ModelAdapter
 from .outcomes import Outcome, RetryPolicy
@@ -25,7 +32,8 @@ from .rubric import Rubric
 from .store import limiter_members
 from .store.budget import StoreBudgetLedger
 from .store.engine import read_tx, refresh_planner_stats
-from .store.partition_counts import partition_counts, post_counts
+from .store.partition_counts import PartitionCounts, partition_counts, post_counts
+from .store.posts import slice_levels
 from .store.tenants import tenant_regions
 from .store.work import PartitionBusy, WriterLocks, pending_posts, while_held
 from .store.writer import LedgerWriter
@@ -53,17 +61,40 @@ class RegionUnavailable(RunStopped):
 
 @dataclass(frozen=True, slots=True)
 class PartitionRef:
-    """A tenant x slice partition and its Dagster key string."""
+    """A tenant x slice partition and its Dagster key string.
+
+    ``slice`` is the partition's number; ``level`` is its tenant's slice level, which decides
+    which stored slices of posts it holds (``slices``; see ``keys.partition_slices``).
+    """
 
     key: str
     tenant_id: str
     slice: int
+    level: int = MAX_LEVEL
 
     def __post_init__(self) -> None:
         # Tenant ids name lock files and scope every query: never build one from a bad id.
         validate_tenant_id(self.tenant_id)
         if not 0 <= self.slice < SLICE_COUNT:
             raise ValueError(f"slice {self.slice!r} out of range 0..{SLICE_COUNT - 1}")
+        if not 0 <= self.level <= MAX_LEVEL:
+            raise ValueError(f"slice level {self.level!r} out of range 0..{MAX_LEVEL}")
+
+    @property
+    def slices(self) -> tuple[int, ...]:
+        """The stored slices of the posts this partition holds (() if it holds none)."""
+        return partition_slices(self.slice, self.level)
+
+    def at_level(self, level: int) -> PartitionRef:
+        """The same partition under its tenant's current slice level."""
+        return PartitionRef(self.key, self.tenant_id, self.slice, level)
+
+
+def with_levels(engine: Engine, refs: Sequence[PartitionRef]) -> list[PartitionRef]:
+    """The refs with their tenants' slice levels from the store (one query)."""
+    with read_tx(engine) as conn:
+        levels = slice_levels(conn, {r.tenant_id for r in refs})
+    return [r.at_level(levels.get(r.tenant_id, MAX_LEVEL)) for r in refs]
 
 
 @dataclass(frozen=True)
@@ -177,10 +208,9 @@ def run_partitions(
     with read_tx(engine) as conn:
         counts = partition_counts(conn, sorted({r.tenant_id for r in refs}), versions)
     for ref in refs:
-        got = counts.get((ref.tenant_id, ref.slice))
-        if got is not None:
-            reports[ref.key].labels_total = got.labels
-            reports[ref.key].dead_total = got.dead
+        got = _fold(counts, ref)
+        reports[ref.key].labels_total = got.labels
+        reports[ref.key].dead_total = got.dead
     done = [reports[r.key] for r in refs]
     if stopped is not None:
         also = f"; {unavailable_message(plan.unroutable)}" if plan.unroutable else ""
@@ -188,6 +218,21 @@ def run_partitions(
     if plan.unroutable:
         raise RegionUnavailable(plan.unroutable, done)
     return done
+
+
+def _fold(counts: dict[tuple[str, int], PartitionCounts], ref: PartitionRef) -> PartitionCounts:
+    """A partition's counts: the sum over the stored slices it holds."""
+    out = PartitionCounts()
+    for s in ref.slices:
+        got = counts.get((ref.tenant_id, s))
+        if got is None:
+            continue
+        out.posts += got.posts
+        for label, n in got.labels.items():
+            out.labels[label] = out.labels.get(label, 0) + n
+        for outcome, n in got.dead.items():
+            out.dead[outcome] = out.dead.get(outcome, 0) + n
+    return out
 
 
 def _work(
@@ -200,15 +245,18 @@ def _work(
     with read_tx(engine) as conn:
         sizes = post_counts(conn, sorted({r.tenant_id for r in refs}))
     for ref in refs:
+        if not ref.slices:
+            continue  # a partition its tenant does not use (too few posts to split this far)
         with read_tx(engine) as conn:
-            pending = pending_posts(conn, ref.tenant_id, ref.slice, versions)
+            pending = pending_posts(conn, ref.tenant_id, ref.slices, versions)
         rep = reports[ref.key]
-        rep.posts, rep.pending = sizes.get((ref.tenant_id, ref.slice), 0), len(pending)
+        rep.posts = sum(sizes.get((ref.tenant_id, s), 0) for s in ref.slices)
+        rep.pending = len(pending)
         for p in pending:
             yield WorkItem(
                 partition=ref.key,
                 tenant_id=ref.tenant_id,
-                slice=ref.slice,
+                slice=p.slice,
                 post_id=p.post_id,
                 content_hash=p.content_hash,
                 text=p.text,

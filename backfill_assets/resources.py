@@ -13,7 +13,7 @@ from sqlalchemy.engine import Engine
 
 from .batch.options import BatchEndpoint, BatchOptions
 from .faults import NO_FAULTS, FaultHooks
-from .keys import Versions
+from .keys import DEFAULT_SLICE_TARGET, Versions
 from .models.base import ModelAdapter
 from .models.fake import FakeModel
 from .models.openai_http import HttpTimeouts, OpenAIHttpModel
@@ -240,6 +240,11 @@ class BackfillSettings(dg.ConfigurableResource):  # type: ignore[type-arg]
     )
     flush_ms: float = Field(default=100.0, gt=0.0, le=1000.0, description="Max group-commit delay.")
     prompt_path: str = Field(default="", description="File with a custom system prompt.")
+    slice_target_posts: int = Field(
+        default=DEFAULT_SLICE_TARGET,
+        ge=0,
+        description="Posts per partition before a tenant's partitions split (0: always 16).",
+    )
     dispatch: str = Field(
         default="sync",
         pattern="^(sync|batch)$",

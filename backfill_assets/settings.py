@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from .batch.options import KILL_POINTS, PROVIDER_MAX_LINES
 from .faults import FaultHooks
-from .keys import Versions
+from .keys import DEFAULT_SLICE_TARGET, Versions
 from .prices import PriceError, PriceTable
 from .regions import BASE_URL_VAR, InvalidRegion, region_of_suffix
 from .resources import (
@@ -72,6 +72,7 @@ def settings_from_env(env: Mapping[str, str]) -> BackfillSettings:
         retry_after_max_seconds=_float(env, "BACKFILL_RETRY_AFTER_MAX_SECONDS", 900.0),
         flush_ms=_float(env, "BACKFILL_FLUSH_MS", 100.0),
         prompt_path=env.get("BACKFILL_PROMPT_PATH", ""),
+        slice_target_posts=_int(env, "BACKFILL_SLICE_TARGET_POSTS", DEFAULT_SLICE_TARGET),
         **batch_settings(env),
     )
 

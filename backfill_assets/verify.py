@@ -64,6 +64,10 @@ class ScopeReport:
     orphan_attempts: int = 0
     # Results for an older text of an edited post (see the module docstring); not done.
     stale: int = 0
+    # Usage events booked at the call's bound because the provider reported none, and calls
+    # billed past the bound reserved for them (the tenant was stopped; never expected).
+    usage_missing: int = 0
+    over_bound: int = 0
     dead_by_outcome: dict[str, int] = field(default_factory=dict)
     missing_keys: list[str] = field(default_factory=list)
     # Samples for the spend check's metadata (keys only).
@@ -230,6 +234,13 @@ def _audit_ledger(
             tokens = int(ev["tokens_in"]) + int(ev["tokens_out"])
             rep.billed_tokens += tokens
             usage_by_key[ev["key"]].append((int(ev["id"]), tokens))
+            if ev.get("usage_shape") == "missing":
+                rep.usage_missing += 1
+            bound = ev.get("bound_tokens")
+            if bound is not None and tokens > int(bound):
+                rep.over_bound += 1
+                detail = f"billed {tokens} tokens > reserved bound {int(bound)}"
+                problems.append(Problem("over_bound", tenant, "ledger_events", ev["key"], detail))
     for ev_attempt, key in answered.items():
         if ev_attempt not in attempts:
             why = "event without an attempt of this tenant"

@@ -103,10 +103,18 @@ def write_jsonl(path: Path, records: list[Any]) -> Path:
 
 
 def import_records(
-    engine: Engine, tmp_path: Path, records: list[Any], name: str = "export.jsonl"
+    engine: Engine,
+    tmp_path: Path,
+    records: list[Any],
+    name: str = "export.jsonl",
+    slice_target: int = 0,
 ) -> ImportSummary:
-    """Import records through the real importer."""
-    return import_jsonl(engine, write_jsonl(tmp_path / name, records))
+    """Import records through the real importer.
+
+    ``slice_target=0`` puts every tenant in all 16 partitions (post -> ``slice_of``), which
+    most tests assume; tests of volume-based slicing pass a target.
+    """
+    return import_jsonl(engine, write_jsonl(tmp_path / name, records), slice_target=slice_target)
 
 
 StartSim = Callable[..., Simulator]

@@ -19,12 +19,14 @@ import httpx
 import pytest
 from sqlalchemy.engine import Engine
 
+from backfill_assets.checks import verdicts_for
 from backfill_assets.dispatch import RunStopped as DispatchStopped
 from backfill_assets.models.fake import FakeModel
 from backfill_assets.models.openai_http import HttpTimeouts, OpenAIHttpModel
 from backfill_assets.models.rules import count_tokens
 from backfill_assets.outcomes import RetryPolicy
 from backfill_assets.pipeline import RunOptions, RunStopped, run_partitions
+from backfill_assets.policy import PolicyResource
 from backfill_assets.ratelimit import EndpointLimiter, LimiterConfig
 from backfill_tests.conftest import import_records
 from backfill_tests.pipeline_helpers import (
@@ -127,7 +129,9 @@ def test_unusual_usage_is_booked_once_never_as_zero(
         assert all(r.tokens_in + r.tokens_out == r.bound_tokens for r in rows)
         assert sum(r.bound_tokens for r in rows) >= model.billed_tokens
         assert all(r.message.startswith("usage_missing") for r in rows)
-    assert verify(engine).as_dict(require_complete=True)["ok"]
+    audited = verify(engine)
+    assert audited.as_dict(require_complete=True)["ok"]
+    assert audited.reports[0].usage_missing == (60 if shape == "missing" else 0)
     second, _ = run(engine, ["acme"], adapter=model)
     assert calls(second) == 0
 
@@ -155,6 +159,18 @@ def test_a_bill_past_the_bound_stops_that_tenant_only(engine: Engine, tmp_path: 
     assert calls(reports) <= concurrency
     assert sum(r.stats.over_bound for r in reports) == over
     assert total(reports, "deferred") >= 80 - concurrency
+    # verify and the spend check show it (keys and counts, never text).
+    outcome = verify(engine)
+    acme = next(r for r in outcome.reports if r.tenant == "acme")
+    assert acme.over_bound == over
+    assert sum(p.kind == "over_bound" for p in outcome.problems) == over
+    spend = [
+        v
+        for ref in refs_for(["acme"])
+        for v in verdicts_for(engine, ref, VERSIONS, PolicyResource(), ["spend"])
+    ]
+    assert any(not v.passed and "past their reserved bound" in v.summary for v in spend)
+    assert sum(int(v.counts["over_bound_calls"]) for v in spend) == over
     # The other tenant is not affected.
     others, _ = run(engine, ["globex"])
     assert total(others, "accepted") == 80

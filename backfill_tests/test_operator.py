@@ -76,7 +76,11 @@ def test_run_json_reports_checks_and_apply_per_partition(
 
     ref = busiest(engine, ACME)
     execute(engine, "UPDATE results SET label = 'nsfw' WHERE key = :k", k=one_key(engine, ref))
+    # A plain run skips partitions that were checked and have nothing pending; --force
+    # re-runs (and so re-checks) them all.
     code, out = cli(["run", "--tenant", ACME, "--json"], env, capsys)
+    assert code == 0 and json.loads(out.strip().splitlines()[-1])["runs"] == []
+    code, out = cli(["run", "--tenant", ACME, "--json", "--force"], env, capsys)
     doc = json.loads(out.strip().splitlines()[-1])
     assert code == 1 and not doc["ok"]
     assert doc["blocked_partitions"] == [ref.key]

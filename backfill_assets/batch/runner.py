@@ -94,8 +94,9 @@ class BatchRunner:
 
     def _pending(self, ref: PartitionRef) -> tuple[int, list[PendingPost]]:
         with read_tx(self.ctx.engine) as conn:
-            size = post_counts(conn, [ref.tenant_id]).get((ref.tenant_id, ref.slice), 0)
-            return size, pending_posts(conn, ref.tenant_id, ref.slice, self.ctx.versions)
+            sizes = post_counts(conn, [ref.tenant_id])
+            size = sum(sizes.get((ref.tenant_id, s), 0) for s in ref.slices)
+            return size, pending_posts(conn, ref.tenant_id, ref.slices, self.ctx.versions)
 
     async def _plan(self) -> None:
         ctx = self.ctx

@@ -36,6 +36,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument(
         "--slice", action="append", default=[], type=slice_key, help="s03 or 3 (repeatable)"
     )
+    sp.add_argument(
+        "--force",
+        action="store_true",
+        help="run every partition that holds posts, even those with nothing to do",
+    )
     sp.set_defaults(func=commands.cmd_run)
 
     sp = add("verify", "Recompute expected keys from posts and audit every stored row.")

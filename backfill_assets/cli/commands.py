@@ -13,8 +13,10 @@ import sqlalchemy as sa
 
 from ..definitions import APPLY_JOB, BACKFILL_JOB, build_definitions
 from ..demo.generate import write_export
-from ..keys import SLICE_COUNT, SLICE_KEYS
-from ..orchestrate import materialize
+from ..keys import SLICE_COUNT, slice_no
+from ..orchestrate import ensure_tenant_partitions, run_boxes
+from ..partitions import tenant_partitions
+from ..plan import make_plan, pool_by_region
 from ..resources import engine_for
 from ..rubric import MAX_OUTPUT_TOKENS, estimate_prompt_tokens
 from ..settings import (
@@ -29,11 +31,18 @@ from ..store.dead_letters import requeue
 from ..store.engine import read_tx, write_tx
 from ..store.migrate import migrate, schema_versions
 from ..store.reports import tenant_ids, usage_by_day, usage_by_tenant_model
-from ..store.tenants import tenant_regions
+from ..store.tenants import all_regions
 from ..store.work import pending_query
 from ..usage import USAGE_COLUMNS, usage_csv
 from .inputs import known_tenants
-from .run_report import HUMAN_COLUMNS, human_rows, run_document, totals_line
+from .run_report import (
+    HUMAN_COLUMNS,
+    by_tenant,
+    human_rows,
+    run_document,
+    skipped_line,
+    totals_line,
+)
 from .tables import Human, show, table
 
 Env = dict[str, str]
@@ -67,20 +76,32 @@ def cmd_run(args: argparse.Namespace, env: Env) -> int:
     """Materialise labels, checks and the gated apply in-process; exit 1 if a check blocked."""
     engine = engine_for(database_url(env))
     tenants = store_tenants(engine, args.tenant)
-    slices = args.slice or list(SLICE_KEYS)
-    with read_tx(engine) as conn:
-        regions = tenant_regions(conn, tenants)  # each run's region tag
-    records = materialize(
-        build_definitions(env),
-        instance(env),
-        BACKFILL_JOB,
-        tenants,
-        slices,
-        apply_job=APPLY_JOB,
-        regions=regions,
+    defs, inst = build_definitions(env), instance(env)
+    ensure_tenant_partitions(inst, tenants)
+    # Only partitions with something to do reach Dagster, pooled into few runs (plan.py).
+    plan = make_plan(
+        engine,
+        inst,
+        versions_from_env(env),
+        tenants if args.tenant else None,
+        [slice_no(s) for s in args.slice] if args.slice else None,
+        force=args.force,
     )
-    doc = run_document(records)
-    human: list[Human] = [table(human_rows(doc), HUMAN_COLUMNS), totals_line(doc)]
+    with read_tx(engine) as conn:
+        regions = all_regions(conn)
+    # One region per run: a region without an endpoint here fails only its own runs, and
+    # each run carries its region's tag for the run queue.
+    order = inst.get_dynamic_partitions(tenant_partitions.name or "tenants")
+    plan = pool_by_region(plan, order, regions)
+    records = run_boxes(defs, inst, BACKFILL_JOB, plan.boxes, apply_job=APPLY_JOB, regions=regions)
+    doc = run_document(records, plan)
+    rows = human_rows(doc)
+    # Beyond a screenful of partitions, one row per tenant (--json has every partition).
+    human: list[Human] = [table(rows if len(rows) <= 48 else by_tenant(rows), HUMAN_COLUMNS)]
+    human.append(totals_line(doc))
+    skipped = skipped_line(doc)
+    if skipped:
+        human.append(skipped)
     human += [
         f"run {r['run_id']} ({r['job']}) failed: {r['error']}"
         for r in doc["runs"]
@@ -110,6 +131,8 @@ def cmd_verify(args: argparse.Namespace, env: Env) -> int:
             "billed_tokens",
             "rebilled_tokens",
             "orphan_attempts",
+            "usage_missing",
+            "over_bound",
         ],
     )
     problems = [
@@ -144,7 +167,7 @@ def cmd_dry_run(args: argparse.Namespace, env: Env) -> int:
         for tenant in tenants:
             keys = tokens = 0
             for s in range(SLICE_COUNT):
-                for row in conn.execute(pending_query(tenant, s, versions)):
+                for row in conn.execute(pending_query(tenant, [s], versions)):
                     keys += 1
                     tokens += estimate_prompt_tokens(rubric, row.text) + MAX_OUTPUT_TOKENS
             out.append({"tenant": tenant, "keys": keys, "estimated_tokens": tokens})

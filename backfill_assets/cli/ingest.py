@@ -11,7 +11,7 @@ from typing import Any
 from ..importer import ImportInputError, export_files, import_files
 from ..orchestrate import ensure_tenant_partitions
 from ..resources import engine_for
-from ..settings import database_url
+from ..settings import database_url, settings_from_env
 from ..store.engine import read_tx
 from ..store.posts import ImportSummary
 from ..store.rejects import list_rejects, reject_sources, rejected_tenant_values
@@ -60,7 +60,8 @@ def cmd_import(args: argparse.Namespace, env: Env) -> int:
             display.update(path.name, s.read, imported=s.imported, rejected=s.rejected)
 
         try:
-            done = import_files(engine, files, progress=progress)
+            target = settings_from_env(env).slice_target_posts
+            done = import_files(engine, files, progress=progress, slice_target=target)
         except ImportInputError as exc:
             raise UserError(str(exc)) from None
         finally:

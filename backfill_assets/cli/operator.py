@@ -13,13 +13,15 @@ from ..checks import verdicts_for
 from ..keys import SLICE_KEYS
 from ..launch import DONE_STATUSES, DagsterClient, GraphQLError, by_tenant, select_partitions
 from ..partitions import partition_key_for, partition_ref
+from ..pipeline import with_levels
+from ..plan import make_plan
 from ..policy import policy_from_env
 from ..regions import run_tags
 from ..resources import engine_for
 from ..settings import database_url, versions_from_env
 from ..store.engine import read_tx
-from ..store.tenants import tenant_regions
-from .commands import Env, emit, store_tenants
+from ..store.tenants import all_regions
+from .commands import Env, emit, instance, store_tenants
 from .inputs import UserError, choice, known_tenants, slice_key
 
 
@@ -81,9 +83,8 @@ def cmd_check(args: argparse.Namespace, env: Env) -> int:
     docs = []
     for s in slices:
         pk = partition_key_for(tenant, s)
-        for v in verdicts_for(
-            engine, partition_ref(pk), versions, policy, names, sample=args.limit
-        ):
+        ref = with_levels(engine, [partition_ref(pk)])[0]
+        for v in verdicts_for(engine, ref, versions, policy, names, sample=args.limit):
             docs.append(_verdict_doc(pk, v))
     blocked = [d for d in docs if d["blocking"] and not d["passed"]]
     lines = []
@@ -106,29 +107,49 @@ def cmd_launch(args: argparse.Namespace, env: Env) -> int:
     url = args.url or env.get("DAGSTER_WEBSERVER_URL", "") or "http://127.0.0.1:3000"
     client = DagsterClient(url)
     try:
-        return _launch(args, client, env)
+        return _launch(args, client, _needs_work(env), _regions(env))
     except GraphQLError as exc:
         raise UserError(f"webserver: {exc}") from None
     finally:
         client.close()
 
 
-def _launch(args: argparse.Namespace, client: DagsterClient, env: Env) -> int:
+def _needs_work(env: Env) -> dict[str, str]:
+    """Partitions ``run`` would run, with why (the same rule: plan.py), from the store and the
+    local instance; the others (no posts, nothing to do) are not worth a backfill."""
+    engine = engine_for(database_url(env))
+    plan = make_plan(engine, instance(env), versions_from_env(env))
+    return {p.ref.key: p.reason for p in plan.partitions if p.run}
+
+
+def _regions(env: Env) -> dict[str, str | None]:
+    """Every tenant's region, for the backfills' ``region`` tags."""
+    with read_tx(engine_for(database_url(env))) as conn:
+        return all_regions(conn)
+
+
+def _launch(
+    args: argparse.Namespace,
+    client: DagsterClient,
+    needed: dict[str, str],
+    regions: dict[str, str | None],
+) -> int:
     state = client.partition_state()
     # The tenants the webserver has partitions for: what a backfill can be launched for.
     tenants = known_tenants(args.tenant, sorted({partition_ref(k).tenant_id for k in state.keys}))
-    keys = select_partitions(
+    selected = select_partitions(
         state, args.stale, args.missing, args.failed, args.check_failed, tenants
     )
+    # Same rule as ``run``: partitions that hold no posts, or have nothing pending and are
+    # materialised, checked and applied at this code version, are left out.
+    keys = [k for k in selected if k in needed]
     kinds = [k for k in ("stale", "missing", "failed", "check_failed") if getattr(args, k)]
     groups = by_tenant(keys)
-    regions = _regions(env, list(groups))
     launched: list[dict[str, Any]] = []
     for tenant, pks in sorted(groups.items()):
-        entry: dict[str, Any] = {"tenant": tenant, "partitions": pks}
         # The backfill's tags go on each of its runs: per-tenant and per-region queue limits.
         tags = {"tenant": tenant, **run_tags([regions.get(tenant)])}
-        entry["tags"] = tags
+        entry: dict[str, Any] = {"tenant": tenant, "partitions": pks, "tags": tags}
         if not args.dry_run:
             title = f"moderation {tenant}: {'+'.join(kinds)} ({len(pks)} partitions)"
             bid = client.launch_backfill(pks, title, tags)
@@ -138,8 +159,16 @@ def _launch(args: argparse.Namespace, client: DagsterClient, env: Env) -> int:
     for entry in launched:
         if "backfill_id" in entry:
             entry["status"] = statuses.get(entry["backfill_id"], "REQUESTED")
-    doc = {"selection": kinds, "partitions": len(keys), "backfills": launched}
-    human = [f"{len(keys)} partition(s) selected ({', '.join(kinds)})"]
+    doc = {
+        "selection": kinds,
+        "partitions": len(keys),
+        "left_out": len(selected) - len(keys),
+        "backfills": launched,
+    }
+    human = [
+        f"{len(keys)} partition(s) selected ({', '.join(kinds)}); "
+        f"{len(selected) - len(keys)} left out (no posts, or nothing to do)"
+    ]
     for e in launched:
         where = e.get("url", "(dry run)")
         human.append(
@@ -148,14 +177,6 @@ def _launch(args: argparse.Namespace, client: DagsterClient, env: Env) -> int:
     emit(args, doc, "\n".join(human))
     failed = [s for s in statuses.values() if s not in ("COMPLETED", "COMPLETED_SUCCESS")]
     return 1 if failed else 0
-
-
-def _regions(env: Env, tenants: list[str]) -> dict[str, str | None]:
-    """The tenants' regions from the store (none selected: the store is not opened)."""
-    if not tenants:
-        return {}
-    with read_tx(engine_for(database_url(env))) as conn:
-        return tenant_regions(conn, tenants)
 
 
 def _wait(client: DagsterClient, launched: list[dict[str, Any]], seconds: float) -> dict[str, str]:

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..orchestrate import RunRecord
+from ..plan import Plan
 
 HUMAN_COLUMNS = [
     "partition",
@@ -36,8 +37,9 @@ def _partition_row(rec: RunRecord, pk: str) -> dict[str, Any]:
     return row
 
 
-def run_document(records: Sequence[RunRecord]) -> dict[str, Any]:
-    """The ``run --json`` document: runs, partitions (with checks and apply) and totals."""
+def run_document(records: Sequence[RunRecord], plan: Plan | None = None) -> dict[str, Any]:
+    """The ``run --json`` document: runs, partitions (with checks and apply), the partitions
+    skipped with their reason, and totals."""
     applied = {pk for r in records for pk in r.applied}
     checks: dict[str, list[dict[str, Any]]] = {}
     for rec in records:
@@ -59,12 +61,23 @@ def run_document(records: Sequence[RunRecord]) -> dict[str, Any]:
                 c["name"] for c in row["checks"] if c["blocking"] and not c["passed"]
             ]
             row["applied"] = pk in applied
+            row["status"] = "run"
             rows.append(row)
     rows.sort(key=lambda r: tuple(reversed(str(r["partition"]).split("|"))))
     failed = [r for r in records if not r.success]
     blocked = [r["partition"] for r in rows if r["blocking_failed"]]
+    skipped = [
+        {"partition": p.ref.key, "status": "skipped", "reason": p.reason}
+        for p in (plan.skipped if plan is not None else [])
+    ]
     return {
         "ok": not failed and not blocked,
+        "skipped": skipped,
+        "plan": {
+            "partitions": len(plan.partitions) if plan is not None else len(rows),
+            "runs": len(plan.boxes) if plan is not None else len(records),
+            "to_run": sum(p.run for p in plan.partitions) if plan is not None else len(rows),
+        },
         "runs": [
             {"run_id": r.run_id, "job": r.job, "success": r.success, "error": r.error}
             for r in records
@@ -97,3 +110,29 @@ def totals_line(doc: dict[str, Any]) -> str:
     failed = sum(1 for r in doc["runs"] if not r["success"])
     parts = [f"{k} {totals[k]:,}" for k in HUMAN_COLUMNS if isinstance(totals.get(k), int)]
     return "totals: " + ", ".join([*parts, f"runs {len(doc['runs'])}", f"failed runs {failed}"])
+
+
+def skipped_line(doc: dict[str, Any]) -> str | None:
+    """How many partitions were skipped, by reason (None if none were)."""
+    reasons: dict[str, int] = defaultdict(int)
+    for s in doc.get("skipped", []):
+        reasons[s["reason"]] += 1
+    if not reasons:
+        return None
+    shown = "; ".join(f"{n} {why}" for why, n in sorted(reasons.items(), key=lambda kv: -kv[1]))
+    return f"skipped {sum(reasons.values())} partition(s): {shown}"
+
+
+def by_tenant(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Human rows summed per tenant (for runs over many partitions)."""
+    out: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        tenant = str(r["partition"]).split("|", 1)[1]
+        agg = out.setdefault(tenant, {"partition": f"{tenant} (all)", "checks": "ok"})
+        for k in HUMAN_COLUMNS:
+            if isinstance(r.get(k), int):
+                agg[k] = agg.get(k, 0) + r[k]
+        if r["checks"] not in ("ok", "-"):
+            agg["checks"] = "FAIL"
+        agg["applied"] = "yes" if r["applied"] == "yes" and agg.get("applied") != "no" else "no"
+    return [out[t] for t in sorted(out)]

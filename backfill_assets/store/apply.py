@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import sqlalchemy as sa
@@ -32,12 +33,12 @@ def rubric_version(versions: Versions) -> str:
     return versions.code_version
 
 
-def _accepted(tenant_id: str, slice_no: int, versions: Versions) -> sa.ColumnElement[bool]:
+def _accepted(tenant_id: str, slices: Sequence[int], versions: Versions) -> sa.ColumnElement[bool]:
     # Only a result for the post's *current* text under the current versions is applied: a
     # label of an edited post's older text must not land on the new text.
     return sa.and_(
         results.c.tenant_id == tenant_id,
-        results.c.slice == slice_no,
+        results.c.slice.in_(list(slices)),
         results.c.task_version == versions.task_version,
         results.c.prompt_version == versions.prompt_version,
         results.c.model == versions.model,
@@ -45,12 +46,16 @@ def _accepted(tenant_id: str, slice_no: int, versions: Versions) -> sa.ColumnEle
         posts.c.tenant_id == results.c.tenant_id,
         posts.c.post_id == results.c.post_id,
         posts.c.content_hash == results.c.content_hash,
-        posts.c.slice == slice_no,
+        posts.c.slice == results.c.slice,
     )
 
 
 def apply_partition(
-    conn: Connection, tenant_id: str, slice_no: int, versions: Versions, live: bool = False
+    conn: Connection,
+    tenant_id: str,
+    slices: Sequence[int],
+    versions: Versions,
+    live: bool = False,
 ) -> ApplyReport:
     """Write accepted labels of one partition; rows already up to date are not touched.
 
@@ -58,7 +63,7 @@ def apply_partition(
     so the posts table stays byte-identical.
     """
     version = rubric_version(versions)
-    match = _accepted(tenant_id, slice_no, versions)
+    match = _accepted(tenant_id, slices, versions)
     eligible = int(
         conn.execute(sa.select(sa.func.count()).select_from(posts).where(match)).one()[0]
     )

@@ -119,7 +119,7 @@ def _by_keys(
 
 
 def partition_evidence(
-    conn: Connection, tenant_id: str, slice_no: int, versions: Versions
+    conn: Connection, tenant_id: str, slice_no: int, slices: Sequence[int], versions: Versions
 ) -> PartitionEvidence:
     """One partition's posts and every row that claims it *or* carries one of its keys.
 
@@ -133,7 +133,7 @@ def partition_evidence(
         str(r.post_id): str(r.content_hash)
         for r in conn.execute(
             sa.select(posts.c.post_id, posts.c.content_hash).where(
-                posts.c.tenant_id == tenant_id, posts.c.slice == slice_no
+                posts.c.tenant_id == tenant_id, posts.c.slice.in_(list(slices))
             )
         )
     }
@@ -141,7 +141,7 @@ def partition_evidence(
 
     def gather(table: sa.Table, ident: str, by_key: bool) -> list[dict[str, Any]]:
         # Union by primary key: a row both claimed and found by key is one row, not a duplicate.
-        rows = _rows(conn, table, table.c.tenant_id == tenant_id, table.c.slice == slice_no)
+        rows = _rows(conn, table, table.c.tenant_id == tenant_id, table.c.slice.in_(list(slices)))
         if by_key:
             rows += _by_keys(conn, table, keys)
         found = {row[ident]: row for row in rows}

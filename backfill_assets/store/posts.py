@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
+from ..keys import MAX_LEVEL, level_for
 from ..records import Post, Rejection
 from .dialect import insert_for
 from .engine import write_tx
@@ -28,6 +29,8 @@ class ImportSummary:
     new_tenants: list[str] = field(default_factory=list)
     # Rejected lines not recorded by an earlier import of the same file (not in the JSON).
     new_rejects: int = 0
+    # Tenants with lines in this import: their slice levels are raised at the end (not JSON).
+    tenants_seen: set[str] = field(default_factory=set)
 
     def add(self, other: ImportSummary) -> None:
         """Add another file's counts (a directory import)."""
@@ -38,6 +41,7 @@ class ImportSummary:
         self.rejected += other.rejected
         self.new_rejects += other.new_rejects
         self.new_tenants += [t for t in other.new_tenants if t not in self.new_tenants]
+        self.tenants_seen |= other.tenants_seen
 
     def as_dict(self) -> dict[str, object]:
         """JSON-friendly form."""
@@ -65,8 +69,53 @@ def register_tenants(conn: Connection, tenant_ids: Iterable[str]) -> list[str]:
     if new:
         stmt = insert_for(conn, tenants).on_conflict_do_nothing()
         now = utcnow()
-        conn.execute(stmt, [{"tenant_id": t, "billed_tokens": 0, "created_at": now} for t in new])
+        conn.execute(
+            stmt,
+            [
+                # A new tenant starts in one partition; the import raises its level as it grows.
+                {"tenant_id": t, "billed_tokens": 0, "created_at": now, "slice_level": 0}
+                for t in new
+            ],
+        )
     return new
+
+
+def raise_slice_levels(engine: Engine, tenant_ids: Iterable[str], target: int) -> dict[str, int]:
+    """Raise the tenants' slice levels to what their post counts need (never lower them).
+
+    Returns the tenants whose level rose, with the new level.
+    """
+    wanted = sorted(set(tenant_ids))
+    raised: dict[str, int] = {}
+    if not wanted:
+        return raised
+    with write_tx(engine) as conn:
+        rows = conn.execute(
+            sa.select(tenants.c.tenant_id, tenants.c.slice_level, sa.func.count(posts.c.post_id))
+            .select_from(tenants.join(posts, posts.c.tenant_id == tenants.c.tenant_id))
+            .where(tenants.c.tenant_id.in_(wanted), tenants.c.slice_level.is_not(None))
+            .group_by(tenants.c.tenant_id, tenants.c.slice_level)
+        ).all()
+        for tenant_id, level, n in rows:
+            needed = level_for(int(n), target)
+            if needed > int(level):
+                raised[str(tenant_id)] = needed
+        for tenant_id, level in raised.items():
+            conn.execute(
+                tenants.update().where(tenants.c.tenant_id == tenant_id).values(slice_level=level)
+            )
+    return raised
+
+
+def slice_levels(conn: Connection, tenant_ids: Iterable[str]) -> dict[str, int]:
+    """Each tenant's slice level (tenants imported before levels existed use all slices)."""
+    wanted = sorted(set(tenant_ids))
+    if not wanted:
+        return {}
+    rows = conn.execute(
+        sa.select(tenants.c.tenant_id, tenants.c.slice_level).where(tenants.c.tenant_id.in_(wanted))
+    ).all()
+    return {str(t): MAX_LEVEL if lvl is None else int(lvl) for t, lvl in rows}
 
 
 def write_batch(
@@ -90,6 +139,7 @@ def write_batch(
                 else:
                     summary.updated += 1
             latest[ident] = item
+        summary.tenants_seen.update(t for t, _ in latest)
         summary.new_tenants += register_tenants(conn, (t for t, _ in latest))
         claim_regions(conn, claimed)
         _upsert_posts(conn, list(latest.values()), summary)

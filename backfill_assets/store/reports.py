@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
@@ -48,7 +50,7 @@ def tenant_ids(conn: Connection) -> list[str]:
     ]
 
 
-def partition_spend(conn: Connection, tenant_id: str, slice_no: int) -> dict[str, int]:
+def partition_spend(conn: Connection, tenant_id: str, slices: Sequence[int]) -> dict[str, int]:
     """Billed tokens of a partition and the part paid more than once for the same key."""
     le = ledger_events
     per_event = (
@@ -56,7 +58,7 @@ def partition_spend(conn: Connection, tenant_id: str, slice_no: int) -> dict[str
             (le.c.tokens_in + le.c.tokens_out).label("tokens"),
             sa.func.row_number().over(partition_by=le.c.key, order_by=le.c.id).label("nth"),
         )
-        .where(le.c.tenant_id == tenant_id, le.c.slice == slice_no, le.c.type == "usage")
+        .where(le.c.tenant_id == tenant_id, le.c.slice.in_(list(slices)), le.c.type == "usage")
         .subquery()
     )
     row = conn.execute(

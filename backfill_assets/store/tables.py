@@ -21,6 +21,8 @@ tenants = sa.Table(
     sa.Column("region", sa.Text),
     sa.Column("billed_tokens", sa.BigInteger, nullable=False),
     sa.Column("created_at", sa.DateTime, nullable=False),
+    # sql/007: 2^slice_level of the tenant's partitions hold posts (NULL: all of them).
+    sa.Column("slice_level", sa.Integer),
 )
 
 posts = sa.Table(

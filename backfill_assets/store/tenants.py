@@ -25,6 +25,12 @@ def tenant_regions(conn: Connection, tenant_ids: Iterable[str]) -> dict[str, str
     return {str(t): (None if r is None else str(r)) for t, r in conn.execute(stmt)}
 
 
+def all_regions(conn: Connection) -> dict[str, str | None]:
+    """Every tenant's region (``None``: no region)."""
+    stmt = sa.select(tenants.c.tenant_id, tenants.c.region)
+    return {str(t): (None if r is None else str(r)) for t, r in conn.execute(stmt)}
+
+
 def set_region(conn: Connection, tenant_id: str, region: str) -> str | None:
     """Set a tenant's region (validated by the caller); returns the previous one."""
     previous = tenant_regions(conn, [tenant_id])

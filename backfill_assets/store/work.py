@@ -8,7 +8,7 @@ import fcntl
 import hashlib
 import os
 import threading
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -34,6 +34,7 @@ class PendingPost:
     content_hash: str
     text: str
     had_dead_letter: bool = False
+    slice: int = 0  # the post's stored slice (keys.slice_of), not the partition's number
 
 
 def _same_work(table: sa.Table, versions: Versions) -> sa.ColumnElement[bool]:
@@ -49,9 +50,10 @@ def _same_work(table: sa.Table, versions: Versions) -> sa.ColumnElement[bool]:
 
 
 def pending_query(
-    tenant_id: str, slice_no: int, versions: Versions
-) -> sa.Select[tuple[str, str, str]]:
-    """Anti-join in SQL: posts of the partition minus accepted minus finally rejected."""
+    tenant_id: str, slices: Sequence[int], versions: Versions
+) -> sa.Select[tuple[str, str, str, int]]:
+    """Anti-join in SQL: posts of the partition (its stored ``slices``) minus accepted minus
+    finally rejected."""
     done = sa.exists().where(_same_work(results, versions))
     dead = sa.exists().where(
         _same_work(dead_letters, versions), dead_letters.c.outcome.in_(FINAL_DEAD_OUTCOMES)
@@ -59,17 +61,44 @@ def pending_query(
     # Only evaluated for rows that pass the filters: tells the writer which accepted keys
     # have a (retry_exhausted) dead letter to clear, so it skips the delete for all others.
     had_dead = sa.exists().where(_same_work(dead_letters, versions)).label("had_dead_letter")
-    return sa.select(posts.c.post_id, posts.c.content_hash, posts.c.text, had_dead).where(
-        posts.c.tenant_id == tenant_id, posts.c.slice == slice_no, ~done, ~dead
+    return sa.select(
+        posts.c.post_id, posts.c.content_hash, posts.c.text, had_dead, posts.c.slice
+    ).where(posts.c.tenant_id == tenant_id, _in_slices(posts, slices), ~done, ~dead)
+
+
+def pending_counts(
+    conn: Connection, tenants: Sequence[str] | None, versions: Versions
+) -> dict[tuple[str, int], tuple[int, int]]:
+    """(posts, pending keys) per (tenant, stored slice), for all tenants or ``tenants``, in one
+    grouped query: what a run would send, without reading a single post text."""
+    done = sa.exists().where(_same_work(results, versions))
+    dead = sa.exists().where(
+        _same_work(dead_letters, versions), dead_letters.c.outcome.in_(FINAL_DEAD_OUTCOMES)
     )
+    pending = sa.func.sum(sa.case((sa.and_(~done, ~dead), 1), else_=0))
+    stmt = sa.select(posts.c.tenant_id, posts.c.slice, sa.func.count(), pending).group_by(
+        posts.c.tenant_id, posts.c.slice
+    )
+    if tenants is not None:
+        stmt = stmt.where(posts.c.tenant_id.in_(list(tenants)))
+    return {(str(t), int(s)): (int(n), int(p or 0)) for t, s, n, p in conn.execute(stmt)}
+
+
+def _in_slices(table: sa.Table, slices: Sequence[int]) -> sa.ColumnElement[bool]:
+    # One slice is an equality (the index's prefix); a few are an IN list, still indexed.
+    chosen = list(slices)
+    return table.c.slice == chosen[0] if len(chosen) == 1 else table.c.slice.in_(chosen)
 
 
 def pending_posts(
-    conn: Connection, tenant_id: str, slice_no: int, versions: Versions
+    conn: Connection, tenant_id: str, slices: Sequence[int], versions: Versions
 ) -> list[PendingPost]:
-    """The partition's remaining work (bounded by one slice)."""
-    rows = conn.execute(pending_query(tenant_id, slice_no, versions))
-    return [PendingPost(r.post_id, r.content_hash, r.text, bool(r.had_dead_letter)) for r in rows]
+    """The partition's remaining work (bounded by one partition)."""
+    rows = conn.execute(pending_query(tenant_id, slices, versions))
+    return [
+        PendingPost(r.post_id, r.content_hash, r.text, bool(r.had_dead_letter), int(r.slice))
+        for r in rows
+    ]
 
 
 class PartitionBusy(RuntimeError):

@@ -1,0 +1,154 @@
+"""Cost follows the work (issue 10): partitions with nothing to do never reach Dagster, the rest
+are pooled into few runs, and slices fill by volume."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import dagster as dg
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from backfill_assets.cli import build_parser
+from backfill_assets.keys import level_for, partition_of, partition_slices, slice_of
+from backfill_assets.pipeline import PartitionRef
+from backfill_assets.plan import Box, PartitionPlan, pool
+from backfill_tests.conftest import import_records
+
+
+def _plans(needs: dict[str, list[int]], tenants: list[str]) -> list[PartitionPlan]:
+    out = []
+    for t in tenants:
+        for s in range(16):
+            ref = PartitionRef(f"s{s:02d}|{t}", t, s)
+            out.append(PartitionPlan(ref, 1, 1, s in needs.get(t, []), ""))
+    return out
+
+
+def test_pool_merges_small_tenants_and_keeps_big_ones_apart() -> None:
+    small = [f"t{i:03d}" for i in range(100)]
+    boxes = pool(_plans({t: [0] for t in small}, small), small)
+    assert boxes == [Box(tuple(small), 0, 0)]  # 100 one-partition tenants: one run
+    order = ["big1", *small[:10], "big2"]
+    needs = {"big1": list(range(16)), "big2": list(range(16)), **{t: [0] for t in small[:10]}}
+    boxes = pool(_plans(needs, order), order)
+    # Merging the small ones into a 16-wide box would add 150 empty partitions: not worth it.
+    assert [b.tenants for b in boxes] == [("big1",), tuple(small[:10]), ("big2",)]
+    # A few idle tenants between busy ones are cheaper inside the box than a second run.
+    order = ["a", "idle1", "idle2", "b"]
+    boxes = pool(_plans({"a": [0], "b": [0]}, order), order)
+    assert boxes == [Box(("a", "idle1", "idle2", "b"), 0, 0)]
+    # Boxes stay bounded.
+    many = [f"m{i:04d}" for i in range(1200)]
+    boxes = pool(_plans({t: [0] for t in many}, many), many, max_partitions=500)
+    assert [len(b.tenants) for b in boxes] == [500, 500, 200]
+
+
+def test_levels_split_partitions_and_keep_every_post_in_one() -> None:
+    assert [level_for(n, 5000) for n in (1, 5000, 5001, 10_001, 40_001, 10**6)] == [
+        0,
+        0,
+        1,
+        2,
+        4,
+        4,
+    ]
+    for level in range(5):
+        held = [s for p in range(16) for s in partition_slices(p, level)]
+        assert sorted(held) == list(range(16))  # every stored slice in exactly one partition
+        for s in range(16):
+            assert s in partition_slices(partition_of(s, level), level)
+    # A growing tenant's partitions split: a post's partition at level L+1 is within (mod) L's.
+    for s in range(16):
+        assert partition_of(s, 2) % 2 == partition_of(s, 1)
+
+
+def _cli(argv: list[str], env: dict[str, str], capsys: pytest.CaptureFixture[str]) -> dict:
+    args = build_parser().parse_args(argv)
+    code = args.func(args, env)
+    doc: dict = json.loads(capsys.readouterr().out)
+    doc["exit"] = code
+    return doc
+
+
+def _events(home: Path) -> int:
+    instance = dg.DagsterInstance.from_config(str(home))
+    with instance:
+        return len(
+            instance.event_log_storage.get_event_records(
+                dg.EventRecordsFilter(dg.DagsterEventType.ASSET_MATERIALIZATION), limit=100_000
+            )
+        ) + len(instance.get_run_records())
+
+
+def test_no_work_no_run_and_what_unskips_a_partition(
+    engine: Engine, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tenants = [f"tenant-{i}" for i in range(6)]
+    records = [
+        {"tenant_id": t, "post_id": f"p{i}", "text": f"{t} says {i}"}
+        for t in tenants
+        for i in range(30)
+    ]
+    import_records(engine, tmp_path, records, slice_target=5000)  # each tenant: one partition
+    home = tmp_path / "home"
+    env = {"BACKFILL_DATABASE_URL": str(engine.url.render_as_string()), "DAGSTER_HOME": str(home)}
+
+    first = _cli(["run", "--json"], env, capsys)
+    assert first["exit"] == 0 and first["plan"]["runs"] == 1  # six tenants, one pooled run
+    assert {r["partition"] for r in first["partitions"]} == {f"s00|{t}" for t in tenants}
+    assert all(s["reason"].startswith("holds no posts") for s in first["skipped"])
+    assert len(first["skipped"]) == 6 * 15
+
+    # Nothing to do: no run, no event.
+    before = _events(home)
+    again = _cli(["run", "--json"], env, capsys)
+    assert again["exit"] == 0 and again["runs"] == [] and again["partitions"] == []
+    assert sum(s["reason"].startswith("nothing pending") for s in again["skipped"]) == 6
+    assert _events(home) == before
+
+    # One new post: only its partition runs.
+    import_records(
+        engine,
+        tmp_path,
+        [{"tenant_id": "tenant-3", "post_id": "new", "text": "fresh"}],
+        name="more.jsonl",
+        slice_target=5000,
+    )
+    one = _cli(["run", "--json"], env, capsys)
+    assert [r["partition"] for r in one["partitions"]] == ["s00|tenant-3"]
+    assert one["totals"]["model_calls"] == 1 and len(one["runs"]) == 1
+
+    # --force runs every partition that holds posts (0 calls: all keys are done).
+    forced = _cli(["run", "--json", "--force"], env, capsys)
+    assert len(forced["partitions"]) == 6 and forced["totals"]["model_calls"] == 0
+
+    # A new code version (another model) un-skips every partition.
+    changed = _cli(["run", "--json"], {**env, "BACKFILL_MODEL": "fake-moderator-2"}, capsys)
+    assert len(changed["partitions"]) == 6 and changed["totals"]["model_calls"] == 181
+
+
+def test_a_tenant_that_grows_splits_its_partitions(
+    engine: Engine, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    posts = [{"tenant_id": "acme", "post_id": f"p{i}", "text": f"post {i}"} for i in range(40)]
+    import_records(engine, tmp_path, posts[:20], slice_target=10)  # 20 posts -> 2 partitions
+    env = {
+        "BACKFILL_DATABASE_URL": str(engine.url.render_as_string()),
+        "DAGSTER_HOME": str(tmp_path / "home"),
+    }
+    first = _cli(["run", "--json"], env, capsys)
+    assert sorted(r["partition"] for r in first["partitions"]) == ["s00|acme", "s01|acme"]
+    import_records(engine, tmp_path, posts, name="all.jsonl", slice_target=10)  # 40 -> 4
+    second = _cli(["run", "--json"], env, capsys)
+    # The 20 new keys are sent, the 20 done ones are not; partitions s02, s03 appear.
+    assert second["totals"]["model_calls"] == 20
+    ran = {r["partition"] for r in second["partitions"]}
+    assert {"s02|acme", "s03|acme"} <= ran
+    with engine.connect() as conn:
+        rows = conn.execute(sa.text("SELECT post_id, slice FROM results")).all()
+    assert len(rows) == 40 and all(s == slice_of("acme", p) for p, s in rows)
+    verify = _cli(["verify", "--require-complete", "--json"], env, capsys)
+    assert verify["exit"] == 0
