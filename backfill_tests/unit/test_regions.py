@@ -8,6 +8,7 @@ from pydantic import ValidationError
 from backfill_assets.batch.options import BatchEndpoint
 from backfill_assets.models.fake import FakeModel
 from backfill_assets.pipeline import PartitionRef
+from backfill_assets.plan import PartitionPlan, Plan, pool, pool_by_region
 from backfill_assets.records import Post, Rejection, parse_line
 from backfill_assets.regions import (
     InvalidRegion,
@@ -178,3 +179,25 @@ def test_an_import_line_may_carry_a_well_formed_region() -> None:
         )
         assert isinstance(bad, Rejection) and bad.line == 9 and bad.tenant_given == "acme"
         assert "region" in bad.reason and "secret words" not in bad.reason
+
+
+def _plan(tenants: list[str]) -> Plan:
+    parts = [
+        PartitionPlan(PartitionRef(f"s{s:02d}|{t}", t, s), 1, 1, s == 0, "")
+        for t in tenants
+        for s in range(16)
+    ]
+    return Plan(parts, pool(parts, tenants))
+
+
+def test_pooled_runs_never_mix_regions() -> None:
+    order = ["a", "b", "eu1", "eu2", "idle", "c", "ap1"]
+    plan = _plan(order)
+    assert [b.tenants for b in plan.boxes] == [tuple(order)]  # one box, five regions' worth
+    region_of = {"eu1": "eu", "eu2": "eu", "ap1": "ap"}
+    split = pool_by_region(plan, order, region_of)
+    assert [b.tenants for b in split.boxes] == [("a", "b"), ("eu1", "eu2"), ("idle", "c"), ("ap1",)]
+    assert split.partitions == plan.partitions and split.skipped == plan.skipped
+    # Each box is one region, so its run carries one region tag (none for the default lane).
+    tags = [run_tags(region_of.get(t) for t in b.tenants) for b in split.boxes]
+    assert tags == [{}, {"region": "eu"}, {}, {"region": "ap"}]
