@@ -12,7 +12,7 @@ the run (see README, "Checks in multi-partition runs").
 
 import json
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import dagster as dg
@@ -21,12 +21,13 @@ from dagster._core.definitions.asset_checks.asset_check_evaluation import (
     # materialisation, which AssetCheckResult would fill in for a single-partition step.
     AssetCheckEvaluationTargetMaterializationData as TargetMaterialization,
 )
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 
 from .check_rules import (
     CHECK_GROUPS,
     CHECK_NAMES,
     GroupVerdict,
+    PartitionEvidence,
     Verdict,
     evaluate,
     group_verdicts,
@@ -40,6 +41,7 @@ from .store.apply import rubric_version
 from .store.audit import partition_evidence
 from .store.engine import read_tx
 from .store.reports import live_label_counts
+from .validation import stored_result_problems
 
 LABELS_KEY = dg.AssetKey("moderation_labels")
 CHECKS_NAME = "moderation_label_checks"
@@ -61,22 +63,62 @@ def verdicts_for(
     sample: int = 5,
 ) -> list[Verdict]:
     """Gather one partition's rows and judge them (shared by checks, gate and CLI)."""
+    return verdicts_for_many(engine, [ref], versions, policy, names, {ref.key: deferred}, sample)[
+        ref.key
+    ]
+
+
+def verdicts_for_many(
+    engine: Engine,
+    refs: Sequence[PartitionRef],
+    versions: Versions,
+    policy: PolicyResource,
+    names: Sequence[str] = CHECK_NAMES,
+    deferred: Mapping[str, int | None] | None = None,
+    sample: int = 5,
+) -> dict[str, list[Verdict]]:
+    """Verdicts for several partitions: rows read per partition, the stored-result schema
+    validated in one frame, each tenant's drift baseline read once."""
+    evidence: dict[str, PartitionEvidence] = {}
+    baselines: dict[str, tuple[dict[str, float] | None, str]] = {}
     with read_tx(engine) as conn:
-        ev = partition_evidence(conn, ref.tenant_id, ref.slice, ref.slices, versions)
-        if "label_drift" in names:
-            configured = policy.configured_baseline()
-            if configured is not None:
-                ev.baseline, ev.baseline_source = configured, "configured"
-            else:
-                live = live_label_counts(conn, ref.tenant_id, rubric_version(versions))
-                total = sum(live.values())
-                if total:
-                    ev.baseline = {k: n / total for k, n in live.items()}
-                    ev.baseline_source = f"live ({total} posts)"
-                else:
-                    ev.baseline_source = "live: no live labels yet"
-    ev.deferred = deferred
-    return evaluate(ev, policy.bounds(), names, sample=sample)
+        for ref in refs:
+            evidence[ref.key] = partition_evidence(
+                conn, ref.tenant_id, ref.slice, ref.slices, versions, validate=False
+            )
+            if "label_drift" in names and ref.tenant_id not in baselines:
+                baselines[ref.tenant_id] = _baseline(conn, ref.tenant_id, versions, policy)
+    if "output_schema" in names:
+        unique = {r["key"]: dict(r) for ev in evidence.values() for r in ev.results}
+        bad: dict[str, list[str]] = {}
+        for key, why in stored_result_problems(list(unique.values())):
+            bad.setdefault(key, []).append(why)
+        for ev in evidence.values():
+            ev.schema_problems = [
+                (r["key"], why) for r in ev.results for why in bad.get(r["key"], [])
+            ]
+    out: dict[str, list[Verdict]] = {}
+    for ref in refs:
+        ev = evidence[ref.key]
+        if ref.tenant_id in baselines:
+            ev.baseline, ev.baseline_source = baselines[ref.tenant_id]
+        ev.deferred = (deferred or {}).get(ref.key)
+        out[ref.key] = evaluate(ev, policy.bounds(), names, sample=sample)
+    return out
+
+
+def _baseline(
+    conn: Connection, tenant_id: str, versions: Versions, policy: PolicyResource
+) -> tuple[dict[str, float] | None, str]:
+    """The drift baseline of a tenant: configured, or the live labels' shares."""
+    configured = policy.configured_baseline()
+    if configured is not None:
+        return dict(configured), "configured"
+    live = live_label_counts(conn, tenant_id, rubric_version(versions))
+    total = sum(live.values())
+    if not total:
+        return None, "live: no live labels yet"
+    return {k: n / total for k, n in live.items()}, f"live ({total} posts)"
 
 
 def verdict_metadata(v: Verdict) -> dict[str, Any]:
@@ -124,23 +166,41 @@ def group_metadata(gv: GroupVerdict) -> dict[str, Any]:
     return md
 
 
-def _latest_materialization(
-    instance: dg.DagsterInstance, partition_key: str
-) -> tuple[TargetMaterialization | None, int | None]:
-    """The partition's latest materialisation (checks point at it) and its deferred count."""
-    records = instance.fetch_materializations(
-        dg.AssetRecordsFilter(asset_key=LABELS_KEY, asset_partitions=[partition_key]), limit=1
-    ).records
-    if not records:
-        return None, None
-    rec = records[0]
-    mat = rec.event_log_entry.asset_materialization
-    deferred_md = mat.metadata.get("outcome_deferred") if mat is not None else None
-    deferred = getattr(deferred_md, "value", None)
-    target = TargetMaterialization(
-        storage_id=rec.storage_id, run_id=rec.run_id, timestamp=rec.timestamp
+def _latest_materializations(
+    instance: dg.DagsterInstance, partition_keys: Sequence[str]
+) -> dict[str, tuple[TargetMaterialization | None, int | None]]:
+    """Each partition's latest materialisation (checks point at it) and its deferred count,
+    in two queries for the whole run."""
+    storage = instance.event_log_storage
+    latest = storage.get_latest_storage_id_by_partition(
+        LABELS_KEY, dg.DagsterEventType.ASSET_MATERIALIZATION, set(partition_keys)
     )
-    return target, int(deferred) if isinstance(deferred, int) else None
+    records = (
+        storage.get_event_records(
+            dg.EventRecordsFilter(
+                dg.DagsterEventType.ASSET_MATERIALIZATION,
+                asset_key=LABELS_KEY,
+                storage_ids=list(latest.values()),
+            ),
+            limit=len(latest),
+        )
+        if latest
+        else []
+    )
+    by_id = {rec.storage_id: rec for rec in records}
+    out: dict[str, tuple[TargetMaterialization | None, int | None]] = {}
+    for pk in partition_keys:
+        rec = by_id.get(latest.get(pk, -1))
+        if rec is None:
+            out[pk] = (None, None)
+            continue
+        mat = rec.event_log_entry.asset_materialization
+        deferred = getattr(mat.metadata.get("outcome_deferred") if mat else None, "value", None)
+        target = TargetMaterialization(
+            storage_id=rec.storage_id, run_id=rec.run_id, timestamp=rec.timestamp
+        )
+        out[pk] = (target, int(deferred) if isinstance(deferred, int) else None)
+    return out
 
 
 def _evaluation(
@@ -200,10 +260,14 @@ def _checks(specs: list[dg.AssetCheckSpec]) -> dg.AssetChecksDefinition:
         selected = {k.name for k in context.selected_asset_check_keys}
         names = [m for g in CHECK_GROUPS if g.name in selected for m in g.members]
         failed: dict[str, list[str]] = {}
+        latest = _latest_materializations(context.instance, [ref.key for ref in refs])
+        judged = verdicts_for_many(
+            store.engine(), refs, versions, policy, names, {k: d for k, (_t, d) in latest.items()}
+        )
         for ref in refs:
             pk = ref.key
-            target, deferred = _latest_materialization(context.instance, pk)
-            verdicts = verdicts_for(store.engine(), ref, versions, policy, names, deferred)
+            target = latest[pk][0]
+            verdicts = judged[pk]
             for v in verdicts:
                 if not v.passed:
                     failed.setdefault(v.name, []).append(pk)
@@ -219,3 +283,31 @@ def _checks(specs: list[dg.AssetCheckSpec]) -> dg.AssetChecksDefinition:
                 yield dg.Output(None, output_name=output_name)
 
     return moderation_label_checks
+
+
+BLOCKING_GROUPS = tuple(g.name for g in CHECK_GROUPS if g.blocking)
+# What ``check --summary`` says of a check group on a partition.
+CHECK_STATES = ("passed", "failed", "older", "never ran")
+
+
+def check_status(
+    instance: dg.DagsterInstance, partition_keys: Sequence[str]
+) -> dict[str, dict[str, str]]:
+    """Each partition's check groups as the instance recorded them: ``passed``, ``failed``,
+    ``older`` (the latest evaluation is of an earlier materialisation) or ``never ran``."""
+    out = {pk: {g.name: "never ran" for g in CHECK_GROUPS} for pk in partition_keys}
+    keys = [dg.AssetCheckKey(LABELS_KEY, g.name) for g in CHECK_GROUPS]
+    storage = instance.event_log_storage
+    for i in range(0, len(partition_keys), 900):
+        chunk = list(partition_keys[i : i + 900])
+        for info in storage.get_asset_check_partition_info(keys, partition_keys=chunk):
+            if info.partition_key not in out:
+                continue
+            status = info.latest_execution_status.value
+            state = {"SUCCEEDED": "passed", "FAILED": "failed"}.get(status)
+            if state is None:
+                continue  # planned or skipped: not evaluated
+            if not info.is_current:
+                state = "older"
+            out[info.partition_key][info.check_key.name] = state
+    return out

@@ -9,6 +9,7 @@ import dagster as dg
 
 from .applied import build_applied_labels
 from .assets import build_moderation_labels, posts
+from .backfill_plan import backfill_plan
 from .checks import build_partition_checks
 from .partitions import moderation_partitions
 from .policy import policy_from_env
@@ -24,6 +25,7 @@ from .usage import tenant_usage
 
 BACKFILL_JOB = "moderation_backfill"
 APPLY_JOB = "apply_labels"
+USAGE_JOB = "refresh_usage"
 
 
 def build_definitions(env: Mapping[str, str]) -> dg.Definitions:
@@ -48,10 +50,15 @@ def build_definitions(env: Mapping[str, str]) -> dg.Definitions:
         partitions_def=moderation_partitions,
         description="Apply verified labels only (re-checks the blocking checks itself).",
     )
+    usage_job = dg.define_asset_job(
+        USAGE_JOB,
+        selection=dg.AssetSelection.assets(tenant_usage),
+        description="Refresh tenant_usage from the ledger (run by `backfill-moderation run`).",
+    )
     return dg.Definitions(
-        assets=[posts, labels, applied, tenant_usage],
+        assets=[posts, labels, applied, tenant_usage, backfill_plan],
         asset_checks=[checks],
-        jobs=[backfill_job, apply_job],
+        jobs=[backfill_job, apply_job, usage_job],
         sensors=[tenant_partitions_sensor],
         resources={**resources_from_env(env), "policy": policy_from_env(env)},
         # One process per run: partitions are batched into runs, so per-step subprocesses

@@ -17,8 +17,10 @@ from .partitions import partition_key_for, partition_ref, tenant_partitions
 from .plan import Box
 from .range_guard import RANGE_END, RANGE_START
 from .regions import run_tags as region_tags
+from .store.posts import ImportSummary
 
 LABELS = dg.AssetKey("moderation_labels")
+POSTS = dg.AssetKey("posts")
 APPLIED = dg.AssetKey("applied_labels")
 
 
@@ -49,6 +51,8 @@ class RunRecord:
     checks: dict[str, list[CheckOutcome]] = field(default_factory=dict)
     applied: list[str] = field(default_factory=list)
     job: str = ""
+    # SIGTERM/SIGINT stopped the run (it is recorded as canceled, not failed).
+    interrupted: bool = False
 
     def blocked(self) -> dict[str, list[str]]:
         """Partitions with failed blocking checks, and which."""
@@ -70,6 +74,33 @@ def rectangles(tenants: Sequence[str], slices: Sequence[str]) -> list[tuple[str,
         else:
             groups.append((s, s))
     return [(t, a, b) for t in tenants for a, b in groups]
+
+
+def record_import(instance: dg.DagsterInstance, source: str, summary: ImportSummary) -> None:
+    """Record an import from the CLI as a materialisation of ``posts``.
+
+    The posts asset is what the labels depend on; without a materialisation the UI warns on
+    "Materialize all" that it was never materialised, and assets that follow imports
+    (``backfill_plan``) have nothing to follow.
+    """
+    counts = summary.as_dict()
+    metadata: dict[str, dg.MetadataValue[Any]] = {
+        k: dg.MetadataValue.int(int(str(counts[k])))
+        for k in ("read", "imported", "updated", "unchanged", "rejected")
+    }
+    metadata["source"] = dg.MetadataValue.path(source)
+    metadata["new_tenants"] = dg.MetadataValue.int(len(summary.new_tenants))
+    instance.report_runless_asset_event(dg.AssetMaterialization(asset_key=POSTS, metadata=metadata))
+
+
+def refresh_usage(defs: dg.Definitions, instance: dg.DagsterInstance, job_name: str) -> bool:
+    """Materialise tenant_usage in-process after label runs; True if it succeeded."""
+    result = defs.resolve_job_def(job_name).execute_in_process(
+        instance=instance,
+        run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}},
+        raise_on_error=False,
+    )
+    return bool(result.success)
 
 
 def ensure_tenant_partitions(instance: dg.DagsterInstance, tenants: Sequence[str]) -> None:
@@ -125,6 +156,7 @@ def _record(result: dg.ExecuteInProcessResult, job_name: str) -> RunRecord:
     if not result.success:
         failures = [e for e in result.all_events if e.is_failure]
         rec.error = _failure_text(failures[0]) if failures else "run failed"
+        rec.interrupted = any(_INTERRUPTED in str(e.event_specific_data) for e in failures)
     return rec
 
 
@@ -142,6 +174,8 @@ def _failure_text(event: dg.DagsterEvent) -> str:
 # instead of 200 (each a commit). The price: a failed run's partitions show as missing, not
 # failed, in the UI; the CLI reports the failure and its next ``run`` plans them again.
 _PLANNED_SUBSET = "DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS"
+# Dagster raises this inside a step when the process gets SIGTERM or SIGINT.
+_INTERRUPTED = "DagsterExecutionInterruptedError"
 
 
 @contextlib.contextmanager
@@ -181,7 +215,14 @@ def _execute(
         tags={**run_tags, **(tags or {})},
         raise_on_error=False,
     )
-    return _record(result, job_name)
+    rec = _record(result, job_name)
+    if rec.interrupted:
+        # Dagster turns SIGTERM/SIGINT inside a step into a failure; for the operator (and the
+        # UI) the run was stopped on purpose. What had finished is committed (the pipeline's
+        # writer flushes on the way out); calls in flight show up as orphan attempts.
+        instance.report_run_canceled(result.dagster_run, message="stopped by SIGTERM/SIGINT")
+        rec.error = "stopped by a signal (SIGTERM/SIGINT); finished work was committed"
+    return rec
 
 
 def materialize(
@@ -226,6 +267,8 @@ def run_boxes(
         with planned_events_per_run():
             rec = _execute(defs, instance, job_name, box, tags, log_level, regions)
         records.append(rec)
+        if rec.interrupted:
+            break  # stopped by a signal: start nothing more
         blocked = rec.blocked()
         if apply_job is None or rec.success or not blocked:
             continue

@@ -69,6 +69,10 @@ class ModelResource(dg.ConfigurableResource):  # type: ignore[type-arg]
         """Regional endpoints besides the default one (none: regional tenants fail closed)."""
         return Lanes()
 
+    def price_table(self) -> PriceTable:
+        """Prices for cost estimates (the built-in list prices unless the backend adds some)."""
+        return PriceTable.from_json("")
+
 
 class FakeModelResource(ModelResource):
     """Deterministic in-process model for demos and tests."""
@@ -206,6 +210,10 @@ class OpenAIModelResource(ModelResource):
             max_connections=self.max_connections,
             share_limit=self.share_limit,
         )
+
+    def price_table(self) -> PriceTable:
+        """The list prices merged with ``prices_json``."""
+        return PriceTable.from_json(self.prices_json)
 
     def batch_endpoint(self) -> BatchEndpoint:
         """The default endpoint's Files and Batches APIs (batch mode)."""

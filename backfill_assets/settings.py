@@ -212,6 +212,14 @@ def resources_from_env(env: Mapping[str, str]) -> dict[str, Any]:
     }
 
 
+def prices_from_env(env: Mapping[str, str]) -> PriceTable:
+    """The price table: built-in list prices merged with ``BACKFILL_PRICES``."""
+    try:
+        return PriceTable.from_json(env.get("BACKFILL_PRICES", ""))
+    except PriceError as exc:
+        raise SettingsError(f"BACKFILL_PRICES: {exc}") from None
+
+
 def versions_from_env(env: Mapping[str, str]) -> Versions:
     """The versions (and so the code version) the environment selects."""
     return versions_for(settings_from_env(env), model_from_env(env))

@@ -56,7 +56,14 @@ def tenant_totals(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, float]]
     return dict(out)
 
 
-@dg.asset(group_name="reporting", deps=[LABELS_KEY], kinds={"sql"})
+@dg.asset(
+    group_name="reporting",
+    deps=[LABELS_KEY],
+    kinds={"sql"},
+    # Refreshed by the daemon whenever labels were materialised (and by `run` itself), so a
+    # user opening it after a backfill sees current figures.
+    automation_condition=dg.AutomationCondition.eager(),
+)
 def tenant_usage(store: StoreResource) -> dg.MaterializeResult[None]:
     """Tokens, cost and calls per tenant, model and day (the invoice's source)."""
     with read_tx(store.engine()) as conn:

@@ -20,6 +20,7 @@ import pytest
 from sqlalchemy.engine import Engine
 
 from backfill_assets.checks import verdicts_for
+from backfill_assets.cli import build_parser
 from backfill_assets.dispatch import RunStopped as DispatchStopped
 from backfill_assets.models.fake import FakeModel
 from backfill_assets.models.openai_http import HttpTimeouts, OpenAIHttpModel
@@ -393,3 +394,21 @@ def test_limiter_pause_is_bounded() -> None:
     ticket = limiter.reserve(10)
     assert ticket.start <= 900.0 + 1.0
     assert math.isfinite(ticket.start)
+
+
+def test_dry_run_shows_the_estimate_and_the_reserved_bound(
+    engine: Engine, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import_records(engine, tmp_path, corpus(["acme"], 20))
+    env = {
+        "BACKFILL_DATABASE_URL": engine.url.render_as_string(hide_password=False),
+        "DAGSTER_HOME": str(tmp_path / "home"),
+        "BACKFILL_MODEL": "gpt-4o-mini",
+    }
+    args = build_parser().parse_args(["dry-run", "--json"])
+    assert args.func(args, env) == 0
+    (row,) = json.loads(capsys.readouterr().out)["tenants"]
+    assert row["keys"] == 20
+    # The bound is what the budget reserves: far above the estimate, never below it.
+    assert row["bound_tokens"] > 2 * row["estimated_tokens"] > 0
+    assert row["bound_cost_usd"] > row["estimated_cost_usd"] > 0

@@ -234,3 +234,26 @@ def test_launch_reports_webserver_errors(capsys: pytest.CaptureFixture[str]) -> 
     args = build_parser().parse_args(["launch", "--missing", "--url", "http://127.0.0.1:9"])
     with pytest.raises(ValueError, match="webserver"):
         args.func(args, {})
+
+
+def test_check_summary_shows_passed_failed_and_never_ran(
+    engine: Engine, env: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli(["run", "--tenant", ACME], env, capsys)[0] == 0
+    code, out = cli(["check", "--summary", "--json"], env, capsys)
+    doc = json.loads(out)
+    by_pk = {r["partition"]: r for r in doc["partitions"]}
+    assert code == 0 and len(by_pk) == 32  # both tenants' 16 partitions
+    assert all(by_pk[f"s{s:02d}|{ACME}"]["integrity"] == "passed" for s in range(16))
+    assert all(by_pk[f"s{s:02d}|globex"]["integrity"] == "never ran" for s in range(16))
+    assert doc["counts"]["integrity"] == {"passed": 16, "failed": 0, "older": 0, "never ran": 16}
+    ref = busiest(engine, ACME)
+    execute(
+        engine, "UPDATE results SET tenant_id = 'globex' WHERE key = :k", k=one_key(engine, ref)
+    )
+    assert cli(["run", "--tenant", ACME, "--force"], env, capsys)[0] == 1
+    code, out = cli(["check", "--summary", "--tenant", ACME, "--json"], env, capsys)
+    doc = json.loads(out)
+    assert code == 1
+    failed = [r["partition"] for r in doc["partitions"] if r["integrity"] == "failed"]
+    assert failed == [ref.key]

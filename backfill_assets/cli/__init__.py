@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -81,18 +82,31 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+# Exit code of a command stopped by SIGTERM or SIGINT (128 + SIGINT, the shell's convention).
+INTERRUPTED = 130
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script: the exit code (2: bad input, named in the message)."""
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as exc:  # argparse: --help (0) or a bad argument (2), already printed
         return exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 2
+    # Orchestrators stop a process with SIGTERM, then SIGKILL after a grace period: treat
+    # SIGTERM like Ctrl-C. Inside a Dagster run, Dagster takes both signals over and stops the
+    # step; the run is then recorded as canceled (orchestrate.py) and we exit the same way.
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         code: int = args.func(args, dict(os.environ))
     except (SettingsError, UserError) as exc:
         name = " ".join(filter(None, (args.command, getattr(args, "tenant_command", None))))
         print(f"backfill-moderation {name}: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"backfill-moderation {args.command}: interrupted", file=sys.stderr)
+        return INTERRUPTED
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return code
 
 

@@ -11,18 +11,19 @@ from typing import Any
 import dagster as dg
 import sqlalchemy as sa
 
-from ..definitions import APPLY_JOB, BACKFILL_JOB, build_definitions
+from ..definitions import APPLY_JOB, BACKFILL_JOB, USAGE_JOB, build_definitions
 from ..demo.generate import write_export
-from ..keys import SLICE_COUNT, slice_no
-from ..orchestrate import ensure_tenant_partitions, run_boxes
+from ..estimate import estimate_pending
+from ..keys import slice_no
+from ..orchestrate import ensure_tenant_partitions, refresh_usage, run_boxes
 from ..partitions import tenant_partitions
 from ..plan import make_plan, pool_by_region
 from ..resources import engine_for
-from ..rubric import MAX_OUTPUT_TOKENS, estimate_prompt_tokens
 from ..settings import (
     PROJECT_ROOT,
     dagster_home,
     database_url,
+    prices_from_env,
     settings_from_env,
     versions_from_env,
 )
@@ -32,7 +33,6 @@ from ..store.engine import read_tx, write_tx
 from ..store.migrate import migrate, schema_versions
 from ..store.reports import tenant_ids, usage_by_day, usage_by_tenant_model
 from ..store.tenants import all_regions
-from ..store.work import pending_query
 from ..usage import USAGE_COLUMNS, usage_csv
 from .inputs import known_tenants
 from .run_report import (
@@ -94,7 +94,17 @@ def cmd_run(args: argparse.Namespace, env: Env) -> int:
     order = inst.get_dynamic_partitions(tenant_partitions.name or "tenants")
     plan = pool_by_region(plan, order, regions)
     records = run_boxes(defs, inst, BACKFILL_JOB, plan.boxes, apply_job=APPLY_JOB, regions=regions)
+    if records and not any(r.interrupted for r in records):
+        refresh_usage(defs, inst, USAGE_JOB)  # tenant_usage shows this run's spend at once
     doc = run_document(records, plan)
+    if any(r.interrupted for r in records):
+        emit(
+            args,
+            doc,
+            "interrupted: finished work is committed and the run is marked canceled;"
+            " `backfill-moderation run` again continues where it stopped",
+        )
+        raise KeyboardInterrupt
     rows = human_rows(doc)
     # Beyond a screenful of partitions, one row per tenant (--json has every partition).
     human: list[Human] = [table(rows if len(rows) <= 48 else by_tenant(rows), HUMAN_COLUMNS)]
@@ -157,22 +167,30 @@ def cmd_usage(args: argparse.Namespace, env: Env) -> int:
 
 
 def cmd_dry_run(args: argparse.Namespace, env: Env) -> int:
-    """Pending keys and estimated tokens per tenant, without calling the model."""
+    """Pending keys per tenant, with estimated tokens and cost and the reserved upper bound."""
     engine = engine_for(database_url(env))
     versions = versions_from_env(env)
     rubric = settings_from_env(env).rubric()
-    out = []
     tenants = store_tenants(engine, args.tenant)
     with read_tx(engine) as conn:
-        for tenant in tenants:
-            keys = tokens = 0
-            for s in range(SLICE_COUNT):
-                for row in conn.execute(pending_query(tenant, [s], versions)):
-                    keys += 1
-                    tokens += estimate_prompt_tokens(rubric, row.text) + MAX_OUTPUT_TOKENS
-            out.append({"tenant": tenant, "keys": keys, "estimated_tokens": tokens})
-    doc = {"versions": versions.code_version, "tenants": out}
-    emit(args, doc, table(out, ["tenant", "keys", "estimated_tokens"]), versions.code_version)
+        rows = [
+            e.as_dict()
+            for e in estimate_pending(conn, tenants, versions, rubric, prices_from_env(env))
+        ]
+    doc = {"versions": versions.code_version, "tenants": rows}
+    columns = [
+        "tenant",
+        "keys",
+        "estimated_tokens",
+        "bound_tokens",
+        "estimated_cost_usd",
+        "bound_cost_usd",
+    ]
+    note = (
+        "estimated: bytes/3 per prompt + max_tokens; bound: what a strict budget reserves "
+        "(every byte a token + template + schema + max_tokens)"
+    )
+    emit(args, doc, table(rows, columns), note, versions.code_version)
     return 0
 
 

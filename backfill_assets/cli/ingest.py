@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..importer import ImportInputError, export_files, import_files
-from ..orchestrate import ensure_tenant_partitions
+from ..orchestrate import ensure_tenant_partitions, record_import
 from ..resources import engine_for
 from ..settings import database_url, settings_from_env
 from ..store.engine import read_tx
@@ -72,6 +72,7 @@ def cmd_import(args: argparse.Namespace, env: Env) -> int:
     total = ImportSummary()
     for _, s in done:
         total.add(s)
+    record_import(instance(env), args.path, total)
     rows = [{"file": f.name, **_counts(s)} for f, s in done]
     if len(rows) > 1:
         rows.append({"file": f"total ({len(rows)} files)", **_counts(total)})

@@ -8,8 +8,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..check_rules import CHECK_NAMES, Verdict
-from ..checks import verdicts_for
+from ..check_rules import CHECK_GROUPS, CHECK_NAMES, Verdict
+from ..checks import BLOCKING_GROUPS, CHECK_STATES, check_status, verdicts_for
 from ..keys import SLICE_KEYS
 from ..launch import DONE_STATUSES, DagsterClient, GraphQLError, by_tenant, select_partitions
 from ..partitions import partition_key_for, partition_ref
@@ -23,12 +23,19 @@ from ..store.engine import read_tx
 from ..store.tenants import all_regions
 from .commands import Env, emit, instance, store_tenants
 from .inputs import UserError, choice, known_tenants, slice_key
+from .tables import Human, table
 
 
 def add_operator_commands(add: Callable[[str, str], argparse.ArgumentParser]) -> None:
     """Register ``check`` and ``launch``."""
     sp = add("check", "Run the partition checks of moderation_labels and list offending keys.")
-    sp.add_argument("--tenant", required=True, help="tenant id")
+    sp.add_argument("--tenant", action="append", default=[], help="tenant id (repeatable)")
+    sp.add_argument(
+        "--summary",
+        action="store_true",
+        help="per partition, what Dagster recorded: which check groups passed, failed or never "
+        "ran (all tenants unless --tenant)",
+    )
     sp.add_argument(
         "--slice",
         action="append",
@@ -76,7 +83,11 @@ def _verdict_doc(pk: str, v: Verdict) -> dict[str, Any]:
 def cmd_check(args: argparse.Namespace, env: Env) -> int:
     """The same checks Dagster runs, for one tenant's partitions; exit 1 on blocking failures."""
     engine = engine_for(database_url(env))
-    tenant = store_tenants(engine, [args.tenant])[0]
+    if args.summary:
+        return _check_summary(args, env, engine)
+    if len(args.tenant) != 1:
+        raise UserError("check needs exactly one --tenant (or --summary for an overview)")
+    tenant = store_tenants(engine, args.tenant)[0]
     slices = args.slice or list(SLICE_KEYS)
     names = [n for n in CHECK_NAMES if n in args.name] or list(CHECK_NAMES)
     versions, policy = versions_from_env(env), policy_from_env(env)
@@ -98,6 +109,32 @@ def cmd_check(args: argparse.Namespace, env: Env) -> int:
     lines.append(f"{passed}/{len(docs)} check(s) passed; {len(blocked)} blocking failure(s)")
     emit(args, {"ok": not blocked, "checks": docs}, "\n".join(lines))
     return 1 if blocked else 0
+
+
+def _check_summary(args: argparse.Namespace, env: Env, engine: Any) -> int:
+    """Per partition that holds posts: each check group's latest status in the instance."""
+    tenants = store_tenants(engine, args.tenant)
+    refs = [
+        ref
+        for ref in with_levels(
+            engine,
+            [partition_ref(partition_key_for(t, s)) for t in tenants for s in SLICE_KEYS],
+        )
+        if ref.slices
+    ]
+    if args.slice:
+        refs = [r for r in refs if f"s{r.slice:02d}" in args.slice]
+    status = check_status(instance(env), [r.key for r in refs])
+    rows = [{"partition": r.key, **status[r.key]} for r in refs]
+    groups = [g.name for g in CHECK_GROUPS]
+    counts = {g: {s: sum(1 for r in rows if r[g] == s) for s in CHECK_STATES} for g in groups}
+    doc = {"partitions": rows, "counts": counts}
+    failed = [r for r in rows if any(r[g] == "failed" for g in groups if g in BLOCKING_GROUPS)]
+    lines: list[Human] = [table(rows, ["partition", *groups])]
+    for g in groups:
+        lines.append(f"{g}: " + ", ".join(f"{n} {s}" for s, n in counts[g].items() if n))
+    emit(args, doc, *lines)
+    return 1 if failed else 0
 
 
 def cmd_launch(args: argparse.Namespace, env: Env) -> int:

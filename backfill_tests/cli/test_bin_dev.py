@@ -1,4 +1,5 @@
-"""``bin/dev`` starts quietly: no instance-config or deprecation warnings, rejects said once."""
+"""``bin/dev`` starts quietly (no instance-config or deprecation warnings, rejects said once)
+and stops cleanly: SIGTERM ends it within 10 s with nothing left behind."""
 
 from __future__ import annotations
 
@@ -84,7 +85,25 @@ def test_bin_dev_starts_without_warnings_and_names_rejects_once(tmp_path: Path) 
     again = tmp_path / "again.log"
     proc = _start(env, again)
     try:
-        text = _wait_for(proc, again, "Launching Dagster services", 240)
+        text = _wait_for(proc, again, f"Serving dagster-webserver on http://127.0.0.1:{port}", 240)
+        time.sleep(3)  # the daemon and the code servers are up too
+        assert len(_session(proc.pid)) >= 3  # bin/dev, webserver, daemon (+ code servers)
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)  # to bin/dev only, as systemd or `timeout` would
+        proc.wait(15)
+        assert time.monotonic() - sent < 10
+        assert _session(proc.pid) == []  # no webserver, daemon or code server left
     finally:
         _kill(proc)
     assert "rejected" not in text, text
+
+
+def _session(sid: int) -> list[int]:
+    """Processes still in the session ``bin/dev`` was started in."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with suppress(OSError):
+                if os.getsid(int(entry.name)) == sid:
+                    found.append(int(entry.name))
+    return found

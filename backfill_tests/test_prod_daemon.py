@@ -1,0 +1,285 @@
+"""The production deployment for real: ``bin/prod`` (webserver + daemon) on a fresh PostgreSQL
+instance and store, backfills launched through GraphQL, run by the daemon's run workers.
+
+Marker ``pg``: under CI=true an unreachable PostgreSQL fails these tests instead of skipping.
+Dagster's backfill daemon looks at backfills every 30 s (a constant in 1.13.27): a backfill
+launched just after the daemon starts is picked up at its second look and closed at the first
+look after its runs end, so this test takes start-up + ~60 s + stop.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import suppress
+from pathlib import Path
+
+import dagster as dg
+import httpx
+import pytest
+
+from backfill_assets.cli import main as cli_main
+from backfill_tests.conftest import dispose_engine, drop_pg_database, make_pg_database
+
+ROOT = Path(__file__).resolve().parents[1]
+PROD = ROOT / "bin" / "prod"
+# Two tenants, two concurrent run workers: on 2 cores a third pushes the runs past the
+# daemon's next look (+30 s).
+TENANTS = ["acme", "globex"]
+WAIT_SECONDS = 150  # generous: a loaded machine makes the test slow, not red
+_READY_QUERY = '{ assetNodeOrError(assetKey: {path: ["moderation_labels"]}) { __typename } }'
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def session_pids(sid: int) -> list[int]:
+    """Live processes of a session. ``bin/prod`` gives each child its own process group, so a
+    group kill of ``bin/prod`` would miss them; the session (one per Popen here) holds them all."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with suppress(ProcessLookupError, PermissionError, FileNotFoundError):
+                stat = (entry / "stat").read_text()
+                if os.getsid(int(entry.name)) == sid and stat.rsplit(")", 1)[1].split()[0] != "Z":
+                    found.append(int(entry.name))
+    return found
+
+
+def kill_sessions(procs: Sequence[subprocess.Popen[bytes]]) -> None:
+    """Teardown backstop: SIGKILL every process group of the sessions this test started."""
+    for proc in procs:
+        groups = set()
+        for pid in session_pids(proc.pid):
+            with suppress(ProcessLookupError):
+                groups.add(os.getpgid(pid))
+        for pgid in groups:
+            with suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL)
+        with suppress(subprocess.TimeoutExpired):
+            proc.wait(5)
+
+
+def start(args: Sequence[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    """Start ``bin/prod ...`` in a session of its own, as a process manager would."""
+    with log.open("ab") as fh:
+        return subprocess.Popen(
+            [str(PROD), *args],
+            env=env,
+            cwd=ROOT,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def wait_ready(base_url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float) -> None:
+    """Until the webserver serves the asset graph (``bin/prod``'s preflight has run by then)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"exited {proc.returncode}:\n{log.read_text()[-3000:]}"
+        with suppress(httpx.HTTPError, KeyError, TypeError):
+            resp = httpx.post(f"{base_url}/graphql", json={"query": _READY_QUERY}, timeout=5)
+            if resp.json()["data"]["assetNodeOrError"]["__typename"] == "AssetNode":
+                return
+        time.sleep(0.25)
+    raise AssertionError(f"webserver not ready in {timeout}s:\n{log.read_text()[-3000:]}")
+
+
+def stop(proc: subprocess.Popen[bytes], sig: int, timeout: float) -> tuple[int | None, float]:
+    """Signal a session leader as a process manager would; its exit code and the time taken."""
+    t = time.monotonic()
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        with suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout)
+    return proc.poll(), time.monotonic() - t
+
+
+def prod_env(instance_url: str, store_url: str, home: Path, port: int) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("BACKFILL_", "DAGSTER_"))}
+    env.update(
+        DAGSTER_PG_URL=instance_url,
+        BACKFILL_DATABASE_URL=store_url,
+        DAGSTER_HOME=str(home),
+        HOST="127.0.0.1",
+        PORT=str(port),
+        STOP_GRACE_SECONDS="20",
+    )
+    return env
+
+
+@pytest.fixture
+def pg_pair(pg_available: bool) -> Iterator[tuple[str, str]]:
+    """A fresh instance database (psycopg2 URL) and store database (plain postgresql:// URL)."""
+    if not pg_available:
+        pytest.skip("PostgreSQL not available (set BACKFILL_TEST_PG_URL)")
+    instance_url = make_pg_database("bf_dagster")
+    store_url = make_pg_database("bf_store").replace("postgresql+psycopg2://", "postgresql://", 1)
+    try:
+        yield instance_url, store_url
+    finally:
+        dispose_engine(store_url)
+        drop_pg_database(instance_url)
+        drop_pg_database(store_url)
+
+
+def _timeline(instance: dg.DagsterInstance, records: Sequence[dg.RunRecord], epoch: float) -> str:
+    """When the daemon created, started and ended each run, and closed the backfills."""
+    created = min(r.create_timestamp.timestamp() for r in records) - epoch
+    runs = "; ".join(
+        f"{r.dagster_run.tags.get('tenant')} {(r.start_time or 0) - epoch:.1f}"
+        f"-{(r.end_time or 0) - epoch:.1f}s"
+        for r in sorted(records, key=lambda r: r.start_time or 0)
+    )
+    closed = max(b.backfill_end_timestamp or 0 for b in instance.get_backfills()) - epoch
+    return f"runs created {created:.1f}s, ran {runs}, backfills closed {closed:.1f}s"
+
+
+@pytest.mark.pg
+def test_prod_daemon_backfill_on_postgres(
+    pg_pair: tuple[str, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    instance_url, store_url = pg_pair
+    home = tmp_path / "home"
+    port = _free_port()
+    base_url = f"http://127.0.0.1:{port}"
+    env = prod_env(instance_url, store_url, home, port)
+    # The in-process CLI calls below see the same settings as the servers.
+    for k in [k for k in os.environ if k.startswith(("BACKFILL_", "DAGSTER_"))]:
+        monkeypatch.delenv(k)
+    for k in ("DAGSTER_PG_URL", "BACKFILL_DATABASE_URL", "DAGSTER_HOME"):
+        monkeypatch.setenv(k, env[k])
+    timings: dict[str, float] = {}
+    log = tmp_path / "prod.log"
+    t0 = time.monotonic()
+    prod = start([], env, log)
+    try:
+        export = tmp_path / "export.jsonl"  # written while the servers start
+        assert cli_main(["demo-data", "--out", str(export), "--tenants", str(len(TENANTS)),
+                         "--posts", "30"]) == 0  # fmt: skip
+        wait_ready(base_url, prod, log, timeout=90)
+        timings["start"] = time.monotonic() - t0
+        processes = session_pids(prod.pid)
+        # bin/prod, webserver, daemon, and the webserver's code server (it serves the graph).
+        assert len(processes) >= 4, processes
+
+        # The import registers the tenants as partitions in the PostgreSQL instance that
+        # bin/prod installed in DAGSTER_HOME.
+        assert cli_main(["import", str(export), "--json"]) == 0
+        imported = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert imported["new_tenants"] == TENANTS and imported["rejected"] > 0
+
+        launch_epoch, t = time.time(), time.monotonic()
+        launched = subprocess.run(
+            [sys.executable, "-m", "backfill_assets.cli", "launch", "--missing", "--json",
+             "--wait", str(WAIT_SECONDS), "--url", base_url],
+            env=env, cwd=ROOT, capture_output=True, text=True, timeout=WAIT_SECONDS + 60,
+        )  # fmt: skip
+        timings["launch_to_done"] = time.monotonic() - t
+        assert launched.returncode == 0, f"{launched.stderr[-2000:]}\n{log.read_text()[-3000:]}"
+        doc = json.loads(launched.stdout)
+        assert doc["partitions"] == 16 * len(TENANTS)
+        backfills = {b["tenant"]: b for b in doc["backfills"]}
+        assert sorted(backfills) == TENANTS
+        assert {b["status"] for b in backfills.values()} == {"COMPLETED_SUCCESS"}
+
+        with dg.DagsterInstance.from_config(str(home)) as instance:
+            assert type(instance.run_storage).__name__ == "PostgresRunStorage"
+            assert type(instance.event_log_storage).__name__ == "PostgresEventLogStorage"
+            queue = instance.get_concurrency_config().run_queue_config
+            assert queue is not None and queue.tag_concurrency_limits[0]["key"] == "tenant"
+            records = instance.get_run_records()
+            timeline = _timeline(instance, records, launch_epoch)
+            runs = [r.dagster_run for r in records]
+            # multi_run(16): one run per tenant's backfill, each tagged for the run queue.
+            assert len(runs) == len(TENANTS)
+            assert {r.status for r in runs} == {dg.DagsterRunStatus.SUCCESS}
+            assert sorted(r.tags["tenant"] for r in runs) == TENANTS
+            assert {r.tags["dagster/backfill"] for r in runs} == {
+                b["backfill_id"] for b in backfills.values()
+            }
+            # Each run in a run-worker process of its own, started under bin/prod.
+            workers = set()
+            for r in runs:
+                for rec in instance.all_logs(r.run_id):
+                    found = re.search(
+                        r"Executing steps in process \(pid: (\d+)\)", rec.user_message
+                    )
+                    if found:
+                        workers.add(int(found.group(1)))
+            assert len(workers) == len(TENANTS) and not workers & set(processes)
+            for asset in ("moderation_labels", "applied_labels"):
+                done = instance.get_materialized_partitions(dg.AssetKey(asset))
+                assert len(done) == 16 * len(TENANTS), asset
+
+        assert cli_main(["verify", "--require-complete", "--json"]) == 0
+        verified = json.loads(capsys.readouterr().out)
+        assert verified["ok"], verified["problems"]
+        assert sorted(t["tenant"] for t in verified["tenants"]) == TENANTS
+        assert all(
+            t["missing"] == 0 and t["done"] == t["expected"] > 0 for t in verified["tenants"]
+        )
+
+        # One SIGTERM stops the webserver, the daemon and their code servers.
+        code, timings["stop"] = stop(prod, signal.SIGTERM, timeout=40)
+        assert code == 143, log.read_text()[-3000:]
+        assert session_pids(prod.pid) == [], "processes left behind by bin/prod"
+    finally:
+        kill_sessions([prod])
+    timings["total"] = time.monotonic() - t0
+    with capsys.disabled():
+        print("\n[prod daemon] " + ", ".join(f"{k} {v:.1f}s" for k, v in timings.items()))
+        print(f"[prod daemon] after launch: {timeline}")
+
+
+@pytest.mark.parametrize(
+    ("pg_url", "store_url", "message"),
+    [
+        ("", "postgresql://h/s", "DAGSTER_PG_URL is not set"),
+        ("postgresql://u:s3cr3t@h/d", "postgresql://h/s", "must start with postgresql+psycopg2://"),
+        ("postgresql+psycopg2://h/d", "", "BACKFILL_DATABASE_URL is not set"),
+        ("postgresql+psycopg2://h/d", "sqlite:///x.db", "must be a PostgreSQL URL"),
+    ],
+)
+def test_prod_refuses_without_postgres(pg_url: str, store_url: str, message: str) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("BACKFILL_", "DAGSTER_"))}
+    env.update(DAGSTER_PG_URL=pg_url, BACKFILL_DATABASE_URL=store_url)
+    done = subprocess.run(
+        [str(PROD), "check"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=30
+    )
+    assert done.returncode == 2
+    assert message in done.stderr
+    assert "s3cr3t" not in done.stderr  # the password is redacted
+
+
+def test_prod_refuses_a_home_with_the_sqlite_instance(tmp_path: Path) -> None:
+    """A home first touched by another command (e.g. ``import``) holds the embedded config."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text((ROOT / "dagster.yaml").read_text())
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("BACKFILL_", "DAGSTER_"))}
+    env.update(
+        DAGSTER_PG_URL="postgresql+psycopg2://h/d",
+        BACKFILL_DATABASE_URL="postgresql://h/s",
+        DAGSTER_HOME=str(home),
+    )
+    done = subprocess.run(
+        [str(PROD), "check"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2, done.stderr
+    assert "does not keep runs, events and schedules in PostgreSQL" in done.stderr

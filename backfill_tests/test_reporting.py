@@ -1,0 +1,68 @@
+"""The graph a user sees makes sense: imports materialise ``posts``, runs refresh
+``tenant_usage``, and ``backfill_plan`` shows the cost of the pending work before a launch."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from backfill_assets.cli import build_parser
+from backfill_assets.definitions import build_definitions
+from backfill_tests.conftest import write_jsonl
+
+
+def _cli(argv: list[str], env: dict[str, str], capsys: pytest.CaptureFixture[str]) -> dict:
+    args = build_parser().parse_args([*argv, "--json"])
+    assert args.func(args, env) == 0
+    doc: dict = json.loads(capsys.readouterr().out)
+    return doc
+
+
+def _latest(instance: dg.DagsterInstance, key: str) -> dict:
+    record = instance.fetch_materializations(dg.AssetKey(key), limit=1).records[0]
+    mat = record.event_log_entry.asset_materialization
+    assert mat is not None
+    return dict(mat.metadata)
+
+
+def test_import_run_and_plan_keep_the_reporting_assets_current(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    env = {
+        "BACKFILL_DATABASE_URL": f"sqlite:///{tmp_path / 'store.db'}",
+        "DAGSTER_HOME": str(tmp_path / "home"),
+        "BACKFILL_MODEL": "gpt-4o-mini",  # priced, so costs are not 0
+    }
+    posts = [
+        {"tenant_id": t, "post_id": f"p{i}", "text": f"{t} {i}"}
+        for t in ("a", "b")
+        for i in range(25)
+    ]
+    _cli(["import", str(write_jsonl(tmp_path / "posts.jsonl", posts))], env, capsys)
+    defs = build_definitions(env)
+    instance = dg.DagsterInstance.from_config(env["DAGSTER_HOME"])
+    with instance:
+        imported = _latest(instance, "posts")
+        assert imported["imported"] == dg.MetadataValue.int(50)
+
+        plan_job = dg.define_asset_job("plan", selection=["backfill_plan"])
+        job = dg.Definitions(
+            assets=list(defs.assets or []), jobs=[plan_job], resources=defs.resources
+        ).resolve_job_def("plan")
+        assert job.execute_in_process(instance=instance).success
+        before = _latest(instance, "backfill_plan")
+        assert before["pending_keys"] == dg.MetadataValue.int(50)
+        assert isinstance(before["estimated_cost_usd"], dg.FloatMetadataValue)
+        assert before["reserved_bound_tokens"].value > 2 * before["estimated_tokens"].value
+        assert "| a | 25 |" in before["plan"].value
+
+        _cli(["run"], env, capsys)
+        usage = _latest(instance, "tenant_usage")
+        assert usage["calls"] == dg.MetadataValue.int(50) and usage["tenants"].value == 2
+        assert isinstance(usage["tokens"], dg.IntMetadataValue) and usage["tokens"].value > 0
+
+        assert job.execute_in_process(instance=instance).success
+        assert _latest(instance, "backfill_plan")["pending_keys"] == dg.MetadataValue.int(0)
