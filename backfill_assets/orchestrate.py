@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +16,7 @@ from .keys import SLICE_KEYS, slice_no, validate_tenant_id
 from .partitions import partition_key_for, partition_ref, tenant_partitions
 from .plan import Box
 from .range_guard import RANGE_END, RANGE_START
+from .regions import run_tags as region_tags
 from .store.posts import ImportSummary
 
 LABELS = dg.AssetKey("moderation_labels")
@@ -154,9 +155,18 @@ def _record(result: dg.ExecuteInProcessResult, job_name: str) -> RunRecord:
         rec.checks.setdefault(evaluation.partition, []).extend(_members(evaluation))
     if not result.success:
         failures = [e for e in result.all_events if e.is_failure]
-        rec.error = failures[0].message if failures and failures[0].message else "run failed"
+        rec.error = _failure_text(failures[0]) if failures else "run failed"
         rec.interrupted = any(_INTERRUPTED in str(e.event_specific_data) for e in failures)
     return rec
+
+
+def _failure_text(event: dg.DagsterEvent) -> str:
+    """The step's failure message plus the asset's ``dg.Failure`` description, which says why
+    (e.g. the region without an endpoint); the message alone only names the step."""
+    user = getattr(event.event_specific_data, "user_failure_data", None)
+    description = getattr(user, "description", None)
+    message = event.message or "run failed"
+    return f"{message} {description}" if description else message
 
 
 # Dagster writes one "planned" event per partition and asset at run start unless told to write
@@ -189,6 +199,7 @@ def _execute(
     box: Box,
     tags: dict[str, str] | None,
     log_level: str,
+    regions: Mapping[str, str | None] | None = None,
 ) -> RunRecord:
     # The range tags make one run cover the whole box (Dagster reads them as a 2D range).
     run_tags = {RANGE_START: box.start, RANGE_END: box.end}
@@ -196,6 +207,8 @@ def _execute(
         run_tags["tenant"] = box.tenants[0]  # the run queue's per-tenant limit
     else:
         run_tags["tenants"] = str(len(box.tenants))
+    # The run queue's per-region limit (regions.py; a box of plan.pool_by_region has one).
+    run_tags.update(region_tags((regions or {}).get(t) for t in box.tenants))
     result = defs.resolve_job_def(job_name).execute_in_process(
         instance=instance,
         run_config={"loggers": {"console": {"config": {"log_level": log_level}}}},
@@ -240,8 +253,9 @@ def run_boxes(
     tags: dict[str, str] | None = None,
     log_level: str = "INFO",
     apply_job: str | None = None,
+    regions: Mapping[str, str | None] | None = None,
 ) -> list[RunRecord]:
-    """One in-process run per box.
+    """One in-process run per box (``regions``, tenant -> region, tags each run).
 
     Blocking checks gate the apply per *run*, so one bad partition keeps the apply from every
     partition of its box. With ``apply_job``, the partitions of such a run that passed every
@@ -251,7 +265,7 @@ def run_boxes(
     records: list[RunRecord] = []
     for box in boxes:
         with planned_events_per_run():
-            rec = _execute(defs, instance, job_name, box, tags, log_level)
+            rec = _execute(defs, instance, job_name, box, tags, log_level, regions)
         records.append(rec)
         if rec.interrupted:
             break  # stopped by a signal: start nothing more
@@ -270,5 +284,7 @@ def run_boxes(
         for tenant, chosen in sorted(clean.items()):
             for _t, a, b in rectangles([tenant], chosen):
                 follow = Box((tenant,), slice_no(a), slice_no(b))
-                records.append(_execute(defs, instance, apply_job, follow, tags, log_level))
+                records.append(
+                    _execute(defs, instance, apply_job, follow, tags, log_level, regions)
+                )
     return records

@@ -11,7 +11,6 @@ from typing import Any
 
 from sqlalchemy.engine import Engine
 
-from .batch.mode import run_batch
 from .batch.options import BatchOptions
 from .dispatch import DispatchConfig, Dispatcher, PartitionStats, WorkItem
 from .dispatch import RunStopped as DispatchStopped
@@ -27,12 +26,15 @@ from .limits import TenantBudgets
 from .models.base import ModelAdapter
 from .outcomes import Outcome, RetryPolicy
 from .ratelimit.shared import SHARED_LIMITS
+from .regions import unavailable_message
+from .routing import Lanes, RegionRouter, batch_lanes, lane_adapters, plan_lanes
 from .rubric import Rubric
 from .store import limiter_members
 from .store.budget import StoreBudgetLedger
 from .store.engine import read_tx, refresh_planner_stats
 from .store.partition_counts import PartitionCounts, partition_counts, post_counts
 from .store.posts import slice_levels
+from .store.tenants import tenant_regions
 from .store.work import PartitionBusy, WriterLocks, pending_posts, while_held
 from .store.writer import LedgerWriter
 
@@ -46,6 +48,15 @@ class RunStopped(RuntimeError):
     def __init__(self, message: str, reports: list[PartitionReport]) -> None:
         super().__init__(message)
         self.reports = reports
+
+
+class RegionUnavailable(RunStopped):
+    """Partitions whose tenant's region has no endpoint in this process: nothing was sent for
+    them (the others were dispatched as usual). ``regions``: region -> partition keys."""
+
+    def __init__(self, regions: dict[str, list[str]], reports: list[PartitionReport]) -> None:
+        super().__init__(unavailable_message(regions), reports)
+        self.regions = regions
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +111,8 @@ class RunOptions:
     # "sync" (one call per key) or "batch" (the provider's Batch API; see batch/).
     dispatch_mode: str = "sync"
     batch: BatchOptions | None = None
+    # Regional endpoints (routing.py); without them only tenants with no region are sent.
+    lanes: Lanes = field(default_factory=Lanes)
 
 
 @dataclass
@@ -156,23 +169,38 @@ def run_partitions(
     options: RunOptions,
     log: Callable[[str], None] = lambda _m: None,
 ) -> list[PartitionReport]:
-    """Process the partitions' remaining keys; one writer per partition, all in one event loop."""
+    """Process the partitions' remaining keys; one writer per partition, all in one event loop.
+
+    Each tenant's requests go to its region's lane only. Partitions of a tenant whose region
+    has no endpoint here are not dispatched; once the others are done, ``RegionUnavailable``
+    names them.
+    """
     reports = {r.key: PartitionReport(ref=r) for r in refs}
     refresh_planner_stats(engine, ("posts", "results", "dead_letters"))
+    with read_tx(engine) as conn:
+        region_of = tenant_regions(conn, {r.tenant_id for r in refs})
+    plan = plan_lanes(refs, region_of, options.lanes, batch=options.dispatch_mode == "batch")
+    for region, keys in plan.unroutable.items():
+        log(f"ERROR: not dispatching {len(keys)} partition(s) of region {region!r}: no endpoint")
     with WriterLocks(engine) as locks:
         owned: list[PartitionRef] = []
-        for ref in refs:
+        for ref in plan.routed:
             try:
                 locks.acquire(ref.tenant_id, ref.slice)
                 owned.append(ref)
             except PartitionBusy as exc:
                 reports[ref.key].busy = True
                 log(f"skipping {ref.key}: {exc}")
-        dispatch = run_batch if options.dispatch_mode == "batch" else _dispatch
         stopped: Exception | None = None
-        work = dispatch(
-            engine, owned, reports, make_adapter, versions, rubric, run_id, options, log
-        )
+        if options.dispatch_mode == "batch":
+            work = batch_lanes(
+                engine, plan, owned, reports, make_adapter, versions, rubric, run_id, options, log
+            )
+        else:
+            adapters = lane_adapters(plan, make_adapter, options.lanes)
+            work = _dispatch(
+                engine, owned, reports, adapters, versions, rubric, run_id, options, log
+            )
         try:
             asyncio.run(while_held(locks, work))
         except DispatchStopped as exc:
@@ -185,7 +213,10 @@ def run_partitions(
         reports[ref.key].dead_total = got.dead
     done = [reports[r.key] for r in refs]
     if stopped is not None:
-        raise RunStopped(str(stopped), done) from stopped
+        also = f"; {unavailable_message(plan.unroutable)}" if plan.unroutable else ""
+        raise RunStopped(f"{stopped}{also}", done) from stopped
+    if plan.unroutable:
+        raise RegionUnavailable(plan.unroutable, done)
     return done
 
 
@@ -290,18 +321,28 @@ async def _dispatch(
             await adapter.aclose()
 
 
-def _shared_limit(adapter: ModelAdapter, engine: Engine) -> contextlib.AbstractContextManager[None]:
-    """Membership of the account-wide limit for the dispatch (processes share RPM/TPM)."""
-    found = adapter.rate_limit()
-    if found is None:
-        return contextlib.nullcontext()
-    endpoint, limiter = found
-    return SHARED_LIMITS.member(
-        limiter,
-        endpoint,
-        beat=lambda e, m, w: limiter_members.heartbeat(engine, e, m, w, ttl_s=_MEMBER_TTL_S),
-        leave=lambda e, m: limiter_members.leave(engine, e, m),
-    )
+@contextlib.contextmanager
+def _shared_limit(adapter: ModelAdapter, engine: Engine) -> Iterator[None]:
+    """Membership of the account-wide limit for the dispatch (processes share RPM/TPM);
+    one per region lane, each with its own limiter and endpoint id."""
+    parts = adapter.parts() if isinstance(adapter, RegionRouter) else [adapter]
+    with contextlib.ExitStack() as stack:
+        for part in parts:
+            found = part.rate_limit()
+            if found is None:
+                continue
+            endpoint, limiter = found
+            stack.enter_context(
+                SHARED_LIMITS.member(
+                    limiter,
+                    endpoint,
+                    beat=lambda e, m, w: limiter_members.heartbeat(
+                        engine, e, m, w, ttl_s=_MEMBER_TTL_S
+                    ),
+                    leave=lambda e, m: limiter_members.leave(engine, e, m),
+                )
+            )
+        yield
 
 
 async def _progress(

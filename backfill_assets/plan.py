@@ -258,3 +258,29 @@ def skipped_by_reason(plan: Plan) -> Mapping[str, int]:
     for p in plan.skipped:
         out[p.reason] = out.get(p.reason, 0) + 1
     return out
+
+
+def pool_by_region(
+    plan: Plan, tenant_order: Sequence[str], region_of: Mapping[str, str | None]
+) -> Plan:
+    """The plan with boxes that never mix regions (region lanes, issue 11).
+
+    A run's partitions succeed or fail together, so a tenant whose region has no endpoint
+    would fail the others pooled with it; and a run tagged with one region is what the run
+    queue's per-region limit counts. The tenant order is cut where the region changes and
+    each stretch is pooled on its own (a box is consecutive tenants, so none crosses a cut).
+    """
+    known = _known(plan.partitions)
+    order = [t for t in tenant_order if t in known]
+    order += sorted(known - set(order))
+    stretches: list[list[str]] = []
+    for tenant in order:
+        if stretches and region_of.get(stretches[-1][-1]) == region_of.get(tenant):
+            stretches[-1].append(tenant)
+        else:
+            stretches.append([tenant])
+    boxes: list[Box] = []
+    for stretch in stretches:
+        members = set(stretch)
+        boxes += pool([p for p in plan.partitions if p.ref.tenant_id in members], stretch)
+    return Plan(plan.partitions, boxes)

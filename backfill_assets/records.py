@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .keys import TENANT_ID_RE, content_hash, normalize_text, slice_of
+from .regions import InvalidRegion, validate_region
 
 MAX_POST_ID_CHARS = 200
 MAX_TEXT_BYTES = 32_768
@@ -22,6 +23,10 @@ class Post:
     text: str
     content_hash: str
     slice: int
+    # The tenant's region if the line gives one (``None``: the line says nothing about it).
+    region: str | None = None
+    # Where the line was, so a later check (a conflicting region) can reject it by number.
+    line: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,12 +73,22 @@ def parse_line(raw: bytes, line_no: int) -> Post | Rejection | None:
     if not isinstance(obj, dict):
         return Rejection(line_no, f"expected a JSON object, got {type(obj).__name__}", None)
     try:
-        return _validate(obj)
+        return _validate(obj, line_no)
     except ValueError as exc:
         return Rejection(line_no, str(exc), _tenant_given(obj))
 
 
-def _validate(obj: dict[str, Any]) -> Post:
+def _region(obj: dict[str, Any]) -> str | None:
+    raw = obj.get("region")
+    if raw is None:  # absent or null: the line does not set a region
+        return None
+    try:
+        return validate_region(raw)
+    except InvalidRegion as exc:
+        raise ValueError(str(exc)) from None
+
+
+def _validate(obj: dict[str, Any], line_no: int = 0) -> Post:
     has_tenant, tenant = _pick(obj, "tenant_id", "tenantId")
     has_post, post_id = _pick(obj, "post_id", "postId")
     has_text, text = "text" in obj, obj.get("text")
@@ -106,10 +121,13 @@ def _validate(obj: dict[str, Any]) -> Post:
     if "\x00" in text:
         # PostgreSQL cannot store NUL in text; refusing it here keeps both stores equal.
         raise ValueError("text contains NUL characters")
+    region = _region(obj)
     return Post(
         tenant_id=tenant,
         post_id=post_id,
         text=text,
         content_hash=content_hash(text),
         slice=slice_of(tenant, post_id),
+        region=region,
+        line=line_no,
     )

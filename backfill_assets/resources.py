@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import threading
 from pathlib import Path
 
 import dagster as dg
-from pydantic import Field
+from pydantic import Field, field_validator
 from sqlalchemy.engine import Engine
 
 from .batch.options import BatchEndpoint, BatchOptions
@@ -20,6 +21,8 @@ from .outcomes import RetryPolicy
 from .pipeline import RunOptions
 from .prices import PriceTable
 from .ratelimit import SHARED_LIMITERS, LimiterConfig
+from .regions import InvalidRegion, api_key_var, validate_region
+from .routing import Lanes
 from .rubric import TASK_VERSION, Rubric
 from .store.engine import make_engine
 from .store.migrate import migrate
@@ -62,6 +65,10 @@ class ModelResource(dg.ConfigurableResource):  # type: ignore[type-arg]
         """Where batch mode sends files and batches; None if the backend has no Batch API."""
         return None
 
+    def lanes(self) -> Lanes:
+        """Regional endpoints besides the default one (none: regional tenants fail closed)."""
+        return Lanes()
+
     def price_table(self) -> PriceTable:
         """Prices for cost estimates (the built-in list prices unless the backend adds some)."""
         return PriceTable.from_json("")
@@ -82,6 +89,10 @@ class FakeModelResource(ModelResource):
         pattern="^(split|total|missing)$",
         description="How usage is reported: split, total (total only) or missing (none).",
     )
+
+    def lanes(self) -> Lanes:
+        """The fake sends nothing anywhere, so it serves every region in-process."""
+        return Lanes(any_region=True)
 
     def build_adapter(self) -> ModelAdapter:
         """A fake model."""
@@ -129,6 +140,22 @@ class OpenAIModelResource(ModelResource):
     prices_json: str = Field(
         default="", description='Extra prices, USD per 1M tokens: {"model": {"input": .., ..}}.'
     )
+    region_base_urls: dict[str, str] = Field(
+        default_factory=dict,
+        description="Region -> base URL (BACKFILL_MODEL_BASE_URL__<REGION>). A tenant's region "
+        "must be here or its work is not sent; its key is read from "
+        "BACKFILL_MODEL_API_KEY__<REGION> at run time, never from config.",
+    )
+
+    @field_validator("region_base_urls")
+    @classmethod
+    def _regions_well_formed(cls, value: dict[str, str]) -> dict[str, str]:
+        for region in value:
+            try:
+                validate_region(region)
+            except InvalidRegion as exc:
+                raise ValueError(f"region_base_urls: {exc}") from None
+        return value
 
     def limiter_config(self) -> LimiterConfig:
         """The limiter settings of this endpoint."""
@@ -141,18 +168,37 @@ class OpenAIModelResource(ModelResource):
         )
 
     def build_adapter(self) -> ModelAdapter:
-        """An HTTP adapter sharing the process-wide limiter of this endpoint and model."""
+        """An HTTP adapter for the default endpoint (tenants without a region)."""
         key = self.api_key
         # Outside a run, Dagster leaves an EnvVar unresolved: read it the same way it would.
         resolved = key.get_value("") if isinstance(key, dg.EnvVar) else key
-        base_url = self.base_url.rstrip("/")
+        return self._http_adapter(self.base_url, resolved or "")
+
+    def lanes(self) -> Lanes:
+        """Each configured region's adapter factory and Batch API endpoint.
+
+        A region's key is resolved here, at run time, from the run process's environment by
+        its fixed name; no other endpoint's key is ever sent to a region's URL.
+        """
+        keys = {r: dg.EnvVar(api_key_var(r)).get_value("") or "" for r in self.region_base_urls}
+        return Lanes(
+            adapters={
+                r: functools.partial(self._http_adapter, url, keys[r])
+                for r, url in self.region_base_urls.items()
+            },
+            batch={r: self._batch_at(url, keys[r]) for r, url in self.region_base_urls.items()},
+        )
+
+    def _http_adapter(self, base_url: str, api_key: str) -> ModelAdapter:
+        """An HTTP adapter sharing the process-wide limiter of this endpoint, model and key."""
+        base_url = base_url.rstrip("/")
         return OpenAIHttpModel(
             base_url=base_url,
             model=self.model,
-            api_key=resolved or "",
+            api_key=api_key,
             # One limiter per account in the process: base URL, model and key (as a hash).
             limiter=SHARED_LIMITERS.get(
-                f"{base_url}#{self.model}#{_key_id(resolved or '')}", self.limiter_config()
+                f"{base_url}#{self.model}#{_key_id(api_key)}", self.limiter_config()
             ),
             prices=PriceTable.from_json(self.prices_json),
             timeouts=HttpTimeouts(
@@ -170,13 +216,16 @@ class OpenAIModelResource(ModelResource):
         return PriceTable.from_json(self.prices_json)
 
     def batch_endpoint(self) -> BatchEndpoint:
-        """The same endpoint's Files and Batches APIs (batch mode)."""
+        """The default endpoint's Files and Batches APIs (batch mode)."""
         key = self.api_key
         resolved = key.get_value("") if isinstance(key, dg.EnvVar) else key
+        return self._batch_at(self.base_url, resolved or "")
+
+    def _batch_at(self, base_url: str, api_key: str) -> BatchEndpoint:
         return BatchEndpoint(
-            base_url=self.base_url.rstrip("/"),
+            base_url=base_url.rstrip("/"),
             model=self.model,
-            api_key=resolved or "",
+            api_key=api_key,
             prices_json=self.prices_json,
             max_tokens_param=self.max_tokens_param,
             connect_timeout_s=self.connect_timeout_s,
@@ -254,6 +303,7 @@ class BackfillSettings(dg.ConfigurableResource):  # type: ignore[type-arg]
             ),
             dispatch_mode=self.dispatch,
             batch=self.batch_options(model, faults) if self.dispatch == "batch" else None,
+            lanes=model.lanes() if model is not None else Lanes(),
         )
 
 

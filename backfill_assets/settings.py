@@ -13,6 +13,7 @@ from .batch.options import KILL_POINTS, PROVIDER_MAX_LINES
 from .faults import FaultHooks
 from .keys import DEFAULT_SLICE_TARGET, Versions
 from .prices import PriceError, PriceTable
+from .regions import BASE_URL_VAR, InvalidRegion, region_of_suffix
 from .resources import (
     BackfillSettings,
     FakeModelResource,
@@ -157,6 +158,25 @@ def openai_from_env(env: Mapping[str, str]) -> OpenAIModelResource:
         raise SettingsError(f"BACKFILL_MODEL_BACKEND=openai: {problems}") from None
 
 
+def region_base_urls(env: Mapping[str, str]) -> dict[str, str]:
+    """``BACKFILL_MODEL_BASE_URL__<REGION>`` -> {region: base URL}; empty values are unset.
+
+    Their keys (``BACKFILL_MODEL_API_KEY__<REGION>``) are not read here: the adapter resolves
+    them by name at run time, so no key ever enters the Dagster config.
+    """
+    prefix = f"{BASE_URL_VAR}__"
+    out: dict[str, str] = {}
+    for name, value in env.items():
+        if not name.startswith(prefix) or not value.strip():
+            continue
+        try:
+            region = region_of_suffix(name[len(prefix) :])
+        except InvalidRegion as exc:
+            raise SettingsError(f"{name}: {exc}") from None
+        out[region] = value.strip()
+    return dict(sorted(out.items()))
+
+
 def _openai_resource(
     env: Mapping[str, str], limits: dict[str, int], param: str, prices: str
 ) -> OpenAIModelResource:
@@ -165,6 +185,7 @@ def _openai_resource(
         base_url=env.get("BACKFILL_MODEL_BASE_URL", "").strip() or "https://api.openai.com/v1",
         # The key itself never enters the config: Dagster resolves the variable at run time.
         api_key=dg.EnvVar("BACKFILL_MODEL_API_KEY") if env.get("BACKFILL_MODEL_API_KEY") else "",
+        region_base_urls=region_base_urls(env),
         rpm=limits["rpm"],
         tpm=limits["tpm"],
         retry_after_max_s=_float(env, "BACKFILL_RETRY_AFTER_MAX_SECONDS", 900.0),

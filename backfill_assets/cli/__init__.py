@@ -1,4 +1,4 @@
-"""``backfill-moderation``: import, rejects, run, verify, check, launch, usage, dry-run, ..."""
+"""``backfill-moderation``: import, rejects, run, verify, check, launch, tenant, usage, ..."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from .ingest import add_ingest_commands
 from .inputs import UserError, choice, slice_key
 from .operator import add_operator_commands
 from .provider_sim import add_provider_sim_command
+from .tenants import add_tenant_commands
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -76,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(func=commands.cmd_demo_data)
 
     add_operator_commands(add)
+    add_tenant_commands(add)
     add_provider_sim_command(sub)
     return p
 
@@ -97,7 +99,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code: int = args.func(args, dict(os.environ))
     except (SettingsError, UserError) as exc:
-        print(f"backfill-moderation {args.command}: error: {exc}", file=sys.stderr)
+        name = " ".join(filter(None, (args.command, getattr(args, "tenant_command", None))))
+        print(f"backfill-moderation {name}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"backfill-moderation {args.command}: interrupted", file=sys.stderr)

@@ -16,7 +16,8 @@ from ..demo.generate import write_export
 from ..estimate import estimate_pending
 from ..keys import slice_no
 from ..orchestrate import ensure_tenant_partitions, refresh_usage, run_boxes
-from ..plan import make_plan
+from ..partitions import tenant_partitions
+from ..plan import make_plan, pool_by_region
 from ..resources import engine_for
 from ..settings import (
     PROJECT_ROOT,
@@ -31,6 +32,7 @@ from ..store.dead_letters import requeue
 from ..store.engine import read_tx, write_tx
 from ..store.migrate import migrate, schema_versions
 from ..store.reports import tenant_ids, usage_by_day, usage_by_tenant_model
+from ..store.tenants import all_regions
 from ..usage import USAGE_COLUMNS, usage_csv
 from .inputs import known_tenants
 from .run_report import (
@@ -85,7 +87,13 @@ def cmd_run(args: argparse.Namespace, env: Env) -> int:
         [slice_no(s) for s in args.slice] if args.slice else None,
         force=args.force,
     )
-    records = run_boxes(defs, inst, BACKFILL_JOB, plan.boxes, apply_job=APPLY_JOB)
+    with read_tx(engine) as conn:
+        regions = all_regions(conn)
+    # One region per run: a region without an endpoint here fails only its own runs, and
+    # each run carries its region's tag for the run queue.
+    order = inst.get_dynamic_partitions(tenant_partitions.name or "tenants")
+    plan = pool_by_region(plan, order, regions)
+    records = run_boxes(defs, inst, BACKFILL_JOB, plan.boxes, apply_job=APPLY_JOB, regions=regions)
     if records and not any(r.interrupted for r in records):
         refresh_usage(defs, inst, USAGE_JOB)  # tenant_usage shows this run's spend at once
     doc = run_document(records, plan)

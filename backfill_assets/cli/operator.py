@@ -16,8 +16,11 @@ from ..partitions import partition_key_for, partition_ref
 from ..pipeline import with_levels
 from ..plan import make_plan
 from ..policy import policy_from_env
+from ..regions import run_tags
 from ..resources import engine_for
 from ..settings import database_url, versions_from_env
+from ..store.engine import read_tx
+from ..store.tenants import all_regions
 from .commands import Env, emit, instance, store_tenants
 from .inputs import UserError, choice, known_tenants, slice_key
 from .tables import Human, table
@@ -141,7 +144,7 @@ def cmd_launch(args: argparse.Namespace, env: Env) -> int:
     url = args.url or env.get("DAGSTER_WEBSERVER_URL", "") or "http://127.0.0.1:3000"
     client = DagsterClient(url)
     try:
-        return _launch(args, client, _needs_work(env))
+        return _launch(args, client, _needs_work(env), _regions(env))
     except GraphQLError as exc:
         raise UserError(f"webserver: {exc}") from None
     finally:
@@ -156,7 +159,18 @@ def _needs_work(env: Env) -> dict[str, str]:
     return {p.ref.key: p.reason for p in plan.partitions if p.run}
 
 
-def _launch(args: argparse.Namespace, client: DagsterClient, needed: dict[str, str]) -> int:
+def _regions(env: Env) -> dict[str, str | None]:
+    """Every tenant's region, for the backfills' ``region`` tags."""
+    with read_tx(engine_for(database_url(env))) as conn:
+        return all_regions(conn)
+
+
+def _launch(
+    args: argparse.Namespace,
+    client: DagsterClient,
+    needed: dict[str, str],
+    regions: dict[str, str | None],
+) -> int:
     state = client.partition_state()
     # The tenants the webserver has partitions for: what a backfill can be launched for.
     tenants = known_tenants(args.tenant, sorted({partition_ref(k).tenant_id for k in state.keys}))
@@ -170,10 +184,12 @@ def _launch(args: argparse.Namespace, client: DagsterClient, needed: dict[str, s
     groups = by_tenant(keys)
     launched: list[dict[str, Any]] = []
     for tenant, pks in sorted(groups.items()):
-        entry: dict[str, Any] = {"tenant": tenant, "partitions": pks}
+        # The backfill's tags go on each of its runs: per-tenant and per-region queue limits.
+        tags = {"tenant": tenant, **run_tags([regions.get(tenant)])}
+        entry: dict[str, Any] = {"tenant": tenant, "partitions": pks, "tags": tags}
         if not args.dry_run:
             title = f"moderation {tenant}: {'+'.join(kinds)} ({len(pks)} partitions)"
-            bid = client.launch_backfill(pks, title, {"tenant": tenant})
+            bid = client.launch_backfill(pks, title, tags)
             entry.update(backfill_id=bid, url=client.backfill_url(bid))
         launched.append(entry)
     statuses = _wait(client, launched, args.wait) if args.wait and not args.dry_run else {}

@@ -14,6 +14,7 @@ from .dialect import insert_for
 from .engine import write_tx
 from .rejects import record_rejects
 from .tables import posts, tenants, utcnow
+from .tenants import claim_regions, tenant_regions
 
 
 @dataclass
@@ -123,25 +124,57 @@ def write_batch(
     """Upsert one batch of parsed lines in one transaction."""
     latest: dict[tuple[str, str], Post] = {}
     rejects: list[Rejection] = []
-    for item in batch:
-        if isinstance(item, Rejection):
-            rejects.append(item)
-            continue
-        ident = (item.tenant_id, item.post_id)
-        prior = latest.get(ident)
-        if prior is not None:
-            # Same post twice in one batch: the later line wins, like a later export would.
-            if prior.content_hash == item.content_hash:
-                summary.unchanged += 1
-            else:
-                summary.updated += 1
-        latest[ident] = item
-    summary.tenants_seen.update(t for t, _ in latest)
     with write_tx(engine) as conn:
+        checked, claimed = _check_regions(conn, batch)
+        for item in checked:
+            if isinstance(item, Rejection):
+                rejects.append(item)
+                continue
+            ident = (item.tenant_id, item.post_id)
+            prior = latest.get(ident)
+            if prior is not None:
+                # Same post twice in one batch: the later line wins, like a later export would.
+                if prior.content_hash == item.content_hash:
+                    summary.unchanged += 1
+                else:
+                    summary.updated += 1
+            latest[ident] = item
+        summary.tenants_seen.update(t for t, _ in latest)
         summary.new_tenants += register_tenants(conn, (t for t, _ in latest))
+        claim_regions(conn, claimed)
         _upsert_posts(conn, list(latest.values()), summary)
         summary.new_rejects += record_rejects(conn, source, rejects)
     summary.rejected += len(rejects)
+
+
+def _check_regions(
+    conn: Connection, batch: list[Post | Rejection]
+) -> tuple[list[Post | Rejection], dict[str, str]]:
+    """Lines in order, those naming a region other than their tenant's turned into rejections;
+    and the regions to set for tenants that have none yet.
+
+    The first region a tenant gets (stored, or from its first line that names one) stays:
+    a later line that names another is rejected with its line number, across files and
+    imports alike. Moving a tenant is ``tenant set-region``, never a side effect of an export.
+    """
+    named = {p.tenant_id for p in batch if isinstance(p, Post) and p.region is not None}
+    current = tenant_regions(conn, named)
+    claimed: dict[str, str] = {}
+    out: list[Post | Rejection] = []
+    for item in batch:
+        if isinstance(item, Post) and item.region is not None:
+            have = current.get(item.tenant_id) or claimed.get(item.tenant_id)
+            if have is None:
+                claimed[item.tenant_id] = item.region
+            elif have != item.region:
+                reason = (
+                    f"region {item.region!r} conflicts with tenant {item.tenant_id}'s region "
+                    f"{have!r} (`backfill-moderation tenant set-region` moves a tenant)"
+                )
+                out.append(Rejection(item.line, reason, item.tenant_id))
+                continue
+        out.append(item)
+    return out, claimed
 
 
 def _upsert_posts(conn: Connection, batch: list[Post], summary: ImportSummary) -> None:

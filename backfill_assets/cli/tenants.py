@@ -1,0 +1,81 @@
+"""``tenant set-region TENANT REGION`` and ``tenant list``: where each tenant's work may go."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+
+from ..regions import InvalidRegion, base_url_var, validate_region
+from ..resources import OpenAIModelResource, engine_for
+from ..settings import database_url, model_from_env, versions_from_env
+from ..store.engine import read_tx, write_tx
+from ..store.reports import tenant_ids
+from ..store.tenants import set_region, tenant_rows
+from .commands import Env, emit
+from .inputs import UserError, known_tenants
+from .tables import table
+
+TENANT_COLUMNS = ["tenant", "region", "posts", "done", "billed"]
+
+
+def add_tenant_commands(add: Callable[[str, str], argparse.ArgumentParser]) -> None:
+    """Register the ``tenant`` group: ``set-region`` and ``list``."""
+    group = add("tenant", "Tenants' regions (data residency): set-region, list.")
+    sub = group.add_subparsers(dest="tenant_command", required=True, metavar="SUBCOMMAND")
+
+    def child(name: str, help_: str) -> argparse.ArgumentParser:
+        sp = sub.add_parser(name, help=help_, description=help_)
+        # SUPPRESS: a --json given before the subcommand (``tenant --json list``) still counts.
+        sp.add_argument(
+            "--json",
+            action="store_true",
+            default=argparse.SUPPRESS,
+            help="print JSON instead of a table",
+        )
+        return sp
+
+    sp = child(
+        "set-region",
+        "Set the region whose endpoint (BACKFILL_MODEL_BASE_URL__<REGION>) serves a tenant.",
+    )
+    sp.add_argument("tenant", help="tenant id")
+    sp.add_argument("region", help="region name, ^[a-z][a-z0-9-]{1,19}$ (e.g. eu, us-east)")
+    sp.set_defaults(func=cmd_set_region)
+
+    sp = child("list", "Tenants with their region, posts, done (current versions) and billed.")
+    sp.set_defaults(func=cmd_tenant_list)
+
+
+def cmd_set_region(args: argparse.Namespace, env: Env) -> int:
+    """Set a tenant's region; exit 2 for a malformed region or an unknown tenant."""
+    try:
+        region = validate_region(args.region)
+    except InvalidRegion as exc:
+        raise UserError(f"argument REGION: {exc}") from None
+    engine = engine_for(database_url(env))
+    with read_tx(engine) as conn:
+        tenant = known_tenants([args.tenant], tenant_ids(conn), flag="TENANT")[0]
+    with write_tx(engine) as conn:
+        previous = set_region(conn, tenant, region)
+    doc = {"tenant": tenant, "region": region, "previous": previous}
+    emit(args, doc, f"{tenant}: region {region} (was {previous or 'none: default endpoint'})")
+    model = model_from_env(env)
+    if isinstance(model, OpenAIModelResource) and region not in model.region_base_urls:
+        # Not an error: endpoints belong to the process that dispatches, maybe not this one.
+        print(
+            f"note: {base_url_var(region)} is not set here; a run in this environment sends "
+            f"nothing for {tenant} and fails its partitions",
+            file=sys.stderr,
+            flush=True,
+        )
+    return 0
+
+
+def cmd_tenant_list(args: argparse.Namespace, env: Env) -> int:
+    """Every tenant's region, posts, done keys (current versions) and billed tokens."""
+    engine = engine_for(database_url(env))
+    with read_tx(engine) as conn:
+        rows = tenant_rows(conn, versions_from_env(env))
+    emit(args, {"tenants": rows}, table(rows, TENANT_COLUMNS))
+    return 0
