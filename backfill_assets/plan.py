@@ -213,16 +213,35 @@ def pool(
 ) -> list[Box]:
     """The cheapest boxes covering every partition to run (see the module docstring).
 
-    A box's cost is ``run_cost`` plus its partitions (with work or not); boxes are segments of
-    the tenant order, so an exact split is a 1D dynamic programme over the tenants with work.
+    ``tenant_order`` is the instance's whole tenant order: a box is a range of it, so it may
+    never cover a tenant this plan does not include (``run --tenant``), whose pending work
+    would otherwise be sent too. Such tenants cut the order into segments.
     """
+    known = _known(partitions)
+    segments: list[list[str]] = [[]]
+    for tenant in tenant_order:
+        if tenant in known:
+            segments[-1].append(tenant)
+        elif segments[-1]:
+            segments.append([])
+    listed = set(tenant_order)
+    segments += [[t] for t in sorted(known - listed)]  # not registered: each on its own
     needs: dict[str, set[int]] = {}
     for p in partitions:
         if p.run:
             needs.setdefault(p.ref.tenant_id, set()).add(p.ref.slice)
-    known = _known(partitions)
-    order = [t for t in tenant_order if t in known]
-    order += sorted(t for t in needs if t not in set(order))  # not registered: at the end
+    boxes: list[Box] = []
+    for segment in segments:
+        boxes += _pool_segment(segment, needs, run_cost, max_partitions)
+    return boxes
+
+
+def _pool_segment(
+    order: Sequence[str], needs: Mapping[str, set[int]], run_cost: int, max_partitions: int
+) -> list[Box]:
+    """Boxes over one stretch of consecutive tenants: a box's cost is ``run_cost`` plus its
+    partitions (with work or not), so an exact split is a 1D dynamic programme over the
+    tenants with work."""
     pos = [i for i, t in enumerate(order) if t in needs]  # positions of tenants with work
     ranges = [(min(needs[order[i]]), max(needs[order[i]])) for i in pos]
     best = [0.0] + [float("inf")] * len(pos)
@@ -271,16 +290,10 @@ def pool_by_region(
     each stretch is pooled on its own (a box is consecutive tenants, so none crosses a cut).
     """
     known = _known(plan.partitions)
-    order = [t for t in tenant_order if t in known]
-    order += sorted(known - set(order))
-    stretches: list[list[str]] = []
-    for tenant in order:
-        if stretches and region_of.get(stretches[-1][-1]) == region_of.get(tenant):
-            stretches[-1].append(tenant)
-        else:
-            stretches.append([tenant])
     boxes: list[Box] = []
-    for stretch in stretches:
-        members = set(stretch)
-        boxes += pool([p for p in plan.partitions if p.ref.tenant_id in members], stretch)
+    for region in sorted({region_of.get(t) for t in known}, key=lambda r: r or ""):
+        members = {t for t in known if region_of.get(t) == region}
+        # Tenants of other regions stay in the order as cuts: pool() never spans them.
+        chosen = [p for p in plan.partitions if p.ref.tenant_id in members]
+        boxes += pool(chosen, tenant_order)
     return Plan(plan.partitions, boxes)

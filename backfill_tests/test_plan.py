@@ -40,6 +40,10 @@ def test_pool_merges_small_tenants_and_keeps_big_ones_apart() -> None:
     order = ["a", "idle1", "idle2", "b"]
     boxes = pool(_plans({"a": [0], "b": [0]}, order), order)
     assert boxes == [Box(("a", "idle1", "idle2", "b"), 0, 0)]
+    # A tenant the plan leaves out (run --tenant a --tenant c) is never inside a box: its
+    # pending work would be sent too.
+    boxes = pool(_plans({"a": [0], "c": [0]}, ["a", "c"]), ["a", "b", "c"])
+    assert boxes == [Box(("a",), 0, 0), Box(("c",), 0, 0)]
     # Boxes stay bounded.
     many = [f"m{i:04d}" for i in range(1200)]
     boxes = pool(_plans({t: [0] for t in many}, many), many, max_partitions=500)
