@@ -296,4 +296,6 @@ def pool_by_region(
         # Tenants of other regions stay in the order as cuts: pool() never spans them.
         chosen = [p for p in plan.partitions if p.ref.tenant_id in members]
         boxes += pool(chosen, tenant_order)
+    at = {t: i for i, t in enumerate(tenant_order)}
+    boxes.sort(key=lambda b: at.get(b.tenants[0], len(at)))  # in the tenant order
     return Plan(plan.partitions, boxes)
