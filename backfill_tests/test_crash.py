@@ -95,7 +95,13 @@ def assert_resumed_cleanly(
 
 
 def test_kill_after_usage_then_resume(engine: Engine, drill_env: dict[str, str]) -> None:
-    env = {**drill_env, "BACKFILL_KILL_AFTER_USAGE": "150", "BACKFILL_FAKE_LATENCY_MS": "2"}
+    # Short flushes: the kill lands after the flush that crosses 150, well before the end.
+    env = {
+        **drill_env,
+        "BACKFILL_KILL_AFTER_USAGE": "150",
+        "BACKFILL_FAKE_LATENCY_MS": "5",
+        "BACKFILL_FLUSH_MS": "10",
+    }
     first = cli(["run", "--json"], env)
     assert first.returncode == -signal.SIGKILL, first.stderr[-2000:]
     usage = count(engine, "SELECT count(*) FROM ledger_events WHERE type = 'usage'")

@@ -9,6 +9,18 @@ from typing import Any
 from ..orchestrate import RunRecord
 from ..plan import Plan
 
+TOTAL_KEYS = (
+    "posts",
+    "skipped_done",
+    "model_calls",
+    "tokens_in",
+    "tokens_out",
+    "accepted",
+    "schema_rejected",
+    "retry_exhausted",
+    "transport_rejected",
+    "deferred",
+)
 HUMAN_COLUMNS = [
     "partition",
     "posts",
@@ -48,7 +60,8 @@ def run_document(records: Sequence[RunRecord], plan: Plan | None = None) -> dict
                 {"name": c.name, "passed": c.passed, "blocking": c.blocking, "severity": c.severity}
                 for c in outcomes
             ]
-    totals: dict[str, int] = defaultdict(int)
+    # Every total is present, 0 included: a run with nothing to do still reports its totals.
+    totals: dict[str, int] = defaultdict(int, {k: 0 for k in TOTAL_KEYS})
     rows = []
     for rec in records:
         for pk in rec.partitions:
