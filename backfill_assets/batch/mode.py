@@ -45,7 +45,9 @@ async def run_batch(
     if opts is None or opts.endpoint is None:
         raise BatchModeError("BACKFILL_DISPATCH=batch needs BACKFILL_MODEL_BACKEND=openai")
     endpoint = opts.endpoint
-    client = BatchClient(endpoint, retry_base_s=min(1.0, opts.poll_seconds))
+    client = BatchClient(
+        endpoint, transport=opts.transport, retry_base_s=min(1.0, opts.poll_seconds)
+    )
     ledger = StoreBudgetLedger(engine, holder=run_id) if options.budget_tokens else None
     # One reservation per chunk: the whole chunk's estimate, taken before it is submitted.
     budgets = TenantBudgets(options.budget_tokens, ledger, chunk_calls=1)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import httpx
+
 # Fault injection points of BACKFILL_KILL_AT, in the order a chunk passes them.
 KILL_POINTS = ("intent", "upload", "create", "poll", "fetch")
 # OpenAI's limits per batch input file.
@@ -40,6 +42,8 @@ class BatchOptions:
     # Batch price as a share of the synchronous price (OpenAI and Anthropic: half).
     price_factor: float = 0.5
     kill_at: str = ""
+    # The httpx seam: tests pass an ``httpx.MockTransport``; never set from configuration.
+    transport: httpx.AsyncBaseTransport | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_lines <= PROVIDER_MAX_LINES:
