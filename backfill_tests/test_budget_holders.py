@@ -10,6 +10,7 @@ import sys
 import threading
 from pathlib import Path
 
+import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
@@ -17,14 +18,14 @@ from backfill_assets.limits import TenantBudgets
 from backfill_assets.models.fake import FakeModel
 from backfill_assets.pipeline import PartitionReport, RunOptions, run_partitions
 from backfill_assets.rubric import call_token_bound
-from backfill_assets.store.budget import StoreBudgetLedger
+from backfill_assets.store.budget import HolderLost, StoreBudgetLedger
 from backfill_tests.conftest import import_records
 from backfill_tests.pipeline_helpers import FAST_RETRY, RUBRIC, VERSIONS, refs_for
 
 _HOLDER = """
 import sys, time
 from backfill_assets.resources import engine_for
-from backfill_assets.store.budget import StoreBudgetLedger
+from backfill_assets.store.budget import HolderLost, StoreBudgetLedger
 ledger = StoreBudgetLedger(engine_for(sys.argv[1]), holder="doomed-run")
 ledger.grant("acme", "r-doomed", 1000, 1000, 3000)
 print("granted", flush=True)
@@ -75,6 +76,28 @@ def test_a_reservation_lives_exactly_as_long_as_its_holder(
     grant = StoreBudgetLedger(engine, holder="third-run").grant("acme", "r-third", 100, 100, 3000)
     assert _reserved(engine, "r-doomed") is None
     assert grant.granted + grant.free_after == 3000
+
+
+def test_a_lost_lock_connection_is_noticed_at_the_next_grant(
+    engine: Engine, tmp_path: Path
+) -> None:
+    if engine.dialect.name != "postgresql":
+        pytest.skip("flock and in-memory locks live as long as the process")
+    _posts(engine, tmp_path)
+    ledger = StoreBudgetLedger(engine, holder="fragile-run")
+    ledger.grant("acme", "r-fragile", 100, 100, 3000)
+    with engine.connect() as conn:
+        # The server drops the session that holds the lock (a restart, an idle timeout).
+        conn.execute(
+            sa.text(
+                "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory'"
+                " AND pid <> pg_backend_pid()"
+                " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+            )
+        )
+    with pytest.raises(HolderLost):
+        ledger.grant("acme", "r-fragile", 100, 100, 3000)
+    ledger.release(["r-fragile"])
 
 
 def test_no_holder_can_hoard_the_tenants_budget(engine: Engine, tmp_path: Path) -> None:

@@ -103,10 +103,13 @@ async def create(ctx: BatchContext, job: ChunkJob) -> Wait | None:
             return None
         if waiting is not None:
             return waiting
-    echoes = await ctx.db(chunk_echoes, ctx, job)
     await ctx.db(store.update, ctx.engine, sub, create_sent_at=utcnow())
+
+    async def echoes() -> list[str] | None:
+        return await ctx.db(chunk_echoes, ctx, job)  # read only if the create fails
+
     try:
-        batch = await ctx.client.create(sub.file_id, metadata(job), echoes or ())
+        batch = await ctx.client.create(sub.file_id, metadata(job), echoes)
     except Unsure as exc:
         # The create may have happened: look it up (after a pause) before creating again.
         ctx.log(f"chunk {sub.chunk_id}: create unsure ({exc}); looking it up before any other")

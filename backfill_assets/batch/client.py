@@ -29,9 +29,13 @@ from ..models._openai_wire import error_summary, retry_after_seconds
 from ..models.base import RunFatalError
 from ..models.errors import Scope, classify, run_fatal_hint
 from .options import BatchEndpoint
+from .triage import WITHHELD
 from .wire import ENDPOINT, BatchObject, BatchPage
 
 T = TypeVar("T")
+# What a call's error message must not quote: texts, or a coroutine reading them (only run if
+# the call fails) that returns None when they cannot be known (then no message is kept).
+Echoes = Sequence[str] | Callable[[], Awaitable[Sequence[str] | None]]
 _USER_AGENT = "backfill-moderation/0.1 batch (+httpx)"
 
 
@@ -106,7 +110,7 @@ class BatchClient:
         await self._client.aclose()
 
     async def _call(
-        self, method: str, path: str, echoes: Sequence[str] = (), **kwargs: Any
+        self, method: str, path: str, echoes: Echoes = (), **kwargs: Any
     ) -> httpx.Response:
         try:
             response = await self._client.request(method, path, **kwargs)
@@ -117,13 +121,16 @@ class BatchClient:
         status = response.status_code
         if 200 <= status < 300:
             return response
+        texts = await echoes() if callable(echoes) else echoes
         summary, message = error_summary(
             status,
             response.content,
             response.headers.get("content-type", ""),
-            echoes=echoes,
+            echoes=texts or (),
             secrets=[self._api_key] if self._api_key else [],
         )
+        if texts is None:
+            summary = f"HTTP {status}: {WITHHELD}"
         code = _error_code(response)
         scope = classify(status, code)
         if scope is Scope.RUN:
@@ -143,7 +150,7 @@ class BatchClient:
             raise Unsure(summary, status=status, code=code)
         raise Refused(summary, status=status, code=code)
 
-    async def upload(self, filename: str, content: bytes, echoes: Sequence[str] = ()) -> str:
+    async def upload(self, filename: str, content: bytes, echoes: Echoes = ()) -> str:
         """Upload a batch input file; returns its file id."""
         response = await self._call(
             "POST",
@@ -156,7 +163,7 @@ class BatchClient:
         return str(response.json()["id"])
 
     async def create(
-        self, file_id: str, metadata: dict[str, str], echoes: Sequence[str] = ()
+        self, file_id: str, metadata: dict[str, str], echoes: Echoes = ()
     ) -> BatchObject:
         """Create a batch over an uploaded file (not idempotent: see ``find``)."""
         body = {

@@ -60,6 +60,10 @@ def _lock_path(engine: Engine, holder: str) -> Path:
     return Path(f"{db}.locks") / f"budget-{name}.lock"
 
 
+class HolderLost(RuntimeError):
+    """A live holder's lock was lost (dropped connection): its reservations may be gone."""
+
+
 class HolderLock:
     """Held by a live holder from before its first reservation until its release."""
 
@@ -72,9 +76,15 @@ class HolderLock:
         self._guard = threading.Lock()
 
     def acquire(self) -> None:
-        """Take the lock (idempotent); nobody else ever takes a fresh holder's for long."""
+        """Take the lock (idempotent); nobody else ever takes a fresh holder's for long.
+
+        On PostgreSQL a held lock is checked first: if its connection was dropped, the server
+        released the lock and others may have reclaimed this holder's reservations, so the
+        cap can no longer be promised and ``HolderLost`` stops the caller.
+        """
         with self._guard:
             if self._held:
+                self._verify()
                 return
             if not is_sqlite(self._engine):
                 self._conn = self._engine.connect()
@@ -92,6 +102,17 @@ class HolderLock:
                 fcntl.flock(self._fd, fcntl.LOCK_EX)
             self._held = True
 
+    def _verify(self) -> None:
+        if self._conn is None:
+            return  # flock and in-memory locks live as long as the process
+        try:
+            self._conn.execute(sa.text("SELECT 1"))
+            self._conn.commit()
+        except sa.exc.SQLAlchemyError as exc:
+            raise HolderLost(
+                f"budget holder {self.holder}: its lock connection was lost ({type(exc).__name__})"
+            ) from None
+
     def release(self) -> None:
         """Give the lock up (call after the holder's rows are gone)."""
         with self._guard:
@@ -104,6 +125,8 @@ class HolderLock:
                         sa.text("SELECT pg_advisory_unlock(:k)"), {"k": _pg_key(self.holder)}
                     )
                     self._conn.commit()
+                except sa.exc.SQLAlchemyError:
+                    pass  # the connection is gone, and with it the lock
                 finally:
                     self._conn.close()
                     self._conn = None
