@@ -74,7 +74,7 @@ class BatchRunner:
 
     def _open(self, ref: PartitionRef) -> list[tuple[store.Submission, list[store.LineRow]]]:
         with read_tx(self.ctx.engine) as conn:
-            subs = store.open_submissions(conn, ref.tenant_id, ref.slice)
+            subs = store.open_submissions(conn, ref.tenant_id, ref.slices)
             return [(s, store.chunk_lines(conn, s.chunk_id)) for s in subs]
 
     async def _resume_open(self) -> None:
@@ -127,18 +127,28 @@ class BatchRunner:
                     work_key(ctx.versions, ref.tenant_id, p.post_id, p.content_hash) for p in todo
                 )
                 continue
-            jobs, deferred = await submit.plan(
-                ctx, key, ref.tenant_id, ref.slice, todo, self.max_lines[key]
-            )
-            for job in jobs:
-                job.interval = self.opts.poll_seconds
-                self.jobs[job.sub.chunk_id] = job
-                ctx.log(f"chunk {job.sub.chunk_id} ({key}): {job.sub.lines} lines planned")
-            if deferred:
-                ctx.stats_for(key).outcomes[Outcome.DEFERRED] += len(deferred)
-                self.excluded[key].update(deferred)
-                ctx.log(f"{key}: {len(deferred)} key(s) deferred (tenant budget)")
+            # A chunk holds one stored slice (a partition of a small tenant holds several):
+            # its rows carry the posts' own slice, as in sync mode.
+            for slice_no in sorted({p.slice for p in todo}):
+                group = [p for p in todo if p.slice == slice_no]
+                await self._chunk(key, ref, slice_no, group)
         self.dirty.clear()
+
+    async def _chunk(
+        self, key: str, ref: PartitionRef, slice_no: int, todo: list[PendingPost]
+    ) -> None:
+        ctx = self.ctx
+        jobs, deferred = await submit.plan(
+            ctx, key, ref.tenant_id, slice_no, todo, self.max_lines[key]
+        )
+        for job in jobs:
+            job.interval = self.opts.poll_seconds
+            self.jobs[job.sub.chunk_id] = job
+            ctx.log(f"chunk {job.sub.chunk_id} ({key}): {job.sub.lines} lines planned")
+        if deferred:
+            ctx.stats_for(key).outcomes[Outcome.DEFERRED] += len(deferred)
+            self.excluded[key].update(deferred)
+            ctx.log(f"{key}: {len(deferred)} key(s) deferred (tenant budget)")
 
     async def _push(self) -> None:
         """Upload recorded chunks and create their batches while the token gate is open."""

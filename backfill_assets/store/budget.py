@@ -31,6 +31,7 @@ from .dialect import insert_for
 from .engine import is_sqlite, write_tx
 from .submissions import open_reserved
 from .tables import budget_reservations, tenants, utcnow
+from .work import lock_dir
 
 # Holders of an in-memory SQLite store: it dies with its process, so a set is enough.
 _memory_holders: set[str] = set()
@@ -55,9 +56,9 @@ def _memory(engine: Engine) -> bool:
 
 
 def _lock_path(engine: Engine, holder: str) -> Path:
-    db = os.path.realpath(str(engine.url.database))
+    # Next to the partition locks: one folder per database file, however it was reached.
     name = hashlib.sha256(holder.encode()).hexdigest()[:32]
-    return Path(f"{db}.locks") / f"budget-{name}.lock"
+    return lock_dir(str(engine.url.database)) / f"budget-{name}.lock"
 
 
 class HolderLost(RuntimeError):

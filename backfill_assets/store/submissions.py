@@ -138,13 +138,14 @@ def update(engine: Engine, sub: Submission, **values: Any) -> None:
         setattr(sub, name, value)
 
 
-def open_submissions(conn: Connection, tenant_id: str, slice_no: int) -> list[Submission]:
-    """A partition's chunks that may still have work at the provider, oldest first."""
+def open_submissions(conn: Connection, tenant_id: str, slices: Sequence[int]) -> list[Submission]:
+    """A partition's chunks (of its stored ``slices``) that may still have work at the
+    provider, oldest first."""
     stmt = (
         sa.select(batch_submissions)
         .where(
             batch_submissions.c.tenant_id == tenant_id,
-            batch_submissions.c.slice == slice_no,
+            batch_submissions.c.slice.in_(list(slices)),
             batch_submissions.c.state.in_(OPEN_STATES),
         )
         .order_by(batch_submissions.c.intent_at, batch_submissions.c.chunk_id)

@@ -16,10 +16,13 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
 import sqlalchemy as sa
 
+from backfill_assets.keys import SLICE_COUNT
 from backfill_assets.models.openai_http import OpenAIHttpModel
-from backfill_assets.pipeline import PartitionReport, RunOptions, run_partitions
+from backfill_assets.partitions import partition_key_for
+from backfill_assets.pipeline import PartitionRef, PartitionReport, RunOptions, run_partitions
 from backfill_assets.ratelimit import LimiterConfig, LimiterRegistry
 from backfill_assets.resources import engine_for
 from backfill_assets.rubric import call_token_bound
@@ -31,6 +34,7 @@ from backfill_tests.batch.conftest import (
     RUBRIC,
     VERSIONS,
     StartSim,
+    batch_options,
     key_of,
     records,
     rows,
@@ -182,3 +186,35 @@ def test_a_wrong_key_stops_the_batch_run_and_leaves_every_chunk_open(
     assert {r.state for r in rows(engine, "SELECT state FROM batch_submissions")} == {"applied"}
     assert {r.attempt_no for r in rows(engine, "SELECT attempt_no FROM batch_lines")} == {1}
     _billed_once(sim.meter.snapshot(), {key_of(r) for r in data})
+
+
+@pytest.mark.timeout(120)
+def test_a_partition_of_several_stored_slices_is_booked_once_per_key(
+    tmp_path: Path, start_sim: StartSim
+) -> None:
+    # A small tenant's partitions hold several stored slices (slice levels): level 1 puts the
+    # even slices into s00 and the odd ones into s01. Rows must carry each post's own slice.
+    sim = start_sim()
+    engine = engine_for(f"sqlite:///{tmp_path / 'store.db'}")
+    data = records(["acme"], 20)
+    import_records(engine, tmp_path, data)
+    refs = [
+        PartitionRef(partition_key_for("acme", f"s{p:02d}"), "acme", p, level=1) for p in (0, 1)
+    ]
+    run_partitions(
+        engine,
+        refs,
+        lambda: pytest.fail("batch mode must not build the sync adapter"),
+        VERSIONS,
+        RUBRIC,
+        "levels",
+        batch_options(sim, max_lines=50),
+    )
+    _billed_once(sim.meter.snapshot(), {key_of(r) for r in data})
+    subs = rows(engine, "SELECT slice, state FROM batch_submissions")
+    assert {s.state for s in subs} == {"applied"} and {s.slice for s in subs} < set(
+        range(SLICE_COUNT)
+    )
+    doc = verify_store(engine, VERSIONS).as_dict(require_complete=True)
+    assert doc["ok"], doc["problems"]
+    assert doc["tenants"][0]["done"] == len(data)
