@@ -50,7 +50,9 @@ def test_cli_run_in_batch_mode_materialises_checks_and_applies(
     assert doc["ok"] and doc["totals"]["model_calls"] == POSTS
     assert doc["totals"]["accepted"] == POSTS
     assert {c["passed"] for p in doc["partitions"] for c in p["checks"]} == {True}
-    assert len({p["partition"] for p in doc["partitions"] if p["applied"]}) == 16
+    # Every partition the run held was applied (a small tenant's posts fill few partitions).
+    applied = {p["partition"] for p in doc["partitions"] if p["applied"]}
+    assert applied and applied == {p["partition"] for p in doc["partitions"]}
     assert "batch" in run.stderr and "completed" in run.stderr  # progress in the run log
 
     meter = sim.meter.snapshot()
