@@ -27,7 +27,17 @@ class BudgetLedger(Protocol):
 
     def release(self, reservation_ids: list[str]) -> None: ...
 
-    def heartbeat(self, reservation_ids: list[str]) -> None: ...
+
+def grant_size(want: int, minimum: int, free: int) -> int:
+    """Tokens to grant a holder asking for ``want`` (at least ``minimum``) when ``free`` are left.
+
+    At most half of what is free, never less than the request: a run that takes tokens in
+    chunks for many calls cannot hoard a tenant's whole budget while another run waits.
+    0 when not even ``minimum`` is free.
+    """
+    if minimum > free or free <= 0:
+        return 0
+    return max(minimum, min(want, free // 2))
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,9 +60,11 @@ class _TenantPool:
 class TenantBudgets:
     """Reserve before a call, settle after; never lets billed + reserved exceed the cap.
 
-    Tokens are taken from the store in chunks so a call rarely waits on the database; the
-    writer moves settled tokens from the reservation to the tenant's billed total in the same
-    transaction as the usage event, so ``billed + reserved`` covers every call in flight.
+    Tokens are taken from the store in chunks so a call rarely waits on the database (at most
+    half of what is free at a time, see ``grant_size``); the writer moves settled tokens from
+    the reservation to the tenant's billed total in the same transaction as the usage event,
+    so ``billed + reserved`` covers every call in flight. The store keeps a reservation for as
+    long as its holder lives (``store.budget``), however long it is silent.
     """
 
     def __init__(self, cap: int | None, ledger: BudgetLedger | None, chunk_calls: int = 16) -> None:
@@ -105,13 +117,8 @@ class TenantBudgets:
         pool.available += reservation.tokens - actual_tokens
 
     def reservation_ids(self) -> list[str]:
-        """Live reservation ids (for heartbeats and release)."""
+        """Live reservation ids (for the release)."""
         return [p.reservation_id for p in self._pools.values()]
-
-    async def heartbeat(self) -> None:
-        """Refresh reservations so other processes do not treat them as abandoned."""
-        if self.enabled and self._ledger is not None:
-            await asyncio.to_thread(self._ledger.heartbeat, self.reservation_ids())
 
     async def release(self) -> None:
         """Give back everything unused; call after the final flush."""

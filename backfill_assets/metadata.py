@@ -30,6 +30,7 @@ def partition_metadata(
         "posts": dg.MetadataValue.int(s["posts"]),
         "skipped_done": dg.MetadataValue.int(s["skipped"]),
         "pending_at_start": dg.MetadataValue.int(s["pending"]),
+        "in_open_batch": dg.MetadataValue.int(s["in_open_batch"]),
         "model_calls": dg.MetadataValue.int(s["calls"]),
         "retries": dg.MetadataValue.int(s["retries"]),
         "rate_limited_429": dg.MetadataValue.int(s["rate_limited"]),

@@ -35,7 +35,7 @@ from .store.engine import read_tx, refresh_planner_stats
 from .store.partition_counts import PartitionCounts, partition_counts, post_counts
 from .store.posts import slice_levels
 from .store.tenants import tenant_regions
-from .store.work import PartitionBusy, WriterLocks, pending_posts, while_held
+from .store.work import PartitionBusy, WriterLocks, in_open_batch, pending_posts, while_held
 from .store.writer import LedgerWriter
 
 # A member silent this long is taken for dead and its share of the limit goes to the others.
@@ -122,6 +122,8 @@ class PartitionReport:
     ref: PartitionRef
     posts: int = 0
     pending: int = 0
+    # Keys left to an open batch chunk (not pending in either mode until their batch ends).
+    in_open_batch: int = 0
     busy: bool = False
     stats: PartitionStats = field(default_factory=PartitionStats)
     labels_total: dict[str, int] = field(default_factory=dict)
@@ -130,7 +132,7 @@ class PartitionReport:
     @property
     def skipped(self) -> int:
         """Keys already finished before this run."""
-        return self.posts - self.pending
+        return self.posts - self.pending - self.in_open_batch
 
     def summary(self) -> dict[str, Any]:
         """Plain JSON summary."""
@@ -144,6 +146,7 @@ class PartitionReport:
             "posts": self.posts,
             "skipped": self.skipped,
             "pending": self.pending,
+            "in_open_batch": self.in_open_batch,
             "outcomes": {str(o): st.outcomes.get(str(o), 0) for o in Outcome},
             "calls": st.calls,
             "retries": st.retries,
@@ -240,6 +243,7 @@ def _work(
     refs: Sequence[PartitionRef],
     reports: dict[str, PartitionReport],
     versions: Versions,
+    log: Callable[[str], None],
 ) -> Iterator[WorkItem]:
     # Read one partition at a time: memory is bounded by the largest slice, not the archive.
     with read_tx(engine) as conn:
@@ -249,9 +253,13 @@ def _work(
             continue  # a partition its tenant does not use (too few posts to split this far)
         with read_tx(engine) as conn:
             pending = pending_posts(conn, ref.tenant_id, ref.slices, versions)
+            waiting = in_open_batch(conn, ref.tenant_id, ref.slices, versions)
         rep = reports[ref.key]
         rep.posts = sum(sizes.get((ref.tenant_id, s), 0) for s in ref.slices)
         rep.pending = len(pending)
+        rep.in_open_batch = waiting
+        if waiting:
+            log(f"{ref.key}: {waiting} key(s) wait for an open batch chunk (left to the batch)")
         for p in pending:
             yield WorkItem(
                 partition=ref.key,
@@ -308,10 +316,10 @@ async def _dispatch(
     for ref in refs:
         dispatcher.stats[ref.key] = reports[ref.key].stats
     writer.start()
-    progress = asyncio.create_task(_progress(dispatcher, budgets, log))
+    progress = asyncio.create_task(_progress(dispatcher, log))
     try:
         with _shared_limit(adapter, engine):
-            await dispatcher.run(_work(engine, refs, reports, versions))
+            await dispatcher.run(_work(engine, refs, reports, versions, log))
     finally:
         progress.cancel()
         try:
@@ -345,13 +353,10 @@ def _shared_limit(adapter: ModelAdapter, engine: Engine) -> Iterator[None]:
         yield
 
 
-async def _progress(
-    dispatcher: Dispatcher, budgets: TenantBudgets, log: Callable[[str], None]
-) -> None:
-    # Visible progress for long runs, and a heartbeat so live budget reservations stay live.
+async def _progress(dispatcher: Dispatcher, log: Callable[[str], None]) -> None:
+    # Visible progress for long runs (budget reservations need no heartbeat: store/budget.py).
     while True:
         await asyncio.sleep(10.0)
         done = sum(sum(s.outcomes.values()) for s in dispatcher.stats.values())
         calls = sum(s.calls for s in dispatcher.stats.values())
         log(f"progress: {done} keys finished, {calls} model calls")
-        await budgets.heartbeat()

@@ -264,6 +264,12 @@ class BackfillSettings(dg.ConfigurableResource):  # type: ignore[type-arg]
     batch_poll_seconds: float = Field(
         default=30.0, gt=0.0, description="Batch mode: first poll interval (grows to 10 min)."
     )
+    batch_create_lookup_seconds: float = Field(
+        default=600.0,
+        ge=0.0,
+        description="Batch mode: after a create with no answer, how long to look for its "
+        "batch in the provider's list (which may lag) before creating it again.",
+    )
 
     def rubric(self) -> Rubric:
         """The rubric in force (a custom prompt file changes the prompt version)."""
@@ -280,6 +286,7 @@ class BackfillSettings(dg.ConfigurableResource):  # type: ignore[type-arg]
             max_lines=self.batch_max_lines,
             poll_seconds=self.batch_poll_seconds,
             max_poll_seconds=max(600.0, self.batch_poll_seconds),
+            create_lookup_seconds=self.batch_create_lookup_seconds,
             kill_at=faults.kill_at,
         )
 

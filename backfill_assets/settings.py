@@ -88,10 +88,14 @@ def batch_settings(env: Mapping[str, str]) -> dict[str, Any]:
     poll = _float(env, "BACKFILL_BATCH_POLL_SECONDS", 30.0)
     if not poll > 0:
         raise SettingsError("BACKFILL_BATCH_POLL_SECONDS must be > 0")
+    lookup = _float(env, "BACKFILL_BATCH_CREATE_LOOKUP_SECONDS", 600.0)
+    if not lookup >= 0:
+        raise SettingsError("BACKFILL_BATCH_CREATE_LOOKUP_SECONDS must be >= 0")
     return {
         "dispatch": dispatch,
         "batch_max_lines": max_lines,
         "batch_poll_seconds": poll,
+        "batch_create_lookup_seconds": lookup,
     }
 
 

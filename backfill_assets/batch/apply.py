@@ -13,17 +13,19 @@ import functools
 import json
 
 from ..keys import Versions
-from ..models._openai_wire import scrub
+from ..models.base import RunFatalError
+from ..models.errors import Scope, classify
 from ..outcomes import Outcome
-from ..rubric import OutputRejected, parse_output
+from ..rubric import MAX_OUTPUT_TOKENS, OutputRejected, parse_output
 from ..store import submissions as store
 from ..store.tables import utcnow
 from ..store.writer import FlushReport, LedgerWriter
 from .client import retry
 from .context import BatchContext, ChunkJob
-from .rows import LineRows
+from .rows import LineRows, Row
+from .texts import line_echoes
 from .triage import LineVerdict, Verdict, triage
-from .wire import BatchObject, OutputLine, output_lines
+from .wire import OutputLine, output_lines
 
 
 class Ending(enum.StrEnum):
@@ -32,17 +34,6 @@ class Ending(enum.StrEnum):
     APPLIED = "applied"
     REQUEUED = "requeued"  # never ran (enqueued-token limit): its keys go into a new chunk
     FAILED = "failed"  # the provider refused the batch (validation): reported, keys kept
-
-
-def errors_text(batch: BatchObject, secrets: list[str]) -> str | None:
-    """The batch-level errors as stored JSON: codes, lines and scrubbed messages."""
-    if not batch.errors or not batch.errors.data:
-        return None
-    items = [
-        {"code": e.code, "line": e.line, "message": scrub(e.message or "", (), secrets)}
-        for e in batch.errors.data[:20]
-    ]
-    return json.dumps(items)
 
 
 def _builder(ctx: BatchContext, job: ChunkJob) -> LineRows:
@@ -79,10 +70,10 @@ async def close_unrun(ctx: BatchContext, job: ChunkJob, message: str, state: str
     try:
         for line in job.lines:
             if line.line_no not in closed:
-                writer.stage_event(rows.error(line, None, message))
+                # Nothing was billed: the line's bound leaves the chunk's reservation.
+                writer.stage_event(rows.error(line, None, message), chunk=_release(job, line))
     finally:
         await writer.close()
-    ctx.budgets.settle(job.reservation, 0)
     await ctx.db(store.update, ctx.engine, job.sub, state=state, applied_at=utcnow())
 
 
@@ -106,34 +97,65 @@ async def _download(ctx: BatchContext, file_id: str | None) -> dict[str, OutputL
     return found
 
 
+def _release(job: ChunkJob, line: store.LineRow) -> tuple[str, int]:
+    """What the line holds of its chunk's reservation: its bound.
+
+    Lines recorded before sql/005 have none: they hold an equal share of the chunk's.
+    """
+    bound = line.bound_tokens
+    if bound is None:
+        bound = job.sub.reserved_tokens // max(1, job.sub.lines)
+    return job.sub.chunk_id, bound
+
+
+def _failed_scope(sub: store.Submission) -> Scope:
+    """What the error codes of a failed batch mean (one taxonomy with sync mode)."""
+    scopes = {classify(None, str(e.get("code"))) for e in json.loads(sub.errors or "[]")}
+    if Scope.RUN in scopes:
+        return Scope.RUN
+    return Scope.TOKEN_LIMIT if scopes == {Scope.TOKEN_LIMIT} else Scope.KEY
+
+
 async def apply(ctx: BatchContext, job: ChunkJob) -> Ending:
-    """Book an ended batch; returns how the chunk left the run."""
+    """Book an ended batch; returns how the chunk left the run.
+
+    A run-level answer (a failed batch's account code, a line answered 401/403/404) leaves
+    the keys pending and sets ``ctx.fatal``: the runner stops the run after this chunk.
+    """
     sub = job.sub
     if sub.provider_status == "failed":
-        codes = {str(e.get("code")) for e in json.loads(sub.errors or "[]")}
-        if codes == {"token_limit_exceeded"}:
+        scope = _failed_scope(sub)
+        if scope is Scope.TOKEN_LIMIT:
             await close_unrun(ctx, job, "token_limit_exceeded: batch not run", "requeued")
             return Ending.REQUEUED
-        await close_unrun(ctx, job, f"batch failed validation: {sorted(codes)}", "failed")
+        if scope is Scope.RUN:
+            await close_unrun(ctx, job, "batch refused for the account: not run", "requeued")
+            ctx.fatal = ctx.fatal or RunFatalError(
+                f"batch {sub.batch_id} failed with a run-level error: {sub.errors}",
+                status=None,
+                endpoint=f"batch {sub.batch_id}",
+            )
+            return Ending.REQUEUED
+        codes = sorted({str(e.get("code")) for e in json.loads(sub.errors or "[]")})
+        await close_unrun(ctx, job, f"batch failed validation: {codes}", "failed")
         return Ending.FAILED
     found = await _download(ctx, sub.output_file_id)
     found.update(await _download(ctx, sub.error_file_id))
     ctx.kill("fetch")
     closed = await ctx.db(_closed, ctx, job)
+    echoes = await ctx.db(line_echoes, ctx, job, found, closed)
     rows = _builder(ctx, job)
     writer = _writer(ctx)
     writer.start()
-    billed = 0
     secrets = [ctx.secret] if ctx.secret else []
     try:
         for line in job.lines:
             if line.line_no in closed:
                 continue
-            verdict = triage(found.get(line.key), secrets)
-            billed += _stage(ctx, job, rows, writer, line, verdict)
+            verdict = triage(found.get(line.key), secrets, echoes.get(line.key, ()))
+            _stage(ctx, job, rows, writer, line, verdict)
     finally:
         await writer.close()
-    ctx.budgets.settle(job.reservation, billed)
     await ctx.db(store.update, ctx.engine, sub, state="applied", applied_at=utcnow())
     return Ending.APPLIED
 
@@ -145,40 +167,40 @@ def _stage(
     writer: LedgerWriter,
     line: store.LineRow,
     verdict: LineVerdict,
-) -> int:
-    """Stage one line's event and outcome; returns the tokens billed for it."""
+) -> None:
+    """Stage one line's event and outcome."""
     st = ctx.stats_for(job.partition)
+    release = _release(job, line)
     if verdict.verdict is Verdict.ANSWERED:
-        request_id = verdict.request_id or f"{job.sub.batch_id}:{line.key}"
-        tokens = verdict.tokens_in + verdict.tokens_out
-        usage = rows.usage(
-            line,
-            verdict.tokens_in,
-            verdict.tokens_out,
-            ctx.cost(job.sub.model, verdict.tokens_in, verdict.tokens_out),
-            request_id,
-        )
-        if not verdict.usage_reported:
-            usage["message"] = "usage not reported by the provider"
+        usage = _usage(ctx, job, rows, line, verdict, release[1])
         # Booked before the answer is trusted: a malformed answer still cost tokens.
-        writer.stage_event(usage, job.reservation.reservation_id)
-        st.tokens_in += verdict.tokens_in
-        st.tokens_out += verdict.tokens_out
+        writer.stage_event(usage, chunk=release)
+        st.tokens_in += usage["tokens_in"]
+        st.tokens_out += usage["tokens_out"]
         st.cost += usage["cost"]
         try:
             out = parse_output(verdict.content, line.key)
         except OutputRejected as exc:
             writer.stage_dead(rows.dead(line, Outcome.SCHEMA_REJECTED, str(exc)))
             st.outcomes[Outcome.SCHEMA_REJECTED] += 1
-            return tokens
+            return
         writer.stage_result(rows.result(line, out))
         st.outcomes[Outcome.ACCEPTED] += 1
         st.labels[out.label] += 1
-        return tokens
-    writer.stage_event(rows.error(line, verdict.status, verdict.message))
+        return
+    writer.stage_event(rows.error(line, verdict.status, verdict.message), chunk=release)
     if verdict.status == 429:
         st.rate_limited += 1
-    if verdict.verdict is Verdict.REJECTED:
+    if verdict.verdict is Verdict.FATAL:
+        # Not the key's fault (our key, permission or model): pending for a fixed run.
+        ctx.excluded[job.partition].add(line.key)
+        st.outcomes[Outcome.DEFERRED] += 1
+        ctx.fatal = ctx.fatal or RunFatalError(
+            f"{verdict.message} (batch {job.sub.batch_id})",
+            status=verdict.status,
+            endpoint=f"batch {job.sub.batch_id} line {line.line_no}",
+        )
+    elif verdict.verdict is Verdict.REJECTED:
         writer.stage_dead(rows.dead(line, Outcome.TRANSPORT_REJECTED, verdict.message))
         st.outcomes[Outcome.TRANSPORT_REJECTED] += 1
     elif ctx.retry.exhausted(line.attempt_no):
@@ -188,4 +210,40 @@ def _stage(
         ctx.excluded[job.partition].add(line.key)
     else:
         st.retries += 1  # resubmitted in a new chunk by the runner
-    return 0
+
+
+def _usage(
+    ctx: BatchContext,
+    job: ChunkJob,
+    rows: LineRows,
+    line: store.LineRow,
+    verdict: LineVerdict,
+    bound: int,
+) -> Row:
+    """The line's usage event, booked like sync mode's (``dispatch._book_usage``)."""
+    shape, tokens_in, tokens_out = verdict.usage_shape, verdict.tokens_in, verdict.tokens_out
+    if shape == "missing":
+        # No usage at all: the most the line could have cost, never 0, flagged.
+        tokens_in, tokens_out = bound - MAX_OUTPUT_TOKENS, MAX_OUTPUT_TOKENS
+    priced_out = tokens_out
+    if shape == "total":
+        # The split is unknown: priced as the dearest one the line allows.
+        priced_out = min(tokens_in, MAX_OUTPUT_TOKENS)
+    cost = ctx.cost(job.sub.model, tokens_in + tokens_out - priced_out, priced_out)
+    request_id = verdict.request_id or f"{job.sub.batch_id}:{line.key}"
+    usage = rows.usage(line, tokens_in, tokens_out, cost, request_id, shape, bound)
+    if shape == "missing":
+        usage["message"] = "usage_missing: the provider reported no usage; booked the bound"
+    billed = tokens_in + tokens_out
+    if line.bound_tokens is not None and billed > bound:
+        # Past any byte-level tokenizer's count: the cap can no longer be promised for this
+        # tenant, so it gets no new chunk in this run (as in sync mode).
+        usage["message"] = f"over_bound: billed {billed} > reserved bound {bound}"
+        tenant = job.sub.tenant_id
+        if tenant not in ctx.stopped_tenants:
+            ctx.stopped_tenants[tenant] = usage["message"]
+            ctx.log(
+                f"ERROR: tenant {tenant}: provider {usage['message']}; stopping this tenant "
+                "(see the spend check and verify)"
+            )
+    return usage

@@ -1,11 +1,17 @@
 """Files and Batches over ``httpx.AsyncClient``: timeouts on every call, typed failures.
 
+What an error answer means comes from the one taxonomy both dispatch modes share
+(``models.errors.classify``):
 - ``RateLimited`` (429): nothing happened; wait (Retry-After) and ask again. A 429 on a
   status call says nothing about the batch, so it is never read as "not ready".
-- ``Unsure`` (timeout, connection error, 5xx): the call may or may not have taken effect;
-  idempotent calls are simply repeated, a create is first looked up by its metadata.
-- ``Refused`` (other 4xx): the request is wrong; ``code`` says why (``token_limit_exceeded``).
-Messages are the scrubbed summaries of ``models._openai_wire``: never the key, never a post.
+- ``Unsure`` (timeout, connection error, 5xx, 408, 409): the call may or may not have taken
+  effect; idempotent calls are repeated, a create is first looked up by its metadata.
+- ``TokenLimited`` (the enqueued-token limit): wait until earlier batches end.
+- ``Refused`` (other 4xx): the request itself is wrong.
+- ``RunFatalError`` (401, 403, 404, a redirect, no quota): nothing will work with this
+  configuration; the run stops and every chunk stays as it is for the next run.
+Messages are the scrubbed summaries of ``models._openai_wire``: never the key, never a post
+(``echoes``: the texts a call carries, withheld if the provider quotes them back).
 """
 
 from __future__ import annotations
@@ -13,17 +19,23 @@ from __future__ import annotations
 import asyncio
 import functools
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import httpx
 
 from ..models._openai_wire import error_summary, retry_after_seconds
+from ..models.base import RunFatalError
+from ..models.errors import Scope, classify, run_fatal_hint
 from .options import BatchEndpoint
+from .triage import WITHHELD
 from .wire import ENDPOINT, BatchObject, BatchPage
 
 T = TypeVar("T")
+# What a call's error message must not quote: texts, or a coroutine reading them (only run if
+# the call fails) that returns None when they cannot be known (then no message is kept).
+Echoes = Sequence[str] | Callable[[], Awaitable[Sequence[str] | None]]
 _USER_AGENT = "backfill-moderation/0.1 batch (+httpx)"
 
 
@@ -49,7 +61,11 @@ class Unsure(BatchApiError):
 
 
 class Refused(BatchApiError):
-    """A 4xx other than 429: repeating the same request will not help."""
+    """A 4xx about the request itself: repeating the same request will not help."""
+
+
+class TokenLimited(Refused):
+    """The organisation's enqueued-token limit: no new batch until earlier ones end."""
 
 
 class BatchClient:
@@ -60,9 +76,11 @@ class BatchClient:
         endpoint: BatchEndpoint,
         transport: httpx.AsyncBaseTransport | None = None,
         retry_base_s: float = 1.0,
+        max_retry_after_s: float = 900.0,
     ) -> None:
         self._api_key = endpoint.api_key
         self.retry_base_s = retry_base_s
+        self.max_wait_s = max_retry_after_s
         headers = {"user-agent": _USER_AGENT}
         if endpoint.api_key:
             headers["authorization"] = f"Bearer {endpoint.api_key}"
@@ -78,6 +96,7 @@ class BatchClient:
             write=endpoint.transfer_timeout_s,
             pool=endpoint.read_timeout_s,
         )
+        self._base_url = endpoint.base_url.rstrip("/")
         self._client = httpx.AsyncClient(
             base_url=endpoint.base_url.rstrip("/"),
             headers=headers,
@@ -90,7 +109,9 @@ class BatchClient:
         """Close pooled connections."""
         await self._client.aclose()
 
-    async def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    async def _call(
+        self, method: str, path: str, echoes: Echoes = (), **kwargs: Any
+    ) -> httpx.Response:
         try:
             response = await self._client.request(method, path, **kwargs)
         except httpx.TimeoutException as exc:
@@ -100,31 +121,50 @@ class BatchClient:
         status = response.status_code
         if 200 <= status < 300:
             return response
+        texts = await echoes() if callable(echoes) else echoes
         summary, message = error_summary(
             status,
             response.content,
             response.headers.get("content-type", ""),
+            echoes=texts or (),
             secrets=[self._api_key] if self._api_key else [],
         )
+        if texts is None:
+            summary = f"HTTP {status}: {WITHHELD}"
         code = _error_code(response)
-        if status == 429:
-            raise RateLimited(summary, retry_after_seconds(response.headers, message))
-        if status >= 500 or status in (408, 409):
+        scope = classify(status, code)
+        if scope is Scope.RUN:
+            endpoint = f"{method} {self._base_url}{path}"
+            raise RunFatalError(
+                f"{summary} from {endpoint} ({run_fatal_hint(status)})",
+                status=status,
+                endpoint=endpoint,
+            )
+        if scope is Scope.TOKEN_LIMIT:
+            raise TokenLimited(summary, status=status, code=code)
+        if scope is Scope.RETRY:
+            if status == 429:
+                wait = retry_after_seconds(response.headers, message)
+                # A bogus Retry-After (days) must not freeze the run: bounded like sync's.
+                raise RateLimited(summary, None if wait is None else min(wait, self.max_wait_s))
             raise Unsure(summary, status=status, code=code)
         raise Refused(summary, status=status, code=code)
 
-    async def upload(self, filename: str, content: bytes) -> str:
+    async def upload(self, filename: str, content: bytes, echoes: Echoes = ()) -> str:
         """Upload a batch input file; returns its file id."""
         response = await self._call(
             "POST",
             "/files",
+            echoes,
             data={"purpose": "batch"},
             files={"file": (filename, content, "application/jsonl")},
             timeout=self._transfer,
         )
         return str(response.json()["id"])
 
-    async def create(self, file_id: str, metadata: dict[str, str]) -> BatchObject:
+    async def create(
+        self, file_id: str, metadata: dict[str, str], echoes: Echoes = ()
+    ) -> BatchObject:
         """Create a batch over an uploaded file (not idempotent: see ``find``)."""
         body = {
             "input_file_id": file_id,
@@ -132,7 +172,7 @@ class BatchClient:
             "completion_window": "24h",
             "metadata": metadata,
         }
-        response = await self._call("POST", "/batches", json=body)
+        response = await self._call("POST", "/batches", echoes, json=body)
         return BatchObject.model_validate_json(response.content)
 
     async def retrieve(self, batch_id: str) -> BatchObject:

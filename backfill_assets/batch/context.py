@@ -14,7 +14,7 @@ from sqlalchemy.engine import Engine
 
 from ..dispatch import PartitionStats
 from ..keys import Versions
-from ..limits import Reservation, TenantBudgets
+from ..models.base import RunFatalError
 from ..outcomes import RetryPolicy
 from ..prices import PriceTable
 from ..rubric import Rubric
@@ -32,11 +32,12 @@ class ChunkJob:
     sub: Submission
     lines: list[LineRow]
     partition: str
-    reservation: Reservation
     next_poll: float = 0.0
     interval: float = 0.0
     retry_at: float = 0.0
     last_seen: tuple[str, int, int] | None = None
+    # Lookups since an unanswered create (each waits longer).
+    lookups: int = 0
 
     @property
     def state(self) -> str:
@@ -50,7 +51,8 @@ class BatchContext:
 
     engine: Engine
     client: BatchClient
-    budgets: TenantBudgets
+    # The per-tenant token cap (None: none). A chunk's reservation is its submission row.
+    cap: int | None
     versions: Versions
     rubric: Rubric
     run_id: str
@@ -68,6 +70,10 @@ class BatchContext:
     # budget, or in a batch the provider refused (a retry_exhausted key is pending again for
     # a later run, as in sync mode).
     excluded: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
+    # Tenants billed past a line's bound: no new chunk for them in this run (as in sync).
+    stopped_tenants: dict[str, str] = field(default_factory=dict)
+    # A run-level answer inside a batch's results: the run stops once the chunk is booked.
+    fatal: RunFatalError | None = None
 
     def stats_for(self, partition: str) -> PartitionStats:
         """Stats of a partition (created on first use)."""

@@ -1,7 +1,8 @@
 """Batch dispatch for ``pipeline.run_partitions``: the counterpart of the sync dispatcher.
 
-Builds what a batch-mode run needs (Files/Batches client, budgets, context) on the run's event
-loop, drives the partitions' chunks with ``BatchRunner``, and releases everything after.
+Builds what a batch-mode run needs (Files/Batches client, context) on the run's event loop,
+drives the partitions' chunks with ``BatchRunner``, and releases everything after. A run-level
+refusal becomes ``dispatch.RunStopped``, which ``pipeline.run_partitions`` reports as in sync.
 """
 
 from __future__ import annotations
@@ -11,12 +12,11 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy.engine import Engine
 
+from ..dispatch import RunStopped
 from ..keys import Versions
-from ..limits import TenantBudgets
-from ..models.base import ModelAdapter
+from ..models.base import ModelAdapter, RunFatalError
 from ..prices import PriceTable
 from ..rubric import Rubric
-from ..store.budget import StoreBudgetLedger
 from .client import BatchClient
 from .context import BatchContext
 from .runner import BatchRunner
@@ -45,14 +45,17 @@ async def run_batch(
     if opts is None or opts.endpoint is None:
         raise BatchModeError("BACKFILL_DISPATCH=batch needs BACKFILL_MODEL_BACKEND=openai")
     endpoint = opts.endpoint
-    client = BatchClient(endpoint, retry_base_s=min(1.0, opts.poll_seconds))
-    ledger = StoreBudgetLedger(engine, holder=run_id) if options.budget_tokens else None
-    # One reservation per chunk: the whole chunk's estimate, taken before it is submitted.
-    budgets = TenantBudgets(options.budget_tokens, ledger, chunk_calls=1)
+    client = BatchClient(
+        endpoint,
+        transport=opts.transport,
+        retry_base_s=min(1.0, opts.poll_seconds),
+        max_retry_after_s=options.retry.max_retry_after_s,
+    )
     ctx = BatchContext(
         engine=engine,
         client=client,
-        budgets=budgets,
+        # Each chunk reserves its lines' bounds in its own row, granted with its intent.
+        cap=options.budget_tokens or None,
         versions=versions,
         rubric=rubric,
         run_id=run_id,
@@ -69,8 +72,10 @@ async def run_batch(
         ctx.stats[ref.key] = reports[ref.key].stats
     try:
         await BatchRunner(ctx, refs, reports).run()
+    except RunFatalError as exc:
+        # As in sync mode: a wrong key, permission, model or URL stops the run; every chunk
+        # stays as it is (a batch may still run and bill) and the next run re-attaches.
+        log(f"ERROR: {exc}; stopping the run, open chunks stay for the next run")
+        raise RunStopped(f"run stopped: {exc}") from exc
     finally:
-        try:
-            await budgets.release()
-        finally:
-            await client.aclose()
+        await client.aclose()

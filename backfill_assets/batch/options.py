@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import httpx
+
 # Fault injection points of BACKFILL_KILL_AT, in the order a chunk passes them.
 KILL_POINTS = ("intent", "upload", "create", "poll", "fetch")
 # OpenAI's limits per batch input file.
@@ -39,12 +41,19 @@ class BatchOptions:
     max_poll_seconds: float = 600.0
     # Batch price as a share of the synchronous price (OpenAI and Anthropic: half).
     price_factor: float = 0.5
+    # After a create with no answer, how long to keep looking for its batch in the provider's
+    # list (which may lag behind creates) before creating the chunk's batch again.
+    create_lookup_seconds: float = 600.0
     kill_at: str = ""
+    # The httpx seam: tests pass an ``httpx.MockTransport``; never set from configuration.
+    transport: httpx.AsyncBaseTransport | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_lines <= PROVIDER_MAX_LINES:
             raise ValueError(f"batch max lines must be within 1..{PROVIDER_MAX_LINES}")
         if self.poll_seconds <= 0 or self.max_poll_seconds < self.poll_seconds:
             raise ValueError("batch poll seconds must be > 0 and <= the maximum poll interval")
+        if self.create_lookup_seconds < 0:
+            raise ValueError("batch create lookup seconds must be >= 0")
         if self.kill_at and self.kill_at not in KILL_POINTS:
             raise ValueError(f"kill point {self.kill_at!r}: expected one of {KILL_POINTS}")

@@ -15,6 +15,8 @@ class TokenGate:
         self._max = max_wait_s
         self.wait_s = first_wait_s
         self.until = 0.0
+        # Refusals since the gate was last reopened (a batch of ours ended).
+        self.refusals = 0
 
     def is_open(self, now: float) -> bool:
         """Whether a batch may be created now."""
@@ -23,9 +25,11 @@ class TokenGate:
     def refused(self, now: float, again: bool) -> float:
         """A batch was refused for the limit; returns the seconds to hold back.
 
-        Only a refusal of keys that were refused before (``again``) backs off further:
-        batches created before the first refusal were refused for the same reason.
+        Only a fresh refusal (``again``: of keys refused before, or a create refused after the
+        gate reopened on its own) backs off further: batches created before the first
+        refusal were refused for the same reason.
         """
+        self.refusals += 1
         if again:
             self.wait_s = min(self.wait_s * 2, self._max)
         self.until = max(self.until, now + self.wait_s)
@@ -33,7 +37,7 @@ class TokenGate:
 
     def reopen(self) -> None:
         """One of our batches left the queue: its tokens are free again."""
-        self.until, self.wait_s = 0.0, self._first
+        self.until, self.wait_s, self.refusals = 0.0, self._first, 0
 
 
 class PollPacer:

@@ -50,9 +50,17 @@ class LineRows:
         return self._event(line, "attempt")
 
     def usage(
-        self, line: LineRow, tokens_in: int, tokens_out: int, cost: float, request_id: str
+        self,
+        line: LineRow,
+        tokens_in: int,
+        tokens_out: int,
+        cost: float,
+        request_id: str,
+        usage_shape: str = "split",
+        bound: int | None = None,
     ) -> Row:
-        """What the provider billed for the line (at the batch price)."""
+        """What the provider billed for the line (at the batch price), in the shape it was
+        reported (sql/004), with the bound reserved for it."""
         row = self._event(line, "usage")
         row.update(
             tokens_in=tokens_in,
@@ -60,6 +68,8 @@ class LineRows:
             cost=cost,
             request_id=request_id[:200],
             status=200,
+            usage_shape=usage_shape,
+            bound_tokens=bound,
         )
         return row
 

@@ -18,24 +18,23 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..keys import work_key
-from ..limits import Reservation
+from ..models.base import RunFatalError
 from ..outcomes import Outcome
 from ..store import submissions as store
 from ..store.engine import read_tx
 from ..store.partition_counts import post_counts
 from ..store.tables import utcnow
-from ..store.work import PendingPost, pending_posts
-from . import submit
-from .apply import Ending, apply, close_unrun, errors_text
+from ..store.work import PendingPost, in_open_batch, pending_posts
+from . import attach, submit
+from .apply import Ending, apply, close_unrun
 from .client import RateLimited, Refused, Unsure
 from .context import BatchContext, ChunkJob
 from .pacing import PollPacer, TokenGate
+from .texts import chunk_echoes, errors_text
 from .wire import BatchObject
 
 if TYPE_CHECKING:
     from ..pipeline import PartitionRef, PartitionReport
-
-_HEARTBEAT_S = 60.0
 
 
 class BatchRunner:
@@ -55,32 +54,35 @@ class BatchRunner:
         self.counted: set[str] = set()
         self.gate = TokenGate(self.opts.poll_seconds, self.opts.max_poll_seconds)
         self.pacer = PollPacer(self.opts.max_poll_seconds)
-        self.heartbeat_at = time.monotonic() + _HEARTBEAT_S
 
     async def run(self) -> None:
         """Until every chunk of the run's partitions has ended."""
         await self._resume_open()
         while True:
+            self._check_fatal()
             await self._plan()
             await self._push()
             if not self.jobs:
                 return
             await self._poll()
+            self._check_fatal()
             await self._idle()
+
+    def _check_fatal(self) -> None:
+        if self.ctx.fatal is not None:
+            raise self.ctx.fatal
 
     def _open(self, ref: PartitionRef) -> list[tuple[store.Submission, list[store.LineRow]]]:
         with read_tx(self.ctx.engine) as conn:
-            subs = store.open_submissions(conn, ref.tenant_id, ref.slice)
+            subs = store.open_submissions(conn, ref.tenant_id, ref.slices)
             return [(s, store.chunk_lines(conn, s.chunk_id)) for s in subs]
 
     async def _resume_open(self) -> None:
         ctx = self.ctx
         for ref in self.refs.values():
             for sub, lines in await ctx.db(self._open, ref):
-                # Best effort: the dead process's reservation lapses; this batch is paid anyway.
-                held = await ctx.budgets.reserve(ref.tenant_id, sub.reserved_tokens)
-                reservation = held or Reservation(ref.tenant_id, None, 0)
-                job = ChunkJob(sub, lines, ref.key, reservation, interval=self.opts.poll_seconds)
+                # Its reservation is its row (reserved_tokens), held since its intent.
+                job = ChunkJob(sub, lines, ref.key, interval=self.opts.poll_seconds)
                 self.jobs[sub.chunk_id] = job
                 ctx.log(
                     f"chunk {sub.chunk_id} ({ref.key}, {sub.lines} lines): resuming at "
@@ -88,24 +90,27 @@ class BatchRunner:
                 )
                 if sub.state == "uploaded":
                     # The process may have died between create and storing the batch id.
-                    await submit.reattach(ctx, job)
+                    await attach.reattach(ctx, job)
                 if sub.state == "ended":
                     self._ended(job, await apply(ctx, job))
 
-    def _pending(self, ref: PartitionRef) -> tuple[int, list[PendingPost]]:
+    def _pending(self, ref: PartitionRef) -> tuple[int, int, list[PendingPost]]:
+        versions = self.ctx.versions
         with read_tx(self.ctx.engine) as conn:
             sizes = post_counts(conn, [ref.tenant_id])
             size = sum(sizes.get((ref.tenant_id, s), 0) for s in ref.slices)
-            return size, pending_posts(conn, ref.tenant_id, ref.slices, self.ctx.versions)
+            waiting = in_open_batch(conn, ref.tenant_id, ref.slices, versions)
+            return size, waiting, pending_posts(conn, ref.tenant_id, ref.slices, versions)
 
     async def _plan(self) -> None:
         ctx = self.ctx
         for key in sorted(self.dirty):
             ref = self.refs[key]
-            size, pending = await ctx.db(self._pending, ref)
+            size, waiting, pending = await ctx.db(self._pending, ref)
             if key not in self.counted:
                 self.counted.add(key)
-                self.reports[key].posts, self.reports[key].pending = size, len(pending)
+                rep = self.reports[key]
+                rep.posts, rep.pending, rep.in_open_batch = size, len(pending), waiting
             busy = {ln.key for j in self.jobs.values() if j.partition == key for ln in j.lines}
             skip = busy | self.excluded[key]
             todo = [
@@ -115,40 +120,72 @@ class BatchRunner:
             ]
             if not todo:
                 continue
-            jobs, deferred = await submit.plan(
-                ctx, key, ref.tenant_id, ref.slice, todo, self.max_lines[key]
-            )
-            for job in jobs:
-                job.interval = self.opts.poll_seconds
-                self.jobs[job.sub.chunk_id] = job
-                ctx.log(f"chunk {job.sub.chunk_id} ({key}): {job.sub.lines} lines planned")
-            if deferred:
-                ctx.stats_for(key).outcomes[Outcome.DEFERRED] += len(deferred)
-                self.excluded[key].update(deferred)
-                ctx.log(f"{key}: {len(deferred)} key(s) deferred (tenant budget)")
+            if ref.tenant_id in ctx.stopped_tenants:
+                # Billed past a bound: nothing new is sent for this tenant in this run.
+                ctx.stats_for(key).outcomes[Outcome.DEFERRED] += len(todo)
+                self.excluded[key].update(
+                    work_key(ctx.versions, ref.tenant_id, p.post_id, p.content_hash) for p in todo
+                )
+                continue
+            # A chunk holds one stored slice (a partition of a small tenant holds several):
+            # its rows carry the posts' own slice, as in sync mode.
+            for slice_no in sorted({p.slice for p in todo}):
+                group = [p for p in todo if p.slice == slice_no]
+                await self._chunk(key, ref, slice_no, group)
         self.dirty.clear()
+
+    async def _chunk(
+        self, key: str, ref: PartitionRef, slice_no: int, todo: list[PendingPost]
+    ) -> None:
+        ctx = self.ctx
+        jobs, deferred = await submit.plan(
+            ctx, key, ref.tenant_id, slice_no, todo, self.max_lines[key]
+        )
+        for job in jobs:
+            job.interval = self.opts.poll_seconds
+            self.jobs[job.sub.chunk_id] = job
+            ctx.log(f"chunk {job.sub.chunk_id} ({key}): {job.sub.lines} lines planned")
+        if deferred:
+            ctx.stats_for(key).outcomes[Outcome.DEFERRED] += len(deferred)
+            self.excluded[key].update(deferred)
+            ctx.log(f"{key}: {len(deferred)} key(s) deferred (tenant budget)")
 
     async def _push(self) -> None:
         """Upload recorded chunks and create their batches while the token gate is open."""
         ctx = self.ctx
         for job in list(self.jobs.values()):
+            if job.sub.tenant_id in ctx.stopped_tenants and await self._hold_back(job):
+                continue
             try:
                 if job.state == "intent":
                     await submit.upload(ctx, job)
                 now = time.monotonic()
                 if job.state != "uploaded" or not self.gate.is_open(now) or now < job.retry_at:
                     continue
-                why = await submit.create(ctx, job)
+                why = await attach.create(ctx, job)
             except Refused as exc:
                 await self._fail(
                     job, f"refused: {exc}", "abandoned" if exc.code == "stale" else "failed"
                 )
                 continue
-            if why == submit.TOKEN_LIMIT:
-                self._close_gate(job)
+            if why is attach.Wait.TOKEN_LIMIT:
+                # Refused at create: each refusal after a wait is fresh news, so back off.
+                self._close_gate(job, again=self.gate.refusals > 0)
             elif why is None:
                 job.next_poll = time.monotonic() + job.interval
-                ctx.log(f"chunk {job.sub.chunk_id}: batch {job.sub.batch_id} created")
+                ctx.log(f"chunk {job.sub.chunk_id}: batch {job.sub.batch_id} submitted")
+
+    async def _hold_back(self, job: ChunkJob) -> bool:
+        """A stopped tenant's chunk not sent yet is closed unrun (its keys wait for a later
+        run); True if it was. One whose create may have happened is still looked up."""
+        if job.state not in ("intent", "uploaded") or job.sub.create_sent_at is not None:
+            return False
+        reason = self.ctx.stopped_tenants[job.sub.tenant_id]
+        await close_unrun(self.ctx, job, f"tenant stopped in this run ({reason})", "requeued")
+        self.jobs.pop(job.sub.chunk_id, None)
+        self.ctx.stats_for(job.partition).outcomes[Outcome.DEFERRED] += job.sub.lines
+        self.excluded[job.partition].update(ln.key for ln in job.lines)
+        return True
 
     async def _poll(self) -> None:
         due = sorted(
@@ -171,11 +208,14 @@ class BatchRunner:
                 self.ctx.log(f"batch {job.sub.batch_id}: status unknown ({exc}); asking later")
                 job.next_poll = time.monotonic() + job.interval
                 continue
-            except Refused:
-                # A wrong key or URL must not close a batch that may still run and bill: the
-                # chunk stays 'submitted' and the next run (with the fix) re-attaches to it.
-                self.ctx.log(f"ERROR: batch {job.sub.batch_id}: status refused; stopping")
-                raise
+            except Refused as exc:
+                # Refusing a status call is no verdict on the batch, which may still run and
+                # bill: stop the run, the chunk stays 'submitted' and the next run re-attaches.
+                raise RunFatalError(
+                    f"status of batch {job.sub.batch_id} refused: {exc}",
+                    status=exc.status,
+                    endpoint=f"GET /batches/{job.sub.batch_id}",
+                ) from None
             self.pacer.answered()
             await self._observe(job, batch)
 
@@ -196,6 +236,7 @@ class BatchRunner:
             "requests_failed": counts.failed,
         }
         if batch.terminal:
+            echoes = await ctx.db(chunk_echoes, ctx, job) if batch.errors else ()
             await ctx.db(
                 store.update,
                 ctx.engine,
@@ -203,7 +244,7 @@ class BatchRunner:
                 state="ended",
                 output_file_id=batch.output_file_id,
                 error_file_id=batch.error_file_id,
-                errors=errors_text(batch, [ctx.secret] if ctx.secret else []),
+                errors=errors_text(batch, [ctx.secret] if ctx.secret else [], echoes),
                 finished_at=utcnow(),
                 **values,
             )
@@ -240,19 +281,20 @@ class BatchRunner:
                 f"{job.sub.lines} keys stay pending. Errors: {job.sub.errors}"
             )
 
-    def _close_gate(self, job: ChunkJob) -> None:
+    def _close_gate(self, job: ChunkJob, again: bool = False) -> None:
         """The enqueued-token limit: no new batch until one of ours ends or the wait is over."""
         now = time.monotonic()
         others = any(j.state == "submitted" for j in self.jobs.values())
-        # The same keys refused again (seq > 1), or refused with nothing of ours queued: back
-        # off further and make the partition's chunks smaller (one alone may exceed the limit).
-        again = job.sub.seq > 1
+        # The same keys refused again (seq > 1, or a create refused again), or refused with
+        # nothing of ours queued: back off further and make the partition's chunks smaller
+        # (one alone may exceed the limit).
+        again = again or job.sub.seq > 1
         if again or not others:
             self.max_lines[job.partition] = max(1, job.sub.lines // 2)
         wait = self.gate.refused(now, again)
         self.ctx.log(
             f"chunk {job.sub.chunk_id}: enqueued-token limit reached; waiting "
-            f"{wait:.1f}s{' for earlier batches' if others else ''}"
+            f"{wait:.2f}s{' for earlier batches' if others else ''}"
         )
 
     async def _fail(self, job: ChunkJob, message: str, state: str) -> None:
@@ -272,8 +314,4 @@ class BatchRunner:
                 wake.append(max(self.gate.until, job.retry_at))
             else:
                 wake.append(now)
-        if now >= self.heartbeat_at:
-            # Live budget reservations must not look abandoned while batches run for hours.
-            await self.ctx.budgets.heartbeat()
-            self.heartbeat_at = now + _HEARTBEAT_S
         await asyncio.sleep(max(0.0, min(wake, default=now) - now))

@@ -7,6 +7,11 @@
 - ``retry``: 429/408/409/5xx, a 200 that is no completion, a line the batch never ran
   (``batch_expired``, ``batch_cancelled``) or one missing from both files: resubmitted in a
   new batch, and only these lines.
+- ``fatal``: 401/403/404 and account-level codes (``models.errors``, the taxonomy sync mode
+  uses too): not the key's fault; it stays pending and the run stops after booking the chunk.
+
+Stored texts are scrubbed of the line's own request (``echoes``: its post and user message;
+``None`` when the post changed since it was sent: then no provider message is kept at all).
 """
 
 from __future__ import annotations
@@ -16,10 +21,12 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..models._openai_wire import NotACompletion, error_summary, parse_completion
+from ..models._openai_wire import NotACompletion, error_summary, parse_completion, scrub
+from ..models.errors import Scope, classify
 from .wire import OutputLine
 
-_RETRIABLE_4XX = frozenset({408, 409, 429})
+# What is stored instead of a provider message that cannot be checked for an echo.
+WITHHELD = "(message withheld: the request text is not known to check it)"
 
 
 class Verdict(enum.StrEnum):
@@ -28,6 +35,7 @@ class Verdict(enum.StrEnum):
     ANSWERED = "answered"
     REJECTED = "rejected"
     RETRY = "retry"
+    FATAL = "fatal"
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,17 +49,23 @@ class LineVerdict:
     content: str = ""
     tokens_in: int = 0
     tokens_out: int = 0
-    usage_reported: bool = True
+    # 'split', 'total' (tokens_in holds the total) or 'missing' (no usage: book the bound).
+    usage_shape: str = "split"
 
 
-def triage(line: OutputLine | None, secrets: Sequence[str] = ()) -> LineVerdict:
+def triage(
+    line: OutputLine | None,
+    secrets: Sequence[str] = (),
+    echoes: Sequence[str] | None = (),
+) -> LineVerdict:
     """Classify one key's line (``None``: the key is in neither file)."""
     if line is None:
         return LineVerdict(Verdict.RETRY, None, "missing from the batch's output and error files")
     response = line.response
     if response is None:
         code = (line.error.code if line.error else None) or "error"
-        return LineVerdict(Verdict.RETRY, None, f"{code[:60]}: not run by the batch")
+        code = WITHHELD if echoes is None else scrub(code[:60], echoes, secrets)
+        return LineVerdict(Verdict.RETRY, None, f"{code}: not run by the batch")
     status = response.status_code
     body = json.dumps(response.body).encode("utf-8")
     if 200 <= status < 300:
@@ -67,10 +81,20 @@ def triage(line: OutputLine | None, secrets: Sequence[str] = ()) -> LineVerdict:
             content=completion.content,
             tokens_in=billed.tokens_in if billed else 0,
             tokens_out=billed.tokens_out if billed else 0,
-            usage_reported=billed is not None,
+            usage_shape=billed.shape if billed else "missing",
         )
     # Only the scrubbed summary is kept: a provider may echo the request (post text).
-    summary, _raw = error_summary(status, body, "application/json", secrets=secrets)
-    if status in _RETRIABLE_4XX or status >= 500:
-        return LineVerdict(Verdict.RETRY, status, summary, response.request_id)
-    return LineVerdict(Verdict.REJECTED, status, summary, response.request_id)
+    summary, _raw = error_summary(
+        status, body, "application/json", echoes=echoes or (), secrets=secrets
+    )
+    if echoes is None:
+        summary = f"HTTP {status}: {WITHHELD}"
+    scope = classify(status, _code(response.body))
+    verdict = {Scope.RUN: Verdict.FATAL, Scope.KEY: Verdict.REJECTED}.get(scope, Verdict.RETRY)
+    return LineVerdict(verdict, status, summary, response.request_id)
+
+
+def _code(body: object) -> str | None:
+    error = body.get("error") if isinstance(body, dict) else None
+    code = error.get("code") if isinstance(error, dict) else None
+    return code if isinstance(code, str) else None

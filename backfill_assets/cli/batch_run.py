@@ -6,8 +6,9 @@ Reads the same environment as the CLI (``BACKFILL_DATABASE_URL``, ``BACKFILL_MOD
 ``BACKFILL_BATCH_*``, ``BACKFILL_KILL_AT``) and runs ``pipeline.run_partitions`` in batch mode
 with the same writer locks, ledger and outcomes as a Dagster run; only the orchestration (run
 records, checks, the apply) is left out. Prints one JSON line: totals over the partitions
-and chunks per state. Exit 1 if a chunk failed (the provider refused it; the log has
-its errors) or a partition was busy, 2 on bad settings.
+and chunks per state. Exit 1 if the run was stopped by a run-level refusal (401, 403, 404:
+the message names the status and endpoint), a chunk failed (the provider refused it; the log
+has its errors) or a partition was busy, 2 on bad settings.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from collections.abc import Sequence
 
 from ..keys import SLICE_KEYS
 from ..partitions import partition_key_for
-from ..pipeline import PartitionRef, run_partitions
+from ..pipeline import PartitionRef, RunStopped, run_partitions
 from ..resources import engine_for, versions_for
 from ..settings import (
     SettingsError,
@@ -60,16 +61,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         for i, s in enumerate(SLICE_KEYS)
     ]
     run_id = f"batch-{uuid.uuid4().hex[:12]}"
-    reports = run_partitions(
-        engine,
-        refs,
-        model.build_adapter,
-        versions_for(settings, model),
-        settings.rubric(),
-        run_id,
-        settings.run_options(model, faults),
-        log=lambda m: print(m, file=sys.stderr, flush=True),
-    )
+    stopped: RunStopped | None = None
+    try:
+        reports = run_partitions(
+            engine,
+            refs,
+            model.build_adapter,
+            versions_for(settings, model),
+            settings.rubric(),
+            run_id,
+            settings.run_options(model, faults),
+            log=lambda m: print(m, file=sys.stderr, flush=True),
+        )
+    except RunStopped as exc:
+        # A run-level refusal (401/403/404 ...): every chunk stays for the next run.
+        stopped, reports = exc, exc.reports
+        print(f"error: {exc}", file=sys.stderr, flush=True)
     totals: Counter[str] = Counter()
     for rep in reports:
         for name, value in rep.summary().items():
@@ -82,10 +89,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         chunks = submissions.state_counts(conn, tenants)
         failed = submissions.state_counts(conn, tenants, run_id).get("failed", 0)
     busy = [r.ref.key for r in reports if r.busy]
-    doc = {"totals": dict(totals), "chunks": chunks, "failed_this_run": failed, "busy": busy}
+    doc = {
+        "totals": dict(totals),
+        "chunks": chunks,
+        "failed_this_run": failed,
+        "busy": busy,
+        "stopped": str(stopped) if stopped else None,
+    }
     print(json.dumps(doc, sort_keys=True), flush=True)
-    # Chunks the provider refused (see the log for their errors) or partitions left to others.
-    return 1 if failed or busy else 0
+    # Stopped by a run-level refusal, chunks the provider refused (see the log for their
+    # errors) or partitions left to others.
+    return 1 if stopped or failed or busy else 0
 
 
 if __name__ == "__main__":

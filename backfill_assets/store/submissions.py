@@ -5,7 +5,7 @@ Blocking SQL; the batch runner calls it through ``asyncio.to_thread``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any
@@ -35,6 +35,8 @@ class LineRow:
     post_id: str
     content_hash: str
     attempt_no: int
+    # The most tokens the line can bill (None on lines recorded before sql/005).
+    bound_tokens: int | None = None
 
 
 @dataclass
@@ -68,6 +70,7 @@ class Submission:
     submitted_at: datetime | None = None
     finished_at: datetime | None = None
     applied_at: datetime | None = None
+    create_sent_at: datetime | None = None
 
     @classmethod
     def from_row(cls, row: Any) -> Submission:
@@ -89,10 +92,21 @@ def next_seq(conn: Connection, base: str) -> int:
 
 
 def record_intent(
-    engine: Engine, sub: Submission, lines: Sequence[LineRow], attempts: Sequence[dict[str, Any]]
-) -> None:
-    """The chunk, its lines and each line's attempt event, in one transaction."""
+    engine: Engine,
+    sub: Submission,
+    lines: Sequence[LineRow],
+    attempts: Sequence[dict[str, Any]],
+    admit: Callable[[Connection], bool] | None = None,
+) -> bool:
+    """The chunk, its lines and each line's attempt event, in one transaction.
+
+    ``admit`` runs first in the same transaction (the budget: does ``sub.reserved_tokens``
+    fit the cap?); if it says no, nothing is written and False is returned. The reservation
+    is then the row itself, durable from the moment it is granted.
+    """
     with write_tx(engine) as conn:
+        if admit is not None and not admit(conn):
+            return False
         conn.execute(batch_submissions.insert().values(**sub.values()))
         rows = [
             {**_line_dict(line), "chunk_id": sub.chunk_id, "tenant_id": sub.tenant_id}
@@ -105,6 +119,7 @@ def record_intent(
         for event in attempts:
             event["at"] = now
         insert_rows(conn, ledger_events, EVENT_COLUMNS, attempts)
+    return True
 
 
 def _line_dict(line: LineRow) -> dict[str, Any]:
@@ -123,18 +138,28 @@ def update(engine: Engine, sub: Submission, **values: Any) -> None:
         setattr(sub, name, value)
 
 
-def open_submissions(conn: Connection, tenant_id: str, slice_no: int) -> list[Submission]:
-    """A partition's chunks that may still have work at the provider, oldest first."""
+def open_submissions(conn: Connection, tenant_id: str, slices: Sequence[int]) -> list[Submission]:
+    """A partition's chunks (of its stored ``slices``) that may still have work at the
+    provider, oldest first."""
     stmt = (
         sa.select(batch_submissions)
         .where(
             batch_submissions.c.tenant_id == tenant_id,
-            batch_submissions.c.slice == slice_no,
+            batch_submissions.c.slice.in_(list(slices)),
             batch_submissions.c.state.in_(OPEN_STATES),
         )
         .order_by(batch_submissions.c.intent_at, batch_submissions.c.chunk_id)
     )
     return [Submission.from_row(r) for r in conn.execute(stmt)]
+
+
+def open_reserved(conn: Connection, tenant_id: str) -> int:
+    """Tokens the tenant's open chunks still hold (their batches can still bill them)."""
+    stmt = sa.select(sa.func.coalesce(sa.func.sum(batch_submissions.c.reserved_tokens), 0)).where(
+        batch_submissions.c.tenant_id == tenant_id,
+        batch_submissions.c.state.in_(OPEN_STATES),
+    )
+    return int(conn.execute(stmt).scalar_one())
 
 
 def chunk_lines(conn: Connection, chunk_id: str) -> list[LineRow]:

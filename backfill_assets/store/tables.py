@@ -157,6 +157,9 @@ batch_submissions = sa.Table(
     sa.Column("submitted_at", sa.DateTime),
     sa.Column("finished_at", sa.DateTime),
     sa.Column("applied_at", sa.DateTime),
+    # sql/005: a create was sent whose outcome may be unknown (no second create until found
+    # or the lookup window passed); reserved_tokens is the chunk's live reservation.
+    sa.Column("create_sent_at", sa.DateTime),
 )
 
 batch_lines = sa.Table(
@@ -170,6 +173,8 @@ batch_lines = sa.Table(
     sa.Column("post_id", sa.Text, nullable=False),
     sa.Column("content_hash", sa.Text, nullable=False),
     sa.Column("attempt_no", sa.Integer, nullable=False),
+    # sql/005: the most tokens the line's request can bill (reserved, and booked if no usage).
+    sa.Column("bound_tokens", sa.BigInteger),
 )
 
 limiter_members = sa.Table(

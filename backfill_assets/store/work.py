@@ -18,7 +18,8 @@ from sqlalchemy.engine import Connection, Engine
 
 from ..keys import SLICE_COUNT, Versions, slice_key, validate_tenant_id
 from .engine import is_sqlite
-from .tables import dead_letters, posts, results
+from .submissions import OPEN_STATES
+from .tables import batch_lines, batch_submissions, dead_letters, posts, results
 
 T = TypeVar("T")
 
@@ -49,28 +50,53 @@ def _same_work(table: sa.Table, versions: Versions) -> sa.ColumnElement[bool]:
     )
 
 
-def pending_query(
+def _in_open_batch(versions: Versions) -> sa.Exists:
+    """The post's key is a line of a chunk that may still be answered (and billed) by its batch."""
+    return sa.exists().where(
+        batch_lines.c.tenant_id == posts.c.tenant_id,
+        batch_lines.c.post_id == posts.c.post_id,
+        batch_lines.c.content_hash == posts.c.content_hash,
+        batch_submissions.c.chunk_id == batch_lines.c.chunk_id,
+        batch_submissions.c.state.in_(OPEN_STATES),
+        batch_submissions.c.model == versions.model,
+        batch_submissions.c.prompt_version == versions.prompt_version,
+        batch_submissions.c.task_version == versions.task_version,
+    )
+
+
+def _not_finished(
     tenant_id: str, slices: Sequence[int], versions: Versions
-) -> sa.Select[tuple[str, str, str, int]]:
-    """Anti-join in SQL: posts of the partition (its stored ``slices``) minus accepted minus
-    finally rejected."""
+) -> list[sa.ColumnElement[bool]]:
     done = sa.exists().where(_same_work(results, versions))
     dead = sa.exists().where(
         _same_work(dead_letters, versions), dead_letters.c.outcome.in_(FINAL_DEAD_OUTCOMES)
     )
+    return [posts.c.tenant_id == tenant_id, _in_slices(posts, slices), ~done, ~dead]
+
+
+def pending_query(
+    tenant_id: str, slices: Sequence[int], versions: Versions
+) -> sa.Select[tuple[str, str, str, int]]:
+    """Anti-join in SQL: posts of the partition (its stored ``slices``) minus accepted minus
+    finally rejected, minus keys in an open batch chunk (left to their batch in either
+    dispatch mode: a sync call for them would bill them twice)."""
     # Only evaluated for rows that pass the filters: tells the writer which accepted keys
     # have a (retry_exhausted) dead letter to clear, so it skips the delete for all others.
     had_dead = sa.exists().where(_same_work(dead_letters, versions)).label("had_dead_letter")
     return sa.select(
         posts.c.post_id, posts.c.content_hash, posts.c.text, had_dead, posts.c.slice
-    ).where(posts.c.tenant_id == tenant_id, _in_slices(posts, slices), ~done, ~dead)
+    ).where(*_not_finished(tenant_id, slices, versions), ~_in_open_batch(versions))
 
 
 def pending_counts(
     conn: Connection, tenants: Sequence[str] | None, versions: Versions
 ) -> dict[tuple[str, int], tuple[int, int]]:
     """(posts, pending keys) per (tenant, stored slice), for all tenants or ``tenants``, in one
-    grouped query: what a run would send, without reading a single post text."""
+    grouped query: what a run would send, without reading a single post text.
+
+    Keys in an open batch chunk count as pending here: a run must still be planned for their
+    partition, so that a batch-mode run re-attaches to the chunk and books it.
+    """
     done = sa.exists().where(_same_work(results, versions))
     dead = sa.exists().where(
         _same_work(dead_letters, versions), dead_letters.c.outcome.in_(FINAL_DEAD_OUTCOMES)
@@ -99,6 +125,18 @@ def pending_posts(
         PendingPost(r.post_id, r.content_hash, r.text, bool(r.had_dead_letter), int(r.slice))
         for r in rows
     ]
+
+
+def in_open_batch(
+    conn: Connection, tenant_id: str, slices: Sequence[int], versions: Versions
+) -> int:
+    """Keys of the partition neither done nor dead that wait for an open batch chunk."""
+    stmt = (
+        sa.select(sa.func.count())
+        .select_from(posts)
+        .where(*_not_finished(tenant_id, slices, versions), _in_open_batch(versions))
+    )
+    return int(conn.execute(stmt).scalar_one())
 
 
 class PartitionBusy(RuntimeError):

@@ -29,7 +29,15 @@ from sqlalchemy.engine import Connection, Engine
 from ..validation import split_valid
 from .bulk import db_time, insert_rows
 from .engine import is_sqlite
-from .tables import budget_reservations, dead_letters, ledger_events, results, tenants, utcnow
+from .tables import (
+    batch_submissions,
+    budget_reservations,
+    dead_letters,
+    ledger_events,
+    results,
+    tenants,
+    utcnow,
+)
 
 Row = dict[str, Any]
 
@@ -48,6 +56,7 @@ class _Staged:
     dead: list[Row] = field(default_factory=list)
     settle: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     billed: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    released: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     first_at: float | None = None
 
     def empty(self) -> bool:
@@ -193,9 +202,17 @@ class LedgerWriter:
         self._attempt_wake.set()
         await fut
 
-    def stage_event(self, row: Row, reservation_id: str | None = None) -> None:
-        """Stage a usage or error event (booked with the outcome that follows it)."""
+    def stage_event(
+        self, row: Row, reservation_id: str | None = None, chunk: tuple[str, int] | None = None
+    ) -> None:
+        """Stage a usage or error event (booked with the outcome that follows it).
+
+        ``chunk`` (batch mode): ``(chunk_id, bound)``, the line's bound leaves its open chunk's
+        reservation in the same transaction as the event.
+        """
         self._staged.events.append(row)
+        if chunk is not None and chunk[1]:
+            self._staged.released[chunk[0]] += chunk[1]
         tokens = int(row["tokens_in"]) + int(row["tokens_out"])
         if row["type"] == "usage" and tokens:
             self._staged.billed[row["tenant_id"]] += tokens
@@ -346,6 +363,12 @@ class LedgerWriter:
                 budget_reservations.update()
                 .where(budget_reservations.c.reservation_id == rid)
                 .values(tokens=budget_reservations.c.tokens - tokens, heartbeat_at=utcnow())
+            )
+        for chunk_id, tokens in s.released.items():
+            conn.execute(
+                batch_submissions.update()
+                .where(batch_submissions.c.chunk_id == chunk_id)
+                .values(reserved_tokens=batch_submissions.c.reserved_tokens - tokens)
             )
 
 

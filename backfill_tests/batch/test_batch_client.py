@@ -9,8 +9,16 @@ from datetime import UTC, datetime
 import httpx
 import pytest
 
-from backfill_assets.batch.client import BatchClient, RateLimited, Refused, Unsure, retry
+from backfill_assets.batch.client import (
+    BatchClient,
+    RateLimited,
+    Refused,
+    TokenLimited,
+    Unsure,
+    retry,
+)
 from backfill_assets.batch.options import BatchEndpoint
+from backfill_assets.models.base import RunFatalError
 from backfill_tests.batch.conftest import API_KEY, StartSim
 
 
@@ -49,8 +57,58 @@ def test_failures_are_classified_and_never_carry_the_key() -> None:
     slow, busy, down, full = asyncio.run(scenario())
     assert isinstance(slow, Unsure) and isinstance(down, Unsure) and down.status == 502
     assert isinstance(busy, RateLimited) and busy.retry_after == pytest.approx(0.02)
-    assert isinstance(full, Refused) and full.code == "token_limit_exceeded"
+    assert isinstance(full, TokenLimited) and full.code == "token_limit_exceeded"
     assert all(API_KEY not in str(e) for e in (slow, busy, down, full))
+
+
+def test_every_call_uses_the_one_error_taxonomy() -> None:
+    """401/403/404 and account codes stop the run on every endpoint; a bogus Retry-After is
+    bounded; an upload refused with the file's text quoted back does not carry it."""
+    post = "my unmistakable post text, quoted back"
+    answers = {
+        "POST /v1/files": _error(400, "invalid_file", f"line 1 has {post} in it"),
+        "POST /v1/batches": _error(403, "unsupported_country_region_territory"),
+        "GET /v1/batches/b1": _error(401, "invalid_api_key", f"Incorrect API key {API_KEY}"),
+        "GET /v1/batches": _error(429, "insufficient_quota", "You exceeded your quota"),
+        "GET /v1/batches/b2": httpx.Response(429, headers={"retry-after": "1000000000000"}),
+    }
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return answers[f"{request.method} {request.url.path}"]
+
+    async def scenario() -> list[Exception]:
+        client = BatchClient(
+            BatchEndpoint("http://provider.test/v1", "gpt-4o-mini", api_key=API_KEY),
+            transport=httpx.MockTransport(handler),
+            max_retry_after_s=900.0,
+        )
+        calls = [
+            client.upload("c.jsonl", b"{}", echoes=[post]),
+            client.create("file-1", {}),
+            client.retrieve("b1"),
+            client.page(None),
+            client.retrieve("b2"),
+        ]
+        found: list[Exception] = []
+        for call in calls:
+            try:
+                await call
+            except Exception as exc:  # collected and checked below
+                found.append(exc)
+        await client.aclose()
+        return found
+
+    upload, create, status, listing, bogus = asyncio.run(scenario())
+    assert isinstance(upload, Refused) and post not in str(upload) and "withheld" in str(upload)
+    for exc, status_code, where in (
+        (create, 403, "POST http://provider.test/v1/batches"),
+        (status, 401, "GET http://provider.test/v1/batches/b1"),
+        (listing, 429, "GET http://provider.test/v1/batches"),
+    ):
+        assert isinstance(exc, RunFatalError), exc
+        assert exc.status == status_code and exc.endpoint == where
+        assert str(status_code) in str(exc) and where in str(exc) and API_KEY not in str(exc)
+    assert isinstance(bogus, RateLimited) and bogus.retry_after == 900.0
 
 
 def test_retry_waits_out_429s_and_gives_up_after_its_attempts() -> None:
@@ -129,9 +187,10 @@ def test_client_against_the_simulator(start_sim: StartSim) -> None:
         since = datetime.now(UTC).replace(tzinfo=None)
         found = await client.find("chunk_id", "ck-1", since)
         output = await client.content(batch.output_file_id or "")
-        with pytest.raises(Refused) as info:
+        # 404 is run-level in the one taxonomy (unknown model, wrong URL): the run stops.
+        with pytest.raises(RunFatalError) as info:
             await client.create("file-missing", {})
-        assert info.value.status == 404
+        assert info.value.status == 404 and "POST" in info.value.endpoint
         await client.aclose()
         return batch.status, found.id if found else None, output
 

@@ -109,7 +109,11 @@ def test_triage_of_every_line_shape() -> None:
         "req_1",
     )
     unreported = triage(_line(response={"status_code": 200, "body": _completion("{}", False)}))
-    assert unreported.verdict is Verdict.ANSWERED and not unreported.usage_reported
+    assert unreported.verdict is Verdict.ANSWERED and unreported.usage_shape == "missing"
+    total = _completion("{}", False)
+    total["usage"] = {"total_tokens": 90, "completion_tokens": None}
+    only_total = triage(_line(response={"status_code": 200, "body": total}))
+    assert (only_total.usage_shape, only_total.tokens_in, only_total.tokens_out) == ("total", 90, 0)
     assert triage(_line(response={"status_code": 200, "body": "<html>"})).verdict is Verdict.RETRY
     for status in (429, 500, 503, 408):
         error = {"error": {"message": "busy", "type": "server_error"}}
@@ -132,6 +136,19 @@ def test_triage_of_every_line_shape() -> None:
         "batch_expired: not run by the batch",
     )
     assert triage(None).verdict is Verdict.RETRY
+    # One taxonomy with sync mode: our key, permission or model is no fault of the key.
+    for status, code in ((401, "invalid_api_key"), (403, None), (404, "model_not_found")):
+        body = {"error": {"message": "no", "code": code}}
+        assert triage(_line(response={"status_code": status, "body": body})).verdict is (
+            Verdict.FATAL
+        )
+    # The line's own request quoted back, unquoted: withheld; unknown request: nothing kept.
+    post = "a post the provider quotes back verbatim"
+    echo = {"error": {"message": f"Invalid content {post} here", "code": "invalid_value"}}
+    echoed = triage(_line(response={"status_code": 400, "body": echo}), echoes=[post])
+    assert post not in echoed.message and "withheld" in echoed.message
+    unknown = triage(_line(response={"status_code": 400, "body": echo}), echoes=None)
+    assert post not in unknown.message and "withheld" in unknown.message
 
 
 def test_output_lines_join_on_custom_id_and_count_unreadable_lines() -> None:
