@@ -42,7 +42,7 @@ def plan_table(rows: list[TenantEstimate], limit: int = MAX_TABLE_ROWS) -> str:
 
 
 @dg.asset(
-    group_name="moderation",
+    group_name="reporting",
     deps=[posts],
     kinds={"sql"},
     automation_condition=dg.AutomationCondition.eager(),

@@ -1,4 +1,4 @@
-"""A real ``dagster dev`` (webserver + daemon) on a temporary home, for end-to-end tests."""
+"""``bin/dev`` (webserver + daemon, demo data) on a temporary home, for end-to-end tests."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -69,42 +68,20 @@ def _wait_ready(dev: DagsterDev, proc: subprocess.Popen[bytes], timeout: float) 
 
 
 @contextmanager
-def dagster_dev(tmp: Path, startup_timeout: float = 90) -> Iterator[DagsterDev]:
-    """Import the demo posts into a fresh store, start ``dagster dev``, stop it afterwards."""
+def dagster_dev(tmp: Path, startup_timeout: float = 120) -> Iterator[DagsterDev]:
+    """``bin/dev`` (demo import, webserver, daemon) on a fresh home; stopped afterwards."""
     home = tmp / "dagster_home"
     home.mkdir(parents=True)
-    (home / "dagster.yaml").write_bytes((ROOT / "dagster.yaml").read_bytes())
     store = tmp / "store.db"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("BACKFILL_", "DAGSTER_"))}
-    env.update(DAGSTER_HOME=str(home), BACKFILL_DATABASE_URL=f"sqlite:///{store}")
-    imported = subprocess.run(
-        [sys.executable, "-m", "backfill_assets.cli", "import", str(DEMO)],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert imported.returncode == 0, imported.stderr
     port = _free_port()
+    env.update(DAGSTER_HOME=str(home), BACKFILL_DATABASE_URL=f"sqlite:///{store}", PORT=str(port))
     log = tmp / "dagster_dev.log"
     dev = DagsterDev(f"http://127.0.0.1:{port}", env, store, log)
     with log.open("wb") as fh:
-        # Own session: the webserver, daemon and code server share its process group, so the
-        # whole tree can be stopped by this one id.
+        # Own session: every process bin/dev starts can be found (and killed) by this id.
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "dagster",
-                "dev",
-                "-w",
-                str(ROOT / "workspace.yaml"),
-                "-h",
-                "127.0.0.1",
-                "-p",
-                str(port),
-            ],
+            [str(ROOT / "bin" / "dev")],
             env=env,
             cwd=ROOT,
             stdout=fh,
@@ -120,7 +97,7 @@ def dagster_dev(tmp: Path, startup_timeout: float = 90) -> Iterator[DagsterDev]:
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
     if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signal.SIGTERM)
         with suppress(subprocess.TimeoutExpired):
             proc.wait(15)
     with suppress(ProcessLookupError):
