@@ -26,7 +26,7 @@ from ..store.partition_counts import post_counts
 from ..store.tables import utcnow
 from ..store.work import PendingPost, in_open_batch, pending_posts
 from . import attach, submit
-from .apply import Ending, apply, close_unrun
+from .booking import Ending, book, close_unrun
 from .client import RateLimited, Refused, Unsure
 from .context import BatchContext, ChunkJob
 from .pacing import PollPacer, TokenGate
@@ -92,7 +92,7 @@ class BatchRunner:
                     # The process may have died between create and storing the batch id.
                     await attach.reattach(ctx, job)
                 if sub.state == "ended":
-                    self._ended(job, await apply(ctx, job))
+                    self._ended(job, await book(ctx, job))
 
     def _pending(self, ref: PartitionRef) -> tuple[int, int, list[PendingPost]]:
         versions = self.ctx.versions
@@ -252,7 +252,7 @@ class BatchRunner:
                 f"batch {sub.batch_id} ({job.partition}): {batch.status}, "
                 f"{counts.completed}/{counts.total} done, {counts.failed} failed"
             )
-            self._ended(job, await apply(ctx, job))
+            self._ended(job, await book(ctx, job))
             return
         job.interval = min(job.interval * 1.5, self.opts.max_poll_seconds)
         job.next_poll = time.monotonic() + job.interval

@@ -29,7 +29,7 @@ from .wire import OutputLine
 WITHHELD = "(message withheld: the request text is not known to check it)"
 
 
-class Verdict(enum.StrEnum):
+class Disposition(enum.StrEnum):
     """What happens to a key after its batch ended."""
 
     ANSWERED = "answered"
@@ -39,10 +39,10 @@ class Verdict(enum.StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
-class LineVerdict:
-    """A line's verdict with what the ledger books for it."""
+class TriagedLine:
+    """A line's disposition with what the ledger books for it."""
 
-    verdict: Verdict
+    disposition: Disposition
     status: int | None
     message: str = ""
     request_id: str | None = None
@@ -57,25 +57,29 @@ def triage(
     line: OutputLine | None,
     secrets: Sequence[str] = (),
     echoes: Sequence[str] | None = (),
-) -> LineVerdict:
+) -> TriagedLine:
     """Classify one key's line (``None``: the key is in neither file)."""
     if line is None:
-        return LineVerdict(Verdict.RETRY, None, "missing from the batch's output and error files")
+        return TriagedLine(
+            Disposition.RETRY, None, "missing from the batch's output and error files"
+        )
     response = line.response
     if response is None:
         code = (line.error.code if line.error else None) or "error"
         code = WITHHELD if echoes is None else scrub(code[:60], echoes, secrets)
-        return LineVerdict(Verdict.RETRY, None, f"{code}: not run by the batch")
+        return TriagedLine(Disposition.RETRY, None, f"{code}: not run by the batch")
     status = response.status_code
     body = json.dumps(response.body).encode("utf-8")
     if 200 <= status < 300:
         try:
             completion = parse_completion(body)
         except NotACompletion as exc:
-            return LineVerdict(Verdict.RETRY, status, f"HTTP {status}: {exc}", response.request_id)
+            return TriagedLine(
+                Disposition.RETRY, status, f"HTTP {status}: {exc}", response.request_id
+            )
         billed = completion.billed
-        return LineVerdict(
-            Verdict.ANSWERED,
+        return TriagedLine(
+            Disposition.ANSWERED,
             status,
             request_id=response.request_id or completion.id,
             content=completion.content,
@@ -90,8 +94,10 @@ def triage(
     if echoes is None:
         summary = f"HTTP {status}: {WITHHELD}"
     scope = classify(status, _code(response.body))
-    verdict = {Scope.RUN: Verdict.FATAL, Scope.KEY: Verdict.REJECTED}.get(scope, Verdict.RETRY)
-    return LineVerdict(verdict, status, summary, response.request_id)
+    disposition = {Scope.RUN: Disposition.FATAL, Scope.KEY: Disposition.REJECTED}.get(
+        scope, Disposition.RETRY
+    )
+    return TriagedLine(disposition, status, summary, response.request_id)
 
 
 def _code(body: object) -> str | None:

@@ -162,7 +162,7 @@ class EndpointLimiter:
         charged_tokens: int,
         advertised: AdvertisedLimits | None = None,
     ) -> None:
-        """A completed call: settle its tokens to what the provider counted, learn."""
+        """A completed call: correct its token count to what the provider counted, learn."""
         with self._lock:
             now = self._clock()
             extra = charged_tokens - permit.tokens

@@ -12,7 +12,7 @@ from sqlalchemy.engine import Engine
 from backfill_assets.batch.chunks import chunk_base, chunk_id, split
 from backfill_assets.batch.options import BatchOptions
 from backfill_assets.batch.rows import LineRows
-from backfill_assets.batch.triage import Verdict, triage
+from backfill_assets.batch.triage import Disposition, triage
 from backfill_assets.batch.wire import BatchObject, OutputLine, input_line, output_lines
 from backfill_assets.keys import Versions
 from backfill_assets.models.base import ModelRequest
@@ -102,23 +102,27 @@ def test_triage_of_every_line_shape() -> None:
     ok = triage(
         _line(response={"status_code": 200, "request_id": "req_1", "body": _completion("{}")})
     )
-    assert (ok.verdict, ok.tokens_in, ok.tokens_out, ok.request_id) == (
-        Verdict.ANSWERED,
+    assert (ok.disposition, ok.tokens_in, ok.tokens_out, ok.request_id) == (
+        Disposition.ANSWERED,
         120,
         20,
         "req_1",
     )
     unreported = triage(_line(response={"status_code": 200, "body": _completion("{}", False)}))
-    assert unreported.verdict is Verdict.ANSWERED and unreported.usage_shape == "missing"
+    assert unreported.disposition is Disposition.ANSWERED and unreported.usage_shape == "missing"
     total = _completion("{}", False)
     total["usage"] = {"total_tokens": 90, "completion_tokens": None}
     only_total = triage(_line(response={"status_code": 200, "body": total}))
     assert (only_total.usage_shape, only_total.tokens_in, only_total.tokens_out) == ("total", 90, 0)
-    assert triage(_line(response={"status_code": 200, "body": "<html>"})).verdict is Verdict.RETRY
+    assert (
+        triage(_line(response={"status_code": 200, "body": "<html>"})).disposition
+        is Disposition.RETRY
+    )
     for status in (429, 500, 503, 408):
         error = {"error": {"message": "busy", "type": "server_error"}}
         assert (
-            triage(_line(response={"status_code": status, "body": error})).verdict is Verdict.RETRY
+            triage(_line(response={"status_code": status, "body": error})).disposition
+            is Disposition.RETRY
         )
     rejected = triage(
         _line(
@@ -128,19 +132,19 @@ def test_triage_of_every_line_shape() -> None:
             }
         )
     )
-    assert rejected.verdict is Verdict.REJECTED and rejected.message.startswith("HTTP 400")
+    assert rejected.disposition is Disposition.REJECTED and rejected.message.startswith("HTTP 400")
     assert "secret post text" not in rejected.message  # quoted values are scrubbed
     expired = triage(_line(error={"code": "batch_expired", "message": "window passed"}))
-    assert (expired.verdict, expired.message) == (
-        Verdict.RETRY,
+    assert (expired.disposition, expired.message) == (
+        Disposition.RETRY,
         "batch_expired: not run by the batch",
     )
-    assert triage(None).verdict is Verdict.RETRY
+    assert triage(None).disposition is Disposition.RETRY
     # One taxonomy with sync mode: our key, permission or model is no fault of the key.
     for status, code in ((401, "invalid_api_key"), (403, None), (404, "model_not_found")):
         body = {"error": {"message": "no", "code": code}}
-        assert triage(_line(response={"status_code": status, "body": body})).verdict is (
-            Verdict.FATAL
+        assert triage(_line(response={"status_code": status, "body": body})).disposition is (
+            Disposition.FATAL
         )
     # The line's own request quoted back, unquoted: withheld; unknown request: nothing kept.
     post = "a post the provider quotes back verbatim"

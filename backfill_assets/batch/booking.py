@@ -24,7 +24,7 @@ from .client import retry
 from .context import BatchContext, ChunkJob
 from .rows import LineRows, Row
 from .texts import line_echoes
-from .triage import LineVerdict, Verdict, triage
+from .triage import Disposition, TriagedLine, triage
 from .wire import OutputLine, output_lines
 
 
@@ -116,7 +116,7 @@ def _failed_scope(sub: store.Submission) -> Scope:
     return Scope.TOKEN_LIMIT if scopes == {Scope.TOKEN_LIMIT} else Scope.KEY
 
 
-async def apply(ctx: BatchContext, job: ChunkJob) -> Ending:
+async def book(ctx: BatchContext, job: ChunkJob) -> Ending:
     """Book an ended batch; returns how the chunk left the run.
 
     A run-level answer (a failed batch's account code, a line answered 401/403/404) leaves
@@ -152,8 +152,8 @@ async def apply(ctx: BatchContext, job: ChunkJob) -> Ending:
         for line in job.lines:
             if line.line_no in closed:
                 continue
-            verdict = triage(found.get(line.key), secrets, echoes.get(line.key, ()))
-            _stage(ctx, job, rows, writer, line, verdict)
+            triaged = triage(found.get(line.key), secrets, echoes.get(line.key, ()))
+            _stage(ctx, job, rows, writer, line, triaged)
     finally:
         await writer.close()
     await ctx.db(store.update, ctx.engine, sub, state="applied", applied_at=utcnow())
@@ -166,20 +166,20 @@ def _stage(
     rows: LineRows,
     writer: LedgerWriter,
     line: store.LineRow,
-    verdict: LineVerdict,
+    triaged: TriagedLine,
 ) -> None:
     """Stage one line's event and outcome."""
     st = ctx.stats_for(job.partition)
     release = _release(job, line)
-    if verdict.verdict is Verdict.ANSWERED:
-        usage = _usage(ctx, job, rows, line, verdict, release[1])
+    if triaged.disposition is Disposition.ANSWERED:
+        usage = _usage(ctx, job, rows, line, triaged, release[1])
         # Booked before the answer is trusted: a malformed answer still cost tokens.
         writer.stage_event(usage, chunk=release)
         st.tokens_in += usage["tokens_in"]
         st.tokens_out += usage["tokens_out"]
         st.cost += usage["cost"]
         try:
-            out = parse_output(verdict.content, line.key)
+            out = parse_output(triaged.content, line.key)
         except OutputRejected as exc:
             writer.stage_dead(rows.dead(line, Outcome.SCHEMA_REJECTED, str(exc)))
             st.outcomes[Outcome.SCHEMA_REJECTED] += 1
@@ -188,23 +188,23 @@ def _stage(
         st.outcomes[Outcome.ACCEPTED] += 1
         st.labels[out.label] += 1
         return
-    writer.stage_event(rows.error(line, verdict.status, verdict.message), chunk=release)
-    if verdict.status == 429:
+    writer.stage_event(rows.error(line, triaged.status, triaged.message), chunk=release)
+    if triaged.status == 429:
         st.rate_limited += 1
-    if verdict.verdict is Verdict.FATAL:
+    if triaged.disposition is Disposition.FATAL:
         # Not the key's fault (our key, permission or model): pending for a fixed run.
         ctx.excluded[job.partition].add(line.key)
         st.outcomes[Outcome.DEFERRED] += 1
         ctx.fatal = ctx.fatal or RunFatalError(
-            f"{verdict.message} (batch {job.sub.batch_id})",
-            status=verdict.status,
+            f"{triaged.message} (batch {job.sub.batch_id})",
+            status=triaged.status,
             endpoint=f"batch {job.sub.batch_id} line {line.line_no}",
         )
-    elif verdict.verdict is Verdict.REJECTED:
-        writer.stage_dead(rows.dead(line, Outcome.TRANSPORT_REJECTED, verdict.message))
+    elif triaged.disposition is Disposition.REJECTED:
+        writer.stage_dead(rows.dead(line, Outcome.TRANSPORT_REJECTED, triaged.message))
         st.outcomes[Outcome.TRANSPORT_REJECTED] += 1
     elif ctx.retry.exhausted(line.attempt_no):
-        reason = f"{line.attempt_no} attempts; last: {verdict.message}"
+        reason = f"{line.attempt_no} attempts; last: {triaged.message}"
         writer.stage_dead(rows.dead(line, Outcome.RETRY_EXHAUSTED, reason))
         st.outcomes[Outcome.RETRY_EXHAUSTED] += 1
         ctx.excluded[job.partition].add(line.key)
@@ -217,11 +217,11 @@ def _usage(
     job: ChunkJob,
     rows: LineRows,
     line: store.LineRow,
-    verdict: LineVerdict,
+    triaged: TriagedLine,
     bound: int,
 ) -> Row:
     """The line's usage event, booked like sync mode's (``dispatch._book_usage``)."""
-    shape, tokens_in, tokens_out = verdict.usage_shape, verdict.tokens_in, verdict.tokens_out
+    shape, tokens_in, tokens_out = triaged.usage_shape, triaged.tokens_in, triaged.tokens_out
     if shape == "missing":
         # No usage at all: the most the line could have cost, never 0, flagged.
         tokens_in, tokens_out = bound - MAX_OUTPUT_TOKENS, MAX_OUTPUT_TOKENS
@@ -230,7 +230,7 @@ def _usage(
         # The split is unknown: priced as the dearest one the line allows.
         priced_out = min(tokens_in, MAX_OUTPUT_TOKENS)
     cost = ctx.cost(job.sub.model, tokens_in + tokens_out - priced_out, priced_out)
-    request_id = verdict.request_id or f"{job.sub.batch_id}:{line.key}"
+    request_id = triaged.request_id or f"{job.sub.batch_id}:{line.key}"
     usage = rows.usage(line, tokens_in, tokens_out, cost, request_id, shape, bound)
     if shape == "missing":
         usage["message"] = "usage_missing: the provider reported no usage; booked the bound"
