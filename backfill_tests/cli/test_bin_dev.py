@@ -59,9 +59,16 @@ def _wait_for(proc: subprocess.Popen[bytes], log: Path, ready: str, timeout: flo
 
 
 def _kill(proc: subprocess.Popen[bytes]) -> None:
-    with suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)  # the group this test created, nothing else
+    # Everything in the session this test created, nothing else: bin/dev puts its children in
+    # their own process groups, so killing bin/dev's group alone would leave a webserver
+    # holding the port for the next start.
+    for pid in _session(proc.pid):
+        with suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
     proc.wait(30)
+    deadline = time.monotonic() + 10
+    while _session(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 def test_bin_dev_starts_without_warnings_and_names_rejects_once(tmp_path: Path) -> None:
