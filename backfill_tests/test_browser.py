@@ -8,6 +8,7 @@ Screenshots go to ``artifacts/screenshots/``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -64,18 +65,23 @@ def page(dev: DagsterDev) -> Iterator[Any]:
         browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         pg = browser.new_page(viewport={"width": 1800, "height": 1000})
         pg.set_default_timeout(30_000)
+        # Dagster's first-visit community dialog can open at any moment of the first page
+        # loads; dismiss it whenever it blocks an action.
+        pg.add_locator_handler(
+            pg.get_by_text("Join the Dagster community"),
+            lambda _: pg.get_by_role("button", name="Skip").click(),
+        )
         try:
             yield pg
         finally:
+            with contextlib.suppress(playwright_api.Error):
+                shot(pg, "last.png")  # what the page showed at the end, pass or fail
             browser.close()
 
 
 def goto(pg: Any, dev: DagsterDev, path: str) -> None:
     pg.goto(dev.base_url + path)
     pg.wait_for_load_state("networkidle")
-    skip = pg.get_by_role("button", name="Skip")  # first-visit community dialog
-    if skip.count():
-        skip.click()
 
 
 def shot(pg: Any, name: str) -> None:
@@ -98,6 +104,13 @@ def pick(pg: Any, dialog: Any, dimension_index: int, value: str) -> None:
                 raise
             pg.wait_for_timeout(300)
     dialog.get_by_text("Launch runs to materialize").click()  # close the popover
+
+
+def open_check_partitions(pg: Any, dev: DagsterDev, check: str) -> None:
+    """The check's own Partitions tab (the asset has one too: wait for the check's panel)."""
+    goto(pg, dev, f"/assets/moderation_labels?view=checks&checkDetail={check}")
+    pg.get_by_role("tab", name="Execution history").wait_for()
+    pg.get_by_role("tab", name="Partitions").last.click()
 
 
 def open_launch_dialog(pg: Any, dev: DagsterDev) -> Any:
@@ -202,7 +215,11 @@ def applied_run(dev: DagsterDev, partition: str) -> str | None:
 
 def launch_cli(capsys: pytest.CaptureFixture[str], dev: DagsterDev, *flags: str) -> dict[str, Any]:
     capsys.readouterr()  # drop earlier output
-    code = cli_main(["launch", *flags, "--json", "--url", dev.base_url])
+    # The same store and instance as the webserver: launch applies run's skip rule.
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in dev.env.items():
+            mp.setenv(k, v)
+        code = cli_main(["launch", *flags, "--json", "--url", dev.base_url])
     out = capsys.readouterr().out
     assert code == 0, out
     doc: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
@@ -287,14 +304,12 @@ def test_operator_console(page: Any, dev: DagsterDev, capsys: pytest.CaptureFixt
     goto(pg, dev, f"/runs/{run_id}")
     pg.get_by_text("Dependencies for step applied_labels failed").first.wait_for()
     shot(pg, "06-run-blocked.png")
-    goto(pg, dev, "/assets/moderation_labels?view=checks&checkDetail=integrity")
-    pg.get_by_role("tab", name="Partitions").last.click()
+    open_check_partitions(pg, dev, "integrity")
     # Per-partition check status: the tampered slice failed, acme's other 15 passed.
     pg.get_by_text("Failed (1)", exact=True).wait_for()
     # acme's 15 others plus initech's one, once the CLI-launched backfill's run has finished.
     assert wait_backfill_runs(dev, launched["backfill_id"]) == ["SUCCESS"]
-    pg.reload()
-    pg.get_by_role("tab", name="Partitions").last.click()
+    open_check_partitions(pg, dev, "integrity")
     pg.get_by_text("Failed (1)", exact=True).wait_for()
     pg.get_by_text("Passed (16)", exact=True).wait_for()
     shot(pg, "07-isolation-partitions.png")

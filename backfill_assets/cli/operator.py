@@ -144,19 +144,20 @@ def cmd_launch(args: argparse.Namespace, env: Env) -> int:
     url = args.url or env.get("DAGSTER_WEBSERVER_URL", "") or "http://127.0.0.1:3000"
     client = DagsterClient(url)
     try:
-        return _launch(args, client, _needs_work(env), _regions(env))
+        return _launch(args, client, _no_work(env), _regions(env))
     except GraphQLError as exc:
         raise UserError(f"webserver: {exc}") from None
     finally:
         client.close()
 
 
-def _needs_work(env: Env) -> dict[str, str]:
-    """Partitions ``run`` would run, with why (the same rule: plan.py), from the store and the
-    local instance; the others (no posts, nothing to do) are not worth a backfill."""
+def _no_work(env: Env) -> dict[str, str]:
+    """Partitions ``run`` would skip, with why (the same rule: plan.py), from the store and the
+    local instance: no posts, or nothing to do. Tenants the store does not know are not
+    judged (kept), so a launch from a host without the store launches what the UI shows."""
     engine = engine_for(database_url(env))
     plan = make_plan(engine, instance(env), versions_from_env(env))
-    return {p.ref.key: p.reason for p in plan.partitions if p.run}
+    return {p.ref.key: p.reason for p in plan.partitions if not p.run}
 
 
 def _regions(env: Env) -> dict[str, str | None]:
@@ -168,7 +169,7 @@ def _regions(env: Env) -> dict[str, str | None]:
 def _launch(
     args: argparse.Namespace,
     client: DagsterClient,
-    needed: dict[str, str],
+    skip: dict[str, str],
     regions: dict[str, str | None],
 ) -> int:
     state = client.partition_state()
@@ -179,7 +180,7 @@ def _launch(
     )
     # Same rule as ``run``: partitions that hold no posts, or have nothing pending and are
     # materialised, checked and applied at this code version, are left out.
-    keys = [k for k in selected if k in needed]
+    keys = [k for k in selected if k not in skip]
     kinds = [k for k in ("stale", "missing", "failed", "check_failed") if getattr(args, k)]
     groups = by_tenant(keys)
     launched: list[dict[str, Any]] = []

@@ -100,7 +100,7 @@ class EndpointLimiter:
         # (``shared.py``), and when each tenant last sent (its weight in that sharing).
         self._fraction = 1.0
         self._tenants_seen: dict[str, float] = {}
-        self._apply_rates(now)
+        self._refresh_rates(now)
 
     # -- admission -----------------------------------------------------------------------
 
@@ -255,7 +255,7 @@ class EndpointLimiter:
                 # newcomer's part of the limit.
                 self._revoke(now)
             else:
-                self._apply_rates(now)
+                self._refresh_rates(now)
 
     # -- views ---------------------------------------------------------------------------
 
@@ -263,7 +263,7 @@ class EndpointLimiter:
         """Current limits and counters, for run metadata and benchmarks."""
         with self._lock:
             now = self._clock()
-            self._apply_rates(now)
+            self._refresh_rates(now)
             return {
                 "rpm_ceiling": self._rpm_ceiling,
                 "tpm_ceiling": self._tpm_ceiling,
@@ -282,14 +282,14 @@ class EndpointLimiter:
 
     # -- internals (lock held) -----------------------------------------------------------
 
-    def _apply_rates(self, now: float) -> None:
+    def _refresh_rates(self, now: float) -> None:
         share = self._aimd.share(now) if self.config.adaptive else 1.0
         share *= self._fraction
         self._requests.set_rate((self._rpm_ceiling or 0.0) * share, now)
         self._tokens.set_rate((self._tpm_ceiling or 0.0) * share, now)
 
     def _reserve(self, tokens: int, now: float) -> Ticket:
-        self._apply_rates(now)
+        self._refresh_rates(now)
         start = max(
             now,
             self._paused_until,
@@ -311,7 +311,7 @@ class EndpointLimiter:
         self._pending_requests = 0
         self._pending_tokens = 0
         self._generation += 1
-        self._apply_rates(now)
+        self._refresh_rates(now)
 
     def _learn(self, advertised: AdvertisedLimits | None) -> bool:
         """Adopt advertised limits below the ceilings; True if a ceiling dropped."""
