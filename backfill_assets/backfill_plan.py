@@ -14,6 +14,7 @@ import dagster as dg
 from .assets import posts
 from .estimate import TenantEstimate, estimate_pending
 from .resources import BackfillSettings, ModelResource, StoreResource, versions_for
+from .sensors import refresh_condition
 from .store.engine import read_tx
 from .store.reports import tenant_ids
 
@@ -45,7 +46,7 @@ def plan_table(rows: list[TenantEstimate], limit: int = MAX_TABLE_ROWS) -> str:
     group_name="reporting",
     deps=[posts],
     kinds={"sql"},
-    automation_condition=dg.AutomationCondition.eager(),
+    automation_condition=refresh_condition(),
 )
 def backfill_plan(
     store: StoreResource, model: ModelResource, settings: BackfillSettings

@@ -13,7 +13,7 @@ from .backfill_plan import backfill_plan
 from .checks import build_partition_checks
 from .partitions import moderation_partitions
 from .policy import policy_from_env
-from .sensors import tenant_partitions_sensor
+from .sensors import reporting_automation, tenant_partitions_sensor
 from .settings import (
     executor_kind,
     faults_from_env,
@@ -59,7 +59,7 @@ def build_definitions(env: Mapping[str, str]) -> dg.Definitions:
         assets=[posts, labels, applied, tenant_usage, backfill_plan],
         asset_checks=[checks],
         jobs=[backfill_job, apply_job, usage_job],
-        sensors=[tenant_partitions_sensor],
+        sensors=[tenant_partitions_sensor, reporting_automation],
         resources={**resources_from_env(env), "policy": policy_from_env(env)},
         # One process per run: partitions are batched into runs, so per-step subprocesses
         # would only add start-up cost (see README, "Execution"). BACKFILL_EXECUTOR=multiprocess

@@ -31,3 +31,26 @@ def tenant_partitions_sensor(
     return dg.SensorResult(
         dynamic_partitions_requests=[tenant_partitions.build_add_request(new)] if new else []
     )
+
+
+def refresh_condition() -> dg.AutomationCondition:
+    """Materialise when missing or when an upstream asset changed, never twice at once.
+
+    Not ``eager()`` alone: it only reacts to changes after its first evaluation, and bin/dev
+    imports the demo posts before the daemon's first tick, so the plan would stay missing.
+    """
+    return (
+        dg.AutomationCondition.missing() | dg.AutomationCondition.any_deps_updated()
+    ) & ~dg.AutomationCondition.in_progress()
+
+
+# Evaluates the reporting assets' conditions (backfill_plan after an import, tenant_usage
+# after label runs). Dagster's implicit default sensor starts stopped on a fresh instance, so
+# nothing would refresh until someone turned it on in the UI.
+reporting_automation = dg.AutomationConditionSensorDefinition(
+    "reporting_automation",
+    target=dg.AssetSelection.groups("reporting"),
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    minimum_interval_seconds=15,
+    description="Refreshes backfill_plan and tenant_usage when what they read has changed.",
+)

@@ -10,6 +10,7 @@ import dagster as dg
 
 from .checks import LABELS_KEY
 from .resources import StoreResource
+from .sensors import refresh_condition
 from .store.engine import read_tx
 from .store.reports import usage_by_day
 
@@ -62,7 +63,7 @@ def tenant_totals(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, float]]
     kinds={"sql"},
     # Refreshed by the daemon whenever labels were materialised (and by `run` itself), so a
     # user opening it after a backfill sees current figures.
-    automation_condition=dg.AutomationCondition.eager(),
+    automation_condition=refresh_condition(),
 )
 def tenant_usage(store: StoreResource) -> dg.MaterializeResult[None]:
     """Tokens, cost and calls per tenant, model and day (the invoice's source)."""

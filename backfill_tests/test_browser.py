@@ -123,7 +123,7 @@ def open_launch_dialog(pg: Any, dev: DagsterDev) -> Any:
     return dialog
 
 
-def wait_backfill(dev: DagsterDev, backfill_id: str, timeout: float = 120) -> str:
+def wait_backfill(dev: DagsterDev, backfill_id: str, timeout: float = 240) -> str:
     q = """query($id: String!) { partitionBackfillOrError(backfillId: $id) {
       ... on PartitionBackfill { status } } }"""
     deadline = time.monotonic() + timeout
@@ -135,7 +135,7 @@ def wait_backfill(dev: DagsterDev, backfill_id: str, timeout: float = 120) -> st
     raise AssertionError(f"backfill {backfill_id} still running after {timeout}s")
 
 
-def wait_backfill_runs(dev: DagsterDev, backfill_id: str, timeout: float = 120) -> list[str]:
+def wait_backfill_runs(dev: DagsterDev, backfill_id: str, timeout: float = 240) -> list[str]:
     """Statuses of a backfill's runs once all have finished (the daemon marks the backfill
     itself done on its next 30 s tick, which the test does not wait for here)."""
     q = """query($id: String!) {
@@ -167,7 +167,7 @@ def wait_new_run(dev: DagsterDev, before: set[str], timeout: float = 30) -> str:
     raise AssertionError("the launch dialog started no run")
 
 
-def wait_run(dev: DagsterDev, run_id: str, timeout: float = 90) -> str:
+def wait_run(dev: DagsterDev, run_id: str, timeout: float = 240) -> str:
     q = "query($id: ID!) { runOrError(runId: $id) { ... on Run { status } } }"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -193,7 +193,7 @@ def check_statuses(dev: DagsterDev, partition: str) -> dict[str, str]:
     return out
 
 
-def wait_materialized(dev: DagsterDev, asset: str, timeout: float = 120) -> bool:
+def wait_materialized(dev: DagsterDev, asset: str, timeout: float = 180) -> bool:
     """Whether an unpartitioned asset gets materialised within ``timeout`` (the daemon's
     automation sensor ticks every 30 s)."""
     q = """query($p: [String!]!) { assetNodeOrError(assetKey: {path: $p}) {
