@@ -7,7 +7,7 @@ check fails the step ("returned an output multiple times"). The event it is conv
 the event log then fills the per-partition rows that the run's "planned" event created. So the
 checks yield one ``AssetCheckEvaluation`` per partition and check, with ``blocking`` set from
 the spec: a failed blocking evaluation still fails the step and keeps ``applied_labels`` out of
-the run (see README, "Checks in multi-partition runs").
+the run (docs/architecture.md, "Checks in multi-partition runs").
 """
 
 import json

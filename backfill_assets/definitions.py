@@ -62,8 +62,9 @@ def build_definitions(env: Mapping[str, str]) -> dg.Definitions:
         sensors=[tenant_partitions_sensor, reporting_automation],
         resources={**resources_from_env(env), "policy": policy_from_env(env)},
         # One process per run: partitions are batched into runs, so per-step subprocesses
-        # would only add start-up cost (see README, "Execution"). BACKFILL_EXECUTOR=multiprocess
-        # restores Dagster's default (the orchestration benchmark compares the two).
+        # would only add start-up cost (docs/architecture.md, "One run, many partitions").
+        # BACKFILL_EXECUTOR=multiprocess restores Dagster's default (the orchestration
+        # benchmark compares the two).
         executor=dg.multiprocess_executor
         if executor_kind(env) == "multiprocess"
         else dg.in_process_executor,

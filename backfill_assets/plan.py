@@ -36,7 +36,8 @@ from .store.work import pending_counts
 LABELS = dg.AssetKey("moderation_labels")
 APPLIED = dg.AssetKey("applied_labels")
 # One more Dagster run costs about as much as this many partitions' events (run start, steps,
-# run end vs. ~6 event writes a partition), measured here; see README, "Pooling".
+# run end vs. ~6 event writes a partition), measured here; see docs/architecture.md,
+# "One run, many partitions".
 RUN_COST = 20
 # A run's partitions share one event loop and fail or succeed together; keep runs bounded.
 MAX_BOX_PARTITIONS = 500

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Sourced by bin/dev and bin/test: create or refresh .venv from the pinned constraints.
+# Sourced by bin/dev, bin/prod, bin/test and bench/run: create or refresh .venv from the pinned
+# constraints.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$ROOT/.venv"

@@ -5,9 +5,9 @@ the partitions' open chunks first (a batch is never created twice for a chunk), 
 chunks for the keys still pending, and polls with back-off until each batch ends; retriable
 and expired lines come back as pending keys and go into a new chunk (only those).
 
-Polling happens inside the run (see README, "Batch mode"): the partition's writer lock is
-held throughout, so no other process can submit the same keys, and the run ends only when
-every key is committed, dead-lettered, deferred or reported.
+Polling happens inside the run (docs/providers.md, "Poll inside the run"): the partition's
+writer lock is held throughout, so no other process can submit the same keys, and the run ends
+only when every key is committed, dead-lettered, deferred or reported.
 """
 
 from __future__ import annotations
