@@ -1,5 +1,7 @@
 """Keep the tenant partitions in step with the tenants in the store."""
 
+from typing import Any
+
 import dagster as dg
 
 from .keys import TENANT_ID_RE
@@ -33,7 +35,7 @@ def tenant_partitions_sensor(
     )
 
 
-def refresh_condition() -> dg.AutomationCondition:
+def refresh_condition() -> dg.AutomationCondition[Any]:
     """Materialise when missing or when an upstream asset changed, never twice at once.
 
     Not ``eager()`` alone: it only reacts to changes after its first evaluation, and bin/dev
