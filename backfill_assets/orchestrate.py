@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import dagster as dg
+import sqlalchemy as sa
 
 from .check_rules import BLOCKING_CHECKS
 from .keys import SLICE_KEYS, slice_no, validate_tenant_id
@@ -110,8 +111,16 @@ def ensure_tenant_partitions(instance: dg.DagsterInstance, tenants: Sequence[str
     name = tenant_partitions.name or "tenants"
     known = set(instance.get_dynamic_partitions(name))
     new = [t for t in tenants if t not in known]
-    if new:
+    if not new:
+        return
+    try:
         instance.add_dynamic_partitions(name, new)
+    except sa.exc.IntegrityError:
+        # Another process added some of them between our read and our insert (Dagster reads,
+        # then inserts under a unique index): fine if every tenant is there now.
+        missing = set(new) - set(instance.get_dynamic_partitions(name))
+        if missing:
+            instance.add_dynamic_partitions(name, sorted(missing))
 
 
 def _metadata_value(value: Any) -> Any:

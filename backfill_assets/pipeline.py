@@ -37,6 +37,7 @@ from .store.posts import slice_levels
 from .store.tenants import tenant_regions
 from .store.work import PartitionBusy, WriterLocks, in_open_batch, pending_posts, while_held
 from .store.writer import LedgerWriter
+from .validation import warm_up as warm_up_validation
 
 # A member silent this long is taken for dead and its share of the limit goes to the others.
 _MEMBER_TTL_S = 5.0
@@ -179,6 +180,7 @@ def run_partitions(
     names them.
     """
     reports = {r.key: PartitionReport(ref=r) for r in refs}
+    warm_up_validation()  # before the first call, not inside the first flush
     refresh_planner_stats(engine, ("posts", "results", "dead_letters"))
     with read_tx(engine) as conn:
         region_of = tenant_regions(conn, {r.tenant_id for r in refs})

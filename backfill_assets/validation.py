@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import pandas as pd
@@ -64,6 +65,29 @@ def split_valid(
         good = [r for i, r in enumerate(rows) if i not in bad]
         return good, [(rows[i], reason) for i, reason in sorted(bad.items())]
     return rows, []
+
+
+@functools.cache
+def warm_up() -> None:
+    """Validate one synthetic row, once per process.
+
+    pandera's first validation imports and builds its checks (about a second on a busy
+    machine) and holds the GIL meanwhile; done inside the first flush, it stalls the event
+    loop while calls are in flight, and a crash then loses a longer flush window.
+    """
+    key = "0" * 64
+    row = {
+        "key": key,
+        "correlation_id": key,
+        "tenant_id": "warm-up",
+        "post_id": "warm-up",
+        "label": LABELS[0],
+        "confidence": 0.5,
+        "schema_version": SCHEMA_VERSION,
+    }
+    good, bad = split_valid([row])
+    if bad or len(good) != 1:  # the schema itself would be broken
+        raise RuntimeError(f"result schema rejects a valid row: {bad}")
 
 
 class StoredResultFrame(pa.DataFrameModel):

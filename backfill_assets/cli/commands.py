@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -64,12 +66,22 @@ def store_tenants(engine: sa.Engine, values: list[str]) -> list[str]:
 
 
 def instance(env: Env) -> dg.DagsterInstance:
-    """The Dagster instance of ``$DAGSTER_HOME`` (its dagster.yaml copied there if missing)."""
+    """The Dagster instance of ``$DAGSTER_HOME`` (its dagster.yaml copied there if missing).
+
+    Two commands started at once on a fresh home would both create the SQLite storages and
+    stamp their migrations ("table runs already exists", two alembic heads): creation runs
+    under an exclusive ``flock`` on ``$DAGSTER_HOME/.instance.lock``, released when the
+    process dies.
+    """
     home = dagster_home(env)
     home.mkdir(parents=True, exist_ok=True)
-    if not (home / "dagster.yaml").exists():
-        shutil.copyfile(PROJECT_ROOT / "dagster.yaml", home / "dagster.yaml")
-    return dg.DagsterInstance.from_config(str(home))
+    with open(home / ".instance.lock", "a+b") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        if not (home / "dagster.yaml").exists():
+            tmp = home / f".dagster.yaml.{os.getpid()}"
+            shutil.copyfile(PROJECT_ROOT / "dagster.yaml", tmp)
+            tmp.replace(home / "dagster.yaml")  # never a half-written file for another reader
+        return dg.DagsterInstance.from_config(str(home))
 
 
 def cmd_run(args: argparse.Namespace, env: Env) -> int:

@@ -26,10 +26,16 @@ class Simulator:
     """A provider simulator serving on its own event loop in a daemon thread."""
 
     def __init__(
-        self, config: SimConfig | None = None, *, host: str = "127.0.0.1", port: int = 0
+        self,
+        config: SimConfig | None = None,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        meter: Meter | None = None,
     ) -> None:
         self.config = config if config is not None else SimConfig()
-        self.meter = Meter()
+        # A benchmark may pass a Meter subclass to act the moment a request is recorded.
+        self.meter = meter if meter is not None else Meter()
         self._host = host
         self._requested_port = port
         self._port: int | None = None
