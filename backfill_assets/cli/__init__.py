@@ -8,7 +8,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from ..settings import SettingsError
+from ..settings import Settings, SettingsError
 from . import commands
 from .ingest import add_ingest_commands
 from .inputs import UserError, choice, slice_key
@@ -97,7 +97,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # step; the run is then recorded as canceled (orchestrate.py) and we exit the same way.
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
-        code: int = args.func(args, dict(os.environ))
+        # The environment is read here, once, and the commands get the parsed settings.
+        code: int = args.func(args, Settings.from_env(os.environ))
     except (SettingsError, UserError) as exc:
         name = " ".join(filter(None, (args.command, getattr(args, "tenant_command", None))))
         print(f"backfill-moderation {name}: error: {exc}", file=sys.stderr)

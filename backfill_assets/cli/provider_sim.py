@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from ..providersim import add_cli_arguments, config_from_args, run_forever
+from ..settings import Settings
 
 
 def add_provider_sim_command(sub: Any) -> None:
@@ -16,7 +17,7 @@ def add_provider_sim_command(sub: Any) -> None:
     sp.set_defaults(func=cmd_provider_sim)
 
 
-def cmd_provider_sim(args: argparse.Namespace, env: dict[str, str]) -> int:
+def cmd_provider_sim(args: argparse.Namespace, settings: Settings) -> int:
     """Serve; prints ``provider-sim listening on <base_url>`` once the port accepts requests."""
     run_forever(config_from_args(args), host=args.host, port=args.port)
     return 0
