@@ -33,8 +33,9 @@ from .check_rules import (
     group_verdicts,
 )
 from .keys import Versions
+from .partition_run import PartitionRef
 from .partitions import moderation_partitions, run_refs
-from .pipeline import PartitionRef, with_levels
+from .pipeline import with_levels
 from .policy import PolicyResource
 from .resources import BackfillSettings, ModelResource, StoreResource, run_versions
 from .store.apply import rubric_version

@@ -27,8 +27,8 @@ from sqlalchemy.engine import Engine
 
 from .check_rules import CHECK_GROUPS
 from .keys import SLICE_COUNT, Versions, partition_of, slice_key
+from .partition_run import PartitionRef
 from .partitions import partition_key_for, tenant_partitions
-from .pipeline import PartitionRef
 from .store.engine import read_tx
 from .store.posts import slice_levels
 from .store.work import pending_counts

@@ -22,8 +22,9 @@ from collections import Counter
 from collections.abc import Sequence
 
 from ..keys import SLICE_KEYS
+from ..partition_run import PartitionRef, RunStopped
 from ..partitions import partition_key_for
-from ..pipeline import PartitionRef, RunStopped, run_partitions
+from ..pipeline import run_partitions
 from ..resources import engine_for, versions_for
 from ..settings import Settings, SettingsError
 from ..store import submissions
