@@ -8,7 +8,7 @@ import dagster as dg
 import pytest
 import sqlalchemy as sa
 
-from backfill_assets.cli import build_parser
+from backfill_assets.cli.provider_sim import sim_parser
 from backfill_assets.definitions import BACKFILL_JOB, build_definitions
 from backfill_assets.keys import slice_of
 from backfill_assets.orchestrate import ensure_tenant_partitions
@@ -114,9 +114,8 @@ def test_dagster_run_over_http_resolves_the_key_at_run_time(
 
 
 def test_provider_sim_command_parses_the_simulator_options() -> None:
-    args = build_parser().parse_args(
+    args = sim_parser().parse_args(
         [
-            "provider-sim",
             "--port",
             "8799",
             "--rpm",
@@ -127,5 +126,5 @@ def test_provider_sim_command_parses_the_simulator_options() -> None:
             "200",
         ]
     )
-    assert args.command == "provider-sim" and args.port == 8799
+    assert args.port == 8799
     assert config_from_args(args) == SimConfig(rpm=3000, tpm=600000, latency_median_ms=200)
