@@ -122,19 +122,6 @@ def _baseline(
     return {k: n / total for k, n in live.items()}, f"live ({total} posts)"
 
 
-def verdict_metadata(v: Verdict) -> dict[str, Any]:
-    """What a person needs to act on a verdict: counts, a few keys and the inspect command."""
-    md: dict[str, Any] = dict(v.counts)
-    md["summary"] = dg.MetadataValue.text(v.summary)
-    if v.sample_keys:
-        # Plain text: the UI shows it inline, where markdown would hide behind a button.
-        md["offending_sample"] = dg.MetadataValue.text("\n".join(v.sample_keys))
-    if v.table:
-        md["table"] = dg.MetadataValue.md(v.table)
-    md["inspect"] = dg.MetadataValue.text(v.inspect)
-    return md
-
-
 def group_metadata(gv: GroupVerdict) -> dict[str, Any]:
     """One evaluation's metadata: each member's result, and what to act on for failures.
 

@@ -271,14 +271,6 @@ def _known(partitions: Sequence[PartitionPlan]) -> set[str]:
     return {p.ref.tenant_id for p in partitions}
 
 
-def skipped_by_reason(plan: Plan) -> Mapping[str, int]:
-    """How many partitions were skipped, per reason (for the CLI's summary line)."""
-    out: dict[str, int] = {}
-    for p in plan.skipped:
-        out[p.reason] = out.get(p.reason, 0) + 1
-    return out
-
-
 def pool_by_region(
     plan: Plan, tenant_order: Sequence[str], region_of: Mapping[str, str | None]
 ) -> Plan:

@@ -156,7 +156,7 @@ def test_output_lines_join_on_custom_id_and_count_unreadable_lines() -> None:
     assert sorted(found) == ["a", "b"] and unreadable == 1
 
 
-def test_batch_object_reads_terminal_states_and_error_codes() -> None:
+def test_batch_object_reads_terminal_states_and_errors() -> None:
     failed = BatchObject.model_validate(
         {
             "id": "batch_1",
@@ -165,7 +165,8 @@ def test_batch_object_reads_terminal_states_and_error_codes() -> None:
             "extra_field": 1,
         }
     )
-    assert failed.terminal and failed.error_codes() == {"token_limit_exceeded"}
+    assert failed.terminal and failed.errors is not None
+    assert [e.code for e in failed.errors.data] == ["token_limit_exceeded"]
     assert not BatchObject.model_validate({"id": "b", "status": "finalizing"}).terminal
 
 
