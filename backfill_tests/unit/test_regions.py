@@ -14,7 +14,6 @@ from backfill_assets.regions import (
     InvalidRegion,
     api_key_var,
     base_url_var,
-    by_region,
     env_suffix,
     region_of_suffix,
     run_tags,
@@ -135,7 +134,6 @@ def test_run_tags_name_the_region_of_the_run() -> None:
     assert run_tags(["eu", "eu"]) == {"region": "eu"}
     assert run_tags(["us-east", "eu"]) == {"region": "eu+us-east"}
     assert run_tags(["eu", None]) == {"region": "default+eu"}
-    assert by_region(["a", "b", "c"], {"a": "eu", "c": "eu"}) == {"eu": ["a", "c"], None: ["b"]}
 
 
 def _refs(*tenants: str) -> list[PartitionRef]:
