@@ -9,8 +9,9 @@ import dagster as dg
 from .faults import NO_FAULTS, FaultHooks
 from .importer import import_jsonl
 from .metadata import partition_metadata
+from .partition_run import RunStopped
 from .partitions import moderation_partitions, run_refs, tenant_partitions
-from .pipeline import RunStopped, run_partitions, with_levels
+from .pipeline import run_partitions, with_levels
 from .range_guard import require_full_range
 from .resources import BackfillSettings, ModelResource, StoreResource, run_versions
 from .store.engine import read_tx

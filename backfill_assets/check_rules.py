@@ -113,7 +113,6 @@ CHECK_GROUPS: tuple[CheckGroup, ...] = (
         "baseline (warning). Never blocks.",
     ),
 )
-GROUP_NAMES = tuple(g.name for g in CHECK_GROUPS)
 
 
 @dataclass(frozen=True, slots=True)

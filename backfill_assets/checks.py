@@ -33,8 +33,9 @@ from .check_rules import (
     group_verdicts,
 )
 from .keys import Versions
+from .partition_run import PartitionRef
 from .partitions import moderation_partitions, run_refs
-from .pipeline import PartitionRef, with_levels
+from .pipeline import with_levels
 from .policy import PolicyResource
 from .resources import BackfillSettings, ModelResource, StoreResource, run_versions
 from .store.apply import rubric_version
@@ -119,19 +120,6 @@ def _baseline(
     if not total:
         return None, "live: no live labels yet"
     return {k: n / total for k, n in live.items()}, f"live ({total} posts)"
-
-
-def verdict_metadata(v: Verdict) -> dict[str, Any]:
-    """What a person needs to act on a verdict: counts, a few keys and the inspect command."""
-    md: dict[str, Any] = dict(v.counts)
-    md["summary"] = dg.MetadataValue.text(v.summary)
-    if v.sample_keys:
-        # Plain text: the UI shows it inline, where markdown would hide behind a button.
-        md["offending_sample"] = dg.MetadataValue.text("\n".join(v.sample_keys))
-    if v.table:
-        md["table"] = dg.MetadataValue.md(v.table)
-    md["inspect"] = dg.MetadataValue.text(v.inspect)
-    return md
 
 
 def group_metadata(gv: GroupVerdict) -> dict[str, Any]:

@@ -1,74 +1,16 @@
-"""Dagster definitions; the only module (with the CLI) that reads the environment."""
+"""The code location ``workspace.yaml`` loads: its ``defs``, from this process's environment.
+
+With the CLI's entry point, the only place that reads the environment. A bad value stops the
+load with a ``SettingsError`` that names the variable.
+"""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 
-import dagster as dg
+from .settings import Settings
+from .wiring import APPLY_JOB, BACKFILL_JOB, USAGE_JOB, build_definitions
 
-from .applied import build_applied_labels
-from .assets import build_moderation_labels, posts
-from .backfill_plan import backfill_plan
-from .checks import build_partition_checks
-from .partitions import moderation_partitions
-from .policy import policy_from_env
-from .sensors import reporting_automation, tenant_partitions_sensor
-from .settings import (
-    executor_kind,
-    faults_from_env,
-    partitions_per_run,
-    resources_from_env,
-    versions_from_env,
-)
-from .usage import tenant_usage
+__all__ = ["APPLY_JOB", "BACKFILL_JOB", "USAGE_JOB", "build_definitions", "defs"]
 
-BACKFILL_JOB = "moderation_backfill"
-APPLY_JOB = "apply_labels"
-USAGE_JOB = "refresh_usage"
-
-
-def build_definitions(env: Mapping[str, str]) -> dg.Definitions:
-    """Definitions wired from an environment mapping."""
-    per_run = partitions_per_run(env)
-    labels = build_moderation_labels(
-        versions_from_env(env).code_version, per_run, faults_from_env(env)
-    )
-    applied = build_applied_labels(per_run)
-    checks = build_partition_checks()
-    backfill_job = dg.define_asset_job(
-        BACKFILL_JOB,
-        # Selecting the assets selects their checks too: labels, the six checks, then the
-        # apply, which the blocking checks gate within each run.
-        selection=dg.AssetSelection.assets(labels, applied),
-        partitions_def=moderation_partitions,
-        description="Moderation labels, their checks and the gated apply, per tenant x slice.",
-    )
-    apply_job = dg.define_asset_job(
-        APPLY_JOB,
-        selection=dg.AssetSelection.assets(applied),
-        partitions_def=moderation_partitions,
-        description="Apply verified labels only (re-checks the blocking checks itself).",
-    )
-    usage_job = dg.define_asset_job(
-        USAGE_JOB,
-        selection=dg.AssetSelection.assets(tenant_usage),
-        description="Refresh tenant_usage from the ledger (run by `backfill-moderation run`).",
-    )
-    return dg.Definitions(
-        assets=[posts, labels, applied, tenant_usage, backfill_plan],
-        asset_checks=[checks],
-        jobs=[backfill_job, apply_job, usage_job],
-        sensors=[tenant_partitions_sensor, reporting_automation],
-        resources={**resources_from_env(env), "policy": policy_from_env(env)},
-        # One process per run: partitions are batched into runs, so per-step subprocesses
-        # would only add start-up cost (docs/architecture.md, "One run, many partitions").
-        # BACKFILL_EXECUTOR=multiprocess restores Dagster's default (the orchestration
-        # benchmark compares the two).
-        executor=dg.multiprocess_executor
-        if executor_kind(env) == "multiprocess"
-        else dg.in_process_executor,
-    )
-
-
-defs = build_definitions(os.environ)
+defs = build_definitions(Settings.from_env(os.environ))

@@ -71,8 +71,7 @@ class PartitionStats:
     tokens_out: int = 0
     cost: float = 0.0
     latencies_ms: list[float] = field(default_factory=list)
-    # Usage the provider did not report in full (booked as total only, or at the bound).
-    usage_total_only: int = 0
+    # Calls the provider reported no usage for (booked at the bound).
     usage_missing: int = 0
     # Calls billed past their reserved bound (the tenant is stopped), and longest Retry-After.
     over_bound: int = 0
@@ -299,8 +298,6 @@ class Dispatcher:
         if response.usage_shape == "missing":
             usage["message"] = "usage_missing: the provider reported no usage; booked the bound"
             st.usage_missing += 1
-        elif response.usage_shape == "total":
-            st.usage_total_only += 1
         if billed > reservation.tokens:
             # Past any byte-level tokenizer's count: the cap can no longer be promised for this
             # tenant, so it gets no more calls in this run. The event records bound and bill.

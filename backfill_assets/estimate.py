@@ -16,7 +16,7 @@ from sqlalchemy.engine import Connection
 from .keys import SLICE_COUNT, Versions, work_key
 from .prices import PriceTable
 from .rubric import MAX_OUTPUT_TOKENS, Rubric, call_token_bound, estimate_prompt_tokens
-from .store.work import pending_query
+from .store.work import pending_posts
 
 
 @dataclass
@@ -50,7 +50,7 @@ def estimate_pending(
     for tenant in tenants:
         est = TenantEstimate(tenant)
         for s in range(SLICE_COUNT):
-            for row in conn.execute(pending_query(tenant, [s], versions)):
+            for row in pending_posts(conn, tenant, [s], versions):
                 est.keys += 1
                 prompt = estimate_prompt_tokens(rubric, row.text)
                 key = work_key(versions, tenant, row.post_id, row.content_hash)

@@ -7,7 +7,7 @@ from typing import Any
 import dagster as dg
 
 from .keys import Versions
-from .pipeline import PartitionReport
+from .partition_run import PartitionReport
 
 
 def label_table(labels: dict[str, int]) -> str:

@@ -17,13 +17,6 @@ class Outcome(enum.StrEnum):
     DEFERRED = "deferred"
 
 
-DEAD_LETTER_OUTCOMES = (
-    Outcome.SCHEMA_REJECTED,
-    Outcome.RETRY_EXHAUSTED,
-    Outcome.TRANSPORT_REJECTED,
-)
-
-
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
     """Bounded attempts with exponential back-off and full jitter."""

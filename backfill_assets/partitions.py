@@ -12,7 +12,7 @@ from collections.abc import Iterable
 import dagster as dg
 
 from .keys import SLICE_KEYS, InvalidTenantId, slice_no, validate_tenant_id
-from .pipeline import PartitionRef
+from .partition_run import PartitionRef
 
 tenant_partitions = dg.DynamicPartitionsDefinition(name="tenants")
 slice_partitions = dg.StaticPartitionsDefinition(list(SLICE_KEYS))

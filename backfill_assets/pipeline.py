@@ -4,30 +4,30 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import statistics
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
-from typing import Any
 
 from sqlalchemy.engine import Engine
 
-from .batch.options import BatchOptions
-from .dispatch import DispatchConfig, Dispatcher, PartitionStats, WorkItem
+from .batch.mode import batch_lanes
+from .dispatch import DispatchConfig, Dispatcher, WorkItem
 from .dispatch import RunStopped as DispatchStopped
 from .keys import (
     MAX_LEVEL,
-    SLICE_COUNT,
     Versions,
-    partition_slices,
-    validate_tenant_id,
     work_key,
 )
 from .limits import TenantBudgets
 from .models.base import ModelAdapter
-from .outcomes import Outcome, RetryPolicy
+from .partition_run import (
+    PartitionRef,
+    PartitionReport,
+    RegionUnavailable,
+    RunOptions,
+    RunStopped,
+)
 from .ratelimit.shared import SHARED_LIMITS
 from .regions import unavailable_message
-from .routing import Lanes, RegionRouter, batch_lanes, lane_adapters, plan_lanes
+from .routing import RegionRouter, lane_adapters, plan_lanes
 from .rubric import Rubric
 from .store import limiter_members
 from .store.budget import StoreBudgetLedger
@@ -43,124 +43,11 @@ from .validation import warm_up as warm_up_validation
 _MEMBER_TTL_S = 5.0
 
 
-class RunStopped(RuntimeError):
-    """A run-level error stopped the run; ``reports`` holds what was done before it."""
-
-    def __init__(self, message: str, reports: list[PartitionReport]) -> None:
-        super().__init__(message)
-        self.reports = reports
-
-
-class RegionUnavailable(RunStopped):
-    """Partitions whose tenant's region has no endpoint in this process: nothing was sent for
-    them (the others were dispatched as usual). ``regions``: region -> partition keys."""
-
-    def __init__(self, regions: dict[str, list[str]], reports: list[PartitionReport]) -> None:
-        super().__init__(unavailable_message(regions), reports)
-        self.regions = regions
-
-
-@dataclass(frozen=True, slots=True)
-class PartitionRef:
-    """A tenant x slice partition and its Dagster key string.
-
-    ``slice`` is the partition's number; ``level`` is its tenant's slice level, which decides
-    which stored slices of posts it holds (``slices``; see ``keys.partition_slices``).
-    """
-
-    key: str
-    tenant_id: str
-    slice: int
-    level: int = MAX_LEVEL
-
-    def __post_init__(self) -> None:
-        # Tenant ids name lock files and scope every query: never build one from a bad id.
-        validate_tenant_id(self.tenant_id)
-        if not 0 <= self.slice < SLICE_COUNT:
-            raise ValueError(f"slice {self.slice!r} out of range 0..{SLICE_COUNT - 1}")
-        if not 0 <= self.level <= MAX_LEVEL:
-            raise ValueError(f"slice level {self.level!r} out of range 0..{MAX_LEVEL}")
-
-    @property
-    def slices(self) -> tuple[int, ...]:
-        """The stored slices of the posts this partition holds (() if it holds none)."""
-        return partition_slices(self.slice, self.level)
-
-    def at_level(self, level: int) -> PartitionRef:
-        """The same partition under its tenant's current slice level."""
-        return PartitionRef(self.key, self.tenant_id, self.slice, level)
-
-
 def with_levels(engine: Engine, refs: Sequence[PartitionRef]) -> list[PartitionRef]:
     """The refs with their tenants' slice levels from the store (one query)."""
     with read_tx(engine) as conn:
         levels = slice_levels(conn, {r.tenant_id for r in refs})
     return [r.at_level(levels.get(r.tenant_id, MAX_LEVEL)) for r in refs]
-
-
-@dataclass(frozen=True)
-class RunOptions:
-    """Execution knobs of one run."""
-
-    concurrency: int = 8
-    budget_tokens: int | None = None
-    kill_after_usage: int | None = None
-    flush_rows: int = 2048
-    flush_interval_s: float = 0.1
-    retry: RetryPolicy = field(default_factory=RetryPolicy)
-    seed: int | None = None
-    # "sync" (one call per key) or "batch" (the provider's Batch API; see batch/).
-    dispatch_mode: str = "sync"
-    batch: BatchOptions | None = None
-    # Regional endpoints (routing.py); without them only tenants with no region are sent.
-    lanes: Lanes = field(default_factory=Lanes)
-
-
-@dataclass
-class PartitionReport:
-    """One partition's result for metadata, CLI output and tests."""
-
-    ref: PartitionRef
-    posts: int = 0
-    pending: int = 0
-    # Keys left to an open batch chunk (not pending in either mode until their batch ends).
-    in_open_batch: int = 0
-    busy: bool = False
-    stats: PartitionStats = field(default_factory=PartitionStats)
-    labels_total: dict[str, int] = field(default_factory=dict)
-    dead_total: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def skipped(self) -> int:
-        """Keys already finished before this run."""
-        return self.posts - self.pending - self.in_open_batch
-
-    def summary(self) -> dict[str, Any]:
-        """Plain JSON summary."""
-        st = self.stats
-        lat = sorted(st.latencies_ms)
-        return {
-            "partition": self.ref.key,
-            "tenant": self.ref.tenant_id,
-            "slice": f"s{self.ref.slice:02d}",
-            "busy": self.busy,
-            "posts": self.posts,
-            "skipped": self.skipped,
-            "pending": self.pending,
-            "in_open_batch": self.in_open_batch,
-            "outcomes": {str(o): st.outcomes.get(str(o), 0) for o in Outcome},
-            "calls": st.calls,
-            "retries": st.retries,
-            "rate_limited": st.rate_limited,
-            "tokens_in": st.tokens_in,
-            "tokens_out": st.tokens_out,
-            "cost": round(st.cost, 6),
-            "labels_this_run": dict(sorted((k, v) for k, v in st.labels.items() if v)),
-            "labels_total": dict(sorted(self.labels_total.items())),
-            "dead_letters_total": dict(sorted(self.dead_total.items())),
-            "latency_p50_ms": round(statistics.median(lat), 2) if lat else None,
-            "latency_p95_ms": round(lat[int(0.95 * (len(lat) - 1))], 2) if lat else None,
-        }
 
 
 def run_partitions(

@@ -27,8 +27,8 @@ from sqlalchemy.engine import Engine
 
 from .check_rules import CHECK_GROUPS
 from .keys import SLICE_COUNT, Versions, partition_of, slice_key
+from .partition_run import PartitionRef
 from .partitions import partition_key_for, tenant_partitions
-from .pipeline import PartitionRef
 from .store.engine import read_tx
 from .store.posts import slice_levels
 from .store.work import pending_counts
@@ -270,14 +270,6 @@ def _pool_segment(
 
 def _known(partitions: Sequence[PartitionPlan]) -> set[str]:
     return {p.ref.tenant_id for p in partitions}
-
-
-def skipped_by_reason(plan: Plan) -> Mapping[str, int]:
-    """How many partitions were skipped, per reason (for the CLI's summary line)."""
-    out: dict[str, int] = {}
-    for p in plan.skipped:
-        out[p.reason] = out.get(p.reason, 0) + 1
-    return out
 
 
 def pool_by_region(

@@ -3,20 +3,18 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 
 import dagster as dg
 from pydantic import Field
 
 from .check_rules import CheckBounds, DriftRule
 from .rubric import LABELS
-from .settings import SettingsError
 
 LIVE_BASELINE = "live"
 
 
-class PolicyError(SettingsError):
-    """A policy setting we cannot use (a settings error: the CLI reports it and exits 2)."""
+class PolicyError(ValueError):
+    """A policy value we cannot use (``Settings.from_env`` reports it as a ``SettingsError``)."""
 
 
 class PolicyResource(dg.ConfigurableResource):  # type: ignore[type-arg]
@@ -82,45 +80,3 @@ def parse_baseline(raw: str) -> dict[str, float]:
     if total <= 0:
         raise PolicyError("drift baseline: shares sum to zero")
     return {k: v / total for k, v in shares.items()}
-
-
-def _get(env: Mapping[str, str], name: str) -> str | None:
-    raw = env.get(name, "").strip()
-    return raw or None
-
-
-def policy_from_env(env: Mapping[str, str]) -> PolicyResource:
-    """``BACKFILL_CHECK_*``, ``BACKFILL_DRIFT_*`` and ``BACKFILL_APPLY_LIVE``."""
-    fields: dict[str, object] = {}
-    names = {
-        "max_rebilled_share": ("BACKFILL_CHECK_MAX_REBILLED_SHARE", float),
-        "max_orphan_attempts": ("BACKFILL_CHECK_MAX_ORPHAN_ATTEMPTS", int),
-        "max_tokens_per_key": ("BACKFILL_CHECK_MAX_TOKENS_PER_KEY", int),
-        "drift_factor": ("BACKFILL_DRIFT_FACTOR", float),
-        "drift_min_count": ("BACKFILL_DRIFT_MIN_COUNT", int),
-    }
-    for field, (var, kind) in names.items():
-        raw = _get(env, var)
-        if raw is None:
-            continue
-        try:
-            fields[field] = kind(raw)
-        except ValueError:
-            raise PolicyError(f"{var}={raw!r} is not a number") from None
-    baseline = _get(env, "BACKFILL_DRIFT_BASELINE")
-    if baseline is not None:
-        if baseline != LIVE_BASELINE:
-            parse_baseline(baseline)  # fail at load time, not inside a check
-        fields["drift_baseline"] = baseline
-    labels = _get(env, "BACKFILL_DRIFT_LABELS")
-    if labels is not None:
-        unknown = [x for x in labels.split(",") if x.strip() and x.strip() not in LABELS]
-        if unknown:
-            raise PolicyError(f"BACKFILL_DRIFT_LABELS: unknown label(s) {unknown}")
-        fields["drift_labels"] = labels
-    live = _get(env, "BACKFILL_APPLY_LIVE")
-    if live is not None:
-        if live.lower() not in ("0", "1", "true", "false", "yes", "no"):
-            raise PolicyError(f"BACKFILL_APPLY_LIVE={live!r}: expected 0 or 1")
-        fields["apply_live"] = live.lower() in ("1", "true", "yes")
-    return PolicyResource(**fields)  # type: ignore[arg-type]

@@ -61,11 +61,6 @@ def region_of_suffix(suffix: str) -> str:
     return region
 
 
-def describe(region: str | None) -> str:
-    """``region 'eu'``, or ``the default region`` for tenants without one."""
-    return "the default region" if region is None else f"region {region!r}"
-
-
 def run_tags(regions: Iterable[str | None]) -> dict[str, str]:
     """The ``region`` tag of a run over tenants in ``regions`` (their regions, one per tenant).
 
@@ -82,16 +77,6 @@ def run_tags(regions: Iterable[str | None]) -> dict[str, str]:
         assert only is not None
         return {REGION_TAG: only}
     return {REGION_TAG: "+".join(sorted(r or "default" for r in distinct))}
-
-
-def by_region(
-    tenants: Sequence[str], region_of: Mapping[str, str | None]
-) -> dict[str | None, list[str]]:
-    """Tenants grouped by region, for pooling runs one region at a time (order kept)."""
-    out: dict[str | None, list[str]] = {}
-    for t in tenants:
-        out.setdefault(region_of.get(t), []).append(t)
-    return out
 
 
 def unavailable_message(partitions_by_region: Mapping[str, Sequence[str]]) -> str:

@@ -18,11 +18,10 @@ from .models.base import ModelAdapter
 from .models.fake import FakeModel
 from .models.openai_http import HttpTimeouts, OpenAIHttpModel
 from .outcomes import RetryPolicy
-from .pipeline import RunOptions
+from .partition_run import Lanes, RunOptions
 from .prices import PriceTable
 from .ratelimit import SHARED_LIMITERS, LimiterConfig
 from .regions import InvalidRegion, api_key_var, validate_region
-from .routing import Lanes
 from .rubric import TASK_VERSION, Rubric
 from .store.engine import make_engine
 from .store.migrate import migrate

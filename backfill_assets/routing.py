@@ -9,45 +9,11 @@ dispatched at all (fail closed). There is no fallback from one region to another
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-from sqlalchemy.engine import Engine
-
-from .batch.mode import run_batch
-from .batch.options import BatchEndpoint
-from .keys import Versions
 from .models.base import ModelAdapter, ModelRequest, ModelResponse, NotSent
-from .rubric import Rubric
-
-if TYPE_CHECKING:
-    from .pipeline import PartitionRef, PartitionReport, RunOptions
-
-# The lane of tenants without a region: the default endpoint.
-DEFAULT_LANE: str | None = None
-
-
-@dataclass(frozen=True)
-class Lanes:
-    """The regional endpoints this process may send to (the default one is implied).
-
-    ``adapters`` build a region's sync adapter on the run's event loop; ``batch`` holds a
-    region's Batch API endpoint. ``any_region`` is for the in-process fake, which sends
-    nothing anywhere and so serves every region on the default lane.
-    """
-
-    adapters: Mapping[str, Callable[[], ModelAdapter]] = field(default_factory=dict)
-    batch: Mapping[str, BatchEndpoint] = field(default_factory=dict)
-    any_region: bool = False
-
-    def lane(self, region: str | None, batch: bool = False) -> tuple[bool, str | None]:
-        """(routable, lane) of a tenant in ``region``, sync or batch; lane ``None`` is the
-        default endpoint."""
-        if region is None or self.any_region:
-            return True, DEFAULT_LANE
-        return region in (self.batch if batch else self.adapters), region
+from .partition_run import DEFAULT_LANE, Lanes, PartitionRef
 
 
 @dataclass
@@ -145,35 +111,3 @@ def lane_adapters(
         return RegionRouter(adapters, plan.region_of)
 
     return build
-
-
-async def batch_lanes(
-    engine: Engine,
-    plan: LanePlan,
-    owned: Sequence[PartitionRef],
-    reports: dict[str, PartitionReport],
-    make_adapter: Callable[[], ModelAdapter],
-    versions: Versions,
-    rubric: Rubric,
-    run_id: str,
-    options: RunOptions,
-    log: Callable[[str], None],
-) -> None:
-    """Batch mode, one coordinator per lane with that lane's Batch API, side by side."""
-    mine = {r.key for r in owned}
-    jobs = []
-    for lane, refs in plan.lanes.items():
-        opts = options
-        if lane is not None and options.batch is not None:
-            endpoint = options.lanes.batch[lane]
-            opts = dataclasses.replace(
-                options, batch=dataclasses.replace(options.batch, endpoint=endpoint)
-            )
-        lane_refs = [r for r in refs if r.key in mine]
-        jobs.append(
-            run_batch(engine, lane_refs, reports, make_adapter, versions, rubric, run_id, opts, log)
-        )
-    # One lane's failure must not cut another's batches short: wait for all, then raise.
-    for result in await asyncio.gather(*jobs, return_exceptions=True):
-        if isinstance(result, BaseException):
-            raise result

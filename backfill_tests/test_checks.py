@@ -10,7 +10,8 @@ import pytest
 from sqlalchemy.engine import Engine
 
 from backfill_assets.check_rules import CHECK_NAMES, DriftRule, drifted_labels
-from backfill_assets.policy import PolicyError, parse_baseline, policy_from_env
+from backfill_assets.policy import parse_baseline
+from backfill_assets.settings import Settings, SettingsError
 from backfill_tests.moderation_helpers import busiest, execute, load, one_key, run_job, verdicts
 from backfill_tests.pipeline_helpers import run
 
@@ -177,9 +178,9 @@ def test_drift_rule_is_pure_and_needs_a_minimum_count() -> None:
     assert drifted_labels({"ok": 18, "spam": 2}, base, rule)[0] == []  # 10% < 5 x 5%
 
 
-def test_policy_from_env_validates_early() -> None:
-    assert policy_from_env({}).apply_live is False
-    assert policy_from_env({"BACKFILL_APPLY_LIVE": "1"}).apply_live is True
+def test_policy_settings_are_validated_early() -> None:
+    assert Settings.from_env({}).policy().apply_live is False
+    assert Settings.from_env({"BACKFILL_APPLY_LIVE": "1"}).policy().apply_live is True
     assert parse_baseline('{"ok": 3, "spam": 1}') == {"ok": 0.75, "spam": 0.25}
     for bad in (
         {"BACKFILL_DRIFT_BASELINE": '{"nsfw": 1}'},
@@ -188,8 +189,8 @@ def test_policy_from_env_validates_early() -> None:
         {"BACKFILL_CHECK_MAX_REBILLED_SHARE": "lots"},
         {"BACKFILL_APPLY_LIVE": "maybe"},
     ):
-        with pytest.raises(PolicyError):
-            policy_from_env(bad)
+        with pytest.raises(SettingsError, match=next(iter(bad))):
+            Settings.from_env(bad)
 
 
 def test_range_run_records_one_evaluation_per_partition_and_check(

@@ -19,7 +19,7 @@ from sqlalchemy.engine import Engine
 
 from backfill_assets.models.fake import FakeModel
 from backfill_assets.pipeline import RunOptions
-from backfill_assets.store.work import LOCK_CHECK_SECONDS, LockLost, lock_dir, partition_lock
+from backfill_assets.store.work import LOCK_CHECK_SECONDS, LockLost, WriterLocks, lock_dir
 from backfill_tests.conftest import import_records
 from backfill_tests.pipeline_helpers import FAST_RETRY, count, refs_for, run, verify
 
@@ -82,8 +82,8 @@ def test_a_lost_writer_lock_stops_the_run(engine: Engine, tmp_path: Path) -> Non
     _drop_lock(engine)
     lost_at = time.monotonic()
     # While the run still believes it holds the partition, another writer can take it.
-    with partition_lock(engine, "acme", refs_for(["acme"])[0].slice):
-        pass
+    with WriterLocks(engine) as locks:
+        locks.acquire("acme", refs_for(["acme"])[0].slice)
     worker.join(timeout=60)
     stopped_after = time.monotonic() - lost_at
     assert not worker.is_alive()

@@ -29,6 +29,7 @@ from backfill_assets.outcomes import RetryPolicy
 from backfill_assets.pipeline import RunOptions, RunStopped, run_partitions
 from backfill_assets.policy import PolicyResource
 from backfill_assets.ratelimit import EndpointLimiter, LimiterConfig
+from backfill_assets.settings import Settings
 from backfill_tests.conftest import import_records
 from backfill_tests.pipeline_helpers import (
     FAST_RETRY,
@@ -406,7 +407,7 @@ def test_dry_run_shows_the_estimate_and_the_reserved_bound(
         "BACKFILL_MODEL": "gpt-4o-mini",
     }
     args = build_parser().parse_args(["dry-run", "--json"])
-    assert args.func(args, env) == 0
+    assert args.func(args, Settings.from_env(env)) == 0
     (row,) = json.loads(capsys.readouterr().out)["tenants"]
     assert row["keys"] == 20
     # The bound is what the budget reserves: far above the estimate, never below it.

@@ -27,6 +27,7 @@ from backfill_assets.orchestrate import ensure_tenant_partitions
 from backfill_assets.partitions import partition_key_for
 from backfill_assets.range_guard import RANGE_END, RANGE_START
 from backfill_assets.resources import StoreResource
+from backfill_assets.settings import Settings
 from backfill_assets.usage import tenant_usage
 from backfill_tests.moderation_helpers import busiest, execute, load, one_key
 
@@ -37,7 +38,7 @@ def cli(
     argv: list[str], env: dict[str, str], capsys: pytest.CaptureFixture[str]
 ) -> tuple[int, str]:
     args = build_parser().parse_args(argv)
-    code: int = args.func(args, env)
+    code: int = args.func(args, Settings.from_env(env))
     return code, capsys.readouterr().out
 
 
@@ -233,7 +234,7 @@ def test_launch_reports_webserver_errors(capsys: pytest.CaptureFixture[str]) -> 
     client.close()
     args = build_parser().parse_args(["launch", "--missing", "--url", "http://127.0.0.1:9"])
     with pytest.raises(ValueError, match="webserver"):
-        args.func(args, {})
+        args.func(args, Settings.from_env({}))
 
 
 def test_check_summary_shows_passed_failed_and_never_ran(

@@ -11,7 +11,7 @@ from sqlalchemy.engine import Engine
 from backfill_assets.keys import Versions
 from backfill_assets.models.fake import FakeModel
 from backfill_assets.pipeline import RunOptions, run_partitions
-from backfill_assets.store.work import partition_lock
+from backfill_assets.store.work import WriterLocks
 from backfill_tests.conftest import import_records
 from backfill_tests.pipeline_helpers import (
     FAST_RETRY,
@@ -206,7 +206,8 @@ def test_one_writer_per_partition(engine: Engine, tmp_path: Path) -> None:
     release = threading.Event()
 
     def hold() -> None:
-        with partition_lock(engine, "acme", 0):
+        with WriterLocks(engine) as locks:
+            locks.acquire("acme", 0)
             holding.set()
             release.wait(10)
 

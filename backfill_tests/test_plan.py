@@ -15,6 +15,7 @@ from backfill_assets.cli import build_parser
 from backfill_assets.keys import level_for, partition_of, partition_slices, slice_of
 from backfill_assets.pipeline import PartitionRef
 from backfill_assets.plan import Box, PartitionPlan, pool
+from backfill_assets.settings import Settings
 from backfill_tests.conftest import import_records
 
 
@@ -71,7 +72,7 @@ def test_levels_split_partitions_and_keep_every_post_in_one() -> None:
 
 def _cli(argv: list[str], env: dict[str, str], capsys: pytest.CaptureFixture[str]) -> dict:
     args = build_parser().parse_args(argv)
-    code = args.func(args, env)
+    code = args.func(args, Settings.from_env(env))
     doc: dict = json.loads(capsys.readouterr().out)
     doc["exit"] = code
     return doc

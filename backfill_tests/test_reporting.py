@@ -11,12 +11,13 @@ import pytest
 
 from backfill_assets.cli import build_parser
 from backfill_assets.definitions import build_definitions
+from backfill_assets.settings import Settings
 from backfill_tests.conftest import write_jsonl
 
 
 def _cli(argv: list[str], env: dict[str, str], capsys: pytest.CaptureFixture[str]) -> dict:
     args = build_parser().parse_args([*argv, "--json"])
-    assert args.func(args, env) == 0
+    assert args.func(args, Settings.from_env(env)) == 0
     doc: dict = json.loads(capsys.readouterr().out)
     return doc
 

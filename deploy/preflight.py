@@ -17,7 +17,7 @@ import dagster as dg
 from dagster._core.run_coordinator import QueuedRunCoordinator
 
 from backfill_assets.resources import engine_for
-from backfill_assets.settings import database_url
+from backfill_assets.settings import Settings
 
 POSTGRES_STORAGES = ("PostgresRunStorage", "PostgresEventLogStorage", "PostgresScheduleStorage")
 
@@ -52,7 +52,7 @@ def main() -> int:
             f"[prod] run queue: max_concurrent_runs={queue.max_concurrent_runs};"
             f" tag limits: {limits or 'none'}",
         )
-    engine_for(database_url(os.environ))  # applies the store's pending migrations
+    engine_for(Settings.from_env(os.environ).store_url)  # applies the store's pending migrations
     return 0
 
 

@@ -7,22 +7,22 @@ refusal becomes ``dispatch.RunStopped``, which ``pipeline.run_partitions`` repor
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
 from sqlalchemy.engine import Engine
 
 from ..dispatch import RunStopped
 from ..keys import Versions
 from ..models.base import ModelAdapter, RunFatalError
+from ..partition_run import PartitionRef, PartitionReport, RunOptions
 from ..prices import PriceTable
+from ..routing import LanePlan
 from ..rubric import Rubric
 from .client import BatchClient
 from .context import BatchContext
 from .runner import BatchRunner
-
-if TYPE_CHECKING:
-    from ..pipeline import PartitionRef, PartitionReport, RunOptions
 
 
 class BatchModeError(RuntimeError):
@@ -79,3 +79,35 @@ async def run_batch(
         raise RunStopped(f"run stopped: {exc}") from exc
     finally:
         await client.aclose()
+
+
+async def batch_lanes(
+    engine: Engine,
+    plan: LanePlan,
+    owned: Sequence[PartitionRef],
+    reports: dict[str, PartitionReport],
+    make_adapter: Callable[[], ModelAdapter],
+    versions: Versions,
+    rubric: Rubric,
+    run_id: str,
+    options: RunOptions,
+    log: Callable[[str], None],
+) -> None:
+    """Batch mode, one coordinator per lane with that lane's Batch API, side by side."""
+    mine = {r.key for r in owned}
+    jobs = []
+    for lane, refs in plan.lanes.items():
+        opts = options
+        if lane is not None and options.batch is not None:
+            endpoint = options.lanes.batch[lane]
+            opts = dataclasses.replace(
+                options, batch=dataclasses.replace(options.batch, endpoint=endpoint)
+            )
+        lane_refs = [r for r in refs if r.key in mine]
+        jobs.append(
+            run_batch(engine, lane_refs, reports, make_adapter, versions, rubric, run_id, opts, log)
+        )
+    # One lane's failure must not cut another's batches short: wait for all, then raise.
+    for result in await asyncio.gather(*jobs, return_exceptions=True):
+        if isinstance(result, BaseException):
+            raise result

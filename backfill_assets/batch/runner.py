@@ -15,11 +15,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from ..keys import work_key
 from ..models.base import RunFatalError
 from ..outcomes import Outcome
+from ..partition_run import PartitionRef, PartitionReport
 from ..store import submissions as store
 from ..store.engine import read_tx
 from ..store.partition_counts import post_counts
@@ -32,9 +32,6 @@ from .context import BatchContext, ChunkJob
 from .pacing import PollPacer, TokenGate
 from .texts import chunk_echoes, errors_text
 from .wire import BatchObject
-
-if TYPE_CHECKING:
-    from ..pipeline import PartitionRef, PartitionReport
 
 
 class BatchRunner:

@@ -75,10 +75,6 @@ class BatchObject(_Lenient):
         """No further change will happen."""
         return self.status in TERMINAL_STATUSES
 
-    def error_codes(self) -> set[str]:
-        """Codes of the batch-level errors (validation, token limit)."""
-        return {e.code or "unknown" for e in (self.errors.data if self.errors else [])}
-
 
 class BatchPage(_Lenient):
     """One page of ``GET /batches``."""

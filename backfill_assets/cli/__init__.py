@@ -8,11 +8,12 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from ..settings import SettingsError
+from ..settings import Settings, SettingsError
 from . import commands
 from .ingest import add_ingest_commands
 from .inputs import UserError, choice, slice_key
 from .operator import add_operator_commands
+from .provider_sim import COMMAND as PROVIDER_SIM
 from .provider_sim import add_provider_sim_command
 from .tenants import add_tenant_commands
 
@@ -88,16 +89,23 @@ INTERRUPTED = 130
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script: the exit code (2: bad input, named in the message)."""
+    parser = build_parser()
     try:
-        args = build_parser().parse_args(argv)
+        # The simulator's options are its own (parsed when it runs, see provider_sim.py).
+        args, rest = parser.parse_known_args(argv)
+        if rest and args.command != PROVIDER_SIM:
+            parser.error(f"unrecognized arguments: {' '.join(rest)}")
     except SystemExit as exc:  # argparse: --help (0) or a bad argument (2), already printed
         return exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 2
+    if args.command == PROVIDER_SIM:
+        args.sim_argv = rest
     # Orchestrators stop a process with SIGTERM, then SIGKILL after a grace period: treat
     # SIGTERM like Ctrl-C. Inside a Dagster run, Dagster takes both signals over and stops the
     # step; the run is then recorded as canceled (orchestrate.py) and we exit the same way.
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
-        code: int = args.func(args, dict(os.environ))
+        # The environment is read here, once, and the commands get the parsed settings.
+        code: int = args.func(args, Settings.from_env(os.environ))
     except (SettingsError, UserError) as exc:
         name = " ".join(filter(None, (args.command, getattr(args, "tenant_command", None))))
         print(f"backfill-moderation {name}: error: {exc}", file=sys.stderr)

@@ -22,16 +22,11 @@ from collections import Counter
 from collections.abc import Sequence
 
 from ..keys import SLICE_KEYS
+from ..partition_run import PartitionRef, RunStopped
 from ..partitions import partition_key_for
-from ..pipeline import PartitionRef, RunStopped, run_partitions
+from ..pipeline import run_partitions
 from ..resources import engine_for, versions_for
-from ..settings import (
-    SettingsError,
-    database_url,
-    faults_from_env,
-    model_from_env,
-    settings_from_env,
-)
+from ..settings import Settings, SettingsError
 from ..store import submissions
 from ..store.engine import read_tx
 from ..store.reports import tenant_ids
@@ -43,12 +38,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m backfill_assets.cli.batch_run")
     parser.add_argument("--tenant", action="append", default=[], help="tenant id (repeatable)")
     args = parser.parse_args(argv)
-    env = {**os.environ, "BACKFILL_DISPATCH": "batch"}
     try:
-        settings, model, faults = settings_from_env(env), model_from_env(env), faults_from_env(env)
-        if model.batch_endpoint() is None:
-            raise SettingsError("batch mode needs BACKFILL_MODEL_BACKEND=openai")
-        engine = engine_for(database_url(env))
+        env = Settings.from_env({**os.environ, "BACKFILL_DISPATCH": "batch"})
+        settings, model, faults = env.run_settings(), env.model_resource(), env.faults()
+        engine = engine_for(env.store_url)
         with read_tx(engine) as conn:
             known = tenant_ids(conn)
         tenants = known_tenants(args.tenant, known) or known

@@ -1,4 +1,4 @@
-"""The CLI commands. Each takes parsed args and the environment and returns an exit code."""
+"""The CLI commands. Each takes parsed args and the settings and returns an exit code."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from typing import Any
 import dagster as dg
 import sqlalchemy as sa
 
-from ..definitions import APPLY_JOB, BACKFILL_JOB, USAGE_JOB, build_definitions
 from ..demo.generate import write_export
 from ..estimate import estimate_pending
 from ..keys import slice_no
@@ -21,14 +20,7 @@ from ..orchestrate import ensure_tenant_partitions, refresh_usage, run_boxes
 from ..partitions import tenant_partitions
 from ..plan import make_plan, pool_by_region
 from ..resources import engine_for
-from ..settings import (
-    PROJECT_ROOT,
-    dagster_home,
-    database_url,
-    prices_from_env,
-    settings_from_env,
-    versions_from_env,
-)
+from ..settings import PROJECT_ROOT, Settings
 from ..store.audit import verify_store
 from ..store.dead_letters import requeue
 from ..store.engine import read_tx, write_tx
@@ -36,6 +28,7 @@ from ..store.migrate import migrate, schema_versions
 from ..store.reports import tenant_ids, usage_by_day, usage_by_tenant_model
 from ..store.tenants import all_regions
 from ..usage import USAGE_COLUMNS, usage_csv
+from ..wiring import APPLY_JOB, BACKFILL_JOB, USAGE_JOB, build_definitions
 from .inputs import known_tenants
 from .run_report import (
     HUMAN_COLUMNS,
@@ -46,8 +39,6 @@ from .run_report import (
     totals_line,
 )
 from .tables import Human, show, table
-
-Env = dict[str, str]
 
 
 def emit(args: argparse.Namespace, doc: Any, *human: Human) -> None:
@@ -65,7 +56,7 @@ def store_tenants(engine: sa.Engine, values: list[str]) -> list[str]:
     return known_tenants(values, known) or known
 
 
-def instance(env: Env) -> dg.DagsterInstance:
+def instance(settings: Settings) -> dg.DagsterInstance:
     """The Dagster instance of ``$DAGSTER_HOME`` (its dagster.yaml copied there if missing).
 
     Two commands started at once on a fresh home would both create the SQLite storages and
@@ -73,7 +64,7 @@ def instance(env: Env) -> dg.DagsterInstance:
     under an exclusive ``flock`` on ``$DAGSTER_HOME/.instance.lock``, released when the
     process dies.
     """
-    home = dagster_home(env)
+    home = settings.dagster_home
     home.mkdir(parents=True, exist_ok=True)
     with open(home / ".instance.lock", "a+b") as lock:
         fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
@@ -84,17 +75,17 @@ def instance(env: Env) -> dg.DagsterInstance:
         return dg.DagsterInstance.from_config(str(home))
 
 
-def cmd_run(args: argparse.Namespace, env: Env) -> int:
+def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     """Materialise labels, checks and the gated apply in-process; exit 1 if a check blocked."""
-    engine = engine_for(database_url(env))
+    engine = engine_for(settings.store_url)
     tenants = store_tenants(engine, args.tenant)
-    defs, inst = build_definitions(env), instance(env)
+    defs, inst = build_definitions(settings), instance(settings)
     ensure_tenant_partitions(inst, tenants)
     # Only partitions with something to do reach Dagster, pooled into few runs (plan.py).
     plan = make_plan(
         engine,
         inst,
-        versions_from_env(env),
+        settings.versions(),
         tenants if args.tenant else None,
         [slice_no(s) for s in args.slice] if args.slice else None,
         force=args.force,
@@ -135,12 +126,12 @@ def cmd_run(args: argparse.Namespace, env: Env) -> int:
     return 0 if doc["ok"] else 1
 
 
-def cmd_verify(args: argparse.Namespace, env: Env) -> int:
+def cmd_verify(args: argparse.Namespace, settings: Settings) -> int:
     """Audit the store; exit 1 on isolation/duplicate problems (or missing keys if required)."""
-    engine = engine_for(database_url(env))
+    engine = engine_for(settings.store_url)
     with read_tx(engine) as conn:
         tenants = known_tenants(args.tenant, tenant_ids(conn))
-    outcome = verify_store(engine, versions_from_env(env), tenants or None)
+    outcome = verify_store(engine, settings.versions(), tenants or None)
     doc = outcome.as_dict(require_complete=args.require_complete)
     human = table(
         doc["tenants"],
@@ -165,9 +156,9 @@ def cmd_verify(args: argparse.Namespace, env: Env) -> int:
     return 0 if doc["ok"] else 1
 
 
-def cmd_usage(args: argparse.Namespace, env: Env) -> int:
+def cmd_usage(args: argparse.Namespace, settings: Settings) -> int:
     """Tokens, cost and calls per tenant, model and day (or per tenant and model)."""
-    engine = engine_for(database_url(env))
+    engine = engine_for(settings.store_url)
     with read_tx(engine) as conn:
         rows = usage_by_tenant_model(conn) if args.totals else usage_by_day(conn)
     cols = [c for c in USAGE_COLUMNS if not (args.totals and c == "day")]
@@ -178,16 +169,16 @@ def cmd_usage(args: argparse.Namespace, env: Env) -> int:
     return 0
 
 
-def cmd_dry_run(args: argparse.Namespace, env: Env) -> int:
+def cmd_dry_run(args: argparse.Namespace, settings: Settings) -> int:
     """Pending keys per tenant, with estimated tokens and cost and the reserved upper bound."""
-    engine = engine_for(database_url(env))
-    versions = versions_from_env(env)
-    rubric = settings_from_env(env).rubric()
+    engine = engine_for(settings.store_url)
+    versions = settings.versions()
+    rubric = settings.run_settings().rubric()
     tenants = store_tenants(engine, args.tenant)
     with read_tx(engine) as conn:
         rows = [
             e.as_dict()
-            for e in estimate_pending(conn, tenants, versions, rubric, prices_from_env(env))
+            for e in estimate_pending(conn, tenants, versions, rubric, settings.prices())
         ]
     doc = {"versions": versions.code_version, "tenants": rows}
     columns = [
@@ -206,9 +197,9 @@ def cmd_dry_run(args: argparse.Namespace, env: Env) -> int:
     return 0
 
 
-def cmd_requeue(args: argparse.Namespace, env: Env) -> int:
+def cmd_requeue(args: argparse.Namespace, settings: Settings) -> int:
     """Delete dead letters so those keys are sent again on the next run."""
-    engine = engine_for(database_url(env))
+    engine = engine_for(settings.store_url)
     tenant = store_tenants(engine, [args.tenant])[0]
     with write_tx(engine) as conn:
         n = requeue(conn, tenant, args.outcome)
@@ -217,9 +208,9 @@ def cmd_requeue(args: argparse.Namespace, env: Env) -> int:
     return 0
 
 
-def cmd_migrate(args: argparse.Namespace, env: Env) -> int:
+def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
     """Apply migrations."""
-    engine = engine_for(database_url(env))
+    engine = engine_for(settings.store_url)
     with read_tx(engine) as conn:
         versions = schema_versions(conn)
     applied = migrate(engine)
@@ -231,7 +222,7 @@ def cmd_migrate(args: argparse.Namespace, env: Env) -> int:
     return 0
 
 
-def cmd_demo_data(args: argparse.Namespace, env: Env) -> int:
+def cmd_demo_data(args: argparse.Namespace, settings: Settings) -> int:
     """Write a synthetic export."""
     tenants = ["acme", "globex", "initech", "umbrella", "hooli", "wayne", "stark", "tyrell"]
     while len(tenants) < args.tenants:

@@ -11,12 +11,12 @@ from typing import Any
 from ..importer import ImportInputError, export_files, import_files
 from ..orchestrate import ensure_tenant_partitions, record_import
 from ..resources import engine_for
-from ..settings import database_url, settings_from_env
+from ..settings import Settings
 from ..store.engine import read_tx
 from ..store.posts import ImportSummary
 from ..store.rejects import list_rejects, reject_sources, rejected_tenant_values
 from ..store.reports import tenant_ids
-from .commands import Env, emit, instance
+from .commands import emit, instance
 from .inputs import UserError, known_value
 from .progress import ProgressDisplay, wanted
 from .tables import Human, table
@@ -47,20 +47,20 @@ def rejects_hint(n: int) -> str:
     return f"{n} line{'' if n == 1 else 's'} rejected, see `backfill-moderation rejects`"
 
 
-def cmd_import(args: argparse.Namespace, env: Env) -> int:
+def cmd_import(args: argparse.Namespace, settings: Settings) -> int:
     """Import a file or directory and register new tenants as partitions."""
     try:
         files = export_files(Path(args.path))
     except ImportInputError as exc:
         raise UserError(str(exc)) from None
-    engine = engine_for(database_url(env))
+    engine = engine_for(settings.store_url)
     with ProgressDisplay("lines", enabled=wanted(args.json)) as display:
 
         def progress(path: Path, s: ImportSummary) -> None:
             display.update(path.name, s.read, imported=s.imported, rejected=s.rejected)
 
         try:
-            target = settings_from_env(env).slice_target_posts
+            target = settings.slice_target_posts
             done = import_files(engine, files, progress=progress, slice_target=target)
         except ImportInputError as exc:
             raise UserError(str(exc)) from None
@@ -68,11 +68,11 @@ def cmd_import(args: argparse.Namespace, env: Env) -> int:
             # Also after a corrupt file: the posts committed before it need their partitions.
             with read_tx(engine) as conn:
                 all_tenants = tenant_ids(conn)
-            ensure_tenant_partitions(instance(env), all_tenants)
+            ensure_tenant_partitions(instance(settings), all_tenants)
     total = ImportSummary()
     for _, s in done:
         total.add(s)
-    record_import(instance(env), args.path, total)
+    record_import(instance(settings), args.path, total)
     rows = [{"file": f.name, **_counts(s)} for f, s in done]
     if len(rows) > 1:
         rows.append({"file": f"total ({len(rows)} files)", **_counts(total)})
@@ -91,9 +91,9 @@ def _counts(s: ImportSummary) -> dict[str, Any]:
     return {k: v for k, v in s.as_dict().items() if k != "new_tenants"}
 
 
-def cmd_rejects(args: argparse.Namespace, env: Env) -> int:
+def cmd_rejects(args: argparse.Namespace, settings: Settings) -> int:
     """Rejected lines with their source, line number, reason and time; never their text."""
-    engine = engine_for(database_url(env))
+    engine = engine_for(settings.store_url)
     with read_tx(engine) as conn:
         sources = reject_sources(conn)
         if args.tenant is not None:

@@ -15,13 +15,12 @@ from ..launch import DONE_STATUSES, DagsterClient, GraphQLError, by_tenant, sele
 from ..partitions import partition_key_for, partition_ref
 from ..pipeline import with_levels
 from ..plan import make_plan
-from ..policy import policy_from_env
 from ..regions import run_tags
 from ..resources import engine_for
-from ..settings import database_url, versions_from_env
+from ..settings import Settings
 from ..store.engine import read_tx
 from ..store.tenants import all_regions
-from .commands import Env, emit, instance, store_tenants
+from .commands import emit, instance, store_tenants
 from .inputs import UserError, choice, known_tenants, slice_key
 from .tables import Human, table
 
@@ -80,17 +79,17 @@ def _verdict_doc(pk: str, v: Verdict) -> dict[str, Any]:
     }
 
 
-def cmd_check(args: argparse.Namespace, env: Env) -> int:
+def cmd_check(args: argparse.Namespace, settings: Settings) -> int:
     """The same checks Dagster runs, for one tenant's partitions; exit 1 on blocking failures."""
-    engine = engine_for(database_url(env))
+    engine = engine_for(settings.store_url)
     if args.summary:
-        return _check_summary(args, env, engine)
+        return _check_summary(args, settings, engine)
     if len(args.tenant) != 1:
         raise UserError("check needs exactly one --tenant (or --summary for an overview)")
     tenant = store_tenants(engine, args.tenant)[0]
     slices = args.slice or list(SLICE_KEYS)
     names = [n for n in CHECK_NAMES if n in args.name] or list(CHECK_NAMES)
-    versions, policy = versions_from_env(env), policy_from_env(env)
+    versions, policy = settings.versions(), settings.policy()
     docs = []
     for s in slices:
         pk = partition_key_for(tenant, s)
@@ -111,7 +110,7 @@ def cmd_check(args: argparse.Namespace, env: Env) -> int:
     return 1 if blocked else 0
 
 
-def _check_summary(args: argparse.Namespace, env: Env, engine: Any) -> int:
+def _check_summary(args: argparse.Namespace, settings: Settings, engine: Any) -> int:
     """Per partition that holds posts: each check group's latest status in the instance."""
     tenants = store_tenants(engine, args.tenant)
     refs = [
@@ -124,7 +123,7 @@ def _check_summary(args: argparse.Namespace, env: Env, engine: Any) -> int:
     ]
     if args.slice:
         refs = [r for r in refs if f"s{r.slice:02d}" in args.slice]
-    status = check_status(instance(env), [r.key for r in refs])
+    status = check_status(instance(settings), [r.key for r in refs])
     rows = [{"partition": r.key, **status[r.key]} for r in refs]
     groups = [g.name for g in CHECK_GROUPS]
     counts = {g: {s: sum(1 for r in rows if r[g] == s) for s in CHECK_STATES} for g in groups}
@@ -137,32 +136,32 @@ def _check_summary(args: argparse.Namespace, env: Env, engine: Any) -> int:
     return 1 if failed else 0
 
 
-def cmd_launch(args: argparse.Namespace, env: Env) -> int:
+def cmd_launch(args: argparse.Namespace, settings: Settings) -> int:
     """Compute the partition list, then launch one backfill per tenant through GraphQL."""
     if not (args.stale or args.missing or args.failed or args.check_failed):
         raise UserError("choose at least one of --stale, --missing, --failed, --check-failed")
-    url = args.url or env.get("DAGSTER_WEBSERVER_URL", "") or "http://127.0.0.1:3000"
+    url = args.url or settings.webserver_url
     client = DagsterClient(url)
     try:
-        return _launch(args, client, _no_work(env), _regions(env))
+        return _launch(args, client, _no_work(settings), _regions(settings))
     except GraphQLError as exc:
         raise UserError(f"webserver: {exc}") from None
     finally:
         client.close()
 
 
-def _no_work(env: Env) -> dict[str, str]:
+def _no_work(settings: Settings) -> dict[str, str]:
     """Partitions ``run`` would skip, with why (the same rule: plan.py), from the store and the
     local instance: no posts, or nothing to do. Tenants the store does not know are not
     judged (kept), so a launch from a host without the store launches what the UI shows."""
-    engine = engine_for(database_url(env))
-    plan = make_plan(engine, instance(env), versions_from_env(env))
+    engine = engine_for(settings.store_url)
+    plan = make_plan(engine, instance(settings), settings.versions())
     return {p.ref.key: p.reason for p in plan.partitions if not p.run}
 
 
-def _regions(env: Env) -> dict[str, str | None]:
+def _regions(settings: Settings) -> dict[str, str | None]:
     """Every tenant's region, for the backfills' ``region`` tags."""
-    with read_tx(engine_for(database_url(env))) as conn:
+    with read_tx(engine_for(settings.store_url)) as conn:
         return all_regions(conn)
 
 

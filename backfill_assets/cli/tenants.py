@@ -8,11 +8,11 @@ from collections.abc import Callable
 
 from ..regions import InvalidRegion, base_url_var, validate_region
 from ..resources import OpenAIModelResource, engine_for
-from ..settings import database_url, model_from_env, versions_from_env
+from ..settings import Settings
 from ..store.engine import read_tx, write_tx
 from ..store.reports import tenant_ids
 from ..store.tenants import set_region, tenant_rows
-from .commands import Env, emit
+from .commands import emit
 from .inputs import UserError, known_tenants
 from .tables import table
 
@@ -47,20 +47,20 @@ def add_tenant_commands(add: Callable[[str, str], argparse.ArgumentParser]) -> N
     sp.set_defaults(func=cmd_tenant_list)
 
 
-def cmd_set_region(args: argparse.Namespace, env: Env) -> int:
+def cmd_set_region(args: argparse.Namespace, settings: Settings) -> int:
     """Set a tenant's region; exit 2 for a malformed region or an unknown tenant."""
     try:
         region = validate_region(args.region)
     except InvalidRegion as exc:
         raise UserError(f"argument REGION: {exc}") from None
-    engine = engine_for(database_url(env))
+    engine = engine_for(settings.store_url)
     with read_tx(engine) as conn:
         tenant = known_tenants([args.tenant], tenant_ids(conn), flag="TENANT")[0]
     with write_tx(engine) as conn:
         previous = set_region(conn, tenant, region)
     doc = {"tenant": tenant, "region": region, "previous": previous}
     emit(args, doc, f"{tenant}: region {region} (was {previous or 'none: default endpoint'})")
-    model = model_from_env(env)
+    model = settings.model_resource()
     if isinstance(model, OpenAIModelResource) and region not in model.region_base_urls:
         # Not an error: endpoints belong to the process that dispatches, maybe not this one.
         print(
@@ -72,10 +72,10 @@ def cmd_set_region(args: argparse.Namespace, env: Env) -> int:
     return 0
 
 
-def cmd_tenant_list(args: argparse.Namespace, env: Env) -> int:
+def cmd_tenant_list(args: argparse.Namespace, settings: Settings) -> int:
     """Every tenant's region, posts, done keys (current versions) and billed tokens."""
-    engine = engine_for(database_url(env))
+    engine = engine_for(settings.store_url)
     with read_tx(engine) as conn:
-        rows = tenant_rows(conn, versions_from_env(env))
+        rows = tenant_rows(conn, settings.versions())
     emit(args, {"tenants": rows}, table(rows, TENANT_COLUMNS))
     return 0

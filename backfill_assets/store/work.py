@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import fcntl
 import hashlib
 import os
 import threading
-from collections.abc import Awaitable, Iterator, Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -340,11 +339,3 @@ async def while_held(
         "write these partitions; this run stopped sending, booked what it had been paid "
         "for, and failed. Re-run to finish them."
     )
-
-
-@contextlib.contextmanager
-def partition_lock(engine: Engine, tenant_id: str, slice_no: int) -> Iterator[None]:
-    """One partition's writer lock as a context manager."""
-    with WriterLocks(engine) as locks:
-        locks.acquire(tenant_id, slice_no)
-        yield

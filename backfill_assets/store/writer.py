@@ -70,8 +70,6 @@ class _Staged:
 class FlushReport:
     """What one outcome flush made durable; ``rejected`` rows failed the frame check."""
 
-    usage_events: int
-    accepted: list[Row]
     rejected: list[tuple[Row, str]]
 
 
@@ -147,7 +145,7 @@ class LedgerWriter:
     """Durable bookkeeping for the dispatcher.
 
     Outcome flushes (validation, bulk inserts) run on their lane's thread; attempt commits are
-    small and by default run on the event loop, since a thread hop costs more than they do.
+    small and run on the event loop, since a thread hop costs more than they do.
     """
 
     def __init__(
@@ -158,13 +156,10 @@ class LedgerWriter:
         flush_interval_s: float = 0.1,
         kill_after_usage: int | None = None,
         on_flush: Callable[[FlushReport], None] | None = None,
-        inline_attempts: bool = True,
     ) -> None:
         # SQLite has one write lock per database: hand it over in-process with a Python lock
         # instead of SQLite's sleeping busy handler.
         tx_lock = threading.Lock() if is_sqlite(engine) else None
-        # A remote database with millisecond round trips is better served from the thread.
-        self._inline_attempts = inline_attempts
         self._dialect = engine.dialect.name
         self._attempt_lane = _Lane(engine, "ledger-attempts", tx_lock, relaxed_commit=True)
         self._outcome_lane = _Lane(engine, "ledger-outcomes", tx_lock)
@@ -181,7 +176,6 @@ class LedgerWriter:
         self._failure: BaseException | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.usage_committed = 0
-        self.flushes = 0
 
     def start(self) -> None:
         """Start both flush loops on the running event loop."""
@@ -249,7 +243,6 @@ class LedgerWriter:
             await asyncio.to_thread(self._outcome_lane.close)
 
     async def _attempt_loop(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:
             if not self._attempts:
                 if self._closing:
@@ -260,12 +253,9 @@ class LedgerWriter:
             rows, waiters = self._attempts, self._waiters
             self._attempts, self._waiters = [], []
             try:
-                if self._inline_attempts:
-                    # A small local commit (SQLite, or PostgreSQL without waiting for the WAL
-                    # flush) costs less on the loop than a hop to the lane's thread and back.
-                    self._write_attempts(rows)
-                else:
-                    await loop.run_in_executor(self._attempt_lane.pool, self._write_attempts, rows)
+                # A small local commit (SQLite, or PostgreSQL without waiting for the WAL
+                # flush) costs less on the loop than a hop to the lane's thread and back.
+                self._write_attempts(rows)
             except BaseException as exc:
                 for w in waiters:
                     if not w.done():
@@ -315,7 +305,6 @@ class LedgerWriter:
             for row in rows:
                 row["at"] = now
             insert_rows(raw, ledger_events, EVENT_COLUMNS, rows)
-        self.flushes += 1
 
     def _write_outcomes(self, s: _Staged) -> FlushReport:
         # Validate outside the transaction: the write lock is held only for the inserts.
@@ -339,14 +328,13 @@ class LedgerWriter:
                     row["at"] = now
                 insert_rows(conn, dead_letters, DEAD_COLUMNS, latest, DEAD_UPSERT)
             self._settle(conn, s)
-        self.flushes += 1
         usage = sum(1 for e in s.events if e["type"] == "usage")
         self.usage_committed += usage
         if self._kill_after is not None and self.usage_committed >= self._kill_after:
             # Fault injection (BACKFILL_KILL_AFTER_USAGE): die the hard way, right after the
             # Nth usage event became durable, to prove resume never loses or re-pays.
             os.kill(os.getpid(), signal.SIGKILL)
-        return FlushReport(usage_events=usage, accepted=good, rejected=bad)
+        return FlushReport(rejected=bad)
 
     @staticmethod
     def _settle(conn: Connection, s: _Staged) -> None:

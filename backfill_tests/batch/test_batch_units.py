@@ -17,12 +17,7 @@ from backfill_assets.batch.wire import BatchObject, OutputLine, input_line, outp
 from backfill_assets.keys import Versions
 from backfill_assets.models.base import ModelRequest
 from backfill_assets.resources import BackfillSettings
-from backfill_assets.settings import (
-    SettingsError,
-    faults_from_env,
-    resources_from_env,
-    settings_from_env,
-)
+from backfill_assets.settings import Settings, SettingsError
 from backfill_assets.store.submissions import LineRow
 from backfill_assets.store.tables import batch_lines, batch_submissions
 from backfill_assets.store.writer import EVENT_COLUMNS
@@ -165,7 +160,7 @@ def test_output_lines_join_on_custom_id_and_count_unreadable_lines() -> None:
     assert sorted(found) == ["a", "b"] and unreadable == 1
 
 
-def test_batch_object_reads_terminal_states_and_error_codes() -> None:
+def test_batch_object_reads_terminal_states_and_errors() -> None:
     failed = BatchObject.model_validate(
         {
             "id": "batch_1",
@@ -174,7 +169,8 @@ def test_batch_object_reads_terminal_states_and_error_codes() -> None:
             "extra_field": 1,
         }
     )
-    assert failed.terminal and failed.error_codes() == {"token_limit_exceeded"}
+    assert failed.terminal and failed.errors is not None
+    assert [e.code for e in failed.errors.data] == ["token_limit_exceeded"]
     assert not BatchObject.model_validate({"id": "b", "status": "finalizing"}).terminal
 
 
@@ -193,44 +189,47 @@ def test_batch_options_and_settings_are_validated() -> None:
     with pytest.raises(ValueError, match="kill point"):
         BatchOptions(kill_at="later")
     base = {"BACKFILL_DATABASE_URL": "sqlite:///:memory:"}
-    settings = settings_from_env(
+    settings = Settings.from_env(
         {
             **base,
             "BACKFILL_DISPATCH": "batch",
             "BACKFILL_BATCH_MAX_LINES": "500",
             "BACKFILL_BATCH_POLL_SECONDS": "2.5",
             "BACKFILL_KILL_AT": "poll",
+            "BACKFILL_MODEL_BACKEND": "openai",
         }
-    )
+    ).run_settings()
     assert (settings.dispatch, settings.batch_max_lines, settings.batch_poll_seconds) == (
         "batch",
         500,
         2.5,
     )
     assert settings.run_options().dispatch_mode == "batch"
-    assert settings_from_env(base).run_options().batch is None  # sync stays the default
+    assert (
+        Settings.from_env(base).run_settings().run_options().batch is None
+    )  # sync stays the default
     for name, value in [
         ("BACKFILL_DISPATCH", "async"),
         ("BACKFILL_BATCH_MAX_LINES", "50001"),
         ("BACKFILL_BATCH_POLL_SECONDS", "0"),
     ]:
         with pytest.raises(SettingsError, match=name):
-            settings_from_env({**base, name: value})
+            Settings.from_env({**base, name: value})
     # Fault hooks come from the environment only: they are no resource config (launchpad).
-    assert faults_from_env({"BACKFILL_KILL_AT": "poll"}).kill_at == "poll"
+    assert Settings.from_env({"BACKFILL_KILL_AT": "poll"}).faults().kill_at == "poll"
     with pytest.raises(SettingsError, match="BACKFILL_KILL_AT"):
-        faults_from_env({"BACKFILL_KILL_AT": "never"})
+        Settings.from_env({"BACKFILL_KILL_AT": "never"})
     fields = set(BackfillSettings.model_fields)
     assert not {f for f in fields if "kill" in f}, fields
     with pytest.raises(SettingsError, match="BACKFILL_MODEL_BACKEND=openai"):
-        resources_from_env({**base, "BACKFILL_DISPATCH": "batch"})
+        Settings.from_env({**base, "BACKFILL_DISPATCH": "batch"})
     openai = {
         **base,
         "BACKFILL_DISPATCH": "batch",
         "BACKFILL_MODEL_BACKEND": "openai",
         "BACKFILL_MODEL_BASE_URL": "http://127.0.0.1:9/v1/",
     }
-    resources = resources_from_env(openai)
+    resources = Settings.from_env(openai).resources()
     options = resources["settings"].run_options(resources["model"])
     assert options.batch.endpoint.base_url == "http://127.0.0.1:9/v1"
     assert "api_key" not in repr(options.batch.endpoint)

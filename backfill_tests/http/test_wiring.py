@@ -8,16 +8,25 @@ import dagster as dg
 import pytest
 import sqlalchemy as sa
 
-from backfill_assets.cli import build_parser
+from backfill_assets.cli.provider_sim import sim_parser
 from backfill_assets.definitions import BACKFILL_JOB, build_definitions
 from backfill_assets.keys import slice_of
 from backfill_assets.orchestrate import ensure_tenant_partitions
 from backfill_assets.partitions import partition_key_for
 from backfill_assets.providersim import SimConfig, config_from_args
-from backfill_assets.resources import FakeModelResource, OpenAIModelResource, engine_for
-from backfill_assets.settings import SettingsError, model_from_env
+from backfill_assets.resources import (
+    FakeModelResource,
+    ModelResource,
+    OpenAIModelResource,
+    engine_for,
+)
+from backfill_assets.settings import Settings, SettingsError
 from backfill_tests.conftest import import_records
 from backfill_tests.http.conftest import API_KEY, StartSim
+
+
+def _model(env: dict[str, str]) -> ModelResource:
+    return Settings.from_env(env).model_resource()
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -25,7 +34,7 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def test_openai_backend_from_env_keeps_the_key_out_of_config() -> None:
-    model = model_from_env(
+    model = _model(
         _env(
             BACKFILL_MODEL_BASE_URL="http://127.0.0.1:8799/v1/",
             BACKFILL_MODEL_API_KEY=API_KEY,
@@ -45,8 +54,8 @@ def test_openai_backend_from_env_keeps_the_key_out_of_config() -> None:
     assert isinstance(model.api_key, dg.EnvVar)
     assert model.api_key.env_var_name == "BACKFILL_MODEL_API_KEY"
     assert API_KEY not in repr(model)
-    assert isinstance(model_from_env({}), FakeModelResource)
-    no_key = model_from_env(_env())
+    assert isinstance(_model({}), FakeModelResource)
+    no_key = _model(_env())
     assert isinstance(no_key, OpenAIModelResource) and no_key.api_key == ""
 
 
@@ -64,7 +73,7 @@ def test_openai_backend_from_env_keeps_the_key_out_of_config() -> None:
 )
 def test_bad_openai_settings_are_reported(bad: dict[str, str]) -> None:
     with pytest.raises(SettingsError):
-        model_from_env(bad)
+        _model(bad)
 
 
 def test_dagster_run_over_http_resolves_the_key_at_run_time(
@@ -105,9 +114,8 @@ def test_dagster_run_over_http_resolves_the_key_at_run_time(
 
 
 def test_provider_sim_command_parses_the_simulator_options() -> None:
-    args = build_parser().parse_args(
+    args = sim_parser().parse_args(
         [
-            "provider-sim",
             "--port",
             "8799",
             "--rpm",
@@ -118,5 +126,5 @@ def test_provider_sim_command_parses_the_simulator_options() -> None:
             "200",
         ]
     )
-    assert args.command == "provider-sim" and args.port == 8799
+    assert args.port == 8799
     assert config_from_args(args) == SimConfig(rpm=3000, tpm=600000, latency_median_ms=200)

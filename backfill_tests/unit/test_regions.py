@@ -14,18 +14,25 @@ from backfill_assets.regions import (
     InvalidRegion,
     api_key_var,
     base_url_var,
-    by_region,
     env_suffix,
     region_of_suffix,
     run_tags,
     unavailable_message,
     validate_region,
 )
-from backfill_assets.resources import FakeModelResource, OpenAIModelResource
+from backfill_assets.resources import (
+    FakeModelResource,
+    ModelResource,
+    OpenAIModelResource,
+)
 from backfill_assets.routing import Lanes, plan_lanes
-from backfill_assets.settings import SettingsError, model_from_env, region_base_urls
+from backfill_assets.settings import Settings, SettingsError, region_base_urls
 
 EU_KEY = "sk-eu-only-4b1f0c9e7d2a"
+
+
+def _model(env: dict[str, str]) -> ModelResource:
+    return Settings.from_env(env).model_resource()
 
 
 @pytest.mark.parametrize("good", ["eu", "us-east", "ap-southeast-2", "a1", "x" * 20, "eu--2"])
@@ -94,7 +101,7 @@ def test_region_keys_stay_out_of_the_resource_config(monkeypatch: pytest.MonkeyP
         "BACKFILL_MODEL_BASE_URL__EU": "http://eu.example/v1",
         "BACKFILL_MODEL_API_KEY__EU": EU_KEY,
     }
-    model = model_from_env(env)
+    model = _model(env)
     assert isinstance(model, OpenAIModelResource)
     assert model.region_base_urls == {"eu": "http://eu.example/v1"}
     assert EU_KEY not in repr(model) and EU_KEY not in str(model.model_dump())
@@ -117,7 +124,7 @@ def test_region_config_edited_by_hand_must_name_regions() -> None:
 
 def test_the_fake_serves_every_region_in_process() -> None:
     assert FakeModelResource().lanes().lane("ap") == (True, None)
-    assert model_from_env({}).lanes().any_region
+    assert _model({}).lanes().any_region
 
 
 def test_run_tags_name_the_region_of_the_run() -> None:
@@ -127,7 +134,6 @@ def test_run_tags_name_the_region_of_the_run() -> None:
     assert run_tags(["eu", "eu"]) == {"region": "eu"}
     assert run_tags(["us-east", "eu"]) == {"region": "eu+us-east"}
     assert run_tags(["eu", None]) == {"region": "default+eu"}
-    assert by_region(["a", "b", "c"], {"a": "eu", "c": "eu"}) == {"eu": ["a", "c"], None: ["b"]}
 
 
 def _refs(*tenants: str) -> list[PartitionRef]:

@@ -1,0 +1,82 @@
+"""A bad environment variable exits 2 and names the variable, for every command, no traceback.
+
+The console script runs in a subprocess, as an operator runs it: the environment is parsed
+once by the entry point, before any command (or the Dagster definitions) is built.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from backfill_assets.settings import Settings, SettingsError
+
+COMMANDS = [
+    ["run"],
+    ["dry-run"],
+    ["verify"],
+    ["import", "posts.jsonl"],
+    ["launch", "--stale"],
+]
+
+
+def _cli(args: list[str], tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("BACKFILL_")}
+    base |= {
+        "DAGSTER_HOME": str(tmp_path / "home"),
+        "BACKFILL_DATABASE_URL": f"sqlite:///{tmp_path / 'store.db'}",
+    }
+    code = "import sys; from backfill_assets.cli import main; sys.exit(main())"
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        env=base | env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize("args", COMMANDS, ids=lambda a: a[0])
+def test_a_bad_value_exits_2_and_names_the_variable(args: list[str], tmp_path: Path) -> None:
+    (tmp_path / "posts.jsonl").write_text("")
+    got = _cli(args, tmp_path, BACKFILL_CONCURRENCY="abc")
+    assert got.returncode == 2, got.stderr
+    assert "BACKFILL_CONCURRENCY='abc' is not an integer" in got.stderr
+    assert "Traceback" not in got.stderr
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("BACKFILL_PARTITIONS_PER_RUN", "0"),
+        ("BACKFILL_EXECUTOR", "threads"),
+        ("BACKFILL_ADAPTIVE", "maybe"),
+        ("BACKFILL_DRIFT_LABELS", "spam,nsfw"),
+        ("BACKFILL_MODEL_BASE_URL__eu", "http://eu.example/v1"),
+    ],
+)
+def test_each_bad_variable_is_named(name: str, value: str) -> None:
+    with pytest.raises(SettingsError, match=name):
+        Settings.from_env({name: value})
+
+
+def test_blank_means_default_and_values_are_stripped() -> None:
+    got = Settings.from_env({"BACKFILL_CONCURRENCY": " 12 ", "BACKFILL_TPM": "  "})
+    assert (got.concurrency, got.tpm) == (12, 0)
+
+
+def test_settings_read_only_the_mapping_they_are_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BACKFILL_CONCURRENCY", "abc")
+    assert Settings.from_env({}).concurrency == 8
+    assert Settings().concurrency == 8  # never os.environ behind the caller's back
+
+
+def test_the_api_key_is_never_part_of_the_settings() -> None:
+    got = Settings.from_env({"BACKFILL_MODEL_API_KEY": "sk-secret-123"})
+    assert got.api_key_set
+    assert "sk-secret-123" not in repr(got) and "sk-secret-123" not in str(got.model_dump())
