@@ -92,8 +92,10 @@ class DispatchConfig:
     log: Callable[[str], None] = lambda _m: None
 
 
-class RunStopped(RuntimeError):
-    """A run-level error (401, 403, 404, ...): the run sent nothing more; keys stay pending."""
+class DispatchHalted(RuntimeError):
+    """A run-level error (401, 403, 404, ...) halted sending; keys stay pending.
+
+    ``pipeline.run_partitions`` turns it into ``partition_run.RunStopped`` with the reports."""
 
 
 class Dispatcher:
@@ -160,7 +162,7 @@ class Dispatcher:
             await asyncio.gather(*workers, return_exceptions=True)
             raise
         if self.fatal is not None:
-            raise RunStopped(f"run stopped: {self.fatal}") from self.fatal
+            raise DispatchHalted(f"run stopped: {self.fatal}") from self.fatal
 
     def _stop(self, exc: RunFatalError) -> None:
         """A run-level error: send nothing more (calls already sent still finish)."""

@@ -9,8 +9,7 @@ from collections.abc import Callable, Iterator, Sequence
 from sqlalchemy.engine import Engine
 
 from .batch.mode import batch_lanes
-from .dispatch import DispatchConfig, Dispatcher, WorkItem
-from .dispatch import RunStopped as DispatchStopped
+from .dispatch import DispatchConfig, Dispatcher, DispatchHalted, WorkItem
 from .keys import (
     MAX_LEVEL,
     Versions,
@@ -95,7 +94,7 @@ def run_partitions(
             )
         try:
             asyncio.run(while_held(locks, work))
-        except DispatchStopped as exc:
+        except DispatchHalted as exc:
             stopped = exc
     with read_tx(engine) as conn:
         counts = partition_counts(conn, sorted({r.tenant_id for r in refs}), versions)

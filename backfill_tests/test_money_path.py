@@ -21,7 +21,7 @@ from sqlalchemy.engine import Engine
 
 from backfill_assets.checks import verdicts_for
 from backfill_assets.cli import build_parser
-from backfill_assets.dispatch import RunStopped as DispatchStopped
+from backfill_assets.dispatch import DispatchHalted
 from backfill_assets.models.fake import FakeModel
 from backfill_assets.models.openai_http import HttpTimeouts, OpenAIHttpModel
 from backfill_assets.models.rules import count_tokens
@@ -296,7 +296,7 @@ def test_run_level_errors_stop_the_run_and_leave_every_key_pending(
     message = str(info.value)
     assert f"HTTP {status}" in message and "http://provider.test/v1/chat/completions" in message
     assert KEY not in message and "sk-li" not in message
-    assert isinstance(info.value.__cause__, DispatchStopped)
+    assert isinstance(info.value.__cause__, DispatchHalted)
     # At most one request per call in flight; nothing dead-lettered, nothing orphaned.
     assert 1 <= len(seen) <= concurrency
     assert count(engine, "SELECT count(*) FROM dead_letters") == 0

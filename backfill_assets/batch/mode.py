@@ -2,7 +2,7 @@
 
 Builds what a batch-mode run needs (Files/Batches client, context) on the run's event loop,
 drives the partitions' chunks with ``BatchRunner``, and releases everything after. A run-level
-refusal becomes ``dispatch.RunStopped``, which ``pipeline.run_partitions`` reports as in sync.
+refusal becomes ``dispatch.DispatchHalted``, which ``pipeline.run_partitions`` reports as in sync.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 
 from sqlalchemy.engine import Engine
 
-from ..dispatch import RunStopped
+from ..dispatch import DispatchHalted
 from ..keys import Versions
 from ..models.base import ModelAdapter, RunFatalError
 from ..partition_run import PartitionRef, PartitionReport, RunOptions
@@ -76,7 +76,7 @@ async def run_batch(
         # As in sync mode: a wrong key, permission, model or URL stops the run; every chunk
         # stays as it is (a batch may still run and bill) and the next run re-attaches.
         log(f"ERROR: {exc}; stopping the run, open chunks stay for the next run")
-        raise RunStopped(f"run stopped: {exc}") from exc
+        raise DispatchHalted(f"run stopped: {exc}") from exc
     finally:
         await client.aclose()
 
