@@ -11,7 +11,7 @@ from .partitions import moderation_partitions, run_refs
 from .pipeline import with_levels
 from .policy import PolicyResource
 from .range_guard import require_full_range
-from .resources import BackfillSettings, ModelResource, StoreResource, run_versions
+from .resources import RunSettings, ModelResource, StoreResource, run_versions
 from .store.apply import ApplyReport, apply_partition
 from .store.engine import write_tx
 
@@ -65,7 +65,7 @@ def _applied_asset(partitions_per_run: int) -> dg.AssetsDefinition:
         context: dg.AssetExecutionContext,
         store: StoreResource,
         model: ModelResource,
-        settings: BackfillSettings,
+        settings: RunSettings,
         policy: PolicyResource,
     ) -> dg.MaterializeResult[None]:
         """Keyed upsert of accepted labels onto posts (shadow columns unless switched live)."""

@@ -13,7 +13,7 @@ from .partition_run import RunStopped
 from .partitions import moderation_partitions, run_refs, tenant_partitions
 from .pipeline import run_partitions, with_levels
 from .range_guard import require_full_range
-from .resources import BackfillSettings, ModelResource, StoreResource, run_versions
+from .resources import RunSettings, ModelResource, StoreResource, run_versions
 from .store.engine import read_tx
 from .store.reports import partition_spend
 
@@ -31,7 +31,7 @@ def posts(
     context: dg.AssetExecutionContext,
     config: PostsImportConfig,
     store: StoreResource,
-    settings: BackfillSettings,
+    settings: RunSettings,
 ) -> dg.MaterializeResult[None]:
     """Posts imported from a JSONL export; bad lines go to rejected_records (line, reason)."""
     summary = import_jsonl(
@@ -82,7 +82,7 @@ def _labels_asset(
         context: dg.AssetExecutionContext,
         store: StoreResource,
         model: ModelResource,
-        settings: BackfillSettings,
+        settings: RunSettings,
     ) -> dg.MaterializeResult[None]:
         """LLM moderation labels per tenant x slice; re-runs only send unfinished keys."""
         require_full_range(context)

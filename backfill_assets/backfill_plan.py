@@ -13,7 +13,7 @@ import dagster as dg
 
 from .assets import posts
 from .estimate import TenantEstimate, estimate_pending
-from .resources import BackfillSettings, ModelResource, StoreResource, versions_for
+from .resources import RunSettings, ModelResource, StoreResource, versions_for
 from .sensors import refresh_condition
 from .store.engine import read_tx
 from .store.reports import tenant_ids
@@ -49,7 +49,7 @@ def plan_table(rows: list[TenantEstimate], limit: int = MAX_TABLE_ROWS) -> str:
     automation_condition=refresh_condition(),
 )
 def backfill_plan(
-    store: StoreResource, model: ModelResource, settings: BackfillSettings
+    store: StoreResource, model: ModelResource, settings: RunSettings
 ) -> dg.MaterializeResult[None]:
     """Pending keys, estimated tokens and cost, and the reserved bound, per tenant."""
     rubric = settings.rubric()

@@ -37,7 +37,7 @@ from .partition_run import PartitionRef
 from .partitions import moderation_partitions, run_refs
 from .pipeline import with_levels
 from .policy import PolicyResource
-from .resources import BackfillSettings, ModelResource, StoreResource, run_versions
+from .resources import RunSettings, ModelResource, StoreResource, run_versions
 from .store.apply import rubric_version
 from .store.audit import partition_evidence
 from .store.engine import read_tx
@@ -237,7 +237,7 @@ def _checks(specs: list[dg.AssetCheckSpec]) -> dg.AssetChecksDefinition:
         context: dg.AssetCheckExecutionContext,
         store: StoreResource,
         model: ModelResource,
-        settings: BackfillSettings,
+        settings: RunSettings,
         policy: PolicyResource,
     ) -> Iterator[dg.AssetCheckEvaluation | dg.Output[None]]:
         """Integrity (blocking) and spend and drift, one evaluation each per partition."""

@@ -232,7 +232,7 @@ class OpenAIModelResource(ModelResource):
         )
 
 
-class BackfillSettings(dg.ConfigurableResource):  # type: ignore[type-arg]
+class RunSettings(dg.ConfigurableResource):  # type: ignore[type-arg]
     """How a run behaves: concurrency, budget, retries, prompt, fault injection."""
 
     concurrency: int = Field(default=8, ge=1, le=1024, description="Model calls in flight.")
@@ -319,7 +319,7 @@ def _key_id(api_key: str) -> str:
 
 
 def versions_for(
-    settings: BackfillSettings, model: ModelResource, rubric: Rubric | None = None
+    settings: RunSettings, model: ModelResource, rubric: Rubric | None = None
 ) -> Versions:
     """Task, prompt and model versions that name this run's work (of ``rubric``, if given)."""
     prompt_version = (rubric or settings.rubric()).prompt_version
@@ -327,7 +327,7 @@ def versions_for(
 
 
 def run_versions(
-    settings: BackfillSettings, model: ModelResource, loaded: str | None
+    settings: RunSettings, model: ModelResource, loaded: str | None
 ) -> tuple[Rubric, Versions]:
     """A step's rubric, read once, and its versions, which must be the ones the code loaded with.
 

@@ -36,7 +36,7 @@ from .policy import LIVE_BASELINE, PolicyError, PolicyResource, parse_baseline
 from .prices import PriceError, PriceTable
 from .regions import API_KEY_VAR, BASE_URL_VAR, InvalidRegion, region_of_suffix
 from .resources import (
-    BackfillSettings,
+    RunSettings,
     FakeModelResource,
     ModelResource,
     OpenAIModelResource,
@@ -223,9 +223,9 @@ class Settings(BaseSettings):
         """``$BACKFILL_DATABASE_URL``, or a SQLite file in the Dagster home."""
         return self.database_url or f"sqlite:///{self.dagster_home / 'backfill.db'}"
 
-    def run_settings(self) -> BackfillSettings:
+    def run_settings(self) -> RunSettings:
         """The ``settings`` resource: how a run behaves."""
-        return BackfillSettings(
+        return RunSettings(
             concurrency=self.concurrency,
             tenant_budget_tokens=self.tenant_budget_tokens,
             max_attempts=self.max_attempts,

@@ -22,7 +22,7 @@ from backfill_assets.models.fake import FakeModel
 from backfill_assets.orchestrate import ensure_tenant_partitions
 from backfill_assets.partitions import partition_key_for
 from backfill_assets.resources import (
-    BackfillSettings,
+    RunSettings,
     FakeModelResource,
     StoreResource,
     versions_for,
@@ -37,7 +37,7 @@ READS: list[str] = []
 SENT: list[str] = []
 
 
-class EditedAfterEachRead(BackfillSettings):
+class EditedAfterEachRead(RunSettings):
     """The prompt file is edited right after every read: the worst timing for a run."""
 
     def rubric(self) -> Rubric:
@@ -73,7 +73,7 @@ def test_the_asset_reads_the_prompt_once_and_sends_what_its_keys_name(
     prompt.write_text(FIRST, encoding="utf-8")
     settings = EditedAfterEachRead(prompt_path=str(prompt))
     model = RecordingModelResource()
-    loaded = versions_for(BackfillSettings(prompt_path=str(prompt)), model).code_version
+    loaded = versions_for(RunSettings(prompt_path=str(prompt)), model).code_version
     labels = build_moderation_labels(loaded, 16)
     instance = dg.DagsterInstance.ephemeral(tempdir=str(tmp_path / "dagster"))
     ensure_tenant_partitions(instance, ["acme"])

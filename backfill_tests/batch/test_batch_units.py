@@ -16,7 +16,7 @@ from backfill_assets.batch.triage import Disposition, triage
 from backfill_assets.batch.wire import BatchObject, OutputLine, input_line, output_lines
 from backfill_assets.keys import Versions
 from backfill_assets.models.base import ModelRequest
-from backfill_assets.resources import BackfillSettings
+from backfill_assets.resources import RunSettings
 from backfill_assets.settings import Settings, SettingsError
 from backfill_assets.store.submissions import LineRow
 from backfill_assets.store.tables import batch_lines, batch_submissions
@@ -219,7 +219,7 @@ def test_batch_options_and_settings_are_validated() -> None:
     assert Settings.from_env({"BACKFILL_KILL_AT": "poll"}).faults().kill_at == "poll"
     with pytest.raises(SettingsError, match="BACKFILL_KILL_AT"):
         Settings.from_env({"BACKFILL_KILL_AT": "never"})
-    fields = set(BackfillSettings.model_fields)
+    fields = set(RunSettings.model_fields)
     assert not {f for f in fields if "kill" in f}, fields
     with pytest.raises(SettingsError, match="BACKFILL_MODEL_BACKEND=openai"):
         Settings.from_env({**base, "BACKFILL_DISPATCH": "batch"})
