@@ -11,7 +11,7 @@ from .partitions import moderation_partitions, run_refs
 from .pipeline import with_levels
 from .policy import PolicyResource
 from .range_guard import require_full_range
-from .resources import RunSettings, ModelResource, StoreResource, run_versions
+from .resources import ModelResource, RunSettings, StoreResource, run_versions
 from .store.apply import ApplyReport, apply_partition
 from .store.engine import write_tx
 

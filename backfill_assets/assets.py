@@ -13,7 +13,7 @@ from .partition_run import RunStopped
 from .partitions import moderation_partitions, run_refs, tenant_partitions
 from .pipeline import run_partitions, with_levels
 from .range_guard import require_full_range
-from .resources import RunSettings, ModelResource, StoreResource, run_versions
+from .resources import ModelResource, RunSettings, StoreResource, run_versions
 from .store.engine import read_tx
 from .store.reports import partition_spend
 

@@ -13,7 +13,7 @@ import dagster as dg
 
 from .assets import posts
 from .estimate import TenantEstimate, estimate_pending
-from .resources import RunSettings, ModelResource, StoreResource, versions_for
+from .resources import ModelResource, RunSettings, StoreResource, versions_for
 from .sensors import refresh_condition
 from .store.engine import read_tx
 from .store.reports import tenant_ids

@@ -37,7 +37,7 @@ from .partition_run import PartitionRef
 from .partitions import moderation_partitions, run_refs
 from .pipeline import with_levels
 from .policy import PolicyResource
-from .resources import RunSettings, ModelResource, StoreResource, run_versions
+from .resources import ModelResource, RunSettings, StoreResource, run_versions
 from .store.apply import rubric_version
 from .store.audit import partition_evidence
 from .store.engine import read_tx

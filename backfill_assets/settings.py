@@ -36,10 +36,10 @@ from .policy import LIVE_BASELINE, PolicyError, PolicyResource, parse_baseline
 from .prices import PriceError, PriceTable
 from .regions import API_KEY_VAR, BASE_URL_VAR, InvalidRegion, region_of_suffix
 from .resources import (
-    RunSettings,
     FakeModelResource,
     ModelResource,
     OpenAIModelResource,
+    RunSettings,
     StoreResource,
     versions_for,
 )

@@ -22,8 +22,8 @@ from backfill_assets.models.fake import FakeModel
 from backfill_assets.orchestrate import ensure_tenant_partitions
 from backfill_assets.partitions import partition_key_for
 from backfill_assets.resources import (
-    RunSettings,
     FakeModelResource,
+    RunSettings,
     StoreResource,
     versions_for,
 )
