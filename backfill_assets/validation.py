@@ -41,6 +41,10 @@ class ResultFrame(pa.DataFrameModel):
 
 RESULT_SCHEMA = ResultFrame.to_schema()
 _COLUMNS = list(RESULT_SCHEMA.columns)
+# pandera loads its pandas backends (hypothesis strategies included, ~0.5 s) on the first
+# validate: pay that at import, not inside the first flush of a run, where it holds the GIL
+# and stalls the event loop.
+RESULT_SCHEMA.register_default_backends(pd.DataFrame)
 
 
 def split_valid(
