@@ -34,8 +34,8 @@ from .rubric import (
     MAX_OUTPUT_TOKENS,
     OutputRejected,
     Rubric,
-    call_token_bound,
     estimate_prompt_tokens,
+    messages_token_bound,
     parse_output,
 )
 from .store.rows import event_row, key_row
@@ -222,7 +222,8 @@ class Dispatcher:
             return True
         # The budget reserves what the call can cost at most, whatever the provider's
         # tokenizer; the limiter paces on the cheap estimate and settles to the billed figure.
-        bound = call_token_bound(self.cfg.rubric, item.key, item.text)
+        messages = self.cfg.rubric.messages(item.key, item.text)
+        bound = messages_token_bound(messages) + MAX_OUTPUT_TOKENS
         reservation = await self.budgets.reserve(item.tenant_id, bound)
         if reservation is None:
             st.outcomes[Outcome.DEFERRED] += 1
@@ -235,7 +236,7 @@ class Dispatcher:
             post_id=item.post_id,
             attempt=attempt,
             model=self.cfg.versions.model,
-            messages=self.cfg.rubric.messages(item.key, item.text),
+            messages=messages,
             max_output_tokens=MAX_OUTPUT_TOKENS,
             estimated_tokens=estimate_prompt_tokens(self.cfg.rubric, item.text) + MAX_OUTPUT_TOKENS,
             bound_tokens=bound,

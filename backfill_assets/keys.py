@@ -6,6 +6,7 @@ always maps to the same key; anything that changes the answer changes the key.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 import unicodedata
@@ -40,11 +41,11 @@ def content_hash(text: str) -> str:
 def _frame(fields: tuple[str, ...]) -> bytes:
     # Length-prefixed fields ("<len>:<bytes>") are unambiguous whatever the fields contain,
     # so ("a", "bc") and ("ab", "c") can never collide.
-    out = bytearray()
+    parts = []
     for field in fields:
         raw = field.encode("utf-8")
-        out += str(len(raw)).encode("ascii") + b":" + raw
-    return bytes(out)
+        parts.append(b"%d:%b" % (len(raw), raw))
+    return b"".join(parts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,17 +64,15 @@ class Versions:
 
 def work_key(versions: Versions, tenant_id: str, post_id: str, text_hash: str) -> str:
     """sha256(task_version, prompt_version, model, tenant_id, post_id, sha256(NFC(text)))."""
-    frame = _frame(
-        (
-            versions.task_version,
-            versions.prompt_version,
-            versions.model,
-            tenant_id,
-            post_id,
-            text_hash,
-        )
-    )
-    return hashlib.sha256(frame).hexdigest()
+    # The versions' frame is the same for every key of a run: hash it once and copy the state.
+    digest = _versions_digest(versions).copy()
+    digest.update(_frame((tenant_id, post_id, text_hash)))
+    return digest.hexdigest()
+
+
+@functools.lru_cache(maxsize=16)
+def _versions_digest(versions: Versions) -> hashlib._Hash:
+    return hashlib.sha256(_frame((versions.task_version, versions.prompt_version, versions.model)))
 
 
 def slice_of(tenant_id: str, post_id: str) -> int:

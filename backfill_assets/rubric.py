@@ -99,19 +99,24 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
+# One decoder for every answer (``json.loads`` with hooks builds a new one per call).
+_DECODER = json.JSONDecoder(
+    parse_int=_parse_int,
+    parse_float=_parse_float,
+    parse_constant=_parse_constant,
+    object_pairs_hook=_unique_keys,
+)
+
+
 def _loads(raw: str) -> Any:
     if not isinstance(raw, str):
         raise OutputRejected(f"answer is {type(raw).__name__}, not text")
     if len(raw) > MAX_ANSWER_CHARS:
         raise OutputRejected(f"answer longer than {MAX_ANSWER_CHARS} characters")
+    if raw.startswith("\ufeff"):
+        raise OutputRejected("malformed JSON: JSONDecodeError")  # as json.loads refuses a BOM
     try:
-        return json.loads(
-            raw,
-            parse_int=_parse_int,
-            parse_float=_parse_float,
-            parse_constant=_parse_constant,
-            object_pairs_hook=_unique_keys,
-        )
+        return _DECODER.decode(raw)
     except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
         if isinstance(exc, OutputRejected):
             raise
@@ -184,13 +189,18 @@ class Rubric:
         ]
 
 
+def utf8_len(text: str) -> int:
+    """UTF-8 byte length of ``text`` without encoding it when it is ASCII (the common case)."""
+    return len(text) if text.isascii() else len(text.encode("utf-8"))
+
+
 def estimate_prompt_tokens(rubric: Rubric, text: str) -> int:
     """Cheap input-token estimate (UTF-8 bytes / 3 plus framing): for ``dry-run`` and pacing.
 
     Not a bound: a provider's tokenizer may count more. Budgets reserve ``call_token_bound``.
     """
-    framing = len(rubric.system_prompt.encode("utf-8")) + 120
-    return (len(text.encode("utf-8")) + framing) // 3 + 8
+    framing = utf8_len(rubric.system_prompt) + 120
+    return (utf8_len(text) + framing) // 3 + 8
 
 
 # Chat-template tokens (role markers, separators, reply priming) cover no bytes of the text, so
@@ -207,8 +217,12 @@ def prompt_token_bound(rubric: Rubric, key: str, text: str) -> int:
     Each such token covers at least one byte, so the UTF-8 bytes of every message (and of the
     output schema sent with them) plus the template's special tokens bound the count.
     """
-    messages = rubric.messages(key, text)
-    body = sum(len(m["content"].encode("utf-8")) + len(m["role"]) for m in messages)
+    return messages_token_bound(rubric.messages(key, text))
+
+
+def messages_token_bound(messages: list[dict[str, str]]) -> int:
+    """``prompt_token_bound`` of messages already built (the dispatcher sends the same list)."""
+    body = sum(utf8_len(m["content"]) + len(m["role"]) for m in messages)
     return (
         body
         + _SCHEMA_BYTES

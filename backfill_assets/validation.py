@@ -36,12 +36,17 @@ class ResultFrame(pa.DataFrameModel):
         return matches
 
     class Config:
-        strict = "filter"
+        # split_valid builds the frame from exactly these columns: nothing to filter.
+        strict = True
         coerce = False
 
 
 RESULT_SCHEMA = ResultFrame.to_schema()
 _COLUMNS = list(RESULT_SCHEMA.columns)
+# pandera loads its pandas backends (hypothesis strategies included, ~0.5 s) on the first
+# validate: pay that at import, not inside the first flush of a run, where it holds the GIL
+# and stalls the event loop.
+RESULT_SCHEMA.register_default_backends(pd.DataFrame)
 
 
 def split_valid(
@@ -52,7 +57,8 @@ def split_valid(
         return [], []
     frame = pd.DataFrame({c: [r.get(c) for r in rows] for c in _COLUMNS})
     try:
-        RESULT_SCHEMA.validate(frame, lazy=True)
+        # In place: the frame is ours and is thrown away, so pandera need not copy it.
+        RESULT_SCHEMA.validate(frame, lazy=True, inplace=True)
     except pa.errors.SchemaErrors as exc:
         bad: dict[int, str] = {}
         for case in exc.failure_cases.itertuples():

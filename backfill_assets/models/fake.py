@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import math
+from json.encoder import encode_basestring_ascii as _string
 
 from .base import ModelAdapter, ModelRequest, ModelResponse, RetriableError
 from .rules import classify, count_tokens
@@ -20,6 +20,11 @@ def _post_text(request: ModelRequest) -> str:
     start = user.find(_POST_OPEN)
     end = user.rfind(_POST_CLOSE)
     return user[start + len(_POST_OPEN) : end] if 0 <= start < end else user
+
+
+# The answer as ``json.dumps(..., separators=(",", ":"))`` writes it, without building an
+# encoder per call: the fake's own cost is not the pipeline's.
+_ANSWER = '{"schema_version":1,"correlation_id":%s,"label":%s,"confidence":%s}'
 
 
 def _unit(*parts: str) -> float:
@@ -82,15 +87,7 @@ class FakeModel(ModelAdapter):
         if self.malformed_rate and _unit(self.seed, "malformed", request.key) < self.malformed_rate:
             raw = '{"schema_version": 1, "label": "ok", "confidence": '
         else:
-            raw = json.dumps(
-                {
-                    "schema_version": 1,
-                    "correlation_id": request.key,
-                    "label": label,
-                    "confidence": confidence,
-                },
-                separators=(",", ":"),
-            )
+            raw = _ANSWER % (_string(request.key), _string(label), float.__repr__(confidence))
         tokens_in = sum(count_tokens(m["content"]) + 4 for m in request.messages)
         tokens_in = math.ceil(tokens_in * self.overbill_factor)
         tokens_out = count_tokens(raw)

@@ -37,11 +37,30 @@ def insert_rows(
     """
     if not rows:
         return
+    insert_values(conn, table, columns, row_values(table, columns, rows), conflict)
+
+
+def row_values(
+    table: sa.Table, columns: Sequence[str], rows: Sequence[dict[str, Any]]
+) -> list[tuple[Any, ...]]:
+    """The parameter tuples of ``rows`` for ``insert_values`` (built before a write lock)."""
     unknown = [c for c in columns if c not in table.c]
     if unknown:
         raise ValueError(f"{table.name} has no column(s) {unknown}")
     pick = itemgetter(*columns)
-    values = [pick(r) for r in rows] if len(columns) > 1 else [(pick(r),) for r in rows]
+    return [pick(r) for r in rows] if len(columns) > 1 else [(pick(r),) for r in rows]
+
+
+def insert_values(
+    conn: Connection | Any,
+    table: sa.Table,
+    columns: Sequence[str],
+    values: Sequence[tuple[Any, ...]],
+    conflict: str = "",
+) -> None:
+    """INSERT parameter tuples from ``row_values`` (same ``columns``)."""
+    if not values:
+        return
     cols = ", ".join(columns)
     raw = conn.connection.driver_connection if isinstance(conn, Connection) else conn
     if raw is None:

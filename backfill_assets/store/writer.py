@@ -27,7 +27,7 @@ from typing import Any
 from sqlalchemy.engine import Connection, Engine
 
 from ..validation import split_valid
-from .bulk import db_time, insert_rows
+from .bulk import db_time, insert_values, row_values
 from .engine import is_sqlite
 from .tables import (
     batch_submissions,
@@ -300,33 +300,37 @@ class LedgerWriter:
                 self._on_flush(report)
 
     def _write_attempts(self, rows: list[Row]) -> None:
+        # Parameters are built before the write lock: the other lane waits only for the insert.
+        now = db_time(self._dialect, utcnow())
+        for row in rows:
+            row["at"] = now
+        values = row_values(ledger_events, EVENT_COLUMNS, rows)
         with self._attempt_lane.raw_tx() as raw:
-            now = db_time(self._dialect, utcnow())
-            for row in rows:
-                row["at"] = now
-            insert_rows(raw, ledger_events, EVENT_COLUMNS, rows)
+            insert_values(raw, ledger_events, EVENT_COLUMNS, values)
 
     def _write_outcomes(self, s: _Staged) -> FlushReport:
-        # Validate outside the transaction: the write lock is held only for the inserts.
+        # Validate and build every parameter outside the transaction: the write lock (which
+        # the attempt commits on the event loop wait for) is held only for the inserts.
         good, bad = split_valid(s.results)
         dead = list(s.dead) + [_as_dead(row, reason) for row, reason in bad]
+        now = db_time(self._dialect, utcnow())
+        for row in s.events:
+            row["at"] = now
+        event_values = row_values(ledger_events, EVENT_COLUMNS, s.events)
+        for row in good:
+            row["created_at"] = now
+        result_values = row_values(results, RESULT_COLUMNS, good)
+        cleared = [r["key"] for r in good if r.get("had_dead_letter", True)]
+        latest = list({r["key"]: r for r in dead}.values())
+        for row in latest:
+            row["at"] = now
+        dead_values = row_values(dead_letters, DEAD_COLUMNS, latest)
         with self._outcome_lane.tx() as conn:
-            now = db_time(self._dialect, utcnow())
-            for row in s.events:
-                row["at"] = now
-            insert_rows(conn, ledger_events, EVENT_COLUMNS, s.events)
-            if good:
-                for row in good:
-                    row["created_at"] = now
-                insert_rows(conn, results, RESULT_COLUMNS, good, "ON CONFLICT DO NOTHING")
-                cleared = [r["key"] for r in good if r.get("had_dead_letter", True)]
-                if cleared:
-                    conn.execute(dead_letters.delete().where(dead_letters.c.key.in_(cleared)))
-            if dead:
-                latest = list({r["key"]: r for r in dead}.values())
-                for row in latest:
-                    row["at"] = now
-                insert_rows(conn, dead_letters, DEAD_COLUMNS, latest, DEAD_UPSERT)
+            insert_values(conn, ledger_events, EVENT_COLUMNS, event_values)
+            insert_values(conn, results, RESULT_COLUMNS, result_values, "ON CONFLICT DO NOTHING")
+            if cleared:
+                conn.execute(dead_letters.delete().where(dead_letters.c.key.in_(cleared)))
+            insert_values(conn, dead_letters, DEAD_COLUMNS, dead_values, DEAD_UPSERT)
             self._settle(conn, s)
         usage = sum(1 for e in s.events if e["type"] == "usage")
         self.usage_committed += usage
