@@ -8,8 +8,13 @@ from __future__ import annotations
 
 import os
 
-from .settings import Settings
-from .wiring import APPLY_JOB, BACKFILL_JOB, USAGE_JOB, build_definitions
+from backfill_assets.orchestration.settings import Settings
+from backfill_assets.orchestration.wiring import (
+    APPLY_JOB,
+    BACKFILL_JOB,
+    USAGE_JOB,
+    build_definitions,
+)
 
 __all__ = ["APPLY_JOB", "BACKFILL_JOB", "USAGE_JOB", "build_definitions", "defs"]
 

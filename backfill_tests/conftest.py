@@ -13,9 +13,9 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from backfill_assets.importer import import_jsonl
+from backfill_assets.ingest.importer import import_jsonl
+from backfill_assets.orchestration.resources import engine_for
 from backfill_assets.providersim import SimConfig, Simulator
-from backfill_assets.resources import engine_for
 from backfill_assets.store.posts import ImportSummary
 
 PG_BASE_URL = os.environ.get(
@@ -81,7 +81,7 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 
 def dispose_engine(url: str) -> None:
     """Close the pooled connections of a test store before dropping it."""
-    from backfill_assets.resources import _engines
+    from backfill_assets.orchestration.resources import _engines
 
     eng = _engines.pop(url, None)
     if eng is not None:

@@ -9,13 +9,13 @@ import dagster as dg
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from backfill_assets.check_rules import Verdict
-from backfill_assets.checks import verdicts_for
+from backfill_assets.audit.check_rules import Verdict
+from backfill_assets.core.keys import SLICE_KEYS
 from backfill_assets.definitions import APPLY_JOB, BACKFILL_JOB, build_definitions
-from backfill_assets.keys import SLICE_KEYS
-from backfill_assets.orchestrate import RunRecord, materialize
-from backfill_assets.pipeline import PartitionRef
-from backfill_assets.policy import PolicyResource
+from backfill_assets.dispatch.pipeline import PartitionRef
+from backfill_assets.orchestration.checks import verdicts_for
+from backfill_assets.orchestration.orchestrate import RunRecord, materialize
+from backfill_assets.orchestration.policy import PolicyResource
 from backfill_tests.conftest import import_records
 from backfill_tests.pipeline_helpers import VERSIONS
 

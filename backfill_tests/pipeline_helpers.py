@@ -8,12 +8,17 @@ from collections.abc import Iterable
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from backfill_assets.keys import SLICE_COUNT, Versions
-from backfill_assets.models.base import ModelAdapter
-from backfill_assets.models.fake import FakeModel
-from backfill_assets.outcomes import RetryPolicy
-from backfill_assets.pipeline import PartitionRef, PartitionReport, RunOptions, run_partitions
-from backfill_assets.rubric import TASK_VERSION, Rubric
+from backfill_assets.core.keys import SLICE_COUNT, Versions
+from backfill_assets.core.outcomes import RetryPolicy
+from backfill_assets.core.rubric import TASK_VERSION, Rubric
+from backfill_assets.dispatch.pipeline import (
+    PartitionRef,
+    PartitionReport,
+    RunOptions,
+    run_partitions,
+)
+from backfill_assets.providers.models.base import ModelAdapter
+from backfill_assets.providers.models.fake import FakeModel
 from backfill_assets.store.audit import VerifyOutcome, verify_store
 
 RUBRIC = Rubric()

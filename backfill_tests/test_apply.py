@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy.engine import Engine
 
 from backfill_assets.definitions import APPLY_JOB, build_definitions
-from backfill_assets.orchestrate import materialize
+from backfill_assets.orchestration.orchestrate import materialize
 from backfill_assets.store.apply import apply_partition
 from backfill_tests.conftest import import_records
 from backfill_tests.moderation_helpers import (

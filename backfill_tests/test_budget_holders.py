@@ -14,17 +14,17 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from backfill_assets.limits import TenantBudgets
-from backfill_assets.models.fake import FakeModel
-from backfill_assets.pipeline import PartitionReport, RunOptions, run_partitions
-from backfill_assets.rubric import call_token_bound
+from backfill_assets.core.limits import TenantBudgets
+from backfill_assets.core.rubric import call_token_bound
+from backfill_assets.dispatch.pipeline import PartitionReport, RunOptions, run_partitions
+from backfill_assets.providers.models.fake import FakeModel
 from backfill_assets.store.budget import HolderLost, StoreBudgetLedger
 from backfill_tests.conftest import import_records
 from backfill_tests.pipeline_helpers import FAST_RETRY, RUBRIC, VERSIONS, refs_for
 
 _HOLDER = """
 import sys, time
-from backfill_assets.resources import engine_for
+from backfill_assets.orchestration.resources import engine_for
 from backfill_assets.store.budget import HolderLost, StoreBudgetLedger
 ledger = StoreBudgetLedger(engine_for(sys.argv[1]), holder="doomed-run")
 ledger.grant("acme", "r-doomed", 1000, 1000, 3000)

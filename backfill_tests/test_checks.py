@@ -9,9 +9,9 @@ import dagster as dg
 import pytest
 from sqlalchemy.engine import Engine
 
-from backfill_assets.check_rules import CHECK_NAMES, DriftRule, drifted_labels
-from backfill_assets.policy import parse_baseline
-from backfill_assets.settings import Settings, SettingsError
+from backfill_assets.audit.check_rules import CHECK_NAMES, DriftRule, drifted_labels
+from backfill_assets.orchestration.policy import parse_baseline
+from backfill_assets.orchestration.settings import Settings, SettingsError
 from backfill_tests.moderation_helpers import busiest, execute, load, one_key, run_job, verdicts
 from backfill_tests.pipeline_helpers import run
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from backfill_assets.resources import engine_for
+from backfill_assets.orchestration.resources import engine_for
 from backfill_tests.conftest import StartSim, import_records
 
 TENANTS = ("acme", "globex", "initech")
@@ -95,7 +95,7 @@ def test_two_runs_at_once_on_overlapping_partitions(
 def _racer(home: str, tenant: str, barrier: Any, results: Any) -> None:
     """Create the instance and register ``tenant`` the moment every racer is ready."""
     from backfill_assets.cli.commands import instance
-    from backfill_assets.orchestrate import ensure_tenant_partitions
+    from backfill_assets.orchestration.orchestrate import ensure_tenant_partitions
 
     barrier.wait()
     try:

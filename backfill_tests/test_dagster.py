@@ -7,10 +7,14 @@ from pathlib import Path
 import dagster as dg
 from sqlalchemy.engine import Engine
 
+from backfill_assets.core.keys import slice_of
 from backfill_assets.definitions import BACKFILL_JOB, build_definitions
-from backfill_assets.keys import slice_of
-from backfill_assets.orchestrate import ensure_tenant_partitions, materialize, rectangles
-from backfill_assets.partitions import partition_key_for
+from backfill_assets.orchestration.orchestrate import (
+    ensure_tenant_partitions,
+    materialize,
+    rectangles,
+)
+from backfill_assets.orchestration.partitions import partition_key_for
 from backfill_tests.conftest import import_records
 from backfill_tests.pipeline_helpers import count, verify
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from sqlalchemy.engine import Engine
 
-from backfill_assets.models.base import ModelAdapter, ModelRequest, ModelResponse
+from backfill_assets.providers.models.base import ModelAdapter, ModelRequest, ModelResponse
 from backfill_tests.conftest import import_records
 from backfill_tests.pipeline_helpers import count, run, total, verify
 

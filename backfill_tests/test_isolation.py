@@ -11,8 +11,8 @@ from pathlib import Path
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from backfill_assets.keys import content_hash, slice_of, work_key
-from backfill_assets.pipeline import PartitionRef
+from backfill_assets.core.keys import content_hash, slice_of, work_key
+from backfill_assets.dispatch.pipeline import PartitionRef
 from backfill_tests.conftest import import_records
 from backfill_tests.moderation_helpers import busiest, execute, load, one_key, verdicts
 from backfill_tests.pipeline_helpers import VERSIONS, run, verify

@@ -17,8 +17,8 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from backfill_assets.models.fake import FakeModel
-from backfill_assets.pipeline import RunOptions
+from backfill_assets.dispatch.pipeline import RunOptions
+from backfill_assets.providers.models.fake import FakeModel
 from backfill_assets.store.work import LOCK_CHECK_SECONDS, LockLost, WriterLocks, lock_dir
 from backfill_tests.conftest import import_records
 from backfill_tests.pipeline_helpers import FAST_RETRY, count, refs_for, run, verify

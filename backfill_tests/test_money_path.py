@@ -19,17 +19,17 @@ import httpx
 import pytest
 from sqlalchemy.engine import Engine
 
-from backfill_assets.checks import verdicts_for
 from backfill_assets.cli import build_parser
-from backfill_assets.dispatch import DispatchHalted
-from backfill_assets.models.fake import FakeModel
-from backfill_assets.models.openai_http import HttpTimeouts, OpenAIHttpModel
-from backfill_assets.models.rules import count_tokens
-from backfill_assets.outcomes import RetryPolicy
-from backfill_assets.pipeline import RunOptions, RunStopped, run_partitions
-from backfill_assets.policy import PolicyResource
-from backfill_assets.ratelimit import EndpointLimiter, LimiterConfig
-from backfill_assets.settings import Settings
+from backfill_assets.core.outcomes import RetryPolicy
+from backfill_assets.dispatch.pipeline import RunOptions, RunStopped, run_partitions
+from backfill_assets.dispatch.sync import DispatchHalted
+from backfill_assets.orchestration.checks import verdicts_for
+from backfill_assets.orchestration.policy import PolicyResource
+from backfill_assets.orchestration.settings import Settings
+from backfill_assets.providers.models.fake import FakeModel
+from backfill_assets.providers.models.openai_http import HttpTimeouts, OpenAIHttpModel
+from backfill_assets.providers.models.rules import count_tokens
+from backfill_assets.providers.ratelimit import EndpointLimiter, LimiterConfig
 from backfill_tests.conftest import import_records
 from backfill_tests.pipeline_helpers import (
     FAST_RETRY,

@@ -14,8 +14,9 @@ import pytest
 from sqlalchemy.engine import Engine
 
 from backfill_assets.cli import build_parser
+from backfill_assets.core.range_guard import RANGE_END, RANGE_START
 from backfill_assets.definitions import BACKFILL_JOB, build_definitions
-from backfill_assets.launch import (
+from backfill_assets.orchestration.launch import (
     DagsterClient,
     GraphQLError,
     PartitionState,
@@ -23,12 +24,11 @@ from backfill_assets.launch import (
     expand_ranges,
     select_partitions,
 )
-from backfill_assets.orchestrate import ensure_tenant_partitions
-from backfill_assets.partitions import partition_key_for
-from backfill_assets.range_guard import RANGE_END, RANGE_START
-from backfill_assets.resources import StoreResource
-from backfill_assets.settings import Settings
-from backfill_assets.usage import tenant_usage
+from backfill_assets.orchestration.orchestrate import ensure_tenant_partitions
+from backfill_assets.orchestration.partitions import partition_key_for
+from backfill_assets.orchestration.resources import StoreResource
+from backfill_assets.orchestration.settings import Settings
+from backfill_assets.orchestration.usage import tenant_usage
 from backfill_tests.moderation_helpers import busiest, execute, load, one_key
 
 ACME = "acme"

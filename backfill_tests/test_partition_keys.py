@@ -17,14 +17,14 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from backfill_assets.core.keys import InvalidTenantId
 from backfill_assets.definitions import APPLY_JOB, BACKFILL_JOB, build_definitions
-from backfill_assets.keys import InvalidTenantId
-from backfill_assets.launch import DagsterClient, select_partitions
-from backfill_assets.orchestrate import materialize
-from backfill_assets.partitions import InvalidPartitionKey, partition_ref
-from backfill_assets.pipeline import PartitionRef
-from backfill_assets.resources import StoreResource
-from backfill_assets.sensors import tenant_partitions_sensor
+from backfill_assets.dispatch.pipeline import PartitionRef
+from backfill_assets.orchestration.launch import DagsterClient, select_partitions
+from backfill_assets.orchestration.orchestrate import materialize
+from backfill_assets.orchestration.partitions import InvalidPartitionKey, partition_ref
+from backfill_assets.orchestration.resources import StoreResource
+from backfill_assets.orchestration.sensors import tenant_partitions_sensor
 from backfill_assets.store.work import PartitionBusy, WriterLocks
 from backfill_tests.conftest import import_records
 

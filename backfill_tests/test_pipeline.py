@@ -8,9 +8,9 @@ from pathlib import Path
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from backfill_assets.keys import Versions
-from backfill_assets.models.fake import FakeModel
-from backfill_assets.pipeline import RunOptions, run_partitions
+from backfill_assets.core.keys import Versions
+from backfill_assets.dispatch.pipeline import RunOptions, run_partitions
+from backfill_assets.providers.models.fake import FakeModel
 from backfill_assets.store.work import WriterLocks
 from backfill_tests.conftest import import_records
 from backfill_tests.pipeline_helpers import (
@@ -187,7 +187,7 @@ def test_prompt_or_model_change_gives_a_full_new_key_set(engine: Engine, tmp_pat
     new_model = Versions(VERSIONS.task_version, VERSIONS.prompt_version, "fake-moderator-2")
     reports, _ = run(engine, ["acme"], versions=new_model)
     assert calls(reports) == 30
-    from backfill_assets.rubric import Rubric
+    from backfill_assets.core.rubric import Rubric
 
     new_prompt_rubric = Rubric(system_prompt=RUBRIC.system_prompt + "\nBe strict.")
     new_prompt = Versions(VERSIONS.task_version, new_prompt_rubric.prompt_version, VERSIONS.model)
@@ -270,7 +270,7 @@ class _SabotagingModel(FakeModel):
 def test_a_failing_outcome_flush_stops_new_calls(engine: Engine, tmp_path: Path) -> None:
     import pytest
 
-    from backfill_assets.keys import slice_of
+    from backfill_assets.core.keys import slice_of
 
     ids = [f"p{i}" for i in range(4000) if slice_of("acme", f"p{i}") == 0][:200]
     import_records(
@@ -304,7 +304,7 @@ def test_hostile_lines_never_break_the_import(engine: Engine, tmp_path: Path) ->
         "",
     ]
     path.write_bytes("\n".join(lines).encode("utf-8"))
-    from backfill_assets.importer import import_jsonl
+    from backfill_assets.ingest.importer import import_jsonl
 
     summary = import_jsonl(engine, path)
     assert (summary.imported, summary.rejected) == (2, 9)

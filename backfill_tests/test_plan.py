@@ -12,10 +12,10 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from backfill_assets.cli import build_parser
-from backfill_assets.keys import level_for, partition_of, partition_slices, slice_of
-from backfill_assets.pipeline import PartitionRef
-from backfill_assets.plan import Box, PartitionPlan, pool
-from backfill_assets.settings import Settings
+from backfill_assets.core.keys import level_for, partition_of, partition_slices, slice_of
+from backfill_assets.dispatch.pipeline import PartitionRef
+from backfill_assets.orchestration.plan import Box, PartitionPlan, pool
+from backfill_assets.orchestration.settings import Settings
 from backfill_tests.conftest import import_records
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from backfill_assets.cli import build_parser
 from backfill_assets.definitions import build_definitions
-from backfill_assets.settings import Settings
+from backfill_assets.orchestration.settings import Settings
 from backfill_tests.conftest import write_jsonl
 
 

@@ -14,20 +14,20 @@ import dagster as dg
 import pytest
 from sqlalchemy.engine import Engine
 
-from backfill_assets.assets import build_moderation_labels
+from backfill_assets.core.keys import slice_of
+from backfill_assets.core.rubric import Rubric
 from backfill_assets.definitions import BACKFILL_JOB, build_definitions
-from backfill_assets.keys import slice_of
-from backfill_assets.models.base import ModelAdapter, ModelRequest, ModelResponse
-from backfill_assets.models.fake import FakeModel
-from backfill_assets.orchestrate import ensure_tenant_partitions
-from backfill_assets.partitions import partition_key_for
-from backfill_assets.resources import (
+from backfill_assets.orchestration.assets import build_moderation_labels
+from backfill_assets.orchestration.orchestrate import ensure_tenant_partitions
+from backfill_assets.orchestration.partitions import partition_key_for
+from backfill_assets.orchestration.resources import (
     FakeModelResource,
     RunSettings,
     StoreResource,
     versions_for,
 )
-from backfill_assets.rubric import Rubric
+from backfill_assets.providers.models.base import ModelAdapter, ModelRequest, ModelResponse
+from backfill_assets.providers.models.fake import FakeModel
 from backfill_tests.conftest import import_records
 from backfill_tests.pipeline_helpers import count
 

@@ -15,7 +15,7 @@ import dagster as dg
 import pytest
 import sqlalchemy as sa
 
-from backfill_assets.resources import engine_for
+from backfill_assets.orchestration.resources import engine_for
 from backfill_tests.conftest import import_records
 
 

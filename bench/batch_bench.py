@@ -22,16 +22,16 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from backfill_assets.batch.options import BatchEndpoint, BatchOptions
-from backfill_assets.importer import import_jsonl
-from backfill_assets.keys import SLICE_COUNT, Versions
-from backfill_assets.models.openai_http import OpenAIHttpModel
-from backfill_assets.outcomes import RetryPolicy
-from backfill_assets.pipeline import PartitionRef, RunOptions, run_partitions
+from backfill_assets.core.keys import SLICE_COUNT, Versions
+from backfill_assets.core.outcomes import RetryPolicy
+from backfill_assets.core.rubric import TASK_VERSION, Rubric
+from backfill_assets.dispatch.batch.options import BatchEndpoint, BatchOptions
+from backfill_assets.dispatch.pipeline import PartitionRef, RunOptions, run_partitions
+from backfill_assets.ingest.importer import import_jsonl
+from backfill_assets.orchestration.resources import engine_for
+from backfill_assets.providers.models.openai_http import OpenAIHttpModel
+from backfill_assets.providers.ratelimit import LimiterConfig, LimiterRegistry
 from backfill_assets.providersim import SimConfig, Simulator
-from backfill_assets.ratelimit import LimiterConfig, LimiterRegistry
-from backfill_assets.resources import engine_for
-from backfill_assets.rubric import TASK_VERSION, Rubric
 from backfill_assets.store.reports import tenant_ids
 from bench.common import ROOT
 

@@ -36,17 +36,22 @@ from typing import Any
 
 import httpx
 
+from backfill_assets.core.keys import SLICE_COUNT, Versions
+from backfill_assets.core.outcomes import RetryPolicy
+from backfill_assets.core.rubric import MAX_OUTPUT_TOKENS, TASK_VERSION, Rubric
 from backfill_assets.demo.generate import write_export
-from backfill_assets.importer import import_jsonl
-from backfill_assets.keys import SLICE_COUNT, Versions
-from backfill_assets.models.base import ModelRequest, ModelResponse
-from backfill_assets.models.openai_http import OpenAIHttpModel
-from backfill_assets.outcomes import RetryPolicy
-from backfill_assets.pipeline import PartitionRef, RunOptions, run_partitions
+from backfill_assets.dispatch.pipeline import PartitionRef, RunOptions, run_partitions
+from backfill_assets.ingest.importer import import_jsonl
+from backfill_assets.orchestration.resources import OpenAIModelResource, engine_for
+from backfill_assets.providers.models.base import ModelRequest, ModelResponse
+from backfill_assets.providers.models.openai_http import OpenAIHttpModel
+from backfill_assets.providers.ratelimit import (
+    SHARED_LIMITERS,
+    EndpointLimiter,
+    LimiterConfig,
+    Permit,
+)
 from backfill_assets.providersim import MeterSnapshot
-from backfill_assets.ratelimit import SHARED_LIMITERS, EndpointLimiter, LimiterConfig, Permit
-from backfill_assets.resources import OpenAIModelResource, engine_for
-from backfill_assets.rubric import MAX_OUTPUT_TOKENS, TASK_VERSION, Rubric
 from bench.common import ROOT
 
 MODEL = "gpt-4o-mini"

@@ -26,12 +26,12 @@ TENANTS = ["acme", "globex", "initech"]
 
 def _work(mode: str, url: str, export: str, concurrency: int) -> None:
     """Worker process: import (not timed), then time the pipeline of one run."""
-    from backfill_assets.importer import import_jsonl
-    from backfill_assets.keys import SLICE_COUNT, Versions
-    from backfill_assets.models.fake import FakeModel
-    from backfill_assets.pipeline import PartitionRef, RunOptions, run_partitions
-    from backfill_assets.resources import engine_for
-    from backfill_assets.rubric import TASK_VERSION, Rubric
+    from backfill_assets.core.keys import SLICE_COUNT, Versions
+    from backfill_assets.core.rubric import TASK_VERSION, Rubric
+    from backfill_assets.dispatch.pipeline import PartitionRef, RunOptions, run_partitions
+    from backfill_assets.ingest.importer import import_jsonl
+    from backfill_assets.orchestration.resources import engine_for
+    from backfill_assets.providers.models.fake import FakeModel
 
     engine = engine_for(url)
     if mode == "full":

@@ -40,11 +40,11 @@ TAIL_S = 5.0
 
 def _worker(args: argparse.Namespace) -> None:
     """One run in this process: every partition of ``--tenant`` through the HTTP adapter."""
-    from backfill_assets.keys import SLICE_COUNT, Versions
-    from backfill_assets.outcomes import RetryPolicy
-    from backfill_assets.pipeline import PartitionRef, RunOptions, run_partitions
-    from backfill_assets.resources import OpenAIModelResource, engine_for
-    from backfill_assets.rubric import TASK_VERSION, Rubric
+    from backfill_assets.core.keys import SLICE_COUNT, Versions
+    from backfill_assets.core.outcomes import RetryPolicy
+    from backfill_assets.core.rubric import TASK_VERSION, Rubric
+    from backfill_assets.dispatch.pipeline import PartitionRef, RunOptions, run_partitions
+    from backfill_assets.orchestration.resources import OpenAIModelResource, engine_for
 
     engine = engine_for(args.url)
     resource = OpenAIModelResource(
@@ -105,8 +105,8 @@ def _start_sim(rpm: int, latency_ms: float) -> tuple[subprocess.Popen[str], str]
 
 
 def _import(url: str, counts: dict[str, int], work: Path) -> None:
-    from backfill_assets.importer import import_jsonl
-    from backfill_assets.resources import engine_for
+    from backfill_assets.ingest.importer import import_jsonl
+    from backfill_assets.orchestration.resources import engine_for
 
     path = work / f"posts-{uuid.uuid4().hex[:6]}.jsonl"
     with path.open("w") as fh:

@@ -16,8 +16,8 @@ from typing import Any
 import dagster as dg
 from dagster._core.run_coordinator import QueuedRunCoordinator
 
-from backfill_assets.resources import engine_for
-from backfill_assets.settings import Settings
+from backfill_assets.orchestration.resources import engine_for
+from backfill_assets.orchestration.settings import Settings
 
 POSTGRES_STORAGES = ("PostgresRunStorage", "PostgresEventLogStorage", "PostgresScheduleStorage")
 

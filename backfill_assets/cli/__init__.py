@@ -8,14 +8,14 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from ..settings import Settings, SettingsError
-from . import commands
-from .ingest import add_ingest_commands
-from .inputs import UserError, choice, slice_key
-from .operator import add_operator_commands
-from .provider_sim import COMMAND as PROVIDER_SIM
-from .provider_sim import add_provider_sim_command
-from .tenants import add_tenant_commands
+from backfill_assets.cli import commands
+from backfill_assets.cli.ingest import add_ingest_commands
+from backfill_assets.cli.inputs import UserError, choice, slice_key
+from backfill_assets.cli.operator import add_operator_commands
+from backfill_assets.cli.provider_sim import COMMAND as PROVIDER_SIM
+from backfill_assets.cli.provider_sim import add_provider_sim_command
+from backfill_assets.cli.tenants import add_tenant_commands
+from backfill_assets.orchestration.settings import Settings, SettingsError
 
 
 def build_parser() -> argparse.ArgumentParser:

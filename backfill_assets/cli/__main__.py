@@ -2,6 +2,6 @@
 
 import sys
 
-from . import main
+from backfill_assets.cli import main
 
 sys.exit(main())

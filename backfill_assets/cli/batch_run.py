@@ -21,16 +21,16 @@ import uuid
 from collections import Counter
 from collections.abc import Sequence
 
-from ..keys import SLICE_KEYS
-from ..partition_run import PartitionRef, RunStopped
-from ..partitions import partition_key_for
-from ..pipeline import run_partitions
-from ..resources import engine_for, versions_for
-from ..settings import Settings, SettingsError
-from ..store import submissions
-from ..store.engine import read_tx
-from ..store.reports import tenant_ids
-from .inputs import known_tenants
+from backfill_assets.cli.inputs import known_tenants
+from backfill_assets.core.keys import SLICE_KEYS
+from backfill_assets.dispatch.partition_run import PartitionRef, RunStopped
+from backfill_assets.dispatch.pipeline import run_partitions
+from backfill_assets.orchestration.partitions import partition_key_for
+from backfill_assets.orchestration.resources import engine_for, versions_for
+from backfill_assets.orchestration.settings import Settings, SettingsError
+from backfill_assets.store import submissions
+from backfill_assets.store.engine import read_tx
+from backfill_assets.store.reports import tenant_ids
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -13,24 +13,8 @@ from typing import Any
 import dagster as dg
 import sqlalchemy as sa
 
-from ..demo.generate import write_export
-from ..estimate import estimate_pending
-from ..keys import slice_no
-from ..orchestrate import ensure_tenant_partitions, refresh_usage, run_boxes
-from ..partitions import tenant_partitions
-from ..plan import make_plan, pool_by_region
-from ..resources import engine_for
-from ..settings import PROJECT_ROOT, Settings
-from ..store.audit import verify_store
-from ..store.dead_letters import requeue
-from ..store.engine import read_tx, write_tx
-from ..store.migrate import migrate, schema_versions
-from ..store.reports import tenant_ids, usage_by_day, usage_by_tenant_model
-from ..store.tenants import all_regions
-from ..usage import USAGE_COLUMNS, usage_csv
-from ..wiring import APPLY_JOB, BACKFILL_JOB, USAGE_JOB, build_definitions
-from .inputs import known_tenants
-from .run_report import (
+from backfill_assets.cli.inputs import known_tenants
+from backfill_assets.cli.run_report import (
     HUMAN_COLUMNS,
     by_tenant,
     human_rows,
@@ -38,7 +22,32 @@ from .run_report import (
     skipped_line,
     totals_line,
 )
-from .tables import Human, show, table
+from backfill_assets.cli.tables import Human, show, table
+from backfill_assets.core.keys import slice_no
+from backfill_assets.demo.generate import write_export
+from backfill_assets.orchestration.estimate import estimate_pending
+from backfill_assets.orchestration.orchestrate import (
+    ensure_tenant_partitions,
+    refresh_usage,
+    run_boxes,
+)
+from backfill_assets.orchestration.partitions import tenant_partitions
+from backfill_assets.orchestration.plan import make_plan, pool_by_region
+from backfill_assets.orchestration.resources import engine_for
+from backfill_assets.orchestration.settings import PROJECT_ROOT, Settings
+from backfill_assets.orchestration.usage import USAGE_COLUMNS, usage_csv
+from backfill_assets.orchestration.wiring import (
+    APPLY_JOB,
+    BACKFILL_JOB,
+    USAGE_JOB,
+    build_definitions,
+)
+from backfill_assets.store.audit import verify_store
+from backfill_assets.store.dead_letters import requeue
+from backfill_assets.store.engine import read_tx, write_tx
+from backfill_assets.store.migrate import migrate, schema_versions
+from backfill_assets.store.reports import tenant_ids, usage_by_day, usage_by_tenant_model
+from backfill_assets.store.tenants import all_regions
 
 
 def emit(args: argparse.Namespace, doc: Any, *human: Human) -> None:

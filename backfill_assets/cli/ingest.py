@@ -8,18 +8,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..importer import ImportInputError, export_files, import_files
-from ..orchestrate import ensure_tenant_partitions, record_import
-from ..resources import engine_for
-from ..settings import Settings
-from ..store.engine import read_tx
-from ..store.posts import ImportSummary
-from ..store.rejects import list_rejects, reject_sources, rejected_tenant_values
-from ..store.reports import tenant_ids
-from .commands import emit, instance
-from .inputs import UserError, known_value
-from .progress import ProgressDisplay, wanted
-from .tables import Human, table
+from backfill_assets.cli.commands import emit, instance
+from backfill_assets.cli.inputs import UserError, known_value
+from backfill_assets.cli.progress import ProgressDisplay, wanted
+from backfill_assets.cli.tables import Human, table
+from backfill_assets.ingest.importer import ImportInputError, export_files, import_files
+from backfill_assets.orchestration.orchestrate import ensure_tenant_partitions, record_import
+from backfill_assets.orchestration.resources import engine_for
+from backfill_assets.orchestration.settings import Settings
+from backfill_assets.store.engine import read_tx
+from backfill_assets.store.posts import ImportSummary
+from backfill_assets.store.rejects import list_rejects, reject_sources, rejected_tenant_values
+from backfill_assets.store.reports import tenant_ids
 
 IMPORT_COLUMNS = ["file", "read", "imported", "updated", "unchanged", "rejected"]
 REJECT_COLUMNS = ["source", "line", "tenant", "reason", "at"]

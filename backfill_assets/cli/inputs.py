@@ -12,7 +12,7 @@ import difflib
 import re
 from collections.abc import Callable, Iterable, Sequence
 
-from ..keys import SLICE_COUNT, SLICE_KEYS, InvalidTenantId, validate_tenant_id
+from backfill_assets.core.keys import SLICE_COUNT, SLICE_KEYS, InvalidTenantId, validate_tenant_id
 
 _SLICE_RE = re.compile(r"s?(\d{1,3})")
 

@@ -8,21 +8,32 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..check_rules import CHECK_GROUPS, CHECK_NAMES, Verdict
-from ..checks import BLOCKING_GROUPS, CHECK_STATES, check_status, verdicts_for
-from ..keys import SLICE_KEYS
-from ..launch import DONE_STATUSES, DagsterClient, GraphQLError, by_tenant, select_partitions
-from ..partitions import partition_key_for, partition_ref
-from ..pipeline import with_levels
-from ..plan import make_plan
-from ..regions import run_tags
-from ..resources import engine_for
-from ..settings import Settings
-from ..store.engine import read_tx
-from ..store.tenants import all_regions
-from .commands import emit, instance, store_tenants
-from .inputs import UserError, choice, known_tenants, slice_key
-from .tables import Human, table
+from backfill_assets.audit.check_rules import CHECK_GROUPS, CHECK_NAMES, Verdict
+from backfill_assets.cli.commands import emit, instance, store_tenants
+from backfill_assets.cli.inputs import UserError, choice, known_tenants, slice_key
+from backfill_assets.cli.tables import Human, table
+from backfill_assets.core.keys import SLICE_KEYS
+from backfill_assets.core.regions import run_tags
+from backfill_assets.dispatch.pipeline import with_levels
+from backfill_assets.orchestration.checks import (
+    BLOCKING_GROUPS,
+    CHECK_STATES,
+    check_status,
+    verdicts_for,
+)
+from backfill_assets.orchestration.launch import (
+    DONE_STATUSES,
+    DagsterClient,
+    GraphQLError,
+    by_tenant,
+    select_partitions,
+)
+from backfill_assets.orchestration.partitions import partition_key_for, partition_ref
+from backfill_assets.orchestration.plan import make_plan
+from backfill_assets.orchestration.resources import engine_for
+from backfill_assets.orchestration.settings import Settings
+from backfill_assets.store.engine import read_tx
+from backfill_assets.store.tenants import all_regions
 
 
 def add_operator_commands(add: Callable[[str, str], argparse.ArgumentParser]) -> None:

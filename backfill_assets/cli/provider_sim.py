@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..settings import Settings
+from backfill_assets.orchestration.settings import Settings
 
 COMMAND = "provider-sim"
 HELP = "Serve the OpenAI-compatible provider simulator until SIGINT/SIGTERM."
@@ -26,7 +26,7 @@ def add_provider_sim_command(sub: Any) -> None:
 
 def sim_parser() -> argparse.ArgumentParser:
     """The simulator's own option parser (imports the simulator)."""
-    from ..providersim import add_cli_arguments
+    from backfill_assets.providersim import add_cli_arguments
 
     parser = argparse.ArgumentParser(prog=f"backfill-moderation {COMMAND}", description=HELP)
     add_cli_arguments(parser)
@@ -35,7 +35,7 @@ def sim_parser() -> argparse.ArgumentParser:
 
 def cmd_provider_sim(args: argparse.Namespace, settings: Settings) -> int:
     """Serve; prints ``provider-sim listening on <base_url>`` once the port accepts requests."""
-    from ..providersim import config_from_args, run_forever
+    from backfill_assets.providersim import config_from_args, run_forever
 
     try:
         ns = sim_parser().parse_args(args.sim_argv)

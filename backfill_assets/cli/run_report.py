@@ -6,8 +6,8 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from ..orchestrate import RunRecord
-from ..plan import Plan
+from backfill_assets.orchestration.orchestrate import RunRecord
+from backfill_assets.orchestration.plan import Plan
 
 TOTAL_KEYS = (
     "posts",

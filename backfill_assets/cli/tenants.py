@@ -6,15 +6,15 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from ..regions import InvalidRegion, base_url_var, validate_region
-from ..resources import OpenAIModelResource, engine_for
-from ..settings import Settings
-from ..store.engine import read_tx, write_tx
-from ..store.reports import tenant_ids
-from ..store.tenants import set_region, tenant_rows
-from .commands import emit
-from .inputs import UserError, known_tenants
-from .tables import table
+from backfill_assets.cli.commands import emit
+from backfill_assets.cli.inputs import UserError, known_tenants
+from backfill_assets.cli.tables import table
+from backfill_assets.core.regions import InvalidRegion, base_url_var, validate_region
+from backfill_assets.orchestration.resources import OpenAIModelResource, engine_for
+from backfill_assets.orchestration.settings import Settings
+from backfill_assets.store.engine import read_tx, write_tx
+from backfill_assets.store.reports import tenant_ids
+from backfill_assets.store.tenants import set_region, tenant_rows
 
 TENANT_COLUMNS = ["tenant", "region", "posts", "done", "billed"]
 

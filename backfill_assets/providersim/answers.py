@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from backfill_assets.models.rules import classify
+from backfill_assets.providers.models.rules import classify
 from backfill_assets.providersim.config import FaultKind
 from backfill_assets.providersim.wire import ApiError
 

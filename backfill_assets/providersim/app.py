@@ -17,7 +17,7 @@ import random
 import time
 from dataclasses import dataclass
 
-from backfill_assets.models.rules import count_tokens
+from backfill_assets.providers.models.rules import count_tokens
 from backfill_assets.providersim.access import Access
 from backfill_assets.providersim.answers import (
     BAD_GATEWAY_HTML,

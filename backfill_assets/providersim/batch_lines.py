@@ -23,7 +23,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from backfill_assets.models.rules import count_tokens
+from backfill_assets.providers.models.rules import count_tokens
 from backfill_assets.providersim.access import refusal
 from backfill_assets.providersim.answers import answer_content, fault_error
 from backfill_assets.providersim.config import FaultKind, SimConfig

@@ -5,8 +5,9 @@ Token accounting is deterministic so tests can predict bills exactly::
     prompt_tokens     = sum(count_tokens(message text) + 4 for each message)
     completion_tokens = count_tokens(assistant content)
 
-where ``count_tokens`` is ``backfill_assets.models.rules.count_tokens``. The rate-limit charge
-of a request is ``prompt_tokens + (max_completion_tokens or max_tokens or default)``.
+where ``count_tokens`` is ``backfill_assets.providers.models.rules.count_tokens``. The
+rate-limit charge of a request is
+``prompt_tokens + (max_completion_tokens or max_tokens or default)``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from backfill_assets.models.rules import count_tokens
+from backfill_assets.providers.models.rules import count_tokens
 
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 _FORMATS = frozenset({"text", "json_object", "json_schema"})

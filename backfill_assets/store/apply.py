@@ -8,9 +8,9 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from ..keys import Versions
-from ..rubric import LABELS
-from .tables import posts, results
+from backfill_assets.core.keys import Versions
+from backfill_assets.core.rubric import LABELS
+from backfill_assets.store.tables import posts, results
 
 
 @dataclass(frozen=True)

@@ -9,12 +9,12 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from ..check_rules import PartitionEvidence
-from ..keys import Versions, work_key
-from ..validation import stored_result_problems
-from ..verify import BLOCKING_KINDS, Problem, ScopeReport, verify_scope
-from .engine import read_tx
-from .tables import dead_letters, ledger_events, posts, results, tenants
+from backfill_assets.audit.check_rules import PartitionEvidence
+from backfill_assets.audit.verify import BLOCKING_KINDS, Problem, ScopeReport, verify_scope
+from backfill_assets.core.keys import Versions, work_key
+from backfill_assets.core.validation import stored_result_problems
+from backfill_assets.store.engine import read_tx
+from backfill_assets.store.tables import dead_letters, ledger_events, posts, results, tenants
 
 # Bound on bind parameters per IN (...) list: SQLite allows 32,766, PostgreSQL 65,535.
 _IN_CHUNK = 500

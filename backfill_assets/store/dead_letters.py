@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from sqlalchemy.engine import Connection
 
-from .tables import dead_letters
+from backfill_assets.store.tables import dead_letters
 
 
 def requeue(conn: Connection, tenant_id: str, outcome: str) -> int:

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from .dialect import insert_for
-from .engine import write_tx
-from .tables import limiter_members
+from backfill_assets.store.dialect import insert_for
+from backfill_assets.store.engine import write_tx
+from backfill_assets.store.tables import limiter_members
 
 # Seconds since the epoch on the database's clock, with sub-second precision.
 _PG_NOW = "extract(epoch from clock_timestamp())"

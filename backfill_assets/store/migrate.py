@@ -10,8 +10,8 @@ from pathlib import Path
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from .engine import is_sqlite, write_tx
-from .tables import utcnow
+from backfill_assets.store.engine import is_sqlite, write_tx
+from backfill_assets.store.tables import utcnow
 
 SQL_DIR = Path(__file__).resolve().parents[2] / "sql"
 _FILE_RE = re.compile(r"^(\d{3})_([a-z0-9_]+)\.sql$")

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from ..keys import Versions
-from .tables import dead_letters, posts, results
+from backfill_assets.core.keys import Versions
+from backfill_assets.store.tables import dead_letters, posts, results
 
 
 @dataclass

@@ -8,13 +8,13 @@ from dataclasses import dataclass, field
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from ..keys import MAX_LEVEL, level_for
-from ..records import Post, Rejection
-from .dialect import insert_for
-from .engine import write_tx
-from .rejects import record_rejects
-from .tables import posts, tenants, utcnow
-from .tenants import claim_regions, tenant_regions
+from backfill_assets.core.keys import MAX_LEVEL, level_for
+from backfill_assets.core.records import Post, Rejection
+from backfill_assets.store.dialect import insert_for
+from backfill_assets.store.engine import write_tx
+from backfill_assets.store.rejects import record_rejects
+from backfill_assets.store.tables import posts, tenants, utcnow
+from backfill_assets.store.tenants import claim_regions, tenant_regions
 
 
 @dataclass

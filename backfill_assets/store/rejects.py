@@ -8,9 +8,9 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from ..records import Rejection
-from .dialect import insert_for
-from .tables import rejected_records, utcnow
+from backfill_assets.core.records import Rejection
+from backfill_assets.store.dialect import insert_for
+from backfill_assets.store.tables import rejected_records, utcnow
 
 MAX_REASON_CHARS = 500
 

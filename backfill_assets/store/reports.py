@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from .tables import ledger_events, posts, tenants
+from backfill_assets.store.tables import ledger_events, posts, tenants
 
 
 def usage_by_tenant_model(conn: Connection) -> list[dict[str, object]]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..keys import Versions
+from backfill_assets.core.keys import Versions
 
 Row = dict[str, Any]
 

@@ -13,10 +13,16 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from .bulk import db_time, insert_rows
-from .engine import write_tx
-from .tables import batch_lines, batch_submissions, ledger_events, posts, utcnow
-from .writer import EVENT_COLUMNS
+from backfill_assets.store.bulk import db_time, insert_rows
+from backfill_assets.store.engine import write_tx
+from backfill_assets.store.tables import (
+    batch_lines,
+    batch_submissions,
+    ledger_events,
+    posts,
+    utcnow,
+)
+from backfill_assets.store.writer import EVENT_COLUMNS
 
 # A chunk in one of these states may still have a batch (or results) at the provider.
 OPEN_STATES = ("intent", "uploaded", "submitted", "ended")

@@ -8,8 +8,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from ..keys import Versions
-from .tables import ledger_events, posts, results, tenants
+from backfill_assets.core.keys import Versions
+from backfill_assets.store.tables import ledger_events, posts, results, tenants
 
 
 class UnknownTenant(LookupError):

@@ -15,10 +15,16 @@ from typing import TypeVar
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from ..keys import SLICE_COUNT, Versions, slice_key, validate_tenant_id
-from .engine import is_sqlite
-from .submissions import OPEN_STATES
-from .tables import batch_lines, batch_submissions, dead_letters, posts, results
+from backfill_assets.core.keys import SLICE_COUNT, Versions, slice_key, validate_tenant_id
+from backfill_assets.store.engine import is_sqlite
+from backfill_assets.store.submissions import OPEN_STATES
+from backfill_assets.store.tables import (
+    batch_lines,
+    batch_submissions,
+    dead_letters,
+    posts,
+    results,
+)
 
 T = TypeVar("T")
 

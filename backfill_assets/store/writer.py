@@ -26,10 +26,10 @@ from typing import Any
 
 from sqlalchemy.engine import Connection, Engine
 
-from ..validation import split_valid
-from .bulk import db_time, insert_values, row_values
-from .engine import is_sqlite
-from .tables import (
+from backfill_assets.core.validation import split_valid
+from backfill_assets.store.bulk import db_time, insert_values, row_values
+from backfill_assets.store.engine import is_sqlite
+from backfill_assets.store.tables import (
     batch_submissions,
     budget_reservations,
     dead_letters,

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 import httpx
 import pytest
 
-from backfill_assets.batch.client import (
+from backfill_assets.dispatch.batch.client import (
     BatchClient,
     RateLimited,
     Refused,
@@ -17,8 +17,8 @@ from backfill_assets.batch.client import (
     Unsure,
     retry,
 )
-from backfill_assets.batch.options import BatchEndpoint
-from backfill_assets.models.base import RunFatalError
+from backfill_assets.dispatch.batch.options import BatchEndpoint
+from backfill_assets.providers.models.base import RunFatalError
 from backfill_tests.batch.conftest import API_KEY, StartSim
 
 

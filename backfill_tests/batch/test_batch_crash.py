@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from backfill_assets.resources import engine_for
+from backfill_assets.orchestration.resources import engine_for
 from backfill_assets.store.audit import verify_store
 from backfill_tests.batch.conftest import API_KEY, VERSIONS, StartSim, records, rows
 from backfill_tests.conftest import import_records

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from backfill_assets.resources import engine_for
+from backfill_assets.orchestration.resources import engine_for
 from backfill_tests.batch.conftest import API_KEY, StartSim, records, rows
 from backfill_tests.conftest import write_jsonl
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from sqlalchemy.engine import Engine
 
-from backfill_assets.pipeline import RunStopped
+from backfill_assets.dispatch.pipeline import RunStopped
 from backfill_assets.store.audit import verify_store
 from backfill_tests.batch.conftest import (
     API_KEY,

@@ -19,13 +19,18 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from backfill_assets.keys import SLICE_COUNT
-from backfill_assets.models.openai_http import OpenAIHttpModel
-from backfill_assets.partitions import partition_key_for
-from backfill_assets.pipeline import PartitionRef, PartitionReport, RunOptions, run_partitions
-from backfill_assets.ratelimit import LimiterConfig, LimiterRegistry
-from backfill_assets.resources import engine_for
-from backfill_assets.rubric import call_token_bound
+from backfill_assets.core.keys import SLICE_COUNT
+from backfill_assets.core.rubric import call_token_bound
+from backfill_assets.dispatch.pipeline import (
+    PartitionRef,
+    PartitionReport,
+    RunOptions,
+    run_partitions,
+)
+from backfill_assets.orchestration.partitions import partition_key_for
+from backfill_assets.orchestration.resources import engine_for
+from backfill_assets.providers.models.openai_http import OpenAIHttpModel
+from backfill_assets.providers.ratelimit import LimiterConfig, LimiterRegistry
 from backfill_assets.store.audit import verify_store
 from backfill_tests.batch.conftest import (
     API_KEY,

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from sqlalchemy.engine import Engine
 
-from backfill_assets.keys import slice_of
-from backfill_assets.rubric import call_token_bound
+from backfill_assets.core.keys import slice_of
+from backfill_assets.core.rubric import call_token_bound
 from backfill_tests.batch.conftest import (
     API_KEY,
     RUBRIC,

@@ -11,12 +11,12 @@ from pathlib import Path
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from backfill_assets.models.openai_http import OpenAIHttpModel
-from backfill_assets.pipeline import RunOptions, run_partitions
-from backfill_assets.prices import PriceTable
+from backfill_assets.core.prices import PriceTable
+from backfill_assets.dispatch.pipeline import RunOptions, run_partitions
+from backfill_assets.orchestration.resources import engine_for
+from backfill_assets.providers.models.openai_http import OpenAIHttpModel
+from backfill_assets.providers.ratelimit import LimiterConfig, LimiterRegistry
 from backfill_assets.providersim import MeterSnapshot
-from backfill_assets.ratelimit import LimiterConfig, LimiterRegistry
-from backfill_assets.resources import engine_for
 from backfill_assets.store.audit import verify_store
 from backfill_tests.batch.conftest import (
     API_KEY,

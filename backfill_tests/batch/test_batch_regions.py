@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy.engine import Engine
 
-from backfill_assets.batch.options import BatchEndpoint
-from backfill_assets.keys import SLICE_KEYS
-from backfill_assets.pipeline import RegionUnavailable
-from backfill_assets.routing import Lanes
+from backfill_assets.core.keys import SLICE_KEYS
+from backfill_assets.dispatch.batch.options import BatchEndpoint
+from backfill_assets.dispatch.pipeline import RegionUnavailable
+from backfill_assets.dispatch.routing import Lanes
 from backfill_tests.batch.conftest import (
     MODEL,
     StartSim,

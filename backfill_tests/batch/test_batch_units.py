@@ -9,15 +9,15 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from backfill_assets.batch.chunks import chunk_base, chunk_id, split
-from backfill_assets.batch.options import BatchOptions
-from backfill_assets.batch.rows import LineRows
-from backfill_assets.batch.triage import Disposition, triage
-from backfill_assets.batch.wire import BatchObject, OutputLine, input_line, output_lines
-from backfill_assets.keys import Versions
-from backfill_assets.models.base import ModelRequest
-from backfill_assets.resources import RunSettings
-from backfill_assets.settings import Settings, SettingsError
+from backfill_assets.core.keys import Versions
+from backfill_assets.dispatch.batch.chunks import chunk_base, chunk_id, split
+from backfill_assets.dispatch.batch.options import BatchOptions
+from backfill_assets.dispatch.batch.rows import LineRows
+from backfill_assets.dispatch.batch.triage import Disposition, triage
+from backfill_assets.dispatch.batch.wire import BatchObject, OutputLine, input_line, output_lines
+from backfill_assets.orchestration.resources import RunSettings
+from backfill_assets.orchestration.settings import Settings, SettingsError
+from backfill_assets.providers.models.base import ModelRequest
 from backfill_assets.store.submissions import LineRow
 from backfill_assets.store.tables import batch_lines, batch_submissions
 from backfill_assets.store.writer import EVENT_COLUMNS

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from backfill_assets.settings import Settings, SettingsError
+from backfill_assets.orchestration.settings import Settings, SettingsError
 
 COMMANDS = [
     ["run"],

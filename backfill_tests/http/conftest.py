@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
-from backfill_assets.keys import Versions
-from backfill_assets.models.base import ModelRequest, ModelResponse
-from backfill_assets.models.openai_http import HttpTimeouts, OpenAIHttpModel
+from backfill_assets.core.keys import Versions
+from backfill_assets.core.rubric import TASK_VERSION, Rubric
+from backfill_assets.providers.models.base import ModelRequest, ModelResponse
+from backfill_assets.providers.models.openai_http import HttpTimeouts, OpenAIHttpModel
+from backfill_assets.providers.ratelimit import LimiterConfig, LimiterRegistry
 from backfill_assets.providersim import Simulator
-from backfill_assets.ratelimit import LimiterConfig, LimiterRegistry
-from backfill_assets.rubric import TASK_VERSION, Rubric
 from backfill_tests.conftest import StartSim as StartSim  # re-exported for the tests
 
 MODEL = "gpt-4o-mini"

@@ -12,14 +12,14 @@ import math
 import random
 from dataclasses import dataclass, field
 
-from backfill_assets.providersim.limits import RateLimiter
-from backfill_assets.ratelimit import (
+from backfill_assets.providers.ratelimit import (
     AdvertisedLimits,
     EndpointLimiter,
     LimiterConfig,
     Permit,
     Ticket,
 )
+from backfill_assets.providersim.limits import RateLimiter
 
 
 class FakeClock:

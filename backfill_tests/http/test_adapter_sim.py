@@ -9,17 +9,17 @@ from collections.abc import Callable
 
 import pytest
 
-from backfill_assets.keys import content_hash, work_key
-from backfill_assets.models.base import (
+from backfill_assets.core.keys import content_hash, work_key
+from backfill_assets.core.rubric import MAX_OUTPUT_TOKENS, estimate_prompt_tokens, parse_output
+from backfill_assets.providers.models.base import (
     ModelRequest,
     ModelResponse,
     RetriableError,
     RunFatalError,
     TransportRejected,
 )
-from backfill_assets.models.openai_http import HttpTimeouts, OpenAIHttpModel
-from backfill_assets.ratelimit import EndpointLimiter, LimiterConfig
-from backfill_assets.rubric import MAX_OUTPUT_TOKENS, estimate_prompt_tokens, parse_output
+from backfill_assets.providers.models.openai_http import HttpTimeouts, OpenAIHttpModel
+from backfill_assets.providers.ratelimit import EndpointLimiter, LimiterConfig
 from backfill_tests.http.conftest import API_KEY, MODEL, RUBRIC, VERSIONS, AdapterFactory, StartSim
 
 TEXT = "Thanks for the detailed write-up, it fixed my build on the first try."

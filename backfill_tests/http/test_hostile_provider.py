@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy.engine import Engine
 
-from backfill_assets.outcomes import RetryPolicy
-from backfill_assets.pipeline import PartitionReport, RunOptions, run_partitions
-from backfill_assets.resources import engine_for
+from backfill_assets.core.outcomes import RetryPolicy
+from backfill_assets.dispatch.pipeline import PartitionReport, RunOptions, run_partitions
+from backfill_assets.orchestration.resources import engine_for
 from backfill_tests.conftest import import_records
 from backfill_tests.http.conftest import API_KEY, RUBRIC, VERSIONS, AdapterFactory, StartSim
 from backfill_tests.pipeline_helpers import refs_for, total, verify

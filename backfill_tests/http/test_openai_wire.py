@@ -10,7 +10,9 @@ from email.utils import format_datetime
 import httpx
 import pytest
 
-from backfill_assets.models._openai_wire import (
+from backfill_assets.core.prices import PriceError, PriceTable
+from backfill_assets.core.rubric import LABELS, MAX_OUTPUT_TOKENS, ModerationOutput
+from backfill_assets.providers.models._openai_wire import (
     NotACompletion,
     advertised_limits,
     error_summary,
@@ -20,11 +22,9 @@ from backfill_assets.models._openai_wire import (
     retry_after_seconds,
     scrub,
 )
-from backfill_assets.models.base import ModelRequest, TransportRejected
-from backfill_assets.models.openai_http import OpenAIHttpModel
-from backfill_assets.prices import PriceError, PriceTable
-from backfill_assets.ratelimit import AdvertisedLimits, EndpointLimiter, LimiterConfig
-from backfill_assets.rubric import LABELS, MAX_OUTPUT_TOKENS, ModerationOutput
+from backfill_assets.providers.models.base import ModelRequest, TransportRejected
+from backfill_assets.providers.models.openai_http import OpenAIHttpModel
+from backfill_assets.providers.ratelimit import AdvertisedLimits, EndpointLimiter, LimiterConfig
 from backfill_tests.http.conftest import RUBRIC
 
 KEY = "a" * 64

@@ -13,15 +13,15 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from backfill_assets.core.keys import content_hash, work_key
+from backfill_assets.core.outcomes import RetryPolicy
+from backfill_assets.core.rubric import LABELS
 from backfill_assets.demo.generate import demo_posts
-from backfill_assets.keys import content_hash, work_key
-from backfill_assets.models.base import ModelAdapter
-from backfill_assets.outcomes import RetryPolicy
-from backfill_assets.pipeline import PartitionReport, RunOptions, run_partitions
+from backfill_assets.dispatch.pipeline import PartitionReport, RunOptions, run_partitions
+from backfill_assets.orchestration.resources import engine_for
+from backfill_assets.providers.models.base import ModelAdapter
 from backfill_assets.providersim import FaultRule, MeterSnapshot
 from backfill_assets.providersim.faults import rule_fires
-from backfill_assets.resources import engine_for
-from backfill_assets.rubric import LABELS
 from backfill_tests.conftest import import_records
 from backfill_tests.http.conftest import (
     API_KEY,

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from backfill_assets.ratelimit import (
+from backfill_assets.providers.ratelimit import (
     AdaptiveRate,
     AdvertisedLimits,
     AimdConfig,

@@ -22,11 +22,11 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from backfill_assets.keys import SLICE_KEYS, Versions, content_hash, work_key
-from backfill_assets.pipeline import RegionUnavailable, RunOptions, run_partitions
+from backfill_assets.core.keys import SLICE_KEYS, Versions, content_hash, work_key
+from backfill_assets.core.rubric import TASK_VERSION, Rubric
+from backfill_assets.dispatch.pipeline import RegionUnavailable, RunOptions, run_partitions
+from backfill_assets.orchestration.resources import OpenAIModelResource, engine_for
 from backfill_assets.providersim import Simulator
-from backfill_assets.resources import OpenAIModelResource, engine_for
-from backfill_assets.rubric import TASK_VERSION, Rubric
 from backfill_tests.conftest import import_records
 from backfill_tests.http.conftest import MODEL, StartSim
 from backfill_tests.pipeline_helpers import FAST_RETRY, refs_for

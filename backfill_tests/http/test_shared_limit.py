@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 from sqlalchemy.engine import Engine
 
-from backfill_assets.ratelimit import EndpointLimiter, LimiterConfig
-from backfill_assets.ratelimit.shared import SharedLimits
+from backfill_assets.providers.ratelimit import EndpointLimiter, LimiterConfig
+from backfill_assets.providers.ratelimit.shared import SharedLimits
 from backfill_assets.store import limiter_members
 
 

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from backfill_assets.resources import engine_for
+from backfill_assets.orchestration.resources import engine_for
 from backfill_tests.conftest import StartSim, import_records
 from bench.common import ROOT
 

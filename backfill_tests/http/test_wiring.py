@@ -9,18 +9,18 @@ import pytest
 import sqlalchemy as sa
 
 from backfill_assets.cli.provider_sim import sim_parser
+from backfill_assets.core.keys import slice_of
 from backfill_assets.definitions import BACKFILL_JOB, build_definitions
-from backfill_assets.keys import slice_of
-from backfill_assets.orchestrate import ensure_tenant_partitions
-from backfill_assets.partitions import partition_key_for
-from backfill_assets.providersim import SimConfig, config_from_args
-from backfill_assets.resources import (
+from backfill_assets.orchestration.orchestrate import ensure_tenant_partitions
+from backfill_assets.orchestration.partitions import partition_key_for
+from backfill_assets.orchestration.resources import (
     FakeModelResource,
     ModelResource,
     OpenAIModelResource,
     engine_for,
 )
-from backfill_assets.settings import Settings, SettingsError
+from backfill_assets.orchestration.settings import Settings, SettingsError
+from backfill_assets.providersim import SimConfig, config_from_args
 from backfill_tests.conftest import import_records
 from backfill_tests.http.conftest import API_KEY, StartSim
 

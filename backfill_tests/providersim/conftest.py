@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from backfill_assets.rubric import Rubric, output_json_schema
+from backfill_assets.core.rubric import Rubric, output_json_schema
 from backfill_tests.conftest import StartSim as StartSim  # re-exported for the tests
 
 

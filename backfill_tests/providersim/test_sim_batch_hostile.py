@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from backfill_assets.models.rules import count_tokens
+from backfill_assets.providers.models.rules import count_tokens
 from backfill_assets.providersim import MeterSnapshot, Simulator
 from backfill_tests.providersim.batchkit import (
     FAST,

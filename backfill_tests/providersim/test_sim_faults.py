@@ -7,8 +7,8 @@ import json
 import httpx
 import pytest
 
+from backfill_assets.core.rubric import OutputRejected, parse_output
 from backfill_assets.providersim import FaultRule
-from backfill_assets.rubric import OutputRejected, parse_output
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ from email.utils import parsedate_to_datetime
 import httpx
 import pytest
 
-from backfill_assets.models.rules import count_tokens
+from backfill_assets.providers.models.rules import count_tokens
 from backfill_assets.providersim import FaultRule
 
 POST = "Limited offer!!! buy now at http://deals.example.xyz"

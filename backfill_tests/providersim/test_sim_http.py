@@ -8,7 +8,7 @@ import socket
 
 import httpx
 
-from backfill_assets.models.rules import classify, count_tokens
+from backfill_assets.providers.models.rules import classify, count_tokens
 from backfill_assets.providersim import MeterSnapshot
 
 POST_TEXT = "Limited offer!!! buy now at http://deals.example.xyz"

@@ -7,7 +7,7 @@ import time
 import httpx
 import pytest
 
-from backfill_assets.models.rules import count_tokens
+from backfill_assets.providers.models.rules import count_tokens
 
 
 def _post(client: httpx.Client, body: dict) -> httpx.Response:

@@ -11,7 +11,7 @@ import sys
 import httpx
 import pytest
 
-from backfill_assets.models.rules import count_tokens
+from backfill_assets.providers.models.rules import count_tokens
 from backfill_assets.providersim import (
     FaultRule,
     SimConfig,

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from backfill_assets.models.rules import classify, count_tokens
+from backfill_assets.core.rubric import OutputRejected, Rubric, parse_output
+from backfill_assets.providers.models.rules import classify, count_tokens
 from backfill_assets.providersim import FaultRule, SimConfig
 from backfill_assets.providersim.answers import answer_content, other_key
 from backfill_assets.providersim.faults import decide_fault, rule_fires
@@ -23,7 +24,6 @@ from backfill_assets.providersim.wire import (
     post_text_of,
     prompt_tokens,
 )
-from backfill_assets.rubric import OutputRejected, Rubric, parse_output
 
 
 class FakeClock:

@@ -3,7 +3,7 @@ import unicodedata
 
 import pytest
 
-from backfill_assets.keys import (
+from backfill_assets.core.keys import (
     SLICE_COUNT,
     InvalidTenantId,
     Versions,

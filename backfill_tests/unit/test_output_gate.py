@@ -15,8 +15,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from backfill_assets.rubric import LABELS, ModerationOutput, OutputRejected, parse_output
-from backfill_assets.validation import split_valid
+from backfill_assets.core.rubric import LABELS, ModerationOutput, OutputRejected, parse_output
+from backfill_assets.core.validation import split_valid
 
 KEY = "c0ffee" + "0" * 58
 # A stand-in for post text a hostile model echoes back as a key or value.

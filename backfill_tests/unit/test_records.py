@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from backfill_assets.records import MAX_TEXT_BYTES, Post, Rejection, parse_line
+from backfill_assets.core.records import MAX_TEXT_BYTES, Post, Rejection, parse_line
 
 
 def line(obj: object) -> bytes:

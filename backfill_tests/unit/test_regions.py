@@ -5,12 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from backfill_assets.batch.options import BatchEndpoint
-from backfill_assets.models.fake import FakeModel
-from backfill_assets.pipeline import PartitionRef
-from backfill_assets.plan import PartitionPlan, Plan, pool, pool_by_region
-from backfill_assets.records import Post, Rejection, parse_line
-from backfill_assets.regions import (
+from backfill_assets.core.records import Post, Rejection, parse_line
+from backfill_assets.core.regions import (
     InvalidRegion,
     api_key_var,
     base_url_var,
@@ -20,13 +16,17 @@ from backfill_assets.regions import (
     unavailable_message,
     validate_region,
 )
-from backfill_assets.resources import (
+from backfill_assets.dispatch.batch.options import BatchEndpoint
+from backfill_assets.dispatch.pipeline import PartitionRef
+from backfill_assets.dispatch.routing import Lanes, plan_lanes
+from backfill_assets.orchestration.plan import PartitionPlan, Plan, pool, pool_by_region
+from backfill_assets.orchestration.resources import (
     FakeModelResource,
     ModelResource,
     OpenAIModelResource,
 )
-from backfill_assets.routing import Lanes, plan_lanes
-from backfill_assets.settings import Settings, SettingsError, region_base_urls
+from backfill_assets.orchestration.settings import Settings, SettingsError, region_base_urls
+from backfill_assets.providers.models.fake import FakeModel
 
 EU_KEY = "sk-eu-only-4b1f0c9e7d2a"
 

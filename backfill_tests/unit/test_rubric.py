@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from backfill_assets.rubric import OutputRejected, Rubric, parse_output
+from backfill_assets.core.rubric import OutputRejected, Rubric, parse_output
 
 KEY = "a" * 64
 

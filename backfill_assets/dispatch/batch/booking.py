@@ -1,0 +1,249 @@
+"""A finished batch's lines into the ledger and the results, exactly once per line.
+
+Each line gets its usage or error event (with the attempt id written at intent) and its
+outcome through a ``LedgerWriter``, as in sync mode. A process that dies halfway through
+leaves the chunk ``ended``; the next run downloads the files again and skips the lines whose
+events are already committed, so nothing is booked twice. Only then is the chunk ``applied``.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import json
+
+from backfill_assets.core.keys import Versions
+from backfill_assets.core.outcomes import Outcome
+from backfill_assets.core.rubric import MAX_OUTPUT_TOKENS, OutputRejected, parse_output
+from backfill_assets.dispatch.batch.client import retry
+from backfill_assets.dispatch.batch.context import BatchContext, ChunkJob
+from backfill_assets.dispatch.batch.rows import LineRows, Row
+from backfill_assets.dispatch.batch.texts import line_echoes
+from backfill_assets.dispatch.batch.triage import Disposition, TriagedLine, triage
+from backfill_assets.dispatch.batch.wire import OutputLine, output_lines
+from backfill_assets.providers.models.base import RunFatalError
+from backfill_assets.providers.models.errors import Scope, classify
+from backfill_assets.store import submissions as store
+from backfill_assets.store.tables import utcnow
+from backfill_assets.store.writer import FlushReport, LedgerWriter
+
+
+class Ending(enum.StrEnum):
+    """How a chunk left the run."""
+
+    APPLIED = "applied"
+    REQUEUED = "requeued"  # never ran (enqueued-token limit): its keys go into a new chunk
+    FAILED = "failed"  # the provider refused the batch (validation): reported, keys kept
+
+
+def _builder(ctx: BatchContext, job: ChunkJob) -> LineRows:
+    sub = job.sub
+    # The chunk's own versions: a batch re-attached after a prompt or model change still
+    # books its (paid) lines under the keys they were sent with.
+    versions = Versions(sub.task_version, sub.prompt_version, sub.model)
+    return LineRows(versions, ctx.run_id, sub.tenant_id, sub.slice, job.partition, sub.chunk_id)
+
+
+def _writer(ctx: BatchContext) -> LedgerWriter:
+    def on_flush(report: FlushReport) -> None:
+        # Rows the frame check refused turn from accepted into schema_rejected.
+        for row, _reason in report.rejected:
+            st = ctx.stats_for(row["partition"])
+            st.outcomes[Outcome.ACCEPTED] -= 1
+            st.labels[row["label"]] -= 1
+            st.outcomes[Outcome.SCHEMA_REJECTED] += 1
+
+    return LedgerWriter(
+        ctx.engine,
+        flush_rows=ctx.flush_rows,
+        flush_interval_s=ctx.flush_interval_s,
+        on_flush=on_flush,
+    )
+
+
+async def close_unrun(ctx: BatchContext, job: ChunkJob, message: str, state: str) -> None:
+    """Close every line's attempt with an error event (nothing ran, nothing was billed)."""
+    closed = await ctx.db(_closed, ctx, job)
+    rows = _builder(ctx, job)
+    writer = _writer(ctx)
+    writer.start()
+    try:
+        for line in job.lines:
+            if line.line_no not in closed:
+                # Nothing was billed: the line's bound leaves the chunk's reservation.
+                writer.stage_event(rows.error(line, None, message), chunk=_release(job, line))
+    finally:
+        await writer.close()
+    await ctx.db(store.update, ctx.engine, job.sub, state=state, applied_at=utcnow())
+
+
+def _closed(ctx: BatchContext, job: ChunkJob) -> set[int]:
+    with ctx.engine.connect() as conn:
+        return store.closed_lines(conn, job.sub)
+
+
+async def _download(ctx: BatchContext, file_id: str | None) -> dict[str, OutputLine]:
+    if not file_id:
+        return {}
+    content = await retry(
+        functools.partial(ctx.client.content, file_id),
+        what=f"download {file_id}",
+        base_s=ctx.client.retry_base_s,
+        log=ctx.log,
+    )
+    found, unreadable = output_lines(content)
+    if unreadable:
+        ctx.log(f"file {file_id}: {unreadable} unreadable line(s); their keys are resubmitted")
+    return found
+
+
+def _release(job: ChunkJob, line: store.LineRow) -> tuple[str, int]:
+    """What the line holds of its chunk's reservation: its bound.
+
+    Lines recorded before sql/005 have none: they hold an equal share of the chunk's.
+    """
+    bound = line.bound_tokens
+    if bound is None:
+        bound = job.sub.reserved_tokens // max(1, job.sub.lines)
+    return job.sub.chunk_id, bound
+
+
+def _failed_scope(sub: store.Submission) -> Scope:
+    """What the error codes of a failed batch mean (one taxonomy with sync mode)."""
+    scopes = {classify(None, str(e.get("code"))) for e in json.loads(sub.errors or "[]")}
+    if Scope.RUN in scopes:
+        return Scope.RUN
+    return Scope.TOKEN_LIMIT if scopes == {Scope.TOKEN_LIMIT} else Scope.KEY
+
+
+async def book(ctx: BatchContext, job: ChunkJob) -> Ending:
+    """Book an ended batch; returns how the chunk left the run.
+
+    A run-level answer (a failed batch's account code, a line answered 401/403/404) leaves
+    the keys pending and sets ``ctx.fatal``: the runner stops the run after this chunk.
+    """
+    sub = job.sub
+    if sub.provider_status == "failed":
+        scope = _failed_scope(sub)
+        if scope is Scope.TOKEN_LIMIT:
+            await close_unrun(ctx, job, "token_limit_exceeded: batch not run", "requeued")
+            return Ending.REQUEUED
+        if scope is Scope.RUN:
+            await close_unrun(ctx, job, "batch refused for the account: not run", "requeued")
+            ctx.fatal = ctx.fatal or RunFatalError(
+                f"batch {sub.batch_id} failed with a run-level error: {sub.errors}",
+                status=None,
+                endpoint=f"batch {sub.batch_id}",
+            )
+            return Ending.REQUEUED
+        codes = sorted({str(e.get("code")) for e in json.loads(sub.errors or "[]")})
+        await close_unrun(ctx, job, f"batch failed validation: {codes}", "failed")
+        return Ending.FAILED
+    found = await _download(ctx, sub.output_file_id)
+    found.update(await _download(ctx, sub.error_file_id))
+    ctx.kill("fetch")
+    closed = await ctx.db(_closed, ctx, job)
+    echoes = await ctx.db(line_echoes, ctx, job, found, closed)
+    rows = _builder(ctx, job)
+    writer = _writer(ctx)
+    writer.start()
+    secrets = [ctx.secret] if ctx.secret else []
+    try:
+        for line in job.lines:
+            if line.line_no in closed:
+                continue
+            triaged = triage(found.get(line.key), secrets, echoes.get(line.key, ()))
+            _stage(ctx, job, rows, writer, line, triaged)
+    finally:
+        await writer.close()
+    await ctx.db(store.update, ctx.engine, sub, state="applied", applied_at=utcnow())
+    return Ending.APPLIED
+
+
+def _stage(
+    ctx: BatchContext,
+    job: ChunkJob,
+    rows: LineRows,
+    writer: LedgerWriter,
+    line: store.LineRow,
+    triaged: TriagedLine,
+) -> None:
+    """Stage one line's event and outcome."""
+    st = ctx.stats_for(job.partition)
+    release = _release(job, line)
+    if triaged.disposition is Disposition.ANSWERED:
+        usage = _usage(ctx, job, rows, line, triaged, release[1])
+        # Booked before the answer is trusted: a malformed answer still cost tokens.
+        writer.stage_event(usage, chunk=release)
+        st.tokens_in += usage["tokens_in"]
+        st.tokens_out += usage["tokens_out"]
+        st.cost += usage["cost"]
+        try:
+            out = parse_output(triaged.content, line.key)
+        except OutputRejected as exc:
+            writer.stage_dead(rows.dead(line, Outcome.SCHEMA_REJECTED, str(exc)))
+            st.outcomes[Outcome.SCHEMA_REJECTED] += 1
+            return
+        writer.stage_result(rows.result(line, out))
+        st.outcomes[Outcome.ACCEPTED] += 1
+        st.labels[out.label] += 1
+        return
+    writer.stage_event(rows.error(line, triaged.status, triaged.message), chunk=release)
+    if triaged.status == 429:
+        st.rate_limited += 1
+    if triaged.disposition is Disposition.FATAL:
+        # Not the key's fault (our key, permission or model): pending for a fixed run.
+        ctx.excluded[job.partition].add(line.key)
+        st.outcomes[Outcome.DEFERRED] += 1
+        ctx.fatal = ctx.fatal or RunFatalError(
+            f"{triaged.message} (batch {job.sub.batch_id})",
+            status=triaged.status,
+            endpoint=f"batch {job.sub.batch_id} line {line.line_no}",
+        )
+    elif triaged.disposition is Disposition.REJECTED:
+        writer.stage_dead(rows.dead(line, Outcome.TRANSPORT_REJECTED, triaged.message))
+        st.outcomes[Outcome.TRANSPORT_REJECTED] += 1
+    elif ctx.retry.exhausted(line.attempt_no):
+        reason = f"{line.attempt_no} attempts; last: {triaged.message}"
+        writer.stage_dead(rows.dead(line, Outcome.RETRY_EXHAUSTED, reason))
+        st.outcomes[Outcome.RETRY_EXHAUSTED] += 1
+        ctx.excluded[job.partition].add(line.key)
+    else:
+        st.retries += 1  # resubmitted in a new chunk by the runner
+
+
+def _usage(
+    ctx: BatchContext,
+    job: ChunkJob,
+    rows: LineRows,
+    line: store.LineRow,
+    triaged: TriagedLine,
+    bound: int,
+) -> Row:
+    """The line's usage event, booked like sync mode's (``dispatch._book_usage``)."""
+    shape, tokens_in, tokens_out = triaged.usage_shape, triaged.tokens_in, triaged.tokens_out
+    if shape == "missing":
+        # No usage at all: the most the line could have cost, never 0, flagged.
+        tokens_in, tokens_out = bound - MAX_OUTPUT_TOKENS, MAX_OUTPUT_TOKENS
+    priced_out = tokens_out
+    if shape == "total":
+        # The split is unknown: priced as the dearest one the line allows.
+        priced_out = min(tokens_in, MAX_OUTPUT_TOKENS)
+    cost = ctx.cost(job.sub.model, tokens_in + tokens_out - priced_out, priced_out)
+    request_id = triaged.request_id or f"{job.sub.batch_id}:{line.key}"
+    usage = rows.usage(line, tokens_in, tokens_out, cost, request_id, shape, bound)
+    if shape == "missing":
+        usage["message"] = "usage_missing: the provider reported no usage; booked the bound"
+    billed = tokens_in + tokens_out
+    if line.bound_tokens is not None and billed > bound:
+        # Past any byte-level tokenizer's count: the cap can no longer be promised for this
+        # tenant, so it gets no new chunk in this run (as in sync mode).
+        usage["message"] = f"over_bound: billed {billed} > reserved bound {bound}"
+        tenant = job.sub.tenant_id
+        if tenant not in ctx.stopped_tenants:
+            ctx.stopped_tenants[tenant] = usage["message"]
+            ctx.log(
+                f"ERROR: tenant {tenant}: provider {usage['message']}; stopping this tenant "
+                "(see the spend check and verify)"
+            )
+    return usage

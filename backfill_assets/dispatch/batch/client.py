@@ -1,0 +1,253 @@
+"""Files and Batches over ``httpx.AsyncClient``: timeouts on every call, typed failures.
+
+What an error answer means comes from the one taxonomy both dispatch modes share
+(``models.errors.classify``):
+- ``RateLimited`` (429): nothing happened; wait (Retry-After) and ask again. A 429 on a
+  status call says nothing about the batch, so it is never read as "not ready".
+- ``Unsure`` (timeout, connection error, 5xx, 408, 409): the call may or may not have taken
+  effect; idempotent calls are repeated, a create is first looked up by its metadata.
+- ``TokenLimited`` (the enqueued-token limit): wait until earlier batches end.
+- ``Refused`` (other 4xx): the request itself is wrong.
+- ``RunFatalError`` (401, 403, 404, a redirect, no quota): nothing will work with this
+  configuration; the run stops and every chunk stays as it is for the next run.
+Messages are the scrubbed summaries of ``models._openai_wire``: never the key, never a post
+(``echoes``: the texts a call carries, withheld if the provider quotes them back).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import random
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+import httpx
+
+from backfill_assets.dispatch.batch.options import BatchEndpoint
+from backfill_assets.dispatch.batch.triage import WITHHELD
+from backfill_assets.dispatch.batch.wire import ENDPOINT, BatchObject, BatchPage
+from backfill_assets.providers.models._openai_wire import error_summary, retry_after_seconds
+from backfill_assets.providers.models.base import RunFatalError
+from backfill_assets.providers.models.errors import Scope, classify, run_fatal_hint
+
+T = TypeVar("T")
+# What a call's error message must not quote: texts, or a coroutine reading them (only run if
+# the call fails) that returns None when they cannot be known (then no message is kept).
+Echoes = Sequence[str] | Callable[[], Awaitable[Sequence[str] | None]]
+_USER_AGENT = "backfill-moderation/0.1 batch (+httpx)"
+
+
+class BatchApiError(Exception):
+    """A Files/Batches call that did not succeed."""
+
+    def __init__(self, message: str, *, status: int | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+
+
+class RateLimited(BatchApiError):
+    """429: slow down; ``retry_after`` seconds if the provider said."""
+
+    def __init__(self, message: str, retry_after: float | None) -> None:
+        super().__init__(message, status=429, code="rate_limit_exceeded")
+        self.retry_after = retry_after
+
+
+class Unsure(BatchApiError):
+    """No answer (timeout, connection) or a 5xx: the call may have taken effect."""
+
+
+class Refused(BatchApiError):
+    """A 4xx about the request itself: repeating the same request will not help."""
+
+
+class TokenLimited(Refused):
+    """The organisation's enqueued-token limit: no new batch until earlier ones end."""
+
+
+class BatchClient:
+    """One provider endpoint's Files and Batches APIs."""
+
+    def __init__(
+        self,
+        endpoint: BatchEndpoint,
+        transport: httpx.AsyncBaseTransport | None = None,
+        retry_base_s: float = 1.0,
+        max_retry_after_s: float = 900.0,
+    ) -> None:
+        self._api_key = endpoint.api_key
+        self.retry_base_s = retry_base_s
+        self.max_wait_s = max_retry_after_s
+        headers = {"user-agent": _USER_AGENT}
+        if endpoint.api_key:
+            headers["authorization"] = f"Bearer {endpoint.api_key}"
+        timeout = httpx.Timeout(
+            connect=endpoint.connect_timeout_s,
+            read=endpoint.read_timeout_s,
+            write=endpoint.read_timeout_s,
+            pool=endpoint.read_timeout_s,
+        )
+        self._transfer = httpx.Timeout(
+            connect=endpoint.connect_timeout_s,
+            read=endpoint.transfer_timeout_s,
+            write=endpoint.transfer_timeout_s,
+            pool=endpoint.read_timeout_s,
+        )
+        self._base_url = endpoint.base_url.rstrip("/")
+        self._client = httpx.AsyncClient(
+            base_url=endpoint.base_url.rstrip("/"),
+            headers=headers,
+            timeout=timeout,
+            transport=transport,
+            follow_redirects=False,
+        )
+
+    async def aclose(self) -> None:
+        """Close pooled connections."""
+        await self._client.aclose()
+
+    async def _call(
+        self, method: str, path: str, echoes: Echoes = (), **kwargs: Any
+    ) -> httpx.Response:
+        try:
+            response = await self._client.request(method, path, **kwargs)
+        except httpx.TimeoutException as exc:
+            raise Unsure(f"{method} {path}: timeout ({type(exc).__name__})") from None
+        except httpx.RequestError as exc:
+            raise Unsure(f"{method} {path}: connection error ({type(exc).__name__})") from None
+        status = response.status_code
+        if 200 <= status < 300:
+            return response
+        texts = await echoes() if callable(echoes) else echoes
+        summary, message = error_summary(
+            status,
+            response.content,
+            response.headers.get("content-type", ""),
+            echoes=texts or (),
+            secrets=[self._api_key] if self._api_key else [],
+        )
+        if texts is None:
+            summary = f"HTTP {status}: {WITHHELD}"
+        code = _error_code(response)
+        scope = classify(status, code)
+        if scope is Scope.RUN:
+            endpoint = f"{method} {self._base_url}{path}"
+            raise RunFatalError(
+                f"{summary} from {endpoint} ({run_fatal_hint(status)})",
+                status=status,
+                endpoint=endpoint,
+            )
+        if scope is Scope.TOKEN_LIMIT:
+            raise TokenLimited(summary, status=status, code=code)
+        if scope is Scope.RETRY:
+            if status == 429:
+                wait = retry_after_seconds(response.headers, message)
+                # A bogus Retry-After (days) must not freeze the run: bounded like sync's.
+                raise RateLimited(summary, None if wait is None else min(wait, self.max_wait_s))
+            raise Unsure(summary, status=status, code=code)
+        raise Refused(summary, status=status, code=code)
+
+    async def upload(self, filename: str, content: bytes, echoes: Echoes = ()) -> str:
+        """Upload a batch input file; returns its file id."""
+        response = await self._call(
+            "POST",
+            "/files",
+            echoes,
+            data={"purpose": "batch"},
+            files={"file": (filename, content, "application/jsonl")},
+            timeout=self._transfer,
+        )
+        return str(response.json()["id"])
+
+    async def create(
+        self, file_id: str, metadata: dict[str, str], echoes: Echoes = ()
+    ) -> BatchObject:
+        """Create a batch over an uploaded file (not idempotent: see ``find``)."""
+        body = {
+            "input_file_id": file_id,
+            "endpoint": ENDPOINT,
+            "completion_window": "24h",
+            "metadata": metadata,
+        }
+        response = await self._call("POST", "/batches", echoes, json=body)
+        return BatchObject.model_validate_json(response.content)
+
+    async def retrieve(self, batch_id: str) -> BatchObject:
+        """A batch's current state."""
+        response = await self._call("GET", f"/batches/{batch_id}")
+        return BatchObject.model_validate_json(response.content)
+
+    async def cancel(self, batch_id: str) -> BatchObject:
+        """Ask the provider to cancel a batch."""
+        response = await self._call("POST", f"/batches/{batch_id}/cancel")
+        return BatchObject.model_validate_json(response.content)
+
+    async def content(self, file_id: str) -> bytes:
+        """A file's bytes (batch output or error file)."""
+        response = await self._call("GET", f"/files/{file_id}/content", timeout=self._transfer)
+        return response.content
+
+    async def page(self, after: str | None, limit: int = 100) -> BatchPage:
+        """One page of batches, newest first."""
+        params: dict[str, str | int] = {"limit": limit}
+        if after:
+            params["after"] = after
+        response = await self._call("GET", "/batches", params=params)
+        return BatchPage.model_validate_json(response.content)
+
+    async def find(self, key: str, value: str, since: datetime) -> BatchObject | None:
+        """The newest batch whose metadata has ``key == value``, created after ``since``.
+
+        Lists newest first and stops at batches older than ``since`` (the chunk's intent), so
+        an organisation's long batch history is not read to the end.
+        """
+        floor = since.replace(tzinfo=UTC).timestamp() - 300  # clock skew margin
+        after: str | None = None
+        while True:
+            page = await retry(
+                functools.partial(self.page, after), what="list batches", base_s=self.retry_base_s
+            )
+            for batch in page.data:
+                if (batch.metadata or {}).get(key) == value:
+                    return batch
+            older = [b for b in page.data if b.created_at is not None and b.created_at < floor]
+            if not page.has_more or not page.data or older:
+                return None
+            after = page.last_id or page.data[-1].id
+
+
+def _error_code(response: httpx.Response) -> str | None:
+    try:
+        error = response.json().get("error")
+    except (ValueError, AttributeError):
+        return None
+    code = error.get("code") if isinstance(error, dict) else None
+    return str(code)[:60] if code else None
+
+
+async def retry(
+    call: Callable[[], Awaitable[T]],
+    *,
+    what: str,
+    attempts: int = 8,
+    base_s: float = 1.0,
+    max_s: float = 60.0,
+    log: Callable[[str], None] = lambda _m: None,
+) -> T:
+    """Repeat an idempotent call through 429s and unsure failures, with jittered back-off."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return await call()
+        except (RateLimited, Unsure) as exc:
+            if attempt == attempts:
+                raise
+            ceiling = min(max_s, base_s * 2 ** (attempt - 1))
+            wait = random.uniform(ceiling / 2, ceiling)
+            if isinstance(exc, RateLimited) and exc.retry_after is not None:
+                wait = max(wait, exc.retry_after)
+            log(f"{what}: {exc}; retrying in {wait:.1f}s")
+            await asyncio.sleep(wait)
+    raise AssertionError("unreachable")

@@ -1,0 +1,98 @@
+"""What every step of a batch-mode run shares: store, client, budgets, versions, knobs."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from sqlalchemy.engine import Engine
+
+from backfill_assets.core.keys import Versions
+from backfill_assets.core.outcomes import RetryPolicy
+from backfill_assets.core.prices import PriceTable
+from backfill_assets.core.rubric import Rubric
+from backfill_assets.dispatch.batch.client import BatchClient
+from backfill_assets.dispatch.batch.options import BatchOptions
+from backfill_assets.dispatch.sync import PartitionStats
+from backfill_assets.providers.models.base import RunFatalError
+from backfill_assets.store.submissions import LineRow, Submission
+
+T = TypeVar("T")
+
+
+@dataclass
+class ChunkJob:
+    """A chunk this run is driving, from intent to applied."""
+
+    sub: Submission
+    lines: list[LineRow]
+    partition: str
+    next_poll: float = 0.0
+    interval: float = 0.0
+    retry_at: float = 0.0
+    last_seen: tuple[str, int, int] | None = None
+    # Lookups since an unanswered create (each waits longer).
+    lookups: int = 0
+
+    @property
+    def state(self) -> str:
+        """The submission's state."""
+        return self.sub.state
+
+
+@dataclass
+class BatchContext:
+    """Shared by the planner, the submitter, the poller and the applier of one run."""
+
+    engine: Engine
+    client: BatchClient
+    # The per-tenant token cap (None: none). A chunk's reservation is its submission row.
+    cap: int | None
+    versions: Versions
+    rubric: Rubric
+    run_id: str
+    options: BatchOptions
+    retry: RetryPolicy
+    prices: PriceTable
+    max_tokens_param: str
+    log: Callable[[str], None]
+    flush_rows: int = 2048
+    flush_interval_s: float = 0.1
+    # The API key, only to scrub it from stored messages.
+    secret: str = field(default="", repr=False)
+    stats: dict[str, PartitionStats] = field(default_factory=dict)
+    # Per partition, keys not to send again in this run: retries exhausted, deferred by the
+    # budget, or in a batch the provider refused (a retry_exhausted key is pending again for
+    # a later run, as in sync mode).
+    excluded: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
+    # Tenants billed past a line's bound: no new chunk for them in this run (as in sync).
+    stopped_tenants: dict[str, str] = field(default_factory=dict)
+    # A run-level answer inside a batch's results: the run stops once the chunk is booked.
+    fatal: RunFatalError | None = None
+
+    def stats_for(self, partition: str) -> PartitionStats:
+        """Stats of a partition (created on first use)."""
+        st = self.stats.get(partition)
+        if st is None:
+            st = self.stats[partition] = PartitionStats()
+        return st
+
+    def kill(self, point: str) -> None:
+        """Fault injection (BACKFILL_KILL_AT): die the hard way at ``point``."""
+        if self.options.kill_at == point:
+            self.log(f"BACKFILL_KILL_AT={point}: SIGKILL")
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def cost(self, model: str, tokens_in: int, tokens_out: int) -> float:
+        """USD for one line at the batch price."""
+        standard = self.prices.cost(model, tokens_in, tokens_out)
+        return standard * self.options.price_factor
+
+    async def db(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run blocking store code off the event loop."""
+        return await asyncio.to_thread(fn, *args, **kwargs)

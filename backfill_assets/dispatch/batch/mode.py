@@ -1,0 +1,113 @@
+"""Batch dispatch for ``pipeline.run_partitions``: the counterpart of the sync dispatcher.
+
+Builds what a batch-mode run needs (Files/Batches client, context) on the run's event loop,
+drives the partitions' chunks with ``BatchRunner``, and releases everything after. A run-level
+refusal becomes ``dispatch.DispatchHalted``, which ``pipeline.run_partitions`` reports as in sync.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Callable, Sequence
+
+from sqlalchemy.engine import Engine
+
+from backfill_assets.core.keys import Versions
+from backfill_assets.core.prices import PriceTable
+from backfill_assets.core.rubric import Rubric
+from backfill_assets.dispatch.batch.client import BatchClient
+from backfill_assets.dispatch.batch.context import BatchContext
+from backfill_assets.dispatch.batch.runner import BatchRunner
+from backfill_assets.dispatch.partition_run import PartitionRef, PartitionReport, RunOptions
+from backfill_assets.dispatch.routing import LanePlan
+from backfill_assets.dispatch.sync import DispatchHalted
+from backfill_assets.providers.models.base import ModelAdapter, RunFatalError
+
+
+class BatchModeError(RuntimeError):
+    """Batch dispatch was asked for without a provider that has a Batch API."""
+
+
+async def run_batch(
+    engine: Engine,
+    refs: Sequence[PartitionRef],
+    reports: dict[str, PartitionReport],
+    make_adapter: Callable[[], ModelAdapter],
+    versions: Versions,
+    rubric: Rubric,
+    run_id: str,
+    options: RunOptions,
+    log: Callable[[str], None],
+) -> None:
+    """Same signature as the sync dispatch; ``make_adapter`` is not used."""
+    opts = options.batch
+    if opts is None or opts.endpoint is None:
+        raise BatchModeError("BACKFILL_DISPATCH=batch needs BACKFILL_MODEL_BACKEND=openai")
+    endpoint = opts.endpoint
+    client = BatchClient(
+        endpoint,
+        transport=opts.transport,
+        retry_base_s=min(1.0, opts.poll_seconds),
+        max_retry_after_s=options.retry.max_retry_after_s,
+    )
+    ctx = BatchContext(
+        engine=engine,
+        client=client,
+        # Each chunk reserves its lines' bounds in its own row, granted with its intent.
+        cap=options.budget_tokens or None,
+        versions=versions,
+        rubric=rubric,
+        run_id=run_id,
+        options=opts,
+        retry=options.retry,
+        prices=PriceTable.from_json(endpoint.prices_json),
+        max_tokens_param=endpoint.max_tokens_param,
+        log=log,
+        flush_rows=options.flush_rows,
+        flush_interval_s=options.flush_interval_s,
+        secret=endpoint.api_key,
+    )
+    for ref in refs:
+        ctx.stats[ref.key] = reports[ref.key].stats
+    try:
+        await BatchRunner(ctx, refs, reports).run()
+    except RunFatalError as exc:
+        # As in sync mode: a wrong key, permission, model or URL stops the run; every chunk
+        # stays as it is (a batch may still run and bill) and the next run re-attaches.
+        log(f"ERROR: {exc}; stopping the run, open chunks stay for the next run")
+        raise DispatchHalted(f"run stopped: {exc}") from exc
+    finally:
+        await client.aclose()
+
+
+async def batch_lanes(
+    engine: Engine,
+    plan: LanePlan,
+    owned: Sequence[PartitionRef],
+    reports: dict[str, PartitionReport],
+    make_adapter: Callable[[], ModelAdapter],
+    versions: Versions,
+    rubric: Rubric,
+    run_id: str,
+    options: RunOptions,
+    log: Callable[[str], None],
+) -> None:
+    """Batch mode, one coordinator per lane with that lane's Batch API, side by side."""
+    mine = {r.key for r in owned}
+    jobs = []
+    for lane, refs in plan.lanes.items():
+        opts = options
+        if lane is not None and options.batch is not None:
+            endpoint = options.lanes.batch[lane]
+            opts = dataclasses.replace(
+                options, batch=dataclasses.replace(options.batch, endpoint=endpoint)
+            )
+        lane_refs = [r for r in refs if r.key in mine]
+        jobs.append(
+            run_batch(engine, lane_refs, reports, make_adapter, versions, rubric, run_id, opts, log)
+        )
+    # One lane's failure must not cut another's batches short: wait for all, then raise.
+    for result in await asyncio.gather(*jobs, return_exceptions=True):
+        if isinstance(result, BaseException):
+            raise result

@@ -1,0 +1,111 @@
+"""Ledger events, results and dead letters of batch lines, shaped like the sync dispatcher's.
+
+The same shapes go through the same ``LedgerWriter``, so ``verify`` and the checks account
+for batch mode unchanged: an attempt per line at intent, then a usage or error event with the
+same attempt id, committed together with the key's outcome.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from backfill_assets.core.keys import Versions
+from backfill_assets.core.outcomes import Outcome
+from backfill_assets.core.rubric import ModerationOutput
+from backfill_assets.store.rows import event_row, key_row
+from backfill_assets.store.submissions import LineRow, attempt_id
+
+Row = dict[str, Any]
+_MESSAGE_CHARS = 300
+
+
+@dataclass(frozen=True)
+class LineRows:
+    """Row builders for one chunk's lines."""
+
+    versions: Versions
+    run_id: str
+    tenant_id: str
+    slice: int
+    partition: str
+    chunk_id: str
+
+    def _event(self, line: LineRow, kind: str) -> Row:
+        return event_row(
+            self.versions,
+            self.run_id,
+            kind,
+            key=line.key,
+            tenant_id=self.tenant_id,
+            slice_no=self.slice,
+            attempt_id=attempt_id(self.chunk_id, line.line_no),
+            attempt_no=line.attempt_no,
+            post_id=line.post_id,
+            content_hash=line.content_hash,
+        )
+
+    def attempt(self, line: LineRow) -> Row:
+        """Written with the chunk's intent, before the upload."""
+        return self._event(line, "attempt")
+
+    def usage(
+        self,
+        line: LineRow,
+        tokens_in: int,
+        tokens_out: int,
+        cost: float,
+        request_id: str,
+        usage_shape: str = "split",
+        bound: int | None = None,
+    ) -> Row:
+        """What the provider billed for the line (at the batch price), in the shape it was
+        reported (sql/004), with the bound reserved for it."""
+        row = self._event(line, "usage")
+        row.update(
+            tokens_in=tokens_in,
+            tokens_out=tokens_out,
+            cost=cost,
+            request_id=request_id[:200],
+            status=200,
+            usage_shape=usage_shape,
+            bound_tokens=bound,
+        )
+        return row
+
+    def error(self, line: LineRow, status: int | None, message: str) -> Row:
+        """A line that produced no billed answer (closes its attempt)."""
+        row = self._event(line, "error")
+        row.update(status=status, message=message[:_MESSAGE_CHARS])
+        return row
+
+    def _base(self, line: LineRow) -> Row:
+        return key_row(
+            self.versions,
+            self.run_id,
+            key=line.key,
+            tenant_id=self.tenant_id,
+            post_id=line.post_id,
+            slice_no=self.slice,
+            content_hash=line.content_hash,
+        )
+
+    def result(self, line: LineRow, out: ModerationOutput) -> Row:
+        """An accepted label (the writer validates it again as a frame)."""
+        row = self._base(line)
+        row.update(
+            label=out.label,
+            confidence=out.confidence,
+            correlation_id=out.correlation_id,
+            schema_version=out.schema_version,
+            partition=self.partition,
+            # Clears an earlier retry_exhausted dead letter of the key, if any.
+            had_dead_letter=True,
+        )
+        return row
+
+    def dead(self, line: LineRow, outcome: Outcome, reason: str) -> Row:
+        """A dead letter (replaces any earlier one for the key)."""
+        row = self._base(line)
+        row.update(outcome=str(outcome), reason=reason[:500], attempts=line.attempt_no)
+        return row

@@ -1,0 +1,314 @@
+"""Batch-mode runs: intent -> upload -> create -> poll -> fetch -> triage -> commit, per chunk.
+
+One coordinator drives every chunk of the run's partitions on one event loop. It re-attaches
+the partitions' open chunks first (a batch is never created twice for a chunk), plans new
+chunks for the keys still pending, and polls with back-off until each batch ends; retriable
+and expired lines come back as pending keys and go into a new chunk (only those).
+
+Polling happens inside the run (docs/providers.md, "Poll inside the run"): the partition's
+writer lock is held throughout, so no other process can submit the same keys, and the run ends
+only when every key is committed, dead-lettered, deferred or reported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+
+from backfill_assets.core.keys import work_key
+from backfill_assets.core.outcomes import Outcome
+from backfill_assets.dispatch.batch import attach, submit
+from backfill_assets.dispatch.batch.booking import Ending, book, close_unrun
+from backfill_assets.dispatch.batch.client import RateLimited, Refused, Unsure
+from backfill_assets.dispatch.batch.context import BatchContext, ChunkJob
+from backfill_assets.dispatch.batch.pacing import PollPacer, TokenGate
+from backfill_assets.dispatch.batch.texts import chunk_echoes, errors_text
+from backfill_assets.dispatch.batch.wire import BatchObject
+from backfill_assets.dispatch.partition_run import PartitionRef, PartitionReport
+from backfill_assets.providers.models.base import RunFatalError
+from backfill_assets.store import submissions as store
+from backfill_assets.store.engine import read_tx
+from backfill_assets.store.partition_counts import post_counts
+from backfill_assets.store.tables import utcnow
+from backfill_assets.store.work import PendingPost, in_open_batch, pending_posts
+
+
+class BatchRunner:
+    """The coordinator of one run's chunks."""
+
+    def __init__(
+        self, ctx: BatchContext, refs: Sequence[PartitionRef], reports: dict[str, PartitionReport]
+    ) -> None:
+        self.ctx = ctx
+        self.opts = ctx.options
+        self.refs = {r.key: r for r in refs}
+        self.reports = reports
+        self.jobs: dict[str, ChunkJob] = {}
+        self.dirty = set(self.refs)
+        self.excluded = ctx.excluded
+        self.max_lines = dict.fromkeys(self.refs, self.opts.max_lines)
+        self.counted: set[str] = set()
+        self.gate = TokenGate(self.opts.poll_seconds, self.opts.max_poll_seconds)
+        self.pacer = PollPacer(self.opts.max_poll_seconds)
+
+    async def run(self) -> None:
+        """Until every chunk of the run's partitions has ended."""
+        await self._resume_open()
+        while True:
+            self._check_fatal()
+            await self._plan()
+            await self._push()
+            if not self.jobs:
+                return
+            await self._poll()
+            self._check_fatal()
+            await self._idle()
+
+    def _check_fatal(self) -> None:
+        if self.ctx.fatal is not None:
+            raise self.ctx.fatal
+
+    def _open(self, ref: PartitionRef) -> list[tuple[store.Submission, list[store.LineRow]]]:
+        with read_tx(self.ctx.engine) as conn:
+            subs = store.open_submissions(conn, ref.tenant_id, ref.slices)
+            return [(s, store.chunk_lines(conn, s.chunk_id)) for s in subs]
+
+    async def _resume_open(self) -> None:
+        ctx = self.ctx
+        for ref in self.refs.values():
+            for sub, lines in await ctx.db(self._open, ref):
+                # Its reservation is its row (reserved_tokens), held since its intent.
+                job = ChunkJob(sub, lines, ref.key, interval=self.opts.poll_seconds)
+                self.jobs[sub.chunk_id] = job
+                ctx.log(
+                    f"chunk {sub.chunk_id} ({ref.key}, {sub.lines} lines): resuming at "
+                    f"'{sub.state}'" + (f", batch {sub.batch_id}" if sub.batch_id else "")
+                )
+                if sub.state == "uploaded":
+                    # The process may have died between create and storing the batch id.
+                    await attach.reattach(ctx, job)
+                if sub.state == "ended":
+                    self._ended(job, await book(ctx, job))
+
+    def _pending(self, ref: PartitionRef) -> tuple[int, int, list[PendingPost]]:
+        versions = self.ctx.versions
+        with read_tx(self.ctx.engine) as conn:
+            sizes = post_counts(conn, [ref.tenant_id])
+            size = sum(sizes.get((ref.tenant_id, s), 0) for s in ref.slices)
+            waiting = in_open_batch(conn, ref.tenant_id, ref.slices, versions)
+            return size, waiting, pending_posts(conn, ref.tenant_id, ref.slices, versions)
+
+    async def _plan(self) -> None:
+        ctx = self.ctx
+        for key in sorted(self.dirty):
+            ref = self.refs[key]
+            size, waiting, pending = await ctx.db(self._pending, ref)
+            if key not in self.counted:
+                self.counted.add(key)
+                rep = self.reports[key]
+                rep.posts, rep.pending, rep.in_open_batch = size, len(pending), waiting
+            busy = {ln.key for j in self.jobs.values() if j.partition == key for ln in j.lines}
+            skip = busy | self.excluded[key]
+            todo = [
+                p
+                for p in pending
+                if work_key(ctx.versions, ref.tenant_id, p.post_id, p.content_hash) not in skip
+            ]
+            if not todo:
+                continue
+            if ref.tenant_id in ctx.stopped_tenants:
+                # Billed past a bound: nothing new is sent for this tenant in this run.
+                ctx.stats_for(key).outcomes[Outcome.DEFERRED] += len(todo)
+                self.excluded[key].update(
+                    work_key(ctx.versions, ref.tenant_id, p.post_id, p.content_hash) for p in todo
+                )
+                continue
+            # A chunk holds one stored slice (a partition of a small tenant holds several):
+            # its rows carry the posts' own slice, as in sync mode.
+            for slice_no in sorted({p.slice for p in todo}):
+                group = [p for p in todo if p.slice == slice_no]
+                await self._chunk(key, ref, slice_no, group)
+        self.dirty.clear()
+
+    async def _chunk(
+        self, key: str, ref: PartitionRef, slice_no: int, todo: list[PendingPost]
+    ) -> None:
+        ctx = self.ctx
+        jobs, deferred = await submit.plan(
+            ctx, key, ref.tenant_id, slice_no, todo, self.max_lines[key]
+        )
+        for job in jobs:
+            job.interval = self.opts.poll_seconds
+            self.jobs[job.sub.chunk_id] = job
+            ctx.log(f"chunk {job.sub.chunk_id} ({key}): {job.sub.lines} lines planned")
+        if deferred:
+            ctx.stats_for(key).outcomes[Outcome.DEFERRED] += len(deferred)
+            self.excluded[key].update(deferred)
+            ctx.log(f"{key}: {len(deferred)} key(s) deferred (tenant budget)")
+
+    async def _push(self) -> None:
+        """Upload recorded chunks and create their batches while the token gate is open."""
+        ctx = self.ctx
+        for job in list(self.jobs.values()):
+            if job.sub.tenant_id in ctx.stopped_tenants and await self._hold_back(job):
+                continue
+            try:
+                if job.state == "intent":
+                    await submit.upload(ctx, job)
+                now = time.monotonic()
+                if job.state != "uploaded" or not self.gate.is_open(now) or now < job.retry_at:
+                    continue
+                why = await attach.create(ctx, job)
+            except Refused as exc:
+                await self._fail(
+                    job, f"refused: {exc}", "abandoned" if exc.code == "stale" else "failed"
+                )
+                continue
+            if why is attach.Wait.TOKEN_LIMIT:
+                # Refused at create: each refusal after a wait is fresh news, so back off.
+                self._close_gate(job, again=self.gate.refusals > 0)
+            elif why is None:
+                job.next_poll = time.monotonic() + job.interval
+                ctx.log(f"chunk {job.sub.chunk_id}: batch {job.sub.batch_id} submitted")
+
+    async def _hold_back(self, job: ChunkJob) -> bool:
+        """A stopped tenant's chunk not sent yet is closed unrun (its keys wait for a later
+        run); True if it was. One whose create may have happened is still looked up."""
+        if job.state not in ("intent", "uploaded") or job.sub.create_sent_at is not None:
+            return False
+        reason = self.ctx.stopped_tenants[job.sub.tenant_id]
+        await close_unrun(self.ctx, job, f"tenant stopped in this run ({reason})", "requeued")
+        self.jobs.pop(job.sub.chunk_id, None)
+        self.ctx.stats_for(job.partition).outcomes[Outcome.DEFERRED] += job.sub.lines
+        self.excluded[job.partition].update(ln.key for ln in job.lines)
+        return True
+
+    async def _poll(self) -> None:
+        due = sorted(
+            (j for j in self.jobs.values() if j.state == "submitted"),
+            key=lambda j: j.next_poll,
+        )
+        for job in due:
+            now = time.monotonic()
+            if job.next_poll > now or now < self.pacer.paused_until:
+                break
+            if self.pacer.gap_s:
+                await asyncio.sleep(self.pacer.gap_s)
+            assert job.sub.batch_id is not None
+            try:
+                batch = await self.ctx.client.retrieve(job.sub.batch_id)
+            except RateLimited as exc:
+                self._poll_limited(job, exc)
+                break
+            except Unsure as exc:
+                self.ctx.log(f"batch {job.sub.batch_id}: status unknown ({exc}); asking later")
+                job.next_poll = time.monotonic() + job.interval
+                continue
+            except Refused as exc:
+                # Refusing a status call is no verdict on the batch, which may still run and
+                # bill: stop the run, the chunk stays 'submitted' and the next run re-attaches.
+                raise RunFatalError(
+                    f"status of batch {job.sub.batch_id} refused: {exc}",
+                    status=exc.status,
+                    endpoint=f"GET /batches/{job.sub.batch_id}",
+                ) from None
+            self.pacer.answered()
+            await self._observe(job, batch)
+
+    def _poll_limited(self, job: ChunkJob, exc: RateLimited) -> None:
+        # A 429 says nothing about the batch: keep its state, slow every poll down.
+        pause = self.pacer.rate_limited(time.monotonic(), exc.retry_after)
+        self.ctx.stats_for(job.partition).rate_limited += 1
+        self.ctx.log(f"status polls rate-limited (429): pausing {pause:.2f}s")
+
+    async def _observe(self, job: ChunkJob, batch: BatchObject) -> None:
+        ctx, sub = self.ctx, job.sub
+        counts = batch.request_counts
+        seen = (batch.status, counts.completed, counts.failed)
+        values = {
+            "provider_status": batch.status,
+            "requests_total": counts.total,
+            "requests_completed": counts.completed,
+            "requests_failed": counts.failed,
+        }
+        if batch.terminal:
+            echoes = await ctx.db(chunk_echoes, ctx, job) if batch.errors else ()
+            await ctx.db(
+                store.update,
+                ctx.engine,
+                sub,
+                state="ended",
+                output_file_id=batch.output_file_id,
+                error_file_id=batch.error_file_id,
+                errors=errors_text(batch, [ctx.secret] if ctx.secret else [], echoes),
+                finished_at=utcnow(),
+                **values,
+            )
+            ctx.log(
+                f"batch {sub.batch_id} ({job.partition}): {batch.status}, "
+                f"{counts.completed}/{counts.total} done, {counts.failed} failed"
+            )
+            self._ended(job, await book(ctx, job))
+            return
+        job.interval = min(job.interval * 1.5, self.opts.max_poll_seconds)
+        job.next_poll = time.monotonic() + job.interval
+        if seen != job.last_seen:
+            job.last_seen = seen
+            await ctx.db(store.update, ctx.engine, sub, **values)
+            ctx.log(
+                f"batch {sub.batch_id} ({job.partition}): {batch.status}, "
+                f"{counts.completed}/{counts.total} done, {counts.failed} failed; "
+                f"next poll in {job.interval:.1f}s"
+            )
+        ctx.kill("poll")
+
+    def _ended(self, job: ChunkJob, ending: Ending) -> None:
+        self.jobs.pop(job.sub.chunk_id, None)
+        self.dirty.add(job.partition)  # retriable, expired or requeued keys are pending again
+        if ending is Ending.APPLIED:
+            # A batch left the queue: capacity under the enqueued-token limit is back.
+            self.gate.reopen()
+        elif ending is Ending.REQUEUED:
+            self._close_gate(job)
+        else:
+            self.excluded[job.partition].update(ln.key for ln in job.lines)
+            self.ctx.log(
+                f"ERROR: batch {job.sub.batch_id} ({job.partition}) failed validation; its "
+                f"{job.sub.lines} keys stay pending. Errors: {job.sub.errors}"
+            )
+
+    def _close_gate(self, job: ChunkJob, again: bool = False) -> None:
+        """The enqueued-token limit: no new batch until one of ours ends or the wait is over."""
+        now = time.monotonic()
+        others = any(j.state == "submitted" for j in self.jobs.values())
+        # The same keys refused again (seq > 1, or a create refused again), or refused with
+        # nothing of ours queued: back off further and make the partition's chunks smaller
+        # (one alone may exceed the limit).
+        again = again or job.sub.seq > 1
+        if again or not others:
+            self.max_lines[job.partition] = max(1, job.sub.lines // 2)
+        wait = self.gate.refused(now, again)
+        self.ctx.log(
+            f"chunk {job.sub.chunk_id}: enqueued-token limit reached; waiting "
+            f"{wait:.2f}s{' for earlier batches' if others else ''}"
+        )
+
+    async def _fail(self, job: ChunkJob, message: str, state: str) -> None:
+        await close_unrun(self.ctx, job, message, state)
+        await self.ctx.db(store.update, self.ctx.engine, job.sub, errors=message[:500])
+        self.jobs.pop(job.sub.chunk_id, None)
+        self.excluded[job.partition].update(ln.key for ln in job.lines)
+        self.ctx.log(f"ERROR: chunk {job.sub.chunk_id} ({job.partition}) {state}: {message}")
+
+    async def _idle(self) -> None:
+        now = time.monotonic()
+        wake: list[float] = []
+        for job in self.jobs.values():
+            if job.state == "submitted":
+                wake.append(max(job.next_poll, self.pacer.paused_until))
+            elif job.state == "uploaded":
+                wake.append(max(self.gate.until, job.retry_at))
+            else:
+                wake.append(now)
+        await asyncio.sleep(max(0.0, min(wake, default=now) - now))

@@ -1,0 +1,111 @@
+"""What each line of a finished batch means for its key (pure).
+
+- ``answered``: a 200 with a completion; booked (usage) before its content is parsed, exactly
+  like a synchronous answer, then accepted or ``schema_rejected`` by the rubric.
+- ``rejected``: the provider refused the request itself (``invalid_request``, other 4xx);
+  dead-lettered as ``transport_rejected``, never resubmitted.
+- ``retry``: 429/408/409/5xx, a 200 that is no completion, a line the batch never ran
+  (``batch_expired``, ``batch_cancelled``) or one missing from both files: resubmitted in a
+  new batch, and only these lines.
+- ``fatal``: 401/403/404 and account-level codes (``models.errors``, the taxonomy sync mode
+  uses too): not the key's fault; it stays pending and the run stops after booking the chunk.
+
+Stored texts are scrubbed of the line's own request (``echoes``: its post and user message;
+``None`` when the post changed since it was sent: then no provider message is kept at all).
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from backfill_assets.dispatch.batch.wire import OutputLine
+from backfill_assets.providers.models._openai_wire import (
+    NotACompletion,
+    error_summary,
+    parse_completion,
+    scrub,
+)
+from backfill_assets.providers.models.errors import Scope, classify
+
+# What is stored instead of a provider message that cannot be checked for an echo.
+WITHHELD = "(message withheld: the request text is not known to check it)"
+
+
+class Disposition(enum.StrEnum):
+    """What happens to a key after its batch ended."""
+
+    ANSWERED = "answered"
+    REJECTED = "rejected"
+    RETRY = "retry"
+    FATAL = "fatal"
+
+
+@dataclass(frozen=True, slots=True)
+class TriagedLine:
+    """A line's disposition with what the ledger books for it."""
+
+    disposition: Disposition
+    status: int | None
+    message: str = ""
+    request_id: str | None = None
+    content: str = ""
+    tokens_in: int = 0
+    tokens_out: int = 0
+    # 'split', 'total' (tokens_in holds the total) or 'missing' (no usage: book the bound).
+    usage_shape: str = "split"
+
+
+def triage(
+    line: OutputLine | None,
+    secrets: Sequence[str] = (),
+    echoes: Sequence[str] | None = (),
+) -> TriagedLine:
+    """Classify one key's line (``None``: the key is in neither file)."""
+    if line is None:
+        return TriagedLine(
+            Disposition.RETRY, None, "missing from the batch's output and error files"
+        )
+    response = line.response
+    if response is None:
+        code = (line.error.code if line.error else None) or "error"
+        code = WITHHELD if echoes is None else scrub(code[:60], echoes, secrets)
+        return TriagedLine(Disposition.RETRY, None, f"{code}: not run by the batch")
+    status = response.status_code
+    body = json.dumps(response.body).encode("utf-8")
+    if 200 <= status < 300:
+        try:
+            completion = parse_completion(body)
+        except NotACompletion as exc:
+            return TriagedLine(
+                Disposition.RETRY, status, f"HTTP {status}: {exc}", response.request_id
+            )
+        billed = completion.billed
+        return TriagedLine(
+            Disposition.ANSWERED,
+            status,
+            request_id=response.request_id or completion.id,
+            content=completion.content,
+            tokens_in=billed.tokens_in if billed else 0,
+            tokens_out=billed.tokens_out if billed else 0,
+            usage_shape=billed.shape if billed else "missing",
+        )
+    # Only the scrubbed summary is kept: a provider may echo the request (post text).
+    summary, _raw = error_summary(
+        status, body, "application/json", echoes=echoes or (), secrets=secrets
+    )
+    if echoes is None:
+        summary = f"HTTP {status}: {WITHHELD}"
+    scope = classify(status, _code(response.body))
+    disposition = {Scope.RUN: Disposition.FATAL, Scope.KEY: Disposition.REJECTED}.get(
+        scope, Disposition.RETRY
+    )
+    return TriagedLine(disposition, status, summary, response.request_id)
+
+
+def _code(body: object) -> str | None:
+    error = body.get("error") if isinstance(body, dict) else None
+    code = error.get("code") if isinstance(error, dict) else None
+    return code if isinstance(code, str) else None

@@ -1,0 +1,124 @@
+"""Batch API wire format: input lines, the batch object and output lines (pure, pydantic).
+
+Request bodies are the synchronous adapter's (``models._openai_wire.request_body``), so a key
+costs the same prompt in both modes; answers are parsed with the same envelope model.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from backfill_assets.providers.models._openai_wire import request_body
+from backfill_assets.providers.models.base import ModelRequest
+
+ENDPOINT = "/v1/chat/completions"
+TERMINAL_STATUSES = frozenset({"completed", "failed", "expired", "cancelled"})
+
+
+def input_line(request: ModelRequest, max_tokens_param: str) -> bytes:
+    """One JSONL request; ``custom_id`` is the key. Canonical JSON: same input, same bytes."""
+    line = {
+        "custom_id": request.key,
+        "method": "POST",
+        "url": ENDPOINT,
+        "body": request_body(request, max_tokens_param),
+    }
+    text = json.dumps(line, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return text.encode("utf-8") + b"\n"
+
+
+class _Lenient(BaseModel):
+    # Providers add fields freely; only what we read is declared.
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class BatchErrorItem(_Lenient):
+    """One validation error of a failed batch."""
+
+    code: str | None = None
+    message: str | None = None
+    line: int | None = None
+
+
+class BatchErrors(_Lenient):
+    """``errors`` of a batch object."""
+
+    data: list[BatchErrorItem] = Field(default_factory=list)
+
+
+class RequestCounts(_Lenient):
+    """Progress of a batch."""
+
+    total: int = 0
+    completed: int = 0
+    failed: int = 0
+
+
+class BatchObject(_Lenient):
+    """The parts of a batch object we act on."""
+
+    id: str
+    status: str
+    input_file_id: str | None = None
+    output_file_id: str | None = None
+    error_file_id: str | None = None
+    errors: BatchErrors | None = None
+    request_counts: RequestCounts = Field(default_factory=RequestCounts)
+    metadata: dict[str, str] | None = None
+    created_at: int | None = None
+
+    @property
+    def terminal(self) -> bool:
+        """No further change will happen."""
+        return self.status in TERMINAL_STATUSES
+
+
+class BatchPage(_Lenient):
+    """One page of ``GET /batches``."""
+
+    data: list[BatchObject] = Field(default_factory=list)
+    has_more: bool = False
+    last_id: str | None = None
+
+
+class LineResponse(_Lenient):
+    """``response`` of an output line."""
+
+    status_code: int
+    request_id: str | None = None
+    body: Any = None
+
+
+class LineError(_Lenient):
+    """``error`` of an output line (``batch_expired``, ``batch_cancelled``, ...)."""
+
+    code: str | None = None
+    message: str | None = None
+
+
+class OutputLine(_Lenient):
+    """One line of an output or error file."""
+
+    id: str | None = None
+    custom_id: str
+    response: LineResponse | None = None
+    error: LineError | None = None
+
+
+def output_lines(content: bytes) -> tuple[dict[str, OutputLine], int]:
+    """Lines by ``custom_id`` (the output order is not the input order) and unreadable lines."""
+    found: dict[str, OutputLine] = {}
+    unreadable = 0
+    for raw in content.split(b"\n"):
+        if not raw.strip():
+            continue
+        try:
+            line = OutputLine.model_validate_json(raw)
+        except ValidationError:
+            unreadable += 1
+            continue
+        found[line.custom_id] = line
+    return found, unreadable

@@ -1,0 +1,157 @@
+"""What a run of partitions is given and gives back: which partitions, with which options
+(region lanes included), and what happened to each.
+
+The plain shapes that the sync dispatch (``pipeline.py``), region routing (``routing.py``) and
+batch dispatch (``batch/``) share; they live here, below all three, so imports flow one way.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from backfill_assets.core.keys import MAX_LEVEL, SLICE_COUNT, partition_slices, validate_tenant_id
+from backfill_assets.core.outcomes import Outcome, RetryPolicy
+from backfill_assets.core.regions import unavailable_message
+from backfill_assets.dispatch.batch.options import BatchEndpoint, BatchOptions
+from backfill_assets.dispatch.sync import PartitionStats
+from backfill_assets.providers.models.base import ModelAdapter
+
+# The lane of tenants without a region: the default endpoint.
+DEFAULT_LANE: str | None = None
+
+
+@dataclass(frozen=True)
+class Lanes:
+    """The regional endpoints this process may send to (the default one is implied).
+
+    ``adapters`` build a region's sync adapter on the run's event loop; ``batch`` holds a
+    region's Batch API endpoint. ``any_region`` is for the in-process fake, which sends
+    nothing anywhere and so serves every region on the default lane.
+    """
+
+    adapters: Mapping[str, Callable[[], ModelAdapter]] = field(default_factory=dict)
+    batch: Mapping[str, BatchEndpoint] = field(default_factory=dict)
+    any_region: bool = False
+
+    def lane(self, region: str | None, batch: bool = False) -> tuple[bool, str | None]:
+        """(routable, lane) of a tenant in ``region``, sync or batch; lane ``None`` is the
+        default endpoint."""
+        if region is None or self.any_region:
+            return True, DEFAULT_LANE
+        return region in (self.batch if batch else self.adapters), region
+
+
+class RunStopped(RuntimeError):
+    """A run-level error stopped the run; ``reports`` holds what was done before it."""
+
+    def __init__(self, message: str, reports: list[PartitionReport]) -> None:
+        super().__init__(message)
+        self.reports = reports
+
+
+class RegionUnavailable(RunStopped):
+    """Partitions whose tenant's region has no endpoint in this process: nothing was sent for
+    them (the others were dispatched as usual). ``regions``: region -> partition keys."""
+
+    def __init__(self, regions: dict[str, list[str]], reports: list[PartitionReport]) -> None:
+        super().__init__(unavailable_message(regions), reports)
+        self.regions = regions
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionRef:
+    """A tenant x slice partition and its Dagster key string.
+
+    ``slice`` is the partition's number; ``level`` is its tenant's slice level, which decides
+    which stored slices of posts it holds (``slices``; see ``keys.partition_slices``).
+    """
+
+    key: str
+    tenant_id: str
+    slice: int
+    level: int = MAX_LEVEL
+
+    def __post_init__(self) -> None:
+        # Tenant ids name lock files and scope every query: never build one from a bad id.
+        validate_tenant_id(self.tenant_id)
+        if not 0 <= self.slice < SLICE_COUNT:
+            raise ValueError(f"slice {self.slice!r} out of range 0..{SLICE_COUNT - 1}")
+        if not 0 <= self.level <= MAX_LEVEL:
+            raise ValueError(f"slice level {self.level!r} out of range 0..{MAX_LEVEL}")
+
+    @property
+    def slices(self) -> tuple[int, ...]:
+        """The stored slices of the posts this partition holds (() if it holds none)."""
+        return partition_slices(self.slice, self.level)
+
+    def at_level(self, level: int) -> PartitionRef:
+        """The same partition under its tenant's current slice level."""
+        return PartitionRef(self.key, self.tenant_id, self.slice, level)
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """Execution knobs of one run."""
+
+    concurrency: int = 8
+    budget_tokens: int | None = None
+    kill_after_usage: int | None = None
+    flush_rows: int = 2048
+    flush_interval_s: float = 0.1
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    seed: int | None = None
+    # "sync" (one call per key) or "batch" (the provider's Batch API; see batch/).
+    dispatch_mode: str = "sync"
+    batch: BatchOptions | None = None
+    # Regional endpoints (routing.py); without them only tenants with no region are sent.
+    lanes: Lanes = field(default_factory=Lanes)
+
+
+@dataclass
+class PartitionReport:
+    """One partition's result for metadata, CLI output and tests."""
+
+    ref: PartitionRef
+    posts: int = 0
+    pending: int = 0
+    # Keys left to an open batch chunk (not pending in either mode until their batch ends).
+    in_open_batch: int = 0
+    busy: bool = False
+    stats: PartitionStats = field(default_factory=PartitionStats)
+    labels_total: dict[str, int] = field(default_factory=dict)
+    dead_total: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def skipped(self) -> int:
+        """Keys already finished before this run."""
+        return self.posts - self.pending - self.in_open_batch
+
+    def summary(self) -> dict[str, Any]:
+        """Plain JSON summary."""
+        st = self.stats
+        lat = sorted(st.latencies_ms)
+        return {
+            "partition": self.ref.key,
+            "tenant": self.ref.tenant_id,
+            "slice": f"s{self.ref.slice:02d}",
+            "busy": self.busy,
+            "posts": self.posts,
+            "skipped": self.skipped,
+            "pending": self.pending,
+            "in_open_batch": self.in_open_batch,
+            "outcomes": {str(o): st.outcomes.get(str(o), 0) for o in Outcome},
+            "calls": st.calls,
+            "retries": st.retries,
+            "rate_limited": st.rate_limited,
+            "tokens_in": st.tokens_in,
+            "tokens_out": st.tokens_out,
+            "cost": round(st.cost, 6),
+            "labels_this_run": dict(sorted((k, v) for k, v in st.labels.items() if v)),
+            "labels_total": dict(sorted(self.labels_total.items())),
+            "dead_letters_total": dict(sorted(self.dead_total.items())),
+            "latency_p50_ms": round(statistics.median(lat), 2) if lat else None,
+            "latency_p95_ms": round(lat[int(0.95 * (len(lat) - 1))], 2) if lat else None,
+        }

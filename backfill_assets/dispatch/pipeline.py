@@ -1,0 +1,256 @@
+"""Runs a set of partitions through the dispatcher: lock, find pending keys, dispatch, report."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+
+from sqlalchemy.engine import Engine
+
+from backfill_assets.core.keys import (
+    MAX_LEVEL,
+    Versions,
+    work_key,
+)
+from backfill_assets.core.limits import TenantBudgets
+from backfill_assets.core.regions import unavailable_message
+from backfill_assets.core.rubric import Rubric
+from backfill_assets.core.validation import warm_up as warm_up_validation
+from backfill_assets.dispatch.batch.mode import batch_lanes
+from backfill_assets.dispatch.partition_run import (
+    PartitionRef,
+    PartitionReport,
+    RegionUnavailable,
+    RunOptions,
+    RunStopped,
+)
+from backfill_assets.dispatch.routing import RegionRouter, lane_adapters, plan_lanes
+from backfill_assets.dispatch.sync import DispatchConfig, Dispatcher, DispatchHalted, WorkItem
+from backfill_assets.providers.models.base import ModelAdapter
+from backfill_assets.providers.ratelimit.shared import SHARED_LIMITS
+from backfill_assets.store import limiter_members
+from backfill_assets.store.budget import StoreBudgetLedger
+from backfill_assets.store.engine import read_tx, refresh_planner_stats
+from backfill_assets.store.partition_counts import PartitionCounts, partition_counts, post_counts
+from backfill_assets.store.posts import slice_levels
+from backfill_assets.store.tenants import tenant_regions
+from backfill_assets.store.work import (
+    PartitionBusy,
+    WriterLocks,
+    in_open_batch,
+    pending_posts,
+    while_held,
+)
+from backfill_assets.store.writer import LedgerWriter
+
+# A member silent this long is taken for dead and its share of the limit goes to the others.
+_MEMBER_TTL_S = 5.0
+
+
+def with_levels(engine: Engine, refs: Sequence[PartitionRef]) -> list[PartitionRef]:
+    """The refs with their tenants' slice levels from the store (one query)."""
+    with read_tx(engine) as conn:
+        levels = slice_levels(conn, {r.tenant_id for r in refs})
+    return [r.at_level(levels.get(r.tenant_id, MAX_LEVEL)) for r in refs]
+
+
+def run_partitions(
+    engine: Engine,
+    refs: Sequence[PartitionRef],
+    make_adapter: Callable[[], ModelAdapter],
+    versions: Versions,
+    rubric: Rubric,
+    run_id: str,
+    options: RunOptions,
+    log: Callable[[str], None] = lambda _m: None,
+) -> list[PartitionReport]:
+    """Process the partitions' remaining keys; one writer per partition, all in one event loop.
+
+    Each tenant's requests go to its region's lane only. Partitions of a tenant whose region
+    has no endpoint here are not dispatched; once the others are done, ``RegionUnavailable``
+    names them.
+    """
+    reports = {r.key: PartitionReport(ref=r) for r in refs}
+    warm_up_validation()  # before the first call, not inside the first flush
+    refresh_planner_stats(engine, ("posts", "results", "dead_letters"))
+    with read_tx(engine) as conn:
+        region_of = tenant_regions(conn, {r.tenant_id for r in refs})
+    plan = plan_lanes(refs, region_of, options.lanes, batch=options.dispatch_mode == "batch")
+    for region, keys in plan.unroutable.items():
+        log(f"ERROR: not dispatching {len(keys)} partition(s) of region {region!r}: no endpoint")
+    with WriterLocks(engine) as locks:
+        owned: list[PartitionRef] = []
+        for ref in plan.routed:
+            try:
+                locks.acquire(ref.tenant_id, ref.slice)
+                owned.append(ref)
+            except PartitionBusy as exc:
+                reports[ref.key].busy = True
+                log(f"skipping {ref.key}: {exc}")
+        stopped: Exception | None = None
+        if options.dispatch_mode == "batch":
+            work = batch_lanes(
+                engine, plan, owned, reports, make_adapter, versions, rubric, run_id, options, log
+            )
+        else:
+            adapters = lane_adapters(plan, make_adapter, options.lanes)
+            work = _dispatch(
+                engine, owned, reports, adapters, versions, rubric, run_id, options, log
+            )
+        try:
+            asyncio.run(while_held(locks, work))
+        except DispatchHalted as exc:
+            stopped = exc
+    with read_tx(engine) as conn:
+        counts = partition_counts(conn, sorted({r.tenant_id for r in refs}), versions)
+    for ref in refs:
+        got = _fold(counts, ref)
+        reports[ref.key].labels_total = got.labels
+        reports[ref.key].dead_total = got.dead
+    done = [reports[r.key] for r in refs]
+    if stopped is not None:
+        also = f"; {unavailable_message(plan.unroutable)}" if plan.unroutable else ""
+        raise RunStopped(f"{stopped}{also}", done) from stopped
+    if plan.unroutable:
+        raise RegionUnavailable(plan.unroutable, done)
+    return done
+
+
+def _fold(counts: dict[tuple[str, int], PartitionCounts], ref: PartitionRef) -> PartitionCounts:
+    """A partition's counts: the sum over the stored slices it holds."""
+    out = PartitionCounts()
+    for s in ref.slices:
+        got = counts.get((ref.tenant_id, s))
+        if got is None:
+            continue
+        out.posts += got.posts
+        for label, n in got.labels.items():
+            out.labels[label] = out.labels.get(label, 0) + n
+        for outcome, n in got.dead.items():
+            out.dead[outcome] = out.dead.get(outcome, 0) + n
+    return out
+
+
+def _work(
+    engine: Engine,
+    refs: Sequence[PartitionRef],
+    reports: dict[str, PartitionReport],
+    versions: Versions,
+    log: Callable[[str], None],
+) -> Iterator[WorkItem]:
+    # Read one partition at a time: memory is bounded by the largest slice, not the archive.
+    with read_tx(engine) as conn:
+        sizes = post_counts(conn, sorted({r.tenant_id for r in refs}))
+    for ref in refs:
+        if not ref.slices:
+            continue  # a partition its tenant does not use (too few posts to split this far)
+        with read_tx(engine) as conn:
+            pending = pending_posts(conn, ref.tenant_id, ref.slices, versions)
+            waiting = in_open_batch(conn, ref.tenant_id, ref.slices, versions)
+        rep = reports[ref.key]
+        rep.posts = sum(sizes.get((ref.tenant_id, s), 0) for s in ref.slices)
+        rep.pending = len(pending)
+        rep.in_open_batch = waiting
+        if waiting:
+            log(f"{ref.key}: {waiting} key(s) wait for an open batch chunk (left to the batch)")
+        for p in pending:
+            yield WorkItem(
+                partition=ref.key,
+                tenant_id=ref.tenant_id,
+                slice=p.slice,
+                post_id=p.post_id,
+                content_hash=p.content_hash,
+                text=p.text,
+                key=work_key(versions, ref.tenant_id, p.post_id, p.content_hash),
+                had_dead_letter=p.had_dead_letter,
+            )
+
+
+async def _dispatch(
+    engine: Engine,
+    refs: Sequence[PartitionRef],
+    reports: dict[str, PartitionReport],
+    make_adapter: Callable[[], ModelAdapter],
+    versions: Versions,
+    rubric: Rubric,
+    run_id: str,
+    options: RunOptions,
+    log: Callable[[str], None],
+) -> None:
+    # The adapter (and any HTTP client) lives and dies with this event loop.
+    adapter = make_adapter()
+    budgets = TenantBudgets(
+        options.budget_tokens,
+        StoreBudgetLedger(engine, holder=run_id) if options.budget_tokens else None,
+        chunk_calls=max(4, options.concurrency * 2),
+    )
+    dispatcher: Dispatcher
+    writer = LedgerWriter(
+        engine,
+        flush_rows=options.flush_rows,
+        flush_interval_s=options.flush_interval_s,
+        kill_after_usage=options.kill_after_usage,
+        on_flush=lambda rep: dispatcher.on_flush(rep),
+    )
+    dispatcher = Dispatcher(
+        adapter,
+        writer,
+        budgets,
+        DispatchConfig(
+            run_id=run_id,
+            versions=versions,
+            rubric=rubric,
+            concurrency=options.concurrency,
+            retry=options.retry,
+            seed=options.seed,
+            log=log,
+        ),
+    )
+    for ref in refs:
+        dispatcher.stats[ref.key] = reports[ref.key].stats
+    writer.start()
+    progress = asyncio.create_task(_progress(dispatcher, log))
+    try:
+        with _shared_limit(adapter, engine):
+            await dispatcher.run(_work(engine, refs, reports, versions, log))
+    finally:
+        progress.cancel()
+        try:
+            await writer.close()
+            await budgets.release()
+        finally:
+            await adapter.aclose()
+
+
+@contextlib.contextmanager
+def _shared_limit(adapter: ModelAdapter, engine: Engine) -> Iterator[None]:
+    """Membership of the account-wide limit for the dispatch (processes share RPM/TPM);
+    one per region lane, each with its own limiter and endpoint id."""
+    parts = adapter.parts() if isinstance(adapter, RegionRouter) else [adapter]
+    with contextlib.ExitStack() as stack:
+        for part in parts:
+            found = part.rate_limit()
+            if found is None:
+                continue
+            endpoint, limiter = found
+            stack.enter_context(
+                SHARED_LIMITS.member(
+                    limiter,
+                    endpoint,
+                    beat=lambda e, m, w: limiter_members.heartbeat(
+                        engine, e, m, w, ttl_s=_MEMBER_TTL_S
+                    ),
+                    leave=lambda e, m: limiter_members.leave(engine, e, m),
+                )
+            )
+        yield
+
+
+async def _progress(dispatcher: Dispatcher, log: Callable[[str], None]) -> None:
+    # Visible progress for long runs (budget reservations need no heartbeat: store/budget.py).
+    while True:
+        await asyncio.sleep(10.0)
+        done = sum(sum(s.outcomes.values()) for s in dispatcher.stats.values())
+        calls = sum(s.calls for s in dispatcher.stats.values())
+        log(f"progress: {done} keys finished, {calls} model calls")

@@ -1,0 +1,403 @@
+"""The per-key state machine: reserve, announce, call, book, validate, record an outcome.
+
+Workers take keys from one queue; a key waiting on a back-off is parked on a timer, so it
+holds no concurrency slot while it sleeps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import random
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from backfill_assets.core.keys import Versions
+from backfill_assets.core.limits import Reservation, TenantBudgets
+from backfill_assets.core.outcomes import Outcome, RetryPolicy
+from backfill_assets.core.rubric import (
+    MAX_OUTPUT_TOKENS,
+    OutputRejected,
+    Rubric,
+    estimate_prompt_tokens,
+    messages_token_bound,
+    parse_output,
+)
+from backfill_assets.providers.models.base import (
+    ModelAdapter,
+    ModelCallError,
+    ModelRequest,
+    ModelResponse,
+    NotSent,
+    RetriableError,
+    RunFatalError,
+    TransportRejected,
+)
+from backfill_assets.store.rows import event_row, key_row
+from backfill_assets.store.writer import FlushReport, LedgerWriter
+
+_MESSAGE_CHARS = 300
+
+
+@dataclass(frozen=True, slots=True)
+class WorkItem:
+    """One key of one partition. ``text`` is only ever sent to the model."""
+
+    partition: str
+    tenant_id: str
+    slice: int
+    post_id: str
+    content_hash: str
+    text: str
+    key: str
+    had_dead_letter: bool = False
+
+
+@dataclass
+class PartitionStats:
+    """What happened to a partition's keys in this run."""
+
+    outcomes: Counter[str] = field(default_factory=Counter)
+    labels: Counter[str] = field(default_factory=Counter)
+    calls: int = 0
+    retries: int = 0
+    rate_limited: int = 0
+    tokens_in: int = 0
+    tokens_out: int = 0
+    cost: float = 0.0
+    latencies_ms: list[float] = field(default_factory=list)
+    # Calls the provider reported no usage for (booked at the bound).
+    usage_missing: int = 0
+    # Calls billed past their reserved bound (the tenant is stopped), and longest Retry-After.
+    over_bound: int = 0
+    retry_after_max_s: float = 0.0
+    retry_after_capped: int = 0
+
+
+@dataclass
+class DispatchConfig:
+    """Knobs of one dispatch."""
+
+    run_id: str
+    versions: Versions
+    rubric: Rubric
+    concurrency: int = 8
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    seed: int | None = None
+    log: Callable[[str], None] = lambda _m: None
+
+
+class DispatchHalted(RuntimeError):
+    """A run-level error (401, 403, 404, ...) halted sending; keys stay pending.
+
+    ``pipeline.run_partitions`` turns it into ``partition_run.RunStopped`` with the reports."""
+
+
+class Dispatcher:
+    """Runs keys through the model with bounded concurrency and records every step.
+
+    ``concurrency`` workers pull keys straight from the source; a key waiting on a back-off
+    sits on a timer, not in a worker, so sleeping never holds a concurrency slot.
+    """
+
+    def __init__(
+        self,
+        adapter: ModelAdapter,
+        writer: LedgerWriter,
+        budgets: TenantBudgets,
+        config: DispatchConfig,
+    ) -> None:
+        self.adapter = adapter
+        self.writer = writer
+        self.budgets = budgets
+        self.cfg = config
+        self.stats: dict[str, PartitionStats] = {}
+        self._rng = random.Random(config.seed)
+        self._ids = itertools.count(1)
+        self._id_prefix = uuid.uuid4().hex[:12]
+        self._source: Iterator[WorkItem] = iter(())
+        self._source_done = False
+        self._ready: collections.deque[tuple[WorkItem, int]] = collections.deque()
+        self._sleeping = 0
+        self._busy = 0
+        self._wake = asyncio.Event()
+        # Set by the first run-level error: nothing more is sent, every key left stays pending.
+        self.fatal: RunFatalError | None = None
+        # Tenants stopped in this run (billed past a reserved bound), with the reason.
+        self.stopped_tenants: dict[str, str] = {}
+        self._warned_retry_after = False
+
+    def stats_for(self, partition: str) -> PartitionStats:
+        """Stats of a partition (created on first use)."""
+        st = self.stats.get(partition)
+        if st is None:
+            st = self.stats[partition] = PartitionStats()
+        return st
+
+    def on_flush(self, report: FlushReport) -> None:
+        """Rows the frame check refused turn from accepted into schema_rejected."""
+        for row, _reason in report.rejected:
+            st = self.stats_for(row["partition"])
+            st.outcomes[Outcome.ACCEPTED] -= 1
+            st.labels[row["label"]] -= 1
+            st.outcomes[Outcome.SCHEMA_REJECTED] += 1
+
+    async def run(self, items: Iterable[WorkItem]) -> None:
+        """Process every item to a terminal outcome (or deferral)."""
+        self._source = iter(items)
+        workers = [
+            asyncio.create_task(self._worker(), name=f"dispatch-{i}")
+            for i in range(self.cfg.concurrency)
+        ]
+        try:
+            await asyncio.gather(*workers)
+        except BaseException:
+            for w in workers:
+                w.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
+            raise
+        if self.fatal is not None:
+            raise DispatchHalted(f"run stopped: {self.fatal}") from self.fatal
+
+    def _stop(self, exc: RunFatalError) -> None:
+        """A run-level error: send nothing more (calls already sent still finish)."""
+        if self.fatal is None:
+            self.fatal = exc
+            self.adapter.halt(f"HTTP {exc.status} from {exc.endpoint}")
+            self.cfg.log(f"ERROR: {exc}; stopping the run, keys left stay pending")
+        self._wake.set()
+
+    def _next_job(self) -> tuple[WorkItem, int] | None:
+        if self.fatal is not None:
+            return None
+        if self._ready:
+            return self._ready.popleft()
+        if not self._source_done:
+            try:
+                return next(self._source), 1
+            except StopIteration:
+                self._source_done = True
+        return None
+
+    async def _worker(self) -> None:
+        while True:
+            job = self._next_job()
+            if job is None:
+                if self.fatal is not None or (
+                    self._source_done and not self._sleeping and not self._busy
+                ):
+                    self._wake.set()  # let idle peers see that the work is done
+                    return
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            self._busy += 1
+            try:
+                await self._attempt(*job)
+            finally:
+                self._busy -= 1
+            if self._source_done and not self._busy:
+                self._wake.set()
+
+    def _requeue_later(self, item: WorkItem, attempt: int, delay: float) -> None:
+        self._sleeping += 1
+
+        def due() -> None:
+            self._sleeping -= 1
+            self._ready.append((item, attempt))
+            self._wake.set()
+
+        asyncio.get_running_loop().call_later(delay, due)
+
+    async def _attempt(self, item: WorkItem, attempt: int) -> bool:
+        """One attempt; returns True when the key reached a terminal state in this run."""
+        st = self.stats_for(item.partition)
+        if item.tenant_id in self.stopped_tenants:
+            st.outcomes[Outcome.DEFERRED] += 1  # left pending for a later run
+            return True
+        # The budget reserves what the call can cost at most, whatever the provider's
+        # tokenizer; the limiter paces on the cheap estimate and settles to the billed figure.
+        messages = self.cfg.rubric.messages(item.key, item.text)
+        bound = messages_token_bound(messages) + MAX_OUTPUT_TOKENS
+        reservation = await self.budgets.reserve(item.tenant_id, bound)
+        if reservation is None:
+            st.outcomes[Outcome.DEFERRED] += 1
+            return True
+        attempt_id = f"{self._id_prefix}-{next(self._ids)}"
+        await self.writer.record_attempt(self._event(item, attempt, attempt_id, "attempt"))
+        request = ModelRequest(
+            key=item.key,
+            tenant_id=item.tenant_id,
+            post_id=item.post_id,
+            attempt=attempt,
+            model=self.cfg.versions.model,
+            messages=messages,
+            max_output_tokens=MAX_OUTPUT_TOKENS,
+            estimated_tokens=estimate_prompt_tokens(self.cfg.rubric, item.text) + MAX_OUTPUT_TOKENS,
+            bound_tokens=bound,
+        )
+        st.calls += 1
+        started = time.perf_counter()
+        try:
+            response = await self.adapter.complete(request)
+        except ModelCallError as exc:
+            return self._failed(item, attempt, attempt_id, exc, reservation, st)
+        except Exception as exc:  # an adapter bug must not kill the run; treat as transient
+            wrapped = RetriableError(f"adapter error: {type(exc).__name__}")
+            return self._failed(item, attempt, attempt_id, wrapped, reservation, st)
+        st.latencies_ms.append(response.latency_ms or (time.perf_counter() - started) * 1000)
+        self._book_usage(item, attempt, attempt_id, response, reservation, st)
+        try:
+            out = parse_output(response.raw_text, item.key)
+        except OutputRejected as exc:
+            self.writer.stage_dead(self._dead(item, Outcome.SCHEMA_REJECTED, str(exc), attempt))
+            st.outcomes[Outcome.SCHEMA_REJECTED] += 1
+            return True
+        row = self._base(item)
+        row.update(
+            label=out.label,
+            confidence=out.confidence,
+            correlation_id=out.correlation_id,
+            schema_version=out.schema_version,
+            partition=item.partition,
+            had_dead_letter=item.had_dead_letter,
+        )
+        self.writer.stage_result(row)
+        st.outcomes[Outcome.ACCEPTED] += 1
+        st.labels[out.label] += 1
+        return True
+
+    def _book_usage(
+        self,
+        item: WorkItem,
+        attempt: int,
+        attempt_id: str,
+        response: ModelResponse,
+        reservation: Reservation,
+        st: PartitionStats,
+    ) -> None:
+        """Stage the usage event before the answer is trusted: a malformed answer still cost."""
+        cost = response.cost
+        if cost is None:
+            cost = self.adapter.cost_of(
+                self.cfg.versions.model, response.tokens_in, response.tokens_out
+            )
+        billed = response.tokens_in + response.tokens_out
+        usage = self._event(item, attempt, attempt_id, "usage")
+        usage.update(
+            tokens_in=response.tokens_in,
+            tokens_out=response.tokens_out,
+            cost=cost,
+            request_id=response.request_id[:200],
+            status=200,
+            usage_shape=response.usage_shape,
+            bound_tokens=reservation.tokens,
+        )
+        if response.usage_shape == "missing":
+            usage["message"] = "usage_missing: the provider reported no usage; booked the bound"
+            st.usage_missing += 1
+        if billed > reservation.tokens:
+            # Past any byte-level tokenizer's count: the cap can no longer be promised for this
+            # tenant, so it gets no more calls in this run. The event records bound and bill.
+            usage["message"] = f"over_bound: billed {billed} > reserved bound {reservation.tokens}"
+            st.over_bound += 1
+            if item.tenant_id not in self.stopped_tenants:
+                self.stopped_tenants[item.tenant_id] = usage["message"]
+                self.cfg.log(
+                    f"ERROR: tenant {item.tenant_id}: provider {usage['message']}; "
+                    "stopping this tenant (see the spend check and verify)"
+                )
+        self.writer.stage_event(usage, reservation.reservation_id)
+        self.budgets.settle(reservation, billed)
+        st.tokens_in += response.tokens_in
+        st.tokens_out += response.tokens_out
+        st.cost += cost
+
+    def _failed(
+        self,
+        item: WorkItem,
+        attempt: int,
+        attempt_id: str,
+        exc: ModelCallError,
+        reservation: Reservation,
+        st: PartitionStats,
+    ) -> bool:
+        self.budgets.settle(reservation, 0)
+        event = self._event(item, attempt, attempt_id, "error")
+        event.update(
+            status=exc.status,
+            request_id=(exc.request_id or None),
+            message=f"{type(exc).__name__}: {str(exc)[:_MESSAGE_CHARS]}",
+        )
+        self.writer.stage_event(event)
+        if isinstance(exc, RunFatalError):
+            self._stop(exc)
+            st.outcomes[Outcome.DEFERRED] += 1  # not the key's fault: it stays pending
+            return True
+        if isinstance(exc, NotSent):
+            st.calls -= 1
+            st.outcomes[Outcome.DEFERRED] += 1
+            return True
+        if exc.status == 429:
+            st.rate_limited += 1
+        if exc.retry_after is not None:
+            st.retry_after_max_s = max(st.retry_after_max_s, exc.retry_after)
+            if exc.retry_after > self.cfg.retry.max_retry_after_s:
+                st.retry_after_capped += 1
+                if not self._warned_retry_after:
+                    self._warned_retry_after = True
+                    self.cfg.log(
+                        f"provider asked to retry after {exc.retry_after:.0f}s; waiting "
+                        f"{self.cfg.retry.max_retry_after_s:.0f}s "
+                        "(BACKFILL_RETRY_AFTER_MAX_SECONDS)"
+                    )
+        if isinstance(exc, TransportRejected):
+            reason = f"HTTP {exc.status}: {str(exc)[:_MESSAGE_CHARS]}"
+            self.writer.stage_dead(self._dead(item, Outcome.TRANSPORT_REJECTED, reason, attempt))
+            st.outcomes[Outcome.TRANSPORT_REJECTED] += 1
+            return True
+        if self.cfg.retry.exhausted(attempt):
+            reason = f"{attempt} attempts; last: {str(exc)[:_MESSAGE_CHARS]}"
+            self.writer.stage_dead(self._dead(item, Outcome.RETRY_EXHAUSTED, reason, attempt))
+            st.outcomes[Outcome.RETRY_EXHAUSTED] += 1
+            return True
+        st.retries += 1
+        self._requeue_later(
+            item, attempt + 1, self.cfg.retry.delay(attempt, exc.retry_after, self._rng)
+        )
+        return False
+
+    def _base(self, item: WorkItem) -> dict[str, Any]:
+        return key_row(
+            self.cfg.versions,
+            self.cfg.run_id,
+            key=item.key,
+            tenant_id=item.tenant_id,
+            post_id=item.post_id,
+            slice_no=item.slice,
+            content_hash=item.content_hash,
+        )
+
+    def _event(self, item: WorkItem, attempt: int, attempt_id: str, kind: str) -> dict[str, Any]:
+        return event_row(
+            self.cfg.versions,
+            self.cfg.run_id,
+            kind,
+            key=item.key,
+            tenant_id=item.tenant_id,
+            slice_no=item.slice,
+            attempt_id=attempt_id,
+            attempt_no=attempt,
+            post_id=item.post_id,
+            content_hash=item.content_hash,
+        )
+
+    def _dead(self, item: WorkItem, outcome: Outcome, reason: str, attempts: int) -> dict[str, Any]:
+        row = self._base(item)
+        row.update(outcome=str(outcome), reason=reason[:500], attempts=attempts)
+        return row

@@ -1,0 +1,1 @@
+"""Reading archives (JSONL, gz, directories) into the store."""

@@ -1,0 +1,111 @@
+"""applied_labels: accepted labels written onto the posts, only for partitions that verify."""
+
+import warnings
+from typing import Any
+
+import dagster as dg
+
+from backfill_assets.audit.check_rules import BLOCKING_CHECKS, CHECK_GROUPS, blocking_failures
+from backfill_assets.core.range_guard import require_full_range
+from backfill_assets.dispatch.pipeline import with_levels
+from backfill_assets.orchestration.checks import LABELS_KEY, loaded_code_version, verdicts_for
+from backfill_assets.orchestration.partitions import moderation_partitions, run_refs
+from backfill_assets.orchestration.policy import PolicyResource
+from backfill_assets.orchestration.resources import (
+    ModelResource,
+    RunSettings,
+    StoreResource,
+    run_versions,
+)
+from backfill_assets.store.apply import ApplyReport, apply_partition
+from backfill_assets.store.engine import write_tx
+
+
+def apply_metadata(rep: ApplyReport) -> dict[str, Any]:
+    """Metadata of one partition's apply."""
+    return {
+        "eligible": dg.MetadataValue.int(rep.eligible),
+        "changed": dg.MetadataValue.int(rep.changed),
+        "unchanged": dg.MetadataValue.int(rep.unchanged),
+        "target_columns": dg.MetadataValue.text(rep.target),
+        "rubric_version": dg.MetadataValue.text(rep.rubric_version),
+    }
+
+
+def passed_in_run(context: dg.AssetExecutionContext) -> set[str]:
+    """Partitions whose blocking checks all passed earlier in this run."""
+    records = context.instance.get_records_for_run(
+        context.run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION
+    ).records
+    seen: dict[str, dict[str, bool]] = {}
+    for rec in records:
+        event = rec.event_log_entry.dagster_event
+        ev = event.event_specific_data if event is not None else None
+        if isinstance(ev, dg.AssetCheckEvaluation) and ev.partition is not None:
+            seen.setdefault(ev.partition, {})[ev.check_name] = ev.passed
+    blocking = [g.name for g in CHECK_GROUPS if g.blocking]
+    return {pk for pk, c in seen.items() if all(c.get(n, False) for n in blocking)}
+
+
+def build_applied_labels(partitions_per_run: int) -> dg.AssetsDefinition:
+    """The apply asset; same partitions and backfill policy as moderation_labels."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", dg.BetaWarning)
+        return _applied_asset(partitions_per_run)
+
+
+def _applied_asset(partitions_per_run: int) -> dg.AssetsDefinition:
+    @dg.asset(
+        name="applied_labels",
+        partitions_def=moderation_partitions,
+        # Same policy as moderation_labels, so a backfill puts both in the same runs and the
+        # blocking checks gate the apply inside each run.
+        backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=partitions_per_run),
+        deps=[LABELS_KEY],
+        group_name="moderation",
+        kinds={"sql"},
+        code_version="apply-1",
+    )
+    def applied_labels(
+        context: dg.AssetExecutionContext,
+        store: StoreResource,
+        model: ModelResource,
+        settings: RunSettings,
+        policy: PolicyResource,
+    ) -> dg.MaterializeResult[None]:
+        """Keyed upsert of accepted labels onto posts (shadow columns unless switched live)."""
+        require_full_range(context)
+        refs = run_refs(context.partition_keys)
+        _rubric, versions = run_versions(settings, model, loaded_code_version(context.job_def))
+        engine = store.engine()
+        refs = with_levels(engine, refs)
+        # Dagster's blocking checks gate this step when they ran in the same run. Launched on
+        # its own (UI, or the CLI's per-partition follow-up) it would not be gated, so for any
+        # partition this run did not check, the same blocking checks run here; nothing is
+        # written unless every partition passes.
+        checked = passed_in_run(context)
+        blocked: dict[str, list[str]] = {}
+        for ref in refs:
+            if ref.key in checked:
+                continue
+            fails = blocking_failures(verdicts_for(engine, ref, versions, policy, BLOCKING_CHECKS))
+            if fails:
+                blocked[ref.key] = fails
+        if blocked:
+            lines = [f"{pk}: {', '.join(names)}" for pk, names in sorted(blocked.items())]
+            raise dg.Failure(
+                description=f"{len(blocked)} partition(s) fail blocking checks; nothing applied",
+                metadata={"blocked": dg.MetadataValue.md("\n".join(f"- {x}" for x in lines))},
+            )
+        changed = 0
+        for ref in refs:
+            with write_tx(engine) as conn:
+                rep = apply_partition(
+                    conn, ref.tenant_id, ref.slices, versions, live=policy.apply_live
+                )
+            changed += rep.changed
+            context.add_asset_metadata(apply_metadata(rep), partition_key=ref.key)
+        context.log.info(f"applied labels to {changed} post(s) in {len(refs)} partition(s)")
+        return dg.MaterializeResult()
+
+    return applied_labels

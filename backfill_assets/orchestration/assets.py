@@ -1,0 +1,139 @@
+"""The assets: imported posts and the moderation labels (thin: orchestration only)."""
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+
+from backfill_assets.core.faults import NO_FAULTS, FaultHooks
+from backfill_assets.core.range_guard import require_full_range
+from backfill_assets.dispatch.partition_run import RunStopped
+from backfill_assets.dispatch.pipeline import run_partitions, with_levels
+from backfill_assets.ingest.importer import import_jsonl
+from backfill_assets.orchestration.metadata import partition_metadata
+from backfill_assets.orchestration.partitions import (
+    moderation_partitions,
+    run_refs,
+    tenant_partitions,
+)
+from backfill_assets.orchestration.resources import (
+    ModelResource,
+    RunSettings,
+    StoreResource,
+    run_versions,
+)
+from backfill_assets.store.engine import read_tx
+from backfill_assets.store.reports import partition_spend
+
+DEMO_POSTS = Path(__file__).resolve().parents[1] / "demo" / "posts.jsonl"
+
+
+class PostsImportConfig(dg.Config):
+    """Where the export to import lives."""
+
+    path: str = str(DEMO_POSTS)
+
+
+@dg.asset(group_name="ingest", kinds={"sql"})
+def posts(
+    context: dg.AssetExecutionContext,
+    config: PostsImportConfig,
+    store: StoreResource,
+    settings: RunSettings,
+) -> dg.MaterializeResult[None]:
+    """Posts imported from a JSONL export; bad lines go to rejected_records (line, reason)."""
+    summary = import_jsonl(
+        store.engine(), Path(config.path), slice_target=settings.slice_target_posts
+    )
+    known = set(context.instance.get_dynamic_partitions(tenant_partitions.name or "tenants"))
+    fresh = sorted({*summary.new_tenants} - known)
+    if fresh:
+        context.instance.add_dynamic_partitions(tenant_partitions.name or "tenants", fresh)
+    counts = summary.as_dict()
+    metadata: dict[str, dg.MetadataValue[Any]] = {
+        k: dg.MetadataValue.int(int(str(counts[k])))
+        for k in ("read", "imported", "updated", "unchanged", "rejected")
+    }
+    metadata["source"] = dg.MetadataValue.path(config.path)
+    metadata["new_tenants"] = dg.MetadataValue.text(", ".join(fresh) or "-")
+    return dg.MaterializeResult(metadata=metadata)
+
+
+def build_moderation_labels(
+    code_version: str, partitions_per_run: int, faults: FaultHooks = NO_FAULTS
+) -> dg.AssetsDefinition:
+    """The labels asset; its code version names the task, prompt and model.
+
+    ``faults`` (crash drills) come from the environment and are closed over here, so no
+    launchpad config can switch them on.
+    """
+    with warnings.catch_warnings():
+        # BackfillPolicy is "beta" in Dagster 1.13; the warning is noise on every CLI call.
+        warnings.simplefilter("ignore", dg.BetaWarning)
+        return _labels_asset(code_version, partitions_per_run, faults)
+
+
+def _labels_asset(
+    code_version: str, partitions_per_run: int, faults: FaultHooks
+) -> dg.AssetsDefinition:
+    @dg.asset(
+        name="moderation_labels",
+        partitions_def=moderation_partitions,
+        code_version=code_version,
+        backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=partitions_per_run),
+        deps=[posts],
+        group_name="moderation",
+        kinds={"python", "sql"},
+        tags={"llm": "moderation"},
+    )
+    def moderation_labels(
+        context: dg.AssetExecutionContext,
+        store: StoreResource,
+        model: ModelResource,
+        settings: RunSettings,
+    ) -> dg.MaterializeResult[None]:
+        """LLM moderation labels per tenant x slice; re-runs only send unfinished keys."""
+        require_full_range(context)
+        refs = run_refs(context.partition_keys)
+        # One read of the prompt file per step: the keys and the requests use the same text.
+        rubric, versions = run_versions(settings, model, code_version)
+        # Which stored slices each partition holds depends on its tenant's slice level.
+        refs = with_levels(store.engine(), refs)
+        context.log.info(f"{len(refs)} partition(s), {versions.code_version}")
+        stopped: RunStopped | None = None
+        try:
+            reports = run_partitions(
+                store.engine(),
+                refs,
+                model.build_adapter,
+                versions,
+                rubric,
+                context.run_id,
+                settings.run_options(model, faults),
+                log=context.log.info,
+            )
+        except RunStopped as exc:
+            stopped, reports = exc, exc.reports
+        with read_tx(store.engine()) as conn:
+            spend = {
+                r.ref.key: partition_spend(conn, r.ref.tenant_id, r.ref.slices) for r in reports
+            }
+        for rep in reports:
+            context.add_asset_metadata(
+                partition_metadata(rep, versions, spend[rep.ref.key]), partition_key=rep.ref.key
+            )
+        if stopped is not None:
+            # A run-level error (wrong key, permission, model, URL): nothing more was sent and
+            # every key left is pending, so the next run with the fix completes them.
+            raise dg.Failure(description=str(stopped), allow_retries=False)
+        busy = [r.ref.key for r in reports if r.busy]
+        if busy:
+            raise dg.Failure(
+                description=f"{len(busy)} partition(s) are being written by another run: "
+                + ", ".join(busy[:10]),
+                allow_retries=True,
+            )
+        return dg.MaterializeResult()
+
+    return moderation_labels

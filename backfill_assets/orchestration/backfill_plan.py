@@ -1,0 +1,79 @@
+"""backfill_plan: what a backfill would send and cost, per tenant, before anyone launches it.
+
+An operator about to launch from the UI sees here, without a terminal, each tenant's pending
+keys, the estimated tokens and cost, and the upper bound a strict budget reserves. Refreshed by
+the daemon after every import (it depends on ``posts``) and on demand.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import dagster as dg
+
+from backfill_assets.orchestration.assets import posts
+from backfill_assets.orchestration.estimate import TenantEstimate, estimate_pending
+from backfill_assets.orchestration.resources import (
+    ModelResource,
+    RunSettings,
+    StoreResource,
+    versions_for,
+)
+from backfill_assets.orchestration.sensors import refresh_condition
+from backfill_assets.store.engine import read_tx
+from backfill_assets.store.reports import tenant_ids
+
+# The table is for reading in the UI; `backfill-moderation dry-run --json` has every tenant.
+MAX_TABLE_ROWS = 100
+
+
+def plan_table(rows: list[TenantEstimate], limit: int = MAX_TABLE_ROWS) -> str:
+    """Markdown table of the tenants with the most pending keys first."""
+    lines = [
+        "| tenant | pending keys | est. tokens | est. cost (USD) | reserved bound "
+        "| bound cost (USD) |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    busiest = sorted(rows, key=lambda r: (-r.keys, r.tenant))
+    for r in busiest[:limit]:
+        lines.append(
+            f"| {r.tenant} | {r.keys} | {r.estimated_tokens} | {r.estimated_cost_usd:.6f} "
+            f"| {r.bound_tokens} | {r.bound_cost_usd:.6f} |"
+        )
+    if len(rows) > limit:
+        lines.append(f"| ... {len(rows) - limit} more: `backfill-moderation dry-run` | | | | | |")
+    if not rows:
+        lines.append("| (no tenants) | | | | | |")
+    return "\n".join(lines)
+
+
+@dg.asset(
+    group_name="reporting",
+    deps=[posts],
+    kinds={"sql"},
+    automation_condition=refresh_condition(),
+)
+def backfill_plan(
+    store: StoreResource, model: ModelResource, settings: RunSettings
+) -> dg.MaterializeResult[None]:
+    """Pending keys, estimated tokens and cost, and the reserved bound, per tenant."""
+    rubric = settings.rubric()
+    versions = versions_for(settings, model, rubric)
+    with read_tx(store.engine()) as conn:
+        rows = estimate_pending(conn, tenant_ids(conn), versions, rubric, model.price_table())
+    metadata: dict[str, Any] = {
+        "plan": dg.MetadataValue.md(plan_table(rows)),
+        # Typed numbers, so the UI can plot them across materialisations.
+        "tenants_with_work": dg.MetadataValue.int(sum(1 for r in rows if r.keys)),
+        "pending_keys": dg.MetadataValue.int(sum(r.keys for r in rows)),
+        "estimated_tokens": dg.MetadataValue.int(sum(r.estimated_tokens for r in rows)),
+        "estimated_cost_usd": dg.MetadataValue.float(
+            round(sum(r.estimated_cost_usd for r in rows), 6)
+        ),
+        "reserved_bound_tokens": dg.MetadataValue.int(sum(r.bound_tokens for r in rows)),
+        "reserved_bound_cost_usd": dg.MetadataValue.float(
+            round(sum(r.bound_cost_usd for r in rows), 6)
+        ),
+        "code_version": dg.MetadataValue.text(versions.code_version),
+    }
+    return dg.MaterializeResult(metadata=metadata)

@@ -1,0 +1,306 @@
+"""Per-partition asset checks on moderation_labels, one result per partition even in range runs.
+
+Dagster 1.13's ``AssetCheckResult`` has no partition field: inside a run that covers a range of
+partitions it is recorded as one *unpartitioned* evaluation, and a second result for the same
+check fails the step ("returned an output multiple times"). The event it is converted into,
+``AssetCheckEvaluation``, does carry ``partition``; a check function may yield it directly, and
+the event log then fills the per-partition rows that the run's "planned" event created. So the
+checks yield one ``AssetCheckEvaluation`` per partition and check, with ``blocking`` set from
+the spec: a failed blocking evaluation still fails the step and keeps ``applied_labels`` out of
+the run (docs/architecture.md, "Checks in multi-partition runs").
+"""
+
+import json
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import dagster as dg
+from dagster._core.definitions.asset_checks.asset_check_evaluation import (
+    # Not re-exported by ``dagster`` in 1.13; the evaluation's pointer to the checked
+    # materialisation, which AssetCheckResult would fill in for a single-partition step.
+    AssetCheckEvaluationTargetMaterializationData as TargetMaterialization,
+)
+from sqlalchemy.engine import Connection, Engine
+
+from backfill_assets.audit.check_rules import (
+    CHECK_GROUPS,
+    CHECK_NAMES,
+    GroupVerdict,
+    PartitionEvidence,
+    Verdict,
+    evaluate,
+    group_verdicts,
+)
+from backfill_assets.core.keys import Versions
+from backfill_assets.core.validation import stored_result_problems
+from backfill_assets.dispatch.partition_run import PartitionRef
+from backfill_assets.dispatch.pipeline import with_levels
+from backfill_assets.orchestration.partitions import moderation_partitions, run_refs
+from backfill_assets.orchestration.policy import PolicyResource
+from backfill_assets.orchestration.resources import (
+    ModelResource,
+    RunSettings,
+    StoreResource,
+    run_versions,
+)
+from backfill_assets.store.apply import rubric_version
+from backfill_assets.store.audit import partition_evidence
+from backfill_assets.store.engine import read_tx
+from backfill_assets.store.reports import live_label_counts
+
+LABELS_KEY = dg.AssetKey("moderation_labels")
+CHECKS_NAME = "moderation_label_checks"
+
+
+def loaded_code_version(job: dg.JobDefinition) -> str | None:
+    """moderation_labels' code version as the definitions loaded it (None outside a job)."""
+    layer = job.asset_layer
+    return layer.get(LABELS_KEY).code_version if layer.has(LABELS_KEY) else None
+
+
+def verdicts_for(
+    engine: Engine,
+    ref: PartitionRef,
+    versions: Versions,
+    policy: PolicyResource,
+    names: Sequence[str] = CHECK_NAMES,
+    deferred: int | None = None,
+    sample: int = 5,
+) -> list[Verdict]:
+    """Gather one partition's rows and judge them (shared by checks, gate and CLI)."""
+    return verdicts_for_many(engine, [ref], versions, policy, names, {ref.key: deferred}, sample)[
+        ref.key
+    ]
+
+
+def verdicts_for_many(
+    engine: Engine,
+    refs: Sequence[PartitionRef],
+    versions: Versions,
+    policy: PolicyResource,
+    names: Sequence[str] = CHECK_NAMES,
+    deferred: Mapping[str, int | None] | None = None,
+    sample: int = 5,
+) -> dict[str, list[Verdict]]:
+    """Verdicts for several partitions: rows read per partition, the stored-result schema
+    validated in one frame, each tenant's drift baseline read once."""
+    evidence: dict[str, PartitionEvidence] = {}
+    baselines: dict[str, tuple[dict[str, float] | None, str]] = {}
+    with read_tx(engine) as conn:
+        for ref in refs:
+            evidence[ref.key] = partition_evidence(
+                conn, ref.tenant_id, ref.slice, ref.slices, versions, validate=False
+            )
+            if "label_drift" in names and ref.tenant_id not in baselines:
+                baselines[ref.tenant_id] = _baseline(conn, ref.tenant_id, versions, policy)
+    if "output_schema" in names:
+        unique = {r["key"]: dict(r) for ev in evidence.values() for r in ev.results}
+        bad: dict[str, list[str]] = {}
+        for key, why in stored_result_problems(list(unique.values())):
+            bad.setdefault(key, []).append(why)
+        for ev in evidence.values():
+            ev.schema_problems = [
+                (r["key"], why) for r in ev.results for why in bad.get(r["key"], [])
+            ]
+    out: dict[str, list[Verdict]] = {}
+    for ref in refs:
+        ev = evidence[ref.key]
+        if ref.tenant_id in baselines:
+            ev.baseline, ev.baseline_source = baselines[ref.tenant_id]
+        ev.deferred = (deferred or {}).get(ref.key)
+        out[ref.key] = evaluate(ev, policy.bounds(), names, sample=sample)
+    return out
+
+
+def _baseline(
+    conn: Connection, tenant_id: str, versions: Versions, policy: PolicyResource
+) -> tuple[dict[str, float] | None, str]:
+    """The drift baseline of a tenant: configured, or the live labels' shares."""
+    configured = policy.configured_baseline()
+    if configured is not None:
+        return dict(configured), "configured"
+    live = live_label_counts(conn, tenant_id, rubric_version(versions))
+    total = sum(live.values())
+    if not total:
+        return None, "live: no live labels yet"
+    return {k: n / total for k, n in live.items()}, f"live ({total} posts)"
+
+
+def group_metadata(gv: GroupVerdict) -> dict[str, Any]:
+    """One evaluation's metadata: each member's result, and what to act on for failures.
+
+    Numbers stay typed (``int``/``float`` metadata) so Dagster can plot them; the members'
+    results are also a JSON list (``checks_json``) the CLI reads back.
+    """
+    rows = ["| check | blocking | result | summary |", "|---|---|---|---|"]
+    md: dict[str, Any] = {}
+    for v in gv.members:
+        result = "passed" if v.passed else ("warning" if v.warn else "FAILED")
+        rows.append(f"| {v.name} | {'yes' if v.blocking else 'no'} | {result} | {v.summary} |")
+        for name, value in v.counts.items():
+            md[f"{v.name}.{name}"] = value
+        if not v.passed:
+            if v.sample_keys:
+                md[f"{v.name}.offending_sample"] = dg.MetadataValue.text("\n".join(v.sample_keys))
+            if v.table:
+                md[f"{v.name}.table"] = dg.MetadataValue.md(v.table)
+            md[f"{v.name}.inspect"] = dg.MetadataValue.text(v.inspect)
+    md["checks"] = dg.MetadataValue.md("\n".join(rows))
+    md["failed"] = dg.MetadataValue.text(", ".join(v.name for v in gv.failed) or "-")
+    md["checks_json"] = dg.MetadataValue.text(
+        json.dumps(
+            [
+                {"name": v.name, "passed": v.passed, "blocking": v.blocking, "warn": v.warn}
+                for v in gv.members
+            ]
+        )
+    )
+    return md
+
+
+def _latest_materializations(
+    instance: dg.DagsterInstance, partition_keys: Sequence[str]
+) -> dict[str, tuple[TargetMaterialization | None, int | None]]:
+    """Each partition's latest materialisation (checks point at it) and its deferred count,
+    in two queries for the whole run."""
+    storage = instance.event_log_storage
+    latest = storage.get_latest_storage_id_by_partition(
+        LABELS_KEY, dg.DagsterEventType.ASSET_MATERIALIZATION, set(partition_keys)
+    )
+    records = (
+        storage.get_event_records(
+            dg.EventRecordsFilter(
+                dg.DagsterEventType.ASSET_MATERIALIZATION,
+                asset_key=LABELS_KEY,
+                storage_ids=list(latest.values()),
+            ),
+            limit=len(latest),
+        )
+        if latest
+        else []
+    )
+    by_id = {rec.storage_id: rec for rec in records}
+    out: dict[str, tuple[TargetMaterialization | None, int | None]] = {}
+    for pk in partition_keys:
+        rec = by_id.get(latest.get(pk, -1))
+        if rec is None:
+            out[pk] = (None, None)
+            continue
+        mat = rec.event_log_entry.asset_materialization
+        deferred = getattr(mat.metadata.get("outcome_deferred") if mat else None, "value", None)
+        target = TargetMaterialization(
+            storage_id=rec.storage_id, run_id=rec.run_id, timestamp=rec.timestamp
+        )
+        out[pk] = (target, int(deferred) if isinstance(deferred, int) else None)
+    return out
+
+
+def _evaluation(
+    gv: GroupVerdict,
+    partition_key: str,
+    target: TargetMaterialization | None,
+) -> dg.AssetCheckEvaluation:
+    # Only an ERROR evaluation of a blocking check gates the downstream step; a group whose
+    # failed members are all warnings (drift) is reported as WARN.
+    severity = dg.AssetCheckSeverity.WARN if gv.warn_only else dg.AssetCheckSeverity.ERROR
+    return dg.AssetCheckEvaluation(
+        asset_key=LABELS_KEY,
+        check_name=gv.group.name,
+        passed=gv.passed,
+        metadata=group_metadata(gv),
+        target_materialization_data=target,
+        severity=severity,
+        description=gv.summary,
+        blocking=gv.group.blocking,
+        partition=partition_key,
+    )
+
+
+def build_partition_checks() -> dg.AssetChecksDefinition:
+    """The six checks in two groups (``check_rules.CHECK_GROUPS``), one multi-check: the
+    partition's rows are read once for all of them."""
+    with warnings.catch_warnings():
+        # Partitioned checks are "preview" in Dagster 1.13; the warning is noise on every load.
+        warnings.simplefilter("ignore", dg.PreviewWarning)
+        specs = [
+            dg.AssetCheckSpec(
+                g.name,
+                asset=LABELS_KEY,
+                blocking=g.blocking,
+                description=g.description,
+                partitions_def=moderation_partitions,
+            )
+            for g in CHECK_GROUPS
+        ]
+    return _checks(specs)
+
+
+def _checks(specs: list[dg.AssetCheckSpec]) -> dg.AssetChecksDefinition:
+    @dg.multi_asset_check(specs=specs, can_subset=True, name=CHECKS_NAME)
+    def moderation_label_checks(
+        context: dg.AssetCheckExecutionContext,
+        store: StoreResource,
+        model: ModelResource,
+        settings: RunSettings,
+        policy: PolicyResource,
+    ) -> Iterator[dg.AssetCheckEvaluation | dg.Output[None]]:
+        """Integrity (blocking) and spend and drift, one evaluation each per partition."""
+        refs = run_refs(context.partition_keys)
+        job = context.op_execution_context.job_def
+        _rubric, versions = run_versions(settings, model, loaded_code_version(job))
+        refs = with_levels(store.engine(), refs)
+        selected = {k.name for k in context.selected_asset_check_keys}
+        names = [m for g in CHECK_GROUPS if g.name in selected for m in g.members]
+        failed: dict[str, list[str]] = {}
+        latest = _latest_materializations(context.instance, [ref.key for ref in refs])
+        judged = verdicts_for_many(
+            store.engine(), refs, versions, policy, names, {k: d for k, (_t, d) in latest.items()}
+        )
+        for ref in refs:
+            pk = ref.key
+            target = latest[pk][0]
+            verdicts = judged[pk]
+            for v in verdicts:
+                if not v.passed:
+                    failed.setdefault(v.name, []).append(pk)
+            for gv in group_verdicts(verdicts):
+                yield _evaluation(gv, pk, target)
+        for name, pks in failed.items():
+            context.log.warning(f"{name} failed for {len(pks)} partition(s): {', '.join(pks[:10])}")
+        # One output per selected check lets Dagster wire the check to downstream steps; the
+        # gating itself comes from the failed blocking evaluations above.
+        outputs = context.op_execution_context.assets_def.check_specs_by_output_name
+        for output_name, spec in outputs.items():
+            if spec.name in selected:
+                yield dg.Output(None, output_name=output_name)
+
+    return moderation_label_checks
+
+
+BLOCKING_GROUPS = tuple(g.name for g in CHECK_GROUPS if g.blocking)
+# What ``check --summary`` says of a check group on a partition.
+CHECK_STATES = ("passed", "failed", "older", "never ran")
+
+
+def check_status(
+    instance: dg.DagsterInstance, partition_keys: Sequence[str]
+) -> dict[str, dict[str, str]]:
+    """Each partition's check groups as the instance recorded them: ``passed``, ``failed``,
+    ``older`` (the latest evaluation is of an earlier materialisation) or ``never ran``."""
+    out = {pk: {g.name: "never ran" for g in CHECK_GROUPS} for pk in partition_keys}
+    keys = [dg.AssetCheckKey(LABELS_KEY, g.name) for g in CHECK_GROUPS]
+    storage = instance.event_log_storage
+    for i in range(0, len(partition_keys), 900):
+        chunk = list(partition_keys[i : i + 900])
+        for info in storage.get_asset_check_partition_info(keys, partition_keys=chunk):
+            if info.partition_key not in out:
+                continue
+            status = info.latest_execution_status.value
+            state = {"SUCCEEDED": "passed", "FAILED": "failed"}.get(status)
+            if state is None:
+                continue  # planned or skipped: not evaluated
+            if not info.is_current:
+                state = "older"
+            out[info.partition_key][info.check_key.name] = state
+    return out

@@ -1,0 +1,303 @@
+"""Materialise partitions in-process through Dagster: a few runs, not one per partition."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import dagster as dg
+import sqlalchemy as sa
+
+from backfill_assets.audit.check_rules import BLOCKING_CHECKS
+from backfill_assets.core.keys import SLICE_KEYS, slice_no, validate_tenant_id
+from backfill_assets.core.range_guard import RANGE_END, RANGE_START
+from backfill_assets.core.regions import run_tags as region_tags
+from backfill_assets.orchestration.partitions import (
+    partition_key_for,
+    partition_ref,
+    tenant_partitions,
+)
+from backfill_assets.orchestration.plan import Box
+from backfill_assets.store.posts import ImportSummary
+
+LABELS = dg.AssetKey("moderation_labels")
+POSTS = dg.AssetKey("posts")
+APPLIED = dg.AssetKey("applied_labels")
+
+
+@dataclass(frozen=True)
+class CheckOutcome:
+    """One check's evaluation of one partition in one run."""
+
+    name: str
+    passed: bool
+    blocking: bool
+    severity: str
+    summary: str | None
+
+
+@dataclass
+class RunRecord:
+    """One in-process Dagster run and what it materialised.
+
+    ``partitions`` and ``metadata`` are moderation_labels'; ``applied`` lists the partitions
+    applied_labels materialised, ``checks`` each partition's check outcomes.
+    """
+
+    run_id: str
+    success: bool
+    partitions: list[str]
+    metadata: dict[str, dict[str, Any]] = field(default_factory=dict)
+    error: str | None = None
+    checks: dict[str, list[CheckOutcome]] = field(default_factory=dict)
+    applied: list[str] = field(default_factory=list)
+    job: str = ""
+    # SIGTERM/SIGINT stopped the run (it is recorded as canceled, not failed).
+    interrupted: bool = False
+
+    def blocked(self) -> dict[str, list[str]]:
+        """Partitions with failed blocking checks, and which."""
+        out: dict[str, list[str]] = {}
+        for pk, outcomes in self.checks.items():
+            names = [c.name for c in outcomes if c.blocking and not c.passed]
+            if names:
+                out[pk] = names
+        return out
+
+
+def rectangles(tenants: Sequence[str], slices: Sequence[str]) -> list[tuple[str, str, str]]:
+    """(tenant, first slice, last slice) runs covering the selection with contiguous slices."""
+    chosen = sorted(set(slices), key=SLICE_KEYS.index)
+    groups: list[tuple[str, str]] = []
+    for s in chosen:
+        if groups and SLICE_KEYS.index(s) == SLICE_KEYS.index(groups[-1][1]) + 1:
+            groups[-1] = (groups[-1][0], s)
+        else:
+            groups.append((s, s))
+    return [(t, a, b) for t in tenants for a, b in groups]
+
+
+def record_import(instance: dg.DagsterInstance, source: str, summary: ImportSummary) -> None:
+    """Record an import from the CLI as a materialisation of ``posts``.
+
+    The posts asset is what the labels depend on; without a materialisation the UI warns on
+    "Materialize all" that it was never materialised, and assets that follow imports
+    (``backfill_plan``) have nothing to follow.
+    """
+    counts = summary.as_dict()
+    metadata: dict[str, dg.MetadataValue[Any]] = {
+        k: dg.MetadataValue.int(int(str(counts[k])))
+        for k in ("read", "imported", "updated", "unchanged", "rejected")
+    }
+    metadata["source"] = dg.MetadataValue.path(source)
+    metadata["new_tenants"] = dg.MetadataValue.int(len(summary.new_tenants))
+    instance.report_runless_asset_event(dg.AssetMaterialization(asset_key=POSTS, metadata=metadata))
+
+
+def refresh_usage(defs: dg.Definitions, instance: dg.DagsterInstance, job_name: str) -> bool:
+    """Materialise tenant_usage in-process after label runs; True if it succeeded."""
+    result = defs.resolve_job_def(job_name).execute_in_process(
+        instance=instance,
+        run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}},
+        raise_on_error=False,
+    )
+    return bool(result.success)
+
+
+def ensure_tenant_partitions(instance: dg.DagsterInstance, tenants: Sequence[str]) -> None:
+    """Register tenants as dynamic partitions (idempotent); invalid ids raise first."""
+    for tenant in tenants:
+        validate_tenant_id(tenant)
+    name = tenant_partitions.name or "tenants"
+    known = set(instance.get_dynamic_partitions(name))
+    new = [t for t in tenants if t not in known]
+    if not new:
+        return
+    try:
+        instance.add_dynamic_partitions(name, new)
+    except sa.exc.IntegrityError:
+        # Another process added some of them between our read and our insert (Dagster reads,
+        # then inserts under a unique index): fine if every tenant is there now.
+        missing = set(new) - set(instance.get_dynamic_partitions(name))
+        if missing:
+            instance.add_dynamic_partitions(name, sorted(missing))
+
+
+def _metadata_value(value: Any) -> Any:
+    return getattr(value, "value", value)
+
+
+def _members(evaluation: dg.AssetCheckEvaluation) -> list[CheckOutcome]:
+    """A group evaluation's member checks, from the JSON list in its metadata."""
+    raw = _metadata_value(evaluation.metadata.get("checks_json"))
+    try:
+        members = json.loads(raw) if isinstance(raw, str) else []
+    except json.JSONDecodeError:
+        members = []
+    return [
+        CheckOutcome(
+            name=str(m["name"]),
+            passed=bool(m["passed"]),
+            blocking=bool(m["blocking"]),
+            severity="WARN" if m.get("warn") else "ERROR",
+            summary=evaluation.description if not m["passed"] else None,
+        )
+        for m in members
+    ]
+
+
+def _record(result: dg.ExecuteInProcessResult, job_name: str) -> RunRecord:
+    rec = RunRecord(run_id=result.run_id, success=result.success, partitions=[], job=job_name)
+    for ev in result.get_asset_materialization_events():
+        mat = ev.event_specific_data.materialization  # type: ignore[union-attr]
+        if mat is None or mat.partition is None:
+            continue
+        pk = str(mat.partition)
+        if mat.asset_key == APPLIED:
+            rec.applied.append(pk)
+        elif mat.asset_key == LABELS:
+            rec.partitions.append(pk)
+            rec.metadata[pk] = {k: _metadata_value(v) for k, v in mat.metadata.items()}
+    for evaluation in result.get_asset_check_evaluations():
+        if evaluation.partition is None:
+            continue
+        rec.checks.setdefault(evaluation.partition, []).extend(_members(evaluation))
+    if not result.success:
+        failures = [e for e in result.all_events if e.is_failure]
+        rec.error = _failure_text(failures[0]) if failures else "run failed"
+        rec.interrupted = any(_INTERRUPTED in str(e.event_specific_data) for e in failures)
+    return rec
+
+
+def _failure_text(event: dg.DagsterEvent) -> str:
+    """The step's failure message plus the asset's ``dg.Failure`` description, which says why
+    (e.g. the region without an endpoint); the message alone only names the step."""
+    user = getattr(event.event_specific_data, "user_failure_data", None)
+    description = getattr(user, "description", None)
+    message = event.message or "run failed"
+    return f"{message} {description}" if description else message
+
+
+# Dagster writes one "planned" event per partition and asset at run start unless told to write
+# one per asset with the partition subset: a run over 100 partitions then starts with 2 events
+# instead of 200 (each a commit). The price: a failed run's partitions show as missing, not
+# failed, in the UI; the CLI reports the failure and its next ``run`` plans them again.
+_PLANNED_SUBSET = "DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS"
+# Dagster raises this inside a step when the process gets SIGTERM or SIGINT.
+_INTERRUPTED = "DagsterExecutionInterruptedError"
+
+
+@contextlib.contextmanager
+def planned_events_per_run() -> Iterator[None]:
+    """For in-process runs started here: one planned event per asset, not per partition."""
+    before = os.environ.get(_PLANNED_SUBSET)
+    os.environ[_PLANNED_SUBSET] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(_PLANNED_SUBSET, None)
+        else:
+            os.environ[_PLANNED_SUBSET] = before
+
+
+def _execute(
+    defs: dg.Definitions,
+    instance: dg.DagsterInstance,
+    job_name: str,
+    box: Box,
+    tags: dict[str, str] | None,
+    log_level: str,
+    regions: Mapping[str, str | None] | None = None,
+) -> RunRecord:
+    # The range tags make one run cover the whole box (Dagster reads them as a 2D range).
+    run_tags = {RANGE_START: box.start, RANGE_END: box.end}
+    if len(box.tenants) == 1:
+        run_tags["tenant"] = box.tenants[0]  # the run queue's per-tenant limit
+    else:
+        run_tags["tenants"] = str(len(box.tenants))
+    # The run queue's per-region limit (regions.py; a box of plan.pool_by_region has one).
+    run_tags.update(region_tags((regions or {}).get(t) for t in box.tenants))
+    result = defs.resolve_job_def(job_name).execute_in_process(
+        instance=instance,
+        run_config={"loggers": {"console": {"config": {"log_level": log_level}}}},
+        tags={**run_tags, **(tags or {})},
+        raise_on_error=False,
+    )
+    rec = _record(result, job_name)
+    if rec.interrupted:
+        # Dagster turns SIGTERM/SIGINT inside a step into a failure; for the operator (and the
+        # UI) the run was stopped on purpose. What had finished is committed (the pipeline's
+        # writer flushes on the way out); calls in flight show up as orphan attempts.
+        instance.report_run_canceled(result.dagster_run, message="stopped by SIGTERM/SIGINT")
+        rec.error = "stopped by a signal (SIGTERM/SIGINT); finished work was committed"
+    return rec
+
+
+def materialize(
+    defs: dg.Definitions,
+    instance: dg.DagsterInstance,
+    job_name: str,
+    tenants: Sequence[str],
+    slices: Sequence[str],
+    tags: dict[str, str] | None = None,
+    log_level: str = "INFO",
+    apply_job: str | None = None,
+) -> list[RunRecord]:
+    """Run ``job_name`` over tenants x slices as given: one run per tenant and slice range
+    (no planning; ``run_boxes`` runs a plan's pooled boxes)."""
+    for tenant in tenants:
+        for slice_key in slices:
+            partition_ref(partition_key_for(tenant, slice_key))  # raises before anything runs
+    ensure_tenant_partitions(instance, tenants)
+    boxes = [Box((t,), slice_no(a), slice_no(b)) for t, a, b in rectangles(tenants, slices)]
+    return run_boxes(defs, instance, job_name, boxes, tags, log_level, apply_job)
+
+
+def run_boxes(
+    defs: dg.Definitions,
+    instance: dg.DagsterInstance,
+    job_name: str,
+    boxes: Sequence[Box],
+    tags: dict[str, str] | None = None,
+    log_level: str = "INFO",
+    apply_job: str | None = None,
+    regions: Mapping[str, str | None] | None = None,
+) -> list[RunRecord]:
+    """One in-process run per box (``regions``, tenant -> region, tags each run).
+
+    Blocking checks gate the apply per *run*, so one bad partition keeps the apply from every
+    partition of its box. With ``apply_job``, the partitions of such a run that passed every
+    blocking check are applied in follow-up runs (one per tenant and contiguous slice range);
+    that job's asset re-verifies them before writing.
+    """
+    records: list[RunRecord] = []
+    for box in boxes:
+        with planned_events_per_run():
+            rec = _execute(defs, instance, job_name, box, tags, log_level, regions)
+        records.append(rec)
+        if rec.interrupted:
+            break  # stopped by a signal: start nothing more
+        blocked = rec.blocked()
+        if apply_job is None or rec.success or not blocked:
+            continue
+        clean: dict[str, list[str]] = {}
+        for pk, outcomes in rec.checks.items():
+            if (
+                pk not in blocked
+                and pk not in rec.applied
+                and {c.name for c in outcomes} >= set(BLOCKING_CHECKS)
+            ):
+                ref = partition_ref(pk)
+                clean.setdefault(ref.tenant_id, []).append(f"s{ref.slice:02d}")
+        for tenant, chosen in sorted(clean.items()):
+            for _t, a, b in rectangles([tenant], chosen):
+                follow = Box((tenant,), slice_no(a), slice_no(b))
+                records.append(
+                    _execute(defs, instance, apply_job, follow, tags, log_level, regions)
+                )
+    return records

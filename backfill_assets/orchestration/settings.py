@@ -1,0 +1,368 @@
+"""The environment, read once: ``Settings.from_env`` parses and checks every variable.
+
+The CLI's entry point and ``definitions.py`` are the only callers; everything below them is
+handed the ``Settings`` object (or what it builds: resources, fault hooks, versions). A bad
+value is a ``SettingsError`` that names the variable (the CLI exits 2 on it).
+
+Variables whose names carry a region (``BACKFILL_MODEL_BASE_URL__<REGION>``) are read
+explicitly, and no API key is ever read here: the adapters resolve keys by name at run time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import dagster as dg
+from pydantic import (
+    BeforeValidator,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+from backfill_assets.core.faults import FaultHooks
+from backfill_assets.core.keys import DEFAULT_SLICE_TARGET, Versions
+from backfill_assets.core.prices import PriceError, PriceTable
+from backfill_assets.core.regions import API_KEY_VAR, BASE_URL_VAR, InvalidRegion, region_of_suffix
+from backfill_assets.core.rubric import LABELS
+from backfill_assets.dispatch.batch.options import KILL_POINTS, PROVIDER_MAX_LINES
+from backfill_assets.orchestration.policy import (
+    LIVE_BASELINE,
+    PolicyError,
+    PolicyResource,
+    parse_baseline,
+)
+from backfill_assets.orchestration.resources import (
+    FakeModelResource,
+    ModelResource,
+    OpenAIModelResource,
+    RunSettings,
+    StoreResource,
+    versions_for,
+)
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+class SettingsError(ValueError):
+    """An environment variable with a value we cannot use."""
+
+
+def _flag(value: object) -> object:
+    """1/true/yes/on and 0/false/no/off, any case; anything else is not a boolean."""
+    if isinstance(value, str):
+        raw = value.lower()
+        if raw in ("1", "true", "yes", "on"):
+            return True
+        if raw in ("0", "false", "no", "off"):
+            return False
+        raise ValueError("is not a boolean")
+    return value
+
+
+Flag = Annotated[bool, BeforeValidator(_flag)]
+
+
+def _var(name: str, **kw: Any) -> Any:
+    """A field read from the variable ``name`` (the name errors report)."""
+    return Field(validation_alias=name, **kw)
+
+
+class Settings(BaseSettings):
+    """Every variable the product reads, typed and checked; blank means the default."""
+
+    model_config = SettingsConfigDict(case_sensitive=True, extra="ignore", frozen=True)
+
+    # Where things are.
+    dagster_home_dir: str = _var("DAGSTER_HOME", default="")
+    database_url: str = _var("BACKFILL_DATABASE_URL", default="")
+    webserver_url: str = _var("DAGSTER_WEBSERVER_URL", default="http://127.0.0.1:3000")
+    # Run behaviour (the ``settings`` resource).
+    concurrency: int = _var("BACKFILL_CONCURRENCY", default=8, ge=1, le=1024)
+    tenant_budget_tokens: int = _var("BACKFILL_TENANT_BUDGET_TOKENS", default=0, ge=0)
+    max_attempts: int = _var("BACKFILL_MAX_ATTEMPTS", default=5, ge=1, le=20)
+    retry_base_seconds: float = _var("BACKFILL_RETRY_BASE_SECONDS", default=0.5, ge=0.0)
+    retry_max_seconds: float = _var("BACKFILL_RETRY_MAX_SECONDS", default=30.0, ge=0.0)
+    retry_after_max_seconds: float = _var("BACKFILL_RETRY_AFTER_MAX_SECONDS", default=900.0, gt=0.0)
+    flush_ms: float = _var("BACKFILL_FLUSH_MS", default=100.0, gt=0.0, le=1000.0)
+    prompt_path: str = _var("BACKFILL_PROMPT_PATH", default="")
+    slice_target_posts: int = _var(
+        "BACKFILL_SLICE_TARGET_POSTS", default=DEFAULT_SLICE_TARGET, ge=0
+    )
+    dispatch: Literal["sync", "batch"] = _var("BACKFILL_DISPATCH", default="sync")
+    batch_max_lines: int = _var(
+        "BACKFILL_BATCH_MAX_LINES", default=PROVIDER_MAX_LINES, ge=1, le=PROVIDER_MAX_LINES
+    )
+    batch_poll_seconds: float = _var("BACKFILL_BATCH_POLL_SECONDS", default=30.0, gt=0.0)
+    batch_create_lookup_seconds: float = _var(
+        "BACKFILL_BATCH_CREATE_LOOKUP_SECONDS", default=600.0, ge=0.0
+    )
+    # Orchestration.
+    partitions_per_run: int = _var("BACKFILL_PARTITIONS_PER_RUN", default=16, ge=1)
+    executor: Literal["in_process", "multiprocess"] = _var(
+        "BACKFILL_EXECUTOR", default="in_process"
+    )
+    # Crash drills only: never resource config (see faults.py).
+    kill_at: Literal["", "intent", "upload", "create", "poll", "fetch"] = _var(
+        "BACKFILL_KILL_AT", default=""
+    )
+    kill_after_usage: int = _var("BACKFILL_KILL_AFTER_USAGE", default=0, ge=0)
+    # The model.
+    model_backend: Literal["fake", "openai"] = _var("BACKFILL_MODEL_BACKEND", default="fake")
+    model: str = _var("BACKFILL_MODEL", default="")
+    fake_latency_ms: float = _var("BACKFILL_FAKE_LATENCY_MS", default=0.0)
+    fake_failure_rate: float = _var("BACKFILL_FAKE_FAILURE_RATE", default=0.0)
+    fake_malformed_rate: float = _var("BACKFILL_FAKE_MALFORMED_RATE", default=0.0)
+    fake_overbill_factor: float = _var("BACKFILL_FAKE_OVERBILL_FACTOR", default=1.0, gt=0.0)
+    fake_usage_shape: Literal["split", "total", "missing"] = _var(
+        "BACKFILL_FAKE_USAGE_SHAPE", default="split"
+    )
+    model_base_url: str = _var("BACKFILL_MODEL_BASE_URL", default="https://api.openai.com/v1")
+    rpm: int = _var("BACKFILL_RPM", default=0, ge=0)
+    tpm: int = _var("BACKFILL_TPM", default=0, ge=0)
+    adaptive: Flag = _var("BACKFILL_ADAPTIVE", default=True)
+    share_limit: Flag = _var("BACKFILL_SHARE_LIMIT", default=True)
+    trust_limit_headers: Flag = _var("BACKFILL_TRUST_LIMIT_HEADERS", default=True)
+    http_connect_timeout_s: float = _var("BACKFILL_HTTP_CONNECT_TIMEOUT_S", default=5.0, gt=0.0)
+    http_read_timeout_s: float = _var("BACKFILL_HTTP_READ_TIMEOUT_S", default=60.0, gt=0.0)
+    http_total_timeout_s: float = _var("BACKFILL_HTTP_TOTAL_TIMEOUT_S", default=120.0, gt=0.0)
+    max_tokens_param: Literal["max_tokens", "max_completion_tokens"] = _var(
+        "BACKFILL_MAX_TOKENS_PARAM", default="max_tokens"
+    )
+    prices_json: str = _var("BACKFILL_PRICES", default="")
+    # Set by from_env from variables with dynamic names; the API key itself is never read.
+    region_base_urls: dict[str, str] = Field(default_factory=dict)
+    api_key_set: bool = False
+    # Policy: bounds of the checks and the apply target (unset: PolicyResource's default).
+    check_max_rebilled_share: float | None = _var(
+        "BACKFILL_CHECK_MAX_REBILLED_SHARE", default=None, ge=0.0
+    )
+    check_max_orphan_attempts: int | None = _var(
+        "BACKFILL_CHECK_MAX_ORPHAN_ATTEMPTS", default=None, ge=0
+    )
+    check_max_tokens_per_key: int | None = _var(
+        "BACKFILL_CHECK_MAX_TOKENS_PER_KEY", default=None, ge=0
+    )
+    drift_baseline: str | None = _var("BACKFILL_DRIFT_BASELINE", default=None)
+    drift_labels: str | None = _var("BACKFILL_DRIFT_LABELS", default=None)
+    drift_factor: float | None = _var("BACKFILL_DRIFT_FACTOR", default=None, gt=1.0)
+    drift_min_count: int | None = _var("BACKFILL_DRIFT_MIN_COUNT", default=None, ge=1)
+    apply_live: Flag | None = _var("BACKFILL_APPLY_LIVE", default=None)
+
+    @field_validator("prices_json")
+    @classmethod
+    def _prices_parse(cls, value: str) -> str:
+        try:
+            PriceTable.from_json(value)
+        except PriceError as exc:
+            raise ValueError(str(exc)) from None
+        return value
+
+    @field_validator("drift_baseline")
+    @classmethod
+    def _baseline_parses(cls, value: str | None) -> str | None:
+        if value is not None and value != LIVE_BASELINE:
+            try:
+                parse_baseline(value)  # fail at load time, not inside a check
+            except PolicyError as exc:
+                raise ValueError(str(exc)) from None
+        return value
+
+    @field_validator("drift_labels")
+    @classmethod
+    def _labels_known(cls, value: str | None) -> str | None:
+        unknown = [x for x in (value or "").split(",") if x.strip() and x.strip() not in LABELS]
+        if unknown:
+            raise ValueError(f"unknown label(s) {unknown}")
+        return value
+
+    @model_validator(mode="after")
+    def _batch_needs_a_batch_api(self) -> Settings:
+        if self.dispatch == "batch" and self.model_backend != "openai":
+            raise ValueError("BACKFILL_DISPATCH=batch needs BACKFILL_MODEL_BACKEND=openai")
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Only what the caller hands in: no ``os.environ`` behind its back, no dotenv."""
+        return (init_settings,)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Settings:
+        """Parse ``env`` (e.g. ``os.environ``) once; ``SettingsError`` names a bad variable."""
+        # Values are stripped, and a blank one means the default, as always.
+        found = _MappingSource(cls, env)().items()
+        values: dict[str, Any] = {
+            k: v.strip() for k, v in found if isinstance(v, str) and v.strip()
+        }
+        values["region_base_urls"] = region_base_urls(env)
+        values["api_key_set"] = bool(env.get(API_KEY_VAR))
+        try:
+            return cls.model_validate(values)
+        except ValidationError as exc:
+            raise SettingsError("; ".join(_describe(e) for e in exc.errors()[:3])) from None
+
+    @property
+    def dagster_home(self) -> Path:
+        """``$DAGSTER_HOME``, or ``.dagster_home`` inside the project."""
+        return Path(self.dagster_home_dir or PROJECT_ROOT / ".dagster_home")
+
+    @property
+    def store_url(self) -> str:
+        """``$BACKFILL_DATABASE_URL``, or a SQLite file in the Dagster home."""
+        return self.database_url or f"sqlite:///{self.dagster_home / 'backfill.db'}"
+
+    def run_settings(self) -> RunSettings:
+        """The ``settings`` resource: how a run behaves."""
+        return RunSettings(
+            concurrency=self.concurrency,
+            tenant_budget_tokens=self.tenant_budget_tokens,
+            max_attempts=self.max_attempts,
+            retry_base_seconds=self.retry_base_seconds,
+            retry_max_seconds=self.retry_max_seconds,
+            retry_after_max_seconds=self.retry_after_max_seconds,
+            flush_ms=self.flush_ms,
+            prompt_path=self.prompt_path,
+            slice_target_posts=self.slice_target_posts,
+            dispatch=self.dispatch,
+            batch_max_lines=self.batch_max_lines,
+            batch_poll_seconds=self.batch_poll_seconds,
+            batch_create_lookup_seconds=self.batch_create_lookup_seconds,
+        )
+
+    def faults(self) -> FaultHooks:
+        """``BACKFILL_KILL_AFTER_USAGE`` and ``BACKFILL_KILL_AT`` (crash drills only)."""
+        return FaultHooks(kill_after_usage=self.kill_after_usage, kill_at=self.kill_at)
+
+    def model_resource(self) -> ModelResource:
+        """The model resource selected by ``BACKFILL_MODEL_BACKEND`` (default: fake)."""
+        if self.model_backend == "fake":
+            return FakeModelResource(
+                model=self.model or "fake-moderator-1",
+                latency_ms=self.fake_latency_ms,
+                failure_rate=self.fake_failure_rate,
+                malformed_rate=self.fake_malformed_rate,
+                overbill_factor=self.fake_overbill_factor,
+                usage_shape=self.fake_usage_shape,
+            )
+        return OpenAIModelResource(
+            model=self.model or "gpt-4o-mini",
+            base_url=self.model_base_url,
+            # The key itself never enters the config: Dagster resolves the variable at run time.
+            api_key=dg.EnvVar(API_KEY_VAR) if self.api_key_set else "",
+            region_base_urls=self.region_base_urls,
+            rpm=self.rpm,
+            tpm=self.tpm,
+            retry_after_max_s=self.retry_after_max_seconds,
+            adaptive=self.adaptive,
+            share_limit=self.share_limit,
+            trust_limit_headers=self.trust_limit_headers,
+            connect_timeout_s=self.http_connect_timeout_s,
+            read_timeout_s=self.http_read_timeout_s,
+            total_timeout_s=self.http_total_timeout_s,
+            max_tokens_param=self.max_tokens_param,
+            prices_json=self.prices_json,
+        )
+
+    def policy(self) -> PolicyResource:
+        """``BACKFILL_CHECK_*``, ``BACKFILL_DRIFT_*`` and ``BACKFILL_APPLY_LIVE``."""
+        fields = {
+            "max_rebilled_share": self.check_max_rebilled_share,
+            "max_orphan_attempts": self.check_max_orphan_attempts,
+            "max_tokens_per_key": self.check_max_tokens_per_key,
+            "drift_baseline": self.drift_baseline,
+            "drift_labels": self.drift_labels,
+            "drift_factor": self.drift_factor,
+            "drift_min_count": self.drift_min_count,
+            "apply_live": self.apply_live,
+        }
+        return PolicyResource(**{k: v for k, v in fields.items() if v is not None})  # type: ignore[arg-type]
+
+    def prices(self) -> PriceTable:
+        """The price table: built-in list prices merged with ``BACKFILL_PRICES``."""
+        return PriceTable.from_json(self.prices_json)
+
+    def versions(self) -> Versions:
+        """The versions (and so the code version) these settings select."""
+        return versions_for(self.run_settings(), self.model_resource())
+
+    def resources(self) -> dict[str, Any]:
+        """All resources the definitions need."""
+        return {
+            "store": StoreResource(database_url=self.store_url),
+            "model": self.model_resource(),
+            "settings": self.run_settings(),
+            "policy": self.policy(),
+        }
+
+
+class _MappingSource(EnvSettingsSource):
+    """pydantic-settings' environment source over a given mapping instead of ``os.environ``."""
+
+    def __init__(self, settings_cls: type[BaseSettings], env: Mapping[str, str]) -> None:
+        self._env = env
+        super().__init__(settings_cls)
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        return dict(self._env)
+
+
+# Messages of pydantic's type errors, in the words the CLI has always used.
+_TYPE_WORDS = {
+    "int_parsing": "is not an integer",
+    "int_from_float": "is not an integer",
+    "float_parsing": "is not a number",
+    "bool_parsing": "is not a boolean",
+}
+
+
+def _describe(err: Any) -> str:
+    """One validation error as ``VARIABLE='value': what is wrong``."""
+    loc = err.get("loc") or ()
+    msg = str(err.get("msg", "")).removeprefix("Value error, ")
+    if not loc:
+        return msg
+    name, raw = loc[0], err.get("input")
+    shown = repr(raw[:60] if isinstance(raw, str) else raw)
+    if err.get("type") in _TYPE_WORDS:
+        return f"{name}={shown} {_TYPE_WORDS[err['type']]}"
+    if msg == "is not a boolean":
+        return f"{name}={shown} {msg}"
+    if name == "BACKFILL_KILL_AT":
+        msg = f"expected one of {', '.join(KILL_POINTS)}"
+    return f"{name}={shown}: {msg}"
+
+
+def region_base_urls(env: Mapping[str, str]) -> dict[str, str]:
+    """``BACKFILL_MODEL_BASE_URL__<REGION>`` -> {region: base URL}; empty values are unset.
+
+    Their keys (``BACKFILL_MODEL_API_KEY__<REGION>``) are not read here: the adapter resolves
+    them by name at run time, so no key ever enters the Dagster config.
+    """
+    prefix = f"{BASE_URL_VAR}__"
+    out: dict[str, str] = {}
+    for name, value in env.items():
+        if not name.startswith(prefix) or not value.strip():
+            continue
+        try:
+            region = region_of_suffix(name[len(prefix) :])
+        except InvalidRegion as exc:
+            raise SettingsError(f"{name}: {exc}") from None
+        out[region] = value.strip()
+    return dict(sorted(out.items()))

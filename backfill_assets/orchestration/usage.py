@@ -1,0 +1,83 @@
+"""Usage for invoicing: tokens, cost and calls per tenant, model and day, from the ledger."""
+
+import csv
+import io
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+import dagster as dg
+
+from backfill_assets.orchestration.checks import LABELS_KEY
+from backfill_assets.orchestration.resources import StoreResource
+from backfill_assets.orchestration.sensors import refresh_condition
+from backfill_assets.store.engine import read_tx
+from backfill_assets.store.reports import usage_by_day
+
+USAGE_COLUMNS = ("tenant", "model", "day", "calls", "tokens_in", "tokens_out", "tokens", "cost")
+# The metadata table is for reading in the UI; the CSV export has every row.
+MAX_TABLE_ROWS = 100
+
+
+def usage_csv(rows: Sequence[dict[str, Any]], columns: Sequence[str] = USAGE_COLUMNS) -> str:
+    """CSV text with a header row."""
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(columns), extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rows)
+    return buf.getvalue()
+
+
+def usage_markdown(rows: Sequence[dict[str, Any]], limit: int = MAX_TABLE_ROWS) -> str:
+    """Markdown table of usage rows (the first ``limit``)."""
+    lines = [
+        "| tenant | model | day | calls | tokens | cost (USD) |",
+        "|---|---|---|---:|---:|---:|",
+    ]
+    for r in rows[:limit]:
+        lines.append(
+            f"| {r['tenant']} | {r['model']} | {r['day']} | {r['calls']} | {r['tokens']} "
+            f"| {float(r['cost']):.6f} |"
+        )
+    if len(rows) > limit:
+        lines.append(f"| ... {len(rows) - limit} more row(s): `backfill-moderation usage --csv` |")
+    if not rows:
+        lines.append("| (no usage yet) | | | | | |")
+    return "\n".join(lines)
+
+
+def tenant_totals(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Calls, tokens and cost per tenant over all models and days."""
+    out: dict[str, dict[str, float]] = defaultdict(lambda: {"calls": 0, "tokens": 0, "cost": 0.0})
+    for r in rows:
+        t = out[str(r["tenant"])]
+        t["calls"] += int(r["calls"])
+        t["tokens"] += int(r["tokens"])
+        t["cost"] += float(r["cost"])
+    return dict(out)
+
+
+@dg.asset(
+    group_name="reporting",
+    deps=[LABELS_KEY],
+    kinds={"sql"},
+    # Refreshed by the daemon whenever labels were materialised (and by `run` itself), so a
+    # user opening it after a backfill sees current figures.
+    automation_condition=refresh_condition(),
+)
+def tenant_usage(store: StoreResource) -> dg.MaterializeResult[None]:
+    """Tokens, cost and calls per tenant, model and day (the invoice's source)."""
+    with read_tx(store.engine()) as conn:
+        rows = usage_by_day(conn)
+    totals = tenant_totals(rows)
+    return dg.MaterializeResult(
+        metadata={
+            "usage": dg.MetadataValue.md(usage_markdown(rows)),
+            "rows": dg.MetadataValue.int(len(rows)),
+            "tenants": dg.MetadataValue.int(len(totals)),
+            "calls": dg.MetadataValue.int(sum(int(t["calls"]) for t in totals.values())),
+            "tokens": dg.MetadataValue.int(sum(int(t["tokens"]) for t in totals.values())),
+            "cost_usd": dg.MetadataValue.float(round(sum(t["cost"] for t in totals.values()), 6)),
+            "export": dg.MetadataValue.md("`backfill-moderation usage --csv > usage.csv`"),
+        }
+    )

@@ -1,0 +1,63 @@
+"""The Dagster definitions, wired from one ``Settings`` object (no environment read here)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import dagster as dg
+
+from backfill_assets.orchestration.applied import build_applied_labels
+from backfill_assets.orchestration.assets import build_moderation_labels, posts
+from backfill_assets.orchestration.backfill_plan import backfill_plan
+from backfill_assets.orchestration.checks import build_partition_checks
+from backfill_assets.orchestration.partitions import moderation_partitions
+from backfill_assets.orchestration.sensors import reporting_automation, tenant_partitions_sensor
+from backfill_assets.orchestration.settings import Settings
+from backfill_assets.orchestration.usage import tenant_usage
+
+BACKFILL_JOB = "moderation_backfill"
+APPLY_JOB = "apply_labels"
+USAGE_JOB = "refresh_usage"
+
+
+def build_definitions(settings: Settings | Mapping[str, str]) -> dg.Definitions:
+    """Definitions wired from the settings (tests may hand in a plain variable mapping)."""
+    if not isinstance(settings, Settings):
+        settings = Settings.from_env(settings)
+    per_run = settings.partitions_per_run
+    labels = build_moderation_labels(settings.versions().code_version, per_run, settings.faults())
+    applied = build_applied_labels(per_run)
+    checks = build_partition_checks()
+    backfill_job = dg.define_asset_job(
+        BACKFILL_JOB,
+        # Selecting the assets selects their checks too: labels, the six checks, then the
+        # apply, which the blocking checks gate within each run.
+        selection=dg.AssetSelection.assets(labels, applied),
+        partitions_def=moderation_partitions,
+        description="Moderation labels, their checks and the gated apply, per tenant x slice.",
+    )
+    apply_job = dg.define_asset_job(
+        APPLY_JOB,
+        selection=dg.AssetSelection.assets(applied),
+        partitions_def=moderation_partitions,
+        description="Apply verified labels only (re-checks the blocking checks itself).",
+    )
+    usage_job = dg.define_asset_job(
+        USAGE_JOB,
+        selection=dg.AssetSelection.assets(tenant_usage),
+        description="Refresh tenant_usage from the ledger (run by `backfill-moderation run`).",
+    )
+    return dg.Definitions(
+        assets=[posts, labels, applied, tenant_usage, backfill_plan],
+        asset_checks=[checks],
+        jobs=[backfill_job, apply_job, usage_job],
+        sensors=[tenant_partitions_sensor, reporting_automation],
+        resources=settings.resources(),
+        # One process per run: partitions are batched into runs, so per-step subprocesses
+        # would only add start-up cost (docs/architecture.md, "One run, many partitions").
+        # BACKFILL_EXECUTOR=multiprocess restores Dagster's default (the orchestration
+        # benchmark compares the two).
+        executor=dg.multiprocess_executor
+        if settings.executor == "multiprocess"
+        else dg.in_process_executor,
+    )

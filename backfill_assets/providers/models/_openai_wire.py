@@ -1,0 +1,321 @@
+"""OpenAI chat-completions wire format as the adapter needs it (pure, no I/O).
+
+Request body, the response envelope (pydantic), Retry-After and rate-limit headers, and error
+summaries that are safe to store: status, error type/code and a short message from which any
+echo of the request (post text) and any secret has been removed.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from backfill_assets.core.rubric import output_json_schema
+from backfill_assets.providers.models.base import ModelRequest
+from backfill_assets.providers.ratelimit import AdvertisedLimits
+
+SCHEMA_NAME = "moderation_output"
+MAX_TOKENS_PARAMS = ("max_tokens", "max_completion_tokens")
+_MESSAGE_CHARS = 160
+# A run of this many characters shared with the request means the provider echoed it.
+_ECHO_WINDOW = 16
+_QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"|`[^`]*`")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
+# Key-like tokens, masked or not ("Incorrect API key provided: sk-te****1234"): never stored.
+_KEY_LIKE = re.compile(r"\b(?:sk|pk|rk|key|api[_-]?key)[-_][A-Za-z0-9*._-]{2,}", re.IGNORECASE)
+# A run of this many characters of a secret counts as the secret.
+_SECRET_WINDOW = 6
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
+_TRY_AGAIN = re.compile(r"try again in (\d+(?:\.\d+)?)\s*(ms|s)\b", re.IGNORECASE)
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def request_body(request: ModelRequest, max_tokens_param: str = "max_tokens") -> dict[str, Any]:
+    """One post of one tenant; strict JSON-schema output built from the rubric's contract."""
+    if max_tokens_param not in MAX_TOKENS_PARAMS:
+        raise ValueError(f"max_tokens_param must be one of {MAX_TOKENS_PARAMS}")
+    return {
+        "model": request.model,
+        "messages": request.messages,
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": SCHEMA_NAME, "strict": True, "schema": output_json_schema()},
+        },
+        max_tokens_param: request.max_output_tokens,
+        "temperature": 0,
+    }
+
+
+# Larger token counts are not a real provider's: treat them as unreadable.
+_MAX_COUNT = 10**12
+
+
+@dataclass(frozen=True, slots=True)
+class BilledUsage:
+    """What a provider billed for one call, in the shape it was reported.
+
+    ``shape`` is ``split`` (prompt and completion known) or ``total`` (only the total is known:
+    it is booked as ``tokens_in`` with ``tokens_out = 0``). No usage at all is ``None``: the
+    caller books the call's upper bound instead, never 0.
+    """
+
+    tokens_in: int
+    tokens_out: int
+    shape: str
+
+    @property
+    def total(self) -> int:
+        """Tokens billed."""
+        return self.tokens_in + self.tokens_out
+
+
+def _count(value: object) -> int | None:
+    if isinstance(value, bool):
+        return None  # JSON true is no token count
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, int) and 0 <= value < _MAX_COUNT:
+        return value
+    return None
+
+
+def billed_usage(raw: object) -> BilledUsage | None:
+    """The billed figures of any usage shape real servers send; None if the total is unknowable.
+
+    OpenAI sends prompt, completion and total tokens (plus ``*_details``); vLLM and Ollama send
+    ``*_details: null``; some gateways send ``completion_tokens: null`` or ``total_tokens`` alone;
+    Anthropic-style servers say ``input_tokens``/``output_tokens``. When a total larger than
+    prompt + completion is given, the total is what was billed.
+    """
+    if not isinstance(raw, dict):
+        return None
+    prompt = _count(raw.get("prompt_tokens", raw.get("input_tokens")))
+    completion = _count(raw.get("completion_tokens", raw.get("output_tokens")))
+    total = _count(raw.get("total_tokens"))
+    if prompt is not None and completion is not None:
+        billed = max(prompt + completion, total or 0)
+        return BilledUsage(prompt, billed - prompt, "split")
+    if prompt is not None and total is not None and total >= prompt:
+        return BilledUsage(prompt, total - prompt, "split")
+    if total is not None:
+        return BilledUsage(total, 0, "total")
+    return None
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    content: str | None = None
+
+
+class _Choice(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    message: _Message
+    finish_reason: str | None = None
+
+
+class ChatCompletion(BaseModel):
+    """The parts of a 200 answer we use; providers add fields freely, so extras are ignored."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    id: str | None = None
+    choices: list[_Choice] = Field(default_factory=list)
+    # Kept raw: a usage shape we do not model must never make a paid answer unreadable.
+    usage: Any = None
+
+    @property
+    def billed(self) -> BilledUsage | None:
+        """The billed figures, whatever shape the usage came in (None: not reported)."""
+        return billed_usage(self.usage)
+
+    @property
+    def content(self) -> str:
+        """The first choice's text ('' for a refusal or an empty answer: it fails parsing)."""
+        if not self.choices:
+            return ""
+        return self.choices[0].message.content or ""
+
+
+class NotACompletion(ValueError):
+    """A 2xx whose body is not a chat completion at all (a proxy page, garbage)."""
+
+
+def parse_completion(body: bytes) -> ChatCompletion:
+    """The envelope of a 2xx answer; the model's content is parsed later, by the rubric."""
+    try:
+        data = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        raise NotACompletion("2xx body is not JSON") from None
+    if not isinstance(data, dict):
+        raise NotACompletion("2xx body is not a JSON object")
+    try:
+        return ChatCompletion.model_validate(data)
+    except ValidationError as exc:
+        # Keep what was billed even if the rest is odd: usage alone is worth booking.
+        usage = data.get("usage")
+        if billed_usage(usage) is None:
+            fields = ", ".join(".".join(str(p) for p in e["loc"]) for e in exc.errors()[:3])
+            raise NotACompletion(f"2xx body is not a chat completion ({fields})") from None
+        return ChatCompletion(
+            id=data.get("id") if isinstance(data.get("id"), str) else None, usage=usage
+        )
+
+
+def parse_duration(text: str) -> float | None:
+    """``20ms``, ``1.5s``, ``6m0s``, ``1h2m3s`` or plain seconds -> seconds (None if unreadable)."""
+    text = text.strip()
+    if not text:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        pass
+    else:
+        return value if math.isfinite(value) and value >= 0 else None
+    pos, total = 0, 0.0
+    for match in _DURATION_PART.finditer(text):
+        if match.start() != pos:
+            return None
+        total += float(match.group(1)) * _UNITS[match.group(2)]
+        pos = match.end()
+    return total if pos == len(text) and pos > 0 else None
+
+
+def _retry_after_header(value: str, now: datetime) -> float | None:
+    seconds = parse_duration(value) if value.strip().replace(".", "", 1).isdigit() else None
+    if seconds is not None:
+        return seconds
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - now).total_seconds())
+
+
+def _int_header(headers: Mapping[str, str], name: str) -> int | None:
+    raw = headers.get(name, "").strip()
+    return int(raw) if raw.isdigit() else None
+
+
+def retry_after_seconds(
+    headers: Mapping[str, str],
+    message: str = "",
+    now: datetime | None = None,
+    *,
+    resets: bool = True,
+) -> float | None:
+    """When the provider says to retry, in seconds; None if it does not say.
+
+    Order: ``retry-after-ms``, ``retry-after`` (seconds or an HTTP date, any size), then the
+    ``x-ratelimit-reset-*`` of the exhausted limit (both if unclear), then "try again in Xs"
+    in the error message. ``resets=False`` (for 5xx answers) skips the rate-limit resets: they
+    describe the rate window, not the outage, and a 5xx must not park callers for minutes.
+    """
+    ms = headers.get("retry-after-ms", "").strip()
+    if ms:
+        value = parse_duration(ms)
+        if value is not None:
+            return value / 1000.0
+    after = headers.get("retry-after", "")
+    if after.strip():
+        value = _retry_after_header(after, now or datetime.now(UTC))
+        if value is not None:
+            return value
+    if not resets:
+        return None
+    found: list[float] = []
+    exhausted: list[float] = []
+    for kind in ("requests", "tokens"):
+        reset = parse_duration(headers.get(f"x-ratelimit-reset-{kind}", ""))
+        if reset is None:
+            continue
+        found.append(reset)
+        if _int_header(headers, f"x-ratelimit-remaining-{kind}") == 0:
+            exhausted.append(reset)
+    if exhausted or found:
+        return max(exhausted or found)
+    match = _TRY_AGAIN.search(message)
+    if match:
+        return float(match.group(1)) * _UNITS[match.group(2).lower()]
+    return None
+
+
+def advertised_limits(headers: Mapping[str, str]) -> AdvertisedLimits | None:
+    """``x-ratelimit-limit-requests`` / ``-tokens``, when the provider sends them."""
+    requests = _int_header(headers, "x-ratelimit-limit-requests")
+    tokens = _int_header(headers, "x-ratelimit-limit-tokens")
+    if requests is None and tokens is None:
+        return None
+    return AdvertisedLimits(requests or None, tokens or None)
+
+
+def _echoes(message: str, texts: Iterable[str]) -> bool:
+    for text in texts:
+        if len(text) >= _ECHO_WINDOW:
+            if any(
+                message[i : i + _ECHO_WINDOW] in text
+                for i in range(len(message) - _ECHO_WINDOW + 1)
+            ):
+                return True
+        elif len(text) >= 4 and text in message:
+            return True
+    return False
+
+
+def scrub(message: str, echoes: Sequence[str], secrets: Sequence[str]) -> str:
+    """A provider message safe to store: no quoted values, no echo of the request, no secret."""
+    text = _CONTROL.sub(" ", message)
+    text = _QUOTED.sub("'…'", text)
+    text = _KEY_LIKE.sub("<key>", text)
+    text = text[:_MESSAGE_CHARS]
+    if _echoes(text, echoes) or any(_leaks(text, s) for s in secrets):
+        return "(message withheld: it echoed the request)"
+    return text
+
+
+def _leaks(text: str, secret: str) -> bool:
+    """True if ``text`` holds the secret or any run of ``_SECRET_WINDOW`` of its characters."""
+    if not secret:
+        return False
+    if len(secret) <= _SECRET_WINDOW:
+        return secret in text
+    return any(
+        secret[i : i + _SECRET_WINDOW] in text for i in range(len(secret) - _SECRET_WINDOW + 1)
+    )
+
+
+def error_summary(
+    status: int,
+    body: bytes,
+    content_type: str,
+    echoes: Sequence[str] = (),
+    secrets: Sequence[str] = (),
+) -> tuple[str, str]:
+    """``(summary, raw message)`` of an error answer; only the summary may be stored."""
+    try:
+        data = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        data = None
+    error = data.get("error") if isinstance(data, dict) else None
+    if isinstance(error, str):
+        error = {"message": error}
+    if not isinstance(error, dict):
+        kind = content_type.split(";")[0].strip() or "unknown type"
+        return f"HTTP {status}: non-JSON error body ({kind}, {len(body)} bytes)", ""
+    message = str(error.get("message") or "")
+    labels = [str(error[k])[:40] for k in ("type", "code") if error.get(k)]
+    tag = "/".join(scrub(label, echoes, secrets) for label in labels)
+    text = scrub(message, echoes, secrets)
+    return f"HTTP {status}{' ' + tag if tag else ''}: {text}", message

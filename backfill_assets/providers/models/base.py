@@ -1,0 +1,134 @@
+"""The model adapter interface every provider implements."""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+
+from backfill_assets.providers.ratelimit import EndpointLimiter
+
+
+@dataclass(frozen=True, slots=True)
+class ModelRequest:
+    """One post of one tenant, ready to send."""
+
+    key: str
+    tenant_id: str
+    post_id: str
+    attempt: int
+    model: str
+    messages: list[dict[str, str]]
+    max_output_tokens: int
+    # A cheap guess for pacing (rate limiter), and the most the call can bill (budget).
+    estimated_tokens: int
+    bound_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ModelResponse:
+    """The provider's raw answer and what it billed; parsing happens later, in the pipeline.
+
+    ``usage_shape``: ``split`` (prompt and completion reported), ``total`` (only the total:
+    booked in ``tokens_in``) or ``missing`` (no usage: the call's bound was booked instead).
+    """
+
+    raw_text: str
+    tokens_in: int
+    tokens_out: int
+    request_id: str
+    usage_shape: str = "split"
+    latency_ms: float = 0.0
+    cost: float | None = None
+
+    @property
+    def usage_reported(self) -> bool:
+        """False when the provider sent no usage and the bound was booked."""
+        return self.usage_shape != "missing"
+
+
+class ModelCallError(Exception):
+    """A call that produced no usable response; ``billed`` when the provider still charged."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        retry_after: float | None = None,
+        request_id: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.retry_after = retry_after
+        self.request_id = request_id
+
+
+class RetriableError(ModelCallError):
+    """429, 408/409, 5xx, timeouts, connection errors: try again after a back-off."""
+
+
+class TransportRejected(ModelCallError):
+    """Other 4xx: the request itself is wrong; never retried."""
+
+
+class RunFatalError(ModelCallError):
+    """401, 403, 404, a redirect, no quota: nothing will succeed with this configuration.
+
+    The run stops, sends nothing more and leaves every key pending. ``endpoint`` names where
+    the answer came from; the message never holds the API key.
+    """
+
+    def __init__(
+        self, message: str, *, status: int | None, endpoint: str, request_id: str | None = None
+    ) -> None:
+        super().__init__(message, status=status, request_id=request_id)
+        self.endpoint = endpoint
+
+
+class NotSent(ModelCallError):
+    """The call was stopped before it was sent (the run is stopping); nothing was billed."""
+
+
+@dataclass
+class AdapterStats:
+    """Counters an adapter exposes for run metadata."""
+
+    calls: int = 0
+    rate_limited: int = 0
+    latencies_ms: list[float] = field(default_factory=list)
+
+
+class ModelAdapter(abc.ABC):
+    """Sends one request at a time; concurrency, retries and booking live in ``dispatch``."""
+
+    name: str = "adapter"
+
+    def __init__(self) -> None:
+        self.stats = AdapterStats()
+        self.halted: str | None = None
+
+    def halt(self, reason: str) -> None:
+        """Send nothing more: calls not yet sent raise ``NotSent`` (the run is stopping)."""
+        self.halted = self.halted or reason
+
+    def check_not_halted(self) -> None:
+        """Raise ``NotSent`` if the adapter was halted; call right before sending."""
+        if self.halted is not None:
+            raise NotSent(f"not sent: {self.halted}")
+
+    @abc.abstractmethod
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        """Send one request; raise ``RetriableError`` or ``TransportRejected`` on failure."""
+
+    def cost_of(self, model: str, tokens_in: int, tokens_out: int) -> float:
+        """Cost in USD of a call; adapters with a price table override this."""
+        return 0.0
+
+    def rate_limit(self) -> tuple[str, EndpointLimiter] | None:
+        """The account this adapter's limit belongs to (an id, never a secret) and its
+        limiter, when the limit is one other processes share; None for in-process fakes."""
+        return None
+
+    async def aclose(self) -> None:
+        """Release connections."""
+        return None

@@ -1,0 +1,257 @@
+"""OpenAI-compatible chat completions over ``httpx.AsyncClient`` (OpenAI, vLLM, Ollama, LiteLLM).
+
+One post of one tenant per request; the model's answer is returned raw for the pipeline to
+validate. Failures are classified for the dispatcher's state machine:
+
+- 429, 408, 409, 5xx, timeouts, connection errors, a 2xx that is no completion: ``RetriableError``
+  (with the provider's Retry-After, if any);
+- 401, 403, 404, 3xx and account-level codes (``errors.RUN_FATAL_CODES``): ``RunFatalError``,
+  the run stops and every key stays pending;
+- any other 4xx: ``TransportRejected``, never retried.
+The scopes come from one table, ``models.errors``, shared with batch mode.
+
+Exception messages are stored in the ledger and dead letters, so they carry only the status,
+the provider's error type/code and a scrubbed excerpt: never post text, never the API key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+
+import httpx
+
+from backfill_assets.core.prices import PriceTable
+from backfill_assets.providers.models._openai_wire import (
+    NotACompletion,
+    advertised_limits,
+    error_summary,
+    parse_completion,
+    request_body,
+    retry_after_seconds,
+)
+from backfill_assets.providers.models.base import (
+    ModelAdapter,
+    ModelRequest,
+    ModelResponse,
+    RetriableError,
+    RunFatalError,
+    TransportRejected,
+)
+from backfill_assets.providers.models.errors import Scope, classify, run_fatal_hint
+from backfill_assets.providers.ratelimit import EndpointLimiter, Permit
+
+_USER_AGENT = "backfill-moderation/0.1 (+httpx)"
+
+
+@dataclass(frozen=True, slots=True)
+class HttpTimeouts:
+    """Seconds: to connect, between bytes read, to write, and for the whole call."""
+
+    connect: float = 5.0
+    read: float = 60.0
+    write: float = 10.0
+    total: float = 120.0
+
+    def for_httpx(self) -> httpx.Timeout:
+        """Per-phase timeouts; the total is enforced around the call."""
+        # Waiting for a pooled connection is bounded by the total as well.
+        return httpx.Timeout(
+            connect=self.connect, read=self.read, write=self.write, pool=self.total
+        )
+
+
+def _post_text(request: ModelRequest) -> list[str]:
+    """Texts a provider might echo back: the user message and the post inside it."""
+    user = request.messages[-1]["content"] if request.messages else ""
+    start, end = user.find("<post>\n"), user.rfind("\n</post>")
+    inner = user[start + len("<post>\n") : end] if 0 <= start < end else ""
+    return [t for t in (user, inner) if t]
+
+
+class OpenAIHttpModel(ModelAdapter):
+    """Chat completions against ``{base_url}/chat/completions``, admitted by a shared limiter."""
+
+    name = "openai_http"
+
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        model: str,
+        limiter: EndpointLimiter,
+        api_key: str = "",
+        prices: PriceTable | None = None,
+        timeouts: HttpTimeouts | None = None,
+        max_tokens_param: str = "max_tokens",
+        max_connections: int = 256,
+        transport: httpx.AsyncBaseTransport | None = None,
+        share_limit: bool = True,
+    ) -> None:
+        super().__init__()
+        self.model = model
+        self.limiter = limiter
+        self._api_key = api_key
+        self._prices = prices or PriceTable.from_json("")
+        self._timeouts = timeouts or HttpTimeouts()
+        self._max_tokens_param = max_tokens_param
+        self._share_limit = share_limit
+        headers = {"user-agent": _USER_AGENT}
+        if api_key:
+            headers["authorization"] = f"Bearer {api_key}"
+        self._client = httpx.AsyncClient(
+            base_url=base_url.rstrip("/"),
+            headers=headers,
+            timeout=self._timeouts.for_httpx(),
+            limits=httpx.Limits(
+                max_connections=max_connections, max_keepalive_connections=max_connections
+            ),
+            transport=transport,
+            follow_redirects=False,
+        )
+
+    def cost_of(self, model: str, tokens_in: int, tokens_out: int) -> float:
+        """Cost from the configured price table."""
+        return self._prices.cost(model, tokens_in, tokens_out)
+
+    def rate_limit(self) -> tuple[str, EndpointLimiter] | None:
+        """One account = base URL + model + key; the key only as a short hash."""
+        if not self._share_limit:
+            return None
+        digest = hashlib.sha256(self._api_key.encode("utf-8")).hexdigest()[:12]
+        return f"{self._client.base_url}#{self.model}#{digest}", self.limiter
+
+    async def aclose(self) -> None:
+        """Close pooled connections."""
+        await self._client.aclose()
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        """Send one request once the limiter admits it; classify what comes back."""
+        body = request_body(request, self._max_tokens_param)
+        self.check_not_halted()
+        permit = await self.limiter.acquire(request.estimated_tokens, request.tenant_id)
+        try:
+            # The run may have been stopped while this call waited for its slot.
+            self.check_not_halted()
+        except BaseException:
+            self.limiter.on_unused(permit)
+            raise
+        self.stats.calls += 1
+        started = time.perf_counter()
+        try:
+            async with asyncio.timeout(self._timeouts.total):
+                response = await self._client.post("/chat/completions", json=body)
+                raw = await response.aread()
+        except (TimeoutError, httpx.TimeoutException) as exc:
+            self.limiter.on_failure(permit, time.perf_counter() - started)
+            raise RetriableError(f"timeout ({type(exc).__name__})") from None
+        except httpx.RequestError as exc:
+            self.limiter.on_failure(permit)
+            raise RetriableError(f"connection error ({type(exc).__name__})") from None
+        latency = time.perf_counter() - started
+        if 200 <= response.status_code < 300:
+            return self._answered(request, permit, response, raw, latency)
+        raise self._refused(request, permit, response, raw)
+
+    def _answered(
+        self,
+        request: ModelRequest,
+        permit: Permit,
+        response: httpx.Response,
+        raw: bytes,
+        latency: float,
+    ) -> ModelResponse:
+        request_id = response.headers.get("x-request-id", "")
+        advertised = advertised_limits(response.headers)
+        try:
+            completion = parse_completion(raw)
+        except NotACompletion as exc:
+            self.limiter.on_failure(permit)
+            raise RetriableError(
+                f"HTTP {response.status_code}: {exc}",
+                status=response.status_code,
+                request_id=request_id or None,
+            ) from None
+        billed = completion.billed
+        if billed is not None:
+            tokens_in, tokens_out, shape = billed.tokens_in, billed.tokens_out, billed.shape
+            # Providers count the prompt plus the requested completion cap against TPM.
+            charged = max(billed.total, tokens_in + request.max_output_tokens)
+        else:
+            # No usage at all: book the most the call could have cost (never 0), flagged.
+            bound = request.bound_tokens or request.estimated_tokens
+            tokens_in, tokens_out, shape = (
+                bound - request.max_output_tokens,
+                request.max_output_tokens,
+                "missing",
+            )
+            charged = request.estimated_tokens
+        self.limiter.on_success(permit, latency, charged, advertised)
+        self.stats.latencies_ms.append(latency * 1000.0)
+        return ModelResponse(
+            raw_text=completion.content,
+            tokens_in=tokens_in,
+            tokens_out=tokens_out,
+            request_id=request_id or completion.id or "",
+            usage_shape=shape,
+            latency_ms=latency * 1000.0,
+            cost=self._cost(request, tokens_in, tokens_out, shape),
+        )
+
+    def _cost(self, request: ModelRequest, tokens_in: int, tokens_out: int, shape: str) -> float:
+        if shape == "total":
+            # The split is unknown: price it as the dearest one the call allows (the completion
+            # used its cap), so an invoice never under-recovers what the provider charged.
+            out = min(tokens_in, request.max_output_tokens)
+            return self._prices.cost(request.model, tokens_in - out, out)
+        return self._prices.cost(request.model, tokens_in, tokens_out)
+
+    def _refused(
+        self, request: ModelRequest, permit: Permit, response: httpx.Response, raw: bytes
+    ) -> RetriableError | TransportRejected | RunFatalError:
+        status = response.status_code
+        request_id = response.headers.get("x-request-id") or None
+        summary, message = error_summary(
+            status,
+            raw,
+            response.headers.get("content-type", ""),
+            echoes=_post_text(request),
+            secrets=[self._api_key] if self._api_key else [],
+        )
+        scope = classify(status, _error_code(raw))
+        retry_after = retry_after_seconds(response.headers, message, resets=status == 429)
+        if scope is Scope.RUN:
+            self.limiter.on_failure(permit)
+            endpoint = str(self._client.base_url).rstrip("/") + "/chat/completions"
+            return RunFatalError(
+                f"{summary} from {endpoint} ({run_fatal_hint(status)})",
+                status=status,
+                endpoint=endpoint,
+                request_id=request_id,
+            )
+        if status == 429:
+            self.stats.rate_limited += 1
+            self.limiter.on_rate_limited(permit, retry_after, advertised_limits(response.headers))
+            return RetriableError(
+                summary, status=status, retry_after=retry_after, request_id=request_id
+            )
+        self.limiter.on_failure(permit)
+        if scope is Scope.RETRY:
+            return RetriableError(
+                summary, status=status, retry_after=retry_after, request_id=request_id
+            )
+        return TransportRejected(summary, status=status, request_id=request_id)
+
+
+def _error_code(raw: bytes) -> str | None:
+    """``error.code`` of an OpenAI-style error body, if any."""
+    try:
+        data = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        return None
+    error = data.get("error") if isinstance(data, dict) else None
+    code = error.get("code") if isinstance(error, dict) else None
+    return code if isinstance(code, str) else None
