@@ -7,6 +7,7 @@ import dagster as dg
 
 from .check_rules import BLOCKING_CHECKS, CHECK_GROUPS, blocking_failures
 from .checks import LABELS_KEY, loaded_code_version, verdicts_for
+from .metadata import add_partition_metadata
 from .partitions import moderation_partitions, run_refs
 from .pipeline import with_levels
 from .policy import PolicyResource
@@ -93,13 +94,15 @@ def _applied_asset(partitions_per_run: int) -> dg.AssetsDefinition:
                 metadata={"blocked": dg.MetadataValue.md("\n".join(f"- {x}" for x in lines))},
             )
         changed = 0
+        applied: dict[str, dict[str, Any]] = {}
         for ref in refs:
             with write_tx(engine) as conn:
                 rep = apply_partition(
                     conn, ref.tenant_id, ref.slices, versions, live=policy.apply_live
                 )
             changed += rep.changed
-            context.add_asset_metadata(apply_metadata(rep), partition_key=ref.key)
+            applied[ref.key] = apply_metadata(rep)
+        add_partition_metadata(context, applied)
         context.log.info(f"applied labels to {changed} post(s) in {len(refs)} partition(s)")
         return dg.MaterializeResult()
 

@@ -8,7 +8,7 @@ import dagster as dg
 
 from .faults import NO_FAULTS, FaultHooks
 from .importer import import_jsonl
-from .metadata import partition_metadata
+from .metadata import add_partition_metadata, partition_metadata
 from .partitions import moderation_partitions, run_refs, tenant_partitions
 from .pipeline import RunStopped, run_partitions, with_levels
 from .range_guard import require_full_range
@@ -109,10 +109,10 @@ def _labels_asset(
             spend = {
                 r.ref.key: partition_spend(conn, r.ref.tenant_id, r.ref.slices) for r in reports
             }
-        for rep in reports:
-            context.add_asset_metadata(
-                partition_metadata(rep, versions, spend[rep.ref.key]), partition_key=rep.ref.key
-            )
+        add_partition_metadata(
+            context,
+            {r.ref.key: partition_metadata(r, versions, spend[r.ref.key]) for r in reports},
+        )
         if stopped is not None:
             # A run-level error (wrong key, permission, model, URL): nothing more was sent and
             # every key left is pending, so the next run with the fix completes them.
