@@ -8,7 +8,9 @@ import dagster as dg
 from sqlalchemy.engine import Engine
 
 from backfill_assets.core.keys import slice_of
+from backfill_assets.core.range_guard import RANGE_END, RANGE_START
 from backfill_assets.definitions import BACKFILL_JOB, build_definitions
+from backfill_assets.orchestration.metadata import add_partition_metadata
 from backfill_assets.orchestration.orchestrate import (
     ensure_tenant_partitions,
     materialize,
@@ -95,10 +97,41 @@ def test_materialise_many_partitions_in_few_runs(
     assert sum(len(r.partitions) for r in records) == 32
     md = records[0].metadata[records[0].partitions[0]]
     assert md["outcome_accepted"] == md["posts"] and md["model_calls"] == md["posts"]
+    # Each partition carries its own metadata (its own post count), not the run's.
+    expected = {partition_key_for(t, f"s{i:02d}"): 0 for t in ("acme", "globex") for i in range(16)}
+    for r in recs:
+        expected[
+            partition_key_for(r["tenant_id"], f"s{slice_of(r['tenant_id'], r['post_id']):02d}")
+        ] += 1
+    got = {pk: rec.metadata[pk]["posts"] for rec in records for pk in rec.partitions}
+    assert got == expected and len(set(got.values())) > 2
     assert verify(engine).as_dict(require_complete=True)["ok"]
     # Dagster knows every partition as materialised.
     done = instance.get_materialized_partitions(dg.AssetKey("moderation_labels"))
     assert len(done) == 32
+
+
+_TOY_PARTS = dg.StaticPartitionsDefinition(["a", "b", "c", "d"])
+
+
+@dg.asset(partitions_def=_TOY_PARTS)
+def _toy(context):  # type: ignore[no-untyped-def]  # Dagster refuses a string annotation
+    wanted = context.partition_keys + (["d"] if context.run.tags.get("extra") else [])
+    add_partition_metadata(context, {pk: {"which": pk} for pk in wanted})
+    return dg.MaterializeResult()
+
+
+def test_partition_metadata_lands_on_each_partition_of_a_range_run() -> None:
+    instance = dg.DagsterInstance.ephemeral()
+    range_tags = {RANGE_START: "a", RANGE_END: "c"}
+    result = dg.materialize([_toy], instance=instance, tags=range_tags)
+    mats = result.asset_materializations_for_node("_toy")
+    assert {m.partition: m.metadata["which"].value for m in mats} == {"a": "a", "b": "b", "c": "c"}
+    # A partition the run does not target is refused, as add_asset_metadata refuses it.
+    bad = dg.materialize(
+        [_toy], instance=instance, tags={**range_tags, "extra": "1"}, raise_on_error=False
+    )
+    assert not bad.success
 
 
 def test_rectangles_group_contiguous_slices() -> None:

@@ -20,11 +20,11 @@ PG_BASE = os.environ.get(
 )
 
 
-def new_store(kind: str, workdir: Path, prefix: str = "bf_bench") -> str:
-    """A fresh, empty store URL (a PostgreSQL database named ``<prefix>_<random>``)."""
+def new_store(kind: str, workdir: Path, prefix: str = "bf_bench_") -> str:
+    """A fresh, empty store URL (a PostgreSQL database named ``prefix`` + a random tail)."""
     if kind == "sqlite":
         return f"sqlite:///{workdir / f'store-{uuid.uuid4().hex[:6]}.db'}"
-    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    name = f"{prefix}{uuid.uuid4().hex[:8]}"
     admin = sa.create_engine(PG_BASE, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         conn.execute(sa.text(f'CREATE DATABASE "{name}"'))

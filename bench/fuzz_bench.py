@@ -275,7 +275,7 @@ class Fuzz:
     def setup(self) -> None:
         """Start the simulator, create the store, import the posts."""
         self.sim.start()
-        self.url = new_store(self.store, self.work, prefix="fuzz_bench")
+        self.url = new_store(self.store, self.work, prefix="fuzz_bench_")
         self.engine = sa.create_engine(self.url)
         per_tenant = self.args.posts // self.args.tenants
         export = self.work / f"posts-{self.store}.jsonl"

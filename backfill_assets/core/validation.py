@@ -1,52 +1,12 @@
-"""Frame-level validation of results before they are committed (pandera)."""
+"""Frame-level validation of results before they are committed (pandera).
+
+The schemas live in ``_frames``, imported on the first call: pandas and pandera are about a
+fifth of the CLI's start-up, and a no-op ``run``, ``dry-run`` or ``usage`` never validates.
+"""
 
 from __future__ import annotations
 
-import functools
 from typing import Any
-
-import pandas as pd
-import pandera.pandas as pa
-from pandera.typing import Series
-
-from backfill_assets.core.keys import TENANT_ID_RE
-from backfill_assets.core.rubric import LABELS, SCHEMA_VERSION
-
-
-class ResultFrame(pa.DataFrameModel):
-    """Accepted results about to be written; one row per key."""
-
-    key: Series[str] = pa.Field(
-        str_matches=r"^[0-9a-f]{64}$", unique=True, description="Stable work key (sha256 hex)."
-    )
-    correlation_id: Series[str] = pa.Field(description="Key echoed by the model.")
-    tenant_id: Series[str] = pa.Field(
-        str_matches=TENANT_ID_RE.pattern, description="Tenant that owns the post."
-    )
-    post_id: Series[str] = pa.Field(str_length={"min_value": 1}, description="Post id.")
-    label: Series[str] = pa.Field(isin=list(LABELS), description="Label from the closed set.")
-    confidence: Series[float] = pa.Field(ge=0.0, le=1.0, description="Confidence in [0, 1].")
-    schema_version: Series[int] = pa.Field(
-        isin=[SCHEMA_VERSION], description="Output contract version."
-    )
-
-    @pa.dataframe_check(description="The model answered the key it was sent.")
-    def correlation_matches(cls, df: pd.DataFrame) -> Series[bool]:
-        matches: Series[bool] = df["key"] == df["correlation_id"]
-        return matches
-
-    class Config:
-        # split_valid builds the frame from exactly these columns: nothing to filter.
-        strict = True
-        coerce = False
-
-
-RESULT_SCHEMA = ResultFrame.to_schema()
-_COLUMNS = list(RESULT_SCHEMA.columns)
-# pandera loads its pandas backends (hypothesis strategies included, ~0.5 s) on the first
-# validate: pay that at import, not inside the first flush of a run, where it holds the GIL
-# and stalls the event loop.
-RESULT_SCHEMA.register_default_backends(pd.DataFrame)
 
 
 def split_valid(
@@ -55,91 +15,23 @@ def split_valid(
     """Validate a batch; returns (valid rows, [(invalid row, reason)])."""
     if not rows:
         return [], []
-    frame = pd.DataFrame({c: [r.get(c) for r in rows] for c in _COLUMNS})
-    try:
-        # In place: the frame is ours and is thrown away, so pandera need not copy it.
-        RESULT_SCHEMA.validate(frame, lazy=True, inplace=True)
-    except pa.errors.SchemaErrors as exc:
-        bad: dict[int, str] = {}
-        for case in exc.failure_cases.itertuples():
-            idx = getattr(case, "index", None)
-            reason = f"result frame: {case.column or 'row'} failed {case.check}"
-            if idx is None or pd.isna(idx):
-                # A frame-wide failure (e.g. a wrong dtype) taints every row of the batch.
-                return [], [(r, reason) for r in rows]
-            bad.setdefault(int(idx), reason)
-        good = [r for i, r in enumerate(rows) if i not in bad]
-        return good, [(rows[i], reason) for i, reason in sorted(bad.items())]
-    return rows, []
+    from backfill_assets.core import _frames
 
-
-@functools.cache
-def warm_up() -> None:
-    """Validate one synthetic row, once per process.
-
-    pandera's first validation imports and builds its checks (about a second on a busy
-    machine) and holds the GIL meanwhile; done inside the first flush, it stalls the event
-    loop while calls are in flight, and a crash then loses a longer flush window.
-    """
-    key = "0" * 64
-    row = {
-        "key": key,
-        "correlation_id": key,
-        "tenant_id": "warm-up",
-        "post_id": "warm-up",
-        "label": LABELS[0],
-        "confidence": 0.5,
-        "schema_version": SCHEMA_VERSION,
-    }
-    good, bad = split_valid([row])
-    if bad or len(good) != 1:  # the schema itself would be broken
-        raise RuntimeError(f"result schema rejects a valid row: {bad}")
-
-
-class StoredResultFrame(pa.DataFrameModel):
-    """Result rows as stored: what ``output_schema`` checks over a partition."""
-
-    key: Series[str] = pa.Field(
-        str_matches=r"^[0-9a-f]{64}$", unique=True, description="Stable work key (sha256 hex)."
-    )
-    tenant_id: Series[str] = pa.Field(
-        str_matches=TENANT_ID_RE.pattern, description="Tenant that owns the post."
-    )
-    post_id: Series[str] = pa.Field(str_length={"min_value": 1}, description="Post id.")
-    content_hash: Series[str] = pa.Field(
-        str_matches=r"^[0-9a-f]{64}$", description="sha256 of the NFC text the label is for."
-    )
-    label: Series[str] = pa.Field(isin=list(LABELS), description="Label from the closed set.")
-    confidence: Series[float] = pa.Field(ge=0.0, le=1.0, description="Confidence in [0, 1].")
-    model: Series[str] = pa.Field(str_length={"min_value": 1}, description="Model version.")
-    prompt_version: Series[str] = pa.Field(
-        str_length={"min_value": 1}, description="Prompt version."
-    )
-    task_version: Series[str] = pa.Field(str_length={"min_value": 1}, description="Task version.")
-
-    class Config:
-        strict = "filter"
-        coerce = False
-
-
-STORED_RESULT_SCHEMA = StoredResultFrame.to_schema()
-_STORED_COLUMNS = list(STORED_RESULT_SCHEMA.columns)
+    return _frames.split_valid(rows)
 
 
 def stored_result_problems(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
     """(key, reason) for every stored result row that fails the schema; [] when all pass."""
     if not rows:
         return []
-    frame = pd.DataFrame({c: [r.get(c) for r in rows] for c in _STORED_COLUMNS})
-    try:
-        STORED_RESULT_SCHEMA.validate(frame, lazy=True)
-    except pa.errors.SchemaErrors as exc:
-        found: dict[int, str] = {}
-        for case in exc.failure_cases.itertuples():
-            idx = getattr(case, "index", None)
-            reason = f"{case.column or 'row'} failed {case.check}"
-            if idx is None or pd.isna(idx):
-                return [(str(r.get("key")), reason) for r in rows]
-            found.setdefault(int(idx), reason)
-        return [(str(rows[i].get("key")), why) for i, why in sorted(found.items())]
-    return []
+    from backfill_assets.core import _frames
+
+    return _frames.stored_result_problems(rows)
+
+
+def warm_up() -> None:
+    """Import the schemas and validate one synthetic row, once per process, before the first
+    provider call (so the first flush does not stall calls in flight)."""
+    from backfill_assets.core import _frames
+
+    _frames.warm_up()

@@ -9,6 +9,7 @@ from backfill_assets.audit.check_rules import BLOCKING_CHECKS, CHECK_GROUPS, blo
 from backfill_assets.core.range_guard import require_full_range
 from backfill_assets.dispatch.pipeline import with_levels
 from backfill_assets.orchestration.checks import LABELS_KEY, loaded_code_version, verdicts_for
+from backfill_assets.orchestration.metadata import add_partition_metadata
 from backfill_assets.orchestration.partitions import moderation_partitions, run_refs
 from backfill_assets.orchestration.policy import PolicyResource
 from backfill_assets.orchestration.resources import (
@@ -98,13 +99,15 @@ def _applied_asset(partitions_per_run: int) -> dg.AssetsDefinition:
                 metadata={"blocked": dg.MetadataValue.md("\n".join(f"- {x}" for x in lines))},
             )
         changed = 0
+        applied: dict[str, dict[str, Any]] = {}
         for ref in refs:
             with write_tx(engine) as conn:
                 rep = apply_partition(
                     conn, ref.tenant_id, ref.slices, versions, live=policy.apply_live
                 )
             changed += rep.changed
-            context.add_asset_metadata(apply_metadata(rep), partition_key=ref.key)
+            applied[ref.key] = apply_metadata(rep)
+        add_partition_metadata(context, applied)
         context.log.info(f"applied labels to {changed} post(s) in {len(refs)} partition(s)")
         return dg.MaterializeResult()
 

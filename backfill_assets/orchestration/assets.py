@@ -11,7 +11,7 @@ from backfill_assets.core.range_guard import require_full_range
 from backfill_assets.dispatch.partition_run import RunStopped
 from backfill_assets.dispatch.pipeline import run_partitions, with_levels
 from backfill_assets.ingest.importer import import_jsonl
-from backfill_assets.orchestration.metadata import partition_metadata
+from backfill_assets.orchestration.metadata import add_partition_metadata, partition_metadata
 from backfill_assets.orchestration.partitions import (
     moderation_partitions,
     run_refs,
@@ -119,10 +119,10 @@ def _labels_asset(
             spend = {
                 r.ref.key: partition_spend(conn, r.ref.tenant_id, r.ref.slices) for r in reports
             }
-        for rep in reports:
-            context.add_asset_metadata(
-                partition_metadata(rep, versions, spend[rep.ref.key]), partition_key=rep.ref.key
-            )
+        add_partition_metadata(
+            context,
+            {r.ref.key: partition_metadata(r, versions, spend[r.ref.key]) for r in reports},
+        )
         if stopped is not None:
             # A run-level error (wrong key, permission, model, URL): nothing more was sent and
             # every key left is pending, so the next run with the fix completes them.

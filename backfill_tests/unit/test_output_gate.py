@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -255,3 +257,14 @@ def test_accepted_outputs_pass_the_writers_frame_check() -> None:
     for row in rows:
         good, bad = split_valid([row])
         assert good == [row] and bad == []
+
+
+def test_cli_start_up_does_not_import_pandas_or_pandera() -> None:
+    # A no-op `run` pays its start-up only; the frame schemas load on the first validation.
+    code = (
+        "import sys, backfill_assets.cli; "
+        "print([m for m in ('pandas', 'pandera') if m in sys.modules])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+    assert split_valid([]) == ([], [])

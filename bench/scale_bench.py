@@ -1,0 +1,384 @@
+"""Scale benchmarks (issue 10): many tenants, the seed's JSONL shape, a million posts.
+
+    bench/run scale --tenants-bench [--posts 10000] [--repeat 1]
+    bench/run scale --seed [--posts-per-tenant 10000] [--concurrency 64] [--repeat 1]
+    bench/run scale --million [--posts 1000000] [--tenants 200] [--store pg|sqlite]
+
+Every figure is the whole CLI (``backfill-moderation import`` / ``run`` / ``verify``) in a
+fresh process, fresh ``DAGSTER_HOME`` and fresh store, with the zero-latency fake model.
+Wall is measured around the child process; peak RSS is the child's own (``os.wait4``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+from bench.common import ROOT, drop_store, fmt, median, new_store
+
+PREFIX = "scale_"  # PostgreSQL bench databases
+_TEXTS = (
+    "Thanks for the detailed write-up, it fixed my build on the first try.",
+    "Photos from the meetup are in the shared album, great turnout this year.",
+    "BUY NOW!!! Limited offer on designer watches, click here http://cheap-watch.xyz",
+    "Café au lait and a croissant: the only way to start a Monday.",
+    "Shut up, loser, nobody asked for your opinion.",
+    "Reminder: the community call moves to Thursday because of the holiday.",
+    "Our team migrated to the new API last week; latency dropped by a third.",
+)
+
+
+@dataclass
+class Measured:
+    """One CLI command: wall, the child's CPU seconds (user + sys) and peak RSS, its JSON."""
+
+    wall: float
+    rss_mb: float
+    doc: dict[str, Any]
+    cpu: float = 0.0
+
+
+def tenant_names(n: int) -> list[str]:
+    """``t0000``.. (sorted order = instance order)."""
+    return [f"t{i:04d}" for i in range(n)]
+
+
+def records(posts: int, tenants: int) -> Iterator[dict[str, str]]:
+    """``posts`` posts dealt round-robin over ``tenants`` tenants."""
+    names = tenant_names(tenants)
+    for i in range(posts):
+        yield {
+            "tenant_id": names[i % tenants],
+            "post_id": f"p{i:08d}",
+            "text": f"{_TEXTS[i % len(_TEXTS)]} (#{i})",
+        }
+
+
+def write_export(path: Path, posts: int, tenants: int) -> Path:
+    """A JSONL export of ``records``."""
+    with path.open("w", encoding="utf-8") as fh:
+        for rec in records(posts, tenants):
+            fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
+    return path
+
+
+def cli_env(home: Path, store_url: str, **extra: str) -> dict[str, str]:
+    """A clean environment: no BACKFILL_/DAGSTER_ settings leak in from the caller."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("BACKFILL_", "DAGSTER_"))}
+    env.update(
+        DAGSTER_HOME=str(home), BACKFILL_DATABASE_URL=store_url, BACKFILL_FAKE_LATENCY_MS="0"
+    )
+    env.update(extra)
+    home.mkdir(parents=True, exist_ok=True)
+    return env
+
+
+def cli(args: list[str], env: dict[str, str], ok: tuple[int, ...] = (0,)) -> Measured:
+    """``python -m backfill_assets.cli ARGS --json``: wall and peak RSS of that child alone."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "backfill_assets.cli", *args, "--json"],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=err,
+        )
+        _pid, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - t0
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read().decode(), err.read().decode()
+    if proc.returncode not in ok:
+        raise RuntimeError(f"{args} exited {proc.returncode}:\n{stderr[-4000:]}")
+    cpu = usage.ru_utime + usage.ru_stime  # less sensitive than wall to a busy machine
+    return Measured(wall, usage.ru_maxrss / 1024, _last_json(stdout), cpu)
+
+
+def _last_json(stdout: str) -> dict[str, Any]:
+    text = stdout.strip()
+    try:
+        doc: dict[str, Any] = json.loads(text)
+        return doc
+    except json.JSONDecodeError:
+        line: dict[str, Any] = json.loads(text.splitlines()[-1]) if text else {}
+        return line
+
+
+def calls_of(run: Measured) -> int:
+    """Model calls of a ``run --json``."""
+    return int(run.doc.get("totals", {}).get("model_calls", 0))
+
+
+# --- tenants-bench -------------------------------------------------------------------------
+
+
+def _tenants_once(work: Path, export: Path, tenants: int) -> dict[str, float]:
+    home = work / f"home-{tenants}-{time.monotonic_ns()}"
+    env = cli_env(home, f"sqlite:///{home / 'store.db'}")
+    cli(["import", str(export)], env)
+    full = cli(["run"], env)
+    noop = cli(["run"], env)
+    assert calls_of(noop) == 0, noop.doc.get("totals")
+    return {
+        "run_s": full.wall,
+        "noop_s": noop.wall,
+        "run_cpu_s": full.cpu,
+        "noop_cpu_s": noop.cpu,
+        "calls": calls_of(full),
+        "runs": len(full.doc.get("runs", [])),
+        "noop_runs": len(noop.doc.get("runs", [])),
+    }
+
+
+def tenants_bench(posts: int, repeat: int, tenant_counts: list[int]) -> dict[str, Any]:
+    """The same posts over few and many tenants: run and no-op rerun wall, and the ratio."""
+    out: dict[int, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="scale-tenants-", dir=_tmp_root()) as tmp:
+        work = Path(tmp)
+        print(
+            f"# tenants: {posts:,} posts over {tenant_counts} tenants, SQLite, {repeat} repeat(s)"
+        )
+        for n in tenant_counts:
+            export = write_export(work / f"posts-{n}.jsonl", posts, n)
+            got = [_tenants_once(work, export, n) for _ in range(repeat)]
+            out[n] = {
+                "run_s": median([g["run_s"] for g in got]),
+                "noop_s": median([g["noop_s"] for g in got]),
+                "runs": got[0]["runs"],
+                "noop_runs": got[0]["noop_runs"],
+            }
+            print(
+                f"[{n} tenants] run: {fmt([g['run_s'] for g in got], 's', 1)}, "
+                f"{got[0]['runs']} Dagster run(s), {int(got[0]['calls']):,} calls; "
+                f"no-op rerun: {fmt([g['noop_s'] for g in got], 's', 2)}, "
+                f"{got[0]['noop_runs']} run(s); CPU run "
+                f"{median([g['run_cpu_s'] for g in got]):.1f} s, no-op "
+                f"{median([g['noop_cpu_s'] for g in got]):.1f} s",
+                flush=True,
+            )
+    lo, hi = min(tenant_counts), max(tenant_counts)
+    ratio = out[hi]["run_s"] / out[lo]["run_s"]
+    print(
+        f"ratio {hi}/{lo} tenants: {ratio:.2f}x (target <= 2x); "
+        f"no-op rerun of {hi} tenants {out[hi]['noop_s']:.2f} s (target <= 5 s)"
+    )
+    return {"tenants": out, "ratio": ratio}
+
+
+# --- seed: the per-line-fsync JSONL shape ----------------------------------------------------
+
+
+def _jsonl_key(rec: dict[str, str]) -> str:
+    text_hash = hashlib.sha256(rec["text"].encode()).hexdigest()
+    parts = ("task-1", "prompt-1", "fake-moderator-1", rec["tenant_id"], rec["post_id"], text_hash)
+    return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()
+
+
+async def _jsonl_job(export: Path, out: Path, concurrency: int) -> int:
+    """The seed's shape: asyncio at fixed concurrency, one JSONL line + fsync per result,
+    resume by skipping keys already in the output file. Returns the calls made."""
+    done: set[str] = set()
+    if out.exists():
+        with out.open(encoding="utf-8") as fh:
+            for line in fh:
+                try:
+                    done.add(json.loads(line)["key"])
+                except (json.JSONDecodeError, KeyError):
+                    continue  # a torn last line
+    todo: asyncio.Queue[dict[str, str]] = asyncio.Queue()
+    with export.open(encoding="utf-8") as fh:
+        for line in fh:
+            rec = json.loads(line)
+            if _jsonl_key(rec) not in done:
+                todo.put_nowait(rec)
+    calls = todo.qsize()
+    fd = os.open(out, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    async def model(rec: dict[str, str]) -> dict[str, Any]:
+        await asyncio.sleep(0)  # the zero-latency fake
+        label = "spam" if "http" in rec["text"] else "ok"
+        return {"label": label, "confidence": 0.9, "tokens": len(rec["text"]) // 4 + 40}
+
+    async def work() -> None:
+        while not todo.empty():
+            rec = todo.get_nowait()
+            key = _jsonl_key(rec)
+            answer = await model(rec)
+            row = {"key": key, "tenant": rec["tenant_id"], "post_id": rec["post_id"], **answer}
+            os.write(fd, (json.dumps(row) + "\n").encode())
+            os.fsync(fd)
+
+    try:
+        await asyncio.gather(*(work() for _ in range(concurrency)))
+    finally:
+        os.close(fd)
+    return calls
+
+
+def seed_bench(per_tenant: int, concurrency: int, repeat: int) -> dict[str, Any]:
+    """The CLI vs a per-line-fsync JSONL stand-in on the same posts."""
+    posts = per_tenant * 3
+    cli_rates, jsonl_rates, noops, jsonl_noops, cpu_rates, jsonl_cpu = [], [], [], [], [], []
+    with tempfile.TemporaryDirectory(prefix="scale-seed-", dir=_tmp_root()) as tmp:
+        work = Path(tmp)
+        export = write_export(work / "posts.jsonl", posts, 3)
+        print(
+            f"# seed: {posts:,} posts (3 tenants), concurrency {concurrency}, zero-latency fake, "
+            f"SQLite, {repeat} repeat(s); files on {work}"
+        )
+        for r in range(repeat):
+            home = work / f"home-{r}"
+            env = cli_env(
+                home, f"sqlite:///{home / 'store.db'}", BACKFILL_CONCURRENCY=str(concurrency)
+            )
+            cli(["import", str(export)], env)
+            full = cli(["run"], env)
+            assert calls_of(full) == posts, full.doc.get("totals")
+            noop = cli(["run"], env)
+            cli_rates.append(posts / full.wall)
+            cpu_rates.append(posts / full.cpu)
+            noops.append(noop.wall)
+            out = work / f"results-{r}.jsonl"
+            t0, c0 = time.perf_counter(), time.process_time()
+            calls = asyncio.run(_jsonl_job(export, out, concurrency))
+            jsonl_rates.append(calls / (time.perf_counter() - t0))
+            jsonl_cpu.append(calls / (time.process_time() - c0))
+            t0 = time.perf_counter()
+            assert asyncio.run(_jsonl_job(export, out, concurrency)) == 0
+            jsonl_noops.append(time.perf_counter() - t0)
+    ratio = median(cli_rates) / median(jsonl_rates)
+    print(f"CLI `import` + `run` (run wall): {fmt(cli_rates, 'items/s')}")
+    print(f"JSONL + fsync per line stand-in: {fmt(jsonl_rates, 'items/s')}")
+    print(
+        f"per CPU second (user + sys): CLI {fmt(cpu_rates, 'items/s')}, "
+        f"JSONL {fmt(jsonl_cpu, 'items/s')}"
+    )
+    print(f"ratio CLI / JSONL: {ratio:.2f}x (target >= 3x)")
+    print(f"CLI no-op rerun: {fmt(noops, 's', 2)} (target <= 3 s)")
+    print(f"JSONL no-op rerun: {fmt(jsonl_noops, 's', 2)}")
+    return {
+        "cli_items_s": median(cli_rates),
+        "jsonl_items_s": median(jsonl_rates),
+        "ratio": ratio,
+        "cli_noop_s": median(noops),
+    }
+
+
+# --- million ---------------------------------------------------------------------------------
+
+
+def _pg_instance(home: Path) -> tuple[dict[str, str], str]:
+    """A PostgreSQL Dagster instance in ``home`` (a fresh database) and its URL."""
+    url = new_store("pg", home, prefix=PREFIX)
+    home.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(ROOT / "deploy" / "dagster.postgres.yaml", home / "dagster.yaml")
+    return {"DAGSTER_PG_URL": url}, url
+
+
+def million_bench(posts: int, tenants: int, store: str) -> dict[str, Any]:
+    """Import, run, no-op rerun, verify: wall and peak RSS of each command."""
+    with tempfile.TemporaryDirectory(prefix="scale-million-", dir=_tmp_root()) as tmp:
+        work = Path(tmp)
+        export = write_export(work / "posts.jsonl", posts, tenants)
+        home = work / "home"
+        dropped: list[str] = []
+        try:
+            if store == "pg":
+                extra, instance_url = _pg_instance(home)
+                dropped.append(instance_url)
+                store_url = new_store("pg", work, prefix=PREFIX)
+            else:
+                extra, store_url = {}, f"sqlite:///{home / 'store.db'}"
+            dropped.append(store_url)
+            env = cli_env(home, store_url, **extra)
+            print(
+                f"# million: {posts:,} posts over {tenants} tenants, store {store}, "
+                f"Dagster instance {'PostgreSQL' if store == 'pg' else 'SQLite'}, "
+                f"default concurrency",
+                flush=True,
+            )
+            steps: dict[str, Measured] = {}
+            steps["import"] = cli(["import", str(export)], env)
+            _report("import", steps["import"], posts, 120, "<=")
+            steps["run"] = cli(["run"], env)
+            _report("run", steps["run"], calls_of(steps["run"]), None, "")
+            steps["no-op run"] = cli(["run"], env)
+            _report("no-op run", steps["no-op run"], calls_of(steps["no-op run"]), 10, "<=")
+            steps["verify"] = cli(["verify", "--require-complete"], env)
+            _report("verify --require-complete", steps["verify"], posts, 120, "<=")
+            with sa.create_engine(store_url).connect() as conn:
+                results = conn.execute(sa.text("SELECT count(*) FROM results")).scalar_one()
+        finally:
+            for url in dropped:
+                drop_store(url)
+    rate = calls_of(steps["run"]) / steps["run"].wall
+    peak = max(m.rss_mb for m in steps.values())
+    print(f"run: {rate:,.0f} posts/s (target >= 5,000); results rows {results:,}")
+    print(f"peak RSS over all commands: {peak:,.0f} MB (target <= 1,536 MB)")
+    return {k: {"wall_s": m.wall, "rss_mb": m.rss_mb} for k, m in steps.items()} | {
+        "run_posts_s": rate,
+        "ok": steps["verify"].doc.get("ok"),
+    }
+
+
+def _report(name: str, m: Measured, items: int, target: float | None, op: str) -> None:
+    aim = f" (target {op} {target} s)" if target is not None else ""
+    print(
+        f"[{name}] {m.wall:.1f} s wall{aim}, {m.cpu:.1f} s CPU, peak RSS {m.rss_mb:,.0f} MB, "
+        f"{items:,} items",
+        flush=True,
+    )
+
+
+def _tmp_root() -> str | None:
+    """Temp files on the same disk as a real deployment (not tmpfs): fsync must cost."""
+    return os.environ.get("SCALE_BENCH_TMP") or None
+
+
+def main() -> None:
+    """Parse the mode and run it; the last line is the figures as JSON."""
+    p = argparse.ArgumentParser(
+        prog="bench/run scale",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    mode = p.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--tenants-bench", action="store_true")
+    mode.add_argument("--seed", action="store_true")
+    mode.add_argument("--million", action="store_true")
+    p.add_argument("--posts", type=int, help="posts in all (tenants-bench 10,000; million 1M)")
+    p.add_argument("--tenants", type=int, default=200, help="--million: tenants")
+    p.add_argument("--tenant-counts", default="3,100", help="--tenants-bench: tenant counts")
+    p.add_argument("--posts-per-tenant", type=int, default=10_000, help="--seed: 3 tenants")
+    p.add_argument("--concurrency", type=int, default=64, help="--seed")
+    p.add_argument("--store", choices=["pg", "sqlite"], default="pg", help="--million")
+    p.add_argument("--repeat", type=int, default=1)
+    a = p.parse_args()
+    if a.tenants_bench:
+        counts = [int(x) for x in a.tenant_counts.split(",")]
+        doc = tenants_bench(a.posts or 10_000, a.repeat, counts)
+    elif a.seed:
+        doc = seed_bench(a.posts_per_tenant, a.concurrency, a.repeat)
+    else:
+        doc = million_bench(a.posts or 1_000_000, a.tenants, a.store)
+    print(json.dumps(doc, default=str), flush=True)
+
+
+if __name__ == "__main__":
+    main()
