@@ -95,3 +95,23 @@ def test_only_the_provider_sim_command_imports_the_simulator() -> None:
         if not name.startswith(SIMULATOR) and any(t.startswith(SIMULATOR) for t in targets)
     )
     assert importers == [SIMULATOR_LAUNCHER]
+
+
+# docs/architecture.md, "Reading the code": bottom-up; a layer imports only layers below it.
+LAYERS = ("core", "providers", "audit", "store", "ingest", "dispatch", "orchestration", "cli")
+
+
+def _layer(module: str) -> int | None:
+    parts = module.split(".")
+    return LAYERS.index(parts[1]) if len(parts) > 1 and parts[1] in LAYERS else None
+
+
+def test_layers_import_only_downwards() -> None:
+    upward = sorted(
+        f"{name} -> {target}"
+        for name, targets in _imports(_modules()).items()
+        if (own := _layer(name)) is not None
+        for target in targets
+        if (theirs := _layer(target)) is not None and theirs > own
+    )
+    assert upward == []
