@@ -96,10 +96,11 @@ def _racer(home: str, tenant: str, barrier: Any, results: Any) -> None:
     """Create the instance and register ``tenant`` the moment every racer is ready."""
     from backfill_assets.cli.commands import instance
     from backfill_assets.orchestration.orchestrate import ensure_tenant_partitions
+    from backfill_assets.orchestration.settings import Settings
 
     barrier.wait()
     try:
-        ensure_tenant_partitions(instance({"DAGSTER_HOME": home}), [tenant])
+        ensure_tenant_partitions(instance(Settings.from_env({"DAGSTER_HOME": home})), [tenant])
         results.put("ok")
     except Exception as exc:  # reported to the test, which prints it
         results.put(f"{type(exc).__name__}: {str(exc)[:300]}")
@@ -110,6 +111,7 @@ def test_racing_processes_create_one_instance_and_register_a_tenant_once(tmp_pat
     # before the fixes this failed with "table runs already exists", two alembic heads, or a
     # unique-constraint error on dynamic_partitions.
     from backfill_assets.cli.commands import instance
+    from backfill_assets.orchestration.settings import Settings
 
     ctx = mp.get_context("fork")  # the racers start at once, without re-importing Dagster
     home = str(tmp_path / "dagster_home")
@@ -124,4 +126,5 @@ def test_racing_processes_create_one_instance_and_register_a_tenant_once(tmp_pat
         for proc in procs:
             proc.join(30)
         assert outcomes == ["ok"] * RACERS, outcomes
-    assert instance({"DAGSTER_HOME": home}).get_dynamic_partitions("tenants") == ["acme", "globex"]
+    inst = instance(Settings.from_env({"DAGSTER_HOME": home}))
+    assert inst.get_dynamic_partitions("tenants") == ["acme", "globex"]

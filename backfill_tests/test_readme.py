@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from backfill_assets.cli import build_parser
+from backfill_assets.cli.provider_sim import sim_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -165,6 +166,8 @@ def _parser_options() -> dict[str, set[str]]:
                     walk(sub, path)
 
     walk(build_parser(), "")
+    # provider-sim's options belong to the simulator's own parser (loaded only for that command).
+    out["provider-sim"] = {s for a in sim_parser()._actions for s in a.option_strings}
     return out
 
 

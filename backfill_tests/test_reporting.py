@@ -67,3 +67,20 @@ def test_import_run_and_plan_keep_the_reporting_assets_current(
 
         assert job.execute_in_process(instance=instance).success
         assert _latest(instance, "backfill_plan")["pending_keys"] == dg.MetadataValue.int(0)
+
+
+def test_the_reporting_assets_materialise_on_an_empty_store(tmp_path: Path) -> None:
+    # The daemon's first tick can come before any import (bin/prod): nothing to report is a
+    # report of zeros, typed as the plots expect, not a failed run.
+    env = {
+        "BACKFILL_DATABASE_URL": f"sqlite:///{tmp_path / 'store.db'}",
+        "DAGSTER_HOME": str(tmp_path / "home"),
+    }
+    defs = build_definitions(Settings.from_env(env))
+    reporting = [defs.resolve_assets_def(k) for k in ("backfill_plan", "tenant_usage")]
+    with dg.instance_for_test() as instance:
+        result = dg.materialize(reporting, instance=instance)  # resources bound by defs
+        assert result.success
+        assert _latest(instance, "tenant_usage")["cost_usd"] == dg.MetadataValue.float(0.0)
+        plan = _latest(instance, "backfill_plan")
+        assert plan["reserved_bound_cost_usd"] == dg.MetadataValue.float(0.0)

@@ -68,11 +68,11 @@ def backfill_plan(
         "pending_keys": dg.MetadataValue.int(sum(r.keys for r in rows)),
         "estimated_tokens": dg.MetadataValue.int(sum(r.estimated_tokens for r in rows)),
         "estimated_cost_usd": dg.MetadataValue.float(
-            round(sum(r.estimated_cost_usd for r in rows), 6)
+            round(sum((r.estimated_cost_usd for r in rows), 0.0), 6)
         ),
         "reserved_bound_tokens": dg.MetadataValue.int(sum(r.bound_tokens for r in rows)),
         "reserved_bound_cost_usd": dg.MetadataValue.float(
-            round(sum(r.bound_cost_usd for r in rows), 6)
+            round(sum((r.bound_cost_usd for r in rows), 0.0), 6)
         ),
         "code_version": dg.MetadataValue.text(versions.code_version),
     }

@@ -70,6 +70,7 @@ def tenant_usage(store: StoreResource) -> dg.MaterializeResult[None]:
     with read_tx(store.engine()) as conn:
         rows = usage_by_day(conn)
     totals = tenant_totals(rows)
+    cost = sum((t["cost"] for t in totals.values()), 0.0)  # a float even with no usage yet
     return dg.MaterializeResult(
         metadata={
             "usage": dg.MetadataValue.md(usage_markdown(rows)),
@@ -77,7 +78,7 @@ def tenant_usage(store: StoreResource) -> dg.MaterializeResult[None]:
             "tenants": dg.MetadataValue.int(len(totals)),
             "calls": dg.MetadataValue.int(sum(int(t["calls"]) for t in totals.values())),
             "tokens": dg.MetadataValue.int(sum(int(t["tokens"]) for t in totals.values())),
-            "cost_usd": dg.MetadataValue.float(round(sum(t["cost"] for t in totals.values()), 6)),
+            "cost_usd": dg.MetadataValue.float(round(cost, 6)),
             "export": dg.MetadataValue.md("`backfill-moderation usage --csv > usage.csv`"),
         }
     )
