@@ -23,7 +23,8 @@ import sqlalchemy as sa
 from backfill_assets.cli import main as cli_main
 from backfill_tests.dagster_dev import ROOT, DagsterDev, dagster_dev
 
-pytestmark = pytest.mark.browser
+# One worker runs the tests that start servers or time a stop, one after another (bin/test).
+pytestmark = [pytest.mark.browser, pytest.mark.xdist_group("servers")]
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [

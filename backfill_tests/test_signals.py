@@ -18,6 +18,9 @@ import sqlalchemy as sa
 from backfill_assets.orchestration.resources import engine_for
 from backfill_tests.conftest import import_records
 
+# One worker runs the tests that start servers or time a stop, one after another (bin/test).
+pytestmark = pytest.mark.xdist_group("servers")
+
 
 def _cli(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
     return subprocess.Popen(
