@@ -149,6 +149,8 @@ class PartitionEvidence:
     baseline: Mapping[str, float] | None = None
     baseline_source: str = "none"
     deferred: int | None = None
+    # post_id -> its expected key under ``versions``, when the caller computed them already.
+    expected_keys: Mapping[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -200,7 +202,14 @@ def evaluate(
     """Verdicts of the named checks for one partition; ``sample`` bounds the keys listed."""
     wanted = list(names)
     rep, problems = verify_scope(
-        ev.tenant, ev.posts, ev.results, ev.dead, ev.ledger, ev.versions, sample=sample
+        ev.tenant,
+        ev.posts,
+        ev.results,
+        ev.dead,
+        ev.ledger,
+        ev.versions,
+        sample=sample,
+        expected_keys=ev.expected_keys,
     )
     out: list[Verdict] = []
     for name in wanted:

@@ -82,38 +82,70 @@ class ScopeReport:
         return out
 
 
-def _versions_of(row: Row) -> Versions:
-    return Versions(str(row["task_version"]), str(row["prompt_version"]), str(row["model"]))
-
-
 Sent = Mapping[str, set[tuple[str, str]]]
 
 
-def _derives(row: Row, tenant: str, posts: Mapping[str, str], sent: Sent | None) -> str | None:
-    """Why a row does not belong to ``tenant``, or None (see the module docstring).
+class _Derivation:
+    """Recomputes what a row of ``tenant`` must be, each post's slice and current key once.
 
-    ``sent``: key -> {(post_id, content_hash)} of the tenant's attempts; None for an attempt
-    row itself, which must only derive from its own content hash.
+    Most rows are current (the scope's versions and the post's current hash): their key is
+    looked up among the expected keys, computed once per post, instead of hashed per row.
     """
-    if row["tenant_id"] != tenant:
-        return f"row tenant {row['tenant_id']!r} is not {tenant!r}"
-    post_id = row.get("post_id")
-    if post_id is None:
-        return "row names no post"
-    post_id = str(post_id)
-    home = slice_of(tenant, post_id)
-    if row.get("slice") != home:
-        return f"row filed in slice {row.get('slice')!r}; its post belongs to slice {home}"
-    if post_id not in posts:
-        return "post does not exist for this tenant"
-    row_hash = str(row["content_hash"])
-    if work_key(_versions_of(row), tenant, post_id, row_hash) != row["key"]:
-        return "key does not recompute from the tenant's post and the row's versions"
-    if sent is None or row_hash == posts[post_id]:
+
+    def __init__(
+        self,
+        tenant: str,
+        posts: Mapping[str, str],
+        versions: Versions,
+        expected: Mapping[str, str],
+    ) -> None:
+        self.tenant = tenant
+        self.posts = posts
+        self.versions = versions
+        self._triple = (versions.task_version, versions.prompt_version, versions.model)
+        self._expected = expected
+        self._home: dict[str, int] = {}
+
+    def home(self, post_id: str) -> int:
+        got = self._home.get(post_id)
+        if got is None:
+            got = self._home[post_id] = slice_of(self.tenant, post_id)
+        return got
+
+    def key(self, row: Row, post_id: str, row_hash: str) -> str:
+        triple = (str(row["task_version"]), str(row["prompt_version"]), str(row["model"]))
+        if triple == self._triple and self.posts.get(post_id) == row_hash:
+            known = self._expected.get(post_id)
+            if known is not None:
+                return known
+        return work_key(Versions(*triple), self.tenant, post_id, row_hash)
+
+    def why_not(self, row: Row, sent: Sent | None) -> str | None:
+        """Why a row does not belong to the tenant, or None (see the module docstring).
+
+        ``sent``: key -> {(post_id, content_hash)} of the tenant's attempts; None for an
+        attempt row itself, which must only derive from its own content hash.
+        """
+        tenant = self.tenant
+        if row["tenant_id"] != tenant:
+            return f"row tenant {row['tenant_id']!r} is not {tenant!r}"
+        post_id = row["post_id"]
+        if post_id is None:
+            return "row names no post"
+        post_id = str(post_id)
+        home = self.home(post_id)
+        if row["slice"] != home:
+            return f"row filed in slice {row['slice']!r}; its post belongs to slice {home}"
+        if post_id not in self.posts:
+            return "post does not exist for this tenant"
+        row_hash = str(row["content_hash"])
+        if self.key(row, post_id, row_hash) != row["key"]:
+            return "key does not recompute from the tenant's post and the row's versions"
+        if sent is None or row_hash == self.posts[post_id]:
+            return None
+        if (post_id, row_hash) not in sent.get(str(row["key"]), ()):
+            return "content hash is not the post's text, and no attempt of this tenant sent it"
         return None
-    if (post_id, row_hash) not in sent.get(str(row["key"]), ()):
-        return "content hash is not the post's text, and no attempt of this tenant sent it"
-    return None
 
 
 def _is_stale(row: Row, posts: Mapping[str, str]) -> bool:
@@ -137,18 +169,27 @@ def verify_scope(
     versions: Versions,
     known_posts: Mapping[str, str] | None = None,
     sample: int = 5,
+    expected_keys: Mapping[str, str] | None = None,
 ) -> tuple[ScopeReport, list[Problem]]:
     """Audit one tenant's scope.
 
     ``posts`` (post_id -> current content hash) defines the expected keys; ``known_posts``
     (default: ``posts``) is every post of the tenant a row may legitimately derive from.
+    ``expected_keys`` (post_id -> key under ``versions``) saves recomputing them when the
+    caller has; they must be ``work_key(versions, tenant, post_id, posts[post_id])``.
     """
     rep = ScopeReport(tenant=tenant)
     owned = posts if known_posts is None else known_posts
     ledger = list(ledger)
     sent = _sent(tenant, ledger)
     problems: list[Problem] = []
-    expected = {work_key(versions, tenant, pid, h) for pid, h in posts.items()}
+    by_post = (
+        expected_keys
+        if expected_keys is not None
+        else {pid: work_key(versions, tenant, pid, h) for pid, h in posts.items()}
+    )
+    derive = _Derivation(tenant, owned, versions, by_post)
+    expected = set(by_post.values())
     rep.expected = len(expected)
 
     result_keys: Counter[str] = Counter()
@@ -156,9 +197,15 @@ def verify_scope(
     for row in results:
         result_keys[row["key"]] += 1
         per_post[
-            (str(row["post_id"]), str(row["content_hash"]), _versions_of(row).code_version)
+            (
+                str(row["post_id"]),
+                str(row["content_hash"]),
+                str(row["task_version"]),
+                str(row["prompt_version"]),
+                str(row["model"]),
+            )
         ] += 1
-        why = _derives(row, tenant, owned, sent)
+        why = derive.why_not(row, sent)
         if why:
             problems.append(Problem("isolation", tenant, "results", row["key"], why))
         elif _is_stale(row, owned):
@@ -174,7 +221,7 @@ def verify_scope(
 
     dead_keys: dict[str, str] = {}
     for row in dead:
-        why = _derives(row, tenant, owned, sent)
+        why = derive.why_not(row, sent)
         if why:
             problems.append(Problem("isolation", tenant, "dead_letters", row["key"], why))
         if row["key"] in result_keys:
@@ -196,13 +243,13 @@ def verify_scope(
     rep.dead_by_outcome = dict(Counter(dead_in_scope.values()))
     rep.missing_keys = sorted(missing)[:sample]
 
-    _audit_ledger(tenant, owned, ledger, rep, problems, sample)
+    _audit_ledger(tenant, derive, ledger, rep, problems, sample)
     return rep, problems
 
 
 def _audit_ledger(
     tenant: str,
-    posts: Mapping[str, str],
+    derive: _Derivation,
     ledger: Iterable[Row],
     rep: ScopeReport,
     problems: list[Problem],
@@ -214,7 +261,7 @@ def _audit_ledger(
     for ev in ledger:
         kind = ev["type"]
         if kind == "attempt":
-            why = _derives(ev, tenant, posts, None)
+            why = derive.why_not(ev, None)
             if why:
                 problems.append(Problem("isolation", tenant, "ledger_events", ev["key"], why))
             attempts[ev["attempt_id"]] = ev["key"]
@@ -234,9 +281,9 @@ def _audit_ledger(
             tokens = int(ev["tokens_in"]) + int(ev["tokens_out"])
             rep.billed_tokens += tokens
             usage_by_key[ev["key"]].append((int(ev["id"]), tokens))
-            if ev.get("usage_shape") == "missing":
+            if ev["usage_shape"] == "missing":
                 rep.usage_missing += 1
-            bound = ev.get("bound_tokens")
+            bound = ev["bound_tokens"]
             if bound is not None and tokens > int(bound):
                 rep.over_bound += 1
                 detail = f"billed {tokens} tokens > reserved bound {int(bound)}"

@@ -4,6 +4,7 @@ pandera take seconds to import, and a CLI call with nothing to validate should n
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pandas as pd
@@ -127,11 +128,11 @@ STORED_RESULT_SCHEMA = StoredResultFrame.to_schema()
 _STORED_COLUMNS = list(STORED_RESULT_SCHEMA.columns)
 
 
-def stored_result_problems(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
+def stored_result_problems(rows: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
     """(key, reason) for every stored result row that fails the schema; [] when all pass."""
     if not rows:
         return []
-    frame = pd.DataFrame({c: [r.get(c) for r in rows] for c in _STORED_COLUMNS})
+    frame = pd.DataFrame({c: [r[c] for r in rows] for c in _STORED_COLUMNS})
     try:
         STORED_RESULT_SCHEMA.validate(frame, lazy=True)
     except pa.errors.SchemaErrors as exc:

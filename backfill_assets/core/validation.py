@@ -6,6 +6,7 @@ fifth of the CLI's start-up, and a no-op ``run``, ``dry-run`` or ``usage`` never
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 
@@ -20,7 +21,7 @@ def split_valid(
     return _frames.split_valid(rows)
 
 
-def stored_result_problems(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
+def stored_result_problems(rows: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
     """(key, reason) for every stored result row that fails the schema; [] when all pass."""
     if not rows:
         return []

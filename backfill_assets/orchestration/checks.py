@@ -12,7 +12,7 @@ the run (docs/architecture.md, "Checks in multi-partition runs").
 
 import json
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import dagster as dg
@@ -84,33 +84,56 @@ def verdicts_for_many(
     sample: int = 5,
 ) -> dict[str, list[Verdict]]:
     """Verdicts for several partitions: rows read per partition, the stored-result schema
-    validated in one frame, each tenant's drift baseline read once."""
-    evidence: dict[str, PartitionEvidence] = {}
+    validated in one frame per batch of partitions, each tenant's drift baseline read once.
+
+    Memory is bounded by one batch (``_BATCH_ROWS`` result rows, or one partition if larger),
+    not by the run: a batch is judged and dropped before the next is read.
+    """
     baselines: dict[str, tuple[dict[str, float] | None, str]] = {}
+    out: dict[str, list[Verdict]] = {}
+    batch: list[tuple[PartitionRef, PartitionEvidence]] = []
+    held = 0
+
+    def judge() -> None:
+        nonlocal batch, held
+        if "output_schema" in names:
+            _validate_stored(ev for _ref, ev in batch)
+        for ref, ev in batch:
+            if ref.tenant_id in baselines:
+                ev.baseline, ev.baseline_source = baselines[ref.tenant_id]
+            ev.deferred = (deferred or {}).get(ref.key)
+            out[ref.key] = evaluate(ev, policy.bounds(), names, sample=sample)
+        batch, held = [], 0
+
     with read_tx(engine) as conn:
         for ref in refs:
-            evidence[ref.key] = partition_evidence(
+            ev = partition_evidence(
                 conn, ref.tenant_id, ref.slice, ref.slices, versions, validate=False
             )
             if "label_drift" in names and ref.tenant_id not in baselines:
                 baselines[ref.tenant_id] = _baseline(conn, ref.tenant_id, versions, policy)
-    if "output_schema" in names:
-        unique = {r["key"]: dict(r) for ev in evidence.values() for r in ev.results}
-        bad: dict[str, list[str]] = {}
-        for key, why in stored_result_problems(list(unique.values())):
-            bad.setdefault(key, []).append(why)
-        for ev in evidence.values():
-            ev.schema_problems = [
-                (r["key"], why) for r in ev.results for why in bad.get(r["key"], [])
-            ]
-    out: dict[str, list[Verdict]] = {}
-    for ref in refs:
-        ev = evidence[ref.key]
-        if ref.tenant_id in baselines:
-            ev.baseline, ev.baseline_source = baselines[ref.tenant_id]
-        ev.deferred = (deferred or {}).get(ref.key)
-        out[ref.key] = evaluate(ev, policy.bounds(), names, sample=sample)
+            batch.append((ref, ev))
+            held += len(ev.results) + len(ev.ledger)
+            if held >= _BATCH_ROWS:
+                judge()
+    judge()
     return out
+
+
+# Rows (results + ledger) held for one schema frame: pandera's fixed cost per frame spread
+# over many partitions, memory still bounded.
+_BATCH_ROWS = 60_000
+
+
+def _validate_stored(evidence: Iterable[PartitionEvidence]) -> None:
+    """Fill each partition's ``schema_problems`` from one frame over all their results."""
+    held = list(evidence)
+    unique = {r["key"]: r for ev in held for r in ev.results}
+    bad: dict[str, list[str]] = {}
+    for key, why in stored_result_problems(list(unique.values())):
+        bad.setdefault(key, []).append(why)
+    for ev in held:
+        ev.schema_problems = [(r["key"], why) for r in ev.results for why in bad.get(r["key"], [])]
 
 
 def _baseline(
