@@ -2,7 +2,7 @@
 
     bench/run scale --tenants-bench [--posts 10000] [--repeat 1]
     bench/run scale --seed [--posts-per-tenant 10000] [--concurrency 64] [--repeat 1]
-    bench/run scale --million [--posts 1000000] [--tenants 200] [--store pg|sqlite]
+    bench/run scale --million [--posts 1000000] [--tenants 200] [--store pg|sqlite] [--concurrency 64]
 
 Every figure is the whole CLI (``backfill-moderation import`` / ``run`` / ``verify``) in a
 fresh process, fresh ``DAGSTER_HOME`` and fresh store, with the zero-latency fake model.
@@ -291,7 +291,7 @@ def _pg_instance(home: Path) -> tuple[dict[str, str], str]:
     return {"DAGSTER_PG_URL": url}, url
 
 
-def million_bench(posts: int, tenants: int, store: str) -> dict[str, Any]:
+def million_bench(posts: int, tenants: int, store: str, concurrency: int) -> dict[str, Any]:
     """Import, run, no-op rerun, verify: wall and peak RSS of each command."""
     with tempfile.TemporaryDirectory(prefix="scale-million-", dir=_tmp_root()) as tmp:
         work = Path(tmp)
@@ -306,11 +306,11 @@ def million_bench(posts: int, tenants: int, store: str) -> dict[str, Any]:
             else:
                 extra, store_url = {}, f"sqlite:///{home / 'store.db'}"
             dropped.append(store_url)
-            env = cli_env(home, store_url, **extra)
+            env = cli_env(home, store_url, BACKFILL_CONCURRENCY=str(concurrency), **extra)
             print(
                 f"# million: {posts:,} posts over {tenants} tenants, store {store}, "
                 f"Dagster instance {'PostgreSQL' if store == 'pg' else 'SQLite'}, "
-                f"default concurrency",
+                f"concurrency {concurrency} (as the throughput target's)",
                 flush=True,
             )
             steps: dict[str, Measured] = {}
@@ -366,7 +366,7 @@ def main() -> None:
     p.add_argument("--tenants", type=int, default=200, help="--million: tenants")
     p.add_argument("--tenant-counts", default="3,100", help="--tenants-bench: tenant counts")
     p.add_argument("--posts-per-tenant", type=int, default=10_000, help="--seed: 3 tenants")
-    p.add_argument("--concurrency", type=int, default=64, help="--seed")
+    p.add_argument("--concurrency", type=int, default=64, help="--seed, --million")
     p.add_argument("--store", choices=["pg", "sqlite"], default="pg", help="--million")
     p.add_argument("--repeat", type=int, default=1)
     a = p.parse_args()
@@ -376,7 +376,7 @@ def main() -> None:
     elif a.seed:
         doc = seed_bench(a.posts_per_tenant, a.concurrency, a.repeat)
     else:
-        doc = million_bench(a.posts or 1_000_000, a.tenants, a.store)
+        doc = million_bench(a.posts or 1_000_000, a.tenants, a.store, a.concurrency)
     print(json.dumps(doc, default=str), flush=True)
 
 

@@ -81,7 +81,13 @@ def instance(settings: Settings) -> dg.DagsterInstance:
             tmp = home / f".dagster.yaml.{os.getpid()}"
             shutil.copyfile(PROJECT_ROOT / "dagster.yaml", tmp)
             tmp.replace(home / "dagster.yaml")  # never a half-written file for another reader
-        return dg.DagsterInstance.from_config(str(home))
+        found = dg.DagsterInstance.from_config(str(home))
+    # dagster-postgres opens a new connection for every event it stores (NullPool), a few ms
+    # each, and a run stores several per partition; the pooled engines the webserver uses
+    # keep one open instead. No statement timeout (0): a CLI run may take long. A no-op on
+    # the SQLite storages.
+    found.optimize_for_webserver(statement_timeout=0, pool_recycle=3600, max_overflow=8)
+    return found
 
 
 def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
