@@ -12,7 +12,7 @@ the run (docs/architecture.md, "Checks in multi-partition runs").
 
 import json
 import warnings
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import dagster as dg
@@ -27,13 +27,10 @@ from backfill_assets.audit.check_rules import (
     CHECK_GROUPS,
     CHECK_NAMES,
     GroupVerdict,
-    PartitionEvidence,
     Verdict,
-    evaluate,
     group_verdicts,
 )
 from backfill_assets.core.keys import Versions
-from backfill_assets.core.validation import stored_result_problems
 from backfill_assets.dispatch.partition_run import PartitionRef
 from backfill_assets.dispatch.pipeline import with_levels
 from backfill_assets.orchestration.partitions import moderation_partitions, run_refs
@@ -44,8 +41,9 @@ from backfill_assets.orchestration.resources import (
     StoreResource,
     run_versions,
 )
+from backfill_assets.store import audit_pool
 from backfill_assets.store.apply import rubric_version
-from backfill_assets.store.audit import partition_evidence
+from backfill_assets.store.audit import Baseline, Scope, judge_partitions
 from backfill_assets.store.engine import read_tx
 from backfill_assets.store.reports import live_label_counts
 
@@ -82,58 +80,23 @@ def verdicts_for_many(
     names: Sequence[str] = CHECK_NAMES,
     deferred: Mapping[str, int | None] | None = None,
     sample: int = 5,
+    log: Callable[[str], None] = lambda _m: None,
 ) -> dict[str, list[Verdict]]:
-    """Verdicts for several partitions: rows read per partition, the stored-result schema
-    validated in one frame per batch of partitions, each tenant's drift baseline read once.
-
-    Memory is bounded by one batch (``_BATCH_ROWS`` result rows, or one partition if larger),
-    not by the run: a batch is judged and dropped before the next is read.
-    """
-    baselines: dict[str, tuple[dict[str, float] | None, str]] = {}
-    out: dict[str, list[Verdict]] = {}
-    batch: list[tuple[PartitionRef, PartitionEvidence]] = []
-    held = 0
-
-    def judge() -> None:
-        nonlocal batch, held
-        if "output_schema" in names:
-            _validate_stored(ev for _ref, ev in batch)
-        for ref, ev in batch:
-            if ref.tenant_id in baselines:
-                ev.baseline, ev.baseline_source = baselines[ref.tenant_id]
-            ev.deferred = (deferred or {}).get(ref.key)
-            out[ref.key] = evaluate(ev, policy.bounds(), names, sample=sample)
-        batch, held = [], 0
-
-    with read_tx(engine) as conn:
-        for ref in refs:
-            ev = partition_evidence(
-                conn, ref.tenant_id, ref.slice, ref.slices, versions, validate=False
-            )
-            if "label_drift" in names and ref.tenant_id not in baselines:
-                baselines[ref.tenant_id] = _baseline(conn, ref.tenant_id, versions, policy)
-            batch.append((ref, ev))
-            held += len(ev.results) + len(ev.ledger)
-            if held >= _BATCH_ROWS:
-                judge()
-    judge()
-    return out
-
-
-# Rows (results + ledger) held for one schema frame: pandera's fixed cost per frame spread
-# over many partitions, memory still bounded.
-_BATCH_ROWS = 60_000
-
-
-def _validate_stored(evidence: Iterable[PartitionEvidence]) -> None:
-    """Fill each partition's ``schema_problems`` from one frame over all their results."""
-    held = list(evidence)
-    unique = {r["key"]: r for ev in held for r in ev.results}
-    bad: dict[str, list[str]] = {}
-    for key, why in stored_result_problems(list(unique.values())):
-        bad.setdefault(key, []).append(why)
-    for ev in held:
-        ev.schema_problems = [(r["key"], why) for r in ev.results for why in bad.get(r["key"], [])]
+    """Verdicts for several partitions (``store.audit.judge_partitions``), each tenant's drift
+    baseline read once; a big run's partitions are judged by worker processes
+    (``store.audit_pool``), since one process would leave the other cores idle."""
+    scopes = [Scope(r.key, r.tenant_id, r.slice, r.slices) for r in refs]
+    baselines: dict[str, Baseline] = {}
+    if "label_drift" in names:
+        with read_tx(engine) as conn:
+            for tenant_id in sorted({r.tenant_id for r in refs}):
+                baselines[tenant_id] = _baseline(conn, tenant_id, versions, policy)
+    args = (versions, policy.bounds(), list(names), baselines, dict(deferred or {}), sample)
+    chunks = audit_pool.plan(engine, scopes)
+    if chunks is not None:
+        log(f"judging {len(refs)} partition(s) in {audit_pool.workers()} worker processes")
+        return audit_pool.judge(engine, chunks, *args, log=log)
+    return judge_partitions(engine, scopes, *args)
 
 
 def _baseline(
@@ -278,7 +241,13 @@ def _checks(specs: list[dg.AssetCheckSpec]) -> dg.AssetChecksDefinition:
         failed: dict[str, list[str]] = {}
         latest = _latest_materializations(context.instance, [ref.key for ref in refs])
         judged = verdicts_for_many(
-            store.engine(), refs, versions, policy, names, {k: d for k, (_t, d) in latest.items()}
+            store.engine(),
+            refs,
+            versions,
+            policy,
+            names,
+            {k: d for k, (_t, d) in latest.items()},
+            log=context.log.info,
         )
         for ref in refs:
             pk = ref.key

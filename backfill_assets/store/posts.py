@@ -178,7 +178,15 @@ def _check_regions(
     return out, claimed
 
 
-_POST_COLUMNS = ("tenant_id", "post_id", "text", "content_hash", "slice", "imported_at", "updated_at")
+_POST_COLUMNS = (
+    "tenant_id",
+    "post_id",
+    "text",
+    "content_hash",
+    "slice",
+    "imported_at",
+    "updated_at",
+)
 
 
 def _upsert_posts(conn: Connection, batch: list[Post], summary: ImportSummary) -> None:

@@ -1,0 +1,246 @@
+"""Judge a big run's partitions in worker processes.
+
+The checks read every row of a partition and recompute its keys: CPU-bound Python, so one
+process leaves the other cores idle while a million-post run is checked. A run with at least
+``_MIN_POSTS`` posts is cut into chunks of partitions; each worker (``python -m
+backfill_assets.store.audit_pool``, one per core up to ``_MAX_WORKERS``) takes a chunk as one
+JSON line on stdin and answers its verdicts as one JSON line on stdout, reading the rows itself
+(``audit.judge_partitions``, the same code the serial path runs). Verdicts carry counts and
+keys, never post text. A chunk whose worker fails is judged here, serially, so a broken worker
+costs time, never a verdict.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict
+from typing import IO, Any
+
+from sqlalchemy.engine import Engine
+
+from backfill_assets.audit.check_rules import CheckBounds, DriftRule, Verdict
+from backfill_assets.core.keys import Versions
+from backfill_assets.store.audit import Baseline, Scope, judge_partitions
+from backfill_assets.store.engine import make_engine, read_tx
+from backfill_assets.store.partition_counts import post_counts
+
+# Below this, starting workers (imports and pandera, ~1.5 s each) costs more than it saves.
+_MIN_POSTS = 40_000
+# Posts per chunk: small enough to balance the workers, big enough that a chunk's fixed cost
+# (one schema frame, one round trip) stays small.
+_CHUNK_POSTS = 20_000
+_MAX_WORKERS = 4
+_COMMAND = [sys.executable, "-m", "backfill_assets.store.audit_pool"]
+
+
+def workers() -> int:
+    """How many worker processes a big run gets (1: judge in this process)."""
+    return min(_MAX_WORKERS, os.cpu_count() or 1)
+
+
+def plan(engine: Engine, scopes: Sequence[Scope]) -> list[list[Scope]] | None:
+    """Chunks of partitions for the workers, or None when the run is judged in-process."""
+    if workers() < 2 or len(scopes) < 2:
+        return None
+    with read_tx(engine) as conn:
+        counts = post_counts(conn, sorted({s.tenant_id for s in scopes}))
+    sizes = [sum(counts.get((s.tenant_id, n), 0) for n in s.slices) for s in scopes]
+    total = sum(sizes)
+    if total < _MIN_POSTS:
+        return None
+    target = max(1, min(_CHUNK_POSTS, total // (2 * workers())))
+    chunks: list[list[Scope]] = [[]]
+    held = 0
+    for scope, size in zip(scopes, sizes, strict=True):
+        if held >= target:
+            chunks.append([])
+            held = 0
+        chunks[-1].append(scope)
+        held += size
+    return chunks if len(chunks) > 1 else None
+
+
+def judge(
+    engine: Engine,
+    chunks: Sequence[Sequence[Scope]],
+    versions: Versions,
+    bounds: CheckBounds,
+    names: Sequence[str],
+    baselines: Mapping[str, Baseline],
+    deferred: Mapping[str, int | None],
+    sample: int,
+    log: Callable[[str], None] = lambda _m: None,
+) -> dict[str, list[Verdict]]:
+    """Every chunk's verdicts, from the workers (or from here, for a chunk whose worker failed:
+    ``log`` says which worker and why)."""
+    common = {
+        "url": engine.url.render_as_string(hide_password=False),
+        "versions": [versions.task_version, versions.prompt_version, versions.model],
+        "bounds": asdict(bounds),
+        "names": list(names),
+        "sample": sample,
+    }
+    todo: queue.SimpleQueue[Sequence[Scope]] = queue.SimpleQueue()
+    for chunk in chunks:
+        todo.put(chunk)
+    out: dict[str, list[Verdict]] = {}
+    left: list[Scope] = []
+    lock = threading.Lock()
+
+    def drive(proc: subprocess.Popen[str], err: IO[bytes]) -> None:
+        assert proc.stdin is not None and proc.stdout is not None
+        while True:
+            try:
+                chunk = todo.get_nowait()
+            except queue.Empty:
+                return
+            job = dict(common)
+            job["scopes"] = [[s.key, s.tenant_id, s.slice, list(s.slices)] for s in chunk]
+            job["baselines"] = {
+                s.tenant_id: baselines[s.tenant_id] for s in chunk if s.tenant_id in baselines
+            }
+            job["deferred"] = {s.key: deferred.get(s.key) for s in chunk}
+            try:
+                proc.stdin.write(json.dumps(job) + "\n")
+                proc.stdin.flush()
+                reply = json.loads(proc.stdout.readline() or '{"error": "worker exited"}')
+                if "error" in reply:
+                    raise RuntimeError(reply["error"])
+                got = {k: [_verdict(d) for d in docs] for k, docs in reply["verdicts"].items()}
+            except Exception as exc:
+                with lock:
+                    left.extend(chunk)
+                err.seek(0)
+                tail = err.read()[-500:].decode("utf-8", "replace").strip()
+                log(
+                    f"check worker {proc.pid} failed ({exc}){': ' + tail if tail else ''}; "
+                    "its partitions are judged in this process"
+                )
+                return  # this worker is done for; the others (or this process) take the rest
+            with lock:
+                out.update(got)
+
+    with contextlib.ExitStack() as stack:
+        procs: list[tuple[subprocess.Popen[str], IO[bytes]]] = []
+        for _ in range(min(workers(), len(chunks))):
+            err: IO[bytes] = stack.enter_context(tempfile.TemporaryFile())
+            proc = subprocess.Popen(
+                _COMMAND, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True
+            )
+            stack.callback(_stop, proc)
+            procs.append((proc, err))
+        threads = [threading.Thread(target=drive, args=pe, daemon=True) for pe in procs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    while True:
+        try:
+            left.extend(todo.get_nowait())
+        except queue.Empty:
+            break
+    if left:
+        out.update(
+            judge_partitions(engine, left, versions, bounds, names, baselines, deferred, sample)
+        )
+    return out
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    with contextlib.suppress(OSError):
+        if proc.stdin is not None:
+            proc.stdin.close()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    if proc.stdout is not None:
+        proc.stdout.close()
+
+
+def _verdict_doc(v: Verdict) -> dict[str, Any]:
+    return {
+        "name": v.name,
+        "passed": v.passed,
+        "summary": v.summary,
+        "counts": v.counts,
+        "sample_keys": list(v.sample_keys),
+        "table": v.table,
+        "inspect": v.inspect,
+    }
+
+
+def _verdict(d: Mapping[str, Any]) -> Verdict:
+    return Verdict(
+        name=str(d["name"]),
+        passed=bool(d["passed"]),
+        summary=str(d["summary"]),
+        counts=dict(d["counts"]),
+        sample_keys=tuple(d["sample_keys"]),
+        table=d["table"],
+        inspect=str(d["inspect"]),
+    )
+
+
+def _bounds(d: Mapping[str, Any]) -> CheckBounds:
+    drift = d["drift"]
+    return CheckBounds(
+        max_rebilled_share=float(d["max_rebilled_share"]),
+        max_orphan_attempts=int(d["max_orphan_attempts"]),
+        max_tokens_per_key=int(d["max_tokens_per_key"]),
+        drift=DriftRule(
+            labels=tuple(drift["labels"]),
+            factor=float(drift["factor"]),
+            min_count=int(drift["min_count"]),
+        ),
+    )
+
+
+def _answer(job: Mapping[str, Any], engines: dict[str, Engine]) -> dict[str, Any]:
+    url = str(job["url"])
+    engine = engines.get(url)
+    if engine is None:
+        engine = engines[url] = make_engine(url)
+    scopes = [
+        Scope(str(k), str(t), int(n), tuple(int(x) for x in s)) for k, t, n, s in job["scopes"]
+    ]
+    baselines: dict[str, Baseline] = {
+        t: (dict(b) if b is not None else None, str(src))
+        for t, (b, src) in job["baselines"].items()
+    }
+    verdicts = judge_partitions(
+        engine,
+        scopes,
+        Versions(*job["versions"]),
+        _bounds(job["bounds"]),
+        list(job["names"]),
+        baselines,
+        dict(job["deferred"]),
+        int(job["sample"]),
+    )
+    return {"verdicts": {k: [_verdict_doc(v) for v in vs] for k, vs in verdicts.items()}}
+
+
+def serve() -> None:
+    """The worker: one job per stdin line, one answer per stdout line, until stdin closes."""
+    engines: dict[str, Engine] = {}
+    for line in sys.stdin:
+        try:
+            reply = _answer(json.loads(line), engines)
+        except Exception as exc:  # reported to the parent, which judges the chunk itself
+            reply = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
+        sys.stdout.write(json.dumps(reply) + "\n")
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    serve()

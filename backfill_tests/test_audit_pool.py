@@ -1,0 +1,77 @@
+"""Big runs are judged by worker processes: the same verdicts as in-process, on both stores,
+and a failing worker costs time, never a verdict."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from sqlalchemy.engine import Engine
+
+from backfill_assets.audit.check_rules import Verdict
+from backfill_assets.dispatch.pipeline import with_levels
+from backfill_assets.orchestration.checks import verdicts_for_many
+from backfill_assets.orchestration.policy import PolicyResource
+from backfill_assets.store import audit_pool
+from backfill_tests.moderation_helpers import busiest, execute, load, one_key
+from backfill_tests.pipeline_helpers import VERSIONS, refs_for, run
+
+TENANTS = {"acme": 300, "globex": 200, "initech": 100}
+
+
+@pytest.fixture
+def tampered(engine: Engine, tmp_path: Path) -> Engine:
+    """Three labelled tenants; one acme result relabelled to globex (isolation fails)."""
+    load(engine, tmp_path, TENANTS, spam_every=7)
+    run(engine, list(TENANTS))
+    ref = busiest(engine, "acme")
+    execute(
+        engine, "UPDATE results SET tenant_id = 'globex' WHERE key = :k", k=one_key(engine, ref)
+    )
+    return engine
+
+
+def judged(engine: Engine) -> dict[str, list[Verdict]]:
+    refs = with_levels(engine, refs_for(TENANTS))
+    logged: list[str] = []
+    out = verdicts_for_many(engine, refs, VERSIONS, PolicyResource(), log=logged.append)
+    judged.logged = logged  # type: ignore[attr-defined]
+    return out
+
+
+def test_workers_give_the_same_verdicts_as_one_process(
+    tampered: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    serial = judged(tampered)
+    monkeypatch.setattr(audit_pool, "_MIN_POSTS", 0)
+    monkeypatch.setattr(audit_pool, "_CHUNK_POSTS", 50)
+    monkeypatch.setattr(audit_pool, "workers", lambda: 2)
+    pooled = judged(tampered)
+    assert any("worker processes" in m for m in judged.logged)  # type: ignore[attr-defined]
+    assert not any("failed" in m for m in judged.logged)  # type: ignore[attr-defined]
+    assert pooled == serial
+    failed = {(pk, v.name) for pk, vs in pooled.items() for v in vs if not v.passed}
+    assert {name for _pk, name in failed} == {"isolation"}
+    assert {pk.split("|")[1] for pk, _n in failed} == {"acme", "globex"}
+
+
+def test_a_failing_worker_falls_back_to_this_process(
+    tampered: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    serial = judged(tampered)
+    monkeypatch.setattr(audit_pool, "_MIN_POSTS", 0)
+    monkeypatch.setattr(audit_pool, "_CHUNK_POSTS", 50)
+    monkeypatch.setattr(audit_pool, "workers", lambda: 2)
+    monkeypatch.setattr(
+        audit_pool, "_COMMAND", [audit_pool.sys.executable, "-c", "import sys; sys.exit(3)"]
+    )
+    assert judged(tampered) == serial
+    assert any("failed" in m for m in judged.logged)  # type: ignore[attr-defined]
+
+
+def test_small_runs_stay_in_process(tampered: Engine) -> None:
+    refs = with_levels(tampered, refs_for(TENANTS))
+    from backfill_assets.store.audit import Scope
+
+    scopes = [Scope(r.key, r.tenant_id, r.slice, r.slices) for r in refs]
+    assert audit_pool.plan(tampered, scopes) is None  # 600 posts: not worth a process
