@@ -94,7 +94,8 @@ def verdicts_for_many(
     args = (versions, policy.bounds(), list(names), baselines, dict(deferred or {}), sample)
     chunks = audit_pool.plan(engine, scopes)
     if chunks is not None:
-        log(f"judging {len(refs)} partition(s) in {audit_pool.workers()} worker processes")
+        procs = min(audit_pool.workers(), len(chunks))
+        log(f"judging {len(refs)} partition(s) in {procs} worker processes")
         return audit_pool.judge(engine, chunks, *args, log=log)
     return judge_partitions(engine, scopes, *args)
 

@@ -121,8 +121,8 @@ def judge(
                 err.seek(0)
                 tail = err.read()[-500:].decode("utf-8", "replace").strip()
                 log(
-                    f"check worker {proc.pid} failed ({exc}){': ' + tail if tail else ''}; "
-                    "its partitions are judged in this process"
+                    f"WARNING: check worker {proc.pid} failed ({exc})"
+                    f"{': ' + tail if tail else ''}; its partitions are judged in this process"
                 )
                 return  # this worker is done for; the others (or this process) take the rest
             with lock:
