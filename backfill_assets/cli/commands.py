@@ -6,14 +6,16 @@ import argparse
 import fcntl
 import json
 import os
+import re
 import shutil
+from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
 import sqlalchemy as sa
 
-from backfill_assets.cli.inputs import known_tenants
+from backfill_assets.cli.inputs import UserError, known_tenants
 from backfill_assets.cli.run_report import (
     HUMAN_COLUMNS,
     by_tenant,
@@ -44,7 +46,7 @@ from backfill_assets.orchestration.wiring import (
 )
 from backfill_assets.store.audit import verify_store
 from backfill_assets.store.dead_letters import requeue
-from backfill_assets.store.engine import read_tx, write_tx
+from backfill_assets.store.engine import normalize_url, read_tx, write_tx
 from backfill_assets.store.migrate import migrate, schema_versions
 from backfill_assets.store.reports import tenant_ids, usage_by_day, usage_by_tenant_model
 from backfill_assets.store.tenants import all_regions
@@ -81,13 +83,33 @@ def instance(settings: Settings) -> dg.DagsterInstance:
             tmp = home / f".dagster.yaml.{os.getpid()}"
             shutil.copyfile(PROJECT_ROOT / "dagster.yaml", tmp)
             tmp.replace(home / "dagster.yaml")  # never a half-written file for another reader
-        found = dg.DagsterInstance.from_config(str(home))
+        _pin_instance_driver(os.environ)
+        try:
+            found = dg.DagsterInstance.from_config(str(home))
+        except Exception as exc:  # a bad dagster.yaml or an unreachable database: say which
+            raise UserError(
+                f"cannot open the Dagster instance of {home} (DAGSTER_HOME): "
+                f"{type(exc).__name__}: {_redacted(str(exc))[:300]}"
+            ) from exc
     # dagster-postgres opens a new connection for every event it stores (NullPool), a few ms
     # each, and a run stores several per partition; the pooled engines the webserver uses
     # keep one open instead. No statement timeout (0): a CLI run may take long. A no-op on
     # the SQLite storages.
     found.optimize_for_webserver(statement_timeout=0, pool_recycle=3600, max_overflow=8)
     return found
+
+
+def _pin_instance_driver(env: MutableMapping[str, str]) -> None:
+    """``DAGSTER_PG_URL=postgresql://...`` names no driver, and SQLAlchemy then picks psycopg
+    (v3), which is not installed: pin psycopg2, as ``BACKFILL_DATABASE_URL`` is pinned."""
+    url = env.get("DAGSTER_PG_URL")
+    if url:
+        env["DAGSTER_PG_URL"] = normalize_url(url)
+
+
+def _redacted(text: str) -> str:
+    """Database errors can quote the URL: never print its password."""
+    return re.sub(r"(://[^:/@\s]+:)[^@\s]+@", r"\1***@", text)
 
 
 def cmd_run(args: argparse.Namespace, settings: Settings) -> int:

@@ -80,3 +80,46 @@ def test_the_api_key_is_never_part_of_the_settings() -> None:
     got = Settings.from_env({"BACKFILL_MODEL_API_KEY": "sk-secret-123"})
     assert got.api_key_set
     assert "sk-secret-123" not in repr(got) and "sk-secret-123" not in str(got.model_dump())
+
+
+def _pg_home(tmp_path: Path) -> Path:
+    home = tmp_path / "home"
+    home.mkdir()
+    root = Path(__file__).resolve().parents[2]
+    (home / "dagster.yaml").write_text((root / "deploy" / "dagster.postgres.yaml").read_text())
+    return home
+
+
+@pytest.mark.pg
+def test_a_driverless_instance_url_is_pinned_to_psycopg2(
+    tmp_path: Path, pg_available: bool
+) -> None:
+    """``DAGSTER_PG_URL=postgresql://...`` (no driver) works as the store's URL does; before,
+    SQLAlchemy picked psycopg (v3), not installed, and the command died with a traceback."""
+    if not pg_available:
+        pytest.skip("PostgreSQL not available")
+    from backfill_tests.conftest import drop_pg_database, make_pg_database
+
+    url = make_pg_database("bf_inst")
+    try:
+        _pg_home(tmp_path)
+        (tmp_path / "posts.jsonl").write_text(
+            '{"tenant_id": "acme", "post_id": "p1", "text": "hi"}\n'
+        )
+        driverless = url.replace("postgresql+psycopg2://", "postgresql://")
+        got = _cli(["import", "posts.jsonl"], tmp_path, DAGSTER_PG_URL=driverless)
+        assert got.returncode == 0, got.stderr
+        assert "Traceback" not in got.stderr
+    finally:
+        drop_pg_database(url)
+
+
+def test_an_unreachable_instance_exits_2_without_its_password(tmp_path: Path) -> None:
+    _pg_home(tmp_path)
+    (tmp_path / "posts.jsonl").write_text("")
+    url = "postgresql+psycopg2://dagster:s3cret-pw@127.0.0.1:9/dagster"  # port 9: nothing there
+    got = _cli(["import", "posts.jsonl"], tmp_path, DAGSTER_PG_URL=url)
+    assert got.returncode == 2, got.stderr
+    assert "cannot open the Dagster instance of" in got.stderr
+    assert "s3cret-pw" not in got.stderr + got.stdout
+    assert "Traceback" not in got.stderr
