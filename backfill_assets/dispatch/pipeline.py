@@ -40,6 +40,7 @@ from backfill_assets.store.work import (
     WriterLocks,
     in_open_batch,
     pending_posts,
+    tenants_with_open_batches,
     while_held,
 )
 from backfill_assets.store.writer import LedgerWriter
@@ -140,14 +141,20 @@ def _work(
     log: Callable[[str], None],
 ) -> Iterator[WorkItem]:
     # Read one partition at a time: memory is bounded by the largest slice, not the archive.
+    tenants = sorted({r.tenant_id for r in refs})
     with read_tx(engine) as conn:
-        sizes = post_counts(conn, sorted({r.tenant_id for r in refs}))
+        sizes = post_counts(conn, tenants)
+        batching = tenants_with_open_batches(conn, tenants, versions)
     for ref in refs:
         if not ref.slices:
             continue  # a partition its tenant does not use (too few posts to split this far)
         with read_tx(engine) as conn:
             pending = pending_posts(conn, ref.tenant_id, ref.slices, versions)
-            waiting = in_open_batch(conn, ref.tenant_id, ref.slices, versions)
+            waiting = (
+                in_open_batch(conn, ref.tenant_id, ref.slices, versions)
+                if ref.tenant_id in batching
+                else 0
+            )
         rep = reports[ref.key]
         rep.posts = sum(sizes.get((ref.tenant_id, s), 0) for s in ref.slices)
         rep.pending = len(pending)

@@ -126,11 +126,30 @@ def pending_posts(
 ) -> list[PendingPost]:
     """The partition's remaining work (bounded by one partition)."""
     # One fetch of plain tuples: iterating a result row by row costs more than the query.
-    rows = conn.execute(pending_query(tenant_id, slices, versions)).tuples().all()
+    rows = conn.execute(pending_query(tenant_id, slices, versions)).all()
     return [
         PendingPost(post_id, content_hash, text, bool(had_dead), int(slice_no))
         for post_id, content_hash, text, had_dead, slice_no in rows
     ]
+
+
+def tenants_with_open_batches(
+    conn: Connection, tenants: Sequence[str], versions: Versions
+) -> set[str]:
+    """Which of ``tenants`` have a batch chunk under ``versions`` that may still be answered
+    (one query for a run; ``in_open_batch`` is then asked only about those tenants)."""
+    stmt = (
+        sa.select(batch_submissions.c.tenant_id)
+        .where(
+            batch_submissions.c.tenant_id.in_(list(tenants)),
+            batch_submissions.c.state.in_(OPEN_STATES),
+            batch_submissions.c.model == versions.model,
+            batch_submissions.c.prompt_version == versions.prompt_version,
+            batch_submissions.c.task_version == versions.task_version,
+        )
+        .distinct()
+    )
+    return {str(t) for t in conn.execute(stmt).scalars()}
 
 
 def in_open_batch(
