@@ -46,8 +46,10 @@ def test_workers_give_the_same_verdicts_as_one_process(
     monkeypatch.setattr(audit_pool, "_MIN_POSTS", 0)
     monkeypatch.setattr(audit_pool, "_CHUNK_POSTS", 50)
     monkeypatch.setattr(audit_pool, "workers", lambda: 2)
+    monkeypatch.setattr(audit_pool, "_PROGRESS_EVERY_S", 0.0)
     pooled = judged(tampered)
     assert any("worker processes" in m for m in judged.logged)  # type: ignore[attr-defined]
+    assert any("partition(s) judged" in m for m in judged.logged)  # type: ignore[attr-defined]
     assert not any("failed" in m for m in judged.logged)  # type: ignore[attr-defined]
     assert pooled == serial
     failed = {(pk, v.name) for pk, vs in pooled.items() for v in vs if not v.passed}

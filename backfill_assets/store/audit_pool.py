@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from typing import IO, Any
@@ -38,6 +39,8 @@ _MIN_POSTS = 40_000
 # (one schema frame, one round trip) stays small.
 _CHUNK_POSTS = 20_000
 _MAX_WORKERS = 4
+# A long check step says how far it got, as the dispatch does.
+_PROGRESS_EVERY_S = 10.0
 _COMMAND = [sys.executable, "-m", "backfill_assets.store.audit_pool"]
 
 
@@ -94,6 +97,8 @@ def judge(
     out: dict[str, list[Verdict]] = {}
     left: list[Scope] = []
     lock = threading.Lock()
+    total = sum(len(c) for c in chunks)
+    last_log = [time.monotonic()]
 
     def drive(proc: subprocess.Popen[str], err: IO[bytes]) -> None:
         assert proc.stdin is not None and proc.stdout is not None
@@ -127,6 +132,9 @@ def judge(
                 return  # this worker is done for; the others (or this process) take the rest
             with lock:
                 out.update(got)
+                if time.monotonic() - last_log[0] >= _PROGRESS_EVERY_S:
+                    last_log[0] = time.monotonic()
+                    log(f"checks: {len(out)} of {total} partition(s) judged")
 
     with contextlib.ExitStack() as stack:
         procs: list[tuple[subprocess.Popen[str], IO[bytes]]] = []
