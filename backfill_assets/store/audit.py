@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from backfill_assets.audit.check_rules import CheckBounds, PartitionEvidence, Verdict, evaluate
-from backfill_assets.audit.verify import BLOCKING_KINDS, Problem, ScopeReport, verify_scope
+from backfill_assets.audit.verify import BLOCKING_KINDS, Problem, Row, ScopeReport, verify_scope
 from backfill_assets.core.keys import Versions, work_key
 from backfill_assets.core.validation import stored_result_problems
 from backfill_assets.store.engine import is_sqlite, read_tx
@@ -63,7 +63,8 @@ class VerifyOutcome:
 
 # The columns the verifier and the checks read (never post text, never the wide message or
 # request-id columns): fewer columns and mapping rows, not dicts, halve the cost of reading.
-_RESULT_COLUMNS = (
+# Every row carries its key's derivation; each table adds what its checks judge.
+_DERIVATION = (
     "key",
     "tenant_id",
     "post_id",
@@ -72,41 +73,20 @@ _RESULT_COLUMNS = (
     "model",
     "prompt_version",
     "task_version",
-    "label",
-    "confidence",
-)
-_DEAD_COLUMNS = (
-    "key",
-    "tenant_id",
-    "post_id",
-    "slice",
-    "content_hash",
-    "model",
-    "prompt_version",
-    "task_version",
-    "outcome",
-)
-_LEDGER_COLUMNS = (
-    "id",
-    "type",
-    "tenant_id",
-    "key",
-    "attempt_id",
-    "post_id",
-    "slice",
-    "content_hash",
-    "model",
-    "prompt_version",
-    "task_version",
-    "tokens_in",
-    "tokens_out",
-    "usage_shape",
-    "bound_tokens",
 )
 _COLUMNS = {
-    "results": _RESULT_COLUMNS,
-    "dead_letters": _DEAD_COLUMNS,
-    "ledger_events": _LEDGER_COLUMNS,
+    "results": (*_DERIVATION, "label", "confidence"),
+    "dead_letters": (*_DERIVATION, "outcome"),
+    "ledger_events": (
+        *_DERIVATION,
+        "id",
+        "type",
+        "attempt_id",
+        "tokens_in",
+        "tokens_out",
+        "usage_shape",
+        "bound_tokens",
+    ),
 }
 
 
@@ -114,16 +94,20 @@ def _select(table: sa.Table) -> sa.Select[Any]:
     return sa.select(*(table.c[name] for name in _COLUMNS[table.name]))
 
 
-# RowMapping reads like a dict (``row["key"]``, ``row.get(...)``) without copying each row.
-Row = Mapping[str, Any]
-
-
 def _mappings(result: sa.Result[Any]) -> list[Row]:
+    # RowMapping reads like a dict (``row["key"]``, ``row.get(...)``) without copying each row.
     return cast(list[Row], result.mappings().all())
 
 
 def _rows(conn: Connection, table: sa.Table, *where: Any) -> list[Row]:
     return _mappings(conn.execute(_select(table).where(*where)))
+
+
+def _ledger(conn: Connection, *where: Any) -> list[Row]:
+    """Ledger rows in the order they were written (the verifier's rebill count needs it)."""
+    return _mappings(
+        conn.execute(_select(ledger_events).where(*where).order_by(ledger_events.c.id))
+    )
 
 
 @dataclass
@@ -158,7 +142,7 @@ def scope_rows(conn: Connection, tenant_id: str, slice_no: int | None = None) ->
         rw.append(results.c.slice == slice_no)
         dw.append(dead_letters.c.slice == slice_no)
         lw.append(ledger_events.c.slice == slice_no)
-    ledger = _mappings(conn.execute(_select(ledger_events).where(*lw).order_by(ledger_events.c.id)))
+    ledger = _ledger(conn, *lw)
     return ScopeRows(
         posts={p: h for p, (h, s) in known.items() if slice_no is None or s == slice_no},
         known_posts={p: h for p, (h, _s) in known.items()},
@@ -226,20 +210,16 @@ def partition_evidence(
     # Each expected key is computed once here and handed to the verifier.
     expected = {p: work_key(versions, tenant_id, p, h) for p, h in slice_posts.items()}
     keys = sorted(expected.values())
-    claims = (tenant_id, list(slices))
+    chosen = list(slices)
 
     def gather(table: sa.Table) -> list[Row]:
-        claimed = _rows(conn, table, table.c.tenant_id == claims[0], table.c.slice.in_(claims[1]))
-        foreign = _foreign_by_key(conn, table, keys, *claims)
+        claimed = _rows(conn, table, table.c.tenant_id == tenant_id, table.c.slice.in_(chosen))
+        foreign = _foreign_by_key(conn, table, keys, tenant_id, chosen)
         return sorted(claimed + foreign, key=itemgetter("key"))
 
     result_rows = gather(results)
-    ledger = _mappings(
-        conn.execute(
-            _select(ledger_events)
-            .where(ledger_events.c.tenant_id == tenant_id, ledger_events.c.slice.in_(claims[1]))
-            .order_by(ledger_events.c.id)
-        )
+    ledger = _ledger(
+        conn, ledger_events.c.tenant_id == tenant_id, ledger_events.c.slice.in_(chosen)
     )
     return PartitionEvidence(
         tenant=tenant_id,

@@ -98,9 +98,10 @@ def judge(
     left: list[Scope] = []
     lock = threading.Lock()
     total = sum(len(c) for c in chunks)
-    last_log = [time.monotonic()]
+    last_log = time.monotonic()
 
     def drive(proc: subprocess.Popen[str], err: IO[bytes]) -> None:
+        nonlocal last_log
         assert proc.stdin is not None and proc.stdout is not None
         while True:
             try:
@@ -132,8 +133,8 @@ def judge(
                 return  # this worker is done for; the others (or this process) take the rest
             with lock:
                 out.update(got)
-                if time.monotonic() - last_log[0] >= _PROGRESS_EVERY_S:
-                    last_log[0] = time.monotonic()
+                if time.monotonic() - last_log >= _PROGRESS_EVERY_S:
+                    last_log = time.monotonic()
                     log(f"checks: {len(out)} of {total} partition(s) judged")
 
     with contextlib.ExitStack() as stack:
@@ -175,28 +176,9 @@ def _stop(proc: subprocess.Popen[str]) -> None:
         proc.stdout.close()
 
 
-def _verdict_doc(v: Verdict) -> dict[str, Any]:
-    return {
-        "name": v.name,
-        "passed": v.passed,
-        "summary": v.summary,
-        "counts": v.counts,
-        "sample_keys": list(v.sample_keys),
-        "table": v.table,
-        "inspect": v.inspect,
-    }
-
-
 def _verdict(d: Mapping[str, Any]) -> Verdict:
-    return Verdict(
-        name=str(d["name"]),
-        passed=bool(d["passed"]),
-        summary=str(d["summary"]),
-        counts=dict(d["counts"]),
-        sample_keys=tuple(d["sample_keys"]),
-        table=d["table"],
-        inspect=str(d["inspect"]),
-    )
+    """A verdict from its ``asdict`` form after JSON (which turned its tuple into a list)."""
+    return Verdict(**{**d, "sample_keys": tuple(d["sample_keys"])})
 
 
 def _bounds(d: Mapping[str, Any]) -> CheckBounds:
@@ -235,7 +217,7 @@ def _answer(job: Mapping[str, Any], engines: dict[str, Engine]) -> dict[str, Any
         dict(job["deferred"]),
         int(job["sample"]),
     )
-    return {"verdicts": {k: [_verdict_doc(v) for v in vs] for k, vs in verdicts.items()}}
+    return {"verdicts": {k: [asdict(v) for v in vs] for k, vs in verdicts.items()}}
 
 
 def serve() -> None:

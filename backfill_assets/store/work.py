@@ -55,17 +55,24 @@ def _same_work(table: sa.Table, versions: Versions) -> sa.ColumnElement[bool]:
     )
 
 
+def _open_chunk(versions: Versions) -> list[sa.ColumnElement[bool]]:
+    """A batch chunk under ``versions`` that may still be answered (and billed) by its batch."""
+    return [
+        batch_submissions.c.state.in_(OPEN_STATES),
+        batch_submissions.c.model == versions.model,
+        batch_submissions.c.prompt_version == versions.prompt_version,
+        batch_submissions.c.task_version == versions.task_version,
+    ]
+
+
 def _in_open_batch(versions: Versions) -> sa.Exists:
-    """The post's key is a line of a chunk that may still be answered (and billed) by its batch."""
+    """The post's key is a line of an open chunk (``_open_chunk``)."""
     return sa.exists().where(
         batch_lines.c.tenant_id == posts.c.tenant_id,
         batch_lines.c.post_id == posts.c.post_id,
         batch_lines.c.content_hash == posts.c.content_hash,
         batch_submissions.c.chunk_id == batch_lines.c.chunk_id,
-        batch_submissions.c.state.in_(OPEN_STATES),
-        batch_submissions.c.model == versions.model,
-        batch_submissions.c.prompt_version == versions.prompt_version,
-        batch_submissions.c.task_version == versions.task_version,
+        *_open_chunk(versions),
     )
 
 
@@ -140,13 +147,7 @@ def tenants_with_open_batches(
     (one query for a run; ``in_open_batch`` is then asked only about those tenants)."""
     stmt = (
         sa.select(batch_submissions.c.tenant_id)
-        .where(
-            batch_submissions.c.tenant_id.in_(list(tenants)),
-            batch_submissions.c.state.in_(OPEN_STATES),
-            batch_submissions.c.model == versions.model,
-            batch_submissions.c.prompt_version == versions.prompt_version,
-            batch_submissions.c.task_version == versions.task_version,
-        )
+        .where(batch_submissions.c.tenant_id.in_(list(tenants)), *_open_chunk(versions))
         .distinct()
     )
     return {str(t) for t in conn.execute(stmt).scalars()}
