@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from backfill_assets.core.rubric import LABELS, ModerationOutput, OutputRejected, parse_output
-from backfill_assets.core.validation import split_valid
+from backfill_assets.core.validation import split_valid, stored_result_problems
 
 KEY = "c0ffee" + "0" * 58
 # A stand-in for post text a hostile model echoes back as a key or value.
@@ -257,6 +257,50 @@ def test_accepted_outputs_pass_the_writers_frame_check() -> None:
     for row in rows:
         good, bad = split_valid([row])
         assert good == [row] and bad == []
+
+
+def _frame_row(i: int, **change: Any) -> dict[str, Any]:
+    key = f"{i:064x}"
+    row = {"key": key, "correlation_id": key, "tenant_id": "acme", "post_id": f"p{i}"}
+    row.update(label="ok", confidence=0.5, schema_version=1, content_hash="ab" * 32)
+    row.update(model="m", prompt_version="p", task_version="t")
+    row.update(change)
+    return row
+
+
+# (change, the check named in the reason): each breaks one row of an otherwise valid batch.
+_ROW_FAULTS = [
+    ({"post_id": 7}, "post_id failed is_str"),
+    ({"tenant_id": b"acme"}, "tenant_id failed is_str"),
+    ({"post_id": None}, "post_id failed not_nullable"),
+    ({"post_id": ""}, "post_id failed str_length"),
+    ({"tenant_id": "Acme"}, "tenant_id failed str_matches"),
+    ({"label": "fine"}, "label failed isin"),
+    ({"key": "f" * 63}, "key failed str_matches"),
+]
+
+
+@pytest.mark.parametrize(("change", "why"), _ROW_FAULTS)
+def test_the_frame_check_rejects_only_the_bad_row(change: dict[str, Any], why: str) -> None:
+    # A value of the wrong type among strings is that row's fault, not the batch's.
+    rows = [_frame_row(i) for i in range(5)]
+    rows[2] = _frame_row(2, **change)
+    if "key" in change:
+        rows[2]["correlation_id"] = rows[2]["key"]
+    good, bad = split_valid(rows)
+    assert good == rows[:2] + rows[3:]
+    assert [r["post_id"] for r, _ in bad] == [rows[2]["post_id"]]
+    assert bad[0][1].startswith(f"result frame: {why}")  # then the check's parameters
+    stored = stored_result_problems(rows)
+    assert [k for k, _ in stored] == [str(rows[2]["key"])]
+    assert stored[0][1].startswith(why)
+
+
+def test_the_frame_check_passes_valid_batches_of_any_size() -> None:
+    for n in (1, 2, 300):
+        rows = [_frame_row(i) for i in range(n)]
+        assert split_valid(rows) == (rows, [])
+        assert stored_result_problems(rows) == []
 
 
 def test_cli_start_up_does_not_import_pandas_or_pandera() -> None:
