@@ -1,13 +1,16 @@
 """Group-committing writer for ledger events, results and dead letters.
 
-Two lanes, each with its own thread and connection:
+Two lanes, each with its own connection:
 - the attempt lane commits attempt events before the calls they announce (callers await it);
 - the outcome lane stages usage/error events, results and dead letters and commits them
   together, at most ``flush_interval_s`` after the first was staged, so a key's usage and its
   outcome become durable in one transaction; a crash loses at most the calls in flight plus
   one flush, and those show up as attempts without usage ("orphan attempts").
 The frame check (pandera) runs before the outcome transaction opens, so the attempt lane is
-never stuck behind it.
+never stuck behind it. On PostgreSQL outcome flushes run on the lane's own thread, which
+overlaps the server's WAL flush at commit with the calls; on SQLite (no fsync at commit in WAL
+mode with synchronous=NORMAL) a flush is all CPU, and running it on the event loop avoids the
+two threads trading the GIL and the write lock: 20-25% more keys/s in ``bench/run pipeline``.
 """
 
 from __future__ import annotations
@@ -74,7 +77,7 @@ class FlushReport:
 
 
 class _Lane:
-    """A thread with its own write connection."""
+    """A write connection and a thread of its own to use it from."""
 
     def __init__(
         self,
@@ -103,7 +106,7 @@ class _Lane:
 
     @contextlib.contextmanager
     def tx(self) -> Iterator[Connection]:
-        """A write transaction on the lane's connection (call from the lane's thread)."""
+        """A write transaction on the lane's connection (one thread at a time)."""
         conn = self._connection()
         lock = self._tx_lock or contextlib.nullcontext()
         with lock, conn.begin():
@@ -144,8 +147,9 @@ class _Lane:
 class LedgerWriter:
     """Durable bookkeeping for the dispatcher.
 
-    Outcome flushes (validation, bulk inserts) run on their lane's thread; attempt commits are
-    small and run on the event loop, since a thread hop costs more than they do.
+    Attempt commits are small and run on the event loop, since a thread hop costs more than
+    they do; outcome flushes (validation, bulk inserts) too on SQLite, on their lane's thread
+    on PostgreSQL.
     """
 
     def __init__(
@@ -160,6 +164,7 @@ class LedgerWriter:
         # SQLite has one write lock per database: hand it over in-process with a Python lock
         # instead of SQLite's sleeping busy handler.
         tx_lock = threading.Lock() if is_sqlite(engine) else None
+        self._flush_on_loop = is_sqlite(engine)  # see the module docstring
         self._dialect = engine.dialect.name
         self._attempt_lane = _Lane(engine, "ledger-attempts", tx_lock, relaxed_commit=True)
         self._outcome_lane = _Lane(engine, "ledger-outcomes", tx_lock)
@@ -290,9 +295,12 @@ class LedgerWriter:
                 continue
             staged, self._staged = self._staged, _Staged()
             try:
-                report = await loop.run_in_executor(
-                    self._outcome_lane.pool, self._write_outcomes, staged
-                )
+                if self._flush_on_loop:
+                    report = self._write_outcomes(staged)
+                else:
+                    report = await loop.run_in_executor(
+                        self._outcome_lane.pool, self._write_outcomes, staged
+                    )
             except BaseException as exc:
                 self._failure = exc
                 raise
