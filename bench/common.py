@@ -59,6 +59,29 @@ def worker(module: str, args: Sequence[str], env: dict[str, str] | None = None) 
     return doc
 
 
+def machine_speed() -> str:
+    """A header line for comparing figures across machines: a fixed pure-Python workload (a
+    loop of 5 million additions, in a fresh process), median of 3. The sessions' machines
+    differ by 2x or more for the same code, so a figure without it says little."""
+    code = (
+        "import time\n"
+        "t = time.perf_counter()\n"
+        "s = 0\n"
+        "for i in range(5_000_000):\n"
+        "    s += i\n"
+        "print(time.perf_counter() - t)"
+    )
+    runs = [
+        float(
+            subprocess.run(
+                [sys.executable, "-c", code], capture_output=True, text=True, check=True
+            ).stdout
+        )
+        for _ in range(3)
+    ]
+    return f"# machine: reference loop {median(runs) * 1000:.0f} ms (5M additions, median of 3)"
+
+
 def median(values: Sequence[float]) -> float:
     """Median (the machines are noisy)."""
     return float(statistics.median(values))

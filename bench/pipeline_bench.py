@@ -19,7 +19,7 @@ import time
 import uuid
 from pathlib import Path
 
-from bench.common import drop_store, fmt, new_store, worker
+from bench.common import drop_store, fmt, machine_speed, new_store, worker
 
 TENANTS = ["acme", "globex", "initech"]
 
@@ -131,6 +131,7 @@ def main() -> None:
             f"# pipeline benchmark: {n:,} posts ({len(TENANTS)} tenants), zero-latency fake model, "
             f"concurrency {a.concurrency}, {a.repeat} repeat(s), {os.cpu_count()} cores"
         )
+        print(machine_speed(), flush=True)
         for kind in a.stores.split(","):
             rates, first, us_noop, peaks_full, peaks_noop, noop_calls = [], [], [], [], [], []
             for _ in range(a.repeat):

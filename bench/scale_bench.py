@@ -28,7 +28,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from bench.common import ROOT, drop_store, fmt, median, new_store
+from bench.common import ROOT, drop_store, fmt, machine_speed, median, new_store
 
 PREFIX = "scale_"  # PostgreSQL bench databases
 _TEXTS = (
@@ -370,6 +370,7 @@ def main() -> None:
     p.add_argument("--store", choices=["pg", "sqlite"], default="pg", help="--million")
     p.add_argument("--repeat", type=int, default=1)
     a = p.parse_args()
+    print(machine_speed(), flush=True)
     if a.tenants_bench:
         counts = [int(x) for x in a.tenant_counts.split(",")]
         doc = tenants_bench(a.posts or 10_000, a.repeat, counts)
