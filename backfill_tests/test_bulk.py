@@ -12,7 +12,17 @@ from backfill_assets.store.writer import EVENT_COLUMNS
 
 # What a hostile provider echoes back in an error message: COPY's own escapes, a literal
 # "\N" (COPY's NULL), tabs, newlines, quotes, non-ASCII.
-HOSTILE = ["\\N", "a\tb", "line\nnext\r\n", "back\\slash", "'\"; DROP TABLE x; --", "é ✓ 𝄞", ""]
+HOSTILE = [
+    "\\N",
+    "a\tb",
+    "line\nnext\r\n",
+    "cr\ronly",
+    "lf\nonly",
+    "back\\slash",
+    "'\"; DROP TABLE x; --",
+    "é ✓ 𝄞",
+    "",
+]
 
 
 @pytest.mark.parametrize("n", [1, 300])

@@ -98,7 +98,11 @@ def _copy_text(value: Any) -> str:
     if value is None:
         return "\\N"
     if isinstance(value, str):
-        return value.translate(_COPY_ESCAPES)
+        # translate() with a dict table looks up every character in Python: ~15 us per row of
+        # ledger columns. Four C scans first; almost no value needs escaping.
+        if "\\" in value or "\t" in value or "\n" in value or "\r" in value:
+            return value.translate(_COPY_ESCAPES)
+        return value
     if isinstance(value, datetime):
         return value.isoformat(sep=" ")
     return str(value)
