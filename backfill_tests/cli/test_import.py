@@ -183,3 +183,31 @@ def test_rejects_lists_file_line_reason_and_time_and_says_so_once(
     assert main(["rejects"]) == 0
     out = capsys.readouterr().out
     assert SECRET not in out and str(export.resolve()) in out and "1 rejected line" in out
+
+
+def test_a_second_export_over_many_tenants_updates_only_what_changed(
+    engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A batch holds a few posts of each of many tenants; the stored hashes of all of them are
+    # looked up together (in chunks of 7 pairs here, to cross chunk edges on SQLite).
+    from backfill_assets.ingest.importer import import_jsonl
+    from backfill_assets.store import posts as store_posts
+
+    monkeypatch.setattr(store_posts, "_PROBE_PAIRS", 7)
+    first = [post(f"t{t:02d}", f"p{i}", f"text {t} {i}") for i in range(4) for t in range(30)]
+    (tmp_path / "one.jsonl").write_bytes(lines(*first))
+    got = import_jsonl(engine, tmp_path / "one.jsonl")
+    assert (got.imported, got.updated, got.unchanged) == (120, 0, 0)
+    second = [
+        post(r["tenant_id"], r["post_id"], r["text"] + (" edited" if n % 3 == 0 else ""))
+        for n, r in enumerate(first)
+    ] + [post(f"t{t:02d}", "p-new", "new") for t in range(10)]
+    (tmp_path / "two.jsonl").write_bytes(lines(*second))
+    got = import_jsonl(engine, tmp_path / "two.jsonl")
+    assert (got.imported, got.updated, got.unchanged) == (10, 40, 80)
+    with engine.connect() as conn:
+        stored = {
+            (r.tenant_id, r.post_id): r.text
+            for r in conn.execute(sa.text("SELECT tenant_id, post_id, text FROM posts"))
+        }
+    assert stored == {(r["tenant_id"], r["post_id"]): r["text"] for r in second}
