@@ -7,10 +7,11 @@ Two lanes, each with its own connection:
   outcome become durable in one transaction; a crash loses at most the calls in flight plus
   one flush, and those show up as attempts without usage ("orphan attempts").
 The frame check (pandera) runs before the outcome transaction opens, so the write lock (which
-attempt commits wait for on SQLite) is never held while it runs. On PostgreSQL outcome flushes run on the lane's own thread, which
-overlaps the server's WAL flush at commit with the calls; on SQLite (no fsync at commit in WAL
-mode with synchronous=NORMAL) a flush is all CPU, and running it on the event loop avoids the
-two threads trading the GIL and the write lock: 20-25% more keys/s in ``bench/run pipeline``.
+attempt commits wait for on SQLite) is never held while it runs. On PostgreSQL outcome
+flushes run on the lane's own thread, which overlaps the server's WAL flush at commit with the
+calls; on SQLite (no fsync at commit in WAL mode with synchronous=NORMAL) a flush is all CPU,
+and running it on the event loop avoids the two threads trading the GIL and the write lock:
+20-25% more keys/s in ``bench/run pipeline``.
 """
 
 from __future__ import annotations
