@@ -39,13 +39,18 @@ def judged(engine: Engine) -> tuple[dict[str, list[Verdict]], list[str]]:
     return out, logged
 
 
+def pool_small_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Send even this small store to two workers, in chunks of 50 posts."""
+    monkeypatch.setattr(audit_pool, "_MIN_POSTS", 0)
+    monkeypatch.setattr(audit_pool, "_CHUNK_POSTS", 50)
+    monkeypatch.setattr(audit_pool, "workers", lambda: 2)
+
+
 def test_workers_give_the_same_verdicts_as_one_process(
     tampered: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     serial, _ = judged(tampered)
-    monkeypatch.setattr(audit_pool, "_MIN_POSTS", 0)
-    monkeypatch.setattr(audit_pool, "_CHUNK_POSTS", 50)
-    monkeypatch.setattr(audit_pool, "workers", lambda: 2)
+    pool_small_runs(monkeypatch)
     monkeypatch.setattr(audit_pool, "_PROGRESS_EVERY_S", 0.0)
     pooled, logged = judged(tampered)
     assert any("worker processes" in m for m in logged)
@@ -61,9 +66,7 @@ def test_a_failing_worker_falls_back_to_this_process(
     tampered: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     serial, _ = judged(tampered)
-    monkeypatch.setattr(audit_pool, "_MIN_POSTS", 0)
-    monkeypatch.setattr(audit_pool, "_CHUNK_POSTS", 50)
-    monkeypatch.setattr(audit_pool, "workers", lambda: 2)
+    pool_small_runs(monkeypatch)
     monkeypatch.setattr(
         audit_pool, "_COMMAND", [audit_pool.sys.executable, "-c", "import sys; sys.exit(3)"]
     )
