@@ -94,7 +94,7 @@ def test_two_runs_at_once_on_overlapping_partitions(
 
 def _racer(home: str, tenant: str, barrier: Any, results: Any) -> None:
     """Create the instance and register ``tenant`` the moment every racer is ready."""
-    from backfill_assets.cli.commands import instance
+    from backfill_assets.cli.instance import instance
     from backfill_assets.orchestration.orchestrate import ensure_tenant_partitions
     from backfill_assets.orchestration.settings import Settings
 
@@ -110,7 +110,7 @@ def test_racing_processes_create_one_instance_and_register_a_tenant_once(tmp_pat
     # What the two CLI runs above race on, without the seconds of import that blur the race:
     # before the fixes this failed with "table runs already exists", two alembic heads, or a
     # unique-constraint error on dynamic_partitions.
-    from backfill_assets.cli.commands import instance
+    from backfill_assets.cli.instance import instance
     from backfill_assets.orchestration.settings import Settings
 
     ctx = mp.get_context("fork")  # the racers start at once, without re-importing Dagster

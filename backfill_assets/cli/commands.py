@@ -3,19 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import fcntl
 import json
-import os
-import re
-import shutil
-from collections.abc import MutableMapping
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import dagster as dg
 import sqlalchemy as sa
 
-from backfill_assets.cli.inputs import UserError, known_tenants
+from backfill_assets.cli.inputs import known_tenants
+from backfill_assets.cli.instance import instance
+from backfill_assets.cli.run_processes import helpers, run_plan
 from backfill_assets.cli.run_report import (
     HUMAN_COLUMNS,
     by_tenant,
@@ -31,22 +28,19 @@ from backfill_assets.orchestration.estimate import estimate_pending
 from backfill_assets.orchestration.orchestrate import (
     ensure_tenant_partitions,
     refresh_usage,
-    run_boxes,
 )
 from backfill_assets.orchestration.partitions import tenant_partitions
 from backfill_assets.orchestration.plan import make_plan, pool_by_region
 from backfill_assets.orchestration.resources import engine_for
-from backfill_assets.orchestration.settings import PROJECT_ROOT, Settings
+from backfill_assets.orchestration.settings import Settings
 from backfill_assets.orchestration.usage import USAGE_COLUMNS, usage_csv
 from backfill_assets.orchestration.wiring import (
-    APPLY_JOB,
-    BACKFILL_JOB,
     USAGE_JOB,
     build_definitions,
 )
 from backfill_assets.store.audit import verify_store
 from backfill_assets.store.dead_letters import requeue
-from backfill_assets.store.engine import normalize_url, read_tx, write_tx
+from backfill_assets.store.engine import read_tx, write_tx
 from backfill_assets.store.migrate import migrate, schema_versions
 from backfill_assets.store.reports import tenant_ids, usage_by_day, usage_by_tenant_model
 from backfill_assets.store.tenants import all_regions
@@ -67,53 +61,14 @@ def store_tenants(engine: sa.Engine, values: list[str]) -> list[str]:
     return known_tenants(values, known) or known
 
 
-def instance(settings: Settings) -> dg.DagsterInstance:
-    """The Dagster instance of ``$DAGSTER_HOME`` (its dagster.yaml copied there if missing).
-
-    Two commands started at once on a fresh home would both create the SQLite storages and
-    stamp their migrations ("table runs already exists", two alembic heads): creation runs
-    under an exclusive ``flock`` on ``$DAGSTER_HOME/.instance.lock``, released when the
-    process dies.
-    """
-    home = settings.dagster_home
-    home.mkdir(parents=True, exist_ok=True)
-    with open(home / ".instance.lock", "a+b") as lock:
-        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
-        if not (home / "dagster.yaml").exists():
-            tmp = home / f".dagster.yaml.{os.getpid()}"
-            shutil.copyfile(PROJECT_ROOT / "dagster.yaml", tmp)
-            tmp.replace(home / "dagster.yaml")  # never a half-written file for another reader
-        _pin_instance_driver(os.environ)
-        try:
-            found = dg.DagsterInstance.from_config(str(home))
-        except Exception as exc:  # a bad dagster.yaml or an unreachable database: say which
-            raise UserError(
-                f"cannot open the Dagster instance of {home} (DAGSTER_HOME): "
-                f"{type(exc).__name__}: {_redacted(str(exc))[:300]}"
-            ) from exc
-    # dagster-postgres opens a new connection for every event it stores (NullPool), a few ms
-    # each, and a run stores several per partition; the pooled engines the webserver uses
-    # keep one open instead. No statement timeout (0): a CLI run may take long. A no-op on
-    # the SQLite storages.
-    found.optimize_for_webserver(statement_timeout=0, pool_recycle=3600, max_overflow=8)
-    return found
-
-
-def _pin_instance_driver(env: MutableMapping[str, str]) -> None:
-    """``DAGSTER_PG_URL=postgresql://...`` names no driver, and SQLAlchemy then picks psycopg
-    (v3), which is not installed: pin psycopg2, as ``BACKFILL_DATABASE_URL`` is pinned."""
-    url = env.get("DAGSTER_PG_URL")
-    if url:
-        env["DAGSTER_PG_URL"] = normalize_url(url)
-
-
-def _redacted(text: str) -> str:
-    """Database errors can quote the URL: never print its password."""
-    return re.sub(r"(://[^:/@\s]+:)[^@\s]+@", r"\1***@", text)
-
-
 def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     """Materialise labels, checks and the gated apply in-process; exit 1 if a check blocked."""
+    # Helpers fork before anything is opened; a big plan spreads over them (run_processes.py).
+    with helpers(settings) as helping:
+        return _run(args, settings, helping)
+
+
+def _run(args: argparse.Namespace, settings: Settings, helping: Sequence[Any]) -> int:
     engine = engine_for(settings.store_url)
     tenants = store_tenants(engine, args.tenant)
     defs, inst = build_definitions(settings), instance(settings)
@@ -133,11 +88,12 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     # each run carries its region's tag for the run queue.
     order = inst.get_dynamic_partitions(tenant_partitions.name or "tenants")
     plan = pool_by_region(plan, order, regions)
-    records = run_boxes(defs, inst, BACKFILL_JOB, plan.boxes, apply_job=APPLY_JOB, regions=regions)
-    if records and not any(r.interrupted for r in records):
+    shared = run_plan(settings, defs, inst, plan, regions, helping)
+    records, plan = shared.records, shared.plan
+    if records and not shared.interrupted:
         refresh_usage(defs, inst, USAGE_JOB)  # tenant_usage shows this run's spend at once
-    doc = run_document(records, plan)
-    if any(r.interrupted for r in records):
+    doc = run_document(records, plan, shared.processes)
+    if shared.interrupted:
         emit(
             args,
             doc,

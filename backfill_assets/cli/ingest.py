@@ -8,8 +8,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from backfill_assets.cli.commands import emit, instance
+from backfill_assets.cli.commands import emit
 from backfill_assets.cli.inputs import UserError, known_value
+from backfill_assets.cli.instance import instance
 from backfill_assets.cli.progress import ProgressDisplay, wanted
 from backfill_assets.cli.tables import Human, table
 from backfill_assets.ingest.importer import ImportInputError, export_files, import_files

@@ -9,8 +9,9 @@ from collections.abc import Callable
 from typing import Any
 
 from backfill_assets.audit.check_rules import CHECK_GROUPS, CHECK_NAMES, Verdict
-from backfill_assets.cli.commands import emit, instance, store_tenants
+from backfill_assets.cli.commands import emit, store_tenants
 from backfill_assets.cli.inputs import UserError, choice, known_tenants, slice_key
+from backfill_assets.cli.instance import instance
 from backfill_assets.cli.tables import Human, table
 from backfill_assets.core.keys import SLICE_KEYS
 from backfill_assets.core.regions import run_tags

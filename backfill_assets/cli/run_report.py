@@ -49,9 +49,11 @@ def _partition_row(rec: RunRecord, pk: str) -> dict[str, Any]:
     return row
 
 
-def run_document(records: Sequence[RunRecord], plan: Plan | None = None) -> dict[str, Any]:
+def run_document(
+    records: Sequence[RunRecord], plan: Plan | None = None, processes: int = 1
+) -> dict[str, Any]:
     """The ``run --json`` document: runs, partitions (with checks and apply), the partitions
-    skipped with their reason, and totals."""
+    skipped with their reason, and totals (``processes``: how many ran the plan's boxes)."""
     applied = {pk for r in records for pk in r.applied}
     checks: dict[str, list[dict[str, Any]]] = {}
     for rec in records:
@@ -90,6 +92,7 @@ def run_document(records: Sequence[RunRecord], plan: Plan | None = None) -> dict
             "partitions": len(plan.partitions) if plan is not None else len(rows),
             "runs": len(plan.boxes) if plan is not None else len(records),
             "to_run": sum(p.run for p in plan.partitions) if plan is not None else len(rows),
+            "processes": processes,
         },
         "runs": [
             {"run_id": r.run_id, "job": r.job, "success": r.success, "error": r.error}

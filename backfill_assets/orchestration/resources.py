@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 import threading
 from pathlib import Path
 
@@ -28,6 +29,19 @@ from backfill_assets.store.migrate import migrate
 
 _engines: dict[str, Engine] = {}
 _engines_lock = threading.Lock()
+
+
+def _forget_engines() -> None:
+    """In a forked child (``cli/run_processes.py``): the parent's pooled connections are the
+    parent's; drop them unclosed (closing would end the parent's sessions) and start afresh."""
+    global _engines_lock
+    for engine in _engines.values():
+        engine.dispose(close=False)
+    _engines.clear()
+    _engines_lock = threading.Lock()  # another thread may have held it at the fork
+
+
+os.register_at_fork(after_in_child=_forget_engines)
 
 
 def engine_for(url: str) -> Engine:

@@ -108,6 +108,8 @@ class Settings(BaseSettings):
     )
     # Orchestration.
     partitions_per_run: int = _var("BACKFILL_PARTITIONS_PER_RUN", default=16, ge=1)
+    # Processes a CLI ``run`` spreads a big plan over (0: the cores, at most 4).
+    run_processes: int = _var("BACKFILL_RUN_PROCESSES", default=0, ge=0, le=64)
     executor: Literal["in_process", "multiprocess"] = _var(
         "BACKFILL_EXECUTOR", default="in_process"
     )

@@ -1,0 +1,269 @@
+"""A CLI ``run``'s boxes over several processes: one process leaves the other cores idle.
+
+The pipeline, the checks and Dagster's event writes are CPU-bound Python. ``helpers`` forks up
+to ``BACKFILL_RUN_PROCESSES - 1`` helper processes (default: the cores, at most 4) before
+anything is opened, so they start with every module imported and no connection of ours; each
+waits on a pipe. Once the plan is made, ``run_plan`` shares its boxes out (``plan.share_out``)
+when there is enough work (``_MIN_SHARE`` keys' worth per process): this process runs the first
+share and each helper gets one as JSON. A helper told nothing exits at once, so a small or
+no-op run costs one ``fork``.
+
+Every process runs ``orchestrate.run_boxes`` on its boxes, with its own Dagster instance and
+store engine, exactly as a single process would: boxes are disjoint, so no two processes hold
+a partition, and the store's guarantees (claims, group commits, the shared provider limit,
+budget reservations) already hold across processes. Each process sends at most
+``BACKFILL_CONCURRENCY / processes`` calls at once, so the setting bounds the whole command.
+
+A helper writes its run records as JSON to a file; one that dies without writing is reported as
+a failed run over its boxes (the next ``run`` plans them again). SIGINT reaches every process of
+the terminal's group and SIGTERM to this process is passed on, so every run stops the same way
+and is recorded as canceled; a helper whose parent dies gets SIGTERM (``PR_SET_PDEATHSIG``) or
+finds its pipe closed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import math
+import os
+import signal
+import sys
+import tempfile
+import traceback
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+
+from backfill_assets.cli.instance import instance
+from backfill_assets.orchestration.orchestrate import CheckOutcome, RunRecord, run_boxes
+from backfill_assets.orchestration.plan import Box, Plan, partition_weights, share_out
+from backfill_assets.orchestration.settings import Settings
+from backfill_assets.orchestration.wiring import APPLY_JOB, BACKFILL_JOB, build_definitions
+
+# Keys' worth of work a process must get to be worth using, and what a helper needs before its
+# first run starts (its instance, definitions and run set-up: ~1 s here, ~270 us a key).
+_MIN_SHARE = 8_000
+_START = 4_000
+_MAX_DEFAULT = 4
+_PR_SET_PDEATHSIG = 1
+
+
+def process_count(settings: Settings) -> int:
+    """How many processes a ``run`` may use (``BACKFILL_RUN_PROCESSES``; 0: the cores, at most
+    4). Batch dispatch waits on the provider, not the CPU, so it stays in one process."""
+    if settings.dispatch != "sync":
+        return 1
+    return settings.run_processes or min(_MAX_DEFAULT, os.cpu_count() or 1)
+
+
+@dataclass
+class _Helper:
+    pid: int
+    job: int  # the write end of its job pipe (-1 once closed)
+    out: Path
+    boxes: list[Box] = field(default_factory=list)
+
+
+@dataclass
+class SharedRun:
+    """What ``run_plan`` did: the plan as run (its boxes cut for the processes) and every
+    process's run records, this process's first."""
+
+    plan: Plan
+    records: list[RunRecord]
+    processes: int
+    # SIGTERM/SIGINT arrived while this process waited for the helpers.
+    stopped: bool = False
+
+    @property
+    def interrupted(self) -> bool:
+        """A signal stopped this run: some runs may not have started."""
+        return self.stopped or any(r.interrupted for r in self.records)
+
+
+@contextlib.contextmanager
+def helpers(settings: Settings) -> Iterator[list[_Helper]]:
+    """Fork the helpers (call before opening the instance or the store); on the way out, every
+    helper not given work is told to exit, and all are reaped."""
+    started: list[_Helper] = []
+    with tempfile.TemporaryDirectory(prefix="backfill-run-") as tmp:
+        try:
+            for i in range(process_count(settings) - 1):
+                started.append(_fork(settings, Path(tmp) / f"{i}.json", started))
+            yield started
+        finally:
+            for h in started:
+                _close(h)
+            for h in started:
+                _reap(h)
+
+
+def run_plan(
+    settings: Settings,
+    defs: dg.Definitions,
+    inst: dg.DagsterInstance,
+    plan: Plan,
+    regions: Mapping[str, str | None],
+    helping: Sequence[_Helper] = (),
+    min_share: float = _MIN_SHARE,
+) -> SharedRun:
+    """Run the plan's boxes (labels, checks, the gated apply) here and on the ``helping``
+    processes (from ``helpers``) when the plan holds enough work for them."""
+    weights = partition_weights(plan)
+    total = sum(weights.get(k, 0.0) for b in plan.boxes for k in b.keys)
+    n = 1 + len(helping)
+    if min_share > 0:
+        n = min(n, int(total // min_share))
+    shares = share_out(plan.boxes, weights, n, _START) if n > 1 else [list(plan.boxes)]
+    if len(shares) < 2:
+        alone = run_boxes(
+            defs, inst, BACKFILL_JOB, plan.boxes, apply_job=APPLY_JOB, regions=regions
+        )
+        return SharedRun(plan, alone, 1)
+    per = max(1, math.ceil(settings.concurrency / len(shares)))
+    busy = list(helping[: len(shares) - 1])
+    for h, share in zip(busy, shares[1:], strict=True):
+        _send(h, share, regions, per)
+    records: list[RunRecord] = []
+    stopped = False
+    try:
+        own = build_definitions(settings.model_copy(update={"concurrency": per}))
+        records += run_boxes(
+            own, inst, BACKFILL_JOB, shares[0], apply_job=APPLY_JOB, regions=regions
+        )
+        if any(r.interrupted for r in records):
+            _signal(busy, signal.SIGTERM)  # stopped here: stop them the same way
+        for h in busy:
+            records += _collect(h)
+    except KeyboardInterrupt:
+        # SIGTERM or SIGINT outside a Dagster run: stop the helpers, report what they did.
+        stopped = True
+        _signal(busy, signal.SIGTERM)
+        records += [r for h in busy for r in _collect(h)]
+    except BaseException:
+        _signal(busy, signal.SIGTERM)
+        raise
+    cut = Plan(plan.partitions, [b for s in shares for b in s])
+    return SharedRun(cut, records, len(shares), stopped)
+
+
+def _fork(settings: Settings, out: Path, siblings: Sequence[_Helper]) -> _Helper:
+    read, write = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the helper: never returns into the caller's code
+        code = 1
+        try:
+            # Only the parent may hold a job pipe's write end, or its helper never sees EOF.
+            for fd in [write, *(h.job for h in siblings)]:
+                os.close(fd)
+            code = _serve(settings, read, out)
+        except BaseException:  # its last word; the parent reports a helper without records
+            with contextlib.suppress(Exception):
+                traceback.print_exc()
+        finally:
+            with contextlib.suppress(Exception):
+                sys.stdout.flush()
+                sys.stderr.flush()
+            os._exit(code)
+    os.close(read)
+    return _Helper(pid, write, out)
+
+
+def _send(h: _Helper, boxes: Sequence[Box], regions: Mapping[str, str | None], per: int) -> None:
+    job = {
+        "boxes": [[list(b.tenants), b.first, b.last] for b in boxes],
+        "regions": {t: regions.get(t) for b in boxes for t in b.tenants},
+        "concurrency": per,
+    }
+    h.boxes = list(boxes)
+    data = json.dumps(job).encode()
+    with contextlib.suppress(OSError):  # a helper gone already: _collect reports it
+        while data:
+            data = data[os.write(h.job, data) :]
+    _close(h)
+
+
+def _close(h: _Helper) -> None:
+    if h.job >= 0:
+        with contextlib.suppress(OSError):
+            os.close(h.job)
+        h.job = -1
+
+
+def _signal(busy: Sequence[_Helper], sig: int) -> None:
+    for h in busy:
+        with contextlib.suppress(OSError):
+            os.kill(h.pid, sig)
+
+
+def _reap(h: _Helper) -> int | None:
+    """The helper's exit code once it exits (None if reaped already)."""
+    while True:
+        try:
+            _pid, status = os.waitpid(h.pid, 0)
+            return os.waitstatus_to_exitcode(status)
+        except ChildProcessError:
+            return None
+        except KeyboardInterrupt:
+            # A second SIGTERM/SIGINT: the helper got the stop too and is ending its runs.
+            _signal([h], signal.SIGTERM)
+
+
+def _collect(h: _Helper) -> list[RunRecord]:
+    """A helper's records once it exits."""
+    code = _reap(h)
+    try:
+        return [_record(d) for d in json.loads(h.out.read_text(encoding="utf-8"))]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        keys = [k for b in h.boxes for k in b.keys]
+        return [
+            RunRecord(
+                run_id="-",
+                success=False,
+                partitions=[],
+                job=BACKFILL_JOB,
+                error=(
+                    f"run process {h.pid} exited with {code} before reporting"
+                    f" ({type(exc).__name__}); its {len(keys)} partition(s) from {keys[0]}"
+                    " are planned again by the next `run`"
+                ),
+                interrupted=code in (-signal.SIGTERM, -signal.SIGINT, 130),
+            )
+        ]
+
+
+def _record(d: Mapping[str, Any]) -> RunRecord:
+    checks = {pk: [CheckOutcome(**c) for c in cs] for pk, cs in d["checks"].items()}
+    return RunRecord(**{**d, "checks": checks})
+
+
+def _serve(settings: Settings, read: int, out: Path) -> int:
+    """The helper: wait for a job (EOF: none), run its boxes, write the records to ``out``."""
+    with contextlib.suppress(OSError, AttributeError):  # Linux: stop when the parent dies
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    try:
+        with os.fdopen(read, encoding="utf-8") as pipe:
+            raw = pipe.read()
+        if not raw:
+            return 0
+        job = json.loads(raw)
+        mine = settings.model_copy(update={"concurrency": int(job["concurrency"])})
+        boxes = [Box(tuple(t), int(a), int(b)) for t, a, b in job["boxes"]]
+        defs, inst = build_definitions(mine), instance(mine)
+        records = run_boxes(
+            defs, inst, BACKFILL_JOB, boxes, apply_job=APPLY_JOB, regions=job["regions"]
+        )
+    except KeyboardInterrupt:
+        return 130  # stopped before a run started: nothing of ours to report
+    tmp = out.with_suffix(".tmp")
+    # Metadata values are JSON already (numbers, text); anything else travels as its text.
+    tmp.write_text(json.dumps([asdict(r) for r in records], default=str), encoding="utf-8")
+    tmp.replace(out)  # the parent never reads half a document
+    return 0

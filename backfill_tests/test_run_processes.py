@@ -1,0 +1,281 @@
+"""A big ``run`` spreads its boxes over several processes (issue 10: use every core).
+
+What must hold whatever the split: every partition of the plan is run by exactly one process,
+every key is paid once, a signal stops every process's runs the same way, and a process that
+dies without reporting costs a rerun of its partitions, never a result.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pytest
+import sqlalchemy as sa
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from backfill_assets.cli.instance import instance
+from backfill_assets.cli.run_processes import helpers, run_plan
+from backfill_assets.dispatch.pipeline import PartitionRef
+from backfill_assets.orchestration.orchestrate import ensure_tenant_partitions
+from backfill_assets.orchestration.plan import (
+    Box,
+    PartitionPlan,
+    Plan,
+    box_weight,
+    halve,
+    make_plan,
+    partition_weights,
+    share_out,
+)
+from backfill_assets.orchestration.resources import engine_for
+from backfill_assets.orchestration.settings import Settings
+from backfill_assets.orchestration.wiring import build_definitions
+from backfill_tests.conftest import StartSim, import_records
+
+# 40 one-partition tenants weigh enough (their Dagster events) for two processes by default.
+TENANTS = [f"t{i:02d}" for i in range(40)]
+PER_TENANT = 20
+
+
+def _records(per_tenant: int = PER_TENANT) -> list[dict[str, Any]]:
+    return [
+        {"tenant_id": t, "post_id": f"p{i}", "text": f"{t} post {i}: arrived on time"}
+        for t in TENANTS
+        for i in range(per_tenant)
+    ]
+
+
+# --- the split (pure) ---------------------------------------------------------------------
+
+
+def _weights(tenants: list[str], slices: int, pending: dict[str, int]) -> dict[str, float]:
+    plans = [
+        PartitionPlan(PartitionRef(f"s{s:02d}|{t}", t, s), 10, pending.get(t, 0), True, "")
+        for t in tenants
+        for s in range(slices)
+    ]
+    return partition_weights(Plan(plans, []))
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    tenants=st.integers(1, 12),
+    slices=st.integers(1, 16),
+    processes=st.integers(1, 5),
+    head_start=st.sampled_from([0, 4_000, 50_000]),
+    loads=st.lists(st.integers(0, 20_000), min_size=12, max_size=12),
+)
+def test_shares_cover_every_partition_exactly_once(
+    tenants: int, slices: int, processes: int, head_start: int, loads: list[int]
+) -> None:
+    names = [f"t{i:02d}" for i in range(tenants)]
+    weights = _weights(names, slices, dict(zip(names, loads, strict=False)))
+    boxes = [Box(tuple(names[: tenants // 2 or 1]), 0, slices - 1)]
+    if tenants > 1:
+        boxes.append(Box(tuple(names[tenants // 2 or 1 :]), 0, slices - 1))
+    shares = share_out(boxes, weights, processes, head_start)
+    assert 1 <= len(shares) <= processes
+    got = Counter(k for share in shares for b in share for k in b.keys)
+    assert got == Counter(k for b in boxes for k in b.keys)  # each partition once
+    for share in shares:
+        for b in share:  # still a box: consecutive tenants x a contiguous slice range
+            assert b.tenants == tuple(names[names.index(b.tenants[0]) :][: len(b.tenants)])
+            assert 0 <= b.first <= b.last < slices
+
+
+def test_the_heaviest_box_is_cut_where_it_halves_best_and_the_late_start_counts() -> None:
+    names = ["a", "b", "c"]
+    # Three tenants x two slices of equal work: cutting between slices halves it exactly.
+    weights = _weights(names, 2, {"a": 5_000, "b": 5_000, "c": 5_000})
+    box = Box(tuple(names), 0, 1)
+    assert halve(box, weights) == (Box(tuple(names), 0, 0), Box(tuple(names), 1, 1))
+    assert halve(Box(("a",), 3, 3), weights) is None  # one partition: nothing to cut
+    # One tenant holds most of the work: the cut isolates it.
+    weights = _weights(names, 1, {"a": 30_000, "b": 1_000, "c": 1_000})
+    assert halve(Box(tuple(names), 0, 0), weights) == (
+        Box(("a",), 0, 0),
+        Box(("b", "c"), 0, 0),
+    )
+    # Four equal one-partition tenants over two processes: two each with no head start; a
+    # helper that starts later gets less.
+    names = ["a", "b", "c", "d"]
+    weights = _weights(names, 1, dict.fromkeys(names, 10_000))
+    even = share_out([Box(tuple(names), 0, 0)], weights, 2, 0)
+    assert [sum(box_weight(b, weights) for b in s) for s in even] == [20_810.0, 20_810.0]
+    late = share_out([Box(tuple(names), 0, 0)], weights, 2, 15_000)
+    assert [sum(len(b.keys) for b in s) for s in late] == [3, 1]
+    # One process: the boxes as they are.
+    assert share_out([Box(tuple(names), 0, 0)], weights, 1, 0) == [[Box(tuple(names), 0, 0)]]
+
+
+# --- whole runs ---------------------------------------------------------------------------
+
+
+def _env(tmp_path: Path, url: str, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("BACKFILL_", "DAGSTER_"))}
+    env.update(DAGSTER_HOME=str(tmp_path / "home"), BACKFILL_DATABASE_URL=url, **extra)
+    return env
+
+
+def _cli(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "backfill_assets.cli", *args, "--json"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _doc(stdout: str) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads(stdout.strip().splitlines()[-1])
+    return doc
+
+
+def test_a_big_run_spreads_over_two_processes_and_pays_each_key_once(
+    store_url: str, tmp_path: Path, start_sim: StartSim
+) -> None:
+    sim = start_sim(latency_median_ms=5, latency_sigma=0.2, seed=3)
+    engine = engine_for(store_url)
+    import_records(engine, tmp_path, _records(), slice_target=1000)
+    env = _env(
+        tmp_path,
+        store_url,
+        BACKFILL_MODEL_BACKEND="openai",
+        BACKFILL_MODEL_BASE_URL=sim.base_url,
+        BACKFILL_CONCURRENCY="8",
+        BACKFILL_RUN_PROCESSES="2",
+    )
+    proc = _cli(["run"], env)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    doc = _doc(out)
+    assert doc["plan"]["processes"] == 2 and doc["plan"]["runs"] >= 2
+    assert len(doc["runs"]) == doc["plan"]["runs"] and all(r["success"] for r in doc["runs"])
+    assert len({r["run_id"] for r in doc["runs"]}) == len(doc["runs"])
+    assert doc["totals"]["model_calls"] == len(TENANTS) * PER_TENANT
+    assert sorted(p["partition"] for p in doc["partitions"]) == sorted(f"s00|{t}" for t in TENANTS)
+    assert all(p["applied"] for p in doc["partitions"])
+    # Each key billed exactly once by the provider, each result stored once.
+    billed = Counter(c.correlation_id for c in sim.meter.snapshot().billed.values())
+    with engine.connect() as conn:
+        keys = [k for (k,) in conn.execute(sa.text("SELECT key FROM results"))]
+    assert len(keys) == len(set(keys)) == len(TENANTS) * PER_TENANT
+    assert set(billed) == set(keys) and set(billed.values()) == {1}
+    # Both processes' runs are in the instance, done.
+    with dg.DagsterInstance.from_config(str(tmp_path / "home")) as inst:
+        runs = [r.dagster_run for r in inst.get_run_records()]
+    labels = [r for r in runs if r.job_name == "moderation_backfill"]
+    assert {r.run_id for r in labels} == {r["run_id"] for r in doc["runs"]}
+    assert {r.status for r in runs} == {dg.DagsterRunStatus.SUCCESS}
+    # Nothing left: the next run starts no process and no run, and pays nothing.
+    again = _cli(["run"], env)
+    out, err = again.communicate(timeout=120)
+    assert again.returncode == 0, err[-3000:]
+    assert _doc(out)["plan"] == {**doc["plan"], "runs": 0, "to_run": 0, "processes": 1}
+    assert len(sim.meter.snapshot().billed) == len(TENANTS) * PER_TENANT
+    verify = _cli(["verify", "--require-complete"], env)
+    vout, verr = verify.communicate(timeout=120)
+    assert verify.returncode == 0, vout[-2000:] + verr[-2000:]
+
+
+def test_small_runs_stay_in_one_process(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    import_records(engine_for(url), tmp_path, _records(5)[:100], slice_target=1000)
+    proc = _cli(["run"], _env(tmp_path, url, BACKFILL_RUN_PROCESSES="4"))
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-3000:]
+    assert _doc(out)["plan"]["processes"] == 1  # 20 tenants: too little work to share
+
+
+@pytest.mark.xdist_group("servers")  # a timed stop: not beside the other server tests
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_stops_every_process_and_the_next_run_finishes(
+    tmp_path: Path, signum: int
+) -> None:
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    engine = engine_for(url)
+    posts = len(TENANTS) * 10
+    import_records(engine, tmp_path, _records(10), slice_target=1000)
+    env = _env(
+        tmp_path,
+        url,
+        BACKFILL_FAKE_LATENCY_MS="100",
+        BACKFILL_CONCURRENCY="4",
+        BACKFILL_RUN_PROCESSES="2",
+    )
+    proc = _cli(["run"], env)
+    deadline = time.monotonic() + 120
+    with engine.connect() as conn:
+        # Both processes are sending: results of tenants from both ends of the order.
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline
+            got = {t for (t,) in conn.execute(sa.text("SELECT DISTINCT tenant_id FROM results"))}
+            if got & set(TENANTS[:20]) and got & set(TENANTS[20:]):
+                break
+            time.sleep(0.2)
+            conn.rollback()
+    sent = time.monotonic()
+    proc.send_signal(signum)  # to the parent only, as an orchestrator would
+    _out, err = proc.communicate(timeout=30)
+    assert time.monotonic() - sent < 15
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    with engine.connect() as conn:
+        done = conn.execute(sa.text("SELECT count(*) FROM results")).scalar_one()
+        usage = conn.execute(
+            sa.text("SELECT count(*) FROM ledger_events WHERE type = 'usage'")
+        ).scalar_one()
+    assert 0 < done < posts and usage == done  # what finished is committed, with its usage
+    with dg.DagsterInstance.from_config(str(tmp_path / "home")) as inst:
+        statuses = [r.dagster_run.status for r in inst.get_run_records()]
+    assert len(statuses) >= 2 and set(statuses) == {dg.DagsterRunStatus.CANCELED}
+    again = _cli(["run"], {**env, "BACKFILL_FAKE_LATENCY_MS": "0"})
+    out, err = again.communicate(timeout=300)
+    assert again.returncode == 0, err[-3000:]
+    assert _doc(out)["totals"]["model_calls"] <= posts - done + 4  # at most those in flight
+    verify = _cli(["verify", "--require-complete"], env)
+    verify.communicate(timeout=120)
+    assert verify.returncode == 0
+
+
+def test_a_helper_that_dies_costs_a_rerun_not_a_result(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    engine = engine_for(url)
+    import_records(engine, tmp_path, _records(5), slice_target=1000)
+    env = {"DAGSTER_HOME": str(tmp_path / "home"), "BACKFILL_DATABASE_URL": url}
+    s = Settings.from_env({**env, "BACKFILL_RUN_PROCESSES": "2"})
+    with helpers(s) as helping:
+        assert len(helping) == 1
+        os.kill(helping[0].pid, signal.SIGKILL)  # dies before it is given anything
+        inst = instance(s)
+        ensure_tenant_partitions(inst, TENANTS)
+        plan = make_plan(engine, inst, s.versions())
+        shared = run_plan(s, build_definitions(s), inst, plan, {}, helping, min_share=0)
+    assert shared.processes == 2 and not shared.interrupted
+    lost = [r for r in shared.records if not r.success]
+    assert len(lost) == 1 and lost[0].error is not None
+    assert "exited with -9 before reporting" in lost[0].error, lost[0].error
+    assert "planned again by the next `run`" in lost[0].error
+    done = {pk for r in shared.records for pk in r.partitions}
+    assert done and len(done) < len(TENANTS)
+    # The next run (one process) does exactly the partitions the dead helper held.
+    plan = make_plan(engine, inst, s.versions())
+    todo = {p.ref.key for p in plan.partitions if p.run}
+    assert todo == {f"s00|{t}" for t in TENANTS} - done
+    again = run_plan(s, build_definitions(s), inst, plan, {}, ())
+    assert again.processes == 1 and all(r.success for r in again.records)
+    with engine.connect() as conn:
+        keys = [k for (k,) in conn.execute(sa.text("SELECT key FROM results"))]
+    assert len(keys) == len(set(keys)) == len(TENANTS) * 5
