@@ -3,10 +3,12 @@
     bench/run scale --tenants-bench [--posts 10000] [--repeat 1]
     bench/run scale --seed [--posts-per-tenant 10000] [--concurrency 64] [--repeat 1]
     bench/run scale --million [--posts 1000000] [--tenants 200] [--store pg|sqlite] [--concurrency 64]
+    (each also takes --processes N: BACKFILL_RUN_PROCESSES for ``run``; default the CLI's)
 
 Every figure is the whole CLI (``backfill-moderation import`` / ``run`` / ``verify``) in a
 fresh process, fresh ``DAGSTER_HOME`` and fresh store, with the zero-latency fake model.
-Wall is measured around the child process; peak RSS is the child's own (``os.wait4``).
+Wall is measured around the child process; CPU is the child's and its helpers' (``os.wait4``);
+peak RSS is the largest single process's (a ``run`` over N processes holds up to N times it).
 """
 
 from __future__ import annotations
@@ -76,12 +78,17 @@ def write_export(path: Path, posts: int, tenants: int) -> Path:
     return path
 
 
+# ``--processes N``: BACKFILL_RUN_PROCESSES for every ``run`` (unset: the CLI's default).
+_RUN_PROCESSES: dict[str, str] = {}
+
+
 def cli_env(home: Path, store_url: str, **extra: str) -> dict[str, str]:
     """A clean environment: no BACKFILL_/DAGSTER_ settings leak in from the caller."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("BACKFILL_", "DAGSTER_"))}
     env.update(
         DAGSTER_HOME=str(home), BACKFILL_DATABASE_URL=store_url, BACKFILL_FAKE_LATENCY_MS="0"
     )
+    env.update(_RUN_PROCESSES)
     env.update(extra)
     home.mkdir(parents=True, exist_ok=True)
     return env
@@ -120,6 +127,11 @@ def _last_json(stdout: str) -> dict[str, Any]:
         return line
 
 
+def processes_of(run: Measured) -> int:
+    """How many processes a ``run --json`` used."""
+    return int(run.doc.get("plan", {}).get("processes", 1))
+
+
 def calls_of(run: Measured) -> int:
     """Model calls of a ``run --json``."""
     return int(run.doc.get("totals", {}).get("model_calls", 0))
@@ -143,6 +155,7 @@ def _tenants_once(work: Path, export: Path, tenants: int) -> dict[str, float]:
         "calls": calls_of(full),
         "runs": len(full.doc.get("runs", [])),
         "noop_runs": len(noop.doc.get("runs", [])),
+        "processes": processes_of(full),
     }
 
 
@@ -165,7 +178,8 @@ def tenants_bench(posts: int, repeat: int, tenant_counts: list[int]) -> dict[str
             }
             print(
                 f"[{n} tenants] run: {fmt([g['run_s'] for g in got], 's', 1)}, "
-                f"{got[0]['runs']} Dagster run(s), {int(got[0]['calls']):,} calls; "
+                f"{got[0]['runs']} Dagster run(s) in {got[0]['processes']} process(es), "
+                f"{int(got[0]['calls']):,} calls; "
                 f"no-op rerun: {fmt([g['noop_s'] for g in got], 's', 2)}, "
                 f"{got[0]['noop_runs']} run(s); CPU run "
                 f"{median([g['run_cpu_s'] for g in got]):.1f} s, no-op "
@@ -235,6 +249,7 @@ def seed_bench(per_tenant: int, concurrency: int, repeat: int) -> dict[str, Any]
     """The CLI vs a per-line-fsync JSONL stand-in on the same posts."""
     posts = per_tenant * 3
     cli_rates, jsonl_rates, noops, jsonl_noops, cpu_rates, jsonl_cpu = [], [], [], [], [], []
+    processes: list[int] = []
     with tempfile.TemporaryDirectory(prefix="scale-seed-", dir=_tmp_root()) as tmp:
         work = Path(tmp)
         export = write_export(work / "posts.jsonl", posts, 3)
@@ -252,6 +267,7 @@ def seed_bench(per_tenant: int, concurrency: int, repeat: int) -> dict[str, Any]
             assert calls_of(full) == posts, full.doc.get("totals")
             noop = cli(["run"], env)
             cli_rates.append(posts / full.wall)
+            processes.append(processes_of(full))
             cpu_rates.append(posts / full.cpu)
             noops.append(noop.wall)
             out = work / f"results-{r}.jsonl"
@@ -263,7 +279,10 @@ def seed_bench(per_tenant: int, concurrency: int, repeat: int) -> dict[str, Any]
             assert asyncio.run(_jsonl_job(export, out, concurrency)) == 0
             jsonl_noops.append(time.perf_counter() - t0)
     ratio = median(cli_rates) / median(jsonl_rates)
-    print(f"CLI `import` + `run` (run wall): {fmt(cli_rates, 'items/s')}")
+    print(
+        f"CLI `import` + `run` (run wall): {fmt(cli_rates, 'items/s')}; "
+        f"run process(es): {processes}"
+    )
     print(f"JSONL + fsync per line stand-in: {fmt(jsonl_rates, 'items/s')}")
     print(
         f"per CPU second (user + sys): CLI {fmt(cpu_rates, 'items/s')}, "
@@ -318,6 +337,7 @@ def million_bench(posts: int, tenants: int, store: str, concurrency: int) -> dic
             _report("import", steps["import"], posts, 120, "<=")
             steps["run"] = cli(["run"], env)
             _report("run", steps["run"], calls_of(steps["run"]), None, "")
+            print(f"[run] in {processes_of(steps['run'])} process(es)", flush=True)
             steps["no-op run"] = cli(["run"], env)
             _report("no-op run", steps["no-op run"], calls_of(steps["no-op run"]), 10, "<=")
             steps["verify"] = cli(["verify", "--require-complete"], env)
@@ -369,7 +389,12 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, default=64, help="--seed, --million")
     p.add_argument("--store", choices=["pg", "sqlite"], default="pg", help="--million")
     p.add_argument("--repeat", type=int, default=1)
+    p.add_argument(
+        "--processes", type=int, help="BACKFILL_RUN_PROCESSES for `run` (default: the CLI's)"
+    )
     a = p.parse_args()
+    if a.processes is not None:
+        _RUN_PROCESSES["BACKFILL_RUN_PROCESSES"] = str(a.processes)
     print(machine_speed(), flush=True)
     if a.tenants_bench:
         counts = [int(x) for x in a.tenant_counts.split(",")]
