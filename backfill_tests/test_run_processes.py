@@ -23,8 +23,9 @@ import sqlalchemy as sa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from backfill_assets.cli import run_processes
 from backfill_assets.cli.instance import instance
-from backfill_assets.cli.run_processes import helpers, run_plan
+from backfill_assets.cli.run_processes import run_plan
 from backfill_assets.dispatch.pipeline import PartitionRef
 from backfill_assets.orchestration.orchestrate import ensure_tenant_partitions
 from backfill_assets.orchestration.plan import (
@@ -250,19 +251,24 @@ def test_a_signal_stops_every_process_and_the_next_run_finishes(
     assert verify.returncode == 0
 
 
-def test_a_helper_that_dies_costs_a_rerun_not_a_result(tmp_path: Path) -> None:
+def test_a_helper_that_dies_costs_a_rerun_not_a_result(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     url = f"sqlite:///{tmp_path / 'store.db'}"
     engine = engine_for(url)
     import_records(engine, tmp_path, _records(5), slice_target=1000)
-    env = {"DAGSTER_HOME": str(tmp_path / "home"), "BACKFILL_DATABASE_URL": url}
-    s = Settings.from_env({**env, "BACKFILL_RUN_PROCESSES": "2"})
-    with helpers(s) as helping:
-        assert len(helping) == 1
-        os.kill(helping[0].pid, signal.SIGKILL)  # dies before it is given anything
-        inst = instance(s)
-        ensure_tenant_partitions(inst, TENANTS)
-        plan = make_plan(engine, inst, s.versions())
-        shared = run_plan(s, build_definitions(s), inst, plan, {}, helping, min_share=0)
+    s = Settings.from_env({"DAGSTER_HOME": str(tmp_path / "home"), "BACKFILL_DATABASE_URL": url})
+    inst = instance(s)
+    ensure_tenant_partitions(inst, TENANTS)
+
+    def killed(*_args: Any) -> int:  # what the helper runs after the fork: it dies at once
+        os.kill(os.getpid(), signal.SIGKILL)
+        return 0
+
+    monkeypatch.setattr(run_processes, "_serve", killed)
+    plan = make_plan(engine, inst, s.versions())
+    shared = run_plan(s, build_definitions(s), inst, plan, {}, processes=2, min_share=0)
+    monkeypatch.undo()
     assert shared.processes == 2 and not shared.interrupted
     lost = [r for r in shared.records if not r.success]
     assert len(lost) == 1 and lost[0].error is not None
@@ -274,7 +280,7 @@ def test_a_helper_that_dies_costs_a_rerun_not_a_result(tmp_path: Path) -> None:
     plan = make_plan(engine, inst, s.versions())
     todo = {p.ref.key for p in plan.partitions if p.run}
     assert todo == {f"s00|{t}" for t in TENANTS} - done
-    again = run_plan(s, build_definitions(s), inst, plan, {}, ())
+    again = run_plan(s, build_definitions(s), inst, plan, {}, processes=1)
     assert again.processes == 1 and all(r.success for r in again.records)
     with engine.connect() as conn:
         keys = [k for (k,) in conn.execute(sa.text("SELECT key FROM results"))]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +11,7 @@ import sqlalchemy as sa
 
 from backfill_assets.cli.inputs import known_tenants
 from backfill_assets.cli.instance import instance
-from backfill_assets.cli.run_processes import helpers, run_plan
+from backfill_assets.cli.run_processes import run_plan
 from backfill_assets.cli.run_report import (
     HUMAN_COLUMNS,
     by_tenant,
@@ -63,12 +62,6 @@ def store_tenants(engine: sa.Engine, values: list[str]) -> list[str]:
 
 def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     """Materialise labels, checks and the gated apply in-process; exit 1 if a check blocked."""
-    # Helpers fork before anything is opened; a big plan spreads over them (run_processes.py).
-    with helpers(settings) as helping:
-        return _run(args, settings, helping)
-
-
-def _run(args: argparse.Namespace, settings: Settings, helping: Sequence[Any]) -> int:
     engine = engine_for(settings.store_url)
     tenants = store_tenants(engine, args.tenant)
     defs, inst = build_definitions(settings), instance(settings)
@@ -88,7 +81,8 @@ def _run(args: argparse.Namespace, settings: Settings, helping: Sequence[Any]) -
     # each run carries its region's tag for the run queue.
     order = inst.get_dynamic_partitions(tenant_partitions.name or "tenants")
     plan = pool_by_region(plan, order, regions)
-    shared = run_plan(settings, defs, inst, plan, regions, helping)
+    # A big plan spreads over the cores (run_processes.py); a small one runs here.
+    shared = run_plan(settings, defs, inst, plan, regions)
     records, plan = shared.records, shared.plan
     if records and not shared.interrupted:
         refresh_usage(defs, inst, USAGE_JOB)  # tenant_usage shows this run's spend at once

@@ -1,24 +1,24 @@
 """A CLI ``run``'s boxes over several processes: one process leaves the other cores idle.
 
-The pipeline, the checks and Dagster's event writes are CPU-bound Python. ``helpers`` forks up
-to ``BACKFILL_RUN_PROCESSES - 1`` helper processes (default: the cores, at most 4) before
-anything is opened, so they start with every module imported and no connection of ours; each
-waits on a pipe. Once the plan is made, ``run_plan`` shares its boxes out (``plan.share_out``)
-when there is enough work (``_MIN_SHARE`` keys' worth per process): this process runs the first
-share and each helper gets one as JSON. A helper told nothing exits at once, so a small or
-no-op run costs one ``fork``.
+The pipeline, the checks and Dagster's event writes are CPU-bound Python. When a plan holds
+enough work (``_MIN_SHARE`` keys' worth per process), ``run_plan`` shares its boxes out over up
+to ``BACKFILL_RUN_PROCESSES`` processes (default: the cores, at most 4; ``plan.share_out``):
+this process runs the first share and forks a helper for each other one. Helpers are forked
+once the plan is made, after the output check's pandas and pandera are loaded, so they start
+with every module imported and their job in memory; the store engines they inherit are dropped
+unclosed in the child (``resources._forget_engines``) and each helper opens its own instance
+and engine. A small or no-op run forks nothing.
 
-Every process runs ``orchestrate.run_boxes`` on its boxes, with its own Dagster instance and
-store engine, exactly as a single process would: boxes are disjoint, so no two processes hold
-a partition, and the store's guarantees (claims, group commits, the shared provider limit,
-budget reservations) already hold across processes. Each process sends at most
-``BACKFILL_CONCURRENCY / processes`` calls at once, so the setting bounds the whole command.
+Every process runs ``orchestrate.run_boxes`` on its boxes exactly as a single process would:
+boxes are disjoint, so no two processes hold a partition, and the store's guarantees (claims,
+group commits, the shared provider limit, budget reservations) already hold across processes.
+Each process sends at most ``BACKFILL_CONCURRENCY / processes`` calls at once, so the setting
+bounds the whole command.
 
 A helper writes its run records as JSON to a file; one that dies without writing is reported as
 a failed run over its boxes (the next ``run`` plans them again). SIGINT reaches every process of
 the terminal's group and SIGTERM to this process is passed on, so every run stops the same way
-and is recorded as canceled; a helper whose parent dies gets SIGTERM (``PR_SET_PDEATHSIG``) or
-finds its pipe closed.
+and is recorded as canceled; a helper whose parent dies gets SIGTERM (``PR_SET_PDEATHSIG``).
 """
 
 from __future__ import annotations
@@ -32,14 +32,15 @@ import signal
 import sys
 import tempfile
 import traceback
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
 
 from backfill_assets.cli.instance import instance
+from backfill_assets.core.validation import warm_up as warm_up_validation
 from backfill_assets.orchestration.orchestrate import CheckOutcome, RunRecord, run_boxes
 from backfill_assets.orchestration.plan import Box, Plan, partition_weights, share_out
 from backfill_assets.orchestration.settings import Settings
@@ -61,12 +62,11 @@ def process_count(settings: Settings) -> int:
     return settings.run_processes or min(_MAX_DEFAULT, os.cpu_count() or 1)
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Helper:
     pid: int
-    job: int  # the write end of its job pipe (-1 once closed)
-    out: Path
-    boxes: list[Box] = field(default_factory=list)
+    out: Path  # where it writes its run records
+    boxes: list[Box]
 
 
 @dataclass
@@ -86,37 +86,20 @@ class SharedRun:
         return self.stopped or any(r.interrupted for r in self.records)
 
 
-@contextlib.contextmanager
-def helpers(settings: Settings) -> Iterator[list[_Helper]]:
-    """Fork the helpers (call before opening the instance or the store); on the way out, every
-    helper not given work is told to exit, and all are reaped."""
-    started: list[_Helper] = []
-    with tempfile.TemporaryDirectory(prefix="backfill-run-") as tmp:
-        try:
-            for i in range(process_count(settings) - 1):
-                started.append(_fork(settings, Path(tmp) / f"{i}.json", started))
-            yield started
-        finally:
-            for h in started:
-                _close(h)
-            for h in started:
-                _reap(h)
-
-
 def run_plan(
     settings: Settings,
     defs: dg.Definitions,
     inst: dg.DagsterInstance,
     plan: Plan,
     regions: Mapping[str, str | None],
-    helping: Sequence[_Helper] = (),
+    processes: int | None = None,
     min_share: float = _MIN_SHARE,
 ) -> SharedRun:
-    """Run the plan's boxes (labels, checks, the gated apply) here and on the ``helping``
-    processes (from ``helpers``) when the plan holds enough work for them."""
+    """Run the plan's boxes (labels, checks, the gated apply) here, and on helper processes
+    when the plan holds enough work for them."""
     weights = partition_weights(plan)
     total = sum(weights.get(k, 0.0) for b in plan.boxes for k in b.keys)
-    n = 1 + len(helping)
+    n = process_count(settings) if processes is None else processes
     if min_share > 0:
         n = min(n, int(total // min_share))
     shares = share_out(plan.boxes, weights, n, _START) if n > 1 else [list(plan.boxes)]
@@ -125,45 +108,50 @@ def run_plan(
             defs, inst, BACKFILL_JOB, plan.boxes, apply_job=APPLY_JOB, regions=regions
         )
         return SharedRun(plan, alone, 1)
-    per = max(1, math.ceil(settings.concurrency / len(shares)))
-    busy = list(helping[: len(shares) - 1])
-    for h, share in zip(busy, shares[1:], strict=True):
-        _send(h, share, regions, per)
+    mine = settings.model_copy(
+        update={"concurrency": math.ceil(settings.concurrency / len(shares))}
+    )
+    own = build_definitions(mine)
+    warm_up_validation()  # once, inherited by the helpers
     records: list[RunRecord] = []
     stopped = False
-    try:
-        own = build_definitions(settings.model_copy(update={"concurrency": per}))
-        records += run_boxes(
-            own, inst, BACKFILL_JOB, shares[0], apply_job=APPLY_JOB, regions=regions
-        )
-        if any(r.interrupted for r in records):
-            _signal(busy, signal.SIGTERM)  # stopped here: stop them the same way
-        for h in busy:
-            records += _collect(h)
-    except KeyboardInterrupt:
-        # SIGTERM or SIGINT outside a Dagster run: stop the helpers, report what they did.
-        stopped = True
-        _signal(busy, signal.SIGTERM)
-        records += [r for h in busy for r in _collect(h)]
-    except BaseException:
-        _signal(busy, signal.SIGTERM)
-        raise
+    with tempfile.TemporaryDirectory(prefix="backfill-run-") as tmp:
+        busy = [
+            _fork(mine, share, regions, Path(tmp) / f"{i}.json")
+            for i, share in enumerate(shares[1:], 1)
+        ]
+        try:
+            records += run_boxes(
+                own, inst, BACKFILL_JOB, shares[0], apply_job=APPLY_JOB, regions=regions
+            )
+            if any(r.interrupted for r in records):
+                _signal(busy, signal.SIGTERM)  # stopped here: stop them the same way
+            for h in busy:
+                records += _collect(h)
+        except KeyboardInterrupt:
+            # SIGTERM or SIGINT outside a Dagster run: stop the helpers, report what they did.
+            stopped = True
+            _signal(busy, signal.SIGTERM)
+            records += [r for h in busy for r in _collect(h)]
+        except BaseException:
+            _signal(busy, signal.SIGTERM)
+            for h in busy:
+                _reap(h)
+            raise
     cut = Plan(plan.partitions, [b for s in shares for b in s])
     return SharedRun(cut, records, len(shares), stopped)
 
 
-def _fork(settings: Settings, out: Path, siblings: Sequence[_Helper]) -> _Helper:
-    read, write = os.pipe()
+def _fork(
+    settings: Settings, boxes: Sequence[Box], regions: Mapping[str, str | None], out: Path
+) -> _Helper:
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
     if pid == 0:  # the helper: never returns into the caller's code
         code = 1
         try:
-            # Only the parent may hold a job pipe's write end, or its helper never sees EOF.
-            for fd in [write, *(h.job for h in siblings)]:
-                os.close(fd)
-            code = _serve(settings, read, out)
+            code = _serve(settings, boxes, regions, out)
         except BaseException:  # its last word; the parent reports a helper without records
             with contextlib.suppress(Exception):
                 traceback.print_exc()
@@ -172,29 +160,7 @@ def _fork(settings: Settings, out: Path, siblings: Sequence[_Helper]) -> _Helper
                 sys.stdout.flush()
                 sys.stderr.flush()
             os._exit(code)
-    os.close(read)
-    return _Helper(pid, write, out)
-
-
-def _send(h: _Helper, boxes: Sequence[Box], regions: Mapping[str, str | None], per: int) -> None:
-    job = {
-        "boxes": [[list(b.tenants), b.first, b.last] for b in boxes],
-        "regions": {t: regions.get(t) for b in boxes for t in b.tenants},
-        "concurrency": per,
-    }
-    h.boxes = list(boxes)
-    data = json.dumps(job).encode()
-    with contextlib.suppress(OSError):  # a helper gone already: _collect reports it
-        while data:
-            data = data[os.write(h.job, data) :]
-    _close(h)
-
-
-def _close(h: _Helper) -> None:
-    if h.job >= 0:
-        with contextlib.suppress(OSError):
-            os.close(h.job)
-        h.job = -1
+    return _Helper(pid, out, list(boxes))
 
 
 def _signal(busy: Sequence[_Helper], sig: int) -> None:
@@ -244,22 +210,15 @@ def _record(d: Mapping[str, Any]) -> RunRecord:
     return RunRecord(**{**d, "checks": checks})
 
 
-def _serve(settings: Settings, read: int, out: Path) -> int:
-    """The helper: wait for a job (EOF: none), run its boxes, write the records to ``out``."""
+def _serve(
+    settings: Settings, boxes: Sequence[Box], regions: Mapping[str, str | None], out: Path
+) -> int:
+    """The helper: run its boxes with its own instance, write the records to ``out``."""
     with contextlib.suppress(OSError, AttributeError):  # Linux: stop when the parent dies
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
     try:
-        with os.fdopen(read, encoding="utf-8") as pipe:
-            raw = pipe.read()
-        if not raw:
-            return 0
-        job = json.loads(raw)
-        mine = settings.model_copy(update={"concurrency": int(job["concurrency"])})
-        boxes = [Box(tuple(t), int(a), int(b)) for t, a, b in job["boxes"]]
-        defs, inst = build_definitions(mine), instance(mine)
-        records = run_boxes(
-            defs, inst, BACKFILL_JOB, boxes, apply_job=APPLY_JOB, regions=job["regions"]
-        )
+        defs, inst = build_definitions(settings), instance(settings)
+        records = run_boxes(defs, inst, BACKFILL_JOB, boxes, apply_job=APPLY_JOB, regions=regions)
     except KeyboardInterrupt:
         return 130  # stopped before a run started: nothing of ours to report
     tmp = out.with_suffix(".tmp")
