@@ -251,6 +251,65 @@ def test_a_signal_stops_every_process_and_the_next_run_finishes(
     assert verify.returncode == 0
 
 
+@pytest.mark.xdist_group("servers")
+def test_a_killed_run_takes_its_helpers_down_and_loses_nothing(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    engine = engine_for(url)
+    posts = len(TENANTS) * 10
+    import_records(engine, tmp_path, _records(10), slice_target=1000)
+    env = _env(
+        tmp_path,
+        url,
+        BACKFILL_FAKE_LATENCY_MS="300",  # a helper left alone would run for ~30 s
+        BACKFILL_CONCURRENCY="4",
+        BACKFILL_RUN_PROCESSES="2",
+    )
+    proc = _cli(["run"], env)
+    deadline = time.monotonic() + 120
+    helper: list[int] = []
+    with engine.connect() as conn:
+        while not helper or conn.execute(sa.text("SELECT count(*) FROM results")).scalar_one() < 20:
+            assert proc.poll() is None and time.monotonic() < deadline
+            children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+            helper = helper or [int(c) for c in children if _is_run(int(c))]
+            time.sleep(0.2)
+            conn.rollback()
+    proc.send_signal(signal.SIGKILL)  # no handler, no cleanup: the helper must notice
+    proc.communicate(timeout=30)
+    deadline = time.monotonic() + 20
+    while any(Path(f"/proc/{pid}").exists() and not _zombie(pid) for pid in helper):
+        assert time.monotonic() < deadline, f"helper {helper} outlived its parent"
+        time.sleep(0.2)
+    with engine.connect() as conn:
+        done = conn.execute(sa.text("SELECT count(*) FROM results")).scalar_one()
+        usage = conn.execute(
+            sa.text("SELECT count(*) FROM ledger_events WHERE type = 'usage'")
+        ).scalar_one()
+    assert 20 <= done < posts and usage == done
+    again = _cli(["run"], {**env, "BACKFILL_FAKE_LATENCY_MS": "0"})
+    out, err = again.communicate(timeout=300)
+    assert again.returncode == 0, err[-3000:]
+    assert _doc(out)["totals"]["model_calls"] <= posts - done + 4  # at most those in flight
+    verify = _cli(["verify", "--require-complete"], env)
+    vout, _verr = verify.communicate(timeout=120)
+    assert verify.returncode == 0, vout[-2000:]
+
+
+def _is_run(pid: int) -> bool:
+    """A forked helper runs the same command line as its parent (Dagster's log tailers don't)."""
+    try:
+        return b"backfill_assets.cli" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
 def test_a_helper_that_dies_costs_a_rerun_not_a_result(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
