@@ -14,8 +14,9 @@ Cost follows the work, not the bookkeeping:
    event writes), up to ``MAX_BOX_PARTITIONS``.
 3. **Share the boxes out** (``share_out``) when a CLI ``run`` spreads them over processes: the
    heaviest box is cut in two (between tenants or between slices, whichever halves its work
-   better) until none outweighs a process's share, then each box goes to the least loaded
-   process. A process started later carries its start-up as a head start.
+   better) until none outweighs half a fair share; the pieces are dealt out in order and
+   neighbours from the same box joined again. A process started later gets less by its
+   start-up.
 """
 
 from __future__ import annotations
