@@ -7,6 +7,7 @@ dies without reporting costs a rerun of its partitions, never a result.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -14,6 +15,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -128,14 +130,31 @@ def _env(tmp_path: Path, url: str, **extra: str) -> dict[str, str]:
     return env
 
 
+_STARTED: list[subprocess.Popen[str]] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_run_left() -> Iterator[None]:
+    """A failing test leaves no `run` behind (it would keep writing, and its pipes would be
+    reported in whichever test the garbage collector next runs in)."""
+    yield
+    while _STARTED:
+        proc = _STARTED.pop()
+        if proc.poll() is None:
+            proc.kill()  # its helpers follow (PR_SET_PDEATHSIG)
+        proc.communicate(timeout=60)
+
+
 def _cli(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
-    return subprocess.Popen(
+    proc = subprocess.Popen(
         [sys.executable, "-m", "backfill_assets.cli", *args, "--json"],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
+    _STARTED.append(proc)
+    return proc
 
 
 def _doc(stdout: str) -> dict[str, Any]:
@@ -200,8 +219,10 @@ def test_small_runs_stay_in_one_process(tmp_path: Path) -> None:
     assert _doc(out)["plan"]["processes"] == 1  # 20 tenants: too little work to share
 
 
+# SIGINT takes the same path in the parent during its run (Dagster turns both into one
+# interrupt; test_signals.py sends both to a one-process run); the waiting test sends both.
 @pytest.mark.xdist_group("servers")  # a timed stop: not beside the other server tests
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("signum", [signal.SIGTERM])
 def test_a_signal_stops_every_process_and_the_next_run_finishes(
     tmp_path: Path, signum: int
 ) -> None:
@@ -249,6 +270,67 @@ def test_a_signal_stops_every_process_and_the_next_run_finishes(
     verify = _cli(["verify", "--require-complete"], env)
     verify.communicate(timeout=120)
     assert verify.returncode == 0
+
+
+@pytest.mark.xdist_group("servers")
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_while_waiting_for_a_helper_stops_it(tmp_path: Path, signum: int) -> None:
+    # The first share is 25 one-post tenants, the helper's holds a 400-post tenant: this
+    # process is done and waiting when the signal comes. Started as a background job of a
+    # non-interactive shell starts it: with SIGINT ignored (before the fix, that SIGINT was
+    # lost and the helper ran to the end).
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    engine = engine_for(url)
+    records = [r for r in _records(1) if r["tenant_id"] != TENANTS[-1]]
+    records += [
+        {"tenant_id": TENANTS[-1], "post_id": f"big{i}", "text": f"big post {i}"}
+        for i in range(400)
+    ]
+    import_records(engine, tmp_path, records, slice_target=1000)
+    env = _env(
+        tmp_path,
+        url,
+        BACKFILL_FAKE_LATENCY_MS="100",
+        BACKFILL_CONCURRENCY="4",
+        BACKFILL_RUN_PROCESSES="2",
+    )
+    home = str(tmp_path / "home")
+    instance(Settings.from_env({"DAGSTER_HOME": home}))  # made first: the test polls it
+    # Output to files: nothing reads a pipe while the test polls, and a full one would stall
+    # the run.
+    with (tmp_path / "run.log").open("w+") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "backfill_assets.cli", "run", "--json"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            text=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+        )
+        _STARTED.append(proc)
+        deadline = time.monotonic() + 120
+        while True:  # this process's run is done, the helper's still going
+            if proc.poll() is not None or time.monotonic() > deadline:
+                log.seek(0)
+                pytest.fail(f"exited {proc.returncode} before the helper was alone: {log.read()}")
+            time.sleep(0.3)
+            with contextlib.suppress(Exception), dg.DagsterInstance.from_config(home) as inst:
+                statuses = sorted(str(r.dagster_run.status) for r in inst.get_run_records())
+                if statuses == ["DagsterRunStatus.STARTED", "DagsterRunStatus.SUCCESS"]:
+                    break
+        proc.send_signal(signum)
+        proc.wait(timeout=30)
+        log.seek(0)
+        assert proc.returncode == 130, log.read()[-3000:]
+        with dg.DagsterInstance.from_config(home) as inst:
+            statuses = sorted(str(r.dagster_run.status) for r in inst.get_run_records())
+        assert statuses == ["DagsterRunStatus.CANCELED", "DagsterRunStatus.SUCCESS"]
+    with engine.connect() as conn:
+        done = conn.execute(sa.text("SELECT count(*) FROM results")).scalar_one()
+    assert done < len(records)
+    again = _cli(["run"], {**env, "BACKFILL_FAKE_LATENCY_MS": "0"})
+    again.communicate(timeout=300)
+    assert again.returncode == 0
 
 
 @pytest.mark.xdist_group("servers")

@@ -103,6 +103,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     # SIGTERM like Ctrl-C. Inside a Dagster run, Dagster takes both signals over and stops the
     # step; the run is then recorded as canceled (orchestrate.py) and we exit the same way.
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    # A non-interactive shell starts background commands with SIGINT ignored. Dagster takes
+    # SIGINT over inside a run anyway; between runs (or while `run` waits for its helpers) an
+    # ignored SIGINT would be lost, so the command honours it throughout.
+    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         # The environment is read here, once, and the commands get the parsed settings.
         code: int = args.func(args, Settings.from_env(os.environ))
@@ -115,6 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return INTERRUPTED
     finally:
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
     return code
 
 
