@@ -276,9 +276,9 @@ def test_a_signal_stops_every_process_and_the_next_run_finishes(
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_while_waiting_for_a_helper_stops_it(tmp_path: Path, signum: int) -> None:
     # The first share is 25 one-post tenants, the helper's holds a 400-post tenant: this
-    # process is done and waiting when the signal comes. Started as a background job of a
-    # non-interactive shell starts it: with SIGINT ignored (before the fix, that SIGINT was
-    # lost and the helper ran to the end).
+    # process is done and waiting when the signal comes. Started the way a script starts a
+    # background job, with SIGINT ignored (before the fix, that SIGINT was lost and the helper
+    # ran to the end).
     url = f"sqlite:///{tmp_path / 'store.db'}"
     engine = engine_for(url)
     records = [r for r in _records(1) if r["tenant_id"] != TENANTS[-1]]
