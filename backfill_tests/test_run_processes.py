@@ -47,7 +47,7 @@ from backfill_tests.conftest import StartSim, import_records
 
 # 40 one-partition tenants weigh enough (their Dagster events) for two processes by default.
 TENANTS = [f"t{i:02d}" for i in range(40)]
-PER_TENANT = 20
+PER_TENANT = 10
 
 
 def _records(per_tenant: int = PER_TENANT) -> list[dict[str, Any]]:
@@ -272,8 +272,10 @@ def test_a_signal_stops_every_process_and_the_next_run_finishes(
     assert verify.returncode == 0
 
 
+# SIGTERM takes the same path here (the CLI maps it to the same interrupt); SIGINT is the one
+# a shell may have set to be ignored.
 @pytest.mark.xdist_group("servers")
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("signum", [signal.SIGINT])
 def test_a_signal_while_waiting_for_a_helper_stops_it(tmp_path: Path, signum: int) -> None:
     # The first share is 25 one-post tenants, the helper's holds a 400-post tenant: this
     # process is done and waiting when the signal comes. Started the way a script starts a
