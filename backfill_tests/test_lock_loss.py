@@ -57,7 +57,9 @@ def _drop_lock(engine: Engine) -> None:
         pid = _lock_holder_pid(engine)
         if pid is not None:
             with engine.connect() as conn:
-                conn.execute(sa.text("SELECT pg_terminate_backend(:p)"), {"p": pid})
+                # Wait (up to 5 s) until the backend is gone: without a timeout the call only
+                # signals it, and the lock can still be held when the test takes it.
+                conn.execute(sa.text("SELECT pg_terminate_backend(:p, 5000)"), {"p": pid})
             return
         time.sleep(0.02)
     raise AssertionError("the run never took its lock")
