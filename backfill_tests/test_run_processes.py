@@ -24,6 +24,7 @@ import pytest
 import sqlalchemy as sa
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from sqlalchemy.engine import Engine
 
 from backfill_assets.cli import run_processes
 from backfill_assets.cli.instance import instance
@@ -219,6 +220,41 @@ def test_small_runs_stay_in_one_process(tmp_path: Path) -> None:
     assert _doc(out)["plan"]["processes"] == 1  # 20 tenants: too little work to share
 
 
+def _small_tenants(tmp_path: Path, latency_ms: int) -> tuple[Engine, dict[str, str], int]:
+    """40 ten-post tenants on SQLite, a slow fake model, two processes: the store's engine,
+    the CLI's environment and the number of posts."""
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    engine = engine_for(url)
+    import_records(engine, tmp_path, _records(10), slice_target=1000)
+    env = _env(
+        tmp_path,
+        url,
+        BACKFILL_FAKE_LATENCY_MS=str(latency_ms),
+        BACKFILL_CONCURRENCY="4",
+        BACKFILL_RUN_PROCESSES="2",
+    )
+    return engine, env, len(TENANTS) * 10
+
+
+def _resumes(engine: Engine, env: dict[str, str], posts: int) -> int:
+    """After a stopped run: what finished is committed with its usage, the next run re-pays
+    at most the calls in flight and leaves the store complete. Returns the results kept."""
+    with engine.connect() as conn:
+        done = conn.execute(sa.text("SELECT count(*) FROM results")).scalar_one()
+        usage = conn.execute(
+            sa.text("SELECT count(*) FROM ledger_events WHERE type = 'usage'")
+        ).scalar_one()
+    assert done < posts and usage == done
+    again = _cli(["run"], {**env, "BACKFILL_FAKE_LATENCY_MS": "0"})
+    out, err = again.communicate(timeout=300)
+    assert again.returncode == 0, err[-3000:]
+    assert _doc(out)["totals"]["model_calls"] <= posts - done + 4  # at most those in flight
+    verify = _cli(["verify", "--require-complete"], env)
+    vout, _verr = verify.communicate(timeout=120)
+    assert verify.returncode == 0, vout[-2000:]
+    return int(done)
+
+
 # SIGINT takes the same path in the parent during its run (Dagster turns both into one
 # interrupt; test_signals.py sends both to a one-process run); the waiting test sends both.
 @pytest.mark.xdist_group("servers")  # a timed stop: not beside the other server tests
@@ -226,17 +262,7 @@ def test_small_runs_stay_in_one_process(tmp_path: Path) -> None:
 def test_a_signal_stops_every_process_and_the_next_run_finishes(
     tmp_path: Path, signum: int
 ) -> None:
-    url = f"sqlite:///{tmp_path / 'store.db'}"
-    engine = engine_for(url)
-    posts = len(TENANTS) * 10
-    import_records(engine, tmp_path, _records(10), slice_target=1000)
-    env = _env(
-        tmp_path,
-        url,
-        BACKFILL_FAKE_LATENCY_MS="100",
-        BACKFILL_CONCURRENCY="4",
-        BACKFILL_RUN_PROCESSES="2",
-    )
+    engine, env, posts = _small_tenants(tmp_path, latency_ms=100)
     proc = _cli(["run"], env)
     deadline = time.monotonic() + 120
     with engine.connect() as conn:
@@ -254,22 +280,10 @@ def test_a_signal_stops_every_process_and_the_next_run_finishes(
     assert time.monotonic() - sent < 15
     assert proc.returncode == 130, err[-3000:]
     assert "Traceback" not in err, err[-3000:]
-    with engine.connect() as conn:
-        done = conn.execute(sa.text("SELECT count(*) FROM results")).scalar_one()
-        usage = conn.execute(
-            sa.text("SELECT count(*) FROM ledger_events WHERE type = 'usage'")
-        ).scalar_one()
-    assert 0 < done < posts and usage == done  # what finished is committed, with its usage
     with dg.DagsterInstance.from_config(str(tmp_path / "home")) as inst:
         statuses = [r.dagster_run.status for r in inst.get_run_records()]
     assert len(statuses) >= 2 and set(statuses) == {dg.DagsterRunStatus.CANCELED}
-    again = _cli(["run"], {**env, "BACKFILL_FAKE_LATENCY_MS": "0"})
-    out, err = again.communicate(timeout=300)
-    assert again.returncode == 0, err[-3000:]
-    assert _doc(out)["totals"]["model_calls"] <= posts - done + 4  # at most those in flight
-    verify = _cli(["verify", "--require-complete"], env)
-    verify.communicate(timeout=120)
-    assert verify.returncode == 0
+    assert _resumes(engine, env, posts) > 0
 
 
 # SIGTERM takes the same path here (the CLI maps it to the same interrupt); SIGINT is the one
@@ -337,17 +351,8 @@ def test_a_signal_while_waiting_for_a_helper_stops_it(tmp_path: Path, signum: in
 
 @pytest.mark.xdist_group("servers")
 def test_a_killed_run_takes_its_helpers_down_and_loses_nothing(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'store.db'}"
-    engine = engine_for(url)
-    posts = len(TENANTS) * 10
-    import_records(engine, tmp_path, _records(10), slice_target=1000)
-    env = _env(
-        tmp_path,
-        url,
-        BACKFILL_FAKE_LATENCY_MS="300",  # a helper left alone would run for ~30 s
-        BACKFILL_CONCURRENCY="4",
-        BACKFILL_RUN_PROCESSES="2",
-    )
+    # 300 ms a call: a helper left alone would run for ~30 s.
+    engine, env, posts = _small_tenants(tmp_path, latency_ms=300)
     proc = _cli(["run"], env)
     deadline = time.monotonic() + 120
     helper: list[int] = []
@@ -364,19 +369,7 @@ def test_a_killed_run_takes_its_helpers_down_and_loses_nothing(tmp_path: Path) -
     while any(Path(f"/proc/{pid}").exists() and not _zombie(pid) for pid in helper):
         assert time.monotonic() < deadline, f"helper {helper} outlived its parent"
         time.sleep(0.2)
-    with engine.connect() as conn:
-        done = conn.execute(sa.text("SELECT count(*) FROM results")).scalar_one()
-        usage = conn.execute(
-            sa.text("SELECT count(*) FROM ledger_events WHERE type = 'usage'")
-        ).scalar_one()
-    assert 20 <= done < posts and usage == done
-    again = _cli(["run"], {**env, "BACKFILL_FAKE_LATENCY_MS": "0"})
-    out, err = again.communicate(timeout=300)
-    assert again.returncode == 0, err[-3000:]
-    assert _doc(out)["totals"]["model_calls"] <= posts - done + 4  # at most those in flight
-    verify = _cli(["verify", "--require-complete"], env)
-    vout, _verr = verify.communicate(timeout=120)
-    assert verify.returncode == 0, vout[-2000:]
+    assert _resumes(engine, env, posts) >= 20
 
 
 def _is_run(pid: int) -> bool:

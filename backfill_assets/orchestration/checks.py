@@ -43,7 +43,7 @@ from backfill_assets.orchestration.resources import (
 )
 from backfill_assets.store import audit_pool
 from backfill_assets.store.apply import rubric_version
-from backfill_assets.store.audit import Baseline, Scope, judge_partitions
+from backfill_assets.store.audit import Baseline, Judging, Scope, judge_partitions
 from backfill_assets.store.engine import read_tx
 from backfill_assets.store.reports import live_label_counts
 
@@ -91,13 +91,15 @@ def verdicts_for_many(
         with read_tx(engine) as conn:
             for tenant_id in sorted({r.tenant_id for r in refs}):
                 baselines[tenant_id] = _baseline(conn, tenant_id, versions, policy)
-    args = (versions, policy.bounds(), list(names), baselines, dict(deferred or {}), sample)
+    judging = Judging(
+        versions, policy.bounds(), tuple(names), baselines, dict(deferred or {}), sample
+    )
     chunks = audit_pool.plan(engine, scopes)
     if chunks is not None:
         procs = min(audit_pool.workers(), len(chunks))
         log(f"judging {len(refs)} partition(s) in {procs} worker processes")
-        return audit_pool.judge(engine, chunks, *args, log=log)
-    return judge_partitions(engine, scopes, *args)
+        return audit_pool.judge(engine, chunks, judging, log=log)
+    return judge_partitions(engine, scopes, judging)
 
 
 def _baseline(

@@ -250,15 +250,22 @@ Baseline = tuple[dict[str, float] | None, str]
 _BATCH_ROWS = 60_000
 
 
+@dataclass(frozen=True)
+class Judging:
+    """What a run's partitions are judged against: the code version, the policy's bounds, the
+    checks to evaluate, each tenant's drift baseline, the keys each partition deferred (by
+    partition key) and how many sample keys a verdict names."""
+
+    versions: Versions
+    bounds: CheckBounds
+    names: tuple[str, ...]
+    baselines: Mapping[str, Baseline]
+    deferred: Mapping[str, int | None]
+    sample: int
+
+
 def judge_partitions(
-    engine: Engine,
-    scopes: Sequence[Scope],
-    versions: Versions,
-    bounds: CheckBounds,
-    names: Sequence[str],
-    baselines: Mapping[str, Baseline],
-    deferred: Mapping[str, int | None],
-    sample: int,
+    engine: Engine, scopes: Sequence[Scope], judging: Judging
 ) -> dict[str, list[Verdict]]:
     """Each partition's verdicts: rows read per partition, the stored-result schema validated
     in one frame per batch of partitions.
@@ -269,22 +276,23 @@ def judge_partitions(
     out: dict[str, list[Verdict]] = {}
     batch: list[tuple[Scope, PartitionEvidence]] = []
     held = 0
+    names = judging.names
 
     def judge() -> None:
         nonlocal batch, held
         if "output_schema" in names:
             _validate_stored([ev for _scope, ev in batch])
         for scope, ev in batch:
-            if scope.tenant_id in baselines:
-                ev.baseline, ev.baseline_source = baselines[scope.tenant_id]
-            ev.deferred = deferred.get(scope.key)
-            out[scope.key] = evaluate(ev, bounds, names, sample=sample)
+            if scope.tenant_id in judging.baselines:
+                ev.baseline, ev.baseline_source = judging.baselines[scope.tenant_id]
+            ev.deferred = judging.deferred.get(scope.key)
+            out[scope.key] = evaluate(ev, judging.bounds, names, sample=judging.sample)
         batch, held = [], 0
 
     with read_tx(engine) as conn:
         for scope in scopes:
             ev = partition_evidence(
-                conn, scope.tenant_id, scope.slice, scope.slices, versions, validate=False
+                conn, scope.tenant_id, scope.slice, scope.slices, judging.versions, validate=False
             )
             batch.append((scope, ev))
             held += len(ev.results) + len(ev.ledger)

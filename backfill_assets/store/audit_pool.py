@@ -29,7 +29,7 @@ from sqlalchemy.engine import Engine
 
 from backfill_assets.audit.check_rules import CheckBounds, DriftRule, Verdict
 from backfill_assets.core.keys import Versions
-from backfill_assets.store.audit import Baseline, Scope, judge_partitions
+from backfill_assets.store.audit import Baseline, Judging, Scope, judge_partitions
 from backfill_assets.store.engine import make_engine, read_tx
 from backfill_assets.store.partition_counts import post_counts
 
@@ -74,22 +74,18 @@ def plan(engine: Engine, scopes: Sequence[Scope]) -> list[list[Scope]] | None:
 def judge(
     engine: Engine,
     chunks: Sequence[Sequence[Scope]],
-    versions: Versions,
-    bounds: CheckBounds,
-    names: Sequence[str],
-    baselines: Mapping[str, Baseline],
-    deferred: Mapping[str, int | None],
-    sample: int,
+    judging: Judging,
     log: Callable[[str], None] = lambda _m: None,
 ) -> dict[str, list[Verdict]]:
     """Every chunk's verdicts, from the workers (or from here, for a chunk whose worker failed:
     ``log`` says which worker and why)."""
+    versions = judging.versions
     common = {
         "url": engine.url.render_as_string(hide_password=False),
         "versions": [versions.task_version, versions.prompt_version, versions.model],
-        "bounds": asdict(bounds),
-        "names": list(names),
-        "sample": sample,
+        "bounds": asdict(judging.bounds),
+        "names": list(judging.names),
+        "sample": judging.sample,
     }
     todo: queue.SimpleQueue[Sequence[Scope]] = queue.SimpleQueue()
     for chunk in chunks:
@@ -111,9 +107,11 @@ def judge(
             job = dict(common)
             job["scopes"] = [[s.key, s.tenant_id, s.slice, list(s.slices)] for s in chunk]
             job["baselines"] = {
-                s.tenant_id: baselines[s.tenant_id] for s in chunk if s.tenant_id in baselines
+                s.tenant_id: judging.baselines[s.tenant_id]
+                for s in chunk
+                if s.tenant_id in judging.baselines
             }
-            job["deferred"] = {s.key: deferred.get(s.key) for s in chunk}
+            job["deferred"] = {s.key: judging.deferred.get(s.key) for s in chunk}
             try:
                 proc.stdin.write(json.dumps(job) + "\n")
                 proc.stdin.flush()
@@ -157,9 +155,7 @@ def judge(
         except queue.Empty:
             break
     if left:
-        out.update(
-            judge_partitions(engine, left, versions, bounds, names, baselines, deferred, sample)
-        )
+        out.update(judge_partitions(engine, left, judging))
     return out
 
 
@@ -207,16 +203,15 @@ def _answer(job: Mapping[str, Any], engines: dict[str, Engine]) -> dict[str, Any
         t: (dict(b) if b is not None else None, str(src))
         for t, (b, src) in job["baselines"].items()
     }
-    verdicts = judge_partitions(
-        engine,
-        scopes,
-        Versions(*job["versions"]),
-        _bounds(job["bounds"]),
-        list(job["names"]),
-        baselines,
-        dict(job["deferred"]),
-        int(job["sample"]),
+    judging = Judging(
+        versions=Versions(*job["versions"]),
+        bounds=_bounds(job["bounds"]),
+        names=tuple(job["names"]),
+        baselines=baselines,
+        deferred=dict(job["deferred"]),
+        sample=int(job["sample"]),
     )
+    verdicts = judge_partitions(engine, scopes, judging)
     return {"verdicts": {k: [asdict(v) for v in vs] for k, vs in verdicts.items()}}
 
 
