@@ -66,3 +66,6 @@ lost_total
 lost_max_per_kill
 bound_per_kill
 within_bound
+
+# pyproject.toml's [project.scripts]: the installed `backfill-moderation` command.
+console_script

@@ -7,11 +7,13 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from backfill_assets.cli import commands
 from backfill_assets.cli.ingest import add_ingest_commands
 from backfill_assets.cli.inputs import UserError, choice, slice_key
 from backfill_assets.cli.operator import add_operator_commands
+from backfill_assets.cli.process_exit import exit_process
 from backfill_assets.cli.provider_sim import COMMAND as PROVIDER_SIM
 from backfill_assets.cli.provider_sim import add_provider_sim_command
 from backfill_assets.cli.tenants import add_tenant_commands
@@ -123,5 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return code
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def console_script() -> NoReturn:
+    """The ``backfill-moderation`` command: ``main``, then the process ends
+    (``process_exit``: without the interpreter's teardown)."""
+    exit_process(main())

@@ -1,7 +1,6 @@
 """``python -m backfill_assets.cli``."""
 
-import sys
-
 from backfill_assets.cli import main
+from backfill_assets.cli.process_exit import exit_process
 
-sys.exit(main())
+exit_process(main())

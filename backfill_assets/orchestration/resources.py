@@ -44,6 +44,14 @@ def _forget_engines() -> None:
 os.register_at_fork(after_in_child=_forget_engines)
 
 
+def dispose_engines() -> None:
+    """Close every engine's pooled connections (the CLI, as it exits)."""
+    with _engines_lock:
+        for engine in _engines.values():
+            engine.dispose()
+        _engines.clear()
+
+
 def engine_for(url: str) -> Engine:
     """One migrated engine per URL per process."""
     with _engines_lock:
