@@ -272,7 +272,7 @@ def test_a_failing_outcome_flush_stops_new_calls(engine: Engine, tmp_path: Path)
 
     from backfill_assets.core.keys import slice_of
 
-    ids = [f"p{i}" for i in range(4000) if slice_of("acme", f"p{i}") == 0][:200]
+    ids = [f"p{i}" for i in range(40_000) if slice_of("acme", f"p{i}") == 0][:2000]
     import_records(
         engine, tmp_path, [{"tenant_id": "acme", "post_id": p, "text": "t"} for p in ids]
     )
@@ -282,8 +282,10 @@ def test_a_failing_outcome_flush_stops_new_calls(engine: Engine, tmp_path: Path)
         run_partitions(
             engine, refs_for(["acme"], [0]), lambda: model, VERSIONS, RUBRIC, "r-broken", opts
         )
-    # The first outcome flush after the break failed; no call started after that.
-    assert 20 < model.stats.calls < 150
+    # The first outcome flush after the break failed and no call started after that: the
+    # calls made meanwhile depend on the machine's speed (188 on a fast one, on PostgreSQL,
+    # where the flush runs on a thread), never the rest of the partition's 2,000.
+    assert 20 < model.stats.calls < 600
 
 
 def test_hostile_lines_never_break_the_import(engine: Engine, tmp_path: Path) -> None:
