@@ -13,7 +13,7 @@ from backfill_assets.cli import commands
 from backfill_assets.cli.ingest import add_ingest_commands
 from backfill_assets.cli.inputs import UserError, choice, slice_key
 from backfill_assets.cli.operator import add_operator_commands
-from backfill_assets.cli.process_exit import exit_process
+from backfill_assets.cli.process import exit_process, freeze_heap
 from backfill_assets.cli.provider_sim import COMMAND as PROVIDER_SIM
 from backfill_assets.cli.provider_sim import add_provider_sim_command
 from backfill_assets.cli.tenants import add_tenant_commands
@@ -126,6 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def console_script() -> NoReturn:
-    """The ``backfill-moderation`` command: ``main``, then the process ends
-    (``process_exit``: without the interpreter's teardown)."""
+    """The ``backfill-moderation`` command: its imports exempted from garbage collection,
+    ``main``, then the end of the process without the interpreter's teardown (``process``)."""
+    freeze_heap()
     exit_process(main())

@@ -40,6 +40,7 @@ from typing import Any
 import dagster as dg
 
 from backfill_assets.cli.instance import instance
+from backfill_assets.cli.process import freeze_heap
 from backfill_assets.core.validation import warm_up as warm_up_validation
 from backfill_assets.orchestration.orchestrate import CheckOutcome, RunRecord, run_boxes
 from backfill_assets.orchestration.plan import Box, Plan, partition_weights, share_out
@@ -103,6 +104,11 @@ def run_plan(
     if min_share > 0:
         n = min(n, int(total // min_share))
     shares = share_out(plan.boxes, weights, n, _START) if n > 1 else [list(plan.boxes)]
+    if plan.boxes:
+        # The output check's pandas and pandera, loaded once (and inherited by the helpers),
+        # then exempted from garbage collection with the rest of the heap (process.py).
+        warm_up_validation()
+        freeze_heap()
     if len(shares) < 2:
         alone = run_boxes(
             defs, inst, BACKFILL_JOB, plan.boxes, apply_job=APPLY_JOB, regions=regions
@@ -112,7 +118,6 @@ def run_plan(
         update={"concurrency": math.ceil(settings.concurrency / len(shares))}
     )
     own = build_definitions(mine)
-    warm_up_validation()  # once, inherited by the helpers
     records: list[RunRecord] = []
     stopped = False
     with tempfile.TemporaryDirectory(prefix="backfill-run-") as tmp:

@@ -23,7 +23,7 @@ def test_output_hooks_and_the_store_are_finished_before_the_process_ends(tmp_pat
         f"""
         import atexit, logging, sys
         import sqlalchemy as sa
-        from backfill_assets.cli.process_exit import exit_process
+        from backfill_assets.cli.process import exit_process
         from backfill_assets.orchestration.resources import engine_for
 
         engine = engine_for("sqlite:///{tmp_path / "store.db"}")
@@ -51,7 +51,7 @@ def test_a_thread_still_working_is_waited_for(tmp_path: Path) -> None:
     done = _python(
         """
         import threading, time
-        from backfill_assets.cli.process_exit import exit_process
+        from backfill_assets.cli.process import exit_process
 
         def work():
             time.sleep(0.5)

@@ -1,4 +1,14 @@
-"""How the ``backfill-moderation`` process ends: without the interpreter's teardown.
+"""How the ``backfill-moderation`` process treats its heap and how it ends.
+
+Everything imported at start-up (Dagster, SQLAlchemy, pandas and pandera: hundreds of thousands
+of objects) lives until the process ends, yet Python's garbage collector walks all of it on
+every full collection, and a run allocates enough per key to trigger many. ``freeze_heap``
+moves what exists into the collector's permanent generation (``gc.freeze``): a 30,000-post
+``run`` took 10-25% less CPU in five alternating pairs, ``verify`` of those posts ~0.35 s less.
+It is called once the imports are done, and again by ``run`` just before it forks its helpers,
+which then share those pages with their parent instead of copying them as the collector touches
+them. Cyclic garbage that exists at a freeze is never collected; at those points there is
+little.
 
 At exit CPython clears every module and runs a full garbage collection over everything
 Dagster, pandas and pandera loaded: ~1 s after a 30,000-post ``run`` here, as long as a
@@ -13,12 +23,18 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import gc
 import os
 import sys
 import threading
 from typing import NoReturn
 
 from backfill_assets.orchestration.resources import dispose_engines
+
+
+def freeze_heap() -> None:
+    """Exempt every object that exists now from garbage collection (see the module's text)."""
+    gc.freeze()
 
 
 def exit_process(code: int) -> NoReturn:
