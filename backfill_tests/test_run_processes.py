@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -369,7 +370,10 @@ def test_a_killed_run_takes_its_helpers_down_and_loses_nothing(tmp_path: Path) -
     while any(Path(f"/proc/{pid}").exists() and not _zombie(pid) for pid in helper):
         assert time.monotonic() < deadline, f"helper {helper} outlived its parent"
         time.sleep(0.2)
+    left = list(Path(tempfile.gettempdir()).glob(f"backfill-run-{proc.pid}-*"))
+    assert left  # the killed run could not remove its records directory
     assert _resumes(engine, env, posts) >= 20
+    assert not any(p.exists() for p in left)  # the next run did
 
 
 def _is_run(pid: int) -> bool:
@@ -421,3 +425,25 @@ def test_a_helper_that_dies_costs_a_rerun_not_a_result(
     with engine.connect() as conn:
         keys = [k for (k,) in conn.execute(sa.text("SELECT key FROM results"))]
     assert len(keys) == len(set(keys)) == len(TENANTS) * 5
+
+
+def test_only_the_records_of_dead_runs_are_swept(tmp_path: Path) -> None:
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], text=True)
+    _STARTED.append(alive)
+    try:
+        dirs = {
+            "dead": tmp_path / f"backfill-run-{gone.pid}-abc",
+            "alive": tmp_path / f"backfill-run-{alive.pid}-abc",
+            "mine": tmp_path / f"backfill-run-{os.getpid()}-abc",
+            "old_name": tmp_path / "backfill-run-x7k2",
+            "other": tmp_path / f"other-{gone.pid}-abc",
+        }
+        for d in dirs.values():
+            d.mkdir()
+            (d / "1.json").write_text("[]")
+        run_processes._sweep_stale_records(str(tmp_path))
+        assert {k for k, d in dirs.items() if d.exists()} == {"alive", "mine", "old_name", "other"}
+    finally:
+        alive.kill()

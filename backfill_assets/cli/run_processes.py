@@ -28,6 +28,7 @@ import ctypes
 import json
 import math
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -53,6 +54,8 @@ _MIN_SHARE = 8_000
 _START = 4_000
 _MAX_DEFAULT = 4
 _PR_SET_PDEATHSIG = 1
+# Where helpers write their run records: a directory per `run`, named after its process.
+_RECORDS_PREFIX = "backfill-run-"
 
 
 def process_count(settings: Settings) -> int:
@@ -120,7 +123,8 @@ def run_plan(
     own = build_definitions(mine)
     records: list[RunRecord] = []
     stopped = False
-    with tempfile.TemporaryDirectory(prefix="backfill-run-") as tmp:
+    _sweep_stale_records()
+    with tempfile.TemporaryDirectory(prefix=f"{_RECORDS_PREFIX}{os.getpid()}-") as tmp:
         busy = [
             _fork(mine, share, regions, Path(tmp) / f"{i}.json")
             for i, share in enumerate(shares[1:], 1)
@@ -145,6 +149,24 @@ def run_plan(
             raise
     cut = Plan(plan.partitions, [b for s in shares for b in s])
     return SharedRun(cut, records, len(shares), stopped)
+
+
+def _sweep_stale_records(root: str | None = None) -> None:
+    """Remove the records directories of ``run`` processes that died without cleaning up
+    (SIGKILL): each is named after its process, and one whose process is gone is left over.
+    (Were a temporary directory shared with another PID namespace, a live run's could go too:
+    that run then reports its helpers' runs as failed and the next ``run`` plans them again.)
+    """
+    for path in Path(root or tempfile.gettempdir()).glob(f"{_RECORDS_PREFIX}*-*"):
+        pid = path.name.removeprefix(_RECORDS_PREFIX).split("-", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except OSError:  # alive, another user's
+            continue
 
 
 def _fork(
