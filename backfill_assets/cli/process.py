@@ -4,7 +4,8 @@ Everything imported at start-up (Dagster, SQLAlchemy, pandas and pandera: hundre
 of objects) lives until the process ends, yet Python's garbage collector walks all of it on
 every full collection, and a run allocates enough per key to trigger many. ``freeze_heap``
 moves what exists into the collector's permanent generation (``gc.freeze``): a 30,000-post
-``run`` took 10-25% less CPU in five alternating pairs, ``verify`` of those posts ~0.35 s less.
+``run`` took 5-19% less CPU in ten alternating pairs (median 11%), ``verify`` of those posts
+~0.35 s less.
 It is called once the imports are done, and again by ``run`` just before it forks its helpers,
 which then share those pages with their parent instead of copying them as the collector touches
 them. Cyclic garbage that exists at a freeze is never collected; at those points there is
