@@ -66,7 +66,7 @@ def test_a_thread_still_working_is_waited_for(tmp_path: Path) -> None:
     assert done.stdout == "thread finished\n"
 
 
-def test_the_command_exits_with_its_code(tmp_path: Path) -> None:
+def test_the_command_exits_with_its_code() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "backfill_assets.cli", "rejects", "--bogus"],
         capture_output=True,
