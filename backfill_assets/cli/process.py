@@ -40,9 +40,11 @@ def freeze_heap() -> None:
 
 def exit_process(code: int) -> NoReturn:
     """End the process with ``code`` once its output is flushed and its hooks have run."""
-    if threading.active_count() > 1:
+    # ``_run_exitfuncs`` is CPython's own (typeshed lists it); without it, the ordinary exit.
+    run_hooks = getattr(atexit, "_run_exitfuncs", None)
+    if threading.active_count() > 1 or run_hooks is None:
         sys.exit(code)
-    atexit._run_exitfuncs()
+    run_hooks()
     dispose_engines()  # SQLite checkpoints its WAL as the last connection closes
     for stream in (sys.stdout, sys.stderr):
         # A closed pipe: nothing more can be said on it.
