@@ -152,15 +152,19 @@ def wait_backfill_runs(dev: DagsterDev, backfill_id: str, timeout: float = 240) 
     raise AssertionError(f"backfill {backfill_id} runs still running after {timeout}s")
 
 
-def run_ids(dev: DagsterDev) -> set[str]:
-    runs = dev.gql("{ runsOrError { ... on Runs { results { runId } } } }")
+def run_ids(dev: DagsterDev, partition: str | None = None) -> set[str]:
+    """Every run's id, or only those of one partition (the daemon may start others meanwhile:
+    a backfill launched earlier, the reporting refreshes)."""
+    where = f'(filter: {{tags: [{{key: "dagster/partition", value: "{partition}"}}]}})'
+    query = "{ runsOrError%s { ... on Runs { results { runId } } } }" % (where if partition else "")
+    runs = dev.gql(query)
     return {r["runId"] for r in runs["runsOrError"]["results"]}
 
 
-def wait_new_run(dev: DagsterDev, before: set[str], timeout: float = 30) -> str:
+def wait_new_run(dev: DagsterDev, before: set[str], partition: str, timeout: float = 30) -> str:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        new = run_ids(dev) - before
+        new = run_ids(dev, partition) - before
         if new:
             assert len(new) == 1, new
             return new.pop()
@@ -292,9 +296,9 @@ def test_operator_console(page: Any, dev: DagsterDev, capsys: pytest.CaptureFixt
     pick(pg, dialog, 1, TENANT)
     pick(pg, dialog, 0, SLICE)
     dialog.get_by_text("1 partition", exact=True).wait_for()
-    before = run_ids(dev)
+    before = run_ids(dev, pk)
     dialog.get_by_role("button", name=re.compile("^Launch")).click()
-    run_id = wait_new_run(dev, before)
+    run_id = wait_new_run(dev, before, pk)
     assert wait_run(dev, run_id) == "FAILURE"
 
     statuses = check_statuses(dev, pk)
