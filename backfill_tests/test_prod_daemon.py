@@ -60,6 +60,20 @@ def session_pids(sid: int) -> list[int]:
     return found
 
 
+def session_states(sid: int) -> str:
+    """Each live process of a session: pid, state, what it waits in, its command (for a stop
+    that did not happen: a stopped, blocked or busy process shows here)."""
+    lines = []
+    for pid in session_pids(sid):
+        with suppress(OSError):
+            proc = Path(f"/proc/{pid}")
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            wchan = (proc / "wchan").read_text().strip() or "-"
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()[:100]
+            lines.append(f"{pid} {state} {wchan} {cmd}")
+    return "\n".join(lines)
+
+
 def kill_sessions(procs: Sequence[subprocess.Popen[bytes]]) -> None:
     """Teardown backstop: SIGKILL every process group of the sessions this test started."""
     for proc in procs:
@@ -260,7 +274,7 @@ def test_prod_daemon_backfill_on_postgres(
 
         # One SIGTERM stops the webserver, the daemon and their code servers.
         code, timings["stop"] = stop(prod, signal.SIGTERM, timeout=40)
-        assert code == 143, log.read_text()[-3000:]
+        assert code == 143, f"{log.read_text()[-3000:]}\n{session_states(prod.pid)}"
         assert session_pids(prod.pid) == [], "processes left behind by bin/prod"
     finally:
         kill_sessions([prod])
