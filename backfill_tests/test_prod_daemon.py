@@ -69,8 +69,13 @@ def session_states(sid: int) -> str:
             proc = Path(f"/proc/{pid}")
             state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
             wchan = (proc / "wchan").read_text().strip() or "-"
+            masks = " ".join(
+                line.replace(":\t", "=")
+                for line in (proc / "status").read_text().splitlines()
+                if line.startswith(("SigBlk", "SigIgn", "SigCgt"))
+            )
             cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()[:100]
-            lines.append(f"{pid} {state} {wchan} {cmd}")
+            lines.append(f"{pid} {state} {wchan} {masks} {cmd}")
     return "\n".join(lines)
 
 
@@ -88,6 +93,14 @@ def kill_sessions(procs: Sequence[subprocess.Popen[bytes]]) -> None:
             proc.wait(5)
 
 
+def _clean_signals() -> None:
+    """In the child: the signal state a process manager gives, whatever this test process's
+    is (a signal ignored at a shell's start cannot be trapped, so `bin/prod` would not stop)."""
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+
+
 def start(args: Sequence[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     """Start ``bin/prod ...`` in a session of its own, as a process manager would."""
     with log.open("ab") as fh:
@@ -98,6 +111,7 @@ def start(args: Sequence[str], env: dict[str, str], log: Path) -> subprocess.Pop
             stdout=fh,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=_clean_signals,
         )
 
 
