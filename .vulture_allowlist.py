@@ -69,3 +69,11 @@ within_bound
 
 # pyproject.toml's [project.scripts]: the installed `backfill-moderation` command.
 console_script
+
+# Dagster: loads EmbeddedInstance from dagster.yaml (instance_class) and calls its config hooks;
+# storages are built by from_config_value and connect through _connect (sqlite_instance.py).
+EmbeddedInstance
+config_schema
+from_config_value
+_connect
+_event_log_storage

@@ -1,0 +1,177 @@
+"""The embedded Dagster instance: Dagster's SQLite storage, its event log keeping connections.
+
+Dagster 1.13's ``SqliteEventLogStorage`` creates an engine for every statement it runs (a
+``NullPool`` engine per ``_connect``): each event pays for a fresh engine, a recompiled
+statement and, because the connection it closes is the last one, a WAL checkpoint and the
+removal of the ``-wal`` and ``-shm`` files. A run stores ~35 events and reads the index shard
+dozens of times (dynamic partitions, check history), so that was about half of a small run's
+Dagster time here. ``PooledSqliteEventLogStorage`` keeps one engine, with one pooled
+connection, per recently used shard. ``dagster.yaml`` names ``EmbeddedInstance`` as its
+``instance_class``: its defaults are Dagster's own, with this event log in place of the stock
+one, at the same paths under the instance's home (a default is the only place Dagster passes
+the home to a storage; an ``{env: DAGSTER_HOME}`` in the file would follow the environment,
+not the home being opened). A ``storage:`` section in the file (PostgreSQL) replaces them.
+
+What stays as it was: every event is committed as before (WAL, ``synchronous=FULL``), access is
+serialised by the storage's own lock, and a run shard's ``.db`` file is still modified when an
+event is written: Dagster's watchers (the UI's live run view) watch that file, which in WAL
+mode changes only at a checkpoint, so a write to a run shard ends with a passive checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import weakref
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import dagster as dg
+import sqlalchemy as sa
+import yaml
+from dagster._core.instance.ref import InstanceRef
+from dagster._core.storage.event_log.sqlite.sqlite_event_log import (
+    INDEX_SHARD_NAME,
+    SqliteEventLogStorage,
+)
+from dagster._core.storage.sqlite import SQLITE_BUSY_TIMEOUT_SECONDS
+from dagster._core.storage.sqlite_storage import DagsterSqliteStorage
+from dagster._serdes import ConfigurableClassData
+from sqlalchemy.engine import Connection, Engine
+
+# Shards whose engine stays open: the index, the runs being written, the runs the UI shows.
+_OPEN_SHARDS = 16
+_LIVE: weakref.WeakSet[PooledSqliteEventLogStorage] = weakref.WeakSet()
+
+
+class PooledSqliteEventLogStorage(SqliteEventLogStorage):
+    """``SqliteEventLogStorage`` keeping an engine and a connection per recently used shard."""
+
+    def __init__(
+        self,
+        base_dir: str,
+        inst_data: ConfigurableClassData | None = None,
+        open_shards: int = _OPEN_SHARDS,
+    ) -> None:
+        self._engines: OrderedDict[str, Engine] = OrderedDict()
+        self._open_shards = max(1, open_shards)
+        super().__init__(base_dir, inst_data)
+        _LIVE.add(self)
+
+    @classmethod
+    def from_config_value(
+        cls, inst_data: ConfigurableClassData | None, config_value: Mapping[str, Any]
+    ) -> PooledSqliteEventLogStorage:
+        """From the instance's storage defaults (``base_dir``: the shards' directory)."""
+        return cls(str(config_value["base_dir"]), inst_data=inst_data)
+
+    def _engine(self, shard: str) -> Engine:
+        engine = self._engines.get(shard)
+        if engine is not None:
+            self._engines.move_to_end(shard)
+            return engine
+        engine = sa.create_engine(
+            self.conn_string_for_shard(shard),
+            pool_size=1,
+            max_overflow=4,
+            connect_args={"timeout": SQLITE_BUSY_TIMEOUT_SECONDS},
+        )
+        if shard not in self._initialized_dbs:
+            self._initdb(engine)
+            self._initialized_dbs.add(shard)
+        self._engines[shard] = engine
+        while len(self._engines) > self._open_shards:
+            _old, evicted = self._engines.popitem(last=False)
+            evicted.dispose()
+        return engine
+
+    @contextlib.contextmanager
+    def _connect(self, shard: str) -> Iterator[Connection]:
+        with self._db_lock, self._engine(shard).connect() as conn:
+            raw = conn.connection.driver_connection
+            changes = raw.total_changes if raw is not None else 0
+            with conn.begin():
+                yield conn
+            if raw is not None and shard != INDEX_SHARD_NAME and raw.total_changes != changes:
+                # Watchers of this run see its events as modifications of its .db file.
+                raw.execute("PRAGMA wal_checkpoint(PASSIVE)")
+
+    def _close_all(self) -> None:
+        with self._db_lock:
+            engines, self._engines = list(self._engines.values()), OrderedDict()
+        for engine in engines:
+            engine.dispose()
+
+    def _forget_all(self) -> None:
+        # In a forked child: the parent's connections are not ours to use or close.
+        for engine in self._engines.values():
+            engine.dispose(close=False)
+        self._engines = OrderedDict()
+        self._db_lock = threading.Lock()
+
+    def wipe(self) -> None:
+        """Dagster's wipe deletes the run shards' files: close them first."""
+        self._close_all()
+        super().wipe()
+
+    def dispose(self) -> None:
+        """Close every shard's connection, then Dagster's own clean-up."""
+        self._close_all()
+        super().dispose()
+
+
+class PooledSqliteStorage(DagsterSqliteStorage):
+    """Dagster's SQLite storage (runs, schedules) with ``PooledSqliteEventLogStorage``."""
+
+    def __init__(self, base_dir: str, inst_data: ConfigurableClassData | None = None) -> None:
+        super().__init__(base_dir, inst_data)
+        # Dagster's constructor made the stock event log (nothing opened yet): replace it.
+        self._event_log_storage = PooledSqliteEventLogStorage(_event_logs_directory(base_dir))
+
+    @classmethod
+    def from_config_value(
+        cls, inst_data: ConfigurableClassData | None, config_value: Mapping[str, Any]
+    ) -> PooledSqliteStorage:
+        """From the instance's storage defaults (``base_dir``: the instance's home)."""
+        os.makedirs(str(config_value["base_dir"]), exist_ok=True)
+        return cls(str(config_value["base_dir"]), inst_data=inst_data)
+
+
+class EmbeddedInstance(dg.DagsterInstance):
+    """A Dagster instance whose default storage is ``PooledSqliteStorage`` (``dagster.yaml``:
+    ``instance_class``); everything else is Dagster's."""
+
+    @classmethod
+    def config_schema(cls) -> dict[str, Any]:
+        """No settings of its own."""
+        return {}
+
+    @classmethod
+    def config_defaults(cls, base_dir: str) -> Mapping[str, ConfigurableClassData | None]:
+        """Dagster's defaults for ``base_dir``, the storage replaced by the pooled one."""
+        defaults = dict(InstanceRef.config_defaults(base_dir))
+        defaults["storage"] = _class_data(PooledSqliteStorage, base_dir)
+        defaults["event_log_storage"] = _class_data(
+            PooledSqliteEventLogStorage, _event_logs_directory(base_dir)
+        )
+        return defaults
+
+
+def _event_logs_directory(base_dir: str) -> str:
+    return os.path.join(base_dir, "history", "runs", "")
+
+
+def _class_data(cls: type, base_dir: str) -> ConfigurableClassData:
+    return ConfigurableClassData(
+        __name__, cls.__name__, yaml.dump({"base_dir": base_dir}, default_flow_style=False)
+    )
+
+
+def _after_fork_in_child() -> None:
+    for storage in list(_LIVE):
+        storage._forget_all()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,140 @@
+"""The embedded instance (``dagster.yaml``'s ``instance_class``): Dagster's SQLite storage with
+an event log that keeps each shard's connection open. What Dagster's own readers, watchers and
+clean-up see must not change."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import dagster as dg
+import pytest
+from dagster._core.events.log import EventLogEntry
+from dagster._core.storage.event_log.sqlite.sqlite_event_log import SqliteEventLogStorage
+
+from backfill_assets.orchestration.settings import PROJECT_ROOT
+from backfill_assets.orchestration.sqlite_instance import (
+    EmbeddedInstance,
+    PooledSqliteEventLogStorage,
+)
+
+
+def _home(tmp_path: Path) -> Path:
+    home = tmp_path / "home"
+    home.mkdir()
+    shutil.copyfile(PROJECT_ROOT / "dagster.yaml", home / "dagster.yaml")
+    return home
+
+
+def _entry(run_id: str, message: str) -> EventLogEntry:
+    return EventLogEntry(
+        error_info=None,
+        level="INFO",
+        user_message=message,
+        run_id=run_id,
+        timestamp=time.time(),
+    )
+
+
+@dg.op
+def _hello() -> int:
+    return 1
+
+
+@dg.job
+def _hello_job() -> None:
+    _hello()
+
+
+def test_the_project_instance_is_the_embedded_one_under_its_own_home(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = _home(tmp_path)
+    # Another home in the environment must not pull the event log over there.
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "elsewhere"))
+    with dg.DagsterInstance.from_config(str(home)) as inst:
+        assert isinstance(inst, EmbeddedInstance)
+        storage = inst.event_log_storage
+        assert isinstance(storage, PooledSqliteEventLogStorage)
+        assert Path(storage._base_dir) == home / "history" / "runs"
+        result = _hello_job.execute_in_process(instance=inst)
+        assert result.success
+        run_id = result.run_id
+    assert not (tmp_path / "elsewhere").exists()
+    # Dagster's stock storage, in a fresh object, reads every event of the run.
+    stock = SqliteEventLogStorage(str(home / "history" / "runs"))
+    types = [r.event_log_entry.dagster_event_type for r in stock.get_records_for_run(run_id).records]
+    assert dg.DagsterEventType.RUN_SUCCESS in types
+    assert dg.DagsterEventType.STEP_SUCCESS in types
+    assert run_id in stock.get_all_run_ids()
+
+
+def test_a_watcher_elsewhere_sees_each_event_as_it_is_written(tmp_path: Path) -> None:
+    # The UI's live view of a run watches the run's .db file (watchdog), which in WAL mode
+    # changes only at a checkpoint: a kept-open connection must still let each event show.
+    base = str(tmp_path / "runs")
+    writer = PooledSqliteEventLogStorage(base)
+    reader = SqliteEventLogStorage(base)
+    run_id = str(uuid.uuid4())
+    writer.store_event(_entry(run_id, "first"))  # the shard exists before the watch starts
+    seen: list[str] = []
+    arrived = threading.Event()
+
+    def on_event(entry: EventLogEntry, _cursor: str) -> None:
+        seen.append(entry.user_message)
+        arrived.set()
+
+    reader.watch(run_id, None, on_event)
+    try:
+        for message in ("second", "third"):
+            arrived.clear()
+            writer.store_event(_entry(run_id, message))
+            assert arrived.wait(10), f"the watcher never saw {message!r}: {seen}"
+        assert seen[-1] == "third"
+    finally:
+        reader.end_watch(run_id, on_event)
+        reader.dispose()
+        writer.dispose()
+
+
+def test_engines_stay_bounded_and_wipe_closes_them_first(tmp_path: Path) -> None:
+    base = tmp_path / "runs"
+    storage = PooledSqliteEventLogStorage(str(base), open_shards=3)
+    runs = [str(uuid.uuid4()) for _ in range(6)]
+    for run_id in runs:
+        storage.store_event(_entry(run_id, "hello"))
+    assert len(storage._engines) == 3  # the least recently used were closed
+    assert len(storage.get_logs_for_run(runs[0])) == 1  # and reopen on demand
+    storage.wipe()
+    assert not list(base.glob("*-*-*.db"))
+    # runs[0]'s connection was open: kept across the wipe, it would write into the deleted
+    # file. This event must land in a new one.
+    storage.store_event(_entry(runs[0], "after"))
+    stock = SqliteEventLogStorage(str(base))
+    assert [e.user_message for e in stock.get_logs_for_run(runs[0])] == ["after"]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
+def test_a_forked_child_opens_its_own_connections(tmp_path: Path) -> None:
+    base = tmp_path / "runs"
+    storage = PooledSqliteEventLogStorage(str(base))
+    run_id = str(uuid.uuid4())
+    storage.store_event(_entry(run_id, "parent"))
+    pid = os.fork()
+    if pid == 0:  # the child: the inherited connection is forgotten, a new one is opened
+        code = 1
+        try:
+            code = 0 if not storage._engines else 3
+            storage.store_event(_entry(run_id, "child"))
+        finally:
+            os._exit(code)
+    _pid, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    storage.store_event(_entry(run_id, "parent again"))  # the parent's connection still works
+    stock = SqliteEventLogStorage(str(base))
+    messages = [e.user_message for e in stock.get_logs_for_run(run_id)]
+    assert messages == ["parent", "child", "parent again"]
