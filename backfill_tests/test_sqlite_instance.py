@@ -4,8 +4,10 @@ clean-up see must not change."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import sqlite3
 import threading
 import time
 import uuid
@@ -67,7 +69,8 @@ def test_the_project_instance_is_the_embedded_one_under_its_own_home(
     assert not (tmp_path / "elsewhere").exists()
     # Dagster's stock storage, in a fresh object, reads every event of the run.
     stock = SqliteEventLogStorage(str(home / "history" / "runs"))
-    types = [r.event_log_entry.dagster_event_type for r in stock.get_records_for_run(run_id).records]
+    records = stock.get_records_for_run(run_id).records
+    types = [r.event_log_entry.dagster_event_type for r in records]
     assert dg.DagsterEventType.RUN_SUCCESS in types
     assert dg.DagsterEventType.STEP_SUCCESS in types
     assert run_id in stock.get_all_run_ids()
@@ -138,3 +141,30 @@ def test_a_forked_child_opens_its_own_connections(tmp_path: Path) -> None:
     stock = SqliteEventLogStorage(str(base))
     messages = [e.user_message for e in stock.get_logs_for_run(run_id)]
     assert messages == ["parent", "child", "parent again"]
+
+
+def _schema(path: Path) -> tuple[list[tuple[str, str, str]], list[tuple[str]], str]:
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        objects = conn.execute(
+            "SELECT type, name, sql FROM sqlite_master WHERE name NOT LIKE 'sqlite_%' ORDER BY 2"
+        ).fetchall()
+        stamped = conn.execute("SELECT version_num FROM alembic_version").fetchall()
+        mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
+    return objects, stamped, mode
+
+
+def test_a_new_run_shard_is_what_dagster_itself_makes(tmp_path: Path) -> None:
+    # New shards are copies of one empty shard made by Dagster's own _initdb (which reads
+    # every migration script for each run): the same tables, indexes, stamp and WAL mode.
+    pooled = PooledSqliteEventLogStorage(str(tmp_path / "pooled"))
+    stock = SqliteEventLogStorage(str(tmp_path / "stock"))
+    for n in range(2):  # the second is a copy in any case
+        run_id = str(uuid.uuid4())
+        pooled.store_event(_entry(run_id, "hello"))
+        stock.store_event(_entry(run_id, "hello"))
+        ours, theirs = Path(pooled.path_for_shard(run_id)), Path(stock.path_for_shard(run_id))
+        pooled.dispose()  # closed, so the file alone holds the shard
+        assert _schema(ours) == _schema(theirs), n
+        assert _schema(ours)[1], "alembic revision stamped"
+        assert [e.user_message for e in stock.get_logs_for_run(run_id)] == ["hello"]
+    assert not [p.name for p in (tmp_path / "pooled").iterdir() if p.name.endswith(".new")]
