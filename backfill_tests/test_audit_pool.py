@@ -81,3 +81,33 @@ def test_small_runs_stay_in_process(tampered: Engine) -> None:
 
     scopes = [Scope(r.key, r.tenant_id, r.slice, r.slices) for r in refs]
     assert audit_pool.plan(tampered, scopes) is None  # 600 posts: not worth a process
+
+
+def test_the_checks_read_every_row_as_stored(tampered: Engine) -> None:
+    # On SQLite the checks read rows straight from the driver: the same rows, columns and
+    # values (None, floats, integers) as SQLAlchemy reads, on both stores. The partition's
+    # results include the one relabelled to globex (fetched by its expected key).
+    import sqlalchemy as sa
+
+    from backfill_assets.store.audit import partition_evidence
+    from backfill_assets.store.tables import dead_letters, ledger_events, results
+
+    ref = with_levels(tampered, [busiest(tampered, "acme")])[0]
+    with tampered.connect() as conn:
+        ev = partition_evidence(conn, ref.tenant_id, ref.slice, ref.slices, VERSIONS)
+        for table, got, order in (
+            (results, ev.results, "key"),
+            (dead_letters, ev.dead, "key"),
+            (ledger_events, ev.ledger, "id"),
+        ):
+            names = list(got[0].keys()) if got else []
+            where = sa.and_(table.c.tenant_id == ref.tenant_id, table.c.slice.in_(ref.slices))
+            if table is not ledger_events:  # also rows that carry one of its keys
+                where = sa.or_(where, table.c.key.in_(list(ev.expected_keys.values())))
+            stmt = sa.select(*(table.c[n] for n in names)).where(where).order_by(table.c[order])
+            expected = [dict(r) for r in conn.execute(stmt).mappings()] if names else []
+            assert [dict(zip(names, (r[n] for n in names), strict=True)) for r in got] == expected
+    assert ev.results and ev.ledger
+    assert any(r["tenant_id"] == "globex" for r in ev.results)
+    assert any(r["usage_shape"] is None for r in ev.ledger)  # attempts carry no usage shape
+    assert all(isinstance(r["confidence"], float) for r in ev.results)

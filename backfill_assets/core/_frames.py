@@ -170,7 +170,7 @@ def stored_result_problems(rows: Sequence[Mapping[str, Any]]) -> list[tuple[str,
             idx = getattr(case, "index", None)
             reason = f"{case.column or 'row'} failed {case.check}"
             if idx is None or pd.isna(idx):
-                return [(str(r.get("key")), reason) for r in rows]
+                return [(str(r["key"]), reason) for r in rows]
             found.setdefault(int(idx), reason)
-        return [(str(rows[i].get("key")), why) for i, why in sorted(found.items())]
+        return [(str(rows[i]["key"]), why) for i, why in sorted(found.items())]
     return []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
@@ -95,19 +96,42 @@ def _select(table: sa.Table) -> sa.Select[Any]:
 
 
 def _mappings(result: sa.Result[Any]) -> list[Row]:
-    # RowMapping reads like a dict (``row["key"]``, ``row.get(...)``) without copying each row.
+    # RowMapping reads like a dict (``row["key"]``) without copying each row.
     return cast(list[Row], result.mappings().all())
 
 
+def _fetch(conn: Connection, stmt: sa.Select[Any]) -> list[Row]:
+    """The rows of ``stmt``, each read by column name (``row["key"]``).
+
+    On SQLite straight from the driver as ``sqlite3.Row`` (name lookup in C): building
+    SQLAlchemy's RowMapping objects was a third of a partition's checks, more than the query.
+    The columns read here are text and numbers, which neither path converts.
+    """
+    if not is_sqlite(conn.engine):
+        return _mappings(conn.execute(stmt))
+    compiled = stmt.compile(dialect=conn.dialect, compile_kwargs={"render_postcompile": True})
+    params = [compiled.params[name] for name in compiled.positiontup or ()]
+    return _driver_rows(conn, str(compiled), params)
+
+
+def _driver_rows(conn: Connection, sql: str, params: Sequence[Any]) -> list[Row]:
+    raw = conn.connection.driver_connection
+    assert isinstance(raw, sqlite3.Connection)
+    cursor = raw.cursor()
+    cursor.row_factory = sqlite3.Row
+    try:
+        return cast(list[Row], cursor.execute(sql, params).fetchall())
+    finally:
+        cursor.close()
+
+
 def _rows(conn: Connection, table: sa.Table, *where: Any) -> list[Row]:
-    return _mappings(conn.execute(_select(table).where(*where)))
+    return _fetch(conn, _select(table).where(*where))
 
 
 def _ledger(conn: Connection, *where: Any) -> list[Row]:
     """Ledger rows in the order they were written (the verifier's rebill count needs it)."""
-    return _mappings(
-        conn.execute(_select(ledger_events).where(*where).order_by(ledger_events.c.id))
-    )
+    return _fetch(conn, _select(ledger_events).where(*where).order_by(ledger_events.c.id))
 
 
 @dataclass
@@ -171,7 +195,7 @@ def _foreign_by_key(
                 f"SELECT {cols} FROM {table.name} WHERE key IN ({', '.join('?' for _ in chunk)})"
                 f" AND NOT (tenant_id = ? AND slice IN ({marks}))"
             )
-            rows += _mappings(conn.exec_driver_sql(sql, (*chunk, tenant_id, *slices)))
+            rows += _driver_rows(conn, sql, (*chunk, tenant_id, *slices))
         return rows
     sql = (
         f"SELECT {cols} FROM {table.name} WHERE key = ANY(%s)"
