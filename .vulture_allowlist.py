@@ -77,3 +77,4 @@ config_schema
 from_config_value
 _connect
 _event_log_storage
+row_factory  # sqlite3: a cursor attribute the driver reads (store/bulk.py)

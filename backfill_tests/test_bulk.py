@@ -6,7 +6,7 @@ import pytest
 import sqlalchemy as sa
 
 from backfill_assets.orchestration.resources import engine_for
-from backfill_assets.store.bulk import insert_rows
+from backfill_assets.store.bulk import insert_rows, select_rows
 from backfill_assets.store.tables import ledger_events, utcnow
 from backfill_assets.store.writer import EVENT_COLUMNS
 
@@ -73,3 +73,17 @@ def test_ledger_rows_round_trip_exactly(store_url: str, n: int) -> None:
                 assert row[col] == pytest.approx(want[col], rel=1e-15)
             else:
                 assert row[col] == want[col], col
+    # Read back through select_rows (the driver's own rows on SQLite): the same values and
+    # order as SQLAlchemy's, as tuples and by column name, with an IN list expanded.
+    cols = [c for c in EVENT_COLUMNS if c != "at"]
+    stmt = (
+        sa.select(*(ledger_events.c[c] for c in cols))
+        .where(ledger_events.c.slice.in_([0, 3, 5]))
+        .order_by(ledger_events.c.attempt_no)
+    )
+    with engine.connect() as conn:
+        expected = [tuple(r) for r in conn.execute(stmt)]
+        assert [tuple(r) for r in select_rows(conn, stmt)] == expected
+        named = select_rows(conn, stmt, by_name=True)
+    assert [tuple(r[c] for c in cols) for r in named] == expected
+    assert expected and len(expected) == sum(1 for r in rows if r["slice"] in (0, 3, 5))

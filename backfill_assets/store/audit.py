@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
@@ -15,6 +14,7 @@ from backfill_assets.audit.check_rules import CheckBounds, PartitionEvidence, Ve
 from backfill_assets.audit.verify import BLOCKING_KINDS, Problem, Row, ScopeReport, verify_scope
 from backfill_assets.core.keys import Versions, work_key
 from backfill_assets.core.validation import stored_result_problems
+from backfill_assets.store.bulk import driver_rows, select_rows
 from backfill_assets.store.engine import is_sqlite, read_tx
 from backfill_assets.store.tables import dead_letters, ledger_events, posts, results, tenants
 
@@ -101,28 +101,9 @@ def _mappings(result: sa.Result[Any]) -> list[Row]:
 
 
 def _fetch(conn: Connection, stmt: sa.Select[Any]) -> list[Row]:
-    """The rows of ``stmt``, each read by column name (``row["key"]``).
-
-    On SQLite straight from the driver as ``sqlite3.Row`` (name lookup in C): building
-    SQLAlchemy's RowMapping objects was a third of a partition's checks, more than the query.
-    The columns read here are text and numbers, which neither path converts.
-    """
-    if not is_sqlite(conn.engine):
-        return _mappings(conn.execute(stmt))
-    compiled = stmt.compile(dialect=conn.dialect, compile_kwargs={"render_postcompile": True})
-    params = [compiled.params[name] for name in compiled.positiontup or ()]
-    return _driver_rows(conn, str(compiled), params)
-
-
-def _driver_rows(conn: Connection, sql: str, params: Sequence[Any]) -> list[Row]:
-    raw = conn.connection.driver_connection
-    assert isinstance(raw, sqlite3.Connection)
-    cursor = raw.cursor()
-    cursor.row_factory = sqlite3.Row
-    try:
-        return cast(list[Row], cursor.execute(sql, params).fetchall())
-    finally:
-        cursor.close()
+    # By column name; on SQLite as sqlite3.Row: building SQLAlchemy's RowMapping objects was a
+    # third of a partition's checks, more than the query.
+    return cast(list[Row], select_rows(conn, stmt, by_name=True))
 
 
 def _rows(conn: Connection, table: sa.Table, *where: Any) -> list[Row]:
@@ -195,7 +176,7 @@ def _foreign_by_key(
                 f"SELECT {cols} FROM {table.name} WHERE key IN ({', '.join('?' for _ in chunk)})"
                 f" AND NOT (tenant_id = ? AND slice IN ({marks}))"
             )
-            rows += _driver_rows(conn, sql, (*chunk, tenant_id, *slices))
+            rows += driver_rows(conn, sql, (*chunk, tenant_id, *slices), by_name=True)
         return rows
     sql = (
         f"SELECT {cols} FROM {table.name} WHERE key = ANY(%s)"

@@ -16,6 +16,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from backfill_assets.core.keys import SLICE_COUNT, Versions, slice_key, validate_tenant_id
+from backfill_assets.store.bulk import select_rows
 from backfill_assets.store.engine import is_sqlite
 from backfill_assets.store.submissions import OPEN_STATES
 from backfill_assets.store.tables import (
@@ -141,7 +142,7 @@ def pending_posts(
 ) -> list[PendingPost]:
     """The partition's remaining work (bounded by one partition)."""
     # One fetch of plain tuples: iterating a result row by row costs more than the query.
-    rows = conn.execute(pending_query(tenant_id, slices, versions)).all()
+    rows = select_rows(conn, pending_query(tenant_id, slices, versions))
     return [
         PendingPost(post_id, content_hash, text, bool(had_dead), int(slice_no))
         for post_id, content_hash, text, had_dead, slice_no in rows
