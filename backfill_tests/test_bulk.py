@@ -7,8 +7,8 @@ import sqlalchemy as sa
 
 from backfill_assets.orchestration.resources import engine_for
 from backfill_assets.store.bulk import insert_rows, select_rows
-from backfill_assets.store.tables import ledger_events, utcnow
-from backfill_assets.store.writer import EVENT_COLUMNS
+from backfill_assets.store.tables import dead_letters, ledger_events, results, utcnow
+from backfill_assets.store.writer import DEAD_COLUMNS, DEAD_UPSERT, EVENT_COLUMNS, RESULT_COLUMNS
 
 # What a hostile provider echoes back in an error message: COPY's own escapes, a literal
 # "\N" (COPY's NULL), tabs, newlines, quotes, non-ASCII.
@@ -87,3 +87,65 @@ def test_ledger_rows_round_trip_exactly(store_url: str, n: int) -> None:
         named = select_rows(conn, stmt, by_name=True)
     assert [tuple(r[c] for c in cols) for r in named] == expected
     assert expected and len(expected) == sum(1 for r in rows if r["slice"] in (0, 3, 5))
+
+
+def _result(i: int, post_id: str) -> dict[str, object]:
+    return {
+        "key": f"{i:064x}",
+        "tenant_id": "acme",
+        "post_id": post_id,
+        "slice": i % 16,
+        "content_hash": "c" * 64,
+        "label": "ok",
+        "confidence": 0.5 + i / 1000,
+        "model": "m",
+        "prompt_version": "p",
+        "task_version": "t",
+        "run_id": "run",
+        "created_at": utcnow(),
+    }
+
+
+def test_inserts_with_on_conflict_keep_every_value_and_the_clause(store_url: str) -> None:
+    # On PostgreSQL these go through a COPY into a staging table and one INSERT ... SELECT:
+    # hostile text arrives exactly, a key already there is left alone (DO NOTHING) or updated
+    # (the dead letters' upsert), and a second flush in the same transaction starts empty.
+    engine = engine_for(store_url)
+    first = [_result(i, HOSTILE[i % len(HOSTILE)] or "p") for i in range(20)]
+    again = [_result(i, "changed") for i in range(10, 30)]
+    dead = [
+        {
+            **_result(i, "p"),
+            "outcome": "retry_exhausted",
+            "reason": h,
+            "attempts": 3,
+            "at": utcnow(),
+        }
+        for i, h in enumerate(HOSTILE)
+    ]
+    later = [{**d, "reason": "later", "attempts": 4} for d in dead[:2]]
+    with engine.begin() as conn:  # one transaction, as a writer's flush is
+        insert_rows(conn, results, RESULT_COLUMNS, first, "ON CONFLICT DO NOTHING")
+        insert_rows(conn, results, RESULT_COLUMNS, again, "ON CONFLICT DO NOTHING")
+        insert_rows(conn, dead_letters, DEAD_COLUMNS, dead, DEAD_UPSERT)
+        insert_rows(conn, dead_letters, DEAD_COLUMNS, later, DEAD_UPSERT)
+    if engine.dialect.name == "postgresql":
+        # Outside a transaction (autocommit) a staging table would be emptied between the
+        # COPY and the INSERT: such a caller gets the plain multi-row INSERT instead.
+        raw = engine.raw_connection()
+        try:
+            raw.driver_connection.autocommit = True
+            extra = [_result(i, "auto") for i in range(30, 35)]
+            insert_rows(
+                raw.driver_connection, results, RESULT_COLUMNS, extra, "ON CONFLICT DO NOTHING"
+            )
+        finally:
+            raw.driver_connection.autocommit = False
+            raw.close()
+    with engine.connect() as conn:
+        got = dict(conn.execute(sa.select(results.c.key, results.c.post_id)).all())
+        reasons = dict(conn.execute(sa.select(dead_letters.c.key, dead_letters.c.reason)).all())
+    assert len(got) == (35 if engine.dialect.name == "postgresql" else 30)
+    assert [got[r["key"]] for r in first] == [r["post_id"] for r in first]  # kept
+    assert [got[r["key"]] for r in again[10:]] == ["changed"] * 10  # new keys added
+    assert [reasons[d["key"]] for d in dead] == ["later", "later", *HOSTILE[2:]]

@@ -102,12 +102,18 @@ def insert_values(
     raw = conn.connection.driver_connection if isinstance(conn, Connection) else conn
     if raw is None:
         raise RuntimeError("connection is closed")
-    if not conflict and not isinstance(raw, sqlite3.Connection):
-        _copy_values(raw, table, cols, values)
-        return
     cursor = raw.cursor()
     try:
-        if not isinstance(raw, sqlite3.Connection):
+        if isinstance(raw, sqlite3.Connection):
+            marks = ", ".join("?" for _ in columns)
+            cursor.executemany(
+                f"INSERT INTO {table.name} ({cols}) VALUES ({marks}) {conflict}", values
+            )
+        elif not conflict:
+            _copy(cursor, table.name, cols, values)
+        elif not raw.autocommit:
+            _staged_copy(cursor, table, cols, values, conflict)
+        else:
             from psycopg2.extras import execute_values
 
             execute_values(
@@ -115,11 +121,6 @@ def insert_values(
                 f"INSERT INTO {table.name} ({cols}) VALUES %s {conflict}",
                 values,
                 page_size=1000,
-            )
-        else:
-            marks = ", ".join("?" for _ in columns)
-            cursor.executemany(
-                f"INSERT INTO {table.name} ({cols}) VALUES ({marks}) {conflict}", values
             )
     finally:
         cursor.close()
@@ -133,28 +134,58 @@ _COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\
 def _copy_text(value: Any) -> str:
     if value is None:
         return "\\N"
-    if isinstance(value, str):
+    if type(value) is str:
         # translate() with a dict table looks up every character in Python: ~15 us per row of
         # ledger columns. Four C scans first; almost no value needs escaping.
         if "\\" in value or "\t" in value or "\n" in value or "\r" in value:
             return value.translate(_COPY_ESCAPES)
         return value
+    if isinstance(value, str):  # a str subclass (an enum's value): as its text
+        return _copy_text(str.__str__(value))
     if isinstance(value, datetime):
         return value.isoformat(sep=" ")
     return str(value)
 
 
-def _copy_values(raw: Any, table: sa.Table, cols: str, values: Sequence[tuple[Any, ...]]) -> None:
+def _copy_lines(values: Sequence[tuple[Any, ...]]) -> str:
+    # The common values (plain text that needs no escape, None) inline: a function call per
+    # value was most of building a flush's COPY text (1.2 million values for 30,000 keys).
+    lines = [
+        "\t".join(
+            [
+                v
+                if type(v) is str and not ("\\" in v or "\t" in v or "\n" in v or "\r" in v)
+                else "\\N"
+                if v is None
+                else _copy_text(v)
+                for v in row
+            ]
+        )
+        for row in values
+    ]
+    lines.append("")
+    return "\n".join(lines)
+
+
+def _copy(cursor: Any, target: str, cols: str, values: Sequence[tuple[Any, ...]]) -> None:
     """PostgreSQL: plain inserts as one COPY, about half the time of a multi-row INSERT here
     (the driver quotes every value of an INSERT in Python; COPY's text rows are cheaper to
-    build and to parse). Only without ON CONFLICT, which COPY does not have."""
-    buf = io.StringIO()
-    for row in values:
-        buf.write("\t".join([_copy_text(v) for v in row]))
-        buf.write("\n")
-    buf.seek(0)
-    cursor = raw.cursor()
-    try:
-        cursor.copy_expert(f"COPY {table.name} ({cols}) FROM STDIN", buf)
-    finally:
-        cursor.close()
+    build and to parse)."""
+    cursor.copy_expert(f"COPY {target} ({cols}) FROM STDIN", io.StringIO(_copy_lines(values)))
+
+
+def _staged_copy(
+    cursor: Any, table: sa.Table, cols: str, values: Sequence[tuple[Any, ...]], conflict: str
+) -> None:
+    """PostgreSQL, an insert with ON CONFLICT (which COPY does not have): COPY into a temporary
+    table of the same columns, then one INSERT ... SELECT with the clause. Half the time of
+    ``execute_values`` for a flush of results. The staging table lives as long as the session
+    and is emptied at every commit, so it needs a transaction (the caller's)."""
+    stage = f"staged_{table.name}"
+    cursor.execute(
+        f"CREATE TEMPORARY TABLE IF NOT EXISTS {stage} (LIKE {table.name} INCLUDING DEFAULTS)"
+        " ON COMMIT DELETE ROWS"
+    )
+    _copy(cursor, stage, cols, values)
+    cursor.execute(f"INSERT INTO {table.name} ({cols}) SELECT {cols} FROM {stage} {conflict}")
+    cursor.execute(f"TRUNCATE {stage}")  # a second flush in the same transaction starts empty
