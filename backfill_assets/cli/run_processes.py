@@ -46,6 +46,7 @@ from backfill_assets.core.validation import warm_up as warm_up_validation
 from backfill_assets.orchestration.orchestrate import CheckOutcome, RunRecord, run_boxes
 from backfill_assets.orchestration.plan import Box, Plan, partition_weights, share_out
 from backfill_assets.orchestration.settings import Settings
+from backfill_assets.orchestration.sqlite_instance import close_event_logs
 from backfill_assets.orchestration.wiring import APPLY_JOB, BACKFILL_JOB, build_definitions
 
 # Keys' worth of work a process must get to be worth using, and what a helper needs before its
@@ -184,6 +185,7 @@ def _fork(
                 traceback.print_exc()
         finally:
             with contextlib.suppress(Exception):
+                close_event_logs()
                 sys.stdout.flush()
                 sys.stderr.flush()
             os._exit(code)

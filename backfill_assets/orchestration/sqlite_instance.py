@@ -13,9 +13,10 @@ the home to a storage; an ``{env: DAGSTER_HOME}`` in the file would follow the e
 not the home being opened). A ``storage:`` section in the file (PostgreSQL) replaces them.
 
 What stays as it was: every event is committed as before (WAL, ``synchronous=FULL``), access is
-serialised by the storage's own lock, and a run shard's ``.db`` file is still modified when an
-event is written: Dagster's watchers (the UI's live run view) watch that file, which in WAL
-mode changes only at a checkpoint, so a write to a run shard ends with a passive checkpoint.
+serialised by the storage's own lock, and a run shard's ``.db`` file still shows a change when
+an event is written: Dagster's watchers (the UI's live run view) watch that file, which in WAL
+mode changes only at a checkpoint, so a write to a run shard ends by touching its mtime. The
+WAL is checkpointed when a connection closes (a shard evicted, ``dispose``, the CLI's exit).
 """
 
 from __future__ import annotations
@@ -137,8 +138,11 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
             with conn.begin():
                 yield conn
             if raw is not None and shard != INDEX_SHARD_NAME and raw.total_changes != changes:
-                # Watchers of this run see its events as modifications of its .db file.
-                raw.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                # Watchers of this run see its events as modifications of its .db file, which
+                # in WAL mode changes only at a checkpoint (an fsync of the file): a new mtime
+                # tells them (inotify, FSEvents and polling alike); they read the WAL anyway.
+                with contextlib.suppress(OSError):
+                    os.utime(self.path_for_shard(shard))
 
     def _close_all(self) -> None:
         with self._db_lock:
@@ -209,6 +213,13 @@ def _class_data(cls: type, base_dir: str) -> ConfigurableClassData:
     return ConfigurableClassData(
         __name__, cls.__name__, yaml.dump({"base_dir": base_dir}, default_flow_style=False)
     )
+
+
+def close_event_logs() -> None:
+    """Close every pooled shard connection of this process (each last close checkpoints its
+    WAL into the .db file, as Dagster's own storage leaves it): before a process ends."""
+    for storage in list(_LIVE):
+        storage._close_all()
 
 
 def _after_fork_in_child() -> None:

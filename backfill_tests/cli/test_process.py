@@ -26,10 +26,17 @@ def test_output_hooks_and_the_store_are_finished_before_the_process_ends(tmp_pat
         from backfill_assets.cli.process import exit_process
         from backfill_assets.orchestration.resources import engine_for
 
+        from backfill_assets.orchestration.sqlite_instance import PooledSqliteEventLogStorage
+        from dagster._core.events.log import EventLogEntry
+
         engine = engine_for("sqlite:///{tmp_path / "store.db"}")
         with engine.begin() as conn:
             conn.execute(sa.text("CREATE TABLE t (x INTEGER)"))
             conn.execute(sa.text("INSERT INTO t VALUES (1)"))
+        events = PooledSqliteEventLogStorage("{tmp_path / "runs"}")
+        events.store_event(EventLogEntry(
+            error_info=None, level="INFO", user_message="kept", run_id="r1", timestamp=1.0
+        ))
         logging.basicConfig(filename="{tmp_path / "log.txt"}")
         logging.warning("logged")
         atexit.register(lambda: print("hook ran"))
@@ -43,8 +50,10 @@ def test_output_hooks_and_the_store_are_finished_before_the_process_ends(tmp_pat
     assert done.stdout == "x" * 200_000 + "hook ran\n"
     assert done.stderr == "to stderr"
     assert "logged" in (tmp_path / "log.txt").read_text()
-    # The store's connections were closed: SQLite checkpointed its write-ahead log.
+    # The store's connections were closed: SQLite checkpointed its write-ahead log. So were
+    # the embedded Dagster instance's event log connections, which a run keeps open.
     assert not (tmp_path / "store.db-wal").exists()
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["index.db", "r1.db"]
 
 
 def test_a_thread_still_working_is_waited_for(tmp_path: Path) -> None:
