@@ -31,7 +31,6 @@ import threading
 from typing import NoReturn
 
 from backfill_assets.orchestration.resources import dispose_engines
-from backfill_assets.orchestration.sqlite_instance import close_event_logs
 
 
 def freeze_heap() -> None:
@@ -47,7 +46,6 @@ def exit_process(code: int) -> NoReturn:
         sys.exit(code)
     run_hooks()
     dispose_engines()  # SQLite checkpoints its WAL as the last connection closes
-    close_event_logs()  # likewise the embedded Dagster instance's event log
     for stream in (sys.stdout, sys.stderr):
         # A closed pipe: nothing more can be said on it.
         with contextlib.suppress(OSError, ValueError):

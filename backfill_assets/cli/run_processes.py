@@ -46,7 +46,6 @@ from backfill_assets.core.validation import warm_up as warm_up_validation
 from backfill_assets.orchestration.orchestrate import CheckOutcome, RunRecord, run_boxes
 from backfill_assets.orchestration.plan import Box, Plan, partition_weights, share_out
 from backfill_assets.orchestration.settings import Settings
-from backfill_assets.orchestration.sqlite_instance import close_event_logs
 from backfill_assets.orchestration.wiring import APPLY_JOB, BACKFILL_JOB, build_definitions
 
 # Keys' worth of work a process must get to be worth using, and what a helper needs before its
@@ -185,6 +184,9 @@ def _fork(
                 traceback.print_exc()
         finally:
             with contextlib.suppress(Exception):
+                # The exit hooks are the parent's: run only the event log's own.
+                from backfill_assets.orchestration.sqlite_instance import close_event_logs
+
                 close_event_logs()
                 sys.stdout.flush()
                 sys.stderr.flush()

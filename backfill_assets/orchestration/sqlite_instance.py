@@ -21,6 +21,7 @@ WAL is checkpointed when a connection closes (a shard evicted, ``dispose``, the 
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import threading
@@ -217,7 +218,8 @@ def _class_data(cls: type, base_dir: str) -> ConfigurableClassData:
 
 def close_event_logs() -> None:
     """Close every pooled shard connection of this process (each last close checkpoints its
-    WAL into the .db file, as Dagster's own storage leaves it): before a process ends."""
+    WAL into the .db file, as Dagster's own storage leaves it): at exit, and in a run helper
+    before it leaves."""
     for storage in list(_LIVE):
         storage._close_all()
 
@@ -228,3 +230,5 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+# At exit (the CLI runs its exit hooks before it leaves with os._exit: cli/process.py).
+atexit.register(close_event_logs)
