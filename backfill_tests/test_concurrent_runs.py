@@ -71,7 +71,10 @@ def test_two_runs_at_once_on_overlapping_partitions(
         if proc.returncode == 1:
             # The only accepted failure: a partition the other run was writing.
             failed = [r for r in doc["runs"] if not r["success"]]
-            assert failed and all(BUSY in (r["error"] or "") for r in failed), doc["runs"]
+            assert failed and all(BUSY in (r["error"] or "") for r in failed), (
+                doc["runs"],
+                stderr[-3000:],
+            )
 
     meter = sim.meter.snapshot()
     per_key = Counter(call.correlation_id for call in meter.billed.values())

@@ -317,3 +317,52 @@ def test_hostile_lines_never_break_the_import(engine: Engine, tmp_path: Path) ->
     assert lines_rejected == [2, 3, 4, 5, 6, 7, 8, 9, 10]
     reports, _ = run(engine, ["acme"])
     assert total(reports, "accepted") == 2
+
+
+def test_a_flush_updates_tenant_totals_in_one_order(engine: Engine, tmp_path: Path) -> None:
+    # Two runs flushing usage for the same tenants (different partitions) each update the
+    # tenants' billed totals in their transaction: in different orders, they deadlocked on
+    # PostgreSQL and one run's step failed. Every flush takes the rows in sorted order.
+    import asyncio
+
+    from backfill_assets.store.rows import event_row
+    from backfill_assets.store.writer import LedgerWriter
+
+    names = ["zeta", "acme", "mid"]
+    import_records(engine, tmp_path, corpus(names, 1))
+    updated: list[str] = []
+
+    def seen(_conn: object, _cursor: object, statement: str, params: object, *_a: object) -> None:
+        if statement.lstrip().upper().startswith("UPDATE TENANTS"):
+            updated.append(repr(params))
+
+    async def flush() -> None:
+        writer = LedgerWriter(engine)
+        writer.start()
+        for i, tenant in enumerate(names):  # staged in this (unsorted) order
+            row = event_row(
+                VERSIONS,
+                "run",
+                "usage",
+                key=f"{i:064x}",
+                tenant_id=tenant,
+                slice_no=0,
+                attempt_id=f"a{i}",
+                attempt_no=1,
+                post_id="p0",
+                content_hash="h",
+            )
+            row.update(tokens_in=10 + i, tokens_out=1)
+            writer.stage_event(row)
+        await writer.close()
+
+    sa.event.listen(engine, "before_cursor_execute", seen)
+    try:
+        asyncio.run(flush())
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", seen)
+    order = [next(n for n in names if n in p) for p in updated]
+    assert order == sorted(names)
+    with engine.connect() as conn:
+        billed = dict(conn.execute(sa.text("SELECT tenant_id, billed_tokens FROM tenants")).all())
+    assert billed == {"zeta": 11, "acme": 12, "mid": 13}

@@ -353,19 +353,21 @@ class LedgerWriter:
     def _settle(conn: Connection, s: _Staged) -> None:
         # Billed tokens move from the reservation to the tenant's total in the same
         # transaction as the usage events, so billed + reserved never drops below real spend.
-        for tenant_id, tokens in s.billed.items():
+        # Rows are updated in sorted order: two runs flushing for the same tenants (different
+        # partitions) in different orders deadlocked on PostgreSQL, failing one run's step.
+        for tenant_id, tokens in sorted(s.billed.items()):
             conn.execute(
                 tenants.update()
                 .where(tenants.c.tenant_id == tenant_id)
                 .values(billed_tokens=tenants.c.billed_tokens + tokens)
             )
-        for rid, tokens in s.settle.items():
+        for rid, tokens in sorted(s.settle.items()):
             conn.execute(
                 budget_reservations.update()
                 .where(budget_reservations.c.reservation_id == rid)
                 .values(tokens=budget_reservations.c.tokens - tokens, heartbeat_at=utcnow())
             )
-        for chunk_id, tokens in s.released.items():
+        for chunk_id, tokens in sorted(s.released.items()):
             conn.execute(
                 batch_submissions.update()
                 .where(batch_submissions.c.chunk_id == chunk_id)
