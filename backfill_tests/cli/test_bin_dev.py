@@ -59,6 +59,19 @@ def _wait_for(proc: subprocess.Popen[bytes], log: Path, ready: str, timeout: flo
     raise AssertionError(f"no {ready!r} in {timeout}s:\n{log.read_text()[-3000:]}")
 
 
+def _answers(url: str, timeout: float) -> int:
+    """The status of ``url`` once its server accepts connections: dagster-webserver logs
+    "Serving ..." before uvicorn binds the port (seen refused right after, under load)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return httpx.get(url, timeout=timeout).status_code
+        except httpx.ConnectError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
 def _kill(proc: subprocess.Popen[bytes]) -> None:
     # Everything in the session this test created, nothing else: bin/dev puts its children in
     # their own process groups, so killing bin/dev's group alone would leave a webserver
@@ -80,7 +93,7 @@ def test_bin_dev_starts_without_warnings_and_names_rejects_once(tmp_path: Path) 
     proc = _start(env, first)
     try:
         _wait_for(proc, first, f"Serving dagster-webserver on http://127.0.0.1:{port}", 240)
-        assert httpx.get(f"http://127.0.0.1:{port}/server_info", timeout=30).status_code == 200
+        assert _answers(f"http://127.0.0.1:{port}/server_info", 30) == 200
         time.sleep(3)  # the daemon's first ticks
     finally:
         _kill(proc)
