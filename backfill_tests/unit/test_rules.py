@@ -1,5 +1,5 @@
 """The fake's keyword rules: a post is labelled by the first rule it matches, in the order
-review, abuse, spam; one that matches none is ``ok`` (settled by one combined scan)."""
+review, abuse, spam; one that matches none is ``ok``."""
 
 from __future__ import annotations
 
