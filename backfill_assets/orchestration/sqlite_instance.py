@@ -39,7 +39,7 @@ from dagster._core.storage.event_log.sqlite.sqlite_event_log import (
     SqliteEventLogStorage,
 )
 from dagster._core.storage.sqlite import SQLITE_BUSY_TIMEOUT_SECONDS
-from dagster._core.storage.sqlite_storage import DagsterSqliteStorage
+from dagster._core.storage.sqlite_storage import DagsterSqliteStorage, _event_logs_directory
 from dagster._serdes import ConfigurableClassData
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.pool import NullPool
@@ -69,7 +69,8 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
     def from_config_value(
         cls, inst_data: ConfigurableClassData | None, config_value: Mapping[str, Any]
     ) -> PooledSqliteEventLogStorage:
-        """From the instance's storage defaults (``base_dir``: the shards' directory)."""
+        """From the instance's storage defaults (``base_dir``: the shards' directory); Dagster's
+        own names its class, not ``cls``."""
         return cls(str(config_value["base_dir"]), inst_data=inst_data)
 
     def _engine(self, shard: str) -> Engine:
@@ -181,9 +182,9 @@ class PooledSqliteStorage(DagsterSqliteStorage):
     def from_config_value(
         cls, inst_data: ConfigurableClassData | None, config_value: Mapping[str, Any]
     ) -> PooledSqliteStorage:
-        """From the instance's storage defaults (``base_dir``: the instance's home)."""
-        os.makedirs(str(config_value["base_dir"]), exist_ok=True)
-        return cls(str(config_value["base_dir"]), inst_data=inst_data)
+        """From the instance's storage defaults (``base_dir``: the instance's home); Dagster's
+        own names its class, not ``cls``."""
+        return cls.from_local(str(config_value["base_dir"]), inst_data=inst_data)
 
 
 class EmbeddedInstance(dg.DagsterInstance):
@@ -204,10 +205,6 @@ class EmbeddedInstance(dg.DagsterInstance):
             PooledSqliteEventLogStorage, _event_logs_directory(base_dir)
         )
         return defaults
-
-
-def _event_logs_directory(base_dir: str) -> str:
-    return os.path.join(base_dir, "history", "runs", "")
 
 
 def _class_data(cls: type, base_dir: str) -> ConfigurableClassData:
