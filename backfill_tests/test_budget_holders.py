@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -50,6 +51,22 @@ def _reserved(engine: Engine, reservation_id: str) -> int | None:
         ).scalar_one_or_none()
 
 
+def _wait_until_the_server_drops_its_session(engine: Engine) -> None:
+    """PostgreSQL ends a dead client's backend (and its advisory lock) a moment after the
+    process is reaped: CI once granted in that moment. Wait for the server, not the client."""
+    if engine.dialect.name != "postgresql":
+        return  # the OS drops an flock with the process
+    held = sa.text(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid <> pg_backend_pid()"
+        " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+    )
+    deadline = time.monotonic() + 10.0
+    with engine.connect() as conn:
+        while conn.execute(held).scalar_one():
+            assert time.monotonic() < deadline, "the server kept a dead holder's lock for 10 s"
+            time.sleep(0.01)
+
+
 def test_a_reservation_lives_exactly_as_long_as_its_holder(
     engine: Engine, store_url: str, tmp_path: Path
 ) -> None:
@@ -72,6 +89,7 @@ def test_a_reservation_lives_exactly_as_long_as_its_holder(
         holder.wait()
         if holder.stdout is not None:
             holder.stdout.close()
+    _wait_until_the_server_drops_its_session(engine)
     # Dead: the next grant reclaims its reservation at once, not minutes later.
     grant = StoreBudgetLedger(engine, holder="third-run").grant("acme", "r-third", 100, 100, 3000)
     assert _reserved(engine, "r-doomed") is None

@@ -164,7 +164,14 @@ def test_every_fault_class_ends_in_exactly_one_terminal_outcome(
             assert seen == calls, fault
     clean = set(keys.values()) - set(pinned)
     assert {found[k][0] for k in clean} == {"accepted"}
-    assert {meter.calls_by_correlation_id[k] for k in clean} == {1}
+    # A clean key is sent once, unless its attempt hit the client's 0.5 s budget on a loaded
+    # machine (seen in CI): then each extra call follows a booked timeout, never a silent one.
+    with engine.connect() as conn:
+        rows = conn.execute(sa.text("SELECT key, message FROM ledger_events WHERE type = 'error'"))
+        errors = Counter(k for k, message in rows if "timeout" in message)
+    for k in clean:
+        assert tried[k] == errors[k] + 1, (k, tried[k], errors[k])
+        assert 1 <= meter.calls_by_correlation_id[k] <= tried[k]
     by_outcome = Counter(o for r in reports for o in r.stats.outcomes.elements())
     assert by_outcome == Counter(v[0] for v in found.values())
 
