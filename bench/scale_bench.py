@@ -80,6 +80,13 @@ def write_export(path: Path, posts: int, tenants: int) -> Path:
     return path
 
 
+def write_one_post(path: Path, tenant: str) -> Path:
+    """A JSONL export of one post that ``records`` never makes."""
+    rec = {"tenant_id": tenant, "post_id": "one-more", "text": f"{_TEXTS[0]} (one more)"}
+    path.write_text(json.dumps(rec) + "\n", encoding="utf-8")
+    return path
+
+
 # ``--processes N``: BACKFILL_RUN_PROCESSES for every ``run`` (unset: the CLI's default).
 _RUN_PROCESSES: dict[str, str] = {}
 
@@ -346,8 +353,14 @@ def million_bench(
                 name = "no-op run" if i == 0 else f"no-op run {i + 1}"
                 steps[name] = cli(["run"], env)
                 _report(name, steps[name], calls_of(steps[name]), 10, "<=")
+            # Cost follows the work: one new post in a store of a million, then a run.
+            one = write_one_post(work / "one-more.jsonl", tenant_names(tenants)[0])
+            cli(["import", str(one)], env)
+            steps["run, one new post"] = cli(["run"], env)
+            assert calls_of(steps["run, one new post"]) == 1, steps["run, one new post"].doc
+            _report("run, one new post", steps["run, one new post"], 1, None, "")
             steps["verify"] = cli(["verify", "--require-complete"], env)
-            _report("verify --require-complete", steps["verify"], posts, 120, "<=")
+            _report("verify --require-complete", steps["verify"], posts + 1, 120, "<=")
             with sa.create_engine(store_url).connect() as conn:
                 results = conn.execute(sa.text("SELECT count(*) FROM results")).scalar_one()
         finally:

@@ -36,7 +36,8 @@ from typing import Any
 from backfill_assets.core.keys import Versions, slice_of, work_key
 
 Row = Mapping[str, Any]
-BLOCKING_KINDS = ("isolation", "duplicate")
+# usage_rollup: the invoice's figures (sql/008) disagree with the ledger they sum.
+BLOCKING_KINDS = ("isolation", "duplicate", "usage_rollup")
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,3 +305,28 @@ def _audit_ledger(
         rep.rebilled_tokens += sum(t for _, t in usages[1:])
         if len(usages) > 1 and len(rep.rebilled_keys) < sample:
             rep.rebilled_keys.append(key)
+
+
+def usage_rollup_problems(
+    tenant: str, ledger: Iterable[Row], rollup: Mapping[str, tuple[int, int, int]]
+) -> list[Problem]:
+    """The usage rollup (calls, tokens in, tokens out per model) against the usage events of
+    the tenant's ledger: reports and invoices read the rollup, so they must agree exactly."""
+    booked: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
+    for ev in ledger:
+        if ev["type"] == "usage" and ev["tenant_id"] == tenant:
+            sums = booked[str(ev["model"])]
+            sums[0] += 1
+            sums[1] += int(ev["tokens_in"])
+            sums[2] += int(ev["tokens_out"])
+    problems = []
+    for model in sorted(set(booked) | set(rollup)):
+        ledger_sums = tuple(booked.get(model, (0, 0, 0)))
+        rolled = tuple(rollup.get(model, (0, 0, 0)))
+        if ledger_sums != rolled:
+            detail = (
+                f"model {model}: ledger calls/tokens_in/tokens_out {ledger_sums},"
+                f" usage_daily {rolled}"
+            )
+            problems.append(Problem("usage_rollup", tenant, "usage_daily", "", detail))
+    return problems

@@ -41,8 +41,9 @@ from backfill_assets.store.audit import verify_store
 from backfill_assets.store.dead_letters import requeue
 from backfill_assets.store.engine import read_tx, write_tx
 from backfill_assets.store.migrate import migrate, schema_versions
-from backfill_assets.store.reports import tenant_ids, usage_by_day, usage_by_tenant_model
+from backfill_assets.store.reports import tenant_ids
 from backfill_assets.store.tenants import all_regions
+from backfill_assets.store.usage import usage_by_day, usage_by_tenant_model
 
 
 def emit(args: argparse.Namespace, doc: Any, *human: Human) -> None:

@@ -12,7 +12,7 @@ from backfill_assets.orchestration.checks import LABELS_KEY
 from backfill_assets.orchestration.resources import StoreResource
 from backfill_assets.orchestration.sensors import refresh_condition
 from backfill_assets.store.engine import read_tx
-from backfill_assets.store.reports import usage_by_day
+from backfill_assets.store.usage import usage_by_day
 
 USAGE_COLUMNS = ("tenant", "model", "day", "calls", "tokens_in", "tokens_out", "tokens", "cost")
 # The metadata table is for reading in the UI; the CSV export has every row.

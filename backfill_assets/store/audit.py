@@ -11,12 +11,27 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from backfill_assets.audit.check_rules import CheckBounds, PartitionEvidence, Verdict, evaluate
-from backfill_assets.audit.verify import BLOCKING_KINDS, Problem, Row, ScopeReport, verify_scope
+from backfill_assets.audit.verify import (
+    BLOCKING_KINDS,
+    Problem,
+    Row,
+    ScopeReport,
+    usage_rollup_problems,
+    verify_scope,
+)
 from backfill_assets.core.keys import Versions, work_key
 from backfill_assets.core.validation import stored_result_problems
 from backfill_assets.store.bulk import driver_rows, select_rows
 from backfill_assets.store.engine import is_sqlite, read_tx
-from backfill_assets.store.tables import dead_letters, ledger_events, posts, results, tenants
+from backfill_assets.store.tables import (
+    dead_letters,
+    ledger_events,
+    posts,
+    results,
+    tenants,
+    usage_daily,
+)
+from backfill_assets.store.usage import rollup_totals
 
 # Bound on bind parameters per IN (...) list: SQLite allows 32,766, PostgreSQL 65,535.
 _IN_CHUNK = 5_000
@@ -325,7 +340,7 @@ def verify_store(
     problems: list[Problem] = []
     with read_tx(engine) as conn:
         names: set[str] = set()
-        for table in (tenants, results, dead_letters, ledger_events):
+        for table in (tenants, results, dead_letters, ledger_events, usage_daily):
             names.update(
                 str(t) for t in conn.execute(sa.select(table.c.tenant_id).distinct()).scalars()
             )
@@ -338,4 +353,6 @@ def verify_store(
             )
             reports.append(rep)
             problems.extend(probs)
+            rollup = rollup_totals(conn, tenant_id)
+            problems.extend(usage_rollup_problems(tenant_id, rows.ledger, rollup))
     return VerifyOutcome(reports=reports, problems=problems)

@@ -58,6 +58,9 @@ def statements(sql: str, dialect: str) -> list[str]:
     serial = "INTEGER PRIMARY KEY" if dialect == "sqlite" else "BIGSERIAL PRIMARY KEY"
     body = "\n".join(line for line in sql.splitlines() if not line.lstrip().startswith("--"))
     body = body.replace("{serial_pk}", serial)
+    # The UTC day of a ledger timestamp as 'YYYY-MM-DD' (stored as UTC without a zone).
+    day = "date(at)" if dialect == "sqlite" else "to_char(at, 'YYYY-MM-DD')"
+    body = body.replace("{utc_day_of_at}", day)
     return [s.strip() for s in body.split(";") if s.strip()]
 
 

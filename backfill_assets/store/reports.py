@@ -1,4 +1,4 @@
-"""Read-only queries behind metadata, ``usage`` and ``dry-run``."""
+"""Read-only queries behind metadata and ``dry-run`` (usage reports: ``usage.py``)."""
 
 from __future__ import annotations
 
@@ -8,36 +8,6 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from backfill_assets.store.tables import ledger_events, posts, tenants
-
-
-def usage_by_tenant_model(conn: Connection) -> list[dict[str, object]]:
-    """Tokens, cost and calls per tenant and model, from usage events."""
-    le = ledger_events
-    stmt = (
-        sa.select(
-            le.c.tenant_id,
-            le.c.model,
-            sa.func.count().label("calls"),
-            sa.func.sum(le.c.tokens_in).label("tokens_in"),
-            sa.func.sum(le.c.tokens_out).label("tokens_out"),
-            sa.func.sum(le.c.cost).label("cost"),
-        )
-        .where(le.c.type == "usage")
-        .group_by(le.c.tenant_id, le.c.model)
-        .order_by(le.c.tenant_id, le.c.model)
-    )
-    return [
-        {
-            "tenant": r.tenant_id,
-            "model": r.model,
-            "calls": int(r.calls),
-            "tokens_in": int(r.tokens_in or 0),
-            "tokens_out": int(r.tokens_out or 0),
-            "tokens": int((r.tokens_in or 0) + (r.tokens_out or 0)),
-            "cost": round(float(r.cost or 0.0), 6),
-        }
-        for r in conn.execute(stmt)
-    ]
 
 
 def tenant_ids(conn: Connection) -> list[str]:
@@ -93,36 +63,3 @@ def live_label_counts(
     return {
         str(label): int(n) for label, n in conn.execute(stmt.group_by(posts.c.moderation_label))
     }
-
-
-def usage_by_day(conn: Connection) -> list[dict[str, object]]:
-    """Tokens, cost and calls per tenant, model and UTC day, from usage events."""
-    le = ledger_events
-    day = sa.func.date(le.c.at)
-    stmt = (
-        sa.select(
-            le.c.tenant_id,
-            le.c.model,
-            day.label("day"),
-            sa.func.count().label("calls"),
-            sa.func.sum(le.c.tokens_in).label("tokens_in"),
-            sa.func.sum(le.c.tokens_out).label("tokens_out"),
-            sa.func.sum(le.c.cost).label("cost"),
-        )
-        .where(le.c.type == "usage")
-        .group_by(le.c.tenant_id, le.c.model, day)
-        .order_by(le.c.tenant_id, le.c.model, day)
-    )
-    return [
-        {
-            "tenant": r.tenant_id,
-            "model": r.model,
-            "day": str(r.day)[:10],
-            "calls": int(r.calls),
-            "tokens_in": int(r.tokens_in or 0),
-            "tokens_out": int(r.tokens_out or 0),
-            "tokens": int((r.tokens_in or 0) + (r.tokens_out or 0)),
-            "cost": round(float(r.cost or 0.0), 6),
-        }
-        for r in conn.execute(stmt)
-    ]

@@ -185,3 +185,16 @@ limiter_members = sa.Table(
     sa.Column("weight", sa.Float, nullable=False),
     sa.Column("heartbeat_at", sa.Float, nullable=False),
 )
+
+# sql/008: usage per tenant, model and UTC day, kept in the usage events' own transaction.
+usage_daily = sa.Table(
+    "usage_daily",
+    metadata,
+    sa.Column("tenant_id", sa.Text, primary_key=True),
+    sa.Column("model", sa.Text, primary_key=True),
+    sa.Column("day", sa.Text, primary_key=True),
+    sa.Column("calls", sa.BigInteger, nullable=False),
+    sa.Column("tokens_in", sa.BigInteger, nullable=False),
+    sa.Column("tokens_out", sa.BigInteger, nullable=False),
+    sa.Column("cost", sa.Float, nullable=False),
+)

@@ -9,7 +9,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from backfill_assets.core.keys import Versions
-from backfill_assets.store.tables import ledger_events, posts, results, tenants
+from backfill_assets.store.tables import posts, results, tenants
+from backfill_assets.store.usage import billed_by_tenant
 
 
 class UnknownTenant(LookupError):
@@ -56,7 +57,7 @@ def claim_regions(conn: Connection, claimed: Mapping[str, str]) -> None:
 
 def tenant_rows(conn: Connection, versions: Versions) -> list[dict[str, Any]]:
     """Per tenant: region, posts, done (posts whose current text has a result at
-    ``versions``) and billed (tokens of every usage event in the ledger)."""
+    ``versions``) and billed (tokens of every usage event, from the usage rollup)."""
     post_n = (
         sa.select(posts.c.tenant_id, sa.func.count().label("n"))
         .group_by(posts.c.tenant_id)
@@ -82,13 +83,7 @@ def tenant_rows(conn: Connection, versions: Versions) -> list[dict[str, Any]]:
         .group_by(results.c.tenant_id)
         .subquery()
     )
-    le = ledger_events
-    billed = (
-        sa.select(le.c.tenant_id, sa.func.sum(le.c.tokens_in + le.c.tokens_out).label("n"))
-        .where(le.c.type == "usage")
-        .group_by(le.c.tenant_id)
-        .subquery()
-    )
+    billed = billed_by_tenant()
     stmt = (
         sa.select(
             tenants.c.tenant_id,

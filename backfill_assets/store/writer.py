@@ -42,6 +42,7 @@ from backfill_assets.store.tables import (
     tenants,
     utcnow,
 )
+from backfill_assets.store.usage import add_usage
 
 Row = dict[str, Any]
 
@@ -61,6 +62,8 @@ class _Staged:
     settle: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     billed: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     released: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    # (tenant, model) -> [calls, tokens_in, tokens_out, cost] of the staged usage events.
+    usage: dict[tuple[str, str], list[Any]] = field(default_factory=dict)
     first_at: float | None = None
 
     def empty(self) -> bool:
@@ -213,11 +216,19 @@ class LedgerWriter:
         self._staged.events.append(row)
         if chunk is not None and chunk[1]:
             self._staged.released[chunk[0]] += chunk[1]
-        tokens = int(row["tokens_in"]) + int(row["tokens_out"])
-        if row["type"] == "usage" and tokens:
-            self._staged.billed[row["tenant_id"]] += tokens
-            if reservation_id is not None:
-                self._staged.settle[reservation_id] += tokens
+        tokens_in, tokens_out = int(row["tokens_in"]), int(row["tokens_out"])
+        if row["type"] == "usage":
+            sums = self._staged.usage.get((row["tenant_id"], row["model"]))
+            if sums is None:
+                sums = self._staged.usage[(row["tenant_id"], row["model"])] = [0, 0, 0, 0.0]
+            sums[0] += 1
+            sums[1] += tokens_in
+            sums[2] += tokens_out
+            sums[3] += float(row["cost"])
+            if tokens_in + tokens_out:
+                self._staged.billed[row["tenant_id"]] += tokens_in + tokens_out
+                if reservation_id is not None:
+                    self._staged.settle[reservation_id] += tokens_in + tokens_out
         self._mark()
 
     def stage_result(self, row: Row) -> None:
@@ -322,7 +333,8 @@ class LedgerWriter:
         # the attempt commits on the event loop wait for) is held only for the inserts.
         good, bad = split_valid(s.results)
         dead = list(s.dead) + [_as_dead(row, reason) for row, reason in bad]
-        now = db_time(self._dialect, utcnow())
+        stamp = utcnow()
+        now = db_time(self._dialect, stamp)
         for row in s.events:
             row["at"] = now
         event_values = row_values(ledger_events, EVENT_COLUMNS, s.events)
@@ -340,7 +352,7 @@ class LedgerWriter:
             if cleared:
                 conn.execute(dead_letters.delete().where(dead_letters.c.key.in_(cleared)))
             insert_values(conn, dead_letters, DEAD_COLUMNS, dead_values, DEAD_UPSERT)
-            self._settle(conn, s)
+            self._settle(conn, s, stamp.date().isoformat())
         usage = sum(1 for e in s.events if e["type"] == "usage")
         self.usage_committed += usage
         if self._kill_after is not None and self.usage_committed >= self._kill_after:
@@ -350,11 +362,14 @@ class LedgerWriter:
         return FlushReport(rejected=bad)
 
     @staticmethod
-    def _settle(conn: Connection, s: _Staged) -> None:
+    def _settle(conn: Connection, s: _Staged, day: str) -> None:
         # Billed tokens move from the reservation to the tenant's total in the same
-        # transaction as the usage events, so billed + reserved never drops below real spend.
+        # transaction as the usage events, so billed + reserved never drops below real spend;
+        # the usage rollup (sql/008) grows by the same events, so it always equals the ledger.
         # Rows are updated in sorted order: two runs flushing for the same tenants (different
         # partitions) in different orders deadlocked on PostgreSQL, failing one run's step.
+        if s.usage:
+            add_usage(conn, day, sorted(s.usage.items()))
         for tenant_id, tokens in sorted(s.billed.items()):
             conn.execute(
                 tenants.update()

@@ -1,0 +1,119 @@
+"""Usage per tenant, model and UTC day: the rollup the writer keeps, and the reports on it.
+
+The ledger's usage events are the record; ``usage_daily`` (sql/008) sums them and grows in the
+same transaction as the events (``add_usage``, called by the writer's outcome flush, the only
+path that books usage). Reports read the rollup, so a refresh after a small run costs what
+the tenants and days are, not what the ledger holds; ``verify`` compares the two per tenant
+and model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from backfill_assets.store.dialect import insert_for
+from backfill_assets.store.tables import usage_daily
+
+# (tenant, model) -> [calls, tokens_in, tokens_out, cost]
+UsageSums = tuple[tuple[str, str], Sequence[Any]]
+
+
+def add_usage(conn: Connection, day: str, sums: Sequence[UsageSums]) -> None:
+    """Add one flush's usage events to the rollup (``sums`` sorted: no deadlock between runs)."""
+    u = usage_daily
+    for (tenant_id, model), (calls, tokens_in, tokens_out, cost) in sums:
+        stmt = insert_for(conn, u).values(
+            tenant_id=tenant_id,
+            model=model,
+            day=day,
+            calls=calls,
+            tokens_in=tokens_in,
+            tokens_out=tokens_out,
+            cost=cost,
+        )
+        conn.execute(
+            stmt.on_conflict_do_update(
+                index_elements=["tenant_id", "model", "day"],
+                set_={
+                    "calls": u.c.calls + stmt.excluded.calls,
+                    "tokens_in": u.c.tokens_in + stmt.excluded.tokens_in,
+                    "tokens_out": u.c.tokens_out + stmt.excluded.tokens_out,
+                    "cost": u.c.cost + stmt.excluded.cost,
+                },
+            )
+        )
+
+
+def _row(*values: Any, day: str | None = None) -> dict[str, object]:
+    tenant, model, calls, tokens_in, tokens_out, cost = values
+    return {
+        "tenant": tenant,
+        "model": model,
+        **({"day": day} if day is not None else {}),
+        "calls": int(calls),
+        "tokens_in": int(tokens_in or 0),
+        "tokens_out": int(tokens_out or 0),
+        "tokens": int((tokens_in or 0) + (tokens_out or 0)),
+        "cost": round(float(cost or 0.0), 6),
+    }
+
+
+def usage_by_day(conn: Connection) -> list[dict[str, object]]:
+    """Tokens, cost and calls per tenant, model and UTC day."""
+    u = usage_daily
+    stmt = sa.select(
+        u.c.tenant_id, u.c.model, u.c.day, u.c.calls, u.c.tokens_in, u.c.tokens_out, u.c.cost
+    ).order_by(u.c.tenant_id, u.c.model, u.c.day)
+    return [
+        _row(t, m, calls, t_in, t_out, cost, day=str(day))
+        for t, m, day, calls, t_in, t_out, cost in conn.execute(stmt)
+    ]
+
+
+def usage_by_tenant_model(conn: Connection) -> list[dict[str, object]]:
+    """Tokens, cost and calls per tenant and model."""
+    u = usage_daily
+    stmt = (
+        sa.select(
+            u.c.tenant_id,
+            u.c.model,
+            sa.func.sum(u.c.calls),
+            sa.func.sum(u.c.tokens_in),
+            sa.func.sum(u.c.tokens_out),
+            sa.func.sum(u.c.cost),
+        )
+        .group_by(u.c.tenant_id, u.c.model)
+        .order_by(u.c.tenant_id, u.c.model)
+    )
+    return [_row(*r) for r in conn.execute(stmt)]
+
+
+def billed_by_tenant() -> sa.Subquery:
+    """``(tenant_id, n)``: tokens billed per tenant, for joining into per-tenant reports."""
+    u = usage_daily
+    return (
+        sa.select(u.c.tenant_id, sa.func.sum(u.c.tokens_in + u.c.tokens_out).label("n"))
+        .group_by(u.c.tenant_id)
+        .subquery()
+    )
+
+
+def rollup_totals(conn: Connection, tenant_id: str) -> dict[str, tuple[int, int, int]]:
+    """A tenant's rollup per model: calls, tokens in, tokens out (``verify`` compares them
+    with the ledger rows it reads anyway)."""
+    u = usage_daily
+    stmt = (
+        sa.select(
+            u.c.model,
+            sa.func.sum(u.c.calls),
+            sa.func.sum(u.c.tokens_in),
+            sa.func.sum(u.c.tokens_out),
+        )
+        .where(u.c.tenant_id == tenant_id)
+        .group_by(u.c.model)
+    )
+    return {str(m): (int(c), int(i), int(o)) for m, c, i, o in conn.execute(stmt)}
