@@ -363,6 +363,7 @@ def million_bench(
             _report("verify --require-complete", steps["verify"], posts + 1, 120, "<=")
             with sa.create_engine(store_url).connect() as conn:
                 results = conn.execute(sa.text("SELECT count(*) FROM results")).scalar_one()
+            usage_report(store_url)
         finally:
             for url in dropped:
                 drop_store(url)
@@ -374,6 +375,43 @@ def million_bench(
         "run_posts_s": rate,
         "ok": steps["verify"].doc.get("ok"),
     }
+
+
+def usage_report(store_url: str) -> dict[str, float]:
+    """The usage report (``usage``, ``tenant_usage``) read from the rollup vs the ledger
+    aggregate it replaced (sql/008): medians of 5, in ms."""
+    from backfill_assets.orchestration.resources import engine_for
+    from backfill_assets.store.usage import usage_by_day
+
+    engine = engine_for(store_url)
+    day = "date(at)" if engine.dialect.name == "sqlite" else "to_char(at, 'YYYY-MM-DD')"
+    ledger = (
+        f"SELECT tenant_id, model, {day}, count(*), sum(tokens_in), sum(tokens_out), sum(cost)"
+        f" FROM ledger_events WHERE type = 'usage' GROUP BY tenant_id, model, {day}"
+        " ORDER BY 1, 2, 3"
+    )
+
+    def ms(fn: Any) -> float:
+        times = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1000)
+        return median(times)
+
+    try:
+        with engine.connect() as conn:
+            rows = conn.exec_driver_sql("SELECT count(*) FROM ledger_events").scalar_one()
+            old = ms(lambda: conn.exec_driver_sql(ledger).all())
+            new = ms(lambda: usage_by_day(conn))
+    finally:
+        engine.dispose()
+    print(
+        f"[usage report] over {rows:,} ledger rows: from usage_daily {new:.2f} ms;"
+        f" the ledger aggregate it replaced {old:.1f} ms (medians of 5)",
+        flush=True,
+    )
+    return {"rollup_ms": new, "ledger_aggregate_ms": old}
 
 
 def _report(name: str, m: Measured, items: int, target: float | None, op: str) -> None:
