@@ -8,6 +8,7 @@ import contextlib
 import os
 import shutil
 import sqlite3
+import subprocess
 import threading
 import time
 import uuid
@@ -168,3 +169,28 @@ def test_a_new_run_shard_is_what_dagster_itself_makes(tmp_path: Path) -> None:
         assert _schema(ours)[1], "alembic revision stamped"
         assert [e.user_message for e in stock.get_logs_for_run(run_id)] == ["hello"]
     assert not [p.name for p in (tmp_path / "pooled").iterdir() if p.name.endswith(".new")]
+
+
+def test_a_process_killed_placing_a_shard_leaves_nothing_for_long(tmp_path: Path) -> None:
+    # A SIGKILL inside _place_new_shard leaves its temporary files; the next process that
+    # makes a shard there removes those of processes that are gone, never a live one's.
+    base = tmp_path / "shards"
+    base.mkdir()
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    left = [
+        f"{uuid.uuid4()}.db.{gone.pid}.new",
+        f".empty-shard.{gone.pid}.db",
+        f".empty-shard.{gone.pid}.db-wal",
+        f".empty-shard.{gone.pid}.db-shm",
+    ]
+    live = [f"{uuid.uuid4()}.db.{os.getppid()}.new", f".empty-shard.{os.getppid()}.db"]
+    for name in [*left, *live, "notes.new", ".empty-shard.x.db"]:
+        (base / name).write_bytes(b"partial")
+    pooled = PooledSqliteEventLogStorage(str(base))
+    run_id = str(uuid.uuid4())
+    pooled.store_event(_entry(run_id, "hello"))
+    pooled.dispose()
+    names = {p.name for p in base.iterdir()}
+    assert not names & set(left)
+    assert names >= {*live, "notes.new", ".empty-shard.x.db", f"{run_id}.db"}

@@ -24,6 +24,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import re
 import threading
 import weakref
 from collections import OrderedDict
@@ -62,6 +63,7 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
     ) -> None:
         self._engines: OrderedDict[str, Engine] = OrderedDict()
         self._open_shards = max(1, open_shards)
+        self._swept = False  # other processes' leftovers, looked for at the first new shard
         super().__init__(base_dir, inst_data)
         _LIVE.add(self)
 
@@ -101,6 +103,9 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
         path = self.path_for_shard(shard)
         if os.path.exists(path):
             return False
+        if not self._swept:
+            self._swept = True
+            _sweep_leftovers(self._base_dir)
         global _EMPTY_SHARD
         if _EMPTY_SHARD is None:
             _EMPTY_SHARD = self._empty_shard()
@@ -168,6 +173,32 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
         """Close every shard's connection, then Dagster's own clean-up."""
         self._close_all()
         super().dispose()
+
+
+# What a process SIGKILLed inside ``_place_new_shard`` leaves: ``<run>.db.<pid>.new`` and
+# ``.empty-shard.<pid>.db`` (with its -wal/-shm). Nothing reads them.
+_LEFTOVER = re.compile(r"^(?:.+\.db\.(\d+)\.new|\.empty-shard\.(\d+)\.db(?:-wal|-shm)?)$")
+
+
+def _sweep_leftovers(base_dir: str) -> None:
+    """Remove the temporary shard files of processes that are gone."""
+    with contextlib.suppress(OSError):
+        for name in os.listdir(base_dir):
+            match = _LEFTOVER.match(name)
+            if match is None or _alive(int(match[1] or match[2])):
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(base_dir, name))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
 
 
 class PooledSqliteStorage(DagsterSqliteStorage):
