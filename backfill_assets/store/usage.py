@@ -15,37 +15,26 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from backfill_assets.store.dialect import insert_for
+from backfill_assets.store.bulk import insert_values
 from backfill_assets.store.tables import usage_daily
 
 # (tenant, model) -> [calls, tokens_in, tokens_out, cost]
 UsageSums = tuple[tuple[str, str], Sequence[Any]]
 
 
+_COLUMNS = ("tenant_id", "model", "day", "calls", "tokens_in", "tokens_out", "cost")
+_ADD = "ON CONFLICT (tenant_id, model, day) DO UPDATE SET " + ", ".join(
+    f"{c} = usage_daily.{c} + excluded.{c}" for c in ("calls", "tokens_in", "tokens_out", "cost")
+)
+
+
 def add_usage(conn: Connection, day: str, sums: Sequence[UsageSums]) -> None:
-    """Add one flush's usage events to the rollup (``sums`` sorted: no deadlock between runs)."""
-    u = usage_daily
-    for (tenant_id, model), (calls, tokens_in, tokens_out, cost) in sums:
-        stmt = insert_for(conn, u).values(
-            tenant_id=tenant_id,
-            model=model,
-            day=day,
-            calls=calls,
-            tokens_in=tokens_in,
-            tokens_out=tokens_out,
-            cost=cost,
-        )
-        conn.execute(
-            stmt.on_conflict_do_update(
-                index_elements=["tenant_id", "model", "day"],
-                set_={
-                    "calls": u.c.calls + stmt.excluded.calls,
-                    "tokens_in": u.c.tokens_in + stmt.excluded.tokens_in,
-                    "tokens_out": u.c.tokens_out + stmt.excluded.tokens_out,
-                    "cost": u.c.cost + stmt.excluded.cost,
-                },
-            )
-        )
+    """Add one flush's usage events to the rollup (``sums`` sorted: no deadlock between runs).
+
+    On the driver, as the flush's other inserts: a SQLAlchemy upsert per tenant cost ~2% of
+    the pipeline's throughput (``bench/run pipeline``)."""
+    values = [(tenant, model, day, *figures) for (tenant, model), figures in sums]
+    insert_values(conn, usage_daily, _COLUMNS, values, _ADD)
 
 
 def _row(*values: Any, day: str | None = None) -> dict[str, object]:
