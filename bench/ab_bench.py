@@ -97,6 +97,8 @@ def main() -> None:
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=ROOT)
     print(f"# medians over {a.rounds} round(s): base {rev} | this {here}")
+    if not figures["base"] and not figures["this"]:
+        print("(the bench printed no JSON figures on its last line: compare the rounds above)")
     for name in sorted(set(figures["base"]) | set(figures["this"])):
         b, t = figures["base"].get(name), figures["this"].get(name)
         shown = [f"{median(v):,.3f}" if v else "-" for v in (b, t)]

@@ -19,7 +19,7 @@ import time
 import uuid
 from pathlib import Path
 
-from bench.common import drop_store, fmt, machine_speed, new_store, worker
+from bench.common import drop_store, fmt, machine_speed, median, new_store, worker
 
 TENANTS = ["acme", "globex", "initech"]
 
@@ -132,6 +132,7 @@ def main() -> None:
             f"concurrency {a.concurrency}, {a.repeat} repeat(s), {os.cpu_count()} cores"
         )
         print(machine_speed(), flush=True)
+        figures: dict[str, float] = {}
         for kind in a.stores.split(","):
             rates, first, us_noop, peaks_full, peaks_noop, noop_calls = [], [], [], [], [], []
             for _ in range(a.repeat):
@@ -168,6 +169,11 @@ def main() -> None:
                 f"[{kind}] peak RSS, full run process: {fmt(peaks_full, 'MB')}; "
                 f"no-op resume growth over start-up: {fmt(peaks_noop, 'MB', 1)}"
             )
+            figures |= {
+                f"{kind}_items_s": median(rates),
+                f"{kind}_items_s_with_first_load": median(first),
+                f"{kind}_noop_us_per_item": median(us_noop),
+            }
         if not a.skip_cli:
             url = new_store("sqlite", work)
             wall, peak, calls = _cli_run_wall(url, export, work)
@@ -175,6 +181,9 @@ def main() -> None:
                 f"[sqlite] whole `backfill-moderation run` (Dagster start-up, 3 in-process runs, "
                 f"{calls:,} calls): {wall:.1f} s wall, peak RSS {peak:.0f} MB"
             )
+            figures["cli_run_wall_s"] = wall
+        # The last line: the medians as JSON (what `bench/run ab` compares).
+        print(json.dumps(figures), flush=True)
 
 
 if __name__ == "__main__":
