@@ -225,10 +225,11 @@ class LedgerWriter:
             sums[1] += tokens_in
             sums[2] += tokens_out
             sums[3] += float(row["cost"])
-            if tokens_in + tokens_out:
-                self._staged.billed[row["tenant_id"]] += tokens_in + tokens_out
+            tokens = tokens_in + tokens_out
+            if tokens:
+                self._staged.billed[row["tenant_id"]] += tokens
                 if reservation_id is not None:
-                    self._staged.settle[reservation_id] += tokens_in + tokens_out
+                    self._staged.settle[reservation_id] += tokens
         self._mark()
 
     def stage_result(self, row: Row) -> None:
@@ -353,8 +354,7 @@ class LedgerWriter:
                 conn.execute(dead_letters.delete().where(dead_letters.c.key.in_(cleared)))
             insert_values(conn, dead_letters, DEAD_COLUMNS, dead_values, DEAD_UPSERT)
             self._settle(conn, s, stamp.date().isoformat())
-        usage = sum(1 for e in s.events if e["type"] == "usage")
-        self.usage_committed += usage
+        self.usage_committed += sum(sums[0] for sums in s.usage.values())
         if self._kill_after is not None and self.usage_committed >= self._kill_after:
             # Fault injection (BACKFILL_KILL_AFTER_USAGE): die the hard way, right after the
             # Nth usage event became durable, to prove resume never loses or re-pays.
