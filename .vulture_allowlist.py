@@ -14,6 +14,7 @@ _prices_parse  # settings.Settings
 _baseline_parses  # settings.Settings
 _labels_known  # settings.Settings
 _batch_needs_a_batch_api  # settings.Settings
+_import_dir_absolute  # settings.Settings
 
 # pydantic-settings calls these hooks with these keyword names (settings.Settings).
 settings_customise_sources
@@ -26,6 +27,10 @@ _load_env_vars  # settings._MappingSource
 correlation_matches
 strict
 coerce
+
+# dagster: IOManager hooks (orchestration/sealing.py).
+handle_output
+load_input
 
 # rich: ProgressColumn.render is called by rich (cli/progress.py); Column.justify (cli/tables.py).
 render

@@ -50,6 +50,30 @@ def export_files(path: Path) -> list[Path]:
     return files
 
 
+def files_within(path: str, root: Path) -> list[Path]:
+    """The exports ``path`` names, each one inside ``root`` once symbolic links are resolved.
+
+    ``path`` is relative to ``root`` (or absolute inside it). What the UI imports comes from
+    here only: a launch naming ``../`` or a link out of the directory is refused, so run config
+    cannot plant another file's lines into a tenant.
+    """
+    base = root.resolve()
+    given = Path(path)
+    target = given if given.is_absolute() else base / given
+    files = export_files(target) if _inside(target, base) else []
+    outside = [f for f in files if not _inside(f, base)] if files else [target]
+    if outside:
+        raise ImportInputError(
+            f"{path}: outside the import directory {base} (BACKFILL_IMPORT_DIR); "
+            "imports launched from Dagster read only from there"
+        )
+    return files
+
+
+def _inside(path: Path, root: Path) -> bool:
+    return path.resolve().is_relative_to(root)
+
+
 @contextmanager
 def _open_lines(path: Path) -> Iterator[io.BufferedIOBase]:
     """The file's bytes, decompressed when it is gzip (by its magic bytes, not its name)."""

@@ -1,16 +1,16 @@
 """The assets: imported posts and the moderation labels (thin: orchestration only)."""
 
 import warnings
-from pathlib import Path
 from typing import Any
 
 import dagster as dg
+from pydantic import Field
 
 from backfill_assets.core.faults import NO_FAULTS, FaultHooks
 from backfill_assets.core.range_guard import require_full_range
 from backfill_assets.dispatch.partition_run import RunStopped
 from backfill_assets.dispatch.pipeline import run_partitions, with_levels
-from backfill_assets.ingest.importer import import_jsonl
+from backfill_assets.ingest.importer import ImportInputError, files_within, import_files
 from backfill_assets.orchestration.metadata import add_partition_metadata, partition_metadata
 from backfill_assets.orchestration.partitions import (
     moderation_partitions,
@@ -24,15 +24,18 @@ from backfill_assets.orchestration.resources import (
     run_versions,
 )
 from backfill_assets.store.engine import read_tx
+from backfill_assets.store.posts import ImportSummary
 from backfill_assets.store.reports import partition_spend
-
-DEMO_POSTS = Path(__file__).resolve().parents[1] / "demo" / "posts.jsonl"
 
 
 class PostsImportConfig(dg.Config):
-    """Where the export to import lives."""
+    """Which export to import: a file or directory inside the import directory."""
 
-    path: str = str(DEMO_POSTS)
+    path: str = Field(
+        default=".",
+        description="Relative to BACKFILL_IMPORT_DIR (default: the bundled demo export's "
+        "directory), or absolute inside it; nothing outside it is read.",
+    )
 
 
 @dg.asset(group_name="ingest", kinds={"sql"})
@@ -43,9 +46,14 @@ def posts(
     settings: RunSettings,
 ) -> dg.MaterializeResult[None]:
     """Posts imported from a JSONL export; bad lines go to rejected_records (line, reason)."""
-    summary = import_jsonl(
-        store.engine(), Path(config.path), slice_target=settings.slice_target_posts
-    )
+    summary = ImportSummary()
+    try:
+        files = files_within(config.path, settings.import_root())
+        target = settings.slice_target_posts
+        for _f, one in import_files(store.engine(), files, slice_target=target):
+            summary.add(one)
+    except ImportInputError as exc:
+        raise dg.Failure(description=str(exc), allow_retries=False) from None
     known = set(context.instance.get_dynamic_partitions(tenant_partitions.name or "tenants"))
     fresh = sorted({*summary.new_tenants} - known)
     if fresh:
@@ -55,7 +63,7 @@ def posts(
         k: dg.MetadataValue.int(int(str(counts[k])))
         for k in ("read", "imported", "updated", "unchanged", "rejected")
     }
-    metadata["source"] = dg.MetadataValue.path(config.path)
+    metadata["source"] = dg.MetadataValue.text(", ".join(f.name for f in files[:20]))
     metadata["new_tenants"] = dg.MetadataValue.text(", ".join(fresh) or "-")
     return dg.MaterializeResult(metadata=metadata)
 

@@ -27,6 +27,9 @@ from backfill_assets.providers.ratelimit import SHARED_LIMITERS, LimiterConfig
 from backfill_assets.store.engine import make_engine
 from backfill_assets.store.migrate import migrate
 
+# What the UI may import when BACKFILL_IMPORT_DIR is unset: the bundled demo export only.
+DEMO_DIR = Path(__file__).resolve().parents[1] / "demo"
+
 _engines: dict[str, Engine] = {}
 _engines_lock = threading.Lock()
 
@@ -269,6 +272,9 @@ class RunSettings(dg.ConfigurableResource):  # type: ignore[type-arg]
     )
     flush_ms: float = Field(default=100.0, gt=0.0, le=1000.0, description="Max group-commit delay.")
     prompt_path: str = Field(default="", description="File with a custom system prompt.")
+    import_dir: str = Field(
+        default="", description="The only directory the posts asset reads (empty: the demo's)."
+    )
     slice_target_posts: int = Field(
         default=DEFAULT_SLICE_TARGET,
         ge=0,
@@ -297,6 +303,10 @@ class RunSettings(dg.ConfigurableResource):  # type: ignore[type-arg]
         if self.prompt_path:
             return Rubric(system_prompt=Path(self.prompt_path).read_text("utf-8"))
         return Rubric()
+
+    def import_root(self) -> Path:
+        """Where the ``posts`` asset may read exports (``BACKFILL_IMPORT_DIR``)."""
+        return Path(self.import_dir) if self.import_dir else DEMO_DIR
 
     def batch_options(
         self, model: ModelResource | None, faults: FaultHooks = NO_FAULTS

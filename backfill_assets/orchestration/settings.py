@@ -95,6 +95,7 @@ class Settings(BaseSettings):
     retry_after_max_seconds: float = _var("BACKFILL_RETRY_AFTER_MAX_SECONDS", default=900.0, gt=0.0)
     flush_ms: float = _var("BACKFILL_FLUSH_MS", default=100.0, gt=0.0, le=1000.0)
     prompt_path: str = _var("BACKFILL_PROMPT_PATH", default="")
+    import_dir: str = _var("BACKFILL_IMPORT_DIR", default="")
     slice_target_posts: int = _var(
         "BACKFILL_SLICE_TARGET_POSTS", default=DEFAULT_SLICE_TARGET, ge=0
     )
@@ -169,6 +170,14 @@ class Settings(BaseSettings):
             raise ValueError(str(exc)) from None
         return value
 
+    @field_validator("import_dir")
+    @classmethod
+    def _import_dir_absolute(cls, value: str) -> str:
+        # The webserver, its code server and run workers may each start in another directory.
+        if value and not Path(value).is_absolute():
+            raise ValueError("must be an absolute path")
+        return value
+
     @field_validator("drift_baseline")
     @classmethod
     def _baseline_parses(cls, value: str | None) -> str | None:
@@ -241,6 +250,7 @@ class Settings(BaseSettings):
             retry_after_max_seconds=self.retry_after_max_seconds,
             flush_ms=self.flush_ms,
             prompt_path=self.prompt_path,
+            import_dir=self.import_dir,
             slice_target_posts=self.slice_target_posts,
             dispatch=self.dispatch,
             batch_max_lines=self.batch_max_lines,

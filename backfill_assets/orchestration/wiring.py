@@ -11,6 +11,7 @@ from backfill_assets.orchestration.assets import build_moderation_labels, posts
 from backfill_assets.orchestration.backfill_plan import backfill_plan
 from backfill_assets.orchestration.checks import build_partition_checks
 from backfill_assets.orchestration.partitions import moderation_partitions
+from backfill_assets.orchestration.sealing import sealed_resources
 from backfill_assets.orchestration.sensors import reporting_automation, tenant_partitions_sensor
 from backfill_assets.orchestration.settings import Settings
 from backfill_assets.orchestration.usage import tenant_usage
@@ -52,7 +53,9 @@ def build_definitions(settings: Settings | Mapping[str, str]) -> dg.Definitions:
         asset_checks=[checks],
         jobs=[backfill_job, apply_job, usage_job],
         sensors=[tenant_partitions_sensor, reporting_automation],
-        resources=settings.resources(),
+        # Sealed: no resource takes run config, so a launch cannot redirect the model, the
+        # keys or the store (sealing.py); their values are this process's environment.
+        resources=sealed_resources(settings.resources()),
         # One process per run: partitions are batched into runs, so per-step subprocesses
         # would only add start-up cost (docs/architecture.md, "One run, many partitions").
         # BACKFILL_EXECUTOR=multiprocess restores Dagster's default (the orchestration

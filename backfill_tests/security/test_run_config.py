@@ -1,0 +1,72 @@
+"""No resource takes run config, and the posts asset reads only inside its import directory
+(in-process: the definitions' config schema, and the path check on real files)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from backfill_assets.definitions import build_definitions
+from backfill_assets.ingest.importer import ImportInputError, files_within
+from backfill_assets.orchestration.settings import Settings, SettingsError
+from backfill_tests.conftest import write_jsonl
+
+ENV = {
+    "BACKFILL_DATABASE_URL": "postgresql://u:pw-secret@db/store",
+    "BACKFILL_MODEL_BACKEND": "openai",
+}
+
+
+def test_every_job_refuses_config_for_every_resource_field() -> None:
+    settings = Settings.from_env(ENV)
+    defs = build_definitions(settings)
+    fields = {n: list(r.model_dump()) for n, r in settings.resources().items()}
+    assert "database_url" in fields["store"] and "base_url" in fields["model"]
+    fields["io_manager"] = ["base_dir"]
+    for job in defs.resolve_all_job_defs():
+        for name, names in fields.items():
+            for field in names:
+                config = {"resources": {name: {"config": {field: "x"}}}}
+                with pytest.raises(dg.DagsterInvalidConfigError, match=f'"{field}"'):
+                    dg.validate_run_config(job, config)
+        # The deployment's own configuration launches as it is.
+        dg.validate_run_config(job, {})
+
+
+def test_the_job_config_schema_holds_no_deployment_value() -> None:
+    job = build_definitions(Settings.from_env(ENV)).resolve_job_def("moderation_backfill")
+    snapshot = repr(job.run_config_schema.config_type.fields)
+    assert "pw-secret" not in snapshot and "api.openai.com" not in snapshot
+
+
+def test_posts_reads_only_inside_the_import_directory(tmp_path: Path) -> None:
+    root = tmp_path / "imports"
+    (root / "nested").mkdir(parents=True)
+    inside = write_jsonl(root / "nested" / "a.jsonl", [{"tenant_id": "acme"}])
+    outside = write_jsonl(tmp_path / "secret.jsonl", [{"tenant_id": "acme"}])
+    assert files_within("nested/a.jsonl", root) == [inside]
+    assert files_within(str(inside), root) == [inside]
+    assert files_within(".", root / "nested") == [inside]
+    os.symlink(outside, root / "link.jsonl")
+    os.symlink(tmp_path, root / "up")
+    for path in [
+        str(outside),
+        "../secret.jsonl",
+        "nested/../../secret.jsonl",
+        "link.jsonl",  # a link out of the directory
+        "up/secret.jsonl",
+        "/etc/passwd",
+    ]:
+        with pytest.raises(ImportInputError, match="outside the import directory"):
+            files_within(path, root)
+    # A directory import whose listing holds a link out is refused as a whole.
+    with pytest.raises(ImportInputError, match="outside the import directory"):
+        files_within(".", root)
+
+
+def test_the_import_directory_must_be_absolute() -> None:
+    with pytest.raises(SettingsError, match="BACKFILL_IMPORT_DIR"):
+        Settings.from_env({"BACKFILL_IMPORT_DIR": "relative/dir"})
