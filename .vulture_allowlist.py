@@ -11,10 +11,18 @@ _regions_well_formed  # resources.OpenAIModelResource
 _json_number  # rubric
 _no_negative_zero  # rubric
 _prices_parse  # settings.Settings
-_baseline_parses  # settings.Settings
-_labels_known  # settings.Settings
+_prompt_path_replaced  # settings.Settings
+prompt_path  # settings.Settings: BACKFILL_PROMPT_PATH, read only to refuse it
 _batch_needs_a_batch_api  # settings.Settings
 _import_dir_absolute  # settings.Settings
+_json_array  # rubric
+_texts  # policy.Examples
+_description  # policy.LabelDef, policy.RuleDef
+_severity  # policy.LabelDef
+_id  # policy.LabelDef, policy.RuleDef
+_policy_id  # policy.PolicyDoc
+_version  # policy.PolicyDoc
+_instructions  # policy.PolicyDoc
 
 # pydantic-settings calls these hooks with these keyword names (settings.Settings).
 settings_customise_sources

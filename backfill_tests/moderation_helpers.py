@@ -14,10 +14,10 @@ from backfill_assets.core.keys import SLICE_KEYS
 from backfill_assets.definitions import APPLY_JOB, BACKFILL_JOB, build_definitions
 from backfill_assets.dispatch.pipeline import PartitionRef
 from backfill_assets.orchestration.checks import verdicts_for
+from backfill_assets.orchestration.checks_config import ChecksResource
 from backfill_assets.orchestration.orchestrate import RunRecord, materialize
-from backfill_assets.orchestration.policy import PolicyResource
 from backfill_tests.conftest import import_records
-from backfill_tests.pipeline_helpers import VERSIONS
+from backfill_tests.pipeline_helpers import RUBRIC, VERSIONS
 
 TEXTS = {
     "ok": "Thanks for the write-up, it fixed my build.",
@@ -76,7 +76,7 @@ def busiest(engine: Engine, tenant: str) -> PartitionRef:
 
 def verdicts(engine: Engine, ref: PartitionRef, **policy: Any) -> dict[str, Verdict]:
     """Every check's verdict for one partition, by name."""
-    found = verdicts_for(engine, ref, VERSIONS, PolicyResource(**policy))
+    found = verdicts_for(engine, ref, VERSIONS, RUBRIC, ChecksResource(**policy))
     return {v.name: v for v in found}
 
 

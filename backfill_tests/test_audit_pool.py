@@ -11,10 +11,10 @@ from sqlalchemy.engine import Engine
 from backfill_assets.audit.check_rules import Verdict
 from backfill_assets.dispatch.pipeline import with_levels
 from backfill_assets.orchestration.checks import verdicts_for_many
-from backfill_assets.orchestration.policy import PolicyResource
+from backfill_assets.orchestration.checks_config import ChecksResource
 from backfill_assets.store import audit_pool
 from backfill_tests.moderation_helpers import busiest, execute, load, one_key
-from backfill_tests.pipeline_helpers import VERSIONS, refs_for, run
+from backfill_tests.pipeline_helpers import RUBRIC, VERSIONS, refs_for, run
 
 TENANTS = {"acme": 300, "globex": 200, "initech": 100}
 
@@ -35,7 +35,7 @@ def judged(engine: Engine) -> tuple[dict[str, list[Verdict]], list[str]]:
     """Every partition's verdicts, and what the checks logged."""
     refs = with_levels(engine, refs_for(TENANTS))
     logged: list[str] = []
-    out = verdicts_for_many(engine, refs, VERSIONS, PolicyResource(), log=logged.append)
+    out = verdicts_for_many(engine, refs, VERSIONS, RUBRIC, ChecksResource(), log=logged.append)
     return out, logged
 
 
@@ -94,7 +94,9 @@ def test_the_checks_read_every_row_as_stored(tampered: Engine) -> None:
 
     ref = with_levels(tampered, [busiest(tampered, "acme")])[0]
     with tampered.connect() as conn:
-        ev = partition_evidence(conn, ref.tenant_id, ref.slice, ref.slices, VERSIONS)
+        ev = partition_evidence(
+            conn, ref.tenant_id, ref.slice, ref.slices, VERSIONS, RUBRIC.contract
+        )
         for table, got, order in (
             (results, ev.results, "key"),
             (dead_letters, ev.dead, "key"),

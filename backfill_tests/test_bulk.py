@@ -97,6 +97,7 @@ def _result(i: int, post_id: str) -> dict[str, object]:
         "slice": i % 16,
         "content_hash": "c" * 64,
         "label": "ok",
+        "rule_ids": "",
         "confidence": 0.5 + i / 1000,
         "model": "m",
         "prompt_version": "p",

@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy.engine import Engine
 
 from backfill_assets.audit.check_rules import CHECK_NAMES, DriftRule, drifted_labels
-from backfill_assets.orchestration.policy import parse_baseline
+from backfill_assets.orchestration.checks_config import parse_baseline
 from backfill_assets.orchestration.settings import Settings, SettingsError
 from backfill_tests.moderation_helpers import busiest, execute, load, one_key, run_job, verdicts
 from backfill_tests.pipeline_helpers import run
@@ -97,7 +97,7 @@ def test_output_schema_fails_on_a_label_outside_the_closed_set(labelled: Engine)
     found = verdicts(labelled, ref)
     assert failed(found) == {"output_schema"}
     assert found["output_schema"].counts["invalid_rows"] == 1
-    assert found["output_schema"].sample_keys[0].startswith(f"{key} label failed isin")
+    assert found["output_schema"].sample_keys[0].startswith(f"{key} row failed label_in_policy")
 
 
 def _rebill(engine: Engine, key: str) -> None:
@@ -179,9 +179,10 @@ def test_drift_rule_is_pure_and_needs_a_minimum_count() -> None:
 
 
 def test_policy_settings_are_validated_early() -> None:
-    assert Settings.from_env({}).policy().apply_live is False
-    assert Settings.from_env({"BACKFILL_APPLY_LIVE": "1"}).policy().apply_live is True
-    assert parse_baseline('{"ok": 3, "spam": 1}') == {"ok": 0.75, "spam": 0.25}
+    assert Settings.from_env({}).checks().apply_live is False
+    assert Settings.from_env({"BACKFILL_APPLY_LIVE": "1"}).checks().apply_live is True
+    labels = ("ok", "spam")
+    assert parse_baseline('{"ok": 3, "spam": 1}', labels) == {"ok": 0.75, "spam": 0.25}
     for bad in (
         {"BACKFILL_DRIFT_BASELINE": '{"nsfw": 1}'},
         {"BACKFILL_DRIFT_BASELINE": "often"},

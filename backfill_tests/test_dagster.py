@@ -19,6 +19,7 @@ from backfill_assets.orchestration.orchestrate import (
 from backfill_assets.orchestration.partitions import partition_key_for
 from backfill_tests.conftest import import_records
 from backfill_tests.pipeline_helpers import count, verify
+from backfill_tests.policy_helpers import COURSE_V5
 
 
 def env_for(store_url: str, **extra: str) -> dict[str, str]:
@@ -39,9 +40,7 @@ def test_code_version_names_task_prompt_and_model(tmp_path: Path) -> None:
     b = build_definitions({"BACKFILL_MODEL": "fake-moderator-2"}).resolve_assets_def(
         "moderation_labels"
     )
-    prompt = tmp_path / "prompt.txt"
-    prompt.write_text("A different policy.")
-    c = build_definitions({"BACKFILL_PROMPT_PATH": str(prompt)}).resolve_assets_def(
+    c = build_definitions({"BACKFILL_POLICY_PATH": str(COURSE_V5)}).resolve_assets_def(
         "moderation_labels"
     )
     key = dg.AssetKey("moderation_labels")
@@ -49,6 +48,7 @@ def test_code_version_names_task_prompt_and_model(tmp_path: Path) -> None:
     assert va is not None and "model=fake-moderator-1" in va and "task=" in va
     assert vb is not None and "model=fake-moderator-2" in vb
     assert len({va, vb, vc}) == 3
+    assert vc is not None and "prompt=course-rubric@5#" in vc
 
 
 def test_new_code_version_shows_partitions_stale(

@@ -15,7 +15,7 @@ from backfill_assets.providers.models.base import ModelAdapter, ModelRequest, Mo
 from backfill_tests.conftest import import_records
 from backfill_tests.pipeline_helpers import count, run, total, verify
 
-VALID = {"schema_version": 1, "label": "ok", "confidence": 0.5}
+VALID = {"schema_version": 1, "label": "ok", "rule_ids": [], "confidence": 0.5}
 # Raw fragments spliced into an otherwise valid answer: (field, JSON literal).
 HOSTILE: list[tuple[str, str]] = [
     ("confidence", "1" + "0" * 400),  # OverflowError in float()
@@ -26,6 +26,9 @@ HOSTILE: list[tuple[str, str]] = [
     ("confidence", "-Infinity"),
     ("confidence", "1e999"),
     ("label", '"ok", "label": "abuse"'),  # duplicate key
+    ("label", '"nsfw"'),  # not a label of the policy
+    ("rule_ids", '["SPAM-1"]'),  # not a rule of the policy
+    ("rule_ids", "null"),
 ]
 
 

@@ -24,7 +24,7 @@ from backfill_assets.core.outcomes import RetryPolicy
 from backfill_assets.dispatch.pipeline import RunOptions, RunStopped, run_partitions
 from backfill_assets.dispatch.sync import DispatchHalted
 from backfill_assets.orchestration.checks import verdicts_for
-from backfill_assets.orchestration.policy import PolicyResource
+from backfill_assets.orchestration.checks_config import ChecksResource
 from backfill_assets.orchestration.settings import Settings
 from backfill_assets.providers.models.fake import FakeModel
 from backfill_assets.providers.models.openai_http import HttpTimeouts, OpenAIHttpModel
@@ -169,7 +169,7 @@ def test_a_bill_past_the_bound_stops_that_tenant_only(engine: Engine, tmp_path: 
     spend = [
         v
         for ref in refs_for(["acme"])
-        for v in verdicts_for(engine, ref, VERSIONS, PolicyResource(), ["spend"])
+        for v in verdicts_for(engine, ref, VERSIONS, RUBRIC, ChecksResource(), ["spend"])
     ]
     assert any(not v.passed and "past their reserved bound" in v.summary for v in spend)
     assert sum(int(v.counts["over_bound_calls"]) for v in spend) == over
@@ -207,7 +207,13 @@ def _answering(seen: list[str], usage_shape: str = "full") -> httpx.MockTranspor
         user = body["messages"][-1]["content"]
         key = user.split("\n", 1)[0].removeprefix("correlation_id: ")
         content = json.dumps(
-            {"schema_version": 1, "correlation_id": key, "label": "ok", "confidence": 0.9}
+            {
+                "schema_version": 1,
+                "correlation_id": key,
+                "label": "ok",
+                "rule_ids": [],
+                "confidence": 0.9,
+            }
         )
         prompt = sum(count_tokens(m["content"]) for m in body["messages"])
         completion = count_tokens(content)

@@ -187,9 +187,11 @@ def test_prompt_or_model_change_gives_a_full_new_key_set(engine: Engine, tmp_pat
     new_model = Versions(VERSIONS.task_version, VERSIONS.prompt_version, "fake-moderator-2")
     reports, _ = run(engine, ["acme"], versions=new_model)
     assert calls(reports) == 30
+    from backfill_assets.core.policy import builtin_policy_text, parse_policy
     from backfill_assets.core.rubric import Rubric
 
-    new_prompt_rubric = Rubric(system_prompt=RUBRIC.system_prompt + "\nBe strict.")
+    stricter = builtin_policy_text().replace("under this policy.", "under this policy. Be strict.")
+    new_prompt_rubric = Rubric(parse_policy(stricter))
     new_prompt = Versions(VERSIONS.task_version, new_prompt_rubric.prompt_version, VERSIONS.model)
     reports, _ = run(engine, ["acme"], versions=new_prompt, rubric=new_prompt_rubric)
     assert calls(reports) == 30
@@ -337,7 +339,7 @@ def test_a_flush_updates_tenant_totals_in_one_order(engine: Engine, tmp_path: Pa
             updated.append(repr(params))
 
     async def flush() -> None:
-        writer = LedgerWriter(engine)
+        writer = LedgerWriter(engine, contract_for=lambda _v: RUBRIC.contract)
         writer.start()
         for i, tenant in enumerate(names):  # staged in this (unsorted) order
             row = event_row(

@@ -1,9 +1,11 @@
-"""The prompt file is read once per step, and a run's versions are the definitions' or it fails.
+"""The policy is read once, where the definitions load, and a run does the work its code
+version names.
 
-Before: the labels asset read ``BACKFILL_PROMPT_PATH`` twice (once for the versions in the keys,
-once for the prompt it sent), so an edit in between sent one prompt under another's keys; and a
-prompt edited after the code location loaded only logged a warning while the UI recorded the
-old code version.
+Before policy files, the labels asset read ``BACKFILL_PROMPT_PATH`` from its resource config
+at run time: a UI user could point it at another file, and an edit after the code location
+loaded had to be caught by comparing versions inside the step. Now the policy is read from the
+environment when the definitions are built and closed over by every asset: no run config can
+change it, and an edit to the file takes effect only when the code location reloads.
 """
 
 from __future__ import annotations
@@ -15,47 +17,14 @@ import pytest
 from sqlalchemy.engine import Engine
 
 from backfill_assets.core.keys import slice_of
+from backfill_assets.core.policy import load_policy
 from backfill_assets.core.rubric import Rubric
 from backfill_assets.definitions import BACKFILL_JOB, build_definitions
-from backfill_assets.orchestration.assets import build_moderation_labels
 from backfill_assets.orchestration.orchestrate import ensure_tenant_partitions
 from backfill_assets.orchestration.partitions import partition_key_for
-from backfill_assets.orchestration.resources import (
-    FakeModelResource,
-    RunSettings,
-    StoreResource,
-    versions_for,
-)
-from backfill_assets.providers.models.base import ModelAdapter, ModelRequest, ModelResponse
-from backfill_assets.providers.models.fake import FakeModel
 from backfill_tests.conftest import import_records
 from backfill_tests.pipeline_helpers import count
-
-FIRST, SECOND = "Policy, first edition.", "Policy, second edition."
-# Test-local records (resources are frozen pydantic models).
-READS: list[str] = []
-SENT: list[str] = []
-
-
-class EditedAfterEachRead(RunSettings):
-    """The prompt file is edited right after every read: the worst timing for a run."""
-
-    def rubric(self) -> Rubric:
-        rubric = super().rubric()
-        READS.append(rubric.system_prompt)
-        Path(self.prompt_path).write_text(SECOND, encoding="utf-8")
-        return rubric
-
-
-class RecordingModel(FakeModel):
-    async def complete(self, request: ModelRequest) -> ModelResponse:
-        SENT.append(request.messages[0]["content"])
-        return await super().complete(request)
-
-
-class RecordingModelResource(FakeModelResource):
-    def build_adapter(self) -> ModelAdapter:
-        return RecordingModel(model=self.model)
+from backfill_tests.policy_helpers import COURSE_V5, edited
 
 
 @pytest.fixture
@@ -64,51 +33,77 @@ def one_post(engine: Engine, tmp_path: Path) -> str:
     return partition_key_for("acme", f"s{slice_of('acme', 'p1'):02d}")
 
 
-def test_the_asset_reads_the_prompt_once_and_sends_what_its_keys_name(
-    engine: Engine, store_url: str, tmp_path: Path, one_post: str
-) -> None:
-    READS.clear()
-    SENT.clear()
-    prompt = tmp_path / "prompt.txt"
-    prompt.write_text(FIRST, encoding="utf-8")
-    settings = EditedAfterEachRead(prompt_path=str(prompt))
-    model = RecordingModelResource()
-    loaded = versions_for(RunSettings(prompt_path=str(prompt)), model).code_version
-    labels = build_moderation_labels(loaded, 16)
+def _run(
+    defs: dg.Definitions, tmp_path: Path, pk: str, run_config: dict[str, object] | None = None
+) -> dg.ExecuteInProcessResult:
     instance = dg.DagsterInstance.ephemeral(tempdir=str(tmp_path / "dagster"))
     ensure_tenant_partitions(instance, ["acme"])
-    result = dg.materialize(
-        [labels],
-        partition_key=one_post,
-        instance=instance,
-        resources={
-            "store": StoreResource(database_url=store_url),
-            "model": model,
-            "settings": settings,
-        },
-    )
-    assert result.success
-    assert READS == [FIRST]  # one read per step
-    assert SENT == [FIRST]
-    # The stored result's prompt version is the prompt that was sent.
-    first = Rubric(system_prompt=FIRST).prompt_version
-    assert count(engine, "SELECT count(*) FROM results WHERE prompt_version = :v", v=first) == 1
-    instance.dispose()
+    try:
+        return defs.resolve_job_def(BACKFILL_JOB).execute_in_process(
+            instance=instance, partition_key=pk, raise_on_error=False, run_config=run_config
+        )
+    finally:
+        instance.dispose()
 
 
-def test_a_prompt_edited_after_loading_fails_the_run_clearly(
+def test_a_policy_edited_after_loading_changes_nothing_until_reload(
     engine: Engine, store_url: str, tmp_path: Path, one_post: str
 ) -> None:
-    prompt = tmp_path / "prompt.txt"
-    prompt.write_text(FIRST, encoding="utf-8")
+    policy = edited(COURSE_V5, tmp_path / "policy.yaml", 'version: "5"', 'version: "5"')
+    loaded = Rubric(load_policy(policy))
     defs = build_definitions(
-        {"BACKFILL_DATABASE_URL": store_url, "BACKFILL_PROMPT_PATH": str(prompt)}
+        {"BACKFILL_DATABASE_URL": store_url, "BACKFILL_POLICY_PATH": str(policy)}
     )
-    prompt.write_text(SECOND, encoding="utf-8")  # edited after the code location loaded
-    instance = dg.DagsterInstance.ephemeral(tempdir=str(tmp_path / "dagster"))
-    ensure_tenant_partitions(instance, ["acme"])
-    result = defs.resolve_job_def(BACKFILL_JOB).execute_in_process(
-        instance=instance, partition_key=one_post, raise_on_error=False
+    edited(policy, policy, "for money or favours", "for money")  # after the code loaded
+    result = _run(defs, tmp_path, one_post)
+    assert result.success
+    # The work is the loaded policy's: its key version, under the code version that names it.
+    assert (
+        count(
+            engine,
+            "SELECT count(*) FROM results WHERE prompt_version = :v",
+            v=loaded.prompt_version,
+        )
+        == 1
+    )
+    assert count(engine, "SELECT count(*) FROM results") == 1
+    mat = result.asset_materializations_for_node("moderation_labels")[0]
+    assert mat.metadata["policy"].value == loaded.policy.identity
+    # Reloaded, the code version names the edited policy, and its work is new.
+    again = build_definitions(
+        {"BACKFILL_DATABASE_URL": store_url, "BACKFILL_POLICY_PATH": str(policy)}
+    )
+    key = dg.AssetKey("moderation_labels")
+    before = defs.resolve_assets_def("moderation_labels").code_versions_by_key[key]
+    after = again.resolve_assets_def("moderation_labels").code_versions_by_key[key]
+    assert before != after and loaded.prompt_version in str(before)
+
+
+def test_run_config_cannot_name_a_policy_or_prompt_file(
+    store_url: str, tmp_path: Path, one_post: str
+) -> None:
+    defs = build_definitions({"BACKFILL_DATABASE_URL": store_url})
+    for field in ("prompt_path", "policy_path"):
+        result = None
+        with pytest.raises(dg.DagsterInvalidConfigError, match=field):
+            result = _run(
+                defs,
+                tmp_path,
+                one_post,
+                {"resources": {"settings": {"config": {field: str(COURSE_V5)}}}},
+            )
+        assert result is None
+
+
+def test_a_model_changed_in_run_config_fails_the_run_clearly(
+    engine: Engine, store_url: str, tmp_path: Path, one_post: str
+) -> None:
+    defs = build_definitions({"BACKFILL_DATABASE_URL": store_url})
+    result = _run(
+        defs,
+        tmp_path,
+        one_post,
+        {"resources": {"model": {"config": {"model": "fake-moderator-9"}}}},
     )
     assert not result.success
     errors = " ".join(
@@ -116,7 +111,5 @@ def test_a_prompt_edited_after_loading_fails_the_run_clearly(
         for e in result.all_events
         if e.event_type_value == "STEP_FAILURE"
     )
-    assert "the prompt file or the model changed" in errors
+    assert "the policy or the model changed" in errors
     assert count(engine, "SELECT count(*) FROM ledger_events") == 0
-    assert count(engine, "SELECT count(*) FROM results") == 0
-    instance.dispose()

@@ -119,7 +119,8 @@ CHECK_GROUPS: tuple[CheckGroup, ...] = (
 class DriftRule:
     """When a label's share counts as drifted."""
 
-    labels: tuple[str, ...] = ("spam", "abuse")
+    # The policy's flagging labels unless configured (ChecksResource.bounds).
+    labels: tuple[str, ...] = ()
     factor: float = 5.0
     min_count: int = 5
 

@@ -13,6 +13,7 @@ from backfill_assets.cli import commands
 from backfill_assets.cli.ingest import add_ingest_commands
 from backfill_assets.cli.inputs import UserError, choice, slice_key
 from backfill_assets.cli.operator import add_operator_commands
+from backfill_assets.cli.policy import add_policy_commands
 from backfill_assets.cli.process import exit_process, freeze_heap
 from backfill_assets.cli.provider_sim import COMMAND as PROVIDER_SIM
 from backfill_assets.cli.provider_sim import add_provider_sim_command
@@ -59,6 +60,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = add("dry-run", "Keys left to process and estimated tokens per tenant; no model calls.")
     sp.add_argument("--tenant", action="append", default=[], help="limit to tenant (repeatable)")
+    sp.add_argument(
+        "--policy",
+        metavar="FILE",
+        help="what this policy file's keys would cost (default: BACKFILL_POLICY_PATH's)",
+    )
     sp.set_defaults(func=commands.cmd_dry_run)
 
     sp = add("requeue", "Clear dead letters of an outcome so the next run sends those keys again.")
@@ -81,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_operator_commands(add)
     add_tenant_commands(add)
+    add_policy_commands(add)
     add_provider_sim_command(sub)
     return p
 
@@ -110,10 +117,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     # ignored SIGINT would be lost, so the command honours it throughout.
     previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        # The environment is read here, once, and the commands get the parsed settings.
-        code: int = args.func(args, Settings.from_env(os.environ))
+        # The environment is read here, once, and the commands get the parsed settings. The
+        # policy commands read the files they are given, not BACKFILL_POLICY_PATH's.
+        settings = Settings.from_env(os.environ, load_policy=args.command != "policy")
+        code: int = args.func(args, settings)
     except (SettingsError, UserError) as exc:
-        name = " ".join(filter(None, (args.command, getattr(args, "tenant_command", None))))
+        sub = getattr(args, "tenant_command", None) or getattr(args, "policy_command", None)
+        name = " ".join(filter(None, (args.command, sub)))
         print(f"backfill-moderation {name}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -9,7 +9,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from backfill_assets.cli.inputs import known_tenants
+from backfill_assets.cli.inputs import known_tenants, load_user_policy
 from backfill_assets.cli.instance import instance
 from backfill_assets.cli.run_processes import run_plan
 from backfill_assets.cli.run_report import (
@@ -22,6 +22,7 @@ from backfill_assets.cli.run_report import (
 )
 from backfill_assets.cli.tables import Human, show, table
 from backfill_assets.core.keys import slice_no
+from backfill_assets.core.rubric import Rubric
 from backfill_assets.demo.generate import write_export
 from backfill_assets.orchestration.estimate import estimate_pending
 from backfill_assets.orchestration.orchestrate import (
@@ -30,7 +31,7 @@ from backfill_assets.orchestration.orchestrate import (
 )
 from backfill_assets.orchestration.partitions import tenant_partitions
 from backfill_assets.orchestration.plan import make_plan, pool_by_region
-from backfill_assets.orchestration.resources import engine_for
+from backfill_assets.orchestration.resources import engine_for, versions_for
 from backfill_assets.orchestration.settings import Settings
 from backfill_assets.orchestration.usage import USAGE_COLUMNS, usage_csv
 from backfill_assets.orchestration.wiring import (
@@ -160,28 +161,39 @@ def cmd_usage(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_dry_run(args: argparse.Namespace, settings: Settings) -> int:
     """Pending keys per tenant, with estimated tokens and cost and the reserved upper bound."""
     engine = engine_for(settings.store_url)
-    versions = settings.versions()
-    rubric = settings.run_settings().rubric()
+    rubric = settings.rubric()
+    if args.policy:
+        # What another policy would cost, before switching BACKFILL_POLICY_PATH to it.
+        rubric = Rubric(load_user_policy(args.policy))
+    versions = versions_for(settings.model_resource(), rubric)
     tenants = store_tenants(engine, args.tenant)
     with read_tx(engine) as conn:
         rows = [
             e.as_dict()
             for e in estimate_pending(conn, tenants, versions, rubric, settings.prices())
         ]
-    doc = {"versions": versions.code_version, "tenants": rows}
+    doc = {"versions": versions.code_version, "policy": rubric.policy.identity, "tenants": rows}
     columns = [
         "tenant",
         "keys",
         "estimated_tokens",
         "bound_tokens",
         "estimated_cost_usd",
+        "estimated_cost_usd_batch",
         "bound_cost_usd",
     ]
     note = (
-        "estimated: bytes/3 per prompt + max_tokens; bound: what a strict budget reserves "
-        "(every byte a token + template + schema + max_tokens)"
+        "estimated: bytes/3 per prompt + max_tokens (sync, and batch at its price); bound: what "
+        "a strict budget reserves (every byte a token + template + schema + max_tokens)"
     )
-    emit(args, doc, table(rows, columns), note, versions.code_version)
+    emit(
+        args,
+        doc,
+        table(rows, columns),
+        note,
+        f"policy {rubric.policy.identity}",
+        versions.code_version,
+    )
     return 0
 
 

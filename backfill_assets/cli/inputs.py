@@ -13,6 +13,7 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 
 from backfill_assets.core.keys import SLICE_COUNT, SLICE_KEYS, InvalidTenantId, validate_tenant_id
+from backfill_assets.core.policy import Policy, PolicyInvalid, load_policy
 
 _SLICE_RE = re.compile(r"s?(\d{1,3})")
 
@@ -84,3 +85,11 @@ def slice_key(value: str) -> str:
     hint = "" if m else did_you_mean(value, SLICE_KEYS)
     expected = f"expected s00..s{SLICE_COUNT - 1:02d} or 0..{SLICE_COUNT - 1}"
     raise argparse.ArgumentTypeError(f"unknown slice {value!r}{hint}; {expected}")
+
+
+def load_user_policy(path: str) -> Policy:
+    """A policy file named on the command line (``--policy``); its problems are exit 2."""
+    try:
+        return load_policy(path)
+    except PolicyInvalid as exc:
+        raise UserError(f"argument --policy: {exc}") from None

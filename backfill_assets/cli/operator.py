@@ -101,12 +101,12 @@ def cmd_check(args: argparse.Namespace, settings: Settings) -> int:
     tenant = store_tenants(engine, args.tenant)[0]
     slices = args.slice or list(SLICE_KEYS)
     names = [n for n in CHECK_NAMES if n in args.name] or list(CHECK_NAMES)
-    versions, policy = settings.versions(), settings.policy()
+    versions, rubric, checks = settings.versions(), settings.rubric(), settings.checks()
     docs = []
     for s in slices:
         pk = partition_key_for(tenant, s)
         ref = with_levels(engine, [partition_ref(pk)])[0]
-        for v in verdicts_for(engine, ref, versions, policy, names, sample=args.limit):
+        for v in verdicts_for(engine, ref, versions, rubric, checks, names, sample=args.limit):
             docs.append(_verdict_doc(pk, v))
     blocked = [d for d in docs if d["blocking"] and not d["passed"]]
     lines = []

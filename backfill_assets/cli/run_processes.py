@@ -110,7 +110,7 @@ def run_plan(
     if plan.boxes:
         # The output check's pandas and pandera, loaded once (and inherited by the helpers),
         # then exempted from garbage collection with the rest of the heap (process.py).
-        warm_up_validation()
+        warm_up_validation(settings.rubric().contract)
         freeze_heap()
     if len(shares) < 2:
         alone = run_boxes(

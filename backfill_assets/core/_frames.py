@@ -1,10 +1,15 @@
 """The pandera schemas and their checks (imported by ``validation`` on first use: pandas and
-pandera take seconds to import, and a CLI call with nothing to validate should not pay)."""
+pandera take seconds to import, and a CLI call with nothing to validate should not pay).
+
+The label set and the rules are the policy's: the frame models fix the columns, and each
+output contract adds its own checks (``result_schema``, ``stored_schema``), built once.
+"""
 
 from __future__ import annotations
 
+import copy
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import pandas as pd
@@ -12,8 +17,17 @@ import pandera.pandas as pa
 from pandera.engines import pandas_engine
 from pandera.typing import Series
 
-from backfill_assets.core.keys import TENANT_ID_RE
-from backfill_assets.core.rubric import LABELS, SCHEMA_VERSION
+from backfill_assets.core.keys import TENANT_ID_RE, Versions
+from backfill_assets.core.policy import ITEM_ID_RE
+from backfill_assets.core.rubric import SCHEMA_VERSION, OutputContract
+
+# Rule ids as stored: comma-joined ids ("" for none).
+RULE_IDS_RE = rf"^({ITEM_ID_RE.pattern[1:-1]}(,{ITEM_ID_RE.pattern[1:-1]})*)?$"
+
+
+def split_rule_ids(stored: str) -> tuple[str, ...]:
+    """The ids of a stored ``rule_ids`` value."""
+    return tuple(stored.split(",")) if stored else ()
 
 
 class ResultFrame(pa.DataFrameModel):
@@ -27,7 +41,12 @@ class ResultFrame(pa.DataFrameModel):
         str_matches=TENANT_ID_RE.pattern, description="Tenant that owns the post."
     )
     post_id: Series[str] = pa.Field(str_length={"min_value": 1}, description="Post id.")
-    label: Series[str] = pa.Field(isin=list(LABELS), description="Label from the closed set.")
+    label: Series[str] = pa.Field(
+        str_matches=ITEM_ID_RE.pattern, description="A label of the policy (checked per contract)."
+    )
+    rule_ids: Series[str] = pa.Field(
+        str_matches=RULE_IDS_RE, description="Comma-joined rule ids, each of that label."
+    )
     confidence: Series[float] = pa.Field(ge=0.0, le=1.0, description="Confidence in [0, 1].")
     schema_version: Series[int] = pa.Field(
         isin=[SCHEMA_VERSION], description="Output contract version."
@@ -72,16 +91,64 @@ def _cheap_string_types(schema: pa.DataFrameSchema) -> pa.DataFrameSchema:
     )
 
 
-RESULT_SCHEMA = _cheap_string_types(ResultFrame.to_schema())
-_COLUMNS = list(RESULT_SCHEMA.columns)
+_RESULT_BASE = _cheap_string_types(ResultFrame.to_schema())
+_COLUMNS = list(_RESULT_BASE.columns)
 # pandera loads its pandas backends (hypothesis strategies included, ~0.5 s) on the first
 # validate: pay that at import, not inside the first flush of a run, where it holds the GIL
 # and stalls the event loop.
-RESULT_SCHEMA.register_default_backends(pd.DataFrame)
+_RESULT_BASE.register_default_backends(pd.DataFrame)
+
+
+def _fits(contract: OutputContract, labels: pd.Series, rules: pd.Series) -> list[bool]:
+    return [
+        isinstance(lb, str)
+        and isinstance(r, str)
+        and contract.problem(lb, split_rule_ids(r)) is None
+        for lb, r in zip(labels, rules, strict=True)
+    ]
+
+
+def _with_contract(
+    base: pa.DataFrameSchema,
+    contract: OutputContract,
+    applies: Callable[[pd.DataFrame], pd.Series] | None = None,
+) -> pa.DataFrameSchema:
+    """``base`` plus the contract's checks: the label is one of the policy's, and every rule
+    id is a rule of that label (and present where the label has rules). ``applies`` selects
+    the rows the contract is for (the others pass: another policy version's results)."""
+
+    def in_policy(df: pd.DataFrame) -> pd.Series:
+        ok = df["label"].isin(list(contract.labels))
+        return ok if applies is None else ok | ~applies(df)
+
+    def rules_fit(df: pd.DataFrame) -> pd.Series:
+        ok = pd.Series(_fits(contract, df["label"], df["rule_ids"]), index=df.index)
+        return ok if applies is None else ok | ~applies(df)
+
+    schema = copy.deepcopy(base)
+    schema.checks = [
+        *base.checks,
+        pa.Check(in_policy, name="label_in_policy"),
+        pa.Check(rules_fit, name="rules_fit_label"),
+    ]
+    return schema
+
+
+@functools.lru_cache(maxsize=16)
+def result_schema(contract: OutputContract) -> pa.DataFrameSchema:
+    """The writer's frame check under one policy's contract."""
+    return _with_contract(_RESULT_BASE, contract)
+
+
+def _what(case: Any) -> str:
+    # A frame-wide check reports every column of a failing row: name the row instead.
+    if getattr(case, "schema_context", None) == "DataFrameSchema" or not case.column:
+        return "row"
+    return str(case.column)
 
 
 def split_valid(
-    rows: list[dict[str, Any]],
+    rows: list[dict[str, Any]], contract: OutputContract
 ) -> tuple[list[dict[str, Any]], list[tuple[dict[str, Any], str]]]:
     """Validate a batch; returns (valid rows, [(invalid row, reason)])."""
     if not rows:
@@ -89,12 +156,12 @@ def split_valid(
     frame = pd.DataFrame({c: [r.get(c) for r in rows] for c in _COLUMNS})
     try:
         # In place: the frame is ours and is thrown away, so pandera need not copy it.
-        RESULT_SCHEMA.validate(frame, lazy=True, inplace=True)
+        result_schema(contract).validate(frame, lazy=True, inplace=True)
     except pa.errors.SchemaErrors as exc:
         bad: dict[int, str] = {}
         for case in exc.failure_cases.itertuples():
             idx = getattr(case, "index", None)
-            reason = f"result frame: {case.column or 'row'} failed {case.check}"
+            reason = f"result frame: {_what(case)} failed {case.check}"
             if idx is None or pd.isna(idx):
                 # A frame-wide failure (e.g. a wrong dtype) taints every row of the batch.
                 return [], [(r, reason) for r in rows]
@@ -104,8 +171,8 @@ def split_valid(
     return rows, []
 
 
-@functools.cache
-def warm_up() -> None:
+@functools.lru_cache(maxsize=16)
+def warm_up(contract: OutputContract) -> None:
     """Validate one synthetic row, once per process.
 
     pandera's first validation imports and builds its checks (about a second on a busy
@@ -118,11 +185,12 @@ def warm_up() -> None:
         "correlation_id": key,
         "tenant_id": "warm-up",
         "post_id": "warm-up",
-        "label": LABELS[0],
+        "label": contract.none_label,
+        "rule_ids": "",
         "confidence": 0.5,
         "schema_version": SCHEMA_VERSION,
     }
-    good, bad = split_valid([row])
+    good, bad = split_valid([row], contract)
     if bad or len(good) != 1:  # the schema itself would be broken
         raise RuntimeError(f"result schema rejects a valid row: {bad}")
 
@@ -140,7 +208,12 @@ class StoredResultFrame(pa.DataFrameModel):
     content_hash: Series[str] = pa.Field(
         str_matches=r"^[0-9a-f]{64}$", description="sha256 of the NFC text the label is for."
     )
-    label: Series[str] = pa.Field(isin=list(LABELS), description="Label from the closed set.")
+    label: Series[str] = pa.Field(
+        str_matches=ITEM_ID_RE.pattern, description="A label (of its policy version)."
+    )
+    rule_ids: Series[str] = pa.Field(
+        str_matches=RULE_IDS_RE, description="Comma-joined rule ids, each of that label."
+    )
     confidence: Series[float] = pa.Field(ge=0.0, le=1.0, description="Confidence in [0, 1].")
     model: Series[str] = pa.Field(str_length={"min_value": 1}, description="Model version.")
     prompt_version: Series[str] = pa.Field(
@@ -153,22 +226,41 @@ class StoredResultFrame(pa.DataFrameModel):
         coerce = False
 
 
-STORED_RESULT_SCHEMA = _cheap_string_types(StoredResultFrame.to_schema())
-_STORED_COLUMNS = list(STORED_RESULT_SCHEMA.columns)
+_STORED_BASE = _cheap_string_types(StoredResultFrame.to_schema())
+_STORED_COLUMNS = list(_STORED_BASE.columns)
 
 
-def stored_result_problems(rows: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
+@functools.lru_cache(maxsize=16)
+def stored_schema(contract: OutputContract, versions: Versions) -> pa.DataFrameSchema:
+    """The stored results' check: every row's shape, and the contract for the rows of
+    ``versions`` (the policy in force). Rows of another policy version are that version's
+    labels, checked by their own policy when it was in force."""
+    triple = (versions.task_version, versions.prompt_version, versions.model)
+
+    def current(df: pd.DataFrame) -> pd.Series:
+        return (
+            (df["task_version"] == triple[0])
+            & (df["prompt_version"] == triple[1])
+            & (df["model"] == triple[2])
+        )
+
+    return _with_contract(_STORED_BASE, contract, current)
+
+
+def stored_result_problems(
+    rows: Sequence[Mapping[str, Any]], contract: OutputContract, versions: Versions
+) -> list[tuple[str, str]]:
     """(key, reason) for every stored result row that fails the schema; [] when all pass."""
     if not rows:
         return []
     frame = pd.DataFrame({c: [r[c] for r in rows] for c in _STORED_COLUMNS})
     try:
-        STORED_RESULT_SCHEMA.validate(frame, lazy=True)
+        stored_schema(contract, versions).validate(frame, lazy=True)
     except pa.errors.SchemaErrors as exc:
         found: dict[int, str] = {}
         for case in exc.failure_cases.itertuples():
             idx = getattr(case, "index", None)
-            reason = f"{case.column or 'row'} failed {case.check}"
+            reason = f"{_what(case)} failed {case.check}"
             if idx is None or pd.isna(idx):
                 return [(str(r["key"]), reason) for r in rows]
             found.setdefault(int(idx), reason)

@@ -9,30 +9,36 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from backfill_assets.core.keys import Versions
+from backfill_assets.core.rubric import OutputContract
+
 
 def split_valid(
-    rows: list[dict[str, Any]],
+    rows: list[dict[str, Any]], contract: OutputContract
 ) -> tuple[list[dict[str, Any]], list[tuple[dict[str, Any], str]]]:
-    """Validate a batch; returns (valid rows, [(invalid row, reason)])."""
+    """Validate a batch under a policy's contract; returns (valid rows, [(invalid row, reason)])."""
     if not rows:
         return [], []
     from backfill_assets.core import _frames
 
-    return _frames.split_valid(rows)
+    return _frames.split_valid(rows, contract)
 
 
-def stored_result_problems(rows: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
-    """(key, reason) for every stored result row that fails the schema; [] when all pass."""
+def stored_result_problems(
+    rows: Sequence[Mapping[str, Any]], contract: OutputContract, versions: Versions
+) -> list[tuple[str, str]]:
+    """(key, reason) for every stored result row that fails the schema (the contract applies
+    to the rows of ``versions``); [] when all pass."""
     if not rows:
         return []
     from backfill_assets.core import _frames
 
-    return _frames.stored_result_problems(rows)
+    return _frames.stored_result_problems(rows, contract, versions)
 
 
-def warm_up() -> None:
-    """Import the schemas and validate one synthetic row, once per process, before the first
-    provider call (so the first flush does not stall calls in flight)."""
+def warm_up(contract: OutputContract) -> None:
+    """Import the schemas and validate one synthetic row, once per process and contract,
+    before the first provider call (so the first flush does not stall calls in flight)."""
     from backfill_assets.core import _frames
 
-    _frames.warm_up()
+    _frames.warm_up(contract)

@@ -122,6 +122,8 @@ class PartitionReport:
     busy: bool = False
     stats: PartitionStats = field(default_factory=PartitionStats)
     labels_total: dict[str, int] = field(default_factory=dict)
+    # Accepted results per rule id (a result naming two rules counts for both).
+    rules_total: dict[str, int] = field(default_factory=dict)
     dead_total: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -151,6 +153,7 @@ class PartitionReport:
             "cost": round(st.cost, 6),
             "labels_this_run": dict(sorted((k, v) for k, v in st.labels.items() if v)),
             "labels_total": dict(sorted(self.labels_total.items())),
+            "rules_total": dict(sorted(self.rules_total.items())),
             "dead_letters_total": dict(sorted(self.dead_total.items())),
             "latency_p50_ms": round(statistics.median(lat), 2) if lat else None,
             "latency_p95_ms": round(lat[int(0.95 * (len(lat) - 1))], 2) if lat else None,

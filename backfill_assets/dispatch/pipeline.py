@@ -33,6 +33,7 @@ from backfill_assets.store import limiter_members
 from backfill_assets.store.budget import StoreBudgetLedger
 from backfill_assets.store.engine import read_tx, refresh_planner_stats
 from backfill_assets.store.partition_counts import PartitionCounts, partition_counts, post_counts
+from backfill_assets.store.policies import contract_lookup, register_policy
 from backfill_assets.store.posts import slice_levels
 from backfill_assets.store.tenants import tenant_regions
 from backfill_assets.store.work import (
@@ -72,8 +73,13 @@ def run_partitions(
     has no endpoint here are not dispatched; once the others are done, ``RegionUnavailable``
     names them.
     """
+    if versions.prompt_version != rubric.prompt_version:
+        raise ValueError("the versions name another policy than the rubric sent")
     reports = {r.key: PartitionReport(ref=r) for r in refs}
-    warm_up_validation()  # before the first call, not inside the first flush
+    # Registered before the first call: the version's labels and rules are on record for
+    # whoever judges or applies its results later (policies.py).
+    register_policy(engine, rubric.policy)
+    warm_up_validation(rubric.contract)  # before the first call, not inside the first flush
     refresh_planner_stats(engine, ("posts", "results", "dead_letters"))
     with read_tx(engine) as conn:
         region_of = tenant_regions(conn, {r.tenant_id for r in refs})
@@ -108,6 +114,7 @@ def run_partitions(
     for ref in refs:
         got = _fold(counts, ref)
         reports[ref.key].labels_total = got.labels
+        reports[ref.key].rules_total = got.rules
         reports[ref.key].dead_total = got.dead
     done = [reports[r.key] for r in refs]
     if stopped is not None:
@@ -128,6 +135,8 @@ def _fold(counts: dict[tuple[str, int], PartitionCounts], ref: PartitionRef) -> 
         out.posts += got.posts
         for label, n in got.labels.items():
             out.labels[label] = out.labels.get(label, 0) + n
+        for rule, n in got.rules.items():
+            out.rules[rule] = out.rules.get(rule, 0) + n
         for outcome, n in got.dead.items():
             out.dead[outcome] = out.dead.get(outcome, 0) + n
     return out
@@ -195,6 +204,7 @@ async def _dispatch(
     dispatcher: Dispatcher
     writer = LedgerWriter(
         engine,
+        contract_for=contract_lookup(engine, rubric),
         flush_rows=options.flush_rows,
         flush_interval_s=options.flush_interval_s,
         kill_after_usage=options.kill_after_usage,

@@ -26,7 +26,6 @@ from backfill_assets.core.rubric import (
     Rubric,
     estimate_prompt_tokens,
     messages_token_bound,
-    parse_output,
 )
 from backfill_assets.providers.models.base import (
     ModelAdapter,
@@ -222,8 +221,9 @@ class Dispatcher:
             return True
         # The budget reserves what the call can cost at most, whatever the provider's
         # tokenizer; the limiter paces on the cheap estimate and settles to the billed figure.
-        messages = self.cfg.rubric.messages(item.key, item.text)
-        bound = messages_token_bound(messages) + MAX_OUTPUT_TOKENS
+        rubric = self.cfg.rubric
+        messages = rubric.messages(item.key, item.text)
+        bound = messages_token_bound(messages, rubric.schema_bytes) + MAX_OUTPUT_TOKENS
         reservation = await self.budgets.reserve(item.tenant_id, bound)
         if reservation is None:
             st.outcomes[Outcome.DEFERRED] += 1
@@ -238,7 +238,8 @@ class Dispatcher:
             model=self.cfg.versions.model,
             messages=messages,
             max_output_tokens=MAX_OUTPUT_TOKENS,
-            estimated_tokens=estimate_prompt_tokens(self.cfg.rubric, item.text) + MAX_OUTPUT_TOKENS,
+            estimated_tokens=estimate_prompt_tokens(rubric, item.text) + MAX_OUTPUT_TOKENS,
+            contract=rubric.contract,
             bound_tokens=bound,
         )
         st.calls += 1
@@ -253,7 +254,7 @@ class Dispatcher:
         st.latencies_ms.append(response.latency_ms or (time.perf_counter() - started) * 1000)
         self._book_usage(item, attempt, attempt_id, response, reservation, st)
         try:
-            out = parse_output(response.raw_text, item.key)
+            out = rubric.parse(response.raw_text, item.key)
         except OutputRejected as exc:
             self.writer.stage_dead(self._dead(item, Outcome.SCHEMA_REJECTED, str(exc), attempt))
             st.outcomes[Outcome.SCHEMA_REJECTED] += 1
@@ -261,6 +262,7 @@ class Dispatcher:
         row = self._base(item)
         row.update(
             label=out.label,
+            rule_ids=",".join(out.rule_ids),
             confidence=out.confidence,
             correlation_id=out.correlation_id,
             schema_version=out.schema_version,

@@ -7,14 +7,14 @@ import dagster as dg
 
 from backfill_assets.audit.check_rules import BLOCKING_CHECKS, CHECK_GROUPS, blocking_failures
 from backfill_assets.core.range_guard import require_full_range
+from backfill_assets.core.rubric import Rubric
 from backfill_assets.dispatch.pipeline import with_levels
 from backfill_assets.orchestration.checks import LABELS_KEY, loaded_code_version, verdicts_for
+from backfill_assets.orchestration.checks_config import ChecksResource
 from backfill_assets.orchestration.metadata import add_partition_metadata
 from backfill_assets.orchestration.partitions import moderation_partitions, run_refs
-from backfill_assets.orchestration.policy import PolicyResource
 from backfill_assets.orchestration.resources import (
     ModelResource,
-    RunSettings,
     StoreResource,
     run_versions,
 )
@@ -28,8 +28,10 @@ def apply_metadata(rep: ApplyReport) -> dict[str, Any]:
         "eligible": dg.MetadataValue.int(rep.eligible),
         "changed": dg.MetadataValue.int(rep.changed),
         "unchanged": dg.MetadataValue.int(rep.unchanged),
+        "newer_version_kept": dg.MetadataValue.int(rep.newer_kept),
         "target_columns": dg.MetadataValue.text(rep.target),
         "rubric_version": dg.MetadataValue.text(rep.rubric_version),
+        "policy_version": dg.MetadataValue.text(rep.policy_version),
     }
 
 
@@ -48,14 +50,15 @@ def passed_in_run(context: dg.AssetExecutionContext) -> set[str]:
     return {pk for pk, c in seen.items() if all(c.get(n, False) for n in blocking)}
 
 
-def build_applied_labels(partitions_per_run: int) -> dg.AssetsDefinition:
-    """The apply asset; same partitions and backfill policy as moderation_labels."""
+def build_applied_labels(rubric: Rubric, partitions_per_run: int) -> dg.AssetsDefinition:
+    """The apply asset; same partitions and backfill policy as moderation_labels, and the
+    same policy (``rubric``, closed over: it decides what is applied under which version)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", dg.BetaWarning)
-        return _applied_asset(partitions_per_run)
+        return _applied_asset(rubric, partitions_per_run)
 
 
-def _applied_asset(partitions_per_run: int) -> dg.AssetsDefinition:
+def _applied_asset(rubric: Rubric, partitions_per_run: int) -> dg.AssetsDefinition:
     @dg.asset(
         name="applied_labels",
         partitions_def=moderation_partitions,
@@ -71,13 +74,13 @@ def _applied_asset(partitions_per_run: int) -> dg.AssetsDefinition:
         context: dg.AssetExecutionContext,
         store: StoreResource,
         model: ModelResource,
-        settings: RunSettings,
-        policy: PolicyResource,
+        checks: ChecksResource,
     ) -> dg.MaterializeResult[None]:
-        """Keyed upsert of accepted labels onto posts (shadow columns unless switched live)."""
+        """Keyed upsert of accepted labels (label, rule ids, policy version) per (tenant,
+        post, policy id), and onto the posts' shadow columns (live ones when switched)."""
         require_full_range(context)
         refs = run_refs(context.partition_keys)
-        _rubric, versions = run_versions(settings, model, loaded_code_version(context.job_def))
+        versions = run_versions(model, rubric, loaded_code_version(context.job_def))
         engine = store.engine()
         refs = with_levels(engine, refs)
         # Dagster's blocking checks gate this step when they ran in the same run. Launched on
@@ -89,7 +92,9 @@ def _applied_asset(partitions_per_run: int) -> dg.AssetsDefinition:
         for ref in refs:
             if ref.key in checked:
                 continue
-            fails = blocking_failures(verdicts_for(engine, ref, versions, policy, BLOCKING_CHECKS))
+            fails = blocking_failures(
+                verdicts_for(engine, ref, versions, rubric, checks, BLOCKING_CHECKS)
+            )
             if fails:
                 blocked[ref.key] = fails
         if blocked:
@@ -103,7 +108,7 @@ def _applied_asset(partitions_per_run: int) -> dg.AssetsDefinition:
         for ref in refs:
             with write_tx(engine) as conn:
                 rep = apply_partition(
-                    conn, ref.tenant_id, ref.slices, versions, live=policy.apply_live
+                    conn, ref.tenant_id, ref.slices, versions, rubric.policy, live=checks.apply_live
                 )
             changed += rep.changed
             applied[ref.key] = apply_metadata(rep)

@@ -8,6 +8,7 @@ from pydantic import Field
 
 from backfill_assets.core.faults import NO_FAULTS, FaultHooks
 from backfill_assets.core.range_guard import require_full_range
+from backfill_assets.core.rubric import Rubric
 from backfill_assets.dispatch.partition_run import RunStopped
 from backfill_assets.dispatch.pipeline import run_partitions, with_levels
 from backfill_assets.ingest.importer import ImportInputError, files_within, import_files
@@ -69,21 +70,21 @@ def posts(
 
 
 def build_moderation_labels(
-    code_version: str, partitions_per_run: int, faults: FaultHooks = NO_FAULTS
+    rubric: Rubric, code_version: str, partitions_per_run: int, faults: FaultHooks = NO_FAULTS
 ) -> dg.AssetsDefinition:
-    """The labels asset; its code version names the task, prompt and model.
+    """The labels asset; its code version names the task, the policy and the model.
 
-    ``faults`` (crash drills) come from the environment and are closed over here, so no
-    launchpad config can switch them on.
+    The policy (``rubric``) and ``faults`` (crash drills) come from the environment and are
+    closed over here, so no launchpad config can change them.
     """
     with warnings.catch_warnings():
         # BackfillPolicy is "beta" in Dagster 1.13; the warning is noise on every CLI call.
         warnings.simplefilter("ignore", dg.BetaWarning)
-        return _labels_asset(code_version, partitions_per_run, faults)
+        return _labels_asset(rubric, code_version, partitions_per_run, faults)
 
 
 def _labels_asset(
-    code_version: str, partitions_per_run: int, faults: FaultHooks
+    rubric: Rubric, code_version: str, partitions_per_run: int, faults: FaultHooks
 ) -> dg.AssetsDefinition:
     @dg.asset(
         name="moderation_labels",
@@ -104,8 +105,8 @@ def _labels_asset(
         """LLM moderation labels per tenant x slice; re-runs only send unfinished keys."""
         require_full_range(context)
         refs = run_refs(context.partition_keys)
-        # One read of the prompt file per step: the keys and the requests use the same text.
-        rubric, versions = run_versions(settings, model, code_version)
+        # The policy the definitions loaded: the keys and the requests use the same text.
+        versions = run_versions(model, rubric, code_version)
         # Which stored slices each partition holds depends on its tenant's slice level.
         refs = with_levels(store.engine(), refs)
         context.log.info(f"{len(refs)} partition(s), {versions.code_version}")
@@ -129,7 +130,7 @@ def _labels_asset(
             }
         add_partition_metadata(
             context,
-            {r.ref.key: partition_metadata(r, versions, spend[r.ref.key]) for r in reports},
+            {r.ref.key: partition_metadata(r, versions, rubric, spend[r.ref.key]) for r in reports},
         )
         if stopped is not None:
             # A run-level error (wrong key, permission, model, URL): nothing more was sent and

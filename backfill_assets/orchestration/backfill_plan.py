@@ -11,11 +11,11 @@ from typing import Any
 
 import dagster as dg
 
+from backfill_assets.core.rubric import Rubric
 from backfill_assets.orchestration.assets import posts
 from backfill_assets.orchestration.estimate import TenantEstimate, estimate_pending
 from backfill_assets.orchestration.resources import (
     ModelResource,
-    RunSettings,
     StoreResource,
     versions_for,
 )
@@ -47,18 +47,25 @@ def plan_table(rows: list[TenantEstimate], limit: int = MAX_TABLE_ROWS) -> str:
     return "\n".join(lines)
 
 
-@dg.asset(
-    group_name="reporting",
-    deps=[posts],
-    kinds={"sql"},
-    automation_condition=refresh_condition(),
-)
-def backfill_plan(
-    store: StoreResource, model: ModelResource, settings: RunSettings
-) -> dg.MaterializeResult[None]:
-    """Pending keys, estimated tokens and cost, and the reserved bound, per tenant."""
-    rubric = settings.rubric()
-    versions = versions_for(settings, model, rubric)
+def build_backfill_plan(rubric: Rubric) -> dg.AssetsDefinition:
+    """The plan asset for the policy the definitions loaded (closed over, as the labels')."""
+
+    @dg.asset(
+        name="backfill_plan",
+        group_name="reporting",
+        deps=[posts],
+        kinds={"sql"},
+        automation_condition=refresh_condition(),
+    )
+    def backfill_plan(store: StoreResource, model: ModelResource) -> dg.MaterializeResult[None]:
+        """Pending keys, estimated tokens and cost, and the reserved bound, per tenant."""
+        return _plan(store, model, rubric)
+
+    return backfill_plan
+
+
+def _plan(store: StoreResource, model: ModelResource, rubric: Rubric) -> dg.MaterializeResult[None]:
+    versions = versions_for(model, rubric)
     with read_tx(store.engine()) as conn:
         rows = estimate_pending(conn, tenant_ids(conn), versions, rubric, model.price_table())
     metadata: dict[str, Any] = {
@@ -75,5 +82,6 @@ def backfill_plan(
             round(sum((r.bound_cost_usd for r in rows), 0.0), 6)
         ),
         "code_version": dg.MetadataValue.text(versions.code_version),
+        "policy": dg.MetadataValue.text(rubric.policy.identity),
     }
     return dg.MaterializeResult(metadata=metadata)

@@ -31,13 +31,13 @@ from backfill_assets.audit.check_rules import (
     group_verdicts,
 )
 from backfill_assets.core.keys import Versions
+from backfill_assets.core.rubric import Rubric
 from backfill_assets.dispatch.partition_run import PartitionRef
 from backfill_assets.dispatch.pipeline import with_levels
+from backfill_assets.orchestration.checks_config import ChecksResource
 from backfill_assets.orchestration.partitions import moderation_partitions, run_refs
-from backfill_assets.orchestration.policy import PolicyResource
 from backfill_assets.orchestration.resources import (
     ModelResource,
-    RunSettings,
     StoreResource,
     run_versions,
 )
@@ -61,22 +61,24 @@ def verdicts_for(
     engine: Engine,
     ref: PartitionRef,
     versions: Versions,
-    policy: PolicyResource,
+    rubric: Rubric,
+    checks: ChecksResource,
     names: Sequence[str] = CHECK_NAMES,
     deferred: int | None = None,
     sample: int = 5,
 ) -> list[Verdict]:
     """Gather one partition's rows and judge them (shared by checks, gate and CLI)."""
-    return verdicts_for_many(engine, [ref], versions, policy, names, {ref.key: deferred}, sample)[
-        ref.key
-    ]
+    return verdicts_for_many(
+        engine, [ref], versions, rubric, checks, names, {ref.key: deferred}, sample
+    )[ref.key]
 
 
 def verdicts_for_many(
     engine: Engine,
     refs: Sequence[PartitionRef],
     versions: Versions,
-    policy: PolicyResource,
+    rubric: Rubric,
+    checks: ChecksResource,
     names: Sequence[str] = CHECK_NAMES,
     deferred: Mapping[str, int | None] | None = None,
     sample: int = 5,
@@ -84,15 +86,22 @@ def verdicts_for_many(
 ) -> dict[str, list[Verdict]]:
     """Verdicts for several partitions (``store.audit.judge_partitions``), each tenant's drift
     baseline read once; a big run's partitions are judged by worker processes
-    (``store.audit_pool``), since one process would leave the other cores idle."""
+    (``store.audit_pool``), since one process would leave the other cores idle. The stored
+    results of ``versions`` are judged by ``rubric``'s labels and rules."""
     scopes = [Scope(r.key, r.tenant_id, r.slice, r.slices) for r in refs]
     baselines: dict[str, Baseline] = {}
     if "label_drift" in names:
         with read_tx(engine) as conn:
             for tenant_id in sorted({r.tenant_id for r in refs}):
-                baselines[tenant_id] = _baseline(conn, tenant_id, versions, policy)
+                baselines[tenant_id] = _baseline(conn, tenant_id, versions, rubric, checks)
     judging = Judging(
-        versions, policy.bounds(), tuple(names), baselines, dict(deferred or {}), sample
+        versions,
+        rubric.contract,
+        checks.bounds(rubric.policy),
+        tuple(names),
+        baselines,
+        dict(deferred or {}),
+        sample,
     )
     chunks = audit_pool.plan(engine, scopes)
     if chunks is not None:
@@ -103,10 +112,10 @@ def verdicts_for_many(
 
 
 def _baseline(
-    conn: Connection, tenant_id: str, versions: Versions, policy: PolicyResource
+    conn: Connection, tenant_id: str, versions: Versions, rubric: Rubric, checks: ChecksResource
 ) -> tuple[dict[str, float] | None, str]:
     """The drift baseline of a tenant: configured, or the live labels' shares."""
-    configured = policy.configured_baseline()
+    configured = checks.configured_baseline(rubric.policy)
     if configured is not None:
         return dict(configured), "configured"
     live = live_label_counts(conn, tenant_id, rubric_version(versions))
@@ -206,9 +215,10 @@ def _evaluation(
     )
 
 
-def build_partition_checks() -> dg.AssetChecksDefinition:
+def build_partition_checks(rubric: Rubric) -> dg.AssetChecksDefinition:
     """The six checks in two groups (``check_rules.CHECK_GROUPS``), one multi-check: the
-    partition's rows are read once for all of them."""
+    partition's rows are read once for all of them. ``rubric``: the policy the definitions
+    loaded (its labels and rules judge the stored results), closed over like the asset's."""
     with warnings.catch_warnings():
         # Partitioned checks are "preview" in Dagster 1.13; the warning is noise on every load.
         warnings.simplefilter("ignore", dg.PreviewWarning)
@@ -222,22 +232,21 @@ def build_partition_checks() -> dg.AssetChecksDefinition:
             )
             for g in CHECK_GROUPS
         ]
-    return _checks(specs)
+    return _checks(specs, rubric)
 
 
-def _checks(specs: list[dg.AssetCheckSpec]) -> dg.AssetChecksDefinition:
+def _checks(specs: list[dg.AssetCheckSpec], rubric: Rubric) -> dg.AssetChecksDefinition:
     @dg.multi_asset_check(specs=specs, can_subset=True, name=CHECKS_NAME)
     def moderation_label_checks(
         context: dg.AssetCheckExecutionContext,
         store: StoreResource,
         model: ModelResource,
-        settings: RunSettings,
-        policy: PolicyResource,
+        checks: ChecksResource,
     ) -> Iterator[dg.AssetCheckEvaluation | dg.Output[None]]:
         """Integrity (blocking) and spend and drift, one evaluation each per partition."""
         refs = run_refs(context.partition_keys)
         job = context.op_execution_context.job_def
-        _rubric, versions = run_versions(settings, model, loaded_code_version(job))
+        versions = run_versions(model, rubric, loaded_code_version(job))
         refs = with_levels(store.engine(), refs)
         selected = {k.name for k in context.selected_asset_check_keys}
         names = [m for g in CHECK_GROUPS if g.name in selected for m in g.members]
@@ -247,7 +256,8 @@ def _checks(specs: list[dg.AssetCheckSpec]) -> dg.AssetChecksDefinition:
             store.engine(),
             refs,
             versions,
-            policy,
+            rubric,
+            checks,
             names,
             {k: d for k, (_t, d) in latest.items()},
             log=context.log.info,

@@ -21,6 +21,7 @@ from backfill_assets.core.rubric import (
     call_token_bound,
     estimate_prompt_tokens,
 )
+from backfill_assets.dispatch.batch.options import BATCH_PRICE_FACTOR
 from backfill_assets.store.work import pending_posts
 
 
@@ -34,12 +35,15 @@ class TenantEstimate:
     bound_tokens: int = 0
     estimated_cost_usd: float = 0.0
     bound_cost_usd: float = 0.0
+    # The same estimate at the Batch API's price (BACKFILL_DISPATCH=batch).
+    estimated_cost_usd_batch: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         """JSON form (costs rounded to 1e-6 USD)."""
         out = asdict(self)
         out["estimated_cost_usd"] = round(self.estimated_cost_usd, 6)
         out["bound_cost_usd"] = round(self.bound_cost_usd, 6)
+        out["estimated_cost_usd_batch"] = round(self.estimated_cost_usd_batch, 6)
         return out
 
 
@@ -67,5 +71,6 @@ def estimate_pending(
                     est.bound_cost_usd += prices.cost(
                         versions.model, bound - MAX_OUTPUT_TOKENS, MAX_OUTPUT_TOKENS
                     )
+        est.estimated_cost_usd_batch = est.estimated_cost_usd * BATCH_PRICE_FACTOR
         out.append(est)
     return out

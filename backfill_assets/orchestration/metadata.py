@@ -8,6 +8,7 @@ from typing import Any
 import dagster as dg
 
 from backfill_assets.core.keys import Versions
+from backfill_assets.core.rubric import Rubric
 from backfill_assets.dispatch.partition_run import PartitionReport
 
 
@@ -22,8 +23,21 @@ def label_table(labels: dict[str, int]) -> str:
     return "\n".join(lines)
 
 
+def rule_table(rules: dict[str, int], rubric: Rubric) -> str:
+    """Markdown table of the rules that matched, with the label each leads to."""
+    lines = ["| rule | label | count |", "|---|---|---:|"]
+    for rule, n in sorted(rules.items(), key=lambda kv: (-kv[1], kv[0])):
+        lines.append(f"| {rule} | {rubric.contract.rule_label(rule) or '-'} | {n} |")
+    if not rules:
+        lines.append("| (none) | | 0 |")
+    return "\n".join(lines)
+
+
 def partition_metadata(
-    rep: PartitionReport, versions: Versions, spend: dict[str, int] | None = None
+    rep: PartitionReport,
+    versions: Versions,
+    rubric: Rubric,
+    spend: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     """Metadata of one partition's materialisation; ``spend`` is the partition's ledger view."""
     s = rep.summary()
@@ -39,9 +53,12 @@ def partition_metadata(
         "tokens_out": dg.MetadataValue.int(s["tokens_out"]),
         "cost_usd": dg.MetadataValue.float(float(s["cost"])),
         "label_distribution": dg.MetadataValue.md(label_table(s["labels_total"])),
+        "rule_distribution": dg.MetadataValue.md(rule_table(s["rules_total"], rubric)),
         "task_version": versions.task_version,
         "prompt_version": versions.prompt_version,
         "model": versions.model,
+        "policy": dg.MetadataValue.text(rubric.policy.identity),
+        "policy_version": dg.MetadataValue.text(rubric.policy.version),
     }
     if spend is not None:
         # Over the partition's whole ledger, not just this run: what the tenant was billed.

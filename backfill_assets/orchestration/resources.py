@@ -258,7 +258,11 @@ class OpenAIModelResource(ModelResource):
 
 
 class RunSettings(dg.ConfigurableResource):  # type: ignore[type-arg]
-    """How a run behaves: concurrency, budget, retries, prompt, fault injection."""
+    """How a run behaves: concurrency, budget, retries, batch mode.
+
+    Not the moderation policy: that is read from ``BACKFILL_POLICY_PATH`` by the process that
+    loads the definitions and closed over by the assets, never run config a UI user can set.
+    """
 
     concurrency: int = Field(default=8, ge=1, le=1024, description="Model calls in flight.")
     tenant_budget_tokens: int = Field(default=0, ge=0, description="Per-tenant cap; 0 = none.")
@@ -271,7 +275,6 @@ class RunSettings(dg.ConfigurableResource):  # type: ignore[type-arg]
         description="Longest Retry-After honoured; a provider asking for more waits this long.",
     )
     flush_ms: float = Field(default=100.0, gt=0.0, le=1000.0, description="Max group-commit delay.")
-    prompt_path: str = Field(default="", description="File with a custom system prompt.")
     import_dir: str = Field(
         default="", description="The only directory the posts asset reads (empty: the demo's)."
     )
@@ -297,12 +300,6 @@ class RunSettings(dg.ConfigurableResource):  # type: ignore[type-arg]
         description="Batch mode: after a create with no answer, how long to look for its "
         "batch in the provider's list (which may lag) before creating it again.",
     )
-
-    def rubric(self) -> Rubric:
-        """The rubric in force (a custom prompt file changes the prompt version)."""
-        if self.prompt_path:
-            return Rubric(system_prompt=Path(self.prompt_path).read_text("utf-8"))
-        return Rubric()
 
     def import_root(self) -> Path:
         """Where the ``posts`` asset may read exports (``BACKFILL_IMPORT_DIR``)."""
@@ -350,33 +347,28 @@ def _key_id(api_key: str) -> str:
     return hashlib.sha256(api_key.encode("utf-8")).hexdigest()[:12]
 
 
-def versions_for(
-    settings: RunSettings, model: ModelResource, rubric: Rubric | None = None
-) -> Versions:
-    """Task, prompt and model versions that name this run's work (of ``rubric``, if given)."""
-    prompt_version = (rubric or settings.rubric()).prompt_version
-    return Versions(TASK_VERSION, prompt_version, model.model)
+def versions_for(model: ModelResource, rubric: Rubric) -> Versions:
+    """Task, policy and model versions that name the work of ``rubric`` with ``model``."""
+    return Versions(TASK_VERSION, rubric.prompt_version, model.model)
 
 
-def run_versions(
-    settings: RunSettings, model: ModelResource, loaded: str | None
-) -> tuple[Rubric, Versions]:
-    """A step's rubric, read once, and its versions, which must be the ones the code loaded with.
+def run_versions(model: ModelResource, rubric: Rubric, loaded: str | None) -> Versions:
+    """A step's versions, which must be the ones the code loaded with.
 
-    ``loaded`` is moderation_labels' code version from the definitions. A prompt file edited
-    (or a model changed) after they loaded would otherwise do work under one version while the
-    UI records another, or mix versions between the steps of one run.
+    ``rubric`` is the policy the definitions loaded (closed over by the asset, so it is the
+    one the code version names); ``loaded`` is moderation_labels' code version from the job.
+    A model changed in run config, or a step of another code version in the same run, would
+    otherwise do work under one version while the UI records another.
     """
-    rubric = settings.rubric()
-    versions = versions_for(settings, model, rubric)
+    versions = versions_for(model, rubric)
     if loaded is not None and versions.code_version != loaded:
         raise dg.Failure(
             description=(
                 f"this run's versions ({versions.code_version}) are not the code version the "
-                f"definitions were loaded with ({loaded}): the prompt file or the model changed "
+                f"definitions were loaded with ({loaded}): the policy or the model changed "
                 "since. Nothing was done. Reload the code location (or restart the command) "
                 "so the code version names the work."
             ),
             allow_retries=False,
         )
-    return rubric, versions
+    return versions

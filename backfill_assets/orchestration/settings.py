@@ -18,6 +18,7 @@ import dagster as dg
 from pydantic import (
     BeforeValidator,
     Field,
+    PrivateAttr,
     ValidationError,
     field_validator,
     model_validator,
@@ -31,15 +32,17 @@ from pydantic_settings import (
 
 from backfill_assets.core.faults import FaultHooks
 from backfill_assets.core.keys import DEFAULT_SLICE_TARGET, Versions
+from backfill_assets.core.policy import PolicyInvalid, builtin_policy, load_policy
 from backfill_assets.core.prices import PriceError, PriceTable
 from backfill_assets.core.regions import API_KEY_VAR, BASE_URL_VAR, InvalidRegion, region_of_suffix
-from backfill_assets.core.rubric import LABELS
+from backfill_assets.core.rubric import Rubric
 from backfill_assets.dispatch.batch.options import KILL_POINTS, PROVIDER_MAX_LINES
-from backfill_assets.orchestration.policy import (
+from backfill_assets.orchestration.checks_config import (
     LIVE_BASELINE,
-    PolicyError,
-    PolicyResource,
+    ChecksConfigError,
+    ChecksResource,
     parse_baseline,
+    unknown_labels,
 )
 from backfill_assets.orchestration.resources import (
     FakeModelResource,
@@ -94,6 +97,10 @@ class Settings(BaseSettings):
     retry_max_seconds: float = _var("BACKFILL_RETRY_MAX_SECONDS", default=30.0, ge=0.0)
     retry_after_max_seconds: float = _var("BACKFILL_RETRY_AFTER_MAX_SECONDS", default=900.0, gt=0.0)
     flush_ms: float = _var("BACKFILL_FLUSH_MS", default=100.0, gt=0.0, le=1000.0)
+    # The moderation policy file (docs/policies.md); blank: the built-in policy. Read here, by
+    # the process that runs the work, never from run config.
+    policy_path: str = _var("BACKFILL_POLICY_PATH", default="")
+    # Replaced by BACKFILL_POLICY_PATH: setting it is an error, never silently ignored.
     prompt_path: str = _var("BACKFILL_PROMPT_PATH", default="")
     import_dir: str = _var("BACKFILL_IMPORT_DIR", default="")
     slice_target_posts: int = _var(
@@ -160,6 +167,17 @@ class Settings(BaseSettings):
     drift_factor: float | None = _var("BACKFILL_DRIFT_FACTOR", default=None, gt=1.0)
     drift_min_count: int | None = _var("BACKFILL_DRIFT_MIN_COUNT", default=None, ge=1)
     apply_live: Flag | None = _var("BACKFILL_APPLY_LIVE", default=None)
+    _rubric: Rubric | None = PrivateAttr(default=None)
+
+    @field_validator("prompt_path")
+    @classmethod
+    def _prompt_path_replaced(cls, value: str) -> str:
+        if value:
+            raise ValueError(
+                "no longer read: a policy file replaces the prompt file; name it in "
+                "BACKFILL_POLICY_PATH (docs/policies.md)"
+            )
+        return value
 
     @field_validator("prices_json")
     @classmethod
@@ -176,24 +194,6 @@ class Settings(BaseSettings):
         # The webserver, its code server and run workers may each start in another directory.
         if value and not Path(value).is_absolute():
             raise ValueError("must be an absolute path")
-        return value
-
-    @field_validator("drift_baseline")
-    @classmethod
-    def _baseline_parses(cls, value: str | None) -> str | None:
-        if value is not None and value != LIVE_BASELINE:
-            try:
-                parse_baseline(value)  # fail at load time, not inside a check
-            except PolicyError as exc:
-                raise ValueError(str(exc)) from None
-        return value
-
-    @field_validator("drift_labels")
-    @classmethod
-    def _labels_known(cls, value: str | None) -> str | None:
-        unknown = [x for x in (value or "").split(",") if x.strip() and x.strip() not in LABELS]
-        if unknown:
-            raise ValueError(f"unknown label(s) {unknown}")
         return value
 
     @model_validator(mode="after")
@@ -215,8 +215,12 @@ class Settings(BaseSettings):
         return (init_settings,)
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> Settings:
-        """Parse ``env`` (e.g. ``os.environ``) once; ``SettingsError`` names a bad variable."""
+    def from_env(cls, env: Mapping[str, str], *, load_policy: bool = True) -> Settings:
+        """Parse ``env`` (e.g. ``os.environ``) once; ``SettingsError`` names a bad variable.
+
+        The policy file is read and checked here too, unless ``load_policy`` is false (then
+        on first use).
+        """
         # Values are stripped, and a blank one means the default, as always.
         found = _MappingSource(cls, env)().items()
         values: dict[str, Any] = {
@@ -225,9 +229,41 @@ class Settings(BaseSettings):
         values["region_base_urls"] = region_base_urls(env)
         values["api_key_set"] = bool(env.get(API_KEY_VAR))
         try:
-            return cls.model_validate(values)
+            settings = cls.model_validate(values)
         except ValidationError as exc:
             raise SettingsError("; ".join(_describe(e) for e in exc.errors()[:3])) from None
+        if load_policy:
+            settings._check_policy()
+        return settings
+
+    def rubric(self) -> Rubric:
+        """The moderation policy in force (``BACKFILL_POLICY_PATH``, else the built-in one),
+        compiled; read once, so the keys and the requests of a process use the same text."""
+        if self._rubric is None:
+            if not self.policy_path:
+                self._rubric = Rubric(builtin_policy())
+            else:
+                try:
+                    self._rubric = Rubric(load_policy(self.policy_path))
+                except PolicyInvalid as exc:
+                    raise SettingsError(f"BACKFILL_POLICY_PATH: {exc}") from None
+        return self._rubric
+
+    def _check_policy(self) -> None:
+        """The policy loads, and the drift settings name its labels (at load, not in a check)."""
+        policy = self.rubric().policy
+        if self.drift_labels and (bad := unknown_labels(self.drift_labels, policy.label_ids)):
+            raise SettingsError(
+                f"BACKFILL_DRIFT_LABELS={self.drift_labels[:60]!r}: not labels of policy "
+                f"{policy.identity}: {', '.join(bad[:5])}"
+            )
+        if self.drift_baseline is not None and self.drift_baseline != LIVE_BASELINE:
+            try:
+                parse_baseline(self.drift_baseline, policy.label_ids)
+            except ChecksConfigError as exc:
+                raise SettingsError(
+                    f"BACKFILL_DRIFT_BASELINE={self.drift_baseline[:60]!r}: {exc}"
+                ) from None
 
     @property
     def dagster_home(self) -> Path:
@@ -249,7 +285,6 @@ class Settings(BaseSettings):
             retry_max_seconds=self.retry_max_seconds,
             retry_after_max_seconds=self.retry_after_max_seconds,
             flush_ms=self.flush_ms,
-            prompt_path=self.prompt_path,
             import_dir=self.import_dir,
             slice_target_posts=self.slice_target_posts,
             dispatch=self.dispatch,
@@ -292,7 +327,7 @@ class Settings(BaseSettings):
             prices_json=self.prices_json,
         )
 
-    def policy(self) -> PolicyResource:
+    def checks(self) -> ChecksResource:
         """``BACKFILL_CHECK_*``, ``BACKFILL_DRIFT_*`` and ``BACKFILL_APPLY_LIVE``."""
         fields = {
             "max_rebilled_share": self.check_max_rebilled_share,
@@ -304,7 +339,7 @@ class Settings(BaseSettings):
             "drift_min_count": self.drift_min_count,
             "apply_live": self.apply_live,
         }
-        return PolicyResource(**{k: v for k, v in fields.items() if v is not None})  # type: ignore[arg-type]
+        return ChecksResource(**{k: v for k, v in fields.items() if v is not None})  # type: ignore[arg-type]
 
     def prices(self) -> PriceTable:
         """The price table: built-in list prices merged with ``BACKFILL_PRICES``."""
@@ -312,7 +347,7 @@ class Settings(BaseSettings):
 
     def versions(self) -> Versions:
         """The versions (and so the code version) these settings select."""
-        return versions_for(self.run_settings(), self.model_resource())
+        return versions_for(self.model_resource(), self.rubric())
 
     def resources(self) -> dict[str, Any]:
         """All resources the definitions need."""
@@ -320,7 +355,7 @@ class Settings(BaseSettings):
             "store": StoreResource(database_url=self.store_url),
             "model": self.model_resource(),
             "settings": self.run_settings(),
-            "policy": self.policy(),
+            "checks": self.checks(),
         }
 
 

@@ -8,7 +8,7 @@ import dagster as dg
 
 from backfill_assets.orchestration.applied import build_applied_labels
 from backfill_assets.orchestration.assets import build_moderation_labels, posts
-from backfill_assets.orchestration.backfill_plan import backfill_plan
+from backfill_assets.orchestration.backfill_plan import build_backfill_plan
 from backfill_assets.orchestration.checks import build_partition_checks
 from backfill_assets.orchestration.partitions import moderation_partitions
 from backfill_assets.orchestration.sealing import sealed_resources
@@ -26,9 +26,14 @@ def build_definitions(settings: Settings | Mapping[str, str]) -> dg.Definitions:
     if not isinstance(settings, Settings):
         settings = Settings.from_env(settings)
     per_run = settings.partitions_per_run
-    labels = build_moderation_labels(settings.versions().code_version, per_run, settings.faults())
-    applied = build_applied_labels(per_run)
-    checks = build_partition_checks()
+    # The policy is read once, here, from the environment of the process that loads the code,
+    # and closed over by every asset that needs it: no run config can change it.
+    rubric = settings.rubric()
+    code_version = settings.versions().code_version
+    labels = build_moderation_labels(rubric, code_version, per_run, settings.faults())
+    applied = build_applied_labels(rubric, per_run)
+    checks = build_partition_checks(rubric)
+    backfill_plan = build_backfill_plan(rubric)
     backfill_job = dg.define_asset_job(
         BACKFILL_JOB,
         # Selecting the assets selects their checks too: labels, the six checks, then the

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+from typing import Any
 
-from backfill_assets.providers.models.rules import classify
+from backfill_assets.core.policy import builtin_policy
+from backfill_assets.core.rubric import OutputContract, contract_from_schema
+from backfill_assets.providers.models.rules import judge
 from backfill_assets.providersim.config import FaultKind
 from backfill_assets.providersim.wire import ApiError
 
@@ -23,13 +26,26 @@ def other_key(correlation_id: str) -> str:
     return hashlib.sha256(f"wrong:{correlation_id}".encode()).hexdigest()
 
 
-def answer_content(fault: FaultKind | None, correlation_id: str, post: str) -> tuple[str, str]:
-    """Assistant content and finish reason; content faults distort an otherwise right answer."""
-    label, confidence = classify(post)
+def contract_of(schema: Any) -> OutputContract:
+    """What the request's ``response_format`` schema allows: its labels and rule ids (and
+    which rule leads to which label, from its descriptions); no schema: the built-in labels."""
+    if schema is None:
+        return OutputContract.of(builtin_policy())
+    found = contract_from_schema(schema)
+    return found if found is not None else OutputContract(("unknown",), "unknown")
+
+
+def answer_content(
+    fault: FaultKind | None, correlation_id: str, post: str, schema: Any = None
+) -> tuple[str, str]:
+    """Assistant content and finish reason, within the request's schema; content faults
+    distort an otherwise right answer."""
+    label, rules, confidence = judge(post, contract_of(schema))
     answer: dict[str, object] = {
         "schema_version": 1,
         "correlation_id": other_key(correlation_id) if fault == "wrong_key" else correlation_id,
         "label": "maybe" if fault == "unknown_label" else label,
+        "rule_ids": list(rules),
         "confidence": 1.7 if fault == "bad_confidence" else confidence,
     }
     content = json.dumps(answer)

@@ -178,7 +178,9 @@ class SimApp:
             return Response(502, BAD_GATEWAY_HTML, {"content-type": "text/html"})
         if call.fault in _STATUS_FAULTS:
             raise fault_error(call.fault, call.chat.model)
-        content, finish_reason = answer_content(call.fault, call.correlation_id, call.post)
+        content, finish_reason = answer_content(
+            call.fault, call.correlation_id, call.post, call.chat.response_schema
+        )
         completion = count_tokens(content)
         model = call.chat.model
         self.meter.bill(BilledCall(request_id, call.correlation_id, model, call.prompt, completion))

@@ -196,7 +196,9 @@ def answer_line(config: SimConfig, meter: Meter, line: BatchLine, batch_id: str)
             error = error.quoting(line.user)
         response = {"status_code": error.status, "request_id": request_id, "body": error.body()}
         return _output_line(line.custom_id, response, None)
-    content, finish_reason = answer_content(fault, line.correlation_id, line.post)
+    content, finish_reason = answer_content(
+        fault, line.correlation_id, line.post, line.chat.response_schema
+    )
     completion = count_tokens(content)
     meter.bill(
         BilledCall(request_id, line.correlation_id, model, line.prompt, completion, batch_id)

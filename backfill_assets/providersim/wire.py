@@ -91,6 +91,8 @@ class ChatRequest:
     model: str
     messages: tuple[ChatMessage, ...]
     max_tokens: int | None
+    # ``response_format.json_schema.schema`` when one was sent: the answer keeps within it.
+    response_schema: Any = None
 
 
 def _invalid(message: str, param: str | None, code: str | None = "invalid_type") -> ApiError:
@@ -189,7 +191,11 @@ def parse_chat_request(raw: bytes) -> ChatRequest:
     messages = _parse_messages(body.get("messages"))
     max_tokens = _parse_max_tokens(body)
     _check_options(body)
-    return ChatRequest(model=model, messages=messages, max_tokens=max_tokens)
+    fmt = body.get("response_format")
+    schema = fmt["json_schema"].get("schema") if fmt and fmt["type"] == "json_schema" else None
+    return ChatRequest(
+        model=model, messages=messages, max_tokens=max_tokens, response_schema=schema
+    )
 
 
 def prompt_tokens(request: ChatRequest) -> int:

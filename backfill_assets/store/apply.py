@@ -1,7 +1,17 @@
-"""Keyed upsert of accepted labels onto the posts' label columns (set-based, idempotent)."""
+"""Keyed upsert of accepted labels: ``applied_labels`` per (tenant, post, policy id), and the
+posts' label columns (set-based, idempotent).
+
+A policy's versions stand side by side in ``results``; the label in force for a post is the
+newest version's. The apply of a version writes only where no newer version of the same policy
+already holds the post, so an older version's label never replaces a newer one's, whatever
+order the runs finish in: the versions are ranked from ``policy_versions`` inside the apply's
+transaction, under a lock per (tenant, policy id) that concurrent applies of that policy share
+(SQLite's write lock, a PostgreSQL transaction advisory lock).
+"""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -9,8 +19,11 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from backfill_assets.core.keys import Versions
-from backfill_assets.core.rubric import LABELS
-from backfill_assets.store.tables import posts, results
+from backfill_assets.core.policy import Policy
+from backfill_assets.store.dialect import insert_for
+from backfill_assets.store.engine import is_sqlite
+from backfill_assets.store.policies import register, versions_of
+from backfill_assets.store.tables import applied_labels, posts, results, utcnow
 
 
 @dataclass(frozen=True)
@@ -19,30 +32,32 @@ class ApplyReport:
 
     eligible: int
     changed: int
+    # Eligible posts whose label in force is a newer version's, left as they are.
+    newer_kept: int
     target: str
     rubric_version: str
+    policy_version: str
 
     @property
     def unchanged(self) -> int:
         """Eligible posts that already carried this label and version."""
-        return self.eligible - self.changed
+        return self.eligible - self.changed - self.newer_kept
 
 
 def rubric_version(versions: Versions) -> str:
-    """The version written next to each label: task, prompt and model."""
+    """The version written next to each label on the posts: task, policy and model."""
     return versions.code_version
 
 
 def _accepted(tenant_id: str, slices: Sequence[int], versions: Versions) -> sa.ColumnElement[bool]:
-    # Only a result for the post's *current* text under the current versions is applied: a
-    # label of an edited post's older text must not land on the new text.
+    # Only a result for the post's *current* text under these versions is applied: a label of
+    # an edited post's older text must not land on the new text.
     return sa.and_(
         results.c.tenant_id == tenant_id,
         results.c.slice.in_(list(slices)),
         results.c.task_version == versions.task_version,
         results.c.prompt_version == versions.prompt_version,
         results.c.model == versions.model,
-        results.c.label.in_(LABELS),
         posts.c.tenant_id == results.c.tenant_id,
         posts.c.post_id == results.c.post_id,
         posts.c.content_hash == results.c.content_hash,
@@ -50,23 +65,137 @@ def _accepted(tenant_id: str, slices: Sequence[int], versions: Versions) -> sa.C
     )
 
 
+def _lock(conn: Connection, tenant_id: str, policy_id: str) -> None:
+    """Serialise applies of one policy for one tenant (SQLite: the write transaction is)."""
+    if is_sqlite(conn.engine):
+        return
+    digest = hashlib.sha256(f"apply|{tenant_id}|{policy_id}".encode()).digest()
+    conn.execute(
+        sa.text("SELECT pg_advisory_xact_lock(:k)"),
+        {"k": int.from_bytes(digest[:8], "big", signed=True)},
+    )
+
+
+def newer_versions(conn: Connection, policy: Policy) -> list[str]:
+    """Key versions of the same policy id that outrank ``policy`` (registered first)."""
+    ranked = versions_of(conn, policy.policy_id)
+    mine = [i for i, v in enumerate(ranked) if v.key_version == policy.key_version]
+    return [v.key_version for v in ranked[mine[0] + 1 :]] if mine else []
+
+
+def _upsert(
+    conn: Connection, match: sa.ColumnElement[bool], policy: Policy, newer: list[str]
+) -> int:
+    """Write this version's labels into ``applied_labels``; returns the rows written."""
+    al = applied_labels
+    source = sa.select(
+        results.c.tenant_id,
+        results.c.post_id,
+        sa.literal(policy.policy_id),
+        results.c.label,
+        results.c.rule_ids,
+        sa.literal(policy.version),
+        results.c.prompt_version,
+        results.c.model,
+        results.c.key,
+        results.c.content_hash,
+        sa.literal(utcnow(), sa.DateTime),
+    ).where(match)
+    columns = [
+        "tenant_id",
+        "post_id",
+        "policy_id",
+        "label",
+        "rule_ids",
+        "policy_version",
+        "key_version",
+        "model",
+        "result_key",
+        "content_hash",
+        "applied_at",
+    ]
+    stmt = insert_for(conn, al).from_select(columns, source)
+    excluded = stmt.excluded
+    replace = [
+        "label",
+        "rule_ids",
+        "policy_version",
+        "key_version",
+        "model",
+        "result_key",
+        "content_hash",
+    ]
+    differs = sa.or_(*(al.c[c].is_distinct_from(excluded[c]) for c in replace))
+    stmt = stmt.on_conflict_do_update(
+        index_elements=[al.c.tenant_id, al.c.post_id, al.c.policy_id],
+        set_={**{c: excluded[c] for c in replace}, "applied_at": excluded.applied_at},
+        where=sa.and_(differs, al.c.key_version.not_in(newer)) if newer else differs,
+    )
+    return int(conn.execute(stmt).rowcount or 0)
+
+
 def apply_partition(
     conn: Connection,
     tenant_id: str,
     slices: Sequence[int],
     versions: Versions,
+    policy: Policy,
     live: bool = False,
 ) -> ApplyReport:
-    """Write accepted labels of one partition; rows already up to date are not touched.
+    """Write accepted labels of one partition under ``policy``; rows already up to date are
+    not touched, and posts a newer version of the policy holds are left to it.
 
-    Keyed by (tenant, post_id, rubric version): replaying changes nothing, not even a timestamp,
-    so the posts table stays byte-identical.
+    Keyed by (tenant, post_id, policy id): replaying changes nothing, not even a timestamp,
+    so ``applied_labels`` and the posts table stay byte-identical.
     """
-    version = rubric_version(versions)
+    if versions.prompt_version != policy.key_version:
+        raise ValueError("the versions name another policy than the one applied")
+    _lock(conn, tenant_id, policy.policy_id)
+    register(conn, policy)
+    newer = newer_versions(conn, policy)
     match = _accepted(tenant_id, slices, versions)
     eligible = int(
         conn.execute(sa.select(sa.func.count()).select_from(posts).where(match)).one()[0]
     )
+    changed = _upsert(conn, match, policy, newer)
+    al = applied_labels
+    held_by_newer = sa.and_(
+        al.c.tenant_id == posts.c.tenant_id,
+        al.c.post_id == posts.c.post_id,
+        al.c.policy_id == policy.policy_id,
+        al.c.key_version.in_(newer),
+    )
+    newer_kept = (
+        int(
+            conn.execute(
+                sa.select(sa.func.count()).select_from(posts).where(match, held_by_newer)
+            ).one()[0]
+        )
+        if newer
+        else 0
+    )
+    _posts_columns(conn, match, versions, policy, live)
+    return ApplyReport(
+        eligible=eligible,
+        changed=changed,
+        newer_kept=newer_kept,
+        target="live+shadow" if live else "shadow",
+        rubric_version=rubric_version(versions),
+        policy_version=policy.version,
+    )
+
+
+def _posts_columns(
+    conn: Connection,
+    match: sa.ColumnElement[bool],
+    versions: Versions,
+    policy: Policy,
+    live: bool,
+) -> None:
+    """The posts' label columns follow the label in force: only where this version holds the
+    post in ``applied_labels`` (a newer version's label is never overwritten there either)."""
+    version = rubric_version(versions)
+    al = applied_labels
     targets = [(posts.c.moderation_label_shadow, posts.c.moderation_rubric_version_shadow)]
     if live:
         targets.append((posts.c.moderation_label, posts.c.moderation_rubric_version))
@@ -80,15 +209,14 @@ def apply_partition(
             )
         )
     )
+    in_force = sa.and_(
+        al.c.tenant_id == posts.c.tenant_id,
+        al.c.post_id == posts.c.post_id,
+        al.c.policy_id == policy.policy_id,
+        al.c.result_key == results.c.key,
+    )
     values: dict[str, object] = {}
     for label_col, version_col in targets:
         values[label_col.name] = results.c.label
         values[version_col.name] = version
-    stmt = posts.update().where(match, differs).values(values)
-    changed = conn.execute(stmt).rowcount
-    return ApplyReport(
-        eligible=eligible,
-        changed=int(changed or 0),
-        target="live+shadow" if live else "shadow",
-        rubric_version=version,
-    )
+    conn.execute(posts.update().where(match, in_force, differs).values(values))

@@ -20,6 +20,7 @@ from backfill_assets.audit.verify import (
     verify_scope,
 )
 from backfill_assets.core.keys import Versions, work_key
+from backfill_assets.core.rubric import OutputContract
 from backfill_assets.core.validation import stored_result_problems
 from backfill_assets.store.bulk import driver_rows, select_rows
 from backfill_assets.store.engine import is_sqlite, read_tx
@@ -91,7 +92,7 @@ _DERIVATION = (
     "task_version",
 )
 _COLUMNS = {
-    "results": (*_DERIVATION, "label", "confidence"),
+    "results": (*_DERIVATION, "label", "rule_ids", "confidence"),
     "dead_letters": (*_DERIVATION, "outcome"),
     "ledger_events": (
         *_DERIVATION,
@@ -206,6 +207,7 @@ def partition_evidence(
     slice_no: int,
     slices: Sequence[int],
     versions: Versions,
+    contract: OutputContract,
     validate: bool = True,
 ) -> PartitionEvidence:
     """One partition's posts and every row that claims it *or* carries one of its keys.
@@ -216,8 +218,9 @@ def partition_evidence(
     on purpose: it is the hottest insert path); a foreign one fails the isolation check of the
     tenant it claims, because its key does not recompute from that tenant's post.
 
-    ``validate=False`` leaves ``schema_problems`` empty for a caller that validates many
-    partitions' rows in one frame (``stored_result_problems`` has a fixed cost per call).
+    ``contract`` judges the results of ``versions`` (the policy in force). ``validate=False``
+    leaves ``schema_problems`` empty for a caller that validates many partitions' rows in one
+    frame (``stored_result_problems`` has a fixed cost per call).
     """
     slice_posts = {
         str(post_id): str(content_hash)
@@ -249,7 +252,9 @@ def partition_evidence(
         results=result_rows,
         dead=gather(dead_letters),
         ledger=ledger,
-        schema_problems=stored_result_problems(result_rows) if validate else [],
+        schema_problems=(
+            stored_result_problems(result_rows, contract, versions) if validate else []
+        ),
         expected_keys=expected,
     )
 
@@ -272,11 +277,12 @@ _BATCH_ROWS = 60_000
 
 @dataclass(frozen=True)
 class Judging:
-    """What a run's partitions are judged against: the code version, the policy's bounds, the
-    checks to evaluate, each tenant's drift baseline, the keys each partition deferred (by
-    partition key) and how many sample keys a verdict names."""
+    """What a run's partitions are judged against: the code version, the output contract of
+    its policy, the check bounds, the checks to evaluate, each tenant's drift baseline, the
+    keys each partition deferred (by partition key) and how many sample keys a verdict names."""
 
     versions: Versions
+    contract: OutputContract
     bounds: CheckBounds
     names: tuple[str, ...]
     baselines: Mapping[str, Baseline]
@@ -301,7 +307,7 @@ def judge_partitions(
     def judge() -> None:
         nonlocal batch, held
         if "output_schema" in names:
-            _validate_stored([ev for _scope, ev in batch])
+            _validate_stored([ev for _scope, ev in batch], judging)
         for scope, ev in batch:
             if scope.tenant_id in judging.baselines:
                 ev.baseline, ev.baseline_source = judging.baselines[scope.tenant_id]
@@ -312,7 +318,13 @@ def judge_partitions(
     with read_tx(engine) as conn:
         for scope in scopes:
             ev = partition_evidence(
-                conn, scope.tenant_id, scope.slice, scope.slices, judging.versions, validate=False
+                conn,
+                scope.tenant_id,
+                scope.slice,
+                scope.slices,
+                judging.versions,
+                judging.contract,
+                validate=False,
             )
             batch.append((scope, ev))
             held += len(ev.results) + len(ev.ledger)
@@ -322,11 +334,12 @@ def judge_partitions(
     return out
 
 
-def _validate_stored(evidence: Sequence[PartitionEvidence]) -> None:
+def _validate_stored(evidence: Sequence[PartitionEvidence], judging: Judging) -> None:
     """Fill each partition's ``schema_problems`` from one frame over all their results."""
     unique = {r["key"]: r for ev in evidence for r in ev.results}
     bad: dict[str, list[str]] = {}
-    for key, why in stored_result_problems(list(unique.values())):
+    rows = list(unique.values())
+    for key, why in stored_result_problems(rows, judging.contract, judging.versions):
         bad.setdefault(key, []).append(why)
     for ev in evidence:
         ev.schema_problems = [(r["key"], why) for r in ev.results for why in bad.get(r["key"], [])]

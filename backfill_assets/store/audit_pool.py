@@ -29,6 +29,7 @@ from sqlalchemy.engine import Engine
 
 from backfill_assets.audit.check_rules import CheckBounds, DriftRule, Verdict
 from backfill_assets.core.keys import Versions
+from backfill_assets.core.rubric import OutputContract
 from backfill_assets.store.audit import Baseline, Judging, Scope, judge_partitions
 from backfill_assets.store.engine import make_engine, read_tx
 from backfill_assets.store.partition_counts import post_counts
@@ -83,6 +84,11 @@ def judge(
     common = {
         "url": engine.url.render_as_string(hide_password=False),
         "versions": [versions.task_version, versions.prompt_version, versions.model],
+        "contract": {
+            "labels": list(judging.contract.labels),
+            "none_label": judging.contract.none_label,
+            "rules": [list(pair) for pair in judging.contract.rules],
+        },
         "bounds": asdict(judging.bounds),
         "names": list(judging.names),
         "sample": judging.sample,
@@ -203,8 +209,14 @@ def _answer(job: Mapping[str, Any], engines: dict[str, Engine]) -> dict[str, Any
         t: (dict(b) if b is not None else None, str(src))
         for t, (b, src) in job["baselines"].items()
     }
+    contract = job["contract"]
     judging = Judging(
         versions=Versions(*job["versions"]),
+        contract=OutputContract(
+            labels=tuple(str(x) for x in contract["labels"]),
+            none_label=str(contract["none_label"]),
+            rules=tuple((str(r), str(lb)) for r, lb in contract["rules"]),
+        ),
         bounds=_bounds(job["bounds"]),
         names=tuple(job["names"]),
         baselines=baselines,

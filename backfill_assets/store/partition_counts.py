@@ -19,6 +19,8 @@ class PartitionCounts:
 
     posts: int = 0
     labels: dict[str, int] = field(default_factory=dict)
+    # Accepted results per rule id (from the stored comma-joined ids).
+    rules: dict[str, int] = field(default_factory=dict)
     dead: dict[str, int] = field(default_factory=dict)
 
 
@@ -59,4 +61,17 @@ def partition_counts(
         )
         for t, s, value, n in conn.execute(stmt):
             getattr(out[(str(t), int(s))], attr)[str(value)] = int(n)
+    stmt = (
+        sa.select(results.c.tenant_id, results.c.slice, results.c.rule_ids, sa.func.count())
+        .where(
+            results.c.tenant_id.in_(wanted),
+            _same_versions(results, versions),
+            results.c.rule_ids != "",
+        )
+        .group_by(results.c.tenant_id, results.c.slice, results.c.rule_ids)
+    )
+    for t, s, joined, n in conn.execute(stmt):
+        rules = out[(str(t), int(s))].rules
+        for rule in str(joined).split(","):
+            rules[rule] = rules.get(rule, 0) + int(n)
     return dict(out)

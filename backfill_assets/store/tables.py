@@ -64,10 +64,13 @@ results = sa.Table(
     sa.Column("label", sa.Text, nullable=False),
     sa.Column("confidence", sa.Float, nullable=False),
     sa.Column("model", sa.Text, nullable=False),
+    # The policy's key version (docs/policies.md); the name is from before policy files.
     sa.Column("prompt_version", sa.Text, nullable=False),
     sa.Column("task_version", sa.Text, nullable=False),
     sa.Column("run_id", sa.Text, nullable=False),
     sa.Column("created_at", sa.DateTime, nullable=False),
+    # sql/009: the rules that matched, comma-joined ('' for none).
+    sa.Column("rule_ids", sa.Text, nullable=False),
 )
 
 ledger_events = sa.Table(
@@ -197,4 +200,33 @@ usage_daily = sa.Table(
     sa.Column("tokens_in", sa.BigInteger, nullable=False),
     sa.Column("tokens_out", sa.BigInteger, nullable=False),
     sa.Column("cost", sa.Float, nullable=False),
+)
+
+# sql/009: every policy version the store worked under, and the label in force per policy.
+policy_versions = sa.Table(
+    "policy_versions",
+    metadata,
+    sa.Column("key_version", sa.Text, primary_key=True),
+    sa.Column("policy_id", sa.Text, nullable=False),
+    sa.Column("version", sa.Text, nullable=False),
+    sa.Column("identity", sa.Text, nullable=False),
+    sa.Column("content_hash", sa.Text, nullable=False),
+    sa.Column("document", sa.Text, nullable=False),
+    sa.Column("registered_at", sa.DateTime, nullable=False),
+)
+
+applied_labels = sa.Table(
+    "applied_labels",
+    metadata,
+    sa.Column("tenant_id", sa.Text, primary_key=True),
+    sa.Column("post_id", sa.Text, primary_key=True),
+    sa.Column("policy_id", sa.Text, primary_key=True),
+    sa.Column("label", sa.Text, nullable=False),
+    sa.Column("rule_ids", sa.Text, nullable=False),
+    sa.Column("policy_version", sa.Text, nullable=False),
+    sa.Column("key_version", sa.Text, nullable=False),
+    sa.Column("model", sa.Text, nullable=False),
+    sa.Column("result_key", sa.Text, nullable=False),
+    sa.Column("content_hash", sa.Text, nullable=False),
+    sa.Column("applied_at", sa.DateTime, nullable=False),
 )

@@ -30,6 +30,7 @@ from typing import Any
 
 from sqlalchemy.engine import Connection, Engine
 
+from backfill_assets.core.rubric import OutputContract
 from backfill_assets.core.validation import split_valid
 from backfill_assets.store.bulk import db_time, insert_values, row_values
 from backfill_assets.store.engine import is_sqlite
@@ -160,11 +161,15 @@ class LedgerWriter:
         self,
         engine: Engine,
         *,
+        contract_for: Callable[[str], OutputContract | None],
         flush_rows: int = 2048,
         flush_interval_s: float = 0.1,
         kill_after_usage: int | None = None,
         on_flush: Callable[[FlushReport], None] | None = None,
     ) -> None:
+        # ``contract_for``: a result row's prompt version -> the output contract of its policy
+        # (the frame check's labels and rules); None fails the row (no policy, no label).
+        self._contract_for = contract_for
         # SQLite has one write lock per database: hand it over in-process with a Python lock
         # instead of SQLite's sleeping busy handler.
         tx_lock = threading.Lock() if is_sqlite(engine) else None
@@ -332,7 +337,7 @@ class LedgerWriter:
     def _write_outcomes(self, s: _Staged) -> FlushReport:
         # Validate and build every parameter outside the transaction: the write lock (which
         # the attempt commits on the event loop wait for) is held only for the inserts.
-        good, bad = split_valid(s.results)
+        good, bad = self._frame_check(s.results)
         dead = list(s.dead) + [_as_dead(row, reason) for row, reason in bad]
         stamp = utcnow()
         now = db_time(self._dialect, stamp)
@@ -360,6 +365,23 @@ class LedgerWriter:
             # Nth usage event became durable, to prove resume never loses or re-pays.
             os.kill(os.getpid(), signal.SIGKILL)
         return FlushReport(rejected=bad)
+
+    def _frame_check(self, rows: list[Row]) -> tuple[list[Row], list[tuple[Row, str]]]:
+        """Each policy version's rows against its own contract (one frame per version)."""
+        by_version: dict[str, list[Row]] = defaultdict(list)
+        for row in rows:
+            by_version[str(row["prompt_version"])].append(row)
+        good: list[Row] = []
+        bad: list[tuple[Row, str]] = []
+        for version, group in by_version.items():
+            contract = self._contract_for(version)
+            if contract is None:
+                bad += [(r, "result frame: no policy for its version") for r in group]
+                continue
+            ok, failed = split_valid(group, contract)
+            good += ok
+            bad += failed
+        return good, bad
 
     @staticmethod
     def _settle(conn: Connection, s: _Staged, day: str) -> None:

@@ -22,8 +22,9 @@ import pytest
 
 from backfill_assets.orchestration.resources import engine_for
 from backfill_assets.store.audit import verify_store
-from backfill_tests.batch.conftest import API_KEY, VERSIONS, StartSim, records, rows
+from backfill_tests.batch.conftest import API_KEY, RUBRIC, VERSIONS, StartSim, records, rows
 from backfill_tests.conftest import import_records
+from backfill_tests.policy_helpers import COURSE_V5
 
 POSTS = 40
 MAX_LINES = 4
@@ -111,7 +112,7 @@ def test_sigkill_at_each_step_never_creates_a_second_batch(
     assert not [r["text"] for r in data if r["text"] in captured]
 
 
-def test_a_batch_in_flight_across_a_prompt_change_keeps_its_own_keys(
+def test_a_batch_in_flight_across_a_policy_change_keeps_its_own_keys(
     tmp_path: Path, start_sim: StartSim
 ) -> None:
     sim = start_sim(batch_processing_ms=1000, seed=8)
@@ -129,10 +130,9 @@ def test_a_batch_in_flight_across_a_prompt_change_keeps_its_own_keys(
     )
     assert _run({**env, "BACKFILL_KILL_AT": "poll"}).returncode == -signal.SIGKILL
     old_keys = {r.key for r in rows(engine, "SELECT key FROM batch_lines")}
-    # A new prompt while the batches run: new keys, and the paid batches still get booked.
-    prompt = tmp_path / "prompt.txt"
-    prompt.write_text("Classify the post. Answer JSON only.\n", "utf-8")
-    resumed = _run({**env, "BACKFILL_PROMPT_PATH": str(prompt)})
+    # A new policy while the batches run (other labels): new keys, and the paid batches still
+    # get booked, judged by the labels of the policy they were sent under.
+    resumed = _run({**env, "BACKFILL_POLICY_PATH": str(COURSE_V5)})
     assert resumed.returncode == 0, resumed.stderr[-3000:]
 
     results = rows(engine, "SELECT key, prompt_version FROM results")
@@ -146,6 +146,9 @@ def test_a_batch_in_flight_across_a_prompt_change_keeps_its_own_keys(
         next(v for v in by_version if v != VERSIONS.prompt_version),
         VERSIONS.model,
     )
+    old = "SELECT label FROM results WHERE prompt_version = :v"
+    labels = {r.label for r in rows(engine, old, v=VERSIONS.prompt_version)}
+    assert labels and labels <= set(RUBRIC.policy.label_ids)
     for versions in (VERSIONS, new_versions):
         audit = verify_store(engine, versions).as_dict()
         assert audit["ok"], audit["problems"]  # old rows are stale, not foreign

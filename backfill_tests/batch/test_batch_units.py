@@ -62,7 +62,8 @@ def test_split_respects_line_and_byte_limits(
 
 
 def _request(key: str, text: str) -> ModelRequest:
-    return ModelRequest(key, "acme", "p1", 1, VERSIONS.model, RUBRIC.messages(key, text), 64, 0)
+    messages = RUBRIC.messages(key, text)
+    return ModelRequest(key, "acme", "p1", 1, VERSIONS.model, messages, 64, 0, RUBRIC.contract)
 
 
 def test_input_line_is_canonical_and_uses_the_sync_request_body() -> None:

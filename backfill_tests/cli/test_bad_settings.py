@@ -57,12 +57,33 @@ def test_a_bad_value_exits_2_and_names_the_variable(args: list[str], tmp_path: P
         ("BACKFILL_EXECUTOR", "threads"),
         ("BACKFILL_ADAPTIVE", "maybe"),
         ("BACKFILL_DRIFT_LABELS", "spam,nsfw"),
+        ("BACKFILL_DRIFT_BASELINE", '{"nsfw": 1}'),
         ("BACKFILL_MODEL_BASE_URL__eu", "http://eu.example/v1"),
+        ("BACKFILL_POLICY_PATH", "/no/such/policy.yaml"),
+        ("BACKFILL_PROMPT_PATH", "/some/prompt.txt"),
     ],
 )
 def test_each_bad_variable_is_named(name: str, value: str) -> None:
     with pytest.raises(SettingsError, match=name):
         Settings.from_env({name: value})
+
+
+def test_the_prompt_file_is_replaced_by_a_policy_file(tmp_path: Path) -> None:
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("Classify the post.")
+    got = _cli(["dry-run"], tmp_path, BACKFILL_PROMPT_PATH=str(prompt))
+    assert got.returncode == 2, got.stderr
+    assert "BACKFILL_PROMPT_PATH" in got.stderr and "BACKFILL_POLICY_PATH" in got.stderr
+    assert "Traceback" not in got.stderr
+
+
+def test_drift_labels_are_the_policys(tmp_path: Path) -> None:
+    from backfill_tests.policy_helpers import COURSE_V5
+
+    course = {"BACKFILL_POLICY_PATH": str(COURSE_V5)}
+    assert Settings.from_env({**course, "BACKFILL_DRIFT_LABELS": "solution_leak"}).drift_labels
+    with pytest.raises(SettingsError, match="BACKFILL_DRIFT_LABELS"):
+        Settings.from_env({**course, "BACKFILL_DRIFT_LABELS": "spam,abuse"})  # not course labels
 
 
 def test_blank_means_default_and_values_are_stripped() -> None:

@@ -36,6 +36,7 @@ def _request(post_id: str = "p1", text: str = TEXT) -> ModelRequest:
         messages=RUBRIC.messages(key, text),
         max_output_tokens=MAX_OUTPUT_TOKENS,
         estimated_tokens=estimate_prompt_tokens(RUBRIC, text) + MAX_OUTPUT_TOKENS,
+        contract=RUBRIC.contract,
     )
 
 
@@ -69,7 +70,7 @@ def test_answer_usage_request_id_and_cost(start_sim: StartSim, adapter_for: Adap
     assert response.cost == pytest.approx(
         (call.prompt_tokens * 0.15 + call.completion_tokens * 0.60) / 1e6
     )
-    out = parse_output(response.raw_text, request.key)
+    out = parse_output(response.raw_text, request.key, RUBRIC.contract)
     assert out.label == "ok" and out.correlation_id == request.key
 
 

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from backfill_assets.core.prices import PriceError, PriceTable
-from backfill_assets.core.rubric import LABELS, MAX_OUTPUT_TOKENS, ModerationOutput
+from backfill_assets.core.rubric import MAX_OUTPUT_TOKENS, ModerationOutput
 from backfill_assets.providers.models._openai_wire import (
     NotACompletion,
     advertised_limits,
@@ -41,6 +41,7 @@ def _request(text: str = POST) -> ModelRequest:
         messages=RUBRIC.messages(KEY, text),
         max_output_tokens=MAX_OUTPUT_TOKENS,
         estimated_tokens=500,
+        contract=RUBRIC.contract,
     )
 
 
@@ -57,7 +58,8 @@ def test_request_body_is_one_post_with_a_strict_schema_from_the_output_model() -
     # The strict schema and the pydantic model describe the same object.
     assert set(schema["required"]) == set(ModerationOutput.model_fields)
     assert set(schema["properties"]) == set(ModerationOutput.model_fields)
-    assert schema["properties"]["label"]["enum"] == list(LABELS)
+    assert schema["properties"]["label"]["enum"] == list(RUBRIC.policy.label_ids)
+    assert schema == RUBRIC.schema
     assert schema["additionalProperties"] is False
     with pytest.raises(ValueError):
         request_body(_request(), "max_output")

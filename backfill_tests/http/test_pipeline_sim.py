@@ -15,7 +15,6 @@ from sqlalchemy.engine import Engine
 
 from backfill_assets.core.keys import content_hash, work_key
 from backfill_assets.core.outcomes import RetryPolicy
-from backfill_assets.core.rubric import LABELS
 from backfill_assets.demo.generate import demo_posts
 from backfill_assets.dispatch.pipeline import PartitionReport, RunOptions, run_partitions
 from backfill_assets.orchestration.resources import engine_for
@@ -178,7 +177,7 @@ def test_every_fault_class_ends_in_exactly_one_terminal_outcome(
     # Closed label set, whatever the post says (the demo's prompt injections included).
     with engine.connect() as conn:
         labels = dict(conn.execute(sa.text("SELECT post_id, label FROM results")).all())
-    assert set(labels.values()) <= set(LABELS)
+    assert set(labels.values()) <= set(RUBRIC.policy.label_ids)
     injected = [r["post_id"] for r in records if r["post_id"].startswith("demo-")]
     assert injected and {labels[p] for p in injected} == {"needs_review"}
 

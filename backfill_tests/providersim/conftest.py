@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from backfill_assets.core.rubric import Rubric, output_json_schema
+from backfill_assets.core.rubric import Rubric
 from backfill_tests.conftest import StartSim as StartSim  # re-exported for the tests
 
 
@@ -23,7 +23,7 @@ def _chat_body(key: str, text: str = "hello there", **extra: Any) -> dict[str, A
         "messages": Rubric().messages(key, text),
         "response_format": {
             "type": "json_schema",
-            "json_schema": {"name": "moderation", "strict": True, "schema": output_json_schema()},
+            "json_schema": {"name": "moderation", "strict": True, "schema": Rubric().schema},
         },
         "max_tokens": 64,
         "temperature": 0,

@@ -7,7 +7,7 @@ import json
 import httpx
 import pytest
 
-from backfill_assets.core.rubric import OutputRejected, parse_output
+from backfill_assets.core.rubric import OutputRejected, Rubric, parse_output
 from backfill_assets.providersim import FaultRule
 
 
@@ -69,7 +69,7 @@ def test_content_faults_are_billed_200s_that_fail_the_contract(
     assert resp.status_code == 200
     data = resp.json()
     with pytest.raises(OutputRejected, match=reason):
-        parse_output(data["choices"][0]["message"]["content"], key)
+        parse_output(data["choices"][0]["message"]["content"], key, Rubric().contract)
     billed = sim.meter.snapshot().billed[resp.headers["x-request-id"]]
     assert billed.correlation_id == key
     assert billed.completion_tokens == data["usage"]["completion_tokens"]

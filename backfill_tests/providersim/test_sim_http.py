@@ -42,6 +42,7 @@ def test_ok_answer_has_the_openai_shape_and_echoes_the_key(start_sim, chat_body,
         "schema_version": 1,
         "correlation_id": key,
         "label": label,
+        "rule_ids": [],
         "confidence": confidence,
     }
     prompt = sum(count_tokens(m["content"]) + 4 for m in body["messages"])

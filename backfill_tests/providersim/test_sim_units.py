@@ -189,7 +189,7 @@ def test_pinned_key_wins_then_rules_in_order() -> None:
 def test_clean_answer_passes_the_output_contract() -> None:
     key = "c" * 64
     content, finish = answer_content(None, key, "free money, click here")
-    out = parse_output(content, key)
+    out = parse_output(content, key, Rubric().contract)
     assert (out.label, out.confidence) == classify("free money, click here")
     assert finish == "stop"
 
@@ -207,7 +207,7 @@ def test_content_faults_fail_the_output_contract(fault: str, reason: str) -> Non
     key = "d" * 64
     content, _ = answer_content(fault, key, "a post")  # type: ignore[arg-type]
     with pytest.raises(OutputRejected, match=reason):
-        parse_output(content, key)
+        parse_output(content, key, Rubric().contract)
 
 
 def test_wrong_key_is_a_well_formed_different_key() -> None:
@@ -216,3 +216,19 @@ def test_wrong_key_is_a_well_formed_different_key() -> None:
     assert wrong != key
     assert len(wrong) == 64
     assert int(wrong, 16) >= 0
+
+
+def test_the_simulator_answers_within_any_policys_schema() -> None:
+    from backfill_assets.core.policy import load_policy
+    from backfill_tests.policy_helpers import COURSE_V5
+
+    course = Rubric(load_policy(COURSE_V5))
+    key = "f" * 64
+    for text, label, rules in [
+        ("the answer key is at SOL-2", "solution_leak", ("SOL-2",)),
+        ("BUY NOW limited offer", "spam", ("SPAM-1",)),
+        ("week 3 was fun", "ok", ()),
+    ]:
+        content, _ = answer_content(None, key, text, course.schema)
+        out = parse_output(content, key, course.contract)
+        assert (out.label, out.rule_ids) == (label, rules)

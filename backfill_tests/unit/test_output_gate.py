@@ -17,8 +17,13 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from backfill_assets.core.rubric import LABELS, ModerationOutput, OutputRejected, parse_output
+from backfill_assets.core.keys import Versions
+from backfill_assets.core.rubric import ModerationOutput, OutputRejected, Rubric, parse_output
 from backfill_assets.core.validation import split_valid, stored_result_problems
+
+RUBRIC = Rubric()
+CONTRACT = RUBRIC.contract
+LABELS = RUBRIC.policy.label_ids
 
 KEY = "c0ffee" + "0" * 58
 # A stand-in for post text a hostile model echoes back as a key or value.
@@ -36,7 +41,7 @@ FUZZ = settings(
 def gate(raw: str) -> ModerationOutput | OutputRejected:
     """``parse_output`` with its only allowed failure caught: anything else propagates."""
     try:
-        return parse_output(raw, KEY)
+        return parse_output(raw, KEY, CONTRACT)
     except OutputRejected as exc:
         return exc
 
@@ -124,11 +129,12 @@ number_literals = st.sampled_from(
         "{}",
     ]
 ) | st.floats(allow_nan=False, allow_infinity=False).map(repr)
-FIELDS = ("schema_version", "correlation_id", "label", "confidence")
+FIELDS = ("schema_version", "correlation_id", "label", "rule_ids", "confidence")
 VALID_LITERALS = {
     "schema_version": "1",
     "correlation_id": json.dumps(KEY),
     "label": '"spam"',
+    "rule_ids": "[]",
     "confidence": "0.75",
 }
 
@@ -146,6 +152,9 @@ field_literals = {
     )
     | number_literals,
     "label": st.sampled_from([*(json.dumps(lb) for lb in LABELS), '"OK"', '"nsfw"', "0", "null"])
+    | number_literals,
+    # The built-in policy has no rules: only the empty list is valid.
+    "rule_ids": st.sampled_from(["[]", '["spam"]', '["R-1"]', '[""]', "[1]", "null", '"[]"', "{}"])
     | number_literals,
     "confidence": number_literals,
 }
@@ -187,6 +196,8 @@ def _literal_ok(name: str, literal: str) -> bool:
         return literal == json.dumps(KEY)
     if name == "label":
         return literal in {json.dumps(lb) for lb in LABELS}
+    if name == "rule_ids":
+        return literal == "[]"
     if literal in ("true", "false", "null", "NaN", "Infinity", "-Infinity") or literal[0] in '"[{':
         return False
     if len(literal) > 40:
@@ -227,42 +238,58 @@ def test_near_valid_answers_follow_the_contract(case: tuple[str, bool]) -> None:
 def test_hostile_numbers_and_types_are_schema_rejected(field: str, literal: str, why: str) -> None:
     raw = _raw(**{field: literal})
     with pytest.raises(OutputRejected, match=why):
-        parse_output(raw, KEY)
+        parse_output(raw, KEY, CONTRACT)
 
 
 def test_duplicate_keys_and_deep_nesting_are_rejected() -> None:
     with pytest.raises(OutputRejected, match="duplicate key"):
-        parse_output(_raw(label='"abuse", "label": "ok"'), KEY)
+        parse_output(_raw(label='"abuse", "label": "ok"'), KEY, CONTRACT)
     with pytest.raises(OutputRejected):
-        parse_output('{"a": ' * 1500 + "1" + "}" * 1500, KEY)
+        parse_output('{"a": ' * 1500 + "1" + "}" * 1500, KEY, CONTRACT)
 
 
 def test_rejection_reasons_do_not_echo_the_answer() -> None:
     raw = json.dumps(
-        {"schema_version": 1, "correlation_id": KEY, "label": "ok", "confidence": 0.5, ECHO: 1}
+        {
+            "schema_version": 1,
+            "correlation_id": KEY,
+            "label": "ok",
+            "rule_ids": [],
+            "confidence": 0.5,
+            ECHO: 1,
+        }
     )
     with pytest.raises(OutputRejected) as exc:
-        parse_output(raw, KEY)
+        parse_output(raw, KEY, CONTRACT)
     assert ECHO not in str(exc.value) and "extra_forbidden" in str(exc.value)
 
 
 def test_accepted_outputs_pass_the_writers_frame_check() -> None:
     # Runs after the property tests in this module (pytest keeps file order): every answer
     # they saw accepted must also pass the frame check the writer runs before committing.
-    outs = ACCEPTED or [parse_output(_raw(), KEY)]
+    outs = ACCEPTED or [parse_output(_raw(), KEY, CONTRACT)]
     rows = [
-        {"key": KEY, "tenant_id": "acme", "post_id": f"p{i}", **o.model_dump()}
+        {
+            "key": KEY,
+            "tenant_id": "acme",
+            "post_id": f"p{i}",
+            **o.model_dump(),
+            "rule_ids": ",".join(o.rule_ids),
+        }
         for i, o in enumerate(outs[:500])
     ]
     for row in rows:
-        good, bad = split_valid([row])
+        good, bad = split_valid([row], CONTRACT)
         assert good == [row] and bad == []
+
+
+CURRENT = Versions("t", "p", "m")
 
 
 def _frame_row(i: int, **change: Any) -> dict[str, Any]:
     key = f"{i:064x}"
     row = {"key": key, "correlation_id": key, "tenant_id": "acme", "post_id": f"p{i}"}
-    row.update(label="ok", confidence=0.5, schema_version=1, content_hash="ab" * 32)
+    row.update(label="ok", rule_ids="", confidence=0.5, schema_version=1, content_hash="ab" * 32)
     row.update(model="m", prompt_version="p", task_version="t")
     row.update(change)
     return row
@@ -275,7 +302,9 @@ _ROW_FAULTS = [
     ({"post_id": None}, "post_id failed not_nullable"),
     ({"post_id": ""}, "post_id failed str_length"),
     ({"tenant_id": "Acme"}, "tenant_id failed str_matches"),
-    ({"label": "fine"}, "label failed isin"),
+    ({"label": "fine"}, "row failed label_in_policy"),
+    ({"label": "spam", "rule_ids": "X-1"}, "row failed rules_fit_label"),
+    ({"rule_ids": "a b"}, "row failed rules_fit_label"),
     ({"key": "f" * 63}, "key failed str_matches"),
 ]
 
@@ -287,11 +316,11 @@ def test_the_frame_check_rejects_only_the_bad_row(change: dict[str, Any], why: s
     rows[2] = _frame_row(2, **change)
     if "key" in change:
         rows[2]["correlation_id"] = rows[2]["key"]
-    good, bad = split_valid(rows)
+    good, bad = split_valid(rows, CONTRACT)
     assert good == rows[:2] + rows[3:]
     assert [r["post_id"] for r, _ in bad] == [rows[2]["post_id"]]
     assert bad[0][1].startswith(f"result frame: {why}")  # then the check's parameters
-    stored = stored_result_problems(rows)
+    stored = stored_result_problems(rows, CONTRACT, CURRENT)
     assert [k for k, _ in stored] == [str(rows[2]["key"])]
     assert stored[0][1].startswith(why)
 
@@ -299,8 +328,8 @@ def test_the_frame_check_rejects_only_the_bad_row(change: dict[str, Any], why: s
 def test_the_frame_check_passes_valid_batches_of_any_size() -> None:
     for n in (1, 2, 300):
         rows = [_frame_row(i) for i in range(n)]
-        assert split_valid(rows) == (rows, [])
-        assert stored_result_problems(rows) == []
+        assert split_valid(rows, CONTRACT) == (rows, [])
+        assert stored_result_problems(rows, CONTRACT, CURRENT) == []
 
 
 def test_cli_start_up_does_not_import_pandas_or_pandera() -> None:
@@ -311,4 +340,4 @@ def test_cli_start_up_does_not_import_pandas_or_pandera() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
-    assert split_valid([]) == ([], [])
+    assert split_valid([], CONTRACT) == ([], [])

@@ -55,6 +55,7 @@ def _writer(ctx: BatchContext) -> LedgerWriter:
 
     return LedgerWriter(
         ctx.engine,
+        contract_for=ctx.contract_for,
         flush_rows=ctx.flush_rows,
         flush_interval_s=ctx.flush_interval_s,
         on_flush=on_flush,
@@ -178,8 +179,11 @@ def _stage(
         st.tokens_in += usage["tokens_in"]
         st.tokens_out += usage["tokens_out"]
         st.cost += usage["cost"]
+        contract = ctx.contract_for(job.sub.prompt_version)
         try:
-            out = parse_output(triaged.content, line.key)
+            if contract is None:
+                raise OutputRejected("output contract: no policy registered for its version")
+            out = parse_output(triaged.content, line.key, contract)
         except OutputRejected as exc:
             writer.stage_dead(rows.dead(line, Outcome.SCHEMA_REJECTED, str(exc)))
             st.outcomes[Outcome.SCHEMA_REJECTED] += 1

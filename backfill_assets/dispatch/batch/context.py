@@ -15,11 +15,12 @@ from sqlalchemy.engine import Engine
 from backfill_assets.core.keys import Versions
 from backfill_assets.core.outcomes import RetryPolicy
 from backfill_assets.core.prices import PriceTable
-from backfill_assets.core.rubric import Rubric
+from backfill_assets.core.rubric import OutputContract, Rubric
 from backfill_assets.dispatch.batch.client import BatchClient
 from backfill_assets.dispatch.batch.options import BatchOptions
 from backfill_assets.dispatch.sync import PartitionStats
 from backfill_assets.providers.models.base import RunFatalError
+from backfill_assets.store.policies import contract_lookup
 from backfill_assets.store.submissions import LineRow, Submission
 
 T = TypeVar("T")
@@ -74,6 +75,14 @@ class BatchContext:
     stopped_tenants: dict[str, str] = field(default_factory=dict)
     # A run-level answer inside a batch's results: the run stops once the chunk is booked.
     fatal: RunFatalError | None = None
+    _contracts: Callable[[str], OutputContract | None] | None = field(default=None, repr=False)
+
+    def contract_for(self, prompt_version: str) -> OutputContract | None:
+        """The output contract of a chunk's policy version: a chunk re-attached after the
+        policy changed is judged by the policy it was sent under (None: unknown version)."""
+        if self._contracts is None:
+            self._contracts = contract_lookup(self.engine, self.rubric)
+        return self._contracts(prompt_version)
 
     def stats_for(self, partition: str) -> PartitionStats:
         """Stats of a partition (created on first use)."""

@@ -29,6 +29,10 @@ class BatchEndpoint:
     transfer_timeout_s: float = 600.0
 
 
+# The Batch API's price as a share of the synchronous one (OpenAI and Anthropic: half).
+BATCH_PRICE_FACTOR = 0.5
+
+
 @dataclass(frozen=True)
 class BatchOptions:
     """How a batch-mode run chunks, polls and (in drills) dies."""
@@ -40,7 +44,7 @@ class BatchOptions:
     poll_seconds: float = 30.0
     max_poll_seconds: float = 600.0
     # Batch price as a share of the synchronous price (OpenAI and Anthropic: half).
-    price_factor: float = 0.5
+    price_factor: float = BATCH_PRICE_FACTOR
     # After a create with no answer, how long to keep looking for its batch in the provider's
     # list (which may lag behind creates) before creating the chunk's batch again.
     create_lookup_seconds: float = 600.0

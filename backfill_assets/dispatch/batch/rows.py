@@ -95,6 +95,7 @@ class LineRows:
         row = self._base(line)
         row.update(
             label=out.label,
+            rule_ids=",".join(out.rule_ids),
             confidence=out.confidence,
             correlation_id=out.correlation_id,
             schema_version=out.schema_version,

@@ -42,6 +42,7 @@ def _line_bytes(ctx: BatchContext, tenant_id: str, line: ChunkLine) -> bytes:
         messages=ctx.rubric.messages(line.key, line.text),
         max_output_tokens=MAX_OUTPUT_TOKENS,
         estimated_tokens=0,
+        contract=ctx.rubric.contract,
     )
     return input_line(request, ctx.max_tokens_param)
 

@@ -8,6 +8,7 @@ echo of the request (post text) and any secret has been removed.
 from __future__ import annotations
 
 import email.utils
+import functools
 import json
 import math
 import re
@@ -18,7 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from backfill_assets.core.rubric import output_json_schema
+from backfill_assets.core.rubric import OutputContract
 from backfill_assets.providers.models.base import ModelRequest
 from backfill_assets.providers.ratelimit import AdvertisedLimits
 
@@ -38,6 +39,12 @@ _TRY_AGAIN = re.compile(r"try again in (\d+(?:\.\d+)?)\s*(ms|s)\b", re.IGNORECAS
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
+@functools.lru_cache(maxsize=16)
+def _schema_of(contract: OutputContract) -> dict[str, Any]:
+    # Built once per policy: every request of a run sends the same schema (a stable prefix).
+    return contract.json_schema()
+
+
 def request_body(request: ModelRequest, max_tokens_param: str = "max_tokens") -> dict[str, Any]:
     """One post of one tenant; strict JSON-schema output built from the rubric's contract."""
     if max_tokens_param not in MAX_TOKENS_PARAMS:
@@ -47,7 +54,11 @@ def request_body(request: ModelRequest, max_tokens_param: str = "max_tokens") ->
         "messages": request.messages,
         "response_format": {
             "type": "json_schema",
-            "json_schema": {"name": SCHEMA_NAME, "strict": True, "schema": output_json_schema()},
+            "json_schema": {
+                "name": SCHEMA_NAME,
+                "strict": True,
+                "schema": _schema_of(request.contract),
+            },
         },
         max_tokens_param: request.max_output_tokens,
         "temperature": 0,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass, field
 
+from backfill_assets.core.rubric import OutputContract
 from backfill_assets.providers.ratelimit import EndpointLimiter
 
 
@@ -21,6 +22,8 @@ class ModelRequest:
     max_output_tokens: int
     # A cheap guess for pacing (rate limiter), and the most the call can bill (budget).
     estimated_tokens: int
+    # What the answer must be: the policy's labels and rules (its JSON schema is sent).
+    contract: OutputContract
     bound_tokens: int = 0
 
 

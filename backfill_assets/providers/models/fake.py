@@ -13,7 +13,7 @@ from backfill_assets.providers.models.base import (
     ModelResponse,
     RetriableError,
 )
-from backfill_assets.providers.models.rules import classify, count_tokens
+from backfill_assets.providers.models.rules import count_tokens, judge
 
 USAGE_SHAPES = ("split", "total", "missing")
 _POST_OPEN = "<post>\n"
@@ -29,7 +29,7 @@ def _post_text(request: ModelRequest) -> str:
 
 # The answer as ``json.dumps(..., separators=(",", ":"))`` writes it, without building an
 # encoder per call: the fake's own cost is not the pipeline's.
-_ANSWER = '{"schema_version":1,"correlation_id":%s,"label":%s,"confidence":%s}'
+_ANSWER = '{"schema_version":1,"correlation_id":%s,"label":%s,"rule_ids":[%s],"confidence":%s}'
 
 
 def _unit(*parts: str) -> float:
@@ -38,7 +38,9 @@ def _unit(*parts: str) -> float:
 
 
 class FakeModel(ModelAdapter):
-    """Labels by keyword rules and answers raw JSON text for the pipeline to parse.
+    """Labels under the request's policy (``rules.judge``: a rule or label id found in the
+    text, the keyword rules, else the label that means nothing applies) and answers raw JSON
+    text for the pipeline to parse.
 
     Token usage is an estimate from text length (about four characters a token), reported as
     if the provider had billed it. ``failure_rate`` makes calls fail with a retriable error,
@@ -88,11 +90,16 @@ class FakeModel(ModelAdapter):
             self.stats.rate_limited += 1
             raise RetriableError("fake provider: 503 service unavailable", status=503)
         text = _post_text(request)
-        label, confidence = classify(text)
+        label, rules, confidence = judge(text, request.contract)
         if self.malformed_rate and _unit(self.seed, "malformed", request.key) < self.malformed_rate:
             raw = '{"schema_version": 1, "label": "ok", "confidence": '
         else:
-            raw = _ANSWER % (_string(request.key), _string(label), float.__repr__(confidence))
+            raw = _ANSWER % (
+                _string(request.key),
+                _string(label),
+                ",".join(_string(r) for r in rules),
+                float.__repr__(confidence),
+            )
         tokens_in = sum(count_tokens(m["content"]) + 4 for m in request.messages)
         tokens_in = math.ceil(tokens_in * self.overbill_factor)
         tokens_out = count_tokens(raw)

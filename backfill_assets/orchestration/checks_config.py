@@ -1,23 +1,27 @@
-"""What the operator trusts: bounds of the partition checks and where applied labels go."""
+"""What the operator trusts: bounds of the partition checks and where applied labels go.
+
+(Not the moderation policy, which is the user's labels and rules: ``core/policy.py``.)
+"""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 
 import dagster as dg
 from pydantic import Field
 
 from backfill_assets.audit.check_rules import CheckBounds, DriftRule
-from backfill_assets.core.rubric import LABELS
+from backfill_assets.core.policy import Policy
 
 LIVE_BASELINE = "live"
 
 
-class PolicyError(ValueError):
-    """A policy value we cannot use (``Settings.from_env`` reports it as a ``SettingsError``)."""
+class ChecksConfigError(ValueError):
+    """A check setting we cannot use (``Settings.from_env`` reports it as a ``SettingsError``)."""
 
 
-class PolicyResource(dg.ConfigurableResource):  # type: ignore[type-arg]
+class ChecksResource(dg.ConfigurableResource):  # type: ignore[type-arg]
     """Check bounds, the drift baseline and the apply target."""
 
     max_rebilled_share: float = Field(
@@ -34,49 +38,61 @@ class PolicyResource(dg.ConfigurableResource):  # type: ignore[type-arg]
         description='label_drift baseline: "live" (the live column\'s shares) or a JSON '
         'object of label shares, e.g. {"ok": 0.8, "spam": 0.1, "abuse": 0.05}.',
     )
-    drift_labels: str = Field(default="spam,abuse", description="Labels watched for drift.")
+    drift_labels: str = Field(
+        default="",
+        description="Labels watched for drift, comma-separated; empty: the policy's labels "
+        "whose action is not none.",
+    )
     drift_factor: float = Field(default=5.0, gt=1.0, description="Flag at this x the baseline.")
     drift_min_count: int = Field(default=5, ge=1, description="Ignore labels seen fewer times.")
     apply_live: bool = Field(
         default=False, description="applied_labels also writes the live label column."
     )
 
-    def bounds(self) -> CheckBounds:
-        """The pure checks' bounds."""
+    def bounds(self, policy: Policy) -> CheckBounds:
+        """The pure checks' bounds; drift watches ``policy``'s flagging labels by default."""
+        watched = tuple(x.strip() for x in self.drift_labels.split(",") if x.strip())
         return CheckBounds(
             max_rebilled_share=self.max_rebilled_share,
             max_orphan_attempts=self.max_orphan_attempts,
             max_tokens_per_key=self.max_tokens_per_key,
             drift=DriftRule(
-                labels=tuple(x.strip() for x in self.drift_labels.split(",") if x.strip()),
+                labels=watched or policy.flagging_labels,
                 factor=self.drift_factor,
                 min_count=self.drift_min_count,
             ),
         )
 
-    def configured_baseline(self) -> dict[str, float] | None:
+    def configured_baseline(self, policy: Policy) -> dict[str, float] | None:
         """A configured distribution, or None when the live moderation is the baseline."""
         if self.drift_baseline.strip() == LIVE_BASELINE:
             return None
-        return parse_baseline(self.drift_baseline)
+        return parse_baseline(self.drift_baseline, policy.label_ids)
 
 
-def parse_baseline(raw: str) -> dict[str, float]:
-    """Parse and normalise a JSON label distribution."""
+def unknown_labels(names: str, labels: Sequence[str]) -> list[str]:
+    """The comma-separated ``names`` that are not labels of the policy."""
+    return [x.strip() for x in names.split(",") if x.strip() and x.strip() not in labels]
+
+
+def parse_baseline(raw: str, labels: Sequence[str]) -> dict[str, float]:
+    """Parse and normalise a JSON distribution over the policy's ``labels``."""
     try:
         data = json.loads(raw)
     except json.JSONDecodeError:
-        raise PolicyError(f"drift baseline is neither 'live' nor JSON: {raw[:60]!r}") from None
+        raise ChecksConfigError(
+            f"drift baseline is neither 'live' nor JSON: {raw[:60]!r}"
+        ) from None
     if not isinstance(data, dict) or not data:
-        raise PolicyError("drift baseline must be a JSON object of label shares")
+        raise ChecksConfigError("drift baseline must be a JSON object of label shares")
     shares: dict[str, float] = {}
     for label, share in data.items():
-        if label not in LABELS:
-            raise PolicyError(f"drift baseline: unknown label {label!r}")
+        if label not in labels:
+            raise ChecksConfigError(f"drift baseline: {label!r} is not a label of the policy")
         if not isinstance(share, int | float) or share < 0:
-            raise PolicyError(f"drift baseline: share of {label!r} must be a number >= 0")
+            raise ChecksConfigError(f"drift baseline: share of {label!r} must be a number >= 0")
         shares[label] = float(share)
     total = sum(shares.values())
     if total <= 0:
-        raise PolicyError("drift baseline: shares sum to zero")
+        raise ChecksConfigError("drift baseline: shares sum to zero")
     return {k: v / total for k, v in shares.items()}
