@@ -31,7 +31,16 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SKIP_MARK = re.compile(r"^<!--\s*needs:\s*server\b(.*?)-->$")
 # What the scratch directory links, so the docs' relative paths resolve.
-LINKED = ("backfill_assets", "bench", "bin", "deploy", "sql", "pyproject.toml", "workspace.yaml")
+LINKED = (
+    "backfill_assets",
+    "bench",
+    "bin",
+    "deploy",
+    "docs",
+    "sql",
+    "pyproject.toml",
+    "workspace.yaml",
+)
 # Generous: ~30 s of CPU on a quiet machine, several minutes when the 2 cores are shared.
 BLOCK_TIMEOUT_S = 480
 

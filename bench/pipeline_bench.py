@@ -46,7 +46,7 @@ def _work(mode: str, url: str, export: str, concurrency: int) -> None:
     from backfill_assets.core.validation import warm_up
 
     t0 = time.perf_counter()
-    warm_up()
+    warm_up(rubric.contract)
     warm = time.perf_counter() - t0
     t0 = time.perf_counter()
     reports = run_partitions(

@@ -57,8 +57,9 @@ CHECKS: tuple[CheckDef, ...] = (
         "output_schema",
         True,
         False,
-        "The partition's stored results pass the pandera schema (closed label set, confidence "
-        "in [0, 1], well-formed keys). Blocking: applied labels reach the posts table.",
+        "The partition's stored results pass the pandera schema built from the policy (its "
+        "labels, and rule ids of the label they name), confidence in [0, 1], well-formed keys. "
+        "Blocking: applied labels reach the posts table.",
     ),
     CheckDef(
         "spend",
@@ -71,7 +72,8 @@ CHECKS: tuple[CheckDef, ...] = (
         "label_drift",
         False,
         True,
-        "Watched label shares stay under factor x the baseline (configured or live shares).",
+        "Watched label shares (the policy's labels whose action is not none, unless "
+        "configured) stay under factor x the baseline (configured or live shares).",
     ),
 )
 CHECK_NAMES = tuple(c.name for c in CHECKS)

@@ -61,7 +61,8 @@ def statements(sql: str, dialect: str) -> list[str]:
     # The UTC day of a ledger timestamp as 'YYYY-MM-DD' (stored as UTC without a zone).
     day = "date(at)" if dialect == "sqlite" else "to_char(at, 'YYYY-MM-DD')"
     body = body.replace("{utc_day_of_at}", day)
-    return [s.strip() for s in body.split(";") if s.strip()]
+    # A literal ';' is written {semicolon}: statements are split on ';' first.
+    return [s.strip().replace("{semicolon}", ";") for s in body.split(";") if s.strip()]
 
 
 def _ensure_table(conn: Connection) -> None:

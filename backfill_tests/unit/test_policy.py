@@ -216,3 +216,10 @@ def test_the_shipped_policy_files_are_valid_json_free_yaml() -> None:
     for path in (COURSE_V4, COURSE_V5):
         policy = load_policy(path)
         assert json.loads(json.dumps(policy.doc.model_dump(mode="json")))
+
+
+def test_the_documented_example_is_the_shipped_file() -> None:
+    # docs/policies.md shows the course rubric in full; it must be the file the tests use.
+    docs = (COURSE_V5.parents[1] / "policies.md").read_text("utf-8")
+    block = docs.split("```yaml\n", 1)[1].split("```", 1)[0]
+    assert block == COURSE_V5.read_text("utf-8")
