@@ -93,23 +93,3 @@ def test_run_config_cannot_name_a_policy_or_prompt_file(
                 {"resources": {"settings": {"config": {field: str(COURSE_V5)}}}},
             )
         assert result is None
-
-
-def test_a_model_changed_in_run_config_fails_the_run_clearly(
-    engine: Engine, store_url: str, tmp_path: Path, one_post: str
-) -> None:
-    defs = build_definitions({"BACKFILL_DATABASE_URL": store_url})
-    result = _run(
-        defs,
-        tmp_path,
-        one_post,
-        {"resources": {"model": {"config": {"model": "fake-moderator-9"}}}},
-    )
-    assert not result.success
-    errors = " ".join(
-        str(e.event_specific_data)
-        for e in result.all_events
-        if e.event_type_value == "STEP_FAILURE"
-    )
-    assert "the policy or the model changed" in errors
-    assert count(engine, "SELECT count(*) FROM ledger_events") == 0

@@ -258,7 +258,7 @@ def _overrides(server: Server) -> list[tuple[str, str, Any]]:
 
 def test_every_resource_override_is_refused_at_launch_naming_the_field(server: Server) -> None:
     overrides = _overrides(server)
-    assert {"store", "model", "settings", "policy"} <= {r for r, _f, _v in overrides}
+    assert {"store", "model", "settings", "checks"} <= {r for r, _f, _v in overrides}
     before = server.run_count()
     answers = server.launch(
         [labels_run({"resources": {r: {"config": {f: v}}}}) for r, f, v in overrides]
@@ -342,7 +342,7 @@ RESOURCE_QUERY = """
 def test_no_secret_or_post_in_dagster_storage_or_graphql(server: Server) -> None:
     needles = [API_KEY, PASSWORD, MARKER]
     answers = [server.gql(RESOURCE_QUERY)]
-    for name in ("store", "model", "settings", "policy", "io_manager"):
+    for name in ("store", "model", "settings", "checks", "io_manager"):
         answers.append(
             server.gql(
                 "query($n: String!) { topLevelResourceDetailsOrError(resourceSelector: "
@@ -362,7 +362,7 @@ def test_no_secret_or_post_in_dagster_storage_or_graphql(server: Server) -> None
     answers.append(server.gql("{ instance { info } }"))
     served = json.dumps(answers)
     resources = answers[0]["allTopLevelResourceDetailsOrError"]["results"]
-    assert {r["name"] for r in resources} >= {"store", "model", "settings", "policy"}
+    assert {r["name"] for r in resources} >= {"store", "model", "settings", "checks"}
     assert all(not r["configFields"] and not r["configuredValues"] for r in resources)
     assert text_leaks("graphql", served, needles) == []
     assert tree_leaks(server.home, needles) == []
