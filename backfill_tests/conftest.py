@@ -13,7 +13,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from backfill_assets.ingest.importer import import_jsonl
+from backfill_assets.ingest.importer import import_path
 from backfill_assets.orchestration.resources import engine_for
 from backfill_assets.providersim import SimConfig, Simulator
 from backfill_assets.store.posts import ImportSummary
@@ -114,7 +114,7 @@ def import_records(
     ``slice_target=0`` puts every tenant in all 16 partitions (post -> ``slice_of``), which
     most tests assume; tests of volume-based slicing pass a target.
     """
-    return import_jsonl(engine, write_jsonl(tmp_path / name, records), slice_target=slice_target)
+    return import_path(engine, write_jsonl(tmp_path / name, records), slice_target=slice_target)
 
 
 StartSim = Callable[..., Simulator]

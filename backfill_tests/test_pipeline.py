@@ -308,9 +308,9 @@ def test_hostile_lines_never_break_the_import(engine: Engine, tmp_path: Path) ->
         "",
     ]
     path.write_bytes("\n".join(lines).encode("utf-8"))
-    from backfill_assets.ingest.importer import import_jsonl
+    from backfill_assets.ingest.importer import import_path
 
-    summary = import_jsonl(engine, path)
+    summary = import_path(engine, path)
     assert (summary.imported, summary.rejected) == (2, 9)
     with engine.connect() as conn:
         lines_rejected = [

@@ -27,7 +27,7 @@ from backfill_assets.core.outcomes import RetryPolicy
 from backfill_assets.core.rubric import TASK_VERSION, Rubric
 from backfill_assets.dispatch.batch.options import BatchEndpoint, BatchOptions
 from backfill_assets.dispatch.pipeline import PartitionRef, RunOptions, run_partitions
-from backfill_assets.ingest.importer import import_jsonl
+from backfill_assets.ingest.importer import import_path
 from backfill_assets.orchestration.resources import engine_for
 from backfill_assets.providers.models.openai_http import OpenAIHttpModel
 from backfill_assets.providers.ratelimit import LimiterConfig, LimiterRegistry
@@ -41,7 +41,7 @@ RETRY = RetryPolicy(max_attempts=5, base_delay_s=0.05, max_delay_s=0.5)
 
 def _store(workdir: Path, name: str) -> tuple[sa.engine.Engine, list[PartitionRef]]:
     engine = engine_for(f"sqlite:///{workdir / f'{name}-{uuid.uuid4().hex[:6]}.db'}")
-    import_jsonl(engine, DEMO)
+    import_path(engine, DEMO)
     with engine.connect() as conn:
         tenants = tenant_ids(conn)
     refs = [PartitionRef(f"s{s:02d}|{t}", t, s) for t in tenants for s in range(SLICE_COUNT)]

@@ -41,7 +41,7 @@ from backfill_assets.core.outcomes import RetryPolicy
 from backfill_assets.core.rubric import MAX_OUTPUT_TOKENS, TASK_VERSION, Rubric
 from backfill_assets.demo.generate import write_export
 from backfill_assets.dispatch.pipeline import PartitionRef, RunOptions, run_partitions
-from backfill_assets.ingest.importer import import_jsonl
+from backfill_assets.ingest.importer import import_path
 from backfill_assets.orchestration.resources import OpenAIModelResource, engine_for
 from backfill_assets.providers.models.base import ModelRequest, ModelResponse
 from backfill_assets.providers.models.openai_http import OpenAIHttpModel
@@ -279,7 +279,7 @@ def main() -> None:
         write_export(work / "posts.jsonl", tenants, args.posts // args.tenants, bad_lines=False)
         template = work / "template.db"
         engine = engine_for(f"sqlite:///{template}")
-        import_jsonl(engine, work / "posts.jsonl")
+        import_path(engine, work / "posts.jsonl")
         with engine.connect() as conn:  # copies of the file must hold everything
             conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
         engine.dispose()

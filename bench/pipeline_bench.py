@@ -29,13 +29,13 @@ def _work(mode: str, url: str, export: str, concurrency: int) -> None:
     from backfill_assets.core.keys import SLICE_COUNT, Versions
     from backfill_assets.core.rubric import TASK_VERSION, Rubric
     from backfill_assets.dispatch.pipeline import PartitionRef, RunOptions, run_partitions
-    from backfill_assets.ingest.importer import import_jsonl
+    from backfill_assets.ingest.importer import import_path
     from backfill_assets.orchestration.resources import engine_for
     from backfill_assets.providers.models.fake import FakeModel
 
     engine = engine_for(url)
     if mode == "full":
-        import_jsonl(engine, Path(export))
+        import_path(engine, Path(export))
     rubric = Rubric()
     versions = Versions(TASK_VERSION, rubric.prompt_version, "fake-moderator-1")
     refs = [PartitionRef(f"s{s:02d}|{t}", t, s) for t in TENANTS for s in range(SLICE_COUNT)]

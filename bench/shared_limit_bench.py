@@ -105,7 +105,7 @@ def _start_sim(rpm: int, latency_ms: float) -> tuple[subprocess.Popen[str], str]
 
 
 def _import(url: str, counts: dict[str, int], work: Path) -> None:
-    from backfill_assets.ingest.importer import import_jsonl
+    from backfill_assets.ingest.importer import import_path
     from backfill_assets.orchestration.resources import engine_for
 
     path = work / f"posts-{uuid.uuid4().hex[:6]}.jsonl"
@@ -115,7 +115,7 @@ def _import(url: str, counts: dict[str, int], work: Path) -> None:
                 text = f"{tenant} post {i}: arrived on time, works as described"
                 fh.write(json.dumps({"tenant_id": tenant, "post_id": f"p{i}", "text": text}))
                 fh.write("\n")
-    import_jsonl(engine_for(url), path)
+    import_path(engine_for(url), path)
 
 
 def _spawn(args: argparse.Namespace, url: str, base: str, tenant: str, share: bool) -> Any:

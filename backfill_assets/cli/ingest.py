@@ -1,4 +1,5 @@
-"""``import`` (a JSONL export, gzip or not, or a directory of them) and ``rejects``."""
+"""``import`` (JSONL, CSV or Parquet exports, a directory of them, or a database query) and
+``rejects``."""
 
 from __future__ import annotations
 
@@ -9,11 +10,20 @@ from pathlib import Path
 from typing import Any
 
 from backfill_assets.cli.commands import emit
-from backfill_assets.cli.inputs import UserError, known_value
+from backfill_assets.cli.inputs import UserError, choice, known_value
 from backfill_assets.cli.instance import instance
 from backfill_assets.cli.progress import ProgressDisplay, wanted
 from backfill_assets.cli.tables import Human, table
-from backfill_assets.ingest.importer import ImportInputError, export_files, import_files
+from backfill_assets.core.columns import ColumnMap, ColumnMapError
+from backfill_assets.core.keys import InvalidTenantId, validate_tenant_id
+from backfill_assets.ingest.formats import FORMATS, Format
+from backfill_assets.ingest.importer import (
+    ImportInputError,
+    ImportOptions,
+    export_files,
+    import_files,
+)
+from backfill_assets.ingest.sql_import import SqlImport, SqlSource, import_sql
 from backfill_assets.orchestration.orchestrate import ensure_tenant_partitions, record_import
 from backfill_assets.orchestration.resources import engine_for
 from backfill_assets.orchestration.settings import Settings
@@ -23,16 +33,49 @@ from backfill_assets.store.rejects import list_rejects, reject_sources, rejected
 from backfill_assets.store.reports import tenant_ids
 
 IMPORT_COLUMNS = ["file", "read", "imported", "updated", "unchanged", "rejected"]
-REJECT_COLUMNS = ["source", "line", "tenant", "reason", "at"]
+REJECT_COLUMNS = ["source", "line", "locator", "tenant", "reason", "at"]
 
 
 def add_ingest_commands(add: Callable[[str, str], argparse.ArgumentParser]) -> None:
     """Register ``import`` and ``rejects``."""
-    sp = add("import", "Stream JSONL exports (plain or .gz, a file or a directory) into posts.")
+    sp = add(
+        "import",
+        "Stream exports (JSONL, CSV, Parquet; a file or a directory) or a query's rows into posts.",
+    )
     sp.add_argument(
         "path",
-        help="a JSONL file (tenant_id/tenantId, post_id/postId, text per line), gzip or not, "
-        "or a directory: its *.jsonl and *.jsonl.gz files in name order",
+        nargs="?",
+        help="a JSONL, CSV (.gz or not) or Parquet file with tenant_id, post_id and text, or a "
+        "directory: its *.jsonl, *.csv (and .gz) and *.parquet files in name order",
+    )
+    sp.add_argument(
+        "--format",
+        type=choice("format", FORMATS),
+        default=None,
+        help="jsonl, csv or parquet (default: decided by each file's content)",
+    )
+    sp.add_argument(
+        "--map",
+        default=None,
+        metavar="FIELD=COLUMN,...",
+        help="read fields from other columns: tenant_id=workspace,post_id=id,text=body",
+    )
+    sp.add_argument(
+        "--tenant",
+        default=None,
+        help="bind the import to one tenant: rows naming another are rejected, rows naming "
+        "none are this tenant's (the safe way to import a per-tenant export)",
+    )
+    sp.add_argument("--sql", default=None, metavar="URL", help="import from this database")
+    sp.add_argument("--query", default=None, help="with --sql: the SELECT that returns the posts")
+    sp.add_argument(
+        "--source", default=None, help="with --sql: the source's name (its rejects, its mark)"
+    )
+    sp.add_argument(
+        "--cursor",
+        default=None,
+        metavar="COLUMN",
+        help="with --sql: read only rows after the last import's (COLUMN, post) mark",
     )
     sp.set_defaults(func=cmd_import)
 
@@ -48,21 +91,68 @@ def rejects_hint(n: int) -> str:
     return f"{n} line{'' if n == 1 else 's'} rejected, see `backfill-moderation rejects`"
 
 
-def cmd_import(args: argparse.Namespace, settings: Settings) -> int:
-    """Import a file or directory and register new tenants as partitions."""
+def _options(args: argparse.Namespace) -> ImportOptions:
     try:
-        files = export_files(Path(args.path))
-    except ImportInputError as exc:
-        raise UserError(str(exc)) from None
+        columns = ColumnMap.parse(args.map)
+    except ColumnMapError as exc:
+        raise UserError(f"argument --map: {exc}") from None
+    tenant = None
+    if args.tenant is not None:
+        try:
+            tenant = validate_tenant_id(args.tenant)
+        except InvalidTenantId as exc:
+            raise UserError(f"argument --tenant: {exc}") from None
+    fmt: Format | None = args.format
+    return ImportOptions(columns=columns, tenant=tenant, format=fmt)
+
+
+def _sql_source(args: argparse.Namespace) -> SqlSource | None:
+    """The database source the flags name, or ``None`` for an import of files."""
+    sql_only = {"--query": args.query, "--source": args.source, "--cursor": args.cursor}
+    if args.sql is None:
+        given = [flag for flag, value in sql_only.items() if value is not None]
+        if given:
+            raise UserError(f"argument {given[0]}: only with --sql")
+        if args.path is None:
+            raise UserError("give a PATH to import, or --sql URL --query ... --source NAME")
+        return None
+    if args.path is not None:
+        raise UserError("give either a PATH or --sql, not both")
+    if args.format is not None:
+        raise UserError("argument --format: not with --sql (a query's rows have no format)")
+    for flag in ("--query", "--source"):
+        if sql_only[flag] is None:
+            raise UserError(f"argument {flag}: required with --sql")
+    return SqlSource(url=args.sql, query=args.query, name=args.source, cursor=args.cursor)
+
+
+def cmd_import(args: argparse.Namespace, settings: Settings) -> int:
+    """Import files, a directory or a query's rows; register new tenants as partitions."""
+    options = _options(args)
+    source = _sql_source(args)
+    files: list[Path] = []
+    if source is None:
+        try:
+            files = export_files(Path(args.path))
+        except ImportInputError as exc:
+            raise UserError(str(exc)) from None
     engine = engine_for(settings.store_url)
+    done: list[tuple[str, ImportSummary]] = []
+    from_sql: SqlImport | None = None
     with ProgressDisplay("lines", enabled=wanted(args.json)) as display:
 
-        def progress(path: Path, s: ImportSummary) -> None:
-            display.update(path.name, s.read, imported=s.imported, rejected=s.rejected)
+        def progress(label: str, s: ImportSummary) -> None:
+            display.update(label, s.read, imported=s.imported, rejected=s.rejected)
 
         try:
             target = settings.slice_target_posts
-            done = import_files(engine, files, progress=progress, slice_target=target)
+            if source is not None:
+                from_sql = import_sql(engine, source, progress, target, options)
+                done = [(source.label, from_sql.summary)]
+            else:
+                done = [
+                    (f.name, s) for f, s in import_files(engine, files, progress, target, options)
+                ]
         except ImportInputError as exc:
             raise UserError(str(exc)) from None
         finally:
@@ -73,14 +163,21 @@ def cmd_import(args: argparse.Namespace, settings: Settings) -> int:
     total = ImportSummary()
     for _, s in done:
         total.add(s)
-    record_import(instance(settings), args.path, total)
-    rows = [{"file": f.name, **_counts(s)} for f, s in done]
+    record_import(instance(settings), source.label if source else args.path, total)
+    rows = [{"file": name, **_counts(s)} for name, s in done]
     if len(rows) > 1:
         rows.append({"file": f"total ({len(rows)} files)", **_counts(total)})
     human: list[Human] = [table(rows, IMPORT_COLUMNS)]
     if total.new_tenants:
         human.append(f"new tenants: {', '.join(sorted(total.new_tenants))}")
-    emit(args, total.as_dict(), *human)
+    doc = total.as_dict()
+    if from_sql is not None and source is not None:
+        doc["source"] = source.name
+        doc["high_water"] = from_sql.high_water()
+        if from_sql.high_water() is not None:
+            mark = ", ".join(f"{k} {v}" for k, v in (from_sql.high_water() or {}).items() if v)
+            human.append(f"high-water mark: {mark}")
+    emit(args, doc, *human)
     if total.new_rejects and not args.json:
         # On stderr, and only for lines not recorded before: re-importing the same file
         # (as bin/dev does at every start) does not repeat it.

@@ -1,11 +1,14 @@
-"""Input records: one JSONL line of an export becomes a validated post or a rejection (pure)."""
+"""Input records: one row of an export (a JSONL line, a CSV record, a Parquet or query row)
+becomes a validated post or a rejection (pure)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from backfill_assets.core.columns import DEFAULT_COLUMNS, ColumnMap
 from backfill_assets.core.keys import TENANT_ID_RE, content_hash, normalize_text, slice_of
 from backfill_assets.core.regions import InvalidRegion, validate_region
 
@@ -36,26 +39,33 @@ class Rejection:
     line: int
     reason: str
     tenant_given: str | None
+    # Where the row is when a line number alone does not say (a Parquet row, a query's post).
+    locator: str | None = None
 
 
-def _tenant_given(obj: dict[str, Any]) -> str | None:
-    raw = obj.get("tenant_id", obj.get("tenantId"))
-    # Truncated, printable only: a hostile tenant value is evidence, not something to replay.
-    return None if raw is None else "".join(c for c in str(raw)[:40] if c.isprintable())
+def shown(raw: object, limit: int = 40) -> str:
+    """Truncated, printable only: a hostile value is evidence, not something to replay."""
+    return "".join(c for c in str(raw)[:limit] if c.isprintable())
 
 
-def _pick(obj: dict[str, Any], snake: str, camel: str) -> tuple[bool, Any]:
-    if snake in obj and camel in obj and obj[snake] != obj[camel]:
-        raise ValueError(f"conflicting {snake} and {camel}")
-    if snake in obj:
-        return True, obj[snake]
-    if camel in obj:
-        return True, obj[camel]
-    return False, None
+def _tenant_given(obj: Mapping[str, Any], columns: ColumnMap) -> str | None:
+    try:
+        _, raw = columns.pick(obj, "tenant_id")
+    except ValueError:
+        raw = next((obj[c] for c in columns.names("tenant_id") if c in obj), None)
+    return None if raw is None else shown(raw)
 
 
-def parse_line(raw: bytes, line_no: int) -> Post | Rejection | None:
-    """Validate one JSONL line; ``None`` for a blank line."""
+def parse_line(
+    raw: bytes,
+    line_no: int,
+    columns: ColumnMap = DEFAULT_COLUMNS,
+    tenant: str | None = None,
+) -> Post | Rejection | None:
+    """Validate one JSONL line; ``None`` for a blank line.
+
+    ``tenant``: the tenant the import is bound to (``import --tenant``), see ``validate_row``.
+    """
     if len(raw) > MAX_LINE_BYTES:
         return Rejection(line_no, f"line longer than {MAX_LINE_BYTES} bytes", None)
     try:
@@ -72,15 +82,34 @@ def parse_line(raw: bytes, line_no: int) -> Post | Rejection | None:
         return Rejection(line_no, f"invalid JSON: {getattr(exc, 'msg', type(exc).__name__)}", None)
     if not isinstance(obj, dict):
         return Rejection(line_no, f"expected a JSON object, got {type(obj).__name__}", None)
+    return validate_row(obj, line_no, columns, tenant)
+
+
+def validate_row(
+    row: Mapping[str, Any],
+    line_no: int,
+    columns: ColumnMap = DEFAULT_COLUMNS,
+    tenant: str | None = None,
+    locator: str | None = None,
+    blank_is_null: bool = False,
+) -> Post | Rejection:
+    """Validate one row of named values.
+
+    ``tenant``: an import bound to one tenant rejects a row that names another, and gives
+    its tenant to a row that names none. ``blank_is_null``: a format without nulls (CSV)
+    leaves an optional field blank to say nothing about it.
+    """
     try:
-        return _validate(obj, line_no)
+        return _validate(row, line_no, columns, tenant, blank_is_null)
     except ValueError as exc:
-        return Rejection(line_no, str(exc), _tenant_given(obj))
+        given = _tenant_given(row, columns)
+        return Rejection(line_no, str(exc), given or tenant, locator)
 
 
-def _region(obj: dict[str, Any]) -> str | None:
-    raw = obj.get("region")
-    if raw is None:  # absent or null: the line does not set a region
+def _region(row: Mapping[str, Any], columns: ColumnMap, blank_is_null: bool) -> str | None:
+    _, raw = columns.pick(row, "region")
+    if raw is None or (blank_is_null and raw == ""):
+        # absent or null: the row does not set a region
         return None
     try:
         return validate_region(raw)
@@ -88,10 +117,29 @@ def _region(obj: dict[str, Any]) -> str | None:
         raise ValueError(str(exc)) from None
 
 
-def _validate(obj: dict[str, Any], line_no: int = 0) -> Post:
-    has_tenant, tenant = _pick(obj, "tenant_id", "tenantId")
-    has_post, post_id = _pick(obj, "post_id", "postId")
-    has_text, text = "text" in obj, obj.get("text")
+def _bound(has_tenant: bool, tenant: Any, bound: str | None) -> tuple[bool, Any]:
+    """The row's tenant under an import bound to ``bound`` (``None``: not bound)."""
+    if bound is None:
+        return has_tenant, tenant
+    if not has_tenant or tenant is None or tenant == "":
+        return True, bound
+    if tenant != bound:
+        raise ValueError(
+            f"tenant_id {shown(tenant)!r} is not {bound}, the tenant this import is bound to"
+        )
+    return True, tenant
+
+
+def _validate(
+    obj: Mapping[str, Any],
+    line_no: int,
+    columns: ColumnMap,
+    bound: str | None,
+    blank_is_null: bool,
+) -> Post:
+    has_tenant, tenant = _bound(*columns.pick(obj, "tenant_id"), bound)
+    has_post, post_id = columns.pick(obj, "post_id")
+    has_text, text = columns.pick(obj, "text")
     missing = [n for n, ok in (("tenant_id", has_tenant), ("post_id", has_post)) if not ok]
     if not has_text:
         missing.append("text")
@@ -121,7 +169,7 @@ def _validate(obj: dict[str, Any], line_no: int = 0) -> Post:
     if "\x00" in text:
         # PostgreSQL cannot store NUL in text; refusing it here keeps both stores equal.
         raise ValueError("text contains NUL characters")
-    region = _region(obj)
+    region = _region(obj, columns, blank_is_null)
     return Post(
         tenant_id=tenant,
         post_id=post_id,

@@ -1,30 +1,69 @@
-"""Stream JSONL exports (plain or gzip, a file or a directory of them) into the store."""
+"""Stream exports (JSONL, CSV or Parquet; a file or a directory of them) into the store.
+
+Every format becomes the same stream of validated posts and rejections, written in batches of
+``BATCH_LINES``: memory follows a batch, never the file. What cannot be read on (a corrupt
+gzip, a broken CSV quote, an undecodable Parquet page) stops the file with an error that says
+the rows before it were imported; a header or schema that lacks a needed column refuses the
+file before anything is imported.
+"""
 
 from __future__ import annotations
 
-import gzip
-import io
 import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 
+from backfill_assets.core.columns import DEFAULT_COLUMNS, ColumnMap
 from backfill_assets.core.keys import DEFAULT_SLICE_TARGET
-from backfill_assets.core.records import Post, Rejection, parse_line
+from backfill_assets.core.records import MAX_LINE_BYTES, Post, Rejection, parse_line
+from backfill_assets.ingest.csv_rows import csv_rows
+from backfill_assets.ingest.formats import (
+    EXPORT_PATTERNS,
+    Format,
+    ImportInputError,
+    open_bytes,
+    sniff_format,
+)
+from backfill_assets.ingest.lines import InputBroken, LineSource, bounded_lines
+from backfill_assets.ingest.parquet_rows import parquet_rows
 from backfill_assets.store.engine import refresh_planner_stats
 from backfill_assets.store.posts import ImportSummary, raise_slice_levels, write_batch
 
+__all__ = [
+    "ImportInputError",
+    "ImportOptions",
+    "export_files",
+    "files_within",
+    "import_files",
+    "import_path",
+]
+
 BATCH_LINES = 2000
-EXPORT_PATTERNS = ("*.jsonl", "*.jsonl.gz")
-_GZIP_MAGIC = b"\x1f\x8b"
 
-Progress = Callable[[Path, ImportSummary], None]
+# (what is being imported: a file name or a source, its counts so far)
+Progress = Callable[[str, ImportSummary], None]
+# Called inside each batch's transaction (an SQL source moves its high-water mark there).
+BatchHook = Callable[[Connection, list[Post | Rejection]], None]
 
 
-class ImportInputError(ValueError):
-    """A path that cannot be imported: missing, unreadable, empty directory, corrupt gzip."""
+@dataclass(frozen=True)
+class ImportOptions:
+    """How rows are read: column names, the tenant an import is bound to, the format."""
+
+    columns: ColumnMap = DEFAULT_COLUMNS
+    # ``import --tenant``: rows naming another tenant are rejected.
+    tenant: str | None = None
+    # None: decided by each file's content.
+    format: Format | None = None
+    # Rows per batch (one transaction each); memory follows it.
+    batch_rows: int = BATCH_LINES
+
+
+DEFAULT_OPTIONS = ImportOptions()
 
 
 def export_files(path: Path) -> list[Path]:
@@ -32,7 +71,8 @@ def export_files(path: Path) -> list[Path]:
     if path.is_dir():
         files = sorted({f for pat in EXPORT_PATTERNS for f in path.glob(pat)}, key=lambda f: f.name)
         if not files:
-            raise ImportInputError(f"{path}: directory has no *.jsonl or *.jsonl.gz files")
+            patterns = ", ".join(EXPORT_PATTERNS)
+            raise ImportInputError(f"{path}: directory has no export files ({patterns})")
     elif path.exists():
         files = [path]
     elif path.is_symlink():
@@ -74,36 +114,25 @@ def _inside(path: Path, root: Path) -> bool:
     return path.resolve().is_relative_to(root)
 
 
-@contextmanager
-def _open_lines(path: Path) -> Iterator[io.BufferedIOBase]:
-    """The file's bytes, decompressed when it is gzip (by its magic bytes, not its name)."""
-    with path.open("rb") as raw:
-        magic = raw.read(2)
-        raw.seek(0)
-        if magic == _GZIP_MAGIC:
-            with gzip.GzipFile(fileobj=raw, mode="rb") as gz:
-                yield gz
-        else:
-            yield raw
-
-
-def import_jsonl(
+def import_path(
     engine: Engine,
     path: Path,
     source: str | None = None,
     progress: Progress | None = None,
     slice_target: int = DEFAULT_SLICE_TARGET,
+    options: ImportOptions = DEFAULT_OPTIONS,
 ) -> ImportSummary:
-    """Import a file or every export in a directory; bad lines go to ``rejected_records``.
+    """Import a file or every export in a directory; bad rows go to ``rejected_records``.
 
     ``slice_target``: posts per partition before a tenant's partitions split.
     """
     files = export_files(path)
     if len(files) == 1 and files[0] == path:
-        return _import_file(engine, path, source or str(path.resolve()), progress, slice_target)
+        where = source or str(path.resolve())
+        return _import_file(engine, path, where, progress, slice_target, options)
     total = ImportSummary()
-    for f in files:
-        total.add(_import_file(engine, f, str(f.resolve()), progress, slice_target))
+    for _, one in import_files(engine, files, progress, slice_target, options):
+        total.add(one)
     return total
 
 
@@ -112,43 +141,106 @@ def import_files(
     files: list[Path],
     progress: Progress | None = None,
     slice_target: int = DEFAULT_SLICE_TARGET,
+    options: ImportOptions = DEFAULT_OPTIONS,
 ) -> list[tuple[Path, ImportSummary]]:
     """Import files from ``export_files`` one after another; the summary of each."""
-    return [(f, _import_file(engine, f, str(f.resolve()), progress, slice_target)) for f in files]
+    return [
+        (f, _import_file(engine, f, str(f.resolve()), progress, slice_target, options))
+        for f in files
+    ]
+
+
+def jsonl_rows(
+    fh: LineSource, columns: ColumnMap, tenant: str | None
+) -> Iterator[Post | Rejection]:
+    """Validated lines of a JSONL export (blank lines skipped)."""
+    for line_no, raw in bounded_lines(fh, MAX_LINE_BYTES):
+        if raw is None:
+            yield Rejection(line_no, f"line longer than {MAX_LINE_BYTES} bytes", None)
+            continue
+        parsed = parse_line(raw, line_no, columns, tenant)
+        if parsed is not None:
+            yield parsed
+
+
+@contextmanager
+def _file_rows(
+    path: Path, fmt: Format, options: ImportOptions
+) -> Iterator[Iterator[Post | Rejection]]:
+    columns, tenant = options.columns, options.tenant
+    if fmt == "parquet":
+        yield parquet_rows(path, columns, tenant, options.batch_rows)
+        return
+    with open_bytes(path) as fh:
+        if fmt == "csv":
+            yield csv_rows(fh, str(path), columns, tenant)
+        else:
+            yield jsonl_rows(fh, columns, tenant)
 
 
 def _import_file(
-    engine: Engine, path: Path, source: str, progress: Progress | None, slice_target: int
+    engine: Engine,
+    path: Path,
+    source: str,
+    progress: Progress | None,
+    slice_target: int,
+    options: ImportOptions,
 ) -> ImportSummary:
+    fmt = options.format or sniff_format(path)
     summary = ImportSummary()
-    batch: list[Post | Rejection] = []
-    line_no = 0
     try:
-        with _open_lines(path) as fh:
-            for line_no, raw in enumerate(fh, start=1):
-                parsed = parse_line(raw.rstrip(b"\r\n"), line_no)
-                if parsed is None:
-                    continue
-                summary.read += 1
-                batch.append(parsed)
-                if len(batch) >= BATCH_LINES:
-                    write_batch(engine, source, batch, summary)
-                    batch = []
-                    if progress is not None:
-                        progress(path, summary)
+        with _file_rows(path, fmt, options) as rows:
+            import_rows(engine, rows, source, summary, path.name, progress, options.batch_rows)
     except (OSError, EOFError, zlib.error) as exc:
         # A truncated or corrupt gzip: what came before it is imported, the rest is not.
-        if batch:
-            write_batch(engine, source, batch, summary)
-        raise_slice_levels(engine, summary.tenants_seen, slice_target)
         raise ImportInputError(
-            f"{path}: unreadable after line {line_no} ({type(exc).__name__}: {exc}); "
+            f"{path}: unreadable after line {summary.last_line} ({type(exc).__name__}: {exc}); "
             "the lines before it were imported"
         ) from None
-    if batch:
-        write_batch(engine, source, batch, summary)
-    raise_slice_levels(engine, summary.tenants_seen, slice_target)
-    if progress is not None:
-        progress(path, summary)
+    except InputBroken as exc:
+        raise ImportInputError(
+            f"{path}: line {exc.line}: {exc.reason}; the rows before it were imported"
+        ) from None
+    finally:
+        raise_slice_levels(engine, summary.tenants_seen, slice_target)
     refresh_planner_stats(engine, ("tenants", "posts"))
     return summary
+
+
+def import_rows(
+    engine: Engine,
+    rows: Iterator[Post | Rejection],
+    source: str,
+    summary: ImportSummary,
+    label: str,
+    progress: Progress | None = None,
+    batch_rows: int = BATCH_LINES,
+    hook: BatchHook | None = None,
+) -> None:
+    """Write ``rows`` in batches. ``InputBroken`` from the reader: the batch so far is
+    written with a rejection at the broken line, then it is raised again."""
+    batch: list[Post | Rejection] = []
+    try:
+        for item in rows:
+            summary.read += 1
+            summary.last_line = item.line
+            batch.append(item)
+            if len(batch) >= batch_rows:
+                write_batch(engine, source, batch, summary, hook)
+                batch = []
+                if progress is not None:
+                    progress(label, summary)
+    except InputBroken as exc:
+        batch.append(Rejection(exc.line, exc.reason[:500], None))
+        summary.read += 1
+        write_batch(engine, source, batch, summary, hook)
+        raise
+    except (OSError, EOFError, zlib.error):
+        # Unreadable bytes (a truncated gzip): what was read in full is kept.
+        if batch:
+            write_batch(engine, source, batch, summary, hook)
+        raise
+    if batch:
+        write_batch(engine, source, batch, summary, hook)
+    if progress is not None:
+        progress(label, summary)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import sqlalchemy as sa
@@ -32,6 +32,8 @@ class ImportSummary:
     new_rejects: int = 0
     # Tenants with lines in this import: their slice levels are raised at the end (not JSON).
     tenants_seen: set[str] = field(default_factory=set)
+    # The line (or row) last read, for a message about what stopped the import (not JSON).
+    last_line: int = 0
 
     def add(self, other: ImportSummary) -> None:
         """Add another file's counts (a directory import)."""
@@ -120,9 +122,13 @@ def slice_levels(conn: Connection, tenant_ids: Iterable[str]) -> dict[str, int]:
 
 
 def write_batch(
-    engine: Engine, source: str, batch: list[Post | Rejection], summary: ImportSummary
+    engine: Engine,
+    source: str,
+    batch: list[Post | Rejection],
+    summary: ImportSummary,
+    hook: Callable[[Connection, list[Post | Rejection]], None] | None = None,
 ) -> None:
-    """Upsert one batch of parsed lines in one transaction."""
+    """Upsert one batch of parsed lines in one transaction; ``hook`` runs inside it last."""
     latest: dict[tuple[str, str], Post] = {}
     rejects: list[Rejection] = []
     with write_tx(engine) as conn:
@@ -145,6 +151,8 @@ def write_batch(
         claim_regions(conn, claimed)
         _upsert_posts(conn, list(latest.values()), summary)
         summary.new_rejects += record_rejects(conn, source, rejects)
+        if hook is not None:
+            hook(conn, batch)
     summary.rejected += len(rejects)
 
 

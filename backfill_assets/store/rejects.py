@@ -39,7 +39,11 @@ def record_rejects(conn: Connection, source: str, rejects: Sequence[Rejection]) 
     stmt = insert_for(conn, rr)
     stmt = stmt.on_conflict_do_update(
         index_elements=["source", "line"],
-        set_={"reason": stmt.excluded.reason, "tenant_given": stmt.excluded.tenant_given},
+        set_={
+            "reason": stmt.excluded.reason,
+            "tenant_given": stmt.excluded.tenant_given,
+            "locator": stmt.excluded.locator,
+        },
     )
     now = utcnow()
     conn.execute(
@@ -50,6 +54,7 @@ def record_rejects(conn: Connection, source: str, rejects: Sequence[Rejection]) 
                 "line": r.line,
                 "reason": r.reason[:MAX_REASON_CHARS],
                 "tenant_given": r.tenant_given,
+                "locator": r.locator,
                 "at": now,
             }
             for r in rejects
@@ -73,7 +78,7 @@ def list_rejects(
         where.append(rr.c.source.in_(list(sources)))
     total = int(conn.execute(sa.select(sa.func.count()).select_from(rr).where(*where)).scalar_one())
     stmt = (
-        sa.select(rr.c.source, rr.c.line, rr.c.tenant_given, rr.c.reason, rr.c.at)
+        sa.select(rr.c.source, rr.c.line, rr.c.locator, rr.c.tenant_given, rr.c.reason, rr.c.at)
         .where(*where)
         .order_by(rr.c.source, rr.c.line)
     )
@@ -83,6 +88,7 @@ def list_rejects(
         {
             "source": r.source,
             "line": int(r.line),
+            "locator": r.locator,
             "tenant": r.tenant_given,
             "reason": r.reason,
             "at": r.at.isoformat(timespec="seconds") + "Z",

@@ -51,6 +51,8 @@ rejected_records = sa.Table(
     sa.Column("reason", sa.Text, nullable=False),
     sa.Column("tenant_given", sa.Text),
     sa.Column("at", sa.DateTime, nullable=False),
+    # sql/010: where the row is when a line number alone does not say (Parquet, a query).
+    sa.Column("locator", sa.Text),
 )
 
 results = sa.Table(
@@ -229,4 +231,17 @@ applied_labels = sa.Table(
     sa.Column("result_key", sa.Text, nullable=False),
     sa.Column("content_hash", sa.Text, nullable=False),
     sa.Column("applied_at", sa.DateTime, nullable=False),
+)
+
+# sql/010: the high-water mark of each database source (`import --sql --source NAME`).
+import_sources = sa.Table(
+    "import_sources",
+    metadata,
+    sa.Column("source", sa.Text, primary_key=True),
+    sa.Column("cursor_column", sa.Text),
+    sa.Column("cursor_value", sa.Text),
+    sa.Column("cursor_tenant_id", sa.Text),
+    sa.Column("cursor_post_id", sa.Text),
+    sa.Column("rows_read", sa.BigInteger, nullable=False),
+    sa.Column("updated_at", sa.DateTime, nullable=False),
 )

@@ -112,7 +112,7 @@ def test_a_directory_imports_its_exports_in_name_order(
     ("make", "message"),
     [
         (lambda d: None, "no such file or directory"),
-        (lambda d: d.mkdir(), "directory has no *.jsonl or *.jsonl.gz files"),
+        (lambda d: d.mkdir(), "directory has no export files"),
         (lambda d: (d.mkdir(), (d / "b.jsonl").mkdir()), "b.jsonl: cannot read: Is a directory"),
         (
             lambda d: (d.mkdir(), (d / "z.jsonl").symlink_to(d / "gone.jsonl")),
@@ -170,7 +170,7 @@ def test_rejects_lists_file_line_reason_and_time_and_says_so_once(
 
     found = rejects(capsys)
     assert len(found) == 1
-    assert set(found[0]) == {"source", "line", "tenant", "reason", "at"}
+    assert set(found[0]) == {"source", "line", "locator", "tenant", "reason", "at"}
     assert found[0]["line"] == 2 and found[0]["at"].endswith("Z")
     assert rejects(capsys, "--file", "posts.jsonl") == found
     assert rejects(capsys, "--file", str(export)) == found
@@ -190,20 +190,20 @@ def test_a_second_export_over_many_tenants_updates_only_what_changed(
 ) -> None:
     # A batch holds a few posts of each of many tenants; the stored hashes of all of them are
     # looked up together (in chunks of 7 pairs here, to cross chunk edges on SQLite).
-    from backfill_assets.ingest.importer import import_jsonl
+    from backfill_assets.ingest.importer import import_path
     from backfill_assets.store import posts as store_posts
 
     monkeypatch.setattr(store_posts, "_PROBE_PAIRS", 7)
     first = [post(f"t{t:02d}", f"p{i}", f"text {t} {i}") for i in range(4) for t in range(30)]
     (tmp_path / "one.jsonl").write_bytes(lines(*first))
-    got = import_jsonl(engine, tmp_path / "one.jsonl")
+    got = import_path(engine, tmp_path / "one.jsonl")
     assert (got.imported, got.updated, got.unchanged) == (120, 0, 0)
     second = [
         post(r["tenant_id"], r["post_id"], r["text"] + (" edited" if n % 3 == 0 else ""))
         for n, r in enumerate(first)
     ] + [post(f"t{t:02d}", "p-new", "new") for t in range(10)]
     (tmp_path / "two.jsonl").write_bytes(lines(*second))
-    got = import_jsonl(engine, tmp_path / "two.jsonl")
+    got = import_path(engine, tmp_path / "two.jsonl")
     assert (got.imported, got.updated, got.unchanged) == (10, 40, 80)
     with engine.connect() as conn:
         stored = {
