@@ -23,6 +23,8 @@ _id  # policy.LabelDef, policy.RuleDef
 _policy_id  # policy.PolicyDoc
 _version  # policy.PolicyDoc
 _instructions  # policy.PolicyDoc
+_cron_parses  # settings.Settings
+_source_is_whole  # settings.Settings
 
 # pydantic-settings calls these hooks with these keyword names (settings.Settings).
 settings_customise_sources

@@ -1,23 +1,17 @@
-"""The assets: imported posts and the moderation labels (thin: orchestration only)."""
+"""The moderation labels asset (thin: orchestration only); ``posts`` is in posts_asset.py."""
 
 import warnings
-from typing import Any
 
 import dagster as dg
-from pydantic import Field
 
 from backfill_assets.core.faults import NO_FAULTS, FaultHooks
 from backfill_assets.core.range_guard import require_full_range
 from backfill_assets.core.rubric import Rubric
 from backfill_assets.dispatch.partition_run import RunStopped
 from backfill_assets.dispatch.pipeline import run_partitions, with_levels
-from backfill_assets.ingest.importer import ImportInputError, files_within, import_files
 from backfill_assets.orchestration.metadata import add_partition_metadata, partition_metadata
-from backfill_assets.orchestration.partitions import (
-    moderation_partitions,
-    run_refs,
-    tenant_partitions,
-)
+from backfill_assets.orchestration.partitions import moderation_partitions, run_refs
+from backfill_assets.orchestration.posts_asset import POSTS_KEY
 from backfill_assets.orchestration.resources import (
     ModelResource,
     RunSettings,
@@ -25,48 +19,7 @@ from backfill_assets.orchestration.resources import (
     run_versions,
 )
 from backfill_assets.store.engine import read_tx
-from backfill_assets.store.posts import ImportSummary
 from backfill_assets.store.reports import partition_spend
-
-
-class PostsImportConfig(dg.Config):
-    """Which export to import: a file or directory inside the import directory."""
-
-    path: str = Field(
-        default=".",
-        description="Relative to BACKFILL_IMPORT_DIR (default: the bundled demo export's "
-        "directory), or absolute inside it; nothing outside it is read.",
-    )
-
-
-@dg.asset(group_name="ingest", kinds={"sql"})
-def posts(
-    context: dg.AssetExecutionContext,
-    config: PostsImportConfig,
-    store: StoreResource,
-    settings: RunSettings,
-) -> dg.MaterializeResult[None]:
-    """Posts imported from a JSONL export; bad lines go to rejected_records (line, reason)."""
-    summary = ImportSummary()
-    try:
-        files = files_within(config.path, settings.import_root())
-        target = settings.slice_target_posts
-        for _f, one in import_files(store.engine(), files, slice_target=target):
-            summary.add(one)
-    except ImportInputError as exc:
-        raise dg.Failure(description=str(exc), allow_retries=False) from None
-    known = set(context.instance.get_dynamic_partitions(tenant_partitions.name or "tenants"))
-    fresh = sorted({*summary.new_tenants} - known)
-    if fresh:
-        context.instance.add_dynamic_partitions(tenant_partitions.name or "tenants", fresh)
-    counts = summary.as_dict()
-    metadata: dict[str, dg.MetadataValue[Any]] = {
-        k: dg.MetadataValue.int(int(str(counts[k])))
-        for k in ("read", "imported", "updated", "unchanged", "rejected")
-    }
-    metadata["source"] = dg.MetadataValue.text(", ".join(f.name for f in files[:20]))
-    metadata["new_tenants"] = dg.MetadataValue.text(", ".join(fresh) or "-")
-    return dg.MaterializeResult(metadata=metadata)
 
 
 def build_moderation_labels(
@@ -91,7 +44,7 @@ def _labels_asset(
         partitions_def=moderation_partitions,
         code_version=code_version,
         backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=partitions_per_run),
-        deps=[posts],
+        deps=[POSTS_KEY],
         group_name="moderation",
         kinds={"python", "sql"},
         tags={"llm": "moderation"},

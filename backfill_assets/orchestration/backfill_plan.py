@@ -12,8 +12,8 @@ from typing import Any
 import dagster as dg
 
 from backfill_assets.core.rubric import Rubric
-from backfill_assets.orchestration.assets import posts
 from backfill_assets.orchestration.estimate import TenantEstimate, estimate_pending
+from backfill_assets.orchestration.posts_asset import POSTS_KEY
 from backfill_assets.orchestration.resources import (
     ModelResource,
     StoreResource,
@@ -53,7 +53,7 @@ def build_backfill_plan(rubric: Rubric) -> dg.AssetsDefinition:
     @dg.asset(
         name="backfill_plan",
         group_name="reporting",
-        deps=[posts],
+        deps=[POSTS_KEY],
         kinds={"sql"},
         automation_condition=refresh_condition(),
     )

@@ -37,6 +37,7 @@ from backfill_assets.core.prices import PriceError, PriceTable
 from backfill_assets.core.regions import API_KEY_VAR, BASE_URL_VAR, InvalidRegion, region_of_suffix
 from backfill_assets.core.rubric import Rubric
 from backfill_assets.dispatch.batch.options import KILL_POINTS, PROVIDER_MAX_LINES
+from backfill_assets.ingest.sql_import import SqlSource
 from backfill_assets.orchestration.checks_config import (
     LIVE_BASELINE,
     ChecksConfigError,
@@ -44,6 +45,7 @@ from backfill_assets.orchestration.checks_config import (
     parse_baseline,
     unknown_labels,
 )
+from backfill_assets.orchestration.posts_asset import ENV_SOURCE_NAME
 from backfill_assets.orchestration.resources import (
     FakeModelResource,
     ModelResource,
@@ -167,6 +169,11 @@ class Settings(BaseSettings):
     drift_factor: float | None = _var("BACKFILL_DRIFT_FACTOR", default=None, gt=1.0)
     drift_min_count: int | None = _var("BACKFILL_DRIFT_MIN_COUNT", default=None, ge=1)
     apply_live: Flag | None = _var("BACKFILL_APPLY_LIVE", default=None)
+    # The posts asset's database source (docs/data.md); the URL is a secret: never in a repr.
+    source_url: str = _var("BACKFILL_SOURCE_URL", default="", repr=False)
+    source_query: str = _var("BACKFILL_SOURCE_QUERY", default="")
+    source_cursor: str = _var("BACKFILL_SOURCE_CURSOR", default="")
+    source_schedule: str = _var("BACKFILL_SOURCE_SCHEDULE", default="*/15 * * * *")
     _rubric: Rubric | None = PrivateAttr(default=None)
 
     @field_validator("prompt_path")
@@ -195,6 +202,21 @@ class Settings(BaseSettings):
         if value and not Path(value).is_absolute():
             raise ValueError("must be an absolute path")
         return value
+
+    @field_validator("source_schedule")
+    @classmethod
+    def _cron_parses(cls, value: str) -> str:
+        if len(value.split()) != 5:
+            raise ValueError("is not a cron schedule (e.g. '*/15 * * * *')")
+        return value
+
+    @model_validator(mode="after")
+    def _source_is_whole(self) -> Settings:
+        if self.source_url and not self.source_query:
+            raise ValueError("BACKFILL_SOURCE_URL is set but BACKFILL_SOURCE_QUERY is not")
+        if not self.source_url and (self.source_query or self.source_cursor):
+            raise ValueError("BACKFILL_SOURCE_QUERY/_CURSOR are set but BACKFILL_SOURCE_URL is not")
+        return self
 
     @model_validator(mode="after")
     def _batch_needs_a_batch_api(self) -> Settings:
@@ -340,6 +362,17 @@ class Settings(BaseSettings):
             "apply_live": self.apply_live,
         }
         return ChecksResource(**{k: v for k, v in fields.items() if v is not None})  # type: ignore[arg-type]
+
+    def source(self) -> SqlSource | None:
+        """The posts asset's database source, if ``BACKFILL_SOURCE_URL`` names one."""
+        if not self.source_url:
+            return None
+        return SqlSource(
+            url=self.source_url,
+            query=self.source_query,
+            name=ENV_SOURCE_NAME,
+            cursor=self.source_cursor or None,
+        )
 
     def prices(self) -> PriceTable:
         """The price table: built-in list prices merged with ``BACKFILL_PRICES``."""

@@ -7,10 +7,11 @@ from collections.abc import Mapping
 import dagster as dg
 
 from backfill_assets.orchestration.applied import build_applied_labels
-from backfill_assets.orchestration.assets import build_moderation_labels, posts
+from backfill_assets.orchestration.assets import build_moderation_labels
 from backfill_assets.orchestration.backfill_plan import build_backfill_plan
 from backfill_assets.orchestration.checks import build_partition_checks
 from backfill_assets.orchestration.partitions import moderation_partitions
+from backfill_assets.orchestration.posts_asset import build_incremental_schedule, build_posts
 from backfill_assets.orchestration.sealing import sealed_resources
 from backfill_assets.orchestration.sensors import reporting_automation, tenant_partitions_sensor
 from backfill_assets.orchestration.settings import Settings
@@ -26,6 +27,9 @@ def build_definitions(settings: Settings | Mapping[str, str]) -> dg.Definitions:
     if not isinstance(settings, Settings):
         settings = Settings.from_env(settings)
     per_run = settings.partitions_per_run
+    source = settings.source()
+    posts = build_posts(source)
+    import_job, incremental = build_incremental_schedule(posts, source, settings.source_schedule)
     # The policy is read once, here, from the environment of the process that loads the code,
     # and closed over by every asset that needs it: no run config can change it.
     rubric = settings.rubric()
@@ -56,7 +60,8 @@ def build_definitions(settings: Settings | Mapping[str, str]) -> dg.Definitions:
     return dg.Definitions(
         assets=[posts, labels, applied, tenant_usage, backfill_plan],
         asset_checks=[checks],
-        jobs=[backfill_job, apply_job, usage_job],
+        jobs=[backfill_job, apply_job, usage_job, import_job],
+        schedules=[incremental],
         sensors=[tenant_partitions_sensor, reporting_automation],
         # Sealed: no resource takes run config, so a launch cannot redirect the model, the
         # keys or the store (sealing.py); their values are this process's environment.
