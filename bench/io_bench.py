@@ -1,0 +1,146 @@
+"""Data in and out at scale: import from Parquet and from a PostgreSQL table against the JSONL
+import of the same posts (wall and peak RSS of each command, in its own process).
+
+    bench/run io [--posts 1000000] [--tenants 200]
+
+The store is PostgreSQL (a fresh database per import, so each starts from empty), and so is
+the source table. Figures: wall seconds, CPU seconds and peak RSS of the ``import`` command,
+and each format's wall against JSONL's. Targets: no slower than JSONL, peak RSS <= 1.5 GiB.
+``uptime`` is printed first: the machine is shared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import sqlalchemy as sa
+
+from bench.common import drop_store, machine_speed, new_store
+from bench.scale_bench import Measured, cli, cli_env, records, write_export
+
+PREFIX = "bf_bench_io_"
+RSS_TARGET_MB = 1536
+_CHUNK = 100_000
+
+
+def write_parquet(path: Path, posts: int, tenants: int) -> Path:
+    """The same records as ``write_export``, as Parquet (row groups of 100,000)."""
+    names = ("tenant_id", "post_id", "text")
+    schema = pa.schema([(n, pa.string()) for n in names])
+    with pq.ParquetWriter(path, schema) as writer:
+        chunk: list[dict[str, str]] = []
+        for rec in records(posts, tenants):
+            chunk.append(rec)
+            if len(chunk) >= _CHUNK:
+                writer.write_table(
+                    pa.table({n: [r[n] for r in chunk] for n in names}, schema=schema)
+                )
+                chunk = []
+        if chunk:
+            writer.write_table(pa.table({n: [r[n] for r in chunk] for n in names}, schema=schema))
+    return path
+
+
+def load_source(url: str, posts: int, tenants: int) -> None:
+    """The same records in a table of a PostgreSQL database, by COPY."""
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            "CREATE TABLE app_posts (workspace text, id text, body text, updated_at timestamptz)"
+        )
+        raw = conn.connection.driver_connection
+        assert raw is not None
+        cur = raw.cursor()
+        buf = io.StringIO()
+        for n, rec in enumerate(records(posts, tenants), start=1):
+            buf.write(f"{rec['tenant_id']}\t{rec['post_id']}\t{rec['text']}\t2026-01-01\n")
+            if n % _CHUNK == 0:
+                buf.seek(0)
+                cur.copy_expert("COPY app_posts FROM STDIN", buf)
+                buf = io.StringIO()
+        buf.seek(0)
+        cur.copy_expert("COPY app_posts FROM STDIN", buf)
+    engine.dispose()
+
+
+def _import(work: Path, name: str, args: list[str]) -> Measured:
+    store = new_store("pg", work, prefix=PREFIX)
+    try:
+        env = cli_env(work / f"home-{name}", store)
+        got = cli(["import", *args], env)
+        print(
+            f"[import {name}] {got.wall:.1f} s wall, {got.cpu:.1f} s CPU, peak RSS "
+            f"{got.rss_mb:,.0f} MB, imported {got.doc.get('imported', 0):,}",
+            flush=True,
+        )
+        return got
+    finally:
+        drop_store(store)
+
+
+def io_bench(posts: int, tenants: int) -> dict[str, Any]:
+    """Import the same posts from JSONL, Parquet and a PostgreSQL table."""
+    print("# uptime:", subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
+    print(machine_speed())
+    print(f"# io: {posts:,} posts over {tenants} tenants, store PostgreSQL", flush=True)
+    with tempfile.TemporaryDirectory(prefix="bench-io-") as tmp:
+        work = Path(tmp)
+        jsonl = write_export(work / "posts.jsonl", posts, tenants)
+        parquet = write_parquet(work / "posts.parquet", posts, tenants)
+        source = new_store("pg", work, prefix=PREFIX)
+        try:
+            load_source(source, posts, tenants)
+            steps = {
+                "jsonl": _import(work, "jsonl", [str(jsonl)]),
+                "parquet": _import(work, "parquet", [str(parquet)]),
+                "postgresql table": _import(
+                    work,
+                    "postgresql table",
+                    [
+                        "--sql",
+                        source,
+                        "--source",
+                        "app",
+                        "--cursor",
+                        "updated_at",
+                        "--query",
+                        "SELECT workspace, id, body, updated_at FROM app_posts",
+                        "--map",
+                        "tenant_id=workspace,post_id=id,text=body",
+                    ],
+                ),
+            }
+        finally:
+            drop_store(source)
+    base = steps["jsonl"].wall
+    for name, m in steps.items():
+        ok = m.wall <= base * 1.05 and m.rss_mb <= RSS_TARGET_MB
+        print(
+            f"{name:>17}: {m.wall:7.1f} s ({m.wall / base:.2f}x JSONL), peak RSS "
+            f"{m.rss_mb:,.0f} MB{'' if ok else '  (target missed)'}"
+        )
+    doc = {k: {"wall_s": m.wall, "cpu_s": m.cpu, "rss_mb": m.rss_mb} for k, m in steps.items()}
+    print(json.dumps(doc, sort_keys=True))
+    return doc
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(prog="bench/run io", description=__doc__.splitlines()[0])
+    p.add_argument("--posts", type=int, default=1_000_000)
+    p.add_argument("--tenants", type=int, default=200)
+    a = p.parse_args()
+    io_bench(a.posts, a.tenants)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONHASHSEED", "0")
+    main()
