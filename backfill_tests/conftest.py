@@ -81,11 +81,9 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 
 def dispose_engine(url: str) -> None:
     """Close the pooled connections of a test store before dropping it."""
-    from backfill_assets.orchestration.resources import _engines
+    from backfill_assets.orchestration.resources import dispose_engine as dispose
 
-    eng = _engines.pop(url, None)
-    if eng is not None:
-        eng.dispose()
+    dispose(url)
 
 
 @pytest.fixture

@@ -1,9 +1,10 @@
-"""A run that loses its writer lock mid-run stops and fails instead of writing on unnoticed.
+"""A run that loses its writer lock commits nothing more for its partitions, stops and fails.
 
-PostgreSQL: the advisory locks live on one connection; ``pg_terminate_backend`` (or a proxy or
-network drop) ends that session and the server frees the locks, while the run's writer lanes,
-on other connections, kept going. SQLite: the lock file deleted under a live run (a cleanup
-script) lets the next writer lock a fresh file.
+PostgreSQL: the advisory locks live on one connection, which also carries every commit of
+results, dead letters and usage (the fence). ``pg_terminate_backend`` (or a proxy, or the
+server giving up on a silent host) ends that session and the server frees the locks while the
+run's attempt lane, on another connection, goes on. SQLite: the lock file deleted under a live
+run (a cleanup script) lets the next writer lock a fresh file.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from sqlalchemy.engine import Engine
 
 from backfill_assets.dispatch.pipeline import RunOptions
 from backfill_assets.providers.models.fake import FakeModel
-from backfill_assets.store.work import LOCK_CHECK_SECONDS, LockLost, WriterLocks, lock_dir
+from backfill_assets.store.engine import write_tx
+from backfill_assets.store.locks import LOCK_CHECK_SECONDS, LockLost, WriterLocks, lock_dir
+from backfill_assets.store.tables import limiter_members
 from backfill_tests.conftest import import_records
 from backfill_tests.pipeline_helpers import FAST_RETRY, count, refs_for, run, verify
 
@@ -37,9 +40,9 @@ def _lock_holder_pid(engine: Engine) -> int | None:
     return None if pid is None else int(pid)
 
 
-def _drop_lock(engine: Engine) -> None:
+def _drop_lock(engine: Engine, wait_for_calls: bool = True) -> None:
     """Take the running run's lock away, the way it happens in production, once it calls."""
-    for _ in range(500):
+    for _ in range(500 if wait_for_calls else 0):
         if count(engine, "SELECT count(*) FROM ledger_events WHERE type = 'attempt'"):
             break
         time.sleep(0.02)
@@ -65,7 +68,23 @@ def _drop_lock(engine: Engine) -> None:
     raise AssertionError("the run never took its lock")
 
 
-def test_a_lost_writer_lock_stops_the_run(engine: Engine, tmp_path: Path) -> None:
+def _committed(engine: Engine) -> tuple[int, int, int]:
+    """Results, dead letters and usage events, read after any commit under way (on SQLite a
+    write transaction waits for the writer's; on PostgreSQL the writer's session is gone)."""
+    with write_tx(engine) as conn:
+        return tuple(  # type: ignore[return-value]
+            int(conn.execute(sa.text(sql)).scalar_one())
+            for sql in (
+                "SELECT count(*) FROM results",
+                "SELECT count(*) FROM dead_letters",
+                "SELECT count(*) FROM ledger_events WHERE type = 'usage'",
+            )
+        )
+
+
+def test_a_lost_writer_lock_stops_the_run_and_nothing_more_commits(
+    engine: Engine, tmp_path: Path
+) -> None:
     records = [{"tenant_id": "acme", "post_id": f"p{i}", "text": f"post {i}"} for i in range(POSTS)]
     import_records(engine, tmp_path, records)
     # 240 x 100 ms / 2 = 12 s of calls: the lock is lost near the start.
@@ -83,18 +102,22 @@ def test_a_lost_writer_lock_stops_the_run(engine: Engine, tmp_path: Path) -> Non
     worker.start()
     _drop_lock(engine)
     lost_at = time.monotonic()
-    # While the run still believes it holds the partition, another writer can take it.
+    # While the run still believes it holds the partition, another writer takes it over.
     with WriterLocks(engine) as locks:
         locks.acquire("acme", refs_for(["acme"])[0].slice)
-    worker.join(timeout=60)
-    stopped_after = time.monotonic() - lost_at
-    assert not worker.is_alive()
+        at_takeover = _committed(engine)
+        worker.join(timeout=60)
+        stopped_after = time.monotonic() - lost_at
+        assert not worker.is_alive()
+        # Not one result, dead letter or usage event of the old writer after the takeover,
+        # though its calls in flight were paid for (they show as orphan attempts).
+        assert _committed(engine) == at_takeover
     assert failure and isinstance(failure[0], LockLost), failure
-    assert "lost mid-run" in str(failure[0])
+    assert "taken over" in str(failure[0]) and "acme.s00" in str(failure[0])
     assert stopped_after < LOCK_CHECK_SECONDS + 5.0  # generous: a shared, busy machine
     attempts = count(engine, "SELECT count(*) FROM ledger_events WHERE type = 'attempt'")
     assert attempts < POSTS / 2  # it stopped sending, well before the end
-    # What was paid is booked, and nothing in the store is foreign or doubled.
+    # Nothing in the store is foreign or doubled.
     outcome = verify(engine)
     assert not outcome.blocking(require_complete=False), outcome.as_dict()
     # A new run (with its locks) finishes the rest.
@@ -102,10 +125,35 @@ def test_a_lost_writer_lock_stops_the_run(engine: Engine, tmp_path: Path) -> Non
     assert verify(engine).as_dict(require_complete=True)["ok"]
 
 
+def _member(name: str) -> dict[str, object]:
+    # Any row will do: the fence guards the transaction, whatever it writes.
+    return {"endpoint": "e", "member": name, "weight": 1.0, "heartbeat_at": 0.0}
+
+
+def test_the_fence_refuses_a_commit_once_another_writer_holds_the_lock(engine: Engine) -> None:
+    first = WriterLocks(engine)
+    first.acquire("acme", 0)
+    with first.transaction() as conn:  # held: commits
+        conn.execute(limiter_members.insert().values(_member("before")))
+    _drop_lock(engine, wait_for_calls=False)
+    with WriterLocks(engine) as second:
+        second.acquire("acme", 0)
+        with pytest.raises(LockLost) as lost:
+            with first.transaction() as conn:
+                conn.execute(limiter_members.insert().values(_member("after")))
+        message = str(lost.value)
+        assert "acme.s00" in message and "taken over" in message
+        if engine.dialect.name == "postgresql":
+            # The new holder is named: who it is in pg_stat_activity.
+            assert "taken over by another writer (backend " in message, message
+            assert "'backfill-moderation " in message
+        first.release_all()
+    assert count(engine, "SELECT count(*) FROM limiter_members WHERE member = 'after'") == 0
+    assert count(engine, "SELECT count(*) FROM limiter_members WHERE member = 'before'") == 1
+
+
 @pytest.mark.parametrize("url", ["sqlite://"])
 def test_in_memory_locks_are_never_lost(url: str) -> None:
-    from backfill_assets.store.work import WriterLocks
-
     with WriterLocks(sa.create_engine(url)) as locks:
         locks.acquire("acme", 0)
         assert locks.lost() == []

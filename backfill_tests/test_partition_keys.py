@@ -25,7 +25,7 @@ from backfill_assets.orchestration.orchestrate import materialize
 from backfill_assets.orchestration.partitions import InvalidPartitionKey, partition_ref
 from backfill_assets.orchestration.resources import StoreResource
 from backfill_assets.orchestration.sensors import tenant_partitions_sensor
-from backfill_assets.store.work import PartitionBusy, WriterLocks
+from backfill_assets.store.locks import PartitionBusy, WriterLocks
 from backfill_tests.conftest import import_records
 
 BAD = "../../escaped"

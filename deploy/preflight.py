@@ -16,7 +16,6 @@ from typing import Any
 import dagster as dg
 from dagster._core.run_coordinator import QueuedRunCoordinator
 
-from backfill_assets.orchestration.resources import engine_for
 from backfill_assets.orchestration.settings import Settings
 
 POSTGRES_STORAGES = ("PostgresRunStorage", "PostgresEventLogStorage", "PostgresScheduleStorage")
@@ -52,7 +51,7 @@ def main() -> int:
             f"[prod] run queue: max_concurrent_runs={queue.max_concurrent_runs};"
             f" tag limits: {limits or 'none'}",
         )
-    engine_for(Settings.from_env(os.environ).store_url)  # applies the store's pending migrations
+    Settings.from_env(os.environ).store_engine()  # applies the store's pending migrations
     return 0
 
 

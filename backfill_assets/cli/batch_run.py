@@ -26,7 +26,7 @@ from backfill_assets.core.keys import SLICE_KEYS
 from backfill_assets.dispatch.partition_run import PartitionRef, RunStopped
 from backfill_assets.dispatch.pipeline import run_partitions
 from backfill_assets.orchestration.partitions import partition_key_for
-from backfill_assets.orchestration.resources import engine_for, versions_for
+from backfill_assets.orchestration.resources import versions_for
 from backfill_assets.orchestration.settings import Settings, SettingsError
 from backfill_assets.store import submissions
 from backfill_assets.store.engine import read_tx
@@ -41,7 +41,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         env = Settings.from_env({**os.environ, "BACKFILL_DISPATCH": "batch"})
         settings, model, faults = env.run_settings(), env.model_resource(), env.faults()
-        engine = engine_for(env.store_url)
+        engine = env.store_engine()
         with read_tx(engine) as conn:
             known = tenant_ids(conn)
         tenants = known_tenants(args.tenant, known) or known

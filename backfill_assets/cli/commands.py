@@ -31,7 +31,7 @@ from backfill_assets.orchestration.orchestrate import (
 )
 from backfill_assets.orchestration.partitions import tenant_partitions
 from backfill_assets.orchestration.plan import make_plan, pool_by_region
-from backfill_assets.orchestration.resources import engine_for, versions_for
+from backfill_assets.orchestration.resources import versions_for
 from backfill_assets.orchestration.settings import Settings
 from backfill_assets.orchestration.usage import USAGE_COLUMNS, usage_csv
 from backfill_assets.orchestration.wiring import (
@@ -64,7 +64,7 @@ def store_tenants(engine: sa.Engine, values: list[str]) -> list[str]:
 
 def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     """Materialise labels, checks and the gated apply in-process; exit 1 if a check blocked."""
-    engine = engine_for(settings.store_url)
+    engine = settings.store_engine()
     tenants = store_tenants(engine, args.tenant)
     defs, inst = build_definitions(settings), instance(settings)
     ensure_tenant_partitions(inst, tenants)
@@ -117,7 +117,7 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_verify(args: argparse.Namespace, settings: Settings) -> int:
     """Audit the store; exit 1 on isolation/duplicate problems (or missing keys if required)."""
-    engine = engine_for(settings.store_url)
+    engine = settings.store_engine()
     with read_tx(engine) as conn:
         tenants = known_tenants(args.tenant, tenant_ids(conn))
     outcome = verify_store(engine, settings.versions(), tenants or None)
@@ -147,7 +147,7 @@ def cmd_verify(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_usage(args: argparse.Namespace, settings: Settings) -> int:
     """Tokens, cost and calls per tenant, model and day (or per tenant and model)."""
-    engine = engine_for(settings.store_url)
+    engine = settings.store_engine()
     with read_tx(engine) as conn:
         rows = usage_by_tenant_model(conn) if args.totals else usage_by_day(conn)
     cols = [c for c in USAGE_COLUMNS if not (args.totals and c == "day")]
@@ -160,7 +160,7 @@ def cmd_usage(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_dry_run(args: argparse.Namespace, settings: Settings) -> int:
     """Pending keys per tenant, with estimated tokens and cost and the reserved upper bound."""
-    engine = engine_for(settings.store_url)
+    engine = settings.store_engine()
     rubric = settings.rubric()
     if args.policy:
         # What another policy would cost, before switching BACKFILL_POLICY_PATH to it.
@@ -199,7 +199,7 @@ def cmd_dry_run(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_requeue(args: argparse.Namespace, settings: Settings) -> int:
     """Delete dead letters so those keys are sent again on the next run."""
-    engine = engine_for(settings.store_url)
+    engine = settings.store_engine()
     tenant = store_tenants(engine, [args.tenant])[0]
     with write_tx(engine) as conn:
         n = requeue(conn, tenant, args.outcome)
@@ -210,7 +210,7 @@ def cmd_requeue(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
     """Apply migrations."""
-    engine = engine_for(settings.store_url)
+    engine = settings.store_engine()
     with read_tx(engine) as conn:
         versions = schema_versions(conn)
     applied = migrate(engine)

@@ -25,7 +25,6 @@ from backfill_assets.ingest.importer import (
 )
 from backfill_assets.ingest.sql_import import SqlImport, SqlSource, import_sql
 from backfill_assets.orchestration.orchestrate import ensure_tenant_partitions, record_import
-from backfill_assets.orchestration.resources import engine_for
 from backfill_assets.orchestration.settings import Settings
 from backfill_assets.store.engine import read_tx
 from backfill_assets.store.posts import ImportSummary
@@ -136,7 +135,7 @@ def cmd_import(args: argparse.Namespace, settings: Settings) -> int:
             files = export_files(Path(args.path))
         except ImportInputError as exc:
             raise UserError(str(exc)) from None
-    engine = engine_for(settings.store_url)
+    engine = settings.store_engine()
     done: list[tuple[str, ImportSummary]] = []
     from_sql: SqlImport | None = None
     with ProgressDisplay("lines", enabled=wanted(args.json)) as display:
@@ -191,7 +190,7 @@ def _counts(s: ImportSummary) -> dict[str, Any]:
 
 def cmd_rejects(args: argparse.Namespace, settings: Settings) -> int:
     """Rejected lines with their source, line number, reason and time; never their text."""
-    engine = engine_for(settings.store_url)
+    engine = settings.store_engine()
     with read_tx(engine) as conn:
         sources = reject_sources(conn)
         if args.tenant is not None:

@@ -13,6 +13,7 @@ import dagster as dg
 
 from backfill_assets.cli.inputs import UserError
 from backfill_assets.orchestration.settings import PROJECT_ROOT, Settings
+from backfill_assets.store.dead_peer import DeadPeer
 from backfill_assets.store.engine import normalize_url
 
 
@@ -32,7 +33,7 @@ def instance(settings: Settings) -> dg.DagsterInstance:
             tmp = home / f".dagster.yaml.{os.getpid()}"
             shutil.copyfile(PROJECT_ROOT / "dagster.yaml", tmp)
             tmp.replace(home / "dagster.yaml")  # never a half-written file for another reader
-        _pin_instance_driver(os.environ)
+        _pin_instance_driver(os.environ, DeadPeer(settings.pg_dead_peer_seconds))
         try:
             found = dg.DagsterInstance.from_config(str(home))
         except Exception as exc:  # a bad dagster.yaml or an unreachable database: say which
@@ -48,12 +49,14 @@ def instance(settings: Settings) -> dg.DagsterInstance:
     return found
 
 
-def _pin_instance_driver(env: MutableMapping[str, str]) -> None:
+def _pin_instance_driver(env: MutableMapping[str, str], peer: DeadPeer) -> None:
     """``DAGSTER_PG_URL=postgresql://...`` names no driver, and SQLAlchemy then picks psycopg
-    (v3), which is not installed: pin psycopg2, as ``BACKFILL_DATABASE_URL`` is pinned."""
+    (v3), which is not installed: pin psycopg2, as ``BACKFILL_DATABASE_URL`` is pinned. And
+    give up on a silent server within the dead-peer time, as the store does: the URL is the
+    only way into dagster-postgres' connections (``DeadPeer.url_with_params``)."""
     url = env.get("DAGSTER_PG_URL")
     if url:
-        env["DAGSTER_PG_URL"] = normalize_url(url)
+        env["DAGSTER_PG_URL"] = peer.url_with_params(normalize_url(url))
 
 
 def _redacted(text: str) -> str:

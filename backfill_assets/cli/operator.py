@@ -31,7 +31,6 @@ from backfill_assets.orchestration.launch import (
 )
 from backfill_assets.orchestration.partitions import partition_key_for, partition_ref
 from backfill_assets.orchestration.plan import make_plan
-from backfill_assets.orchestration.resources import engine_for
 from backfill_assets.orchestration.settings import Settings
 from backfill_assets.store.engine import read_tx
 from backfill_assets.store.tenants import all_regions
@@ -93,7 +92,7 @@ def _verdict_doc(pk: str, v: Verdict) -> dict[str, Any]:
 
 def cmd_check(args: argparse.Namespace, settings: Settings) -> int:
     """The same checks Dagster runs, for one tenant's partitions; exit 1 on blocking failures."""
-    engine = engine_for(settings.store_url)
+    engine = settings.store_engine()
     if args.summary:
         return _check_summary(args, settings, engine)
     if len(args.tenant) != 1:
@@ -166,14 +165,14 @@ def _no_work(settings: Settings) -> dict[str, str]:
     """Partitions ``run`` would skip, with why (the same rule: plan.py), from the store and the
     local instance: no posts, or nothing to do. Tenants the store does not know are not
     judged (kept), so a launch from a host without the store launches what the UI shows."""
-    engine = engine_for(settings.store_url)
+    engine = settings.store_engine()
     plan = make_plan(engine, instance(settings), settings.versions())
     return {p.ref.key: p.reason for p in plan.partitions if not p.run}
 
 
 def _regions(settings: Settings) -> dict[str, str | None]:
     """Every tenant's region, for the backfills' ``region`` tags."""
-    with read_tx(engine_for(settings.store_url)) as conn:
+    with read_tx(settings.store_engine()) as conn:
         return all_regions(conn)
 
 

@@ -10,7 +10,7 @@ from backfill_assets.cli.commands import emit
 from backfill_assets.cli.inputs import UserError, known_tenants
 from backfill_assets.cli.tables import table
 from backfill_assets.core.regions import InvalidRegion, base_url_var, validate_region
-from backfill_assets.orchestration.resources import OpenAIModelResource, engine_for
+from backfill_assets.orchestration.resources import OpenAIModelResource
 from backfill_assets.orchestration.settings import Settings
 from backfill_assets.store.engine import read_tx, write_tx
 from backfill_assets.store.reports import tenant_ids
@@ -53,7 +53,7 @@ def cmd_set_region(args: argparse.Namespace, settings: Settings) -> int:
         region = validate_region(args.region)
     except InvalidRegion as exc:
         raise UserError(f"argument REGION: {exc}") from None
-    engine = engine_for(settings.store_url)
+    engine = settings.store_engine()
     with read_tx(engine) as conn:
         tenant = known_tenants([args.tenant], tenant_ids(conn), flag="TENANT")[0]
     with write_tx(engine) as conn:
@@ -74,7 +74,7 @@ def cmd_set_region(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_tenant_list(args: argparse.Namespace, settings: Settings) -> int:
     """Every tenant's region, posts, done keys (current versions) and billed tokens."""
-    engine = engine_for(settings.store_url)
+    engine = settings.store_engine()
     with read_tx(engine) as conn:
         rows = tenant_rows(conn, settings.versions())
     emit(args, {"tenants": rows}, table(rows, TENANT_COLUMNS))

@@ -32,18 +32,12 @@ from backfill_assets.providers.ratelimit.shared import SHARED_LIMITS
 from backfill_assets.store import limiter_members
 from backfill_assets.store.budget import StoreBudgetLedger
 from backfill_assets.store.engine import read_tx, refresh_planner_stats
+from backfill_assets.store.locks import Fence, PartitionBusy, WriterLocks, while_held
 from backfill_assets.store.partition_counts import PartitionCounts, partition_counts, post_counts
 from backfill_assets.store.policies import contract_lookup, register_policy
 from backfill_assets.store.posts import slice_levels
 from backfill_assets.store.tenants import tenant_regions
-from backfill_assets.store.work import (
-    PartitionBusy,
-    WriterLocks,
-    in_open_batch,
-    pending_posts,
-    tenants_with_open_batches,
-    while_held,
-)
+from backfill_assets.store.work import in_open_batch, pending_posts, tenants_with_open_batches
 from backfill_assets.store.writer import LedgerWriter
 
 # A member silent this long is taken for dead and its share of the limit goes to the others.
@@ -98,12 +92,22 @@ def run_partitions(
         stopped: Exception | None = None
         if options.dispatch_mode == "batch":
             work = batch_lanes(
-                engine, plan, owned, reports, make_adapter, versions, rubric, run_id, options, log
+                engine,
+                locks,
+                plan,
+                owned,
+                reports,
+                make_adapter,
+                versions,
+                rubric,
+                run_id,
+                options,
+                log,
             )
         else:
             adapters = lane_adapters(plan, make_adapter, options.lanes)
             work = _dispatch(
-                engine, owned, reports, adapters, versions, rubric, run_id, options, log
+                engine, locks, owned, reports, adapters, versions, rubric, run_id, options, log
             )
         try:
             asyncio.run(while_held(locks, work))
@@ -185,6 +189,7 @@ def _work(
 
 async def _dispatch(
     engine: Engine,
+    fence: Fence,
     refs: Sequence[PartitionRef],
     reports: dict[str, PartitionReport],
     make_adapter: Callable[[], ModelAdapter],
@@ -204,6 +209,7 @@ async def _dispatch(
     dispatcher: Dispatcher
     writer = LedgerWriter(
         engine,
+        fence,
         contract_for=contract_lookup(engine, rubric),
         flush_rows=options.flush_rows,
         flush_interval_s=options.flush_interval_s,
@@ -234,8 +240,12 @@ async def _dispatch(
     finally:
         progress.cancel()
         try:
-            await writer.close()
-            await budgets.release()
+            # A lost lock makes the close raise (nothing more is committed): the budget
+            # reservations are released all the same.
+            try:
+                await writer.close()
+            finally:
+                await budgets.release()
         finally:
             await adapter.aclose()
 

@@ -24,13 +24,15 @@ from backfill_assets.providers.models.base import ModelAdapter
 from backfill_assets.providers.models.fake import FakeModel
 from backfill_assets.providers.models.openai_http import HttpTimeouts, OpenAIHttpModel
 from backfill_assets.providers.ratelimit import SHARED_LIMITERS, LimiterConfig
+from backfill_assets.store.dead_peer import DEFAULT_DEAD_PEER_SECONDS, DeadPeer
 from backfill_assets.store.engine import make_engine
 from backfill_assets.store.migrate import migrate
 
 # What the UI may import when BACKFILL_IMPORT_DIR is unset: the bundled demo export only.
 DEMO_DIR = Path(__file__).resolve().parents[1] / "demo"
 
-_engines: dict[str, Engine] = {}
+# Keyed by (URL, dead-peer seconds): one engine per store and TCP setting per process.
+_engines: dict[tuple[str, float], Engine] = {}
 _engines_lock = threading.Lock()
 
 
@@ -55,14 +57,21 @@ def dispose_engines() -> None:
         _engines.clear()
 
 
-def engine_for(url: str) -> Engine:
-    """One migrated engine per URL per process."""
+def dispose_engine(url: str) -> None:
+    """Close and forget the engines of one store URL (tests, before dropping a database)."""
     with _engines_lock:
-        engine = _engines.get(url)
+        for key in [k for k in _engines if k[0] == url]:
+            _engines.pop(key).dispose()
+
+
+def engine_for(url: str, dead_peer_seconds: float = DEFAULT_DEAD_PEER_SECONDS) -> Engine:
+    """One migrated engine per URL (and ``BACKFILL_PG_DEAD_PEER_SECONDS``) per process."""
+    with _engines_lock:
+        engine = _engines.get((url, dead_peer_seconds))
         if engine is None:
-            engine = make_engine(url)
+            engine = make_engine(url, DeadPeer(dead_peer_seconds))
             migrate(engine)
-            _engines[url] = engine
+            _engines[(url, dead_peer_seconds)] = engine
         return engine
 
 
@@ -70,10 +79,15 @@ class StoreResource(dg.ConfigurableResource):  # type: ignore[type-arg]
     """The results/ledger store (SQLite by default, PostgreSQL in production)."""
 
     database_url: str = Field(description="SQLAlchemy URL; postgresql:// uses psycopg2.")
+    dead_peer_seconds: float = Field(
+        default=DEFAULT_DEAD_PEER_SECONDS,
+        ge=2.0,
+        description="PostgreSQL: give up on a silent peer (and free its locks) within this.",
+    )
 
     def engine(self) -> Engine:
         """The migrated engine."""
-        return engine_for(self.database_url)
+        return engine_for(self.database_url, self.dead_peer_seconds)
 
 
 class ModelResource(dg.ConfigurableResource):  # type: ignore[type-arg]

@@ -29,6 +29,7 @@ from pydantic_settings import (
     PydanticBaseSettingsSource,
     SettingsConfigDict,
 )
+from sqlalchemy.engine import Engine
 
 from backfill_assets.core.faults import FaultHooks
 from backfill_assets.core.keys import DEFAULT_SLICE_TARGET, Versions
@@ -52,8 +53,10 @@ from backfill_assets.orchestration.resources import (
     OpenAIModelResource,
     RunSettings,
     StoreResource,
+    engine_for,
     versions_for,
 )
+from backfill_assets.store.dead_peer import DEFAULT_DEAD_PEER_SECONDS
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
@@ -91,6 +94,10 @@ class Settings(BaseSettings):
     dagster_home_dir: str = _var("DAGSTER_HOME", default="")
     database_url: str = _var("BACKFILL_DATABASE_URL", default="")
     webserver_url: str = _var("DAGSTER_WEBSERVER_URL", default="http://127.0.0.1:3000")
+    # PostgreSQL: how soon a silent peer is given up, on both ends (store/dead_peer.py).
+    pg_dead_peer_seconds: float = _var(
+        "BACKFILL_PG_DEAD_PEER_SECONDS", default=DEFAULT_DEAD_PEER_SECONDS, ge=2.0, le=86400.0
+    )
     # Run behaviour (the ``settings`` resource).
     concurrency: int = _var("BACKFILL_CONCURRENCY", default=8, ge=1, le=1024)
     tenant_budget_tokens: int = _var("BACKFILL_TENANT_BUDGET_TOKENS", default=0, ge=0)
@@ -297,6 +304,10 @@ class Settings(BaseSettings):
         """``$BACKFILL_DATABASE_URL``, or a SQLite file in the Dagster home."""
         return self.database_url or f"sqlite:///{self.dagster_home / 'backfill.db'}"
 
+    def store_engine(self) -> Engine:
+        """The migrated engine of the store, with these settings' dead-peer time."""
+        return engine_for(self.store_url, self.pg_dead_peer_seconds)
+
     def run_settings(self) -> RunSettings:
         """The ``settings`` resource: how a run behaves."""
         return RunSettings(
@@ -385,7 +396,9 @@ class Settings(BaseSettings):
     def resources(self) -> dict[str, Any]:
         """All resources the definitions need."""
         return {
-            "store": StoreResource(database_url=self.store_url),
+            "store": StoreResource(
+                database_url=self.store_url, dead_peer_seconds=self.pg_dead_peer_seconds
+            ),
             "model": self.model_resource(),
             "settings": self.run_settings(),
             "checks": self.checks(),

@@ -31,7 +31,8 @@ from backfill_assets.audit.check_rules import CheckBounds, DriftRule, Verdict
 from backfill_assets.core.keys import Versions
 from backfill_assets.core.rubric import OutputContract
 from backfill_assets.store.audit import Baseline, Judging, Scope, judge_partitions
-from backfill_assets.store.engine import make_engine, read_tx
+from backfill_assets.store.dead_peer import DeadPeer
+from backfill_assets.store.engine import engine_dead_peer, make_engine, read_tx
 from backfill_assets.store.partition_counts import post_counts
 
 # Below this, starting workers (imports and pandera, ~1.5 s each) costs more than it saves.
@@ -83,6 +84,7 @@ def judge(
     versions = judging.versions
     common = {
         "url": engine.url.render_as_string(hide_password=False),
+        "dead_peer_s": engine_dead_peer(engine).seconds,
         "versions": [versions.task_version, versions.prompt_version, versions.model],
         "contract": {
             "labels": list(judging.contract.labels),
@@ -201,7 +203,7 @@ def _answer(job: Mapping[str, Any], engines: dict[str, Engine]) -> dict[str, Any
     url = str(job["url"])
     engine = engines.get(url)
     if engine is None:
-        engine = engines[url] = make_engine(url)
+        engine = engines[url] = make_engine(url, DeadPeer(float(job["dead_peer_s"])))
     scopes = [
         Scope(str(k), str(t), int(n), tuple(int(x) for x in s)) for k, t, n, s in job["scopes"]
     ]

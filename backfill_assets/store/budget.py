@@ -29,9 +29,9 @@ from sqlalchemy.engine import Connection, Engine
 from backfill_assets.core.limits import grant_size
 from backfill_assets.store.dialect import insert_for
 from backfill_assets.store.engine import is_sqlite, write_tx
+from backfill_assets.store.locks import lock_dir
 from backfill_assets.store.submissions import open_reserved
 from backfill_assets.store.tables import budget_reservations, tenants, utcnow
-from backfill_assets.store.work import lock_dir
 
 # Holders of an in-memory SQLite store: it dies with its process, so a set is enough.
 _memory_holders: set[str] = set()

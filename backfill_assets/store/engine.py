@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import contextlib
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
+
+from backfill_assets.store.dead_peer import DeadPeer
+
+# The engine's dead-peer figure, for processes that build their own engine from its URL.
+_DEAD_PEER_OPTION = "backfill_dead_peer_s"
 
 
 def normalize_url(url: str) -> str:
@@ -20,8 +26,9 @@ def normalize_url(url: str) -> str:
     return url
 
 
-def make_engine(url: str) -> Engine:
-    """Create an engine; SQLite gets WAL, a busy timeout and explicit write locking."""
+def make_engine(url: str, dead_peer: DeadPeer | None = None) -> Engine:
+    """Create an engine; SQLite gets WAL, a busy timeout and explicit write locking, and
+    PostgreSQL gives up on a silent peer within ``dead_peer`` seconds on both ends."""
     url = normalize_url(url)
     if url.startswith("sqlite"):
         db = sa.engine.make_url(url).database
@@ -30,7 +37,46 @@ def make_engine(url: str) -> Engine:
         engine = sa.create_engine(url, connect_args={"timeout": 60, "check_same_thread": False})
         _configure_sqlite(engine)
         return engine
-    return sa.create_engine(url, pool_pre_ping=True, pool_size=4, max_overflow=8)
+    peer = dead_peer or DeadPeer()
+    query = dict(sa.engine.make_url(url).query)
+    connect_args: dict[str, Any] = dict(peer.missing_client_params(query))
+    if "application_name" not in query:
+        # Who holds a writer lock, in pg_stat_activity and in a takeover's message.
+        connect_args["application_name"] = f"backfill-moderation {socket.gethostname()}"[:63]
+    engine = sa.create_engine(
+        url,
+        pool_pre_ping=True,
+        pool_size=4,
+        max_overflow=8,
+        connect_args=connect_args,
+        execution_options={_DEAD_PEER_OPTION: peer.seconds},
+    )
+    _configure_pg_session(engine, peer, str(query.get("options", "")))
+    return engine
+
+
+def engine_dead_peer(engine: Engine) -> DeadPeer:
+    """The dead-peer settings ``engine`` was made with (the default for a foreign engine)."""
+    seconds = engine.get_execution_options().get(_DEAD_PEER_OPTION)
+    return DeadPeer(float(seconds)) if seconds is not None else DeadPeer()
+
+
+def _configure_pg_session(engine: Engine, peer: DeadPeer, url_options: str) -> None:
+    @sa.event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        # Server-side keepalives for this session: the server ends a vanished client's
+        # session (releasing its advisory locks) within the dead-peer time. A setting the
+        # URL's own ``options`` names is the operator's.
+        version = getattr(dbapi_conn, "server_version", None)
+        settings = {
+            k: v for k, v in peer.server_settings(version).items() if f"{k}=" not in url_options
+        }
+        if not settings:
+            return
+        cur = dbapi_conn.cursor()
+        cur.execute("; ".join(f"SET {k} = {int(v)}" for k, v in settings.items()))
+        cur.close()
+        dbapi_conn.commit()
 
 
 def _configure_sqlite(engine: Engine) -> None:

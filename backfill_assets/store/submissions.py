@@ -11,10 +11,10 @@ from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Connection
 
 from backfill_assets.store.bulk import db_time, insert_rows
-from backfill_assets.store.engine import write_tx
+from backfill_assets.store.locks import Fence
 from backfill_assets.store.tables import (
     batch_lines,
     batch_submissions,
@@ -98,7 +98,7 @@ def next_seq(conn: Connection, base: str) -> int:
 
 
 def record_intent(
-    engine: Engine,
+    fence: Fence,
     sub: Submission,
     lines: Sequence[LineRow],
     attempts: Sequence[dict[str, Any]],
@@ -108,9 +108,10 @@ def record_intent(
 
     ``admit`` runs first in the same transaction (the budget: does ``sub.reserved_tokens``
     fit the cap?); if it says no, nothing is written and False is returned. The reservation
-    is then the row itself, durable from the moment it is granted.
+    is then the row itself, durable from the moment it is granted. Like every step of a
+    chunk, it commits only while the run holds the partition's writer lock (``fence``).
     """
-    with write_tx(engine) as conn:
+    with fence.transaction() as conn:
         if admit is not None and not admit(conn):
             return False
         conn.execute(batch_submissions.insert().values(**sub.values()))
@@ -121,7 +122,7 @@ def record_intent(
         for row in rows:
             row["slice"] = sub.slice
         insert_rows(conn, batch_lines, LINE_COLUMNS, rows)
-        now = db_time(engine.dialect.name, utcnow())
+        now = db_time(conn.dialect.name, utcnow())
         for event in attempts:
             event["at"] = now
         insert_rows(conn, ledger_events, EVENT_COLUMNS, attempts)
@@ -132,9 +133,9 @@ def _line_dict(line: LineRow) -> dict[str, Any]:
     return {f.name: getattr(line, f.name) for f in fields(line)}
 
 
-def update(engine: Engine, sub: Submission, **values: Any) -> None:
-    """Change columns of a submission, in the store and on ``sub``."""
-    with write_tx(engine) as conn:
+def update(fence: Fence, sub: Submission, **values: Any) -> None:
+    """Change columns of a submission, in the store and on ``sub`` (under the run's locks)."""
+    with fence.transaction() as conn:
         conn.execute(
             batch_submissions.update()
             .where(batch_submissions.c.chunk_id == sub.chunk_id)

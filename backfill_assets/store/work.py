@@ -1,23 +1,15 @@
-"""What is left to do in a partition, and who may do it (one writer per partition)."""
+"""What is left to do in a partition (who may do it: ``locks.py``)."""
 
 from __future__ import annotations
 
-import asyncio
-import fcntl
-import hashlib
-import os
-import threading
-from collections.abc import Awaitable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TypeVar
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Connection
 
-from backfill_assets.core.keys import SLICE_COUNT, Versions, slice_key, validate_tenant_id
+from backfill_assets.core.keys import Versions
 from backfill_assets.store.bulk import select_rows
-from backfill_assets.store.engine import is_sqlite
 from backfill_assets.store.submissions import OPEN_STATES
 from backfill_assets.store.tables import (
     batch_lines,
@@ -26,8 +18,6 @@ from backfill_assets.store.tables import (
     posts,
     results,
 )
-
-T = TypeVar("T")
 
 # Outcomes a later run must not send again without an operator's requeue or a version change.
 FINAL_DEAD_OUTCOMES = ("schema_rejected", "transport_rejected")
@@ -172,206 +162,3 @@ def in_open_batch(
         .where(*_not_finished(tenant_id, slices, versions), _in_open_batch(versions))
     )
     return int(conn.execute(stmt).scalar_one())
-
-
-class PartitionBusy(RuntimeError):
-    """Another process holds the writer lock of this partition."""
-
-
-class LockLost(RuntimeError):
-    """A writer lock this run held is gone (its connection dropped, its lock file replaced)."""
-
-
-_local_locks: dict[str, threading.Lock] = {}
-_local_guard = threading.Lock()
-
-
-def _lock_name(tenant_id: str, slice_no: int) -> str:
-    # Lock names become file names: only a validated tenant id and an in-range slice.
-    validate_tenant_id(tenant_id)
-    if (
-        isinstance(slice_no, bool)
-        or not isinstance(slice_no, int)
-        or not 0 <= slice_no < SLICE_COUNT
-    ):
-        raise ValueError(f"slice {slice_no!r} is not a slice number")
-    return f"{tenant_id}.{slice_key(slice_no)}"
-
-
-def lock_dir(database: str) -> Path:
-    """The folder of a SQLite file's partition locks, keyed on the file's real path.
-
-    ``sqlite:///store.db`` from its folder, ``sqlite:////abs/store.db`` and a symlink to the
-    file are one database, so they must be one lock folder. (Hard links are not: SQLite's own
-    journal and WAL files go by name, so a hard-linked database is unsafe anyway.)
-    """
-    return Path(f"{os.path.realpath(database)}.locks")
-
-
-def pg_lock_id(name: str) -> int:
-    """The advisory lock key of a partition name (signed 64-bit, as PostgreSQL wants it)."""
-    return int.from_bytes(
-        hashlib.sha256(f"backfill:{name}".encode()).digest()[:8], "big", signed=True
-    )
-
-
-_HELD_ADVISORY = sa.text(
-    "SELECT (classid::bigint << 32) | objid::bigint AS k FROM pg_locks"
-    " WHERE locktype = 'advisory' AND objsubid = 1 AND granted AND pid = pg_backend_pid()"
-)
-
-
-class WriterLocks:
-    """Exclusive per-partition writer locks, released by the OS or server when the holder dies.
-
-    PostgreSQL: session advisory locks, all on one connection (so a run over many partitions
-    costs one connection). SQLite file: ``flock`` on a file per partition in a folder next to
-    the database's real path. In-memory SQLite: a process-local lock.
-
-    A lock can be lost while the run goes on: the lock connection is terminated
-    (``pg_terminate_backend``, a proxy or network drop) or the lock file is deleted and
-    recreated by someone else. ``lost()`` says which; the pipeline polls it and stops the run.
-    """
-
-    def __init__(self, engine: Engine) -> None:
-        self._engine = engine
-        self._conn: Connection | None = None
-        self._pg_pid: int | None = None
-        self._fds: list[tuple[str, Path, int]] = []
-        self._held_local: list[threading.Lock] = []
-        self._pg_ids: dict[int, str] = {}
-
-    def acquire(self, tenant_id: str, slice_no: int) -> None:
-        """Take the lock or raise ``PartitionBusy``; an invalid tenant id raises ``ValueError``."""
-        name = _lock_name(tenant_id, slice_no)
-        if not is_sqlite(self._engine):
-            self._acquire_pg(name)
-            return
-        db = self._engine.url.database
-        if db in (None, "", ":memory:"):
-            with _local_guard:
-                lock = _local_locks.setdefault(name, threading.Lock())
-            if not lock.acquire(blocking=False):
-                raise PartitionBusy(f"partition {name} is being written by another thread")
-            self._held_local.append(lock)
-            return
-        folder = lock_dir(db)
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"{name}.lock"
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise PartitionBusy(f"partition {name} is being written by another process") from None
-        self._fds.append((name, path, fd))
-
-    def _acquire_pg(self, name: str) -> None:
-        lock_id = pg_lock_id(name)
-        if self._conn is None:
-            self._conn = self._engine.connect()
-            self._pg_pid = int(self._conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one())
-            self._conn.commit()
-        elif self._pg_ids and self.lost():
-            # Never take new locks on a session that silently replaced the one holding ours.
-            raise LockLost(f"writer locks lost before taking {name}")
-        try:
-            got = self._conn.execute(sa.text("SELECT pg_try_advisory_lock(:k)"), {"k": lock_id})
-            ok = bool(got.scalar_one())
-            self._conn.commit()
-        except sa.exc.SQLAlchemyError as exc:
-            raise LockLost(f"the lock connection failed while taking {name}: {exc}") from exc
-        if not ok:
-            raise PartitionBusy(f"partition {name} is being written by another process")
-        self._pg_ids[lock_id] = name
-
-    def lost(self) -> list[str]:
-        """Names of the locks this object took that it no longer holds (cheap; poll it)."""
-        gone = [name for name, path, fd in self._fds if not _same_file(path, fd)]
-        if self._pg_ids:
-            gone += self._lost_pg()
-        return gone
-
-    def _lost_pg(self) -> list[str]:
-        assert self._conn is not None
-        try:
-            # A dropped connection would be replaced on next use: a new backend holds nothing.
-            pid = int(self._conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one())
-            held = {int(k) for k in self._conn.execute(_HELD_ADVISORY).scalars()}
-            self._conn.commit()
-        except sa.exc.SQLAlchemyError:  # dropped, or invalidated by an earlier drop
-            return sorted(self._pg_ids.values())
-        if pid != self._pg_pid:
-            return sorted(self._pg_ids.values())
-        return sorted(n for k, n in self._pg_ids.items() if k not in held)
-
-    def release_all(self) -> None:
-        """Release every lock held (locks already lost need no release)."""
-        if self._conn is not None:
-            try:
-                for lock_id in self._pg_ids:
-                    self._conn.execute(sa.text("SELECT pg_advisory_unlock(:k)"), {"k": lock_id})
-                self._conn.commit()
-            except sa.exc.SQLAlchemyError:
-                pass  # the session is gone, and the server released its locks with it
-            finally:
-                self._conn.close()
-                self._conn = None
-        for _name, _path, fd in self._fds:
-            os.close(fd)
-        for lock in self._held_local:
-            lock.release()
-        self._fds, self._held_local, self._pg_ids = [], [], {}
-
-    def __enter__(self) -> WriterLocks:
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self.release_all()
-
-
-def _same_file(path: Path, fd: int) -> bool:
-    # flock holds the inode we opened; if the path now names another file (deleted and
-    # recreated), a second writer can lock that one.
-    try:
-        st = os.stat(path)
-    except OSError:
-        return False
-    mine = os.fstat(fd)
-    return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
-
-
-# How often a run checks that it still holds its writer locks: the longest a run can go on
-# sending after losing one (plus the calls then in flight).
-LOCK_CHECK_SECONDS = 2.0
-
-
-async def while_held(
-    locks: WriterLocks, work: Awaitable[T], period_s: float = LOCK_CHECK_SECONDS
-) -> T:
-    """Await ``work``; if a lock is found lost, cancel it and raise ``LockLost``.
-
-    Cancelling stops new calls at once; the work's own clean-up still books what was already
-    paid for (usage and outcomes are facts, and results insert idempotently).
-    """
-    task = asyncio.ensure_future(work)
-    try:
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=period_s)
-            if done:
-                return task.result()
-            lost = await asyncio.to_thread(locks.lost)
-            if lost:
-                break
-    except BaseException:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        raise
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
-    raise LockLost(
-        f"writer lock(s) lost mid-run for {len(lost)} partition(s): {', '.join(lost[:10])}. "
-        "The lock connection dropped or the lock file was replaced, so another run may now "
-        "write these partitions; this run stopped sending, booked what it had been paid "
-        "for, and failed. Re-run to finish them."
-    )

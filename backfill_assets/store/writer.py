@@ -34,6 +34,7 @@ from backfill_assets.core.rubric import OutputContract
 from backfill_assets.core.validation import split_valid
 from backfill_assets.store.bulk import db_time, insert_values, row_values
 from backfill_assets.store.engine import is_sqlite
+from backfill_assets.store.locks import Fence, LockLost
 from backfill_assets.store.tables import (
     batch_submissions,
     budget_reservations,
@@ -90,12 +91,14 @@ class _Lane:
         name: str,
         tx_lock: threading.Lock | None,
         relaxed_commit: bool = False,
+        fence: Fence | None = None,
     ) -> None:
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
         self._engine = engine
         self._conn: Connection | None = None
         self._tx_lock = tx_lock
         self._relaxed = relaxed_commit
+        self._fence = fence
 
     def _connection(self) -> Connection:
         if self._conn is None:
@@ -111,9 +114,14 @@ class _Lane:
 
     @contextlib.contextmanager
     def tx(self) -> Iterator[Connection]:
-        """A write transaction on the lane's connection (one thread at a time)."""
-        conn = self._connection()
+        """A write transaction on the lane's connection (one thread at a time), or the
+        fence's: then it commits only while the run's writer locks are held."""
         lock = self._tx_lock or contextlib.nullcontext()
+        if self._fence is not None:
+            with lock, self._fence.transaction() as fenced:
+                yield fenced
+            return
+        conn = self._connection()
         with lock, conn.begin():
             yield conn
 
@@ -160,6 +168,7 @@ class LedgerWriter:
     def __init__(
         self,
         engine: Engine,
+        fence: Fence | None = None,
         *,
         contract_for: Callable[[str], OutputContract | None],
         flush_rows: int = 2048,
@@ -176,7 +185,10 @@ class LedgerWriter:
         self._flush_on_loop = is_sqlite(engine)  # see the module docstring
         self._dialect = engine.dialect.name
         self._attempt_lane = _Lane(engine, "ledger-attempts", tx_lock, relaxed_commit=True)
-        self._outcome_lane = _Lane(engine, "ledger-outcomes", tx_lock)
+        # Results, dead letters and usage commit through the fence (the partitions' writer
+        # locks proven held in the same transaction); attempt events announce calls and are not
+        # fenced: a writer that lost its locks stops at its next outcome commit.
+        self._outcome_lane = _Lane(engine, "ledger-outcomes", tx_lock, fence=fence)
         self._flush_rows = flush_rows
         self._interval = flush_interval_s
         self._kill_after = kill_after_usage if kill_after_usage and kill_after_usage > 0 else None
@@ -203,6 +215,8 @@ class LedgerWriter:
         """Write an attempt event and return once it is committed."""
         if self._failure is not None:
             # The outcome lane is down: no new call may start whose result could not be kept.
+            if isinstance(self._failure, LockLost):
+                raise LockLost(str(self._failure)) from self._failure
             raise RuntimeError("ledger writer failed") from self._failure
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._attempts.append(row)

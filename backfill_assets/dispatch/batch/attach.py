@@ -50,7 +50,7 @@ async def reattach(ctx: BatchContext, job: ChunkJob) -> bool:
         return False
     await ctx.db(
         store.update,
-        ctx.engine,
+        ctx.fence,
         sub,
         batch_id=found.id,
         state="submitted",
@@ -103,7 +103,7 @@ async def create(ctx: BatchContext, job: ChunkJob) -> Wait | None:
             return None
         if waiting is not None:
             return waiting
-    await ctx.db(store.update, ctx.engine, sub, create_sent_at=utcnow())
+    await ctx.db(store.update, ctx.fence, sub, create_sent_at=utcnow())
 
     async def echoes() -> list[str] | None:
         return await ctx.db(chunk_echoes, ctx, job)  # read only if the create fails
@@ -118,7 +118,7 @@ async def create(ctx: BatchContext, job: ChunkJob) -> Wait | None:
         return Wait.LOOKUP
     except (RateLimited, Refused, RunFatalError) as exc:
         # A definite answer: no batch was created.
-        await ctx.db(store.update, ctx.engine, sub, create_sent_at=None)
+        await ctx.db(store.update, ctx.fence, sub, create_sent_at=None)
         if isinstance(exc, RateLimited):
             job.retry_at = time.monotonic() + (exc.retry_after or ctx.options.poll_seconds)
             return Wait.LATER
@@ -128,7 +128,7 @@ async def create(ctx: BatchContext, job: ChunkJob) -> Wait | None:
     ctx.kill("create")
     await ctx.db(
         store.update,
-        ctx.engine,
+        ctx.fence,
         sub,
         batch_id=batch.id,
         state="submitted",

@@ -55,6 +55,7 @@ def _writer(ctx: BatchContext) -> LedgerWriter:
 
     return LedgerWriter(
         ctx.engine,
+        ctx.fence,
         contract_for=ctx.contract_for,
         flush_rows=ctx.flush_rows,
         flush_interval_s=ctx.flush_interval_s,
@@ -75,7 +76,7 @@ async def close_unrun(ctx: BatchContext, job: ChunkJob, message: str, state: str
                 writer.stage_event(rows.error(line, None, message), chunk=_release(job, line))
     finally:
         await writer.close()
-    await ctx.db(store.update, ctx.engine, job.sub, state=state, applied_at=utcnow())
+    await ctx.db(store.update, ctx.fence, job.sub, state=state, applied_at=utcnow())
 
 
 def _closed(ctx: BatchContext, job: ChunkJob) -> set[int]:
@@ -157,7 +158,7 @@ async def book(ctx: BatchContext, job: ChunkJob) -> Ending:
             _stage(ctx, job, rows, writer, line, triaged)
     finally:
         await writer.close()
-    await ctx.db(store.update, ctx.engine, sub, state="applied", applied_at=utcnow())
+    await ctx.db(store.update, ctx.fence, sub, state="applied", applied_at=utcnow())
     return Ending.APPLIED
 
 

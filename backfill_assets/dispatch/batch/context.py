@@ -20,6 +20,7 @@ from backfill_assets.dispatch.batch.client import BatchClient
 from backfill_assets.dispatch.batch.options import BatchOptions
 from backfill_assets.dispatch.sync import PartitionStats
 from backfill_assets.providers.models.base import RunFatalError
+from backfill_assets.store.locks import Fence
 from backfill_assets.store.policies import contract_lookup
 from backfill_assets.store.submissions import LineRow, Submission
 
@@ -51,6 +52,8 @@ class BatchContext:
     """Shared by the planner, the submitter, the poller and the applier of one run."""
 
     engine: Engine
+    # Every write of the run's partitions (chunk steps, booking) commits through it.
+    fence: Fence
     client: BatchClient
     # The per-tenant token cap (None: none). A chunk's reservation is its submission row.
     cap: int | None

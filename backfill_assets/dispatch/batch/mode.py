@@ -23,6 +23,7 @@ from backfill_assets.dispatch.partition_run import PartitionRef, PartitionReport
 from backfill_assets.dispatch.routing import LanePlan
 from backfill_assets.dispatch.sync import DispatchHalted
 from backfill_assets.providers.models.base import ModelAdapter, RunFatalError
+from backfill_assets.store.locks import Fence
 
 
 class BatchModeError(RuntimeError):
@@ -31,6 +32,7 @@ class BatchModeError(RuntimeError):
 
 async def run_batch(
     engine: Engine,
+    fence: Fence,
     refs: Sequence[PartitionRef],
     reports: dict[str, PartitionReport],
     make_adapter: Callable[[], ModelAdapter],
@@ -53,6 +55,7 @@ async def run_batch(
     )
     ctx = BatchContext(
         engine=engine,
+        fence=fence,
         client=client,
         # Each chunk reserves its lines' bounds in its own row, granted with its intent.
         cap=options.budget_tokens or None,
@@ -83,6 +86,7 @@ async def run_batch(
 
 async def batch_lanes(
     engine: Engine,
+    fence: Fence,
     plan: LanePlan,
     owned: Sequence[PartitionRef],
     reports: dict[str, PartitionReport],
@@ -105,7 +109,9 @@ async def batch_lanes(
             )
         lane_refs = [r for r in refs if r.key in mine]
         jobs.append(
-            run_batch(engine, lane_refs, reports, make_adapter, versions, rubric, run_id, opts, log)
+            run_batch(
+                engine, fence, lane_refs, reports, make_adapter, versions, rubric, run_id, opts, log
+            )
         )
     # One lane's failure must not cut another's batches short: wait for all, then raise.
     for result in await asyncio.gather(*jobs, return_exceptions=True):

@@ -236,7 +236,7 @@ class BatchRunner:
             echoes = await ctx.db(chunk_echoes, ctx, job) if batch.errors else ()
             await ctx.db(
                 store.update,
-                ctx.engine,
+                ctx.fence,
                 sub,
                 state="ended",
                 output_file_id=batch.output_file_id,
@@ -255,7 +255,7 @@ class BatchRunner:
         job.next_poll = time.monotonic() + job.interval
         if seen != job.last_seen:
             job.last_seen = seen
-            await ctx.db(store.update, ctx.engine, sub, **values)
+            await ctx.db(store.update, ctx.fence, sub, **values)
             ctx.log(
                 f"batch {sub.batch_id} ({job.partition}): {batch.status}, "
                 f"{counts.completed}/{counts.total} done, {counts.failed} failed; "
@@ -296,7 +296,7 @@ class BatchRunner:
 
     async def _fail(self, job: ChunkJob, message: str, state: str) -> None:
         await close_unrun(self.ctx, job, message, state)
-        await self.ctx.db(store.update, self.ctx.engine, job.sub, errors=message[:500])
+        await self.ctx.db(store.update, self.ctx.fence, job.sub, errors=message[:500])
         self.jobs.pop(job.sub.chunk_id, None)
         self.excluded[job.partition].update(ln.key for ln in job.lines)
         self.ctx.log(f"ERROR: chunk {job.sub.chunk_id} ({job.partition}) {state}: {message}")

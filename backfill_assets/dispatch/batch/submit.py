@@ -153,7 +153,7 @@ async def _intent(
             budget.admits, ctx.engine, tenant_id=tenant_id, tokens=sub.reserved_tokens, cap=ctx.cap
         )
     attempts = [builder.attempt(r) for r in rows]
-    if not await ctx.db(store.record_intent, ctx.engine, sub, rows, attempts, admit):
+    if not await ctx.db(store.record_intent, ctx.fence, sub, rows, attempts, admit):
         return None
     ctx.kill("intent")
     # The file is not kept: ``upload`` rebuilds it from the posts, so memory holds one file at
@@ -194,4 +194,4 @@ async def upload(ctx: BatchContext, job: ChunkJob) -> None:
         log=ctx.log,
     )
     ctx.kill("upload")
-    await ctx.db(store.update, ctx.engine, job.sub, file_id=file_id, state="uploaded")
+    await ctx.db(store.update, ctx.fence, job.sub, file_id=file_id, state="uploaded")
