@@ -18,6 +18,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 from bench.common import drop_store, fmt, machine_speed, median, new_store, worker
 
@@ -60,9 +61,12 @@ def _work(mode: str, url: str, export: str, concurrency: int) -> None:
     )
     elapsed = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    fence_us, commits = _fence_cost(engine, refs) if mode == "full" else (0.0, 0)
     print(
         json.dumps(
             {
+                "fence_us_per_commit": fence_us,
+                "outcome_commits": commits,
                 "posts": sum(r.posts for r in reports),
                 "calls": sum(r.stats.calls for r in reports),
                 "accepted": sum(r.stats.outcomes.get("accepted", 0) for r in reports),
@@ -73,6 +77,42 @@ def _work(mode: str, url: str, export: str, concurrency: int) -> None:
             }
         )
     )
+
+
+def _fence_cost(engine: Any, refs: list[Any]) -> tuple[float, int]:
+    """What the writer fence adds to each outcome commit, in us (median of 300), and how many
+    outcome commits the run made (each stamps its events with one time).
+
+    PostgreSQL: an otherwise empty fenced transaction is the check's query and nothing else
+    (an empty transaction sends no statement). SQLite: the same minus an empty BEGIN
+    IMMEDIATE/COMMIT, which every commit pays anyway; the rest is the lock files' stat calls.
+    """
+    import sqlalchemy as sa
+
+    from backfill_assets.store.engine import is_sqlite, write_tx
+    from backfill_assets.store.locks import WriterLocks
+
+    def timed(tx: Any) -> float:
+        samples = []
+        for _ in range(300):
+            t0 = time.perf_counter()
+            with tx():
+                pass
+            samples.append((time.perf_counter() - t0) * 1e6)
+        return sorted(samples)[len(samples) // 2]
+
+    with engine.connect() as conn:
+        commits = int(
+            conn.execute(
+                sa.text("SELECT count(DISTINCT at) FROM ledger_events WHERE type = 'usage'")
+            ).scalar_one()
+        )
+    with WriterLocks(engine) as locks:
+        for ref in refs:
+            locks.acquire(ref.tenant_id, ref.slice)
+        fenced = timed(locks.transaction)
+    base = timed(lambda: write_tx(engine)) if is_sqlite(engine) else 0.0
+    return max(0.0, fenced - base), commits
 
 
 def _cli_run_wall(url: str, export: Path, workdir: Path) -> tuple[float, float, int]:
@@ -135,6 +175,7 @@ def main() -> None:
         figures: dict[str, float] = {}
         for kind in a.stores.split(","):
             rates, first, us_noop, peaks_full, peaks_noop, noop_calls = [], [], [], [], [], []
+            fence_us, fence_share = [], []
             for _ in range(a.repeat):
                 url = new_store(kind, work)
                 try:
@@ -152,6 +193,9 @@ def main() -> None:
                     drop_store(url)
                 assert full["accepted"] == n, full
                 rates.append(full["calls"] / full["seconds"])
+                fence_us.append(full["fence_us_per_commit"])
+                spent = full["fence_us_per_commit"] * full["outcome_commits"] / 1e6
+                fence_share.append(100 * spent / full["seconds"])
                 first.append(full["calls"] / (full["seconds"] + full["warm_up_seconds"]))
                 us_noop.append(noop["seconds"] / n * 1e6)
                 noop_calls.append(noop["calls"])
@@ -166,6 +210,10 @@ def main() -> None:
                 f"[{kind}] no-op resume: {fmt(us_noop, 'us/item', 2)}; model calls {max(noop_calls)}"
             )
             print(
+                f"[{kind}] writer fence (lock check inside each outcome commit): "
+                f"{fmt(fence_us, 'us/commit', 0)}, {fmt(fence_share, '% of the run', 2)}"
+            )
+            print(
                 f"[{kind}] peak RSS, full run process: {fmt(peaks_full, 'MB')}; "
                 f"no-op resume growth over start-up: {fmt(peaks_noop, 'MB', 1)}"
             )
@@ -173,6 +221,8 @@ def main() -> None:
                 f"{kind}_items_s": median(rates),
                 f"{kind}_items_s_with_first_load": median(first),
                 f"{kind}_noop_us_per_item": median(us_noop),
+                f"{kind}_fence_us_per_commit": median(fence_us),
+                f"{kind}_fence_share_pct": median(fence_share),
             }
         if not a.skip_cli:
             url = new_store("sqlite", work)

@@ -19,6 +19,7 @@ from backfill_assets.orchestration.resources import (
     run_versions,
 )
 from backfill_assets.store.engine import read_tx
+from backfill_assets.store.locks import LockLost
 from backfill_assets.store.reports import partition_spend
 
 
@@ -77,6 +78,10 @@ def _labels_asset(
             )
         except RunStopped as exc:
             stopped, reports = exc, exc.reports
+        except LockLost as exc:
+            # The run's failure says which partitions were taken over (nothing more of them
+            # was committed); retrying here could only find them taken.
+            raise dg.Failure(description=str(exc), allow_retries=False) from exc
         with read_tx(store.engine()) as conn:
             spend = {
                 r.ref.key: partition_spend(conn, r.ref.tenant_id, r.ref.slices) for r in reports
