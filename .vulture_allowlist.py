@@ -93,3 +93,6 @@ from_config_value
 _connect
 _event_log_storage
 row_factory  # sqlite3: a cursor attribute the driver reads (store/bulk.py)
+
+# Tests close a store's engines before dropping its database (conftest.dispose_engine).
+dispose_engine  # resources

@@ -138,9 +138,8 @@ def test_the_fence_refuses_a_commit_once_another_writer_holds_the_lock(engine: E
     _drop_lock(engine, wait_for_calls=False)
     with WriterLocks(engine) as second:
         second.acquire("acme", 0)
-        with pytest.raises(LockLost) as lost:
-            with first.transaction() as conn:
-                conn.execute(limiter_members.insert().values(_member("after")))
+        with pytest.raises(LockLost) as lost, first.transaction() as conn:
+            conn.execute(limiter_members.insert().values(_member("after")))
         message = str(lost.value)
         assert "acme.s00" in message and "taken over" in message
         if engine.dialect.name == "postgresql":
