@@ -375,7 +375,7 @@ async def while_held(
         while True:
             done, _ = await asyncio.wait({task}, timeout=period_s)
             if done:
-                return task.result()
+                return await _result(locks, task)
             lost = await asyncio.to_thread(locks.lost)
             if lost:
                 break
@@ -386,3 +386,17 @@ async def while_held(
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     raise await asyncio.to_thread(locks.lost_error, lost)
+
+
+async def _result(locks: WriterLocks, task: asyncio.Future[T]) -> T:
+    """The work's result; a failure while the locks are gone (a store connection of the run
+    broke first, say) is the lost locks' error, which names the takeover."""
+    try:
+        return task.result()
+    except LockLost:
+        raise
+    except Exception as exc:
+        lost = await asyncio.to_thread(locks.lost)
+        if not lost:
+            raise
+        raise await asyncio.to_thread(locks.lost_error, lost) from exc
