@@ -247,8 +247,12 @@ class Worker:
         return " ".join(str(r.get("error") or "") for r in self.doc().get("runs", []))
 
     def doc(self) -> dict[str, Any]:
+        """The last line of ``run --json`` ({} for a run killed before it printed one)."""
         lines = self.out.read_text().strip().splitlines()
-        return dict(json.loads(lines[-1])) if lines else {}
+        try:
+            return dict(json.loads(lines[-1])) if lines else {}
+        except ValueError:
+            return {}
 
 
 @dataclass
@@ -472,7 +476,9 @@ def drill(hosts: Hosts) -> Iterator[Drill]:
             runs = worker.doc().get("runs") or [{}]
             found.b_run[tenant] = str(runs[0].get("run_id", ""))
         hosts.restore()
-        b_share.proc.terminate()  # its part is played: stops sending, commits, exits 130
+        # Its part is played. SIGKILL, not SIGTERM: a signal landing inside an HTTP write of
+        # the event loop can be swallowed there, and the run would go on to the end.
+        b_share.proc.kill()
         for worker in (a_sync, a_batch, b_share):
             found.exits[worker.name] = worker.wait(90)
             found.outputs[worker.name] = worker.tail()
@@ -610,7 +616,7 @@ def test_a_cut_hosts_batch_chunk_is_reattached_never_created_twice(drill: Drill)
 
 
 def test_a_cut_hosts_share_of_the_limit_returns_within_the_membership_ttl(drill: Drill) -> None:
-    assert drill.exits["b_share"] == 130, drill.outputs["b_share"]  # stopped by the drill
+    assert drill.exits["b_share"] == -9, drill.outputs["b_share"]  # stopped by the drill
     assert drill.member_gone_after is not None
     assert drill.member_gone_after <= MEMBER_TTL_S + 2.0
     limit = RPM / 60
