@@ -40,7 +40,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from backfill_assets.ingest.importer import import_jsonl
+from backfill_assets.ingest.importer import import_path
 from backfill_assets.orchestration.resources import dispose_engine, engine_for
 from backfill_assets.providersim import MeterSnapshot, SimConfig, Simulator
 from backfill_assets.store.locks import pg_lock_id
@@ -468,7 +468,7 @@ def drill(hosts: Hosts) -> Iterator[Drill]:
         for t, n in POSTS.items()
         for i in range(n)
     ]
-    import_jsonl(c.engine, write_jsonl(hosts.workdir / "posts.jsonl", records))
+    import_path(c.engine, write_jsonl(hosts.workdir / "posts.jsonl", records))
     found = Drill()
     try:
         # The run on B and A's batch run first; A's sync run once both are under way (its
