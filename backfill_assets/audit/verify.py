@@ -69,6 +69,9 @@ class ScopeReport:
     # billed past the bound reserved for them (the tenant was stopped; never expected).
     usage_missing: int = 0
     over_bound: int = 0
+    # A tenant that holds gold sets (``evaluate``): audited like any, but its posts are
+    # labelled under whichever policy was evaluated, so "complete" does not apply to it.
+    evaluation: bool = False
     dead_by_outcome: dict[str, int] = field(default_factory=dict)
     missing_keys: list[str] = field(default_factory=list)
     # Samples for the spend check's metadata (keys only).

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from backfill_assets.cli import commands
+from backfill_assets.cli.evaluate import add_evaluate_command
 from backfill_assets.cli.ingest import add_ingest_commands
 from backfill_assets.cli.inputs import UserError, choice, slice_key
 from backfill_assets.cli.operator import add_operator_commands
@@ -45,6 +46,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--force",
         action="store_true",
         help="run every partition that holds posts, even those with nothing to do",
+    )
+    sp.add_argument(
+        "--sample",
+        type=_positive,
+        metavar="N",
+        help="canary: label N posts per tenant (chosen by key hash) and print their label "
+        "shares beside the live column's; the full run later re-pays none of them",
     )
     sp.set_defaults(func=commands.cmd_run)
 
@@ -88,8 +96,20 @@ def build_parser() -> argparse.ArgumentParser:
     add_operator_commands(add)
     add_tenant_commands(add)
     add_policy_commands(add)
+    add_evaluate_command(add)
     add_provider_sim_command(sub)
     return p
+
+
+def _positive(raw: str) -> int:
+    """An integer >= 1 (``--sample``)."""
+    try:
+        value = int(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{raw!r} must be at least 1")
+    return value
 
 
 # Exit code of a command stopped by SIGTERM or SIGINT (128 + SIGINT, the shell's convention).

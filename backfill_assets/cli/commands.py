@@ -9,7 +9,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from backfill_assets.cli.inputs import known_tenants, load_user_policy
+from backfill_assets.cli.inputs import known_tenants, load_user_policy, require_gate
 from backfill_assets.cli.instance import instance
 from backfill_assets.cli.run_processes import run_plan
 from backfill_assets.cli.run_report import (
@@ -24,6 +24,8 @@ from backfill_assets.cli.tables import Human, show, table
 from backfill_assets.core.keys import slice_no
 from backfill_assets.core.rubric import Rubric
 from backfill_assets.demo.generate import write_export
+from backfill_assets.dispatch.partition_run import RunStopped
+from backfill_assets.orchestration.canary import run_sample
 from backfill_assets.orchestration.estimate import estimate_pending
 from backfill_assets.orchestration.orchestrate import (
     ensure_tenant_partitions,
@@ -66,6 +68,10 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     """Materialise labels, checks and the gated apply in-process; exit 1 if a check blocked."""
     engine = settings.store_engine()
     tenants = store_tenants(engine, args.tenant)
+    if args.sample:
+        # The canary runs before any evaluation may exist: it is how one learns cheaply.
+        return _run_sample(args, settings, engine, tenants)
+    require_gate(settings)
     defs, inst = build_definitions(settings), instance(settings)
     ensure_tenant_partitions(inst, tenants)
     # Only partitions with something to do reach Dagster, pooled into few runs (plan.py).
@@ -113,6 +119,51 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
         human.append("blocking checks failed; see `backfill-moderation check --tenant T --slice S`")
     emit(args, doc, *human)
     return 0 if doc["ok"] else 1
+
+
+def _run_sample(
+    args: argparse.Namespace, settings: Settings, engine: sa.Engine, tenants: list[str]
+) -> int:
+    """``run --sample N``: each tenant's canary, its label shares beside the live column's."""
+    model = settings.model_resource()
+    rubric = settings.rubric()
+    options = settings.run_settings().run_options(model, settings.faults())
+    drift = settings.checks().bounds(rubric.policy).drift
+    try:
+        found = run_sample(engine, tenants, args.sample, rubric, model, options, drift)
+    except RunStopped as exc:
+        emit(args, {"ok": False, "error": str(exc)}, f"sample stopped: {exc}")
+        return 1
+    doc = {
+        "ok": True,
+        "policy": rubric.policy.identity,
+        "sample": args.sample,
+        "tenants": [t.as_dict() for t in found],
+    }
+    rows = []
+    for t in doc["tenants"]:
+        for label in sorted(set(t["labels"]) | set(t["live_labels"])):
+            rows.append(
+                {
+                    "tenant": t["tenant"],
+                    "label": label + (" (drift)" if label in t["drifted"] else ""),
+                    "sample": t["labels"].get(label, 0),
+                    "sample_share": f"{t['shares'].get(label, 0.0):.1%}",
+                    "live_share": (
+                        f"{t['live_shares'][label]:.1%}" if label in t["live_shares"] else "-"
+                    ),
+                }
+            )
+    calls = sum(t["calls"] for t in doc["tenants"])
+    sampled = sum(t["sampled"] for t in doc["tenants"])
+    emit(
+        args,
+        doc,
+        table(rows, ["tenant", "label", "sample", "sample_share", "live_share"]),
+        f"policy {rubric.policy.identity}: {sampled} post(s) sampled, {calls} call(s) this run; "
+        "the full run re-pays none of them",
+    )
+    return 0
 
 
 def cmd_verify(args: argparse.Namespace, settings: Settings) -> int:

@@ -14,6 +14,9 @@ from collections.abc import Callable, Iterable, Sequence
 
 from backfill_assets.core.keys import SLICE_COUNT, SLICE_KEYS, InvalidTenantId, validate_tenant_id
 from backfill_assets.core.policy import Policy, PolicyInvalid, load_policy
+from backfill_assets.orchestration.evaluation import gate_verdict
+from backfill_assets.orchestration.resources import engine_for
+from backfill_assets.orchestration.settings import Settings
 
 _SLICE_RE = re.compile(r"s?(\d{1,3})")
 
@@ -85,6 +88,18 @@ def slice_key(value: str) -> str:
     hint = "" if m else did_you_mean(value, SLICE_KEYS)
     expected = f"expected s00..s{SLICE_COUNT - 1:02d} or 0..{SLICE_COUNT - 1}"
     raise argparse.ArgumentTypeError(f"unknown slice {value!r}{hint}; {expected}")
+
+
+def require_gate(settings: Settings) -> None:
+    """``BACKFILL_POLICY_MIN_MACRO_F1``: the policy in force (with the model) must have a
+    passing evaluation, or the command stops here (exit 2, naming the gate)."""
+    if settings.policy_min_macro_f1 is None:
+        return
+    engine = engine_for(settings.store_url)
+    model = settings.model_resource().model
+    verdict = gate_verdict(engine, settings.rubric(), model, settings.policy_min_macro_f1)
+    if not verdict.passed:
+        raise UserError(verdict.summary)
 
 
 def load_user_policy(path: str) -> Policy:

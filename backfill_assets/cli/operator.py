@@ -10,7 +10,7 @@ from typing import Any
 
 from backfill_assets.audit.check_rules import CHECK_GROUPS, CHECK_NAMES, Verdict
 from backfill_assets.cli.commands import emit, store_tenants
-from backfill_assets.cli.inputs import UserError, choice, known_tenants, slice_key
+from backfill_assets.cli.inputs import UserError, choice, known_tenants, require_gate, slice_key
 from backfill_assets.cli.instance import instance
 from backfill_assets.cli.tables import Human, table
 from backfill_assets.core.keys import SLICE_KEYS
@@ -151,6 +151,8 @@ def cmd_launch(args: argparse.Namespace, settings: Settings) -> int:
     """Compute the partition list, then launch one backfill per tenant through GraphQL."""
     if not (args.stale or args.missing or args.failed or args.check_failed):
         raise UserError("choose at least one of --stale, --missing, --failed, --check-failed")
+    if not args.dry_run:
+        require_gate(settings)
     url = args.url or settings.webserver_url
     client = DagsterClient(url)
     try:

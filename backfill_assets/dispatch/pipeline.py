@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 
 from sqlalchemy.engine import Engine
 
@@ -60,8 +60,11 @@ def run_partitions(
     run_id: str,
     options: RunOptions,
     log: Callable[[str], None] = lambda _m: None,
+    only_posts: Collection[str] | None = None,
 ) -> list[PartitionReport]:
     """Process the partitions' remaining keys; one writer per partition, all in one event loop.
+
+    ``only_posts``: send only these posts' keys (a gold set, a canary sample; sync mode only).
 
     Each tenant's requests go to its region's lane only. Partitions of a tenant whose region
     has no endpoint here are not dispatched; once the others are done, ``RegionUnavailable``
@@ -69,6 +72,8 @@ def run_partitions(
     """
     if versions.prompt_version != rubric.prompt_version:
         raise ValueError("the versions name another policy than the rubric sent")
+    if only_posts is not None and options.dispatch_mode != "sync":
+        raise ValueError("a chosen set of posts is sent in sync mode")
     reports = {r.key: PartitionReport(ref=r) for r in refs}
     # Registered before the first call: the version's labels and rules are on record for
     # whoever judges or applies its results later (policies.py).
@@ -107,7 +112,17 @@ def run_partitions(
         else:
             adapters = lane_adapters(plan, make_adapter, options.lanes)
             work = _dispatch(
-                engine, locks, owned, reports, adapters, versions, rubric, run_id, options, log
+                engine,
+                locks,
+                owned,
+                reports,
+                adapters,
+                versions,
+                rubric,
+                run_id,
+                options,
+                log,
+                only_posts,
             )
         try:
             asyncio.run(while_held(locks, work))
@@ -152,6 +167,7 @@ def _work(
     reports: dict[str, PartitionReport],
     versions: Versions,
     log: Callable[[str], None],
+    only_posts: Collection[str] | None = None,
 ) -> Iterator[WorkItem]:
     # Read one partition at a time: memory is bounded by the largest slice, not the archive.
     tenants = sorted({r.tenant_id for r in refs})
@@ -163,6 +179,8 @@ def _work(
             continue  # a partition its tenant does not use (too few posts to split this far)
         with read_tx(engine) as conn:
             pending = pending_posts(conn, ref.tenant_id, ref.slices, versions)
+            if only_posts is not None:
+                pending = [p for p in pending if p.post_id in only_posts]
             waiting = (
                 in_open_batch(conn, ref.tenant_id, ref.slices, versions)
                 if ref.tenant_id in batching
@@ -198,6 +216,7 @@ async def _dispatch(
     run_id: str,
     options: RunOptions,
     log: Callable[[str], None],
+    only_posts: Collection[str] | None = None,
 ) -> None:
     # The adapter (and any HTTP client) lives and dies with this event loop.
     adapter = make_adapter()
@@ -236,7 +255,7 @@ async def _dispatch(
     progress = asyncio.create_task(_progress(dispatcher, log))
     try:
         with _shared_limit(adapter, engine):
-            await dispatcher.run(_work(engine, refs, reports, versions, log))
+            await dispatcher.run(_work(engine, refs, reports, versions, log, only_posts))
     finally:
         progress.cancel()
         try:

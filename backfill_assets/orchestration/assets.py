@@ -9,6 +9,7 @@ from backfill_assets.core.range_guard import require_full_range
 from backfill_assets.core.rubric import Rubric
 from backfill_assets.dispatch.partition_run import RunStopped
 from backfill_assets.dispatch.pipeline import run_partitions, with_levels
+from backfill_assets.orchestration.evaluation import gate_verdict
 from backfill_assets.orchestration.metadata import add_partition_metadata, partition_metadata
 from backfill_assets.orchestration.partitions import moderation_partitions, run_refs
 from backfill_assets.orchestration.posts_asset import POSTS_KEY
@@ -24,21 +25,31 @@ from backfill_assets.store.reports import partition_spend
 
 
 def build_moderation_labels(
-    rubric: Rubric, code_version: str, partitions_per_run: int, faults: FaultHooks = NO_FAULTS
+    rubric: Rubric,
+    code_version: str,
+    partitions_per_run: int,
+    faults: FaultHooks = NO_FAULTS,
+    min_macro_f1: float | None = None,
 ) -> dg.AssetsDefinition:
     """The labels asset; its code version names the task, the policy and the model.
 
     The policy (``rubric``) and ``faults`` (crash drills) come from the environment and are
-    closed over here, so no launchpad config can change them.
+    closed over here, so no launchpad config can change them. ``min_macro_f1``
+    (``BACKFILL_POLICY_MIN_MACRO_F1``): a step under a policy without a passing evaluation
+    fails before it sends anything, however it was launched.
     """
     with warnings.catch_warnings():
         # BackfillPolicy is "beta" in Dagster 1.13; the warning is noise on every CLI call.
         warnings.simplefilter("ignore", dg.BetaWarning)
-        return _labels_asset(rubric, code_version, partitions_per_run, faults)
+        return _labels_asset(rubric, code_version, partitions_per_run, faults, min_macro_f1)
 
 
 def _labels_asset(
-    rubric: Rubric, code_version: str, partitions_per_run: int, faults: FaultHooks
+    rubric: Rubric,
+    code_version: str,
+    partitions_per_run: int,
+    faults: FaultHooks,
+    min_macro_f1: float | None,
 ) -> dg.AssetsDefinition:
     @dg.asset(
         name="moderation_labels",
@@ -61,6 +72,10 @@ def _labels_asset(
         refs = run_refs(context.partition_keys)
         # The policy the definitions loaded: the keys and the requests use the same text.
         versions = run_versions(model, rubric, code_version)
+        if min_macro_f1 is not None:
+            gate = gate_verdict(store.engine(), rubric, versions.model, min_macro_f1)
+            if not gate.passed:
+                raise dg.Failure(description=gate.summary, allow_retries=False)
         # Which stored slices each partition holds depends on its tenant's slice level.
         refs = with_levels(store.engine(), refs)
         context.log.info(f"{len(refs)} partition(s), {versions.code_version}")

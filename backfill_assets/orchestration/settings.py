@@ -109,6 +109,10 @@ class Settings(BaseSettings):
     # The moderation policy file (docs/policies.md); blank: the built-in policy. Read here, by
     # the process that runs the work, never from run config.
     policy_path: str = _var("BACKFILL_POLICY_PATH", default="")
+    # The gate: run and launch refuse a policy whose latest evaluation's macro-F1 is lower.
+    policy_min_macro_f1: float | None = _var(
+        "BACKFILL_POLICY_MIN_MACRO_F1", default=None, ge=0.0, le=1.0
+    )
     # Replaced by BACKFILL_POLICY_PATH: setting it is an error, never silently ignored.
     prompt_path: str = _var("BACKFILL_PROMPT_PATH", default="")
     import_dir: str = _var("BACKFILL_IMPORT_DIR", default="")

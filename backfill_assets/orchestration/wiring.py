@@ -10,6 +10,7 @@ from backfill_assets.orchestration.applied import build_applied_labels
 from backfill_assets.orchestration.assets import build_moderation_labels
 from backfill_assets.orchestration.backfill_plan import build_backfill_plan
 from backfill_assets.orchestration.checks import build_partition_checks
+from backfill_assets.orchestration.evaluation import build_policy_evaluation
 from backfill_assets.orchestration.partitions import moderation_partitions
 from backfill_assets.orchestration.posts_asset import build_incremental_schedule, build_posts
 from backfill_assets.orchestration.sealing import sealed_resources
@@ -34,10 +35,13 @@ def build_definitions(settings: Settings | Mapping[str, str]) -> dg.Definitions:
     # and closed over by every asset that needs it: no run config can change it.
     rubric = settings.rubric()
     code_version = settings.versions().code_version
-    labels = build_moderation_labels(rubric, code_version, per_run, settings.faults())
+    labels = build_moderation_labels(
+        rubric, code_version, per_run, settings.faults(), settings.policy_min_macro_f1
+    )
     applied = build_applied_labels(rubric, per_run)
     checks = build_partition_checks(rubric)
     backfill_plan = build_backfill_plan(rubric)
+    evaluation = build_policy_evaluation(rubric, settings.policy_min_macro_f1)
     backfill_job = dg.define_asset_job(
         BACKFILL_JOB,
         # Selecting the assets selects their checks too: labels, the six checks, then the
@@ -58,7 +62,7 @@ def build_definitions(settings: Settings | Mapping[str, str]) -> dg.Definitions:
         description="Refresh tenant_usage from the ledger (run by `backfill-moderation run`).",
     )
     return dg.Definitions(
-        assets=[posts, labels, applied, tenant_usage, backfill_plan],
+        assets=[posts, labels, applied, tenant_usage, backfill_plan, evaluation],
         asset_checks=[checks],
         jobs=[backfill_job, apply_job, usage_job, import_job],
         schedules=[incremental],

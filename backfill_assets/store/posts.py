@@ -127,12 +127,17 @@ def write_batch(
     batch: list[Post | Rejection],
     summary: ImportSummary,
     hook: Callable[[Connection, list[Post | Rejection]], None] | None = None,
+    gold: bool = False,
 ) -> None:
-    """Upsert one batch of parsed lines in one transaction; ``hook`` runs inside it last."""
+    """Upsert one batch of parsed lines in one transaction; ``hook`` runs inside it last.
+
+    ``gold``: the posts of a gold set (``evaluate``), whose tenant must hold gold sets; an
+    import's lines for such a tenant are rejected, so gold and customer posts never mix.
+    """
     latest: dict[tuple[str, str], Post] = {}
     rejects: list[Rejection] = []
     with write_tx(engine) as conn:
-        checked, claimed = _check_regions(conn, batch)
+        checked, claimed = _check_regions(conn, _check_purpose(conn, batch, gold))
         for item in checked:
             if isinstance(item, Rejection):
                 rejects.append(item)
@@ -154,6 +159,32 @@ def write_batch(
         if hook is not None:
             hook(conn, batch)
     summary.rejected += len(rejects)
+
+
+def _check_purpose(
+    conn: Connection, batch: list[Post | Rejection], gold: bool
+) -> list[Post | Rejection]:
+    """Lines whose tenant is not of the kind this write is for, turned into rejections."""
+    named = sorted({p.tenant_id for p in batch if isinstance(p, Post)})
+    if not named:
+        return batch
+    purpose = dict(
+        conn.execute(
+            sa.select(tenants.c.tenant_id, tenants.c.purpose).where(tenants.c.tenant_id.in_(named))
+        ).all()
+    )
+    out: list[Post | Rejection] = []
+    for item in batch:
+        if isinstance(item, Post) and (purpose.get(item.tenant_id) is not None) != gold:
+            why = (
+                "the tenant is not one that holds gold sets"
+                if gold
+                else f"tenant {item.tenant_id} holds gold sets (evaluate), not posts to moderate"
+            )
+            out.append(Rejection(item.line, why, item.tenant_id))
+            continue
+        out.append(item)
+    return out
 
 
 def _check_regions(
@@ -290,3 +321,9 @@ def _upsert_posts(conn: Connection, batch: list[Post], summary: ImportSummary) -
             ],
         )
         summary.updated += len(updates)
+
+
+def content_hashes(conn: Connection, tenant_id: str) -> dict[str, str]:
+    """``{post_id: content hash}`` of a tenant's posts (no text)."""
+    stmt = sa.select(posts.c.post_id, posts.c.content_hash).where(posts.c.tenant_id == tenant_id)
+    return {str(p): str(h) for p, h in conn.execute(stmt)}

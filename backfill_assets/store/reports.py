@@ -11,11 +11,13 @@ from backfill_assets.store.tables import ledger_events, posts, tenants
 
 
 def tenant_ids(conn: Connection) -> list[str]:
-    """All registered tenants."""
+    """All registered customers' tenants (not the tenants that hold gold sets: ``evaluate``)."""
     return [
         str(t)
         for t in conn.execute(
-            sa.select(tenants.c.tenant_id).order_by(tenants.c.tenant_id)
+            sa.select(tenants.c.tenant_id)
+            .where(tenants.c.purpose.is_(None))
+            .order_by(tenants.c.tenant_id)
         ).scalars()
     ]
 

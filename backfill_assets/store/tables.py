@@ -23,6 +23,8 @@ tenants = sa.Table(
     sa.Column("created_at", sa.DateTime, nullable=False),
     # sql/007: 2^slice_level of the tenant's partitions hold posts (NULL: all of them).
     sa.Column("slice_level", sa.Integer),
+    # sql/011: NULL for a customer's tenant; 'evaluation' for one that holds gold sets.
+    sa.Column("purpose", sa.Text),
 )
 
 posts = sa.Table(
@@ -244,4 +246,25 @@ import_sources = sa.Table(
     sa.Column("cursor_post_id", sa.Text),
     sa.Column("rows_read", sa.BigInteger, nullable=False),
     sa.Column("updated_at", sa.DateTime, nullable=False),
+)
+
+# sql/011: gold-set evaluations of policy versions.
+policy_evaluations = sa.Table(
+    "policy_evaluations",
+    metadata,
+    sa.Column("id", sa.BigInteger, primary_key=True, autoincrement=True),
+    sa.Column("key_version", sa.Text, nullable=False),
+    sa.Column("identity", sa.Text, nullable=False),
+    sa.Column("policy_id", sa.Text, nullable=False),
+    sa.Column("version", sa.Text, nullable=False),
+    sa.Column("model", sa.Text, nullable=False),
+    sa.Column("tenant_id", sa.Text, nullable=False),
+    sa.Column("gold_source", sa.Text, nullable=False),
+    sa.Column("gold_sha256", sa.Text, nullable=False),
+    sa.Column("gold_rows", sa.Integer, nullable=False),
+    sa.Column("accuracy", sa.Float, nullable=False),
+    sa.Column("macro_f1", sa.Float, nullable=False),
+    sa.Column("schema_rejected_share", sa.Float, nullable=False),
+    sa.Column("report", sa.Text, nullable=False),
+    sa.Column("created_at", sa.DateTime, nullable=False),
 )

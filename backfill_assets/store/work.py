@@ -18,6 +18,7 @@ from backfill_assets.store.tables import (
     posts,
     results,
 )
+from backfill_assets.store.tables import tenants as tenant_table
 
 # Outcomes a later run must not send again without an operator's requeue or a version change.
 FINAL_DEAD_OUTCOMES = ("schema_rejected", "transport_rejected")
@@ -118,6 +119,10 @@ def pending_counts(
     )
     if tenants is not None:
         stmt = stmt.where(posts.c.tenant_id.in_(list(tenants)))
+    else:
+        # Every customer's tenant: gold sets (``evaluate``) are never part of a backfill.
+        gold = sa.select(tenant_table.c.tenant_id).where(tenant_table.c.purpose.is_not(None))
+        stmt = stmt.where(posts.c.tenant_id.not_in(gold))
     return {(str(t), int(s)): (int(n), int(p or 0)) for t, s, n, p in conn.execute(stmt)}
 
 
