@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import re
+from dataclasses import dataclass
 
 from backfill_assets.core.rubric import OutputContract
 
@@ -27,18 +28,20 @@ _REVIEW = re.compile(
 )
 
 
+def _keyword(lowered: str) -> str:
+    """The built-in label set's keyword label of a lower-cased text."""
+    if _REVIEW.search(lowered):
+        return "needs_review"
+    if _ABUSE.search(lowered):
+        return "abuse"
+    if _SPAM.search(lowered):
+        return "spam"
+    return "ok"
+
+
 def classify(text: str) -> tuple[str, float]:
     """Keyword label (of the built-in label set) and confidence; same text, same answer."""
-    lowered = text.lower()
-    if _REVIEW.search(lowered):
-        label = "needs_review"
-    elif _ABUSE.search(lowered):
-        label = "abuse"
-    elif _SPAM.search(lowered):
-        label = "spam"
-    else:
-        label = "ok"
-    return label, _confidence(text)
+    return _keyword(text.lower()), _confidence(text)
 
 
 def _confidence(text: str) -> float:
@@ -46,40 +49,61 @@ def _confidence(text: str) -> float:
     return round(0.55 + 0.44 * jitter, 4)
 
 
-@functools.lru_cache(maxsize=64)
-def _id_pattern(ids: tuple[str, ...]) -> re.Pattern[str] | None:
-    """Any of ``ids`` as a whole token (ids may hold '.', '-', '_'), case-insensitive."""
+def _tokens(ids: tuple[str, ...]) -> re.Pattern[str] | None:
+    """Any of ``ids`` (lower-cased) as a whole token of a lower-cased text (ids may hold
+    '.', '-' and '_', so word boundaries will not do)."""
     if not ids:
         return None
-    alternatives = "|".join(re.escape(i) for i in sorted(ids, key=len, reverse=True))
-    return re.compile(rf"(?<![A-Za-z0-9._-])({alternatives})(?![A-Za-z0-9_-])", re.IGNORECASE)
+    alternatives = "|".join(re.escape(i.lower()) for i in sorted(ids, key=len, reverse=True))
+    return re.compile(rf"(?<![a-z0-9._-])({alternatives})(?![a-z0-9_-])")
 
 
-def _found(ids: tuple[str, ...], text: str) -> list[str]:
-    """The ids found in ``text``, in the order of ``ids``."""
-    pattern = _id_pattern(ids)
-    if pattern is None:
-        return []
-    seen = {m.lower() for m in pattern.findall(text)}
-    return [i for i in ids if i.lower() in seen]
+@dataclass(frozen=True, slots=True)
+class _Judging:
+    """What ``judge`` needs of a contract, built once per contract."""
+
+    rules: re.Pattern[str] | None
+    labels: re.Pattern[str] | None
+    # lower-cased id -> the policy's spelling
+    rule_ids: dict[str, str]
+    label_ids: dict[str, str]
+    first_rule: dict[str, tuple[str, ...]]
+
+
+@functools.lru_cache(maxsize=64)
+def _judging(contract: OutputContract) -> _Judging:
+    rules = tuple(r for r, _lb in contract.rules)
+    others = tuple(lb for lb in contract.labels if lb != contract.none_label)
+    return _Judging(
+        rules=_tokens(rules),
+        labels=_tokens(others),
+        rule_ids={r.lower(): r for r in rules},
+        label_ids={lb.lower(): lb for lb in others},
+        first_rule={lb: contract.rules_of(lb)[:1] for lb in contract.labels},
+    )
 
 
 def judge(text: str, contract: OutputContract) -> tuple[str, tuple[str, ...], float]:
     """(label, rule ids, confidence) under ``contract``; same text and policy, same answer,
     and always an answer the contract accepts."""
     confidence = _confidence(text)
-    rule_ids = tuple(r for r, _lb in contract.rules)
-    for rule in _found(rule_ids, text):
-        label = contract.rule_label(rule)
-        assert label is not None
-        same = tuple(r for r in _found(rule_ids, text) if contract.rule_label(r) == label)
-        return label, same, confidence
-    keyword, _ = classify(text)
-    if keyword != contract.none_label and keyword in contract.labels:
-        return keyword, contract.rules_of(keyword)[:1], confidence
-    others = tuple(lb for lb in contract.labels if lb != contract.none_label)
-    for label in _found(others, text):
-        return label, contract.rules_of(label)[:1], confidence
+    lowered = text.lower()
+    j = _judging(contract)
+    if j.rules is not None:
+        seen = {j.rule_ids[m] for m in j.rules.findall(lowered)}
+        if seen:
+            ordered = [r for r, _lb in contract.rules if r in seen]  # the policy's order
+            label = contract.rule_label(ordered[0])
+            assert label is not None
+            return label, tuple(r for r in ordered if contract.rule_label(r) == label), confidence
+    keyword = _keyword(lowered)
+    if keyword != contract.none_label and keyword in j.first_rule:
+        return keyword, j.first_rule[keyword], confidence
+    if j.labels is not None:
+        found = {j.label_ids[m] for m in j.labels.findall(lowered)}
+        for label in contract.labels:
+            if label in found:
+                return label, j.first_rule[label], confidence
     return contract.none_label, (), confidence
 
 
