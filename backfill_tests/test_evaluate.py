@@ -110,6 +110,18 @@ def test_evaluate_reports_figures_reruns_free_and_compares(
         # Booked to the evaluation tenant, never a customer's.
         tenants = conn.execute(sa.text("SELECT DISTINCT tenant_id FROM ledger_events")).all()
         assert tenants == [("eval",)]
+        # Tokens and cost are what the ledger booked for the evaluation's usage events.
+        booked = conn.execute(
+            sa.text(
+                "SELECT sum(tokens_in), sum(tokens_out), sum(cost) FROM ledger_events"
+                " WHERE type = 'usage'"
+            )
+        ).one()
+    assert (v5["tokens_in"], v5["tokens_out"]) == (booked[0], booked[1]) and booked[0] > 0
+    assert float(v5["cost_usd"]) == pytest.approx(float(booked[2]))
+    assert float(v5["cost_per_1000_posts_usd"]) == pytest.approx(
+        float(booked[2]) / 62 * 1000, abs=1e-6
+    )
 
     # A rerun pays nothing; --against adds v4, and the transitions account for every row.
     code, doc, _ = _cli(["evaluate", str(GOLD), "--against", str(COURSE_V4), "--json"], capsys)

@@ -19,6 +19,9 @@ from backfill_assets.cli import build_parser
 from backfill_assets.core.policy import load_policy, parse_policy
 from backfill_assets.core.rubric import Rubric
 from backfill_assets.definitions import APPLY_JOB, BACKFILL_JOB, build_definitions
+from backfill_assets.dispatch.partition_run import PartitionRef
+from backfill_assets.orchestration.checks import verdicts_for
+from backfill_assets.orchestration.checks_config import ChecksResource
 from backfill_assets.orchestration.orchestrate import materialize
 from backfill_assets.orchestration.settings import Settings
 from backfill_assets.providers.models.base import ModelAdapter, ModelRequest, ModelResponse
@@ -79,9 +82,9 @@ def _rows(engine: Engine, sql: str, **params: Any) -> list[Any]:
         return list(conn.execute(sa.text(sql), params).all())
 
 
-def _dry_run(env: dict[str, str], capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
+def _dry_run(env: dict[str, str], capsys: pytest.CaptureFixture[str], *more: str) -> dict[str, Any]:
     capsys.readouterr()
-    args = build_parser().parse_args(["dry-run", "--json"])
+    args = build_parser().parse_args(["dry-run", "--json", *more])
     assert args.func(args, Settings.from_env(env)) == 0
     doc: dict[str, Any] = json.loads(capsys.readouterr().out)
     return doc
@@ -122,6 +125,15 @@ def test_a_custom_policy_end_to_end_then_edited(
     assert count(engine, "SELECT count(*) FROM posts WHERE moderation_label_shadow IS NULL") == 0
     v5_versions = versions_of(v5, MODEL)
     assert verify_store(engine, v5_versions).as_dict(require_complete=True)["ok"]
+    # label_drift watches the course's flagging labels (action review or hide), not the
+    # built-in ones: against a baseline where every post is ok, each of them has drifted.
+    ref = PartitionRef(key="s00|learn", tenant_id="learn", slice=0, level=0)  # all of learn
+    bounds = ChecksResource(drift_baseline='{"ok": 1}', drift_min_count=1)
+    found = verdicts_for(engine, ref, v5_versions, v5, bounds)
+    drift = {v.name: v for v in found}["label_drift"]
+    watched = set(v5.policy.flagging_labels)
+    assert watched == set(v5.policy.label_ids) - {"ok"} and "abuse" not in watched
+    assert not drift.passed and drift.counts["drifted_labels"] == len(watched), drift.table
 
     # Edit one rule's text (and bump the version): new work under a new identity.
     v6_file = edited(COURSE_V5, tmp_path / "v6.yaml", "for money or favours", "for money")
@@ -144,6 +156,8 @@ def test_a_custom_policy_end_to_end_then_edited(
     for t in plan["tenants"]:
         assert t["estimated_cost_usd"] > 0
         assert t["estimated_cost_usd_batch"] == pytest.approx(t["estimated_cost_usd"] / 2, 1e-5)
+    # The same question of a file the environment does not name: dry-run --policy.
+    assert _dry_run(env5, capsys, "--policy", str(v6_file)) == plan
     assert count(engine, "SELECT count(*) FROM ledger_events WHERE type = 'attempt'") == (
         calls_before
     )

@@ -28,11 +28,19 @@ def other_key(correlation_id: str) -> str:
 
 def contract_of(schema: Any) -> OutputContract:
     """What the request's ``response_format`` schema allows: its labels and rule ids (and
-    which rule leads to which label, from its descriptions); no schema: the built-in labels."""
+    which rule leads to which label, from its descriptions); a foreign schema: its label enum,
+    the first value meaning nothing applies; no schema: the built-in labels."""
     if schema is None:
         return OutputContract.of(builtin_policy())
     found = contract_from_schema(schema)
-    return found if found is not None else OutputContract(("unknown",), "unknown")
+    if found is not None:
+        return found
+    # A schema that is not one of ours: answer within its label enum if it has one.
+    try:
+        labels = tuple(str(x) for x in schema["properties"]["label"]["enum"])
+    except (KeyError, TypeError):
+        labels = ()
+    return OutputContract(labels, labels[0]) if labels else OutputContract(("unknown",), "unknown")
 
 
 def answer_content(

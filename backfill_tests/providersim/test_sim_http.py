@@ -8,7 +8,9 @@ import socket
 
 import httpx
 
-from backfill_assets.providers.models.rules import classify, count_tokens
+from backfill_assets.core.policy import builtin_policy
+from backfill_assets.core.rubric import OutputContract
+from backfill_assets.providers.models.rules import count_tokens, judge
 from backfill_assets.providersim import MeterSnapshot
 
 POST_TEXT = "Limited offer!!! buy now at http://deals.example.xyz"
@@ -36,7 +38,7 @@ def test_ok_answer_has_the_openai_shape_and_echoes_the_key(start_sim, chat_body,
     [choice] = data["choices"]
     assert (choice["index"], choice["finish_reason"]) == (0, "stop")
     assert choice["message"]["role"] == "assistant"
-    label, confidence = classify(POST_TEXT)
+    label, _rules, confidence = judge(POST_TEXT, OutputContract.of(builtin_policy()))
     assert label == "spam"
     assert json.loads(choice["message"]["content"]) == {
         "schema_version": 1,

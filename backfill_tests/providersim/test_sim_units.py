@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from backfill_assets.core.rubric import OutputRejected, Rubric, parse_output
-from backfill_assets.providers.models.rules import classify, count_tokens
+from backfill_assets.core.policy import builtin_policy
+from backfill_assets.core.rubric import OutputContract, OutputRejected, Rubric, parse_output
+from backfill_assets.providers.models.rules import count_tokens, judge
 from backfill_assets.providersim import FaultRule, SimConfig
 from backfill_assets.providersim.answers import answer_content, other_key
 from backfill_assets.providersim.faults import decide_fault, rule_fires
@@ -190,7 +191,8 @@ def test_clean_answer_passes_the_output_contract() -> None:
     key = "c" * 64
     content, finish = answer_content(None, key, "free money, click here")
     out = parse_output(content, key, Rubric().contract)
-    assert (out.label, out.confidence) == classify("free money, click here")
+    label, _rules, confidence = judge("free money, click here", OutputContract.of(builtin_policy()))
+    assert (out.label, out.confidence) == (label, confidence)
     assert finish == "stop"
 
 
@@ -232,3 +234,13 @@ def test_the_simulator_answers_within_any_policys_schema() -> None:
         content, _ = answer_content(None, key, text, course.schema)
         out = parse_output(content, key, course.contract)
         assert (out.label, out.rule_ids) == (label, rules)
+
+
+def test_a_foreign_schema_is_answered_within_its_label_enum() -> None:
+    label_enum = {"type": "string", "enum": ["fine", "bad"]}
+    foreign = {"type": "object", "properties": {"label": label_enum}}
+    for text, label in [("this is bad", "bad"), ("all good here", "fine")]:
+        content, _ = answer_content(None, "e" * 64, text, foreign)
+        assert json.loads(content)["label"] == label
+    content, _ = answer_content(None, "e" * 64, "bad", {"type": "object"})
+    assert json.loads(content)["label"] == "unknown"  # nothing to answer within

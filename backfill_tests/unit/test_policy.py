@@ -46,54 +46,63 @@ def problems(text: str) -> list[tuple[int, int, str]]:
     return [(p.line, p.column, p.message) for p in exc.value.problems]
 
 
-def one(text: str, words: str) -> tuple[int, str]:
-    """The line and message of the one problem that says ``words``."""
+def one(text: str, words: str) -> tuple[int, int, str]:
+    """The line, column and message of the one problem that says ``words``."""
     found = [p for p in problems(text) if words in p[2]]
     assert len(found) == 1, found
-    return found[0][0], found[0][2]
+    return found[0]
 
 
 @pytest.mark.parametrize(
-    ("text", "line", "words"),
+    ("text", "line", "column", "words"),
     [
         # A YAML syntax error: where the parser stopped.
-        (GOOD.replace("  - id: scam", "  - id: [scam"), 9, "YAML syntax"),
+        (GOOD.replace("  - id: scam", "  - id: [scam"), 9, 16, "YAML syntax"),
         # An unknown field, at its key.
         (
             GOOD.replace("    action: hide", "    action: hide\n    colour: red"),
             11,
+            5,
             "unknown field",
         ),
-        # A duplicate label id, at the second one.
-        (GOOD.replace("id: scam", "id: ok"), 8, "duplicate label id 'ok'"),
+        # A duplicate label id, at the second one's value.
+        (GOOD.replace("id: scam", "id: ok"), 8, 9, "duplicate label id 'ok'"),
         # A duplicate rule id.
         (
             GOOD + "  - id: S-1\n    label: scam\n    description: again\n",
             15,
+            9,
             "duplicate rule id 'S-1'",
         ),
         # A rule leading to an unknown label, at its label.
-        (GOOD.replace("    label: scam", "    label: fraud"), 13, "unknown label 'fraud'"),
+        (GOOD.replace("    label: scam", "    label: fraud"), 13, 12, "unknown label 'fraud'"),
         # A bad id (label, rule, policy).
-        (GOOD.replace("id: scam", "id: 'a scam'"), 8, "bad id"),
-        (GOOD.replace("id: S-1", "id: S/1"), 12, "bad id"),
-        (GOOD.replace("id: shop", "id: Shop"), 1, "bad id"),
-        # No none label, two of them.
-        (GOOD.replace("action: none", "action: review"), 5, "no label has action none"),
-        (GOOD.replace("action: hide", "action: none"), 10, "a second label with action none"),
+        (GOOD.replace("id: scam", "id: 'a scam'"), 8, 9, "bad id"),
+        (GOOD.replace("id: S-1", "id: S/1"), 12, 9, "bad id"),
+        (GOOD.replace("id: shop", "id: Shop"), 1, 5, "bad id"),
+        # No none label (at the first label), two of them (at the second's action).
+        (GOOD.replace("action: none", "action: review"), 5, 3, "no label has action none"),
+        (GOOD.replace("action: hide", "action: none"), 10, 13, "a second label with action none"),
         # An empty label set.
-        (GOOD.split("labels:")[0] + "labels: []\n", 4, "empty"),
+        (GOOD.split("labels:")[0] + "labels: []\n", 4, 9, "empty"),
         # A missing field, at its mapping; a wrong type.
-        (GOOD.replace("    description: A scam.\n", ""), 8, "missing field 'description'"),
-        (GOOD.replace("action: hide", "action: delete"), 10, "must be one of none, review, hide"),
-        (GOOD.replace('version: "2"', "version: 2.10"), 2, "quote it"),
+        (GOOD.replace("    description: A scam.\n", ""), 8, 5, "missing field 'description'"),
+        (
+            GOOD.replace("action: hide", "action: delete"),
+            10,
+            13,
+            "must be one of none, review, hide",
+        ),
+        (GOOD.replace('version: "2"', "version: 2.10"), 2, 10, "quote it"),
         # A duplicate key in a mapping (YAML itself would keep the last one silently).
-        (GOOD.replace("id: shop", "id: shop\nid: other"), 2, "duplicate key 'id'"),
+        (GOOD.replace("id: shop", "id: shop\nid: other"), 2, 1, "duplicate key 'id'"),
     ],
 )
-def test_each_problem_is_reported_with_its_line(text: str, line: int, words: str) -> None:
-    got_line, message = one(text, words)
-    assert got_line == line, message
+def test_each_problem_is_reported_with_its_line_and_column(
+    text: str, line: int, column: int, words: str
+) -> None:
+    got_line, got_column, message = one(text, words)
+    assert (got_line, got_column) == (line, column), message
 
 
 def test_every_problem_is_listed_at_once_in_line_order(tmp_path: Path) -> None:

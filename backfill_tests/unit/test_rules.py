@@ -1,12 +1,16 @@
-"""The fake's keyword rules: a post is labelled by the first rule it matches, in the order
-review, abuse, spam; one that matches none is ``ok``."""
+"""The fake's keyword rules under the built-in policy: a post is labelled by the first rule it
+matches, in the order review, abuse, spam; one that matches none is ``ok``."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from backfill_assets.providers.models.rules import classify
+from backfill_assets.core.policy import builtin_policy
+from backfill_assets.core.rubric import OutputContract
+from backfill_assets.providers.models.rules import judge
+
+BUILTIN = OutputContract.of(builtin_policy())
 
 # Words each rule matches (case does not matter), and words none does.
 CATEGORY = {
@@ -22,7 +26,7 @@ ORDER = ["needs_review", "abuse", "spam", "ok"]
 def test_the_first_rule_in_order_decides(parts: list[tuple[str, str]]) -> None:
     text = " . ".join(w for _c, w in parts)
     expected = min((c for c, _w in parts), key=ORDER.index, default="ok")
-    label, confidence = classify(text)
+    label, _rules, confidence = judge(text, BUILTIN)
     assert label == expected
     assert 0.55 <= confidence <= 0.99
-    assert classify(text) == (label, confidence)
+    assert judge(text, BUILTIN) == (label, _rules, confidence)

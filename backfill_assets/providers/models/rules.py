@@ -39,11 +39,6 @@ def _keyword(lowered: str) -> str:
     return "ok"
 
 
-def classify(text: str) -> tuple[str, float]:
-    """Keyword label (of the built-in label set) and confidence; same text, same answer."""
-    return _keyword(text.lower()), _confidence(text)
-
-
 def _confidence(text: str) -> float:
     jitter = int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:2], "big") / 65535
     return round(0.55 + 0.44 * jitter, 4)
