@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import sqlite3
 import subprocess
 import threading
@@ -19,7 +18,7 @@ import pytest
 from dagster._core.events.log import EventLogEntry
 from dagster._core.storage.event_log.sqlite.sqlite_event_log import SqliteEventLogStorage
 
-from backfill_assets.orchestration.settings import PROJECT_ROOT
+from backfill_assets.cli.instance import INSTANCE_TEMPLATE
 from backfill_assets.orchestration.sqlite_instance import (
     EmbeddedInstance,
     PooledSqliteEventLogStorage,
@@ -29,7 +28,7 @@ from backfill_assets.orchestration.sqlite_instance import (
 def _home(tmp_path: Path) -> Path:
     home = tmp_path / "home"
     home.mkdir()
-    shutil.copyfile(PROJECT_ROOT / "dagster.yaml", home / "dagster.yaml")
+    (home / "dagster.yaml").write_bytes(INSTANCE_TEMPLATE.read_bytes())
     return home
 
 

@@ -11,6 +11,8 @@ if [ ! -f "$STAMP" ]; then
   echo "[setup] installing pinned dependencies into .venv (first run only, ~1 min)" >&2
   [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
   "$VENV/bin/python" -m pip install -q --upgrade pip >&2
+  # The distribution was called backfill-assets before it took its command's name.
+  "$VENV/bin/python" -m pip uninstall -q -y backfill-assets >/dev/null 2>&1 || true
   "$VENV/bin/python" -m pip install -q -c "$ROOT/constraints.txt" -e "$ROOT[dev]" >&2
   rm -f "$VENV"/.installed-*
   touch "$STAMP"

@@ -4,17 +4,20 @@ commands (or a run's processes) start at once on a fresh home."""
 from __future__ import annotations
 
 import fcntl
+import importlib.resources
 import os
 import re
-import shutil
 from collections.abc import MutableMapping
 
 import dagster as dg
 
 from backfill_assets.cli.inputs import UserError
-from backfill_assets.orchestration.settings import PROJECT_ROOT, Settings
+from backfill_assets.orchestration.settings import Settings
 from backfill_assets.store.dead_peer import DeadPeer
 from backfill_assets.store.engine import normalize_url
+
+# The project's dagster.yaml, shipped inside the package (a link to it in a checkout).
+INSTANCE_TEMPLATE = importlib.resources.files("backfill_assets") / "instance" / "dagster.yaml"
 
 
 def instance(settings: Settings) -> dg.DagsterInstance:
@@ -31,7 +34,7 @@ def instance(settings: Settings) -> dg.DagsterInstance:
         fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
         if not (home / "dagster.yaml").exists():
             tmp = home / f".dagster.yaml.{os.getpid()}"
-            shutil.copyfile(PROJECT_ROOT / "dagster.yaml", tmp)
+            tmp.write_bytes(INSTANCE_TEMPLATE.read_bytes())
             tmp.replace(home / "dagster.yaml")  # never a half-written file for another reader
         _pin_instance_driver(os.environ, DeadPeer(settings.pg_dead_peer_seconds))
         try:

@@ -58,7 +58,10 @@ from backfill_assets.orchestration.resources import (
 )
 from backfill_assets.store.dead_peer import DEFAULT_DEAD_PEER_SECONDS
 
+# A source checkout (pyproject.toml beside the package) keeps its Dagster home inside the
+# project, as bin/dev does; an installed package has no project to keep it in.
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
+CHECKOUT = (PROJECT_ROOT / "pyproject.toml").is_file() and (PROJECT_ROOT / "sql").is_dir()
 
 
 class SettingsError(ValueError):
@@ -92,6 +95,8 @@ class Settings(BaseSettings):
 
     # Where things are.
     dagster_home_dir: str = _var("DAGSTER_HOME", default="")
+    # Only for an installed package without DAGSTER_HOME: where its Dagster home goes.
+    xdg_data_home: str = _var("XDG_DATA_HOME", default="")
     database_url: str = _var("BACKFILL_DATABASE_URL", default="")
     webserver_url: str = _var("DAGSTER_WEBSERVER_URL", default="http://127.0.0.1:3000")
     # PostgreSQL: how soon a silent peer is given up, on both ends (store/dead_peer.py).
@@ -300,8 +305,14 @@ class Settings(BaseSettings):
 
     @property
     def dagster_home(self) -> Path:
-        """``$DAGSTER_HOME``, or ``.dagster_home`` inside the project."""
-        return Path(self.dagster_home_dir or PROJECT_ROOT / ".dagster_home")
+        """``$DAGSTER_HOME``; else ``.dagster_home`` inside a source checkout, or the user's
+        data directory (``$XDG_DATA_HOME/backfill-moderation``) for an installed package."""
+        if self.dagster_home_dir:
+            return Path(self.dagster_home_dir)
+        if CHECKOUT:
+            return PROJECT_ROOT / ".dagster_home"
+        data = Path(self.xdg_data_home or Path.home() / ".local" / "share")
+        return data / "backfill-moderation"
 
     @property
     def store_url(self) -> str:

@@ -1,11 +1,16 @@
-"""Apply the numbered DDL files in ``sql/`` once each, in order, recorded in schema_migrations."""
+"""Apply the numbered DDL files in ``sql/`` once each, in order, recorded in schema_migrations.
+
+The files ship inside the package (``backfill_assets/migrations`` is ``sql/`` in a checkout and
+package data in a wheel), so an installed package migrates its store like a checkout does.
+"""
 
 from __future__ import annotations
 
 import hashlib
+import importlib.resources
 import re
 from dataclasses import dataclass
-from pathlib import Path
+from importlib.resources.abc import Traversable
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
@@ -13,7 +18,7 @@ from sqlalchemy.engine import Connection, Engine
 from backfill_assets.store.engine import is_sqlite, write_tx
 from backfill_assets.store.tables import utcnow
 
-SQL_DIR = Path(__file__).resolve().parents[2] / "sql"
+SQL_DIR: Traversable = importlib.resources.files("backfill_assets") / "migrations"
 _FILE_RE = re.compile(r"^(\d{3})_([a-z0-9_]+)\.sql$")
 # Arbitrary constant: all migrators on one PostgreSQL server serialise on it.
 _PG_LOCK_ID = 0x6D6F6431
@@ -37,10 +42,11 @@ class MigrationError(RuntimeError):
     """The database and the files in ``sql/`` disagree."""
 
 
-def load_migrations(sql_dir: Path = SQL_DIR) -> list[Migration]:
+def load_migrations(sql_dir: Traversable = SQL_DIR) -> list[Migration]:
     """Migrations sorted by version; file names must be ``NNN_name.sql``."""
     found: list[Migration] = []
-    for path in sorted(sql_dir.glob("*.sql")):
+    files = (p for p in sql_dir.iterdir() if p.name.endswith(".sql"))
+    for path in sorted(files, key=lambda p: p.name):
         match = _FILE_RE.match(path.name)
         if not match:
             raise MigrationError(f"{path.name}: expected a name like 001_core.sql")
@@ -73,7 +79,7 @@ def _ensure_table(conn: Connection) -> None:
     )
 
 
-def migrate(engine: Engine, sql_dir: Path = SQL_DIR) -> list[int]:
+def migrate(engine: Engine, sql_dir: Traversable = SQL_DIR) -> list[int]:
     """Apply pending migrations; returns the versions applied now. Idempotent, concurrent-safe."""
     applied_now: list[int] = []
     with write_tx(engine) as conn:

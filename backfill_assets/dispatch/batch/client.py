@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 import httpx
 
+from backfill_assets import __version__
 from backfill_assets.dispatch.batch.options import BatchEndpoint
 from backfill_assets.dispatch.batch.triage import WITHHELD
 from backfill_assets.dispatch.batch.wire import ENDPOINT, BatchObject, BatchPage
@@ -36,7 +37,7 @@ T = TypeVar("T")
 # What a call's error message must not quote: texts, or a coroutine reading them (only run if
 # the call fails) that returns None when they cannot be known (then no message is kept).
 Echoes = Sequence[str] | Callable[[], Awaitable[Sequence[str] | None]]
-_USER_AGENT = "backfill-moderation/0.1 batch (+httpx)"
+_USER_AGENT = f"backfill-moderation/{__version__} batch (+httpx)"
 
 
 class BatchApiError(Exception):

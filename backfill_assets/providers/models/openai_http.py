@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import httpx
 
+from backfill_assets import __version__
 from backfill_assets.core.prices import PriceTable
 from backfill_assets.providers.models._openai_wire import (
     NotACompletion,
@@ -44,7 +45,7 @@ from backfill_assets.providers.models.base import (
 from backfill_assets.providers.models.errors import Scope, classify, run_fatal_hint
 from backfill_assets.providers.ratelimit import EndpointLimiter, Permit
 
-_USER_AGENT = "backfill-moderation/0.1 (+httpx)"
+_USER_AGENT = f"backfill-moderation/{__version__} (+httpx)"
 
 
 @dataclass(frozen=True, slots=True)
