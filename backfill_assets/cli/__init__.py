@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from backfill_assets.cli import commands
+from backfill_assets.cli.deadline import margin_share
 from backfill_assets.cli.evaluate import add_evaluate_command
 from backfill_assets.cli.ingest import add_ingest_commands
 from backfill_assets.cli.inputs import UserError, choice, slice_key
@@ -53,6 +54,35 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="canary: label N posts per tenant (chosen by key hash) and print their label "
         "shares beside the live column's; the full run later re-pays none of them",
+    )
+    sp.add_argument(
+        "--deadline",
+        metavar="WHEN",
+        help="plan the least-cost mix of batch, flex and standard that ends by WHEN "
+        "(ISO time such as 2026-12-04T09:00Z, or a duration such as 36h)",
+    )
+    sp.add_argument(
+        "--mode",
+        choices=["auto"],
+        default="auto",
+        help="with --deadline: the planner picks the tiers (the only mode)",
+    )
+    sp.add_argument(
+        "--margin",
+        type=margin_share,
+        default=0.10,
+        metavar="PCT",
+        help="with --deadline: share of the time left kept in reserve (default 10%%)",
+    )
+    sp.add_argument(
+        "--best-effort",
+        action="store_true",
+        help="with --deadline: go on when the deadline cannot be met (else exit 2)",
+    )
+    sp.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="with --deadline: print the plan and send nothing",
     )
     sp.set_defaults(func=commands.cmd_run)
 

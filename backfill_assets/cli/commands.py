@@ -9,7 +9,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from backfill_assets.cli.inputs import known_tenants, load_user_policy, require_gate
+from backfill_assets.cli.deadline import cmd_run_deadline
+from backfill_assets.cli.inputs import UserError, known_tenants, load_user_policy, require_gate
 from backfill_assets.cli.instance import instance
 from backfill_assets.cli.run_processes import run_plan
 from backfill_assets.cli.run_report import (
@@ -68,6 +69,12 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     """Materialise labels, checks and the gated apply in-process; exit 1 if a check blocked."""
     engine = settings.store_engine()
     tenants = store_tenants(engine, args.tenant)
+    if args.deadline:
+        code, plan_doc, plan_human = cmd_run_deadline(args, settings, tenants)
+        emit(args, plan_doc, *plan_human)
+        return code
+    if args.dry_run or args.best_effort:
+        raise UserError("--dry-run and --best-effort go with --deadline (see `dry-run` for costs)")
     if args.sample:
         # The canary runs before any evaluation may exist: it is how one learns cheaply.
         return _run_sample(args, settings, engine, tenants)

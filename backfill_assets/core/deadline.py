@@ -40,7 +40,9 @@ def parse_deadline(text: str, now: dt.datetime) -> dt.datetime:
     or ``90m``. The result is timezone-aware UTC and later than ``now``."""
     raw = text.strip()
     if not raw:
-        raise DeadlineError("empty deadline: give an ISO time (2026-12-04T09:00Z) or a duration (36h)")
+        raise DeadlineError(
+            "empty deadline: give an ISO time (2026-12-04T09:00Z) or a duration (36h)"
+        )
     when: dt.datetime | None = None
     compact = raw.lower().replace(" ", "")
     if re.fullmatch(r"(?:\d+(?:\.\d+)?[dhms])+", compact):
@@ -106,6 +108,9 @@ class Work:
     cost_per_key: Mapping[Tier, Decimal]
     # Dollars the tenant may still spend (None: no dollar budget).
     budget_left: Decimal | None = None
+    # Tokens a strict token budget reserves for these keys, and what it has left (None: no cap).
+    bound_tokens: int = 0
+    tokens_left: int | None = None
 
     def cost(self, tier: Tier, keys: int) -> Decimal:
         return self.cost_per_key[tier] * keys
@@ -119,10 +124,21 @@ class TenantPlan:
     keys: Mapping[Tier, int]
     cost: Decimal
     budget_left: Decimal | None
+    bound_tokens: int = 0
+    tokens_left: int | None = None
 
     @property
     def over_budget(self) -> bool:
+        """The budget stops this tenant before its keys are done, whatever the tiers."""
+        return self.over_dollars or self.over_tokens
+
+    @property
+    def over_dollars(self) -> bool:
         return self.budget_left is not None and self.cost > self.budget_left
+
+    @property
+    def over_tokens(self) -> bool:
+        return self.tokens_left is not None and self.bound_tokens > self.tokens_left
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +192,8 @@ class DeadlinePlan:
                     "keys": {t.value: p.keys.get(t, 0) for t in Tier},
                     "cost_usd": str(p.cost),
                     "budget_left_usd": None if p.budget_left is None else str(p.budget_left),
+                    "bound_tokens": p.bound_tokens,
+                    "tokens_left": p.tokens_left,
                     "over_budget": p.over_budget,
                 }
                 for p in self.tenants
@@ -268,10 +286,11 @@ def make_plan(
             reasons.append(f"the plan eats into the {margin:.0%} margin")
         else:
             feasible = False
+            sync_s = total / rates.sync_per_s if rates.sync_per_s else math.inf
             reasons.append(
-                f"{total} key(s) need {_human(total / rates.sync_per_s if rates.sync_per_s else math.inf)}"
-                f" on the synchronous tiers at {rates.sync_per_s:.2f} keys/s and batch is assumed"
-                f" to take {_human(rates.batch_completion_s)}; the deadline is {_human(left_s)} away"
+                f"{total} key(s) need {_human(sync_s)} on the synchronous tiers at"
+                f" {rates.sync_per_s:.2f} keys/s and batch is assumed to take"
+                f" {_human(rates.batch_completion_s)}; the deadline is {_human(left_s)} away"
             )
     batch = counts[Tier.BATCH]
     hedged_s = batch / rates.sync_per_s if rates.sync_per_s > 0 else math.inf
@@ -284,11 +303,18 @@ def make_plan(
     tenants: list[TenantPlan] = []
     for w, share in zip(work, _spread(counts, work), strict=True):
         cost = sum((w.cost(t, n) for t, n in share.items()), Decimal(0))
-        tenants.append(TenantPlan(w.tenant, share, cost, w.budget_left))
+        tenants.append(
+            TenantPlan(w.tenant, share, cost, w.budget_left, w.bound_tokens, w.tokens_left)
+        )
     for p in tenants:
-        if p.over_budget:
+        if p.over_dollars:
             reasons.append(
                 f"tenant {p.tenant}: planned ${p.cost} exceeds its budget left ${p.budget_left}"
+            )
+        if p.over_tokens:
+            reasons.append(
+                f"tenant {p.tenant}: its keys reserve up to {p.bound_tokens} tokens and its "
+                f"token budget has {p.tokens_left} left"
             )
     return DeadlinePlan(
         now=now,

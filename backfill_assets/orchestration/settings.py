@@ -129,6 +129,9 @@ class Settings(BaseSettings):
         "BACKFILL_BATCH_MAX_LINES", default=PROVIDER_MAX_LINES, ge=1, le=PROVIDER_MAX_LINES
     )
     batch_poll_seconds: float = _var("BACKFILL_BATCH_POLL_SECONDS", default=30.0, gt=0.0)
+    # What a deadline plan assumes a batch takes before this store has a history: the whole
+    # 24 h completion window, the pessimistic reading of the provider's promise.
+    batch_prior_seconds: float = _var("BACKFILL_BATCH_PRIOR_SECONDS", default=86_400.0, gt=0.0)
     batch_create_lookup_seconds: float = _var(
         "BACKFILL_BATCH_CREATE_LOOKUP_SECONDS", default=600.0, ge=0.0
     )

@@ -69,3 +69,17 @@ def leave(engine: Engine, endpoint: str, member: str) -> None:
                 limiter_members.c.endpoint == endpoint, limiter_members.c.member == member
             )
         )
+
+
+def live_members(engine: Engine, ttl_s: float) -> int:
+    """Processes that heartbeat any endpoint's shared limit within ``ttl_s`` (a planner's
+    guess at how many ways the limit is split when this run joins)."""
+    now_sql = _SQLITE_NOW if engine.dialect.name == "sqlite" else _PG_NOW
+    with engine.connect() as conn:
+        now = float(conn.execute(sa.text(f"SELECT {now_sql}")).scalar_one())
+        found = conn.execute(
+            sa.select(sa.func.count(sa.distinct(limiter_members.c.member))).where(
+                limiter_members.c.heartbeat_at >= now - ttl_s
+            )
+        ).scalar_one()
+    return int(found)

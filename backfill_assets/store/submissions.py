@@ -236,3 +236,22 @@ def state_counts(
         .group_by(batch_submissions.c.state)
     )
     return {str(s): int(n) for s, n in conn.execute(stmt)}
+
+
+def batch_durations(conn: Connection, model: str, newest: int = 200) -> list[float]:
+    """Seconds from submission to the provider's end, for this model's newest ``newest``
+    batches that completed: the history a deadline plan assumes batch speed from."""
+    c = batch_submissions.c
+    rows = conn.execute(
+        sa.select(c.submitted_at, c.finished_at)
+        .where(
+            c.model == model,
+            c.state.in_(("ended", "applied")),
+            c.provider_status == "completed",
+            c.submitted_at.is_not(None),
+            c.finished_at.is_not(None),
+        )
+        .order_by(c.finished_at.desc())
+        .limit(newest)
+    ).all()
+    return [max(0.0, (r.finished_at - r.submitted_at).total_seconds()) for r in rows]

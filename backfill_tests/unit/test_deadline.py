@@ -20,7 +20,11 @@ from backfill_assets.core.deadline import (
 )
 
 NOW = dt.datetime(2026, 12, 3, 12, 0, tzinfo=dt.UTC)
-PRICES = {Tier.STANDARD: Decimal("0.0002"), Tier.FLEX: Decimal("0.0001"), Tier.BATCH: Decimal("0.0001")}
+PRICES = {
+    Tier.STANDARD: Decimal("0.0002"),
+    Tier.FLEX: Decimal("0.0001"),
+    Tier.BATCH: Decimal("0.0001"),
+}
 DAY = 86_400.0
 
 
@@ -28,7 +32,9 @@ def work(*keys: int, budget: Decimal | None = None) -> list[Work]:
     return [Work(f"t{i}", n, PRICES, budget) for i, n in enumerate(keys)]
 
 
-def rates(std: float = 10.0, flex: float = 0.0, unavailable: float = 0.0, batch_s: float = DAY) -> Rates:
+def rates(
+    std: float = 10.0, flex: float = 0.0, unavailable: float = 0.0, batch_s: float = DAY
+) -> Rates:
     return Rates(std, flex, unavailable, batch_s)
 
 
@@ -75,7 +81,9 @@ def test_a_deadline_shorter_than_any_batch_uses_flex_then_standard() -> None:
 
 def test_flex_unavailability_moves_keys_to_standard_in_time() -> None:
     # 10 min window x 0.9 = 540 s: flex finishes 1/s x (1 - 0.5) = 270; the rest go standard.
-    plan = make_plan(work(3000), rates(std=10, flex=1, unavailable=0.5), NOW, NOW + dt.timedelta(minutes=10))
+    plan = make_plan(
+        work(3000), rates(std=10, flex=1, unavailable=0.5), NOW, NOW + dt.timedelta(minutes=10)
+    )
     assert plan.keys == {Tier.BATCH: 0, Tier.FLEX: 270, Tier.STANDARD: 2730}
     assert plan.feasible
     assert plan.expected_finish <= NOW + dt.timedelta(minutes=9)
@@ -144,3 +152,10 @@ def test_every_key_is_planned_exactly_once(
 def test_tier_counts_add_up(total: int, window: float) -> None:
     counts, rescue_s = tier_counts(total, rates(flex=3, unavailable=0.3, batch_s=DAY / 2), window)
     assert sum(counts.values()) == total and rescue_s >= 0
+
+
+def test_a_tenant_whose_token_budget_cannot_cover_its_keys_is_reported() -> None:
+    w = [Work("big", 100, PRICES, bound_tokens=90_000, tokens_left=50_000), *work(5)]
+    plan = make_plan(w, rates(), NOW, NOW + dt.timedelta(days=3))
+    assert [p.over_budget for p in plan.tenants] == [True, False]
+    assert "big: its keys reserve up to 90000 tokens" in plan.reasons[0]

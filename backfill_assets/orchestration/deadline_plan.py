@@ -1,0 +1,99 @@
+"""The inputs of a deadline plan, measured here: pending work and its prices, the limit this
+run gets, and how fast this store's batches have completed (``core/deadline.py`` plans)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import statistics
+from collections.abc import Sequence
+from decimal import Decimal
+
+from backfill_assets.core.deadline import DeadlinePlan, Rates, Tier, Work, make_plan
+from backfill_assets.orchestration.estimate import TenantEstimate, estimate_pending
+from backfill_assets.orchestration.resources import versions_for
+from backfill_assets.orchestration.settings import Settings
+from backfill_assets.store.budget import free_tokens
+from backfill_assets.store.engine import read_tx
+from backfill_assets.store.limiter_members import live_members
+from backfill_assets.store.submissions import batch_durations
+
+# Batches of this store's history needed before it replaces the prior.
+MIN_BATCH_HISTORY = 3
+# Members heartbeat every second or so; one silent for this long has left the limit.
+_MEMBER_TTL_S = 5.0
+
+
+class NoLimitKnown(ValueError):
+    """The synchronous throughput cannot be known: no configured limit."""
+
+
+def batch_completion_s(durations: Sequence[float], prior_s: float) -> float:
+    """What a plan assumes a batch takes: the 90th percentile of this store's completed
+    batches once there are a few, else the configured prior (pessimistic by default)."""
+    if len(durations) < MIN_BATCH_HISTORY:
+        return prior_s
+    return statistics.quantiles(durations, n=10, method="inclusive")[-1]
+
+
+def sync_keys_per_s(settings: Settings, tokens_per_key: float, members: int) -> float:
+    """Keys per second the synchronous tier gets: the configured limits (requests and tokens)
+    divided among the processes already sharing them, plus this run."""
+    if settings.model_backend == "fake" and not (settings.rpm or settings.tpm):
+        # The deterministic fake has no limit: its latency and the concurrency bound it.
+        latency_s = max(settings.fake_latency_ms, 1.0) / 1000.0
+        return settings.concurrency / latency_s
+    limits = []
+    if settings.rpm:
+        limits.append(settings.rpm / 60.0)
+    if settings.tpm and tokens_per_key > 0:
+        limits.append(settings.tpm / 60.0 / tokens_per_key)
+    if not limits:
+        raise NoLimitKnown(
+            "a deadline plan needs the provider's limit: set BACKFILL_RPM (and BACKFILL_TPM) "
+            "to the limits of your account"
+        )
+    share = 1.0 / (1 + members) if settings.share_limit else 1.0
+    return min(limits) * share
+
+
+def _work(est: TenantEstimate, tokens_left: int | None) -> Work:
+    n = max(est.keys, 1)
+    standard = Decimal(str(est.estimated_cost_usd)) / n
+    batch = Decimal(str(est.estimated_cost_usd_batch)) / n
+    return Work(
+        tenant=est.tenant,
+        keys=est.keys,
+        cost_per_key={Tier.STANDARD: standard, Tier.FLEX: batch, Tier.BATCH: batch},
+        bound_tokens=est.bound_tokens,
+        tokens_left=tokens_left,
+    )
+
+
+def plan_deadline(
+    settings: Settings,
+    tenants: Sequence[str],
+    deadline: dt.datetime,
+    margin: float,
+    now: dt.datetime,
+) -> DeadlinePlan:
+    """The plan for ``tenants``' pending keys (read-only: nothing is sent or stored)."""
+    engine = settings.store_engine()
+    model = settings.model_resource()
+    versions = versions_for(model, settings.rubric())
+    cap = settings.tenant_budget_tokens
+    with read_tx(engine) as conn:
+        estimates = estimate_pending(conn, tenants, versions, settings.rubric(), settings.prices())
+        durations = batch_durations(conn, versions.model)
+        left = {e.tenant: free_tokens(conn, e.tenant, cap) if cap else None for e in estimates}
+    keys = sum(e.keys for e in estimates)
+    tokens_per_key = sum(e.estimated_tokens for e in estimates) / keys if keys else 0.0
+    rates = Rates(
+        standard_per_s=sync_keys_per_s(
+            settings, tokens_per_key, live_members(engine, _MEMBER_TTL_S)
+        ),
+        flex_per_s=0.0,  # no flex tier to send to yet
+        flex_unavailable=0.0,
+        batch_completion_s=batch_completion_s(durations, settings.batch_prior_seconds),
+    )
+    work = [_work(e, left[e.tenant]) for e in estimates if e.keys]
+    return make_plan(work, rates, now, deadline, margin)
