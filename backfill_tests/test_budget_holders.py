@@ -1,4 +1,4 @@
-"""Budget reservations (issue 9): held while their holder lives, however long it is silent;
+"""Budget reservations: held while their holder lives, however long it is silent;
 reclaimed the moment it dies; and no holder can hoard a tenant's whole budget."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The money path under a hostile provider (issue 9): strict caps whatever the tokenizer, every
+"""The money path under a hostile provider: strict caps whatever the tokenizer, every
 usage shape booked once and never as 0, a bill past the bound stops the tenant, run-level errors
 stop the run with every key pending, Retry-After bounded.
 

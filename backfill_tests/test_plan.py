@@ -1,4 +1,4 @@
-"""Cost follows the work (issue 10): partitions with nothing to do never reach Dagster, the rest
+"""Cost follows the work: partitions with nothing to do never reach Dagster, the rest
 are pooled into few runs, and slices fill by volume."""
 
 from __future__ import annotations

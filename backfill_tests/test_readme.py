@@ -1,4 +1,4 @@
-"""The README and docs/*.md say what is true: their shell blocks run as written (issue 12).
+"""The README and docs/*.md say what is true: their shell blocks run as written.
 
 Every ```sh / ```bash block of README.md and then docs/*.md (in name order) runs top to
 bottom, in one fresh Dagster home and store, from a scratch directory that links the

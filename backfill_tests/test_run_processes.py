@@ -1,4 +1,4 @@
-"""A big ``run`` spreads its boxes over several processes (issue 10: use every core).
+"""A big ``run`` spreads its boxes over several processes (use every core).
 
 What must hold whatever the split: every partition of the plan is run by exactly one process,
 every key is paid once, a signal stops every process's runs the same way, and a process that

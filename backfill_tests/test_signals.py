@@ -1,4 +1,4 @@
-"""SIGTERM and SIGINT stop ``run`` cleanly (issue 12): finished work committed, the Dagster run
+"""SIGTERM and SIGINT stop ``run`` cleanly: finished work committed, the Dagster run
 canceled, exit non-zero within 10 s; the next run finishes the rest."""
 
 from __future__ import annotations

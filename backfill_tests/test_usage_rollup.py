@@ -1,4 +1,4 @@
-"""The usage rollup (sql/008, issue 10): reports read it instead of aggregating the whole
+"""The usage rollup (sql/008): reports read it instead of aggregating the whole
 ledger, so it must equal the ledger's usage events grouped by tenant, model and UTC day, after
 every kind of outcome, after a migration of an existing store, and `verify` must say when not."""
 

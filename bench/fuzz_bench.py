@@ -1,4 +1,4 @@
-"""Crash fuzzing (issue 9, C): one backfill SIGKILLed at many random moments, then audited.
+"""Crash fuzzing: one backfill SIGKILLed at many random moments, then audited.
 
     bench/run fuzz [--store sqlite|postgres|both] [--kills 50] [--posts 1200] [--tenants 3]
                    [--seed 7] [--latency-ms 150] [--concurrency 8] [--flush-ms 100]

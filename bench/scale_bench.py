@@ -1,4 +1,4 @@
-"""Scale benchmarks (issue 10): many tenants, the seed's JSONL shape, a million posts.
+"""Scale benchmarks: many tenants, the seed's JSONL shape, a million posts.
 
     bench/run scale --tenants-bench [--posts 10000] [--repeat 1]
     bench/run scale --seed [--posts-per-tenant 10000] [--concurrency 64] [--repeat 1]

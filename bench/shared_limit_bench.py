@@ -1,4 +1,4 @@
-"""One provider limit shared by concurrent runs in separate processes (issue 11).
+"""One provider limit shared by concurrent runs in separate processes.
 
     bench/run shared-limit [--runs 4] [--posts-per-run 600] [--rpm 1200] [--latency-ms 200]
                            [--concurrency 64] [--store sqlite|pg] [--modes shared,unshared]

@@ -1,4 +1,4 @@
-"""The moderation_labels partitions page with many tenants, in headless Chromium (issue 10).
+"""The moderation_labels partitions page with many tenants, in headless Chromium.
 
     bench/run ui [--tenants 1000] [--posts-per-tenant 64] [--run-tenants 10] [--loads 5]
 

@@ -1,4 +1,4 @@
-"""Provider utilisation across tenants (issue 10): one backfill of many tenants through the
+"""Provider utilisation across tenants: one backfill of many tenants through the
 whole CLI against the simulator, measured over the whole backfill.
 
     bench/run utilization [--tenants 10] [--posts 1500] [--rpm 600] [--latency-ms 200]

@@ -1,4 +1,4 @@
-"""Which partitions need a run, and how few Dagster runs can do them (issue 10).
+"""Which partitions need a run, and how few Dagster runs can do them.
 
 Cost follows the work, not the bookkeeping:
 
@@ -381,7 +381,7 @@ def _known(partitions: Sequence[PartitionPlan]) -> set[str]:
 def pool_by_region(
     plan: Plan, tenant_order: Sequence[str], region_of: Mapping[str, str | None]
 ) -> Plan:
-    """The plan with boxes that never mix regions (region lanes, issue 11).
+    """The plan with boxes that never mix regions (region lanes).
 
     A run's partitions succeed or fail together, so a tenant whose region has no endpoint
     would fail the others pooled with it; and a run tagged with one region is what the run

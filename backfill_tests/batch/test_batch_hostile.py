@@ -1,4 +1,4 @@
-"""Batch mode against a hostile provider (issue 9): token-limit refusals at create, run-level
+"""Batch mode against a hostile provider: token-limit refusals at create, run-level
 refusals (401/403/404) on every Files/Batches call, lost create answers with a lagging batch
 list, and error texts that echo the post. The simulator stands behind ``SimProxy``."""
 

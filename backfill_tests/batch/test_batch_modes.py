@@ -1,4 +1,4 @@
-"""Sync and batch mode over the same partitions while a batch is open at the provider (issue 9):
+"""Sync and batch mode over the same partitions while a batch is open at the provider:
 no key is paid twice across modes, and an open batch's reservation holds after its process died.
 
 A batch-mode run (the real CLI in a subprocess) is SIGKILLed while its batches are open

@@ -1,4 +1,4 @@
-"""Batch mode's money path (issue 9): every usage shape booked like sync (never 0), each line's
+"""Batch mode's money path: every usage shape booked like sync (never 0), each line's
 upper bound reserved and stored, a line billed past its bound stops the tenant."""
 
 from __future__ import annotations

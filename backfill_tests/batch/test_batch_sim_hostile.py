@@ -1,4 +1,4 @@
-"""Batch mode against the simulator's own hostile modes (issue 9, section B): create refusals
+"""Batch mode against the simulator's own hostile modes: create refusals
 for the enqueued-token limit, creates whose answer never arrives with a lagging batch list,
 every usage shape in output lines, error texts that echo the request, a wrong key."""
 

@@ -1,4 +1,4 @@
-"""The money path against the simulator at its most hostile (issue 9): over-billing, odd usage
+"""The money path against the simulator at its most hostile: over-billing, odd usage
 shapes, a wrong key, a bogus Retry-After, 5xx answers that claim the rate window is spent.
 """
 

@@ -1,4 +1,4 @@
-"""One provider limit shared by every process that uses it (issue 11): membership, fair
+"""One provider limit shared by every process that uses it: membership, fair
 shares per tenant, reclaiming a dead member's share."""
 
 from __future__ import annotations

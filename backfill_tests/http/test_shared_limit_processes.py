@@ -1,4 +1,4 @@
-"""Two runs in two processes share one provider limit fairly (issue 11), on the simulator.
+"""Two runs in two processes share one provider limit fairly, on the simulator.
 
 A big tenant runs alone; a small one starts later in another process. Without sharing each
 process would pace at the whole limit (429s), and FIFO would make the small tenant wait behind

@@ -1,4 +1,4 @@
-"""One provider account's limit shared by every process that uses it (issue 11).
+"""One provider account's limit shared by every process that uses it.
 
 Each process paces with its own ``EndpointLimiter`` (schedules, AIMD, pauses) but only at its
 *fraction* of the configured RPM/TPM. The fraction comes from a membership table in the store:
