@@ -3,17 +3,15 @@
 Everything imported at start-up (Dagster, SQLAlchemy, pandas and pandera: hundreds of thousands
 of objects) lives until the process ends, yet Python's garbage collector walks all of it on
 every full collection, and a run allocates enough per key to trigger many. ``freeze_heap``
-moves what exists into the collector's permanent generation (``gc.freeze``): a 30,000-post
-``run`` took 5-19% less CPU in ten alternating pairs (median 11%), ``verify`` of those posts
-~0.35 s less.
-It is called once the imports are done, and again by ``run`` just before it forks its helpers,
+moves what exists into the collector's permanent generation (``gc.freeze``), so full
+collections skip it (measured in docs/benchmarks.md). It is called once the imports are done, and again by ``run`` just before it forks its helpers,
 which then share those pages with their parent instead of copying them as the collector touches
 them. Cyclic garbage that exists at a freeze is never collected; at those points there is
 little.
 
 At exit CPython clears every module and runs a full garbage collection over everything
-Dagster, pandas and pandera loaded: ~1 s after a 30,000-post ``run`` here, as long as a
-no-op rerun's whole work. Nothing of ours needs it: every result, ledger row and Dagster event
+Dagster, pandas and pandera loaded, which can take as long as a no-op rerun's whole work.
+Nothing of ours needs it: every result, ledger row and Dagster event
 is committed before the command returns (a SIGKILL at that point loses nothing either), so the
 process flushes its output, runs the ``atexit`` hooks (logging's flush among them), closes the
 store's connections and leaves with ``os._exit``. If a thread other than the main one is still

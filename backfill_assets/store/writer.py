@@ -10,8 +10,7 @@ The frame check (pandera) runs before the outcome transaction opens, so the writ
 attempt commits wait for on SQLite) is never held while it runs. On PostgreSQL outcome
 flushes run on the lane's own thread, which overlaps the server's WAL flush at commit with the
 calls; on SQLite (no fsync at commit in WAL mode with synchronous=NORMAL) a flush is all CPU,
-and running it on the event loop avoids the two threads trading the GIL and the write lock:
-20-25% more keys/s in ``bench/run pipeline``.
+and running it on the event loop avoids the two threads trading the GIL and the write lock.
 """
 
 from __future__ import annotations
