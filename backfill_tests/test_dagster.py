@@ -8,7 +8,6 @@ import dagster as dg
 from sqlalchemy.engine import Engine
 
 from backfill_assets.core.keys import slice_of
-from backfill_assets.core.range_guard import RANGE_END, RANGE_START
 from backfill_assets.definitions import BACKFILL_JOB, build_definitions
 from backfill_assets.orchestration.metadata import add_partition_metadata
 from backfill_assets.orchestration.orchestrate import (
@@ -17,6 +16,7 @@ from backfill_assets.orchestration.orchestrate import (
     rectangles,
 )
 from backfill_assets.orchestration.partitions import partition_key_for
+from backfill_assets.orchestration.range_guard import RANGE_END, RANGE_START
 from backfill_tests.conftest import import_records
 from backfill_tests.pipeline_helpers import count, verify
 from backfill_tests.policy_helpers import COURSE_V5

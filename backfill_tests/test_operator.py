@@ -14,7 +14,6 @@ import pytest
 from sqlalchemy.engine import Engine
 
 from backfill_assets.cli import build_parser
-from backfill_assets.core.range_guard import RANGE_END, RANGE_START
 from backfill_assets.definitions import BACKFILL_JOB, build_definitions
 from backfill_assets.orchestration.launch import (
     DagsterClient,
@@ -26,6 +25,7 @@ from backfill_assets.orchestration.launch import (
 )
 from backfill_assets.orchestration.orchestrate import ensure_tenant_partitions
 from backfill_assets.orchestration.partitions import partition_key_for
+from backfill_assets.orchestration.range_guard import RANGE_END, RANGE_START
 from backfill_assets.orchestration.resources import StoreResource
 from backfill_assets.orchestration.settings import Settings
 from backfill_assets.orchestration.usage import tenant_usage

@@ -25,7 +25,7 @@ import sqlalchemy as sa
 from backfill_assets.core.keys import SLICE_COUNT, Versions
 from backfill_assets.core.outcomes import RetryPolicy
 from backfill_assets.core.rubric import TASK_VERSION, Rubric
-from backfill_assets.dispatch.batch.options import BatchEndpoint, BatchOptions
+from backfill_assets.dispatch.batch_options import BatchEndpoint, BatchOptions
 from backfill_assets.dispatch.pipeline import PartitionRef, RunOptions, run_partitions
 from backfill_assets.ingest.importer import import_path
 from backfill_assets.orchestration.resources import engine_for

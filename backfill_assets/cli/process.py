@@ -4,10 +4,10 @@ Everything imported at start-up (Dagster, SQLAlchemy, pandas and pandera: hundre
 of objects) lives until the process ends, yet Python's garbage collector walks all of it on
 every full collection, and a run allocates enough per key to trigger many. ``freeze_heap``
 moves what exists into the collector's permanent generation (``gc.freeze``), so full
-collections skip it (measured in docs/benchmarks.md). It is called once the imports are done, and again by ``run`` just before it forks its helpers,
-which then share those pages with their parent instead of copying them as the collector touches
-them. Cyclic garbage that exists at a freeze is never collected; at those points there is
-little.
+collections skip it (measured in docs/benchmarks.md). It is called once the imports are done,
+and again by ``run`` just before it forks its helpers, which then share those pages with their
+parent instead of copying them as the collector touches them. Cyclic garbage that exists at
+a freeze is never collected; at those points there is little.
 
 At exit CPython clears every module and runs a full garbage collection over everything
 Dagster, pandas and pandera loaded, which can take as long as a no-op rerun's whole work.

@@ -15,7 +15,7 @@ from typing import Any
 from backfill_assets.core.keys import MAX_LEVEL, SLICE_COUNT, partition_slices, validate_tenant_id
 from backfill_assets.core.outcomes import Outcome, RetryPolicy
 from backfill_assets.core.regions import unavailable_message
-from backfill_assets.dispatch.batch.options import BatchEndpoint, BatchOptions
+from backfill_assets.dispatch.batch_options import BatchEndpoint, BatchOptions
 from backfill_assets.dispatch.sync import PartitionStats
 from backfill_assets.providers.models.base import ModelAdapter
 

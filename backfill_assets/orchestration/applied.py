@@ -6,13 +6,13 @@ from typing import Any
 import dagster as dg
 
 from backfill_assets.audit.check_rules import BLOCKING_CHECKS, CHECK_GROUPS, blocking_failures
-from backfill_assets.core.range_guard import require_full_range
 from backfill_assets.core.rubric import Rubric
 from backfill_assets.dispatch.pipeline import with_levels
 from backfill_assets.orchestration.checks import LABELS_KEY, loaded_code_version, verdicts_for
 from backfill_assets.orchestration.checks_config import ChecksResource
 from backfill_assets.orchestration.metadata import add_partition_metadata
 from backfill_assets.orchestration.partitions import moderation_partitions, run_refs
+from backfill_assets.orchestration.range_guard import require_full_range
 from backfill_assets.orchestration.resources import (
     ModelResource,
     StoreResource,

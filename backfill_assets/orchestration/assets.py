@@ -5,7 +5,6 @@ import warnings
 import dagster as dg
 
 from backfill_assets.core.faults import NO_FAULTS, FaultHooks
-from backfill_assets.core.range_guard import require_full_range
 from backfill_assets.core.rubric import Rubric
 from backfill_assets.dispatch.partition_run import RunStopped
 from backfill_assets.dispatch.pipeline import run_partitions, with_levels
@@ -13,6 +12,7 @@ from backfill_assets.orchestration.evaluation import gate_verdict
 from backfill_assets.orchestration.metadata import add_partition_metadata, partition_metadata
 from backfill_assets.orchestration.partitions import moderation_partitions, run_refs
 from backfill_assets.orchestration.posts_asset import POSTS_KEY
+from backfill_assets.orchestration.range_guard import require_full_range
 from backfill_assets.orchestration.resources import (
     ModelResource,
     RunSettings,

@@ -21,7 +21,7 @@ from backfill_assets.core.rubric import (
     call_token_bound,
     estimate_prompt_tokens,
 )
-from backfill_assets.dispatch.batch.options import BATCH_PRICE_FACTOR
+from backfill_assets.dispatch.batch_options import BATCH_PRICE_FACTOR
 from backfill_assets.store.work import pending_posts
 
 

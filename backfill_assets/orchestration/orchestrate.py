@@ -14,7 +14,6 @@ import sqlalchemy as sa
 
 from backfill_assets.audit.check_rules import BLOCKING_CHECKS
 from backfill_assets.core.keys import SLICE_KEYS, slice_no, validate_tenant_id
-from backfill_assets.core.range_guard import RANGE_END, RANGE_START
 from backfill_assets.core.regions import run_tags as region_tags
 from backfill_assets.orchestration.partitions import (
     partition_key_for,
@@ -22,6 +21,7 @@ from backfill_assets.orchestration.partitions import (
     tenant_partitions,
 )
 from backfill_assets.orchestration.plan import Box
+from backfill_assets.orchestration.range_guard import RANGE_END, RANGE_START
 from backfill_assets.store.posts import ImportSummary
 
 LABELS = dg.AssetKey("moderation_labels")

@@ -18,7 +18,7 @@ from backfill_assets.core.outcomes import RetryPolicy
 from backfill_assets.core.prices import PriceTable
 from backfill_assets.core.regions import InvalidRegion, api_key_var, validate_region
 from backfill_assets.core.rubric import TASK_VERSION, Rubric
-from backfill_assets.dispatch.batch.options import BatchEndpoint, BatchOptions
+from backfill_assets.dispatch.batch_options import BatchEndpoint, BatchOptions
 from backfill_assets.dispatch.partition_run import Lanes, RunOptions
 from backfill_assets.providers.models.base import ModelAdapter
 from backfill_assets.providers.models.fake import FakeModel

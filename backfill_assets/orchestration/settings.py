@@ -37,7 +37,7 @@ from backfill_assets.core.policy import PolicyInvalid, builtin_policy, load_poli
 from backfill_assets.core.prices import PriceError, PriceTable
 from backfill_assets.core.regions import API_KEY_VAR, BASE_URL_VAR, InvalidRegion, region_of_suffix
 from backfill_assets.core.rubric import Rubric
-from backfill_assets.dispatch.batch.options import KILL_POINTS, PROVIDER_MAX_LINES
+from backfill_assets.dispatch.batch_options import KILL_POINTS, PROVIDER_MAX_LINES
 from backfill_assets.ingest.sql_import import SqlSource
 from backfill_assets.orchestration.checks_config import (
     LIVE_BASELINE,

@@ -17,7 +17,7 @@ from backfill_assets.dispatch.batch.client import (
     Unsure,
     retry,
 )
-from backfill_assets.dispatch.batch.options import BatchEndpoint
+from backfill_assets.dispatch.batch_options import BatchEndpoint
 from backfill_assets.providers.models.base import RunFatalError
 from backfill_tests.batch.conftest import API_KEY, StartSim
 

@@ -16,7 +16,7 @@ from backfill_assets.core.regions import (
     unavailable_message,
     validate_region,
 )
-from backfill_assets.dispatch.batch.options import BatchEndpoint
+from backfill_assets.dispatch.batch_options import BatchEndpoint
 from backfill_assets.dispatch.pipeline import PartitionRef
 from backfill_assets.dispatch.routing import Lanes, plan_lanes
 from backfill_assets.orchestration.plan import PartitionPlan, Plan, pool, pool_by_region

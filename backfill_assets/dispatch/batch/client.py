@@ -26,9 +26,9 @@ from typing import Any, TypeVar
 import httpx
 
 from backfill_assets import __version__
-from backfill_assets.dispatch.batch.options import BatchEndpoint
 from backfill_assets.dispatch.batch.triage import WITHHELD
 from backfill_assets.dispatch.batch.wire import ENDPOINT, BatchObject, BatchPage
+from backfill_assets.dispatch.batch_options import BatchEndpoint
 from backfill_assets.providers.models._openai_wire import error_summary, retry_after_seconds
 from backfill_assets.providers.models.base import RunFatalError
 from backfill_assets.providers.models.errors import Scope, classify, run_fatal_hint

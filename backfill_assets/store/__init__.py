@@ -1,0 +1,1 @@
+"""All SQL: engines, migrations, the work query, the writer, locks, the ledger and reports."""
