@@ -28,8 +28,6 @@ LABELS = RUBRIC.policy.label_ids
 KEY = "c0ffee" + "0" * 58
 # A stand-in for post text a hostile model echoes back as a key or value.
 ECHO = "POSTTEXT-do-not-store"
-# Accepted outputs, checked once more as one frame by the writer's pandera schema at the end.
-ACCEPTED: list[ModerationOutput] = []
 FUZZ = settings(
     max_examples=200,
     deadline=None,
@@ -53,7 +51,6 @@ def meets_contract(out: ModerationOutput) -> None:
     assert out.label in LABELS
     assert type(out.confidence) is float and math.isfinite(out.confidence)
     assert 0.0 <= out.confidence <= 1.0 and math.copysign(1.0, out.confidence) == 1.0
-    ACCEPTED.append(out)
 
 
 def judge(raw: str) -> ModerationOutput | OutputRejected:
@@ -264,23 +261,26 @@ def test_rejection_reasons_do_not_echo_the_answer() -> None:
     assert ECHO not in str(exc.value) and "extra_forbidden" in str(exc.value)
 
 
-def test_accepted_outputs_pass_the_writers_frame_check() -> None:
-    # Runs after the property tests in this module (pytest keeps file order): every answer
-    # they saw accepted must also pass the frame check the writer runs before committing.
-    outs = ACCEPTED or [parse_output(_raw(), KEY, CONTRACT)]
-    rows = [
-        {
-            "key": KEY,
-            "tenant_id": "acme",
-            "post_id": f"p{i}",
-            **o.model_dump(),
-            "rule_ids": ",".join(o.rule_ids),
-        }
-        for i, o in enumerate(outs[:500])
-    ]
-    for row in rows:
-        good, bad = split_valid([row], CONTRACT)
-        assert good == [row] and bad == []
+@FUZZ
+@given(
+    label=st.sampled_from(LABELS),
+    confidence=st.floats(0.0, 1.0) | st.sampled_from(["0", "1", "0.0", "1e-300", "-0.0"]),
+)
+def test_accepted_outputs_pass_the_writers_frame_check(label: str, confidence: Any) -> None:
+    # Whatever the gate accepts, the frame check the writer runs before committing accepts too.
+    got = gate(_raw(label=json.dumps(label), confidence=json.dumps(confidence)))
+    if isinstance(got, OutputRejected):
+        return  # -0.0 and the like: rejected by the gate, never reach the writer
+    meets_contract(got)
+    row = {
+        "key": KEY,
+        "tenant_id": "acme",
+        "post_id": "p1",
+        **got.model_dump(),
+        "rule_ids": ",".join(got.rule_ids),
+    }
+    good, bad = split_valid([row], CONTRACT)
+    assert good == [row] and bad == []
 
 
 CURRENT = Versions("t", "p", "m")
