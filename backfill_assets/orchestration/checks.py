@@ -16,11 +16,6 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import dagster as dg
-from dagster._core.definitions.asset_checks.asset_check_evaluation import (
-    # Not re-exported by ``dagster`` in 1.13; the evaluation's pointer to the checked
-    # materialisation, which AssetCheckResult would fill in for a single-partition step.
-    AssetCheckEvaluationTargetMaterializationData as TargetMaterialization,
-)
 from sqlalchemy.engine import Connection, Engine
 
 from backfill_assets.audit.check_rules import (
@@ -35,6 +30,7 @@ from backfill_assets.core.rubric import Rubric
 from backfill_assets.dispatch.partition_run import PartitionRef
 from backfill_assets.dispatch.pipeline import with_levels
 from backfill_assets.orchestration.checks_config import ChecksResource
+from backfill_assets.orchestration.dagster_private import TargetMaterialization
 from backfill_assets.orchestration.partitions import moderation_partitions, run_refs
 from backfill_assets.orchestration.resources import (
     ModelResource,

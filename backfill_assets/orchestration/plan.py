@@ -26,13 +26,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import dagster as dg
-from dagster._core.definitions.data_version import CODE_VERSION_TAG
-from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 from sqlalchemy.engine import Engine
 
 from backfill_assets.audit.check_rules import CHECK_GROUPS
 from backfill_assets.core.keys import SLICE_COUNT, Versions, partition_of, slice_key
 from backfill_assets.dispatch.partition_run import PartitionRef
+from backfill_assets.orchestration.dagster_private import (
+    CODE_VERSION_TAG,
+    AssetCheckExecutionRecordStatus,
+)
 from backfill_assets.orchestration.partitions import partition_key_for, tenant_partitions
 from backfill_assets.store.engine import read_tx
 from backfill_assets.store.posts import slice_levels

@@ -34,16 +34,18 @@ from typing import Any
 import dagster as dg
 import sqlalchemy as sa
 import yaml
-from dagster._core.instance.ref import InstanceRef
-from dagster._core.storage.event_log.sqlite.sqlite_event_log import (
-    INDEX_SHARD_NAME,
-    SqliteEventLogStorage,
-)
-from dagster._core.storage.sqlite import SQLITE_BUSY_TIMEOUT_SECONDS
-from dagster._core.storage.sqlite_storage import DagsterSqliteStorage, _event_logs_directory
-from dagster._serdes import ConfigurableClassData
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.pool import NullPool
+
+from backfill_assets.orchestration.dagster_private import (
+    INDEX_SHARD_NAME,
+    SQLITE_BUSY_TIMEOUT_SECONDS,
+    ConfigurableClassData,
+    DagsterSqliteStorage,
+    InstanceRef,
+    SqliteEventLogStorage,
+    event_logs_directory,
+)
 
 # Shards whose engine stays open: the index, the runs being written, the runs the UI shows.
 _OPEN_SHARDS = 16
@@ -207,7 +209,7 @@ class PooledSqliteStorage(DagsterSqliteStorage):
     def __init__(self, base_dir: str, inst_data: ConfigurableClassData | None = None) -> None:
         super().__init__(base_dir, inst_data)
         # Dagster's constructor made the stock event log (nothing opened yet): replace it.
-        self._event_log_storage = PooledSqliteEventLogStorage(_event_logs_directory(base_dir))
+        self._event_log_storage = PooledSqliteEventLogStorage(event_logs_directory(base_dir))
 
     @classmethod
     def from_config_value(
@@ -233,7 +235,7 @@ class EmbeddedInstance(dg.DagsterInstance):
         defaults = dict(InstanceRef.config_defaults(base_dir))
         defaults["storage"] = _class_data(PooledSqliteStorage, base_dir)
         defaults["event_log_storage"] = _class_data(
-            PooledSqliteEventLogStorage, _event_logs_directory(base_dir)
+            PooledSqliteEventLogStorage, event_logs_directory(base_dir)
         )
         return defaults
 

@@ -1,0 +1,45 @@
+"""Every name this project takes from Dagster's private modules, in one place, with the reason.
+
+Dagster 1.13 has no public API for these; the pin (``dagster==1.13.27``) and the tests that use
+them (the embedded instance, the plan, the checks) catch a move on upgrade. Import them from
+here, never from ``dagster._*`` elsewhere.
+"""
+
+from __future__ import annotations
+
+# A check evaluation's pointer to the checked materialisation, which AssetCheckResult would fill
+# in for a single-partition step; our checks report for many partitions of one run.
+from dagster._core.definitions.asset_checks.asset_check_evaluation import (
+    AssetCheckEvaluationTargetMaterializationData as TargetMaterialization,
+)
+
+# The tag a materialisation carries its code version in: the plan reads it from the instance's
+# latest materialisations to find stale partitions without a per-partition status query.
+from dagster._core.definitions.data_version import CODE_VERSION_TAG
+
+# The embedded instance (``sqlite_instance.py``) subclasses Dagster's SQLite storage to keep
+# its event-log shards' connections open: these are the classes and constants it extends.
+from dagster._core.instance.ref import InstanceRef
+from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
+from dagster._core.storage.event_log.sqlite.sqlite_event_log import (
+    INDEX_SHARD_NAME,
+    SqliteEventLogStorage,
+)
+from dagster._core.storage.sqlite import SQLITE_BUSY_TIMEOUT_SECONDS
+from dagster._core.storage.sqlite_storage import DagsterSqliteStorage, _event_logs_directory
+from dagster._serdes import ConfigurableClassData
+
+__all__ = [
+    "CODE_VERSION_TAG",
+    "INDEX_SHARD_NAME",
+    "SQLITE_BUSY_TIMEOUT_SECONDS",
+    "AssetCheckExecutionRecordStatus",
+    "ConfigurableClassData",
+    "DagsterSqliteStorage",
+    "InstanceRef",
+    "SqliteEventLogStorage",
+    "TargetMaterialization",
+    "event_logs_directory",
+]
+
+event_logs_directory = _event_logs_directory
