@@ -38,7 +38,7 @@ def apply_metadata(rep: ApplyReport) -> dict[str, Any]:
 def passed_in_run(context: dg.AssetExecutionContext) -> set[str]:
     """Partitions whose blocking checks all passed earlier in this run."""
     records = context.instance.get_records_for_run(
-        context.run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION
+        context.run.run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION
     ).records
     seen: dict[str, dict[str, bool]] = {}
     for rec in records:

@@ -87,7 +87,7 @@ def _labels_asset(
                 model.build_adapter,
                 versions,
                 rubric,
-                context.run_id,
+                context.run.run_id,
                 settings.run_options(model, faults),
                 log=context.log.info,
             )

@@ -11,7 +11,6 @@ from backfill_assets.orchestration.assets import build_moderation_labels
 from backfill_assets.orchestration.backfill_plan import build_backfill_plan
 from backfill_assets.orchestration.checks import build_partition_checks
 from backfill_assets.orchestration.evaluation import build_policy_evaluation
-from backfill_assets.orchestration.partitions import moderation_partitions
 from backfill_assets.orchestration.posts_asset import build_incremental_schedule, build_posts
 from backfill_assets.orchestration.sealing import sealed_resources
 from backfill_assets.orchestration.sensors import reporting_automation, tenant_partitions_sensor
@@ -47,13 +46,11 @@ def build_definitions(settings: Settings | Mapping[str, str]) -> dg.Definitions:
         # Selecting the assets selects their checks too: labels, the six checks, then the
         # apply, which the blocking checks gate within each run.
         selection=dg.AssetSelection.assets(labels, applied),
-        partitions_def=moderation_partitions,
         description="Moderation labels, their checks and the gated apply, per tenant x slice.",
     )
     apply_job = dg.define_asset_job(
         APPLY_JOB,
         selection=dg.AssetSelection.assets(applied),
-        partitions_def=moderation_partitions,
         description="Apply verified labels only (re-checks the blocking checks itself).",
     )
     usage_job = dg.define_asset_job(
