@@ -80,7 +80,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         totals["cost_micro_usd"] += round(rep.stats.cost * 1_000_000)
     with read_tx(engine) as conn:
         chunks = submissions.state_counts(conn, tenants)
-        failed = submissions.state_counts(conn, tenants, run_id).get("failed", 0)
+        failed = submissions.state_counts(conn, tenants, run_id).get(
+            submissions.ChunkState.FAILED, 0
+        )
     busy = [r.ref.key for r in reports if r.busy]
     doc = {
         "totals": dict(totals),

@@ -5,6 +5,7 @@ Blocking SQL; the batch runner calls it through ``asyncio.to_thread``.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime
@@ -24,10 +25,24 @@ from backfill_assets.store.tables import (
 )
 from backfill_assets.store.writer import EVENT_COLUMNS
 
+
+class ChunkState(enum.StrEnum):
+    """Where a chunk is (``batch_submissions.state``, the CHECK list of ``sql/003``)."""
+
+    INTENT = "intent"  # row and lines written; nothing sent yet
+    UPLOADED = "uploaded"  # the input file is at the provider
+    SUBMITTED = "submitted"  # the batch exists at the provider
+    ENDED = "ended"  # the batch reached a terminal status; its lines are not booked yet
+    APPLIED = "applied"  # its lines are booked: results, dead letters, usage
+    FAILED = "failed"  # the provider refused the batch (validation): reported, keys kept
+    REQUEUED = "requeued"  # never ran (enqueued-token limit): its keys go into a new chunk
+    ABANDONED = "abandoned"  # never ran, and never will (a stale file, a stopped tenant)
+
+
 # A chunk in one of these states may still have a batch (or results) at the provider.
-OPEN_STATES = ("intent", "uploaded", "submitted", "ended")
+OPEN_STATES = (ChunkState.INTENT, ChunkState.UPLOADED, ChunkState.SUBMITTED, ChunkState.ENDED)
 # Chunks that never ran at the provider: their lines do not count as attempts.
-NOT_RUN_STATES = ("requeued", "abandoned")
+NOT_RUN_STATES = (ChunkState.REQUEUED, ChunkState.ABANDONED)
 LINE_COLUMNS = tuple(c.name for c in batch_lines.c)
 _IN_CHUNK = 500
 
@@ -62,7 +77,7 @@ class Submission:
     file_bytes: int
     run_id: str
     intent_at: datetime
-    state: str = "intent"
+    state: str = ChunkState.INTENT
     file_id: str | None = None
     batch_id: str | None = None
     provider_status: str | None = None
@@ -246,7 +261,7 @@ def batch_durations(conn: Connection, model: str, newest: int = 200) -> list[flo
         sa.select(c.submitted_at, c.finished_at)
         .where(
             c.model == model,
-            c.state.in_(("ended", "applied")),
+            c.state.in_((ChunkState.ENDED, ChunkState.APPLIED)),
             c.provider_status == "completed",
             c.submitted_at.is_not(None),
             c.finished_at.is_not(None),

@@ -16,6 +16,7 @@ from backfill_assets.dispatch.batch.context import BatchContext, ChunkJob
 from backfill_assets.dispatch.batch.texts import chunk_echoes
 from backfill_assets.providers.models.base import RunFatalError
 from backfill_assets.store import submissions as store
+from backfill_assets.store.submissions import ChunkState
 from backfill_assets.store.tables import utcnow
 
 # Lookups of an unsure create back off from the poll interval up to this.
@@ -53,7 +54,7 @@ async def reattach(ctx: BatchContext, job: ChunkJob) -> bool:
         ctx.fence,
         sub,
         batch_id=found.id,
-        state="submitted",
+        state=ChunkState.SUBMITTED,
         provider_status=found.status,
         submitted_at=sub.submitted_at or utcnow(),
     )
@@ -97,7 +98,7 @@ async def create(ctx: BatchContext, job: ChunkJob) -> Wait | None:
     assert sub.file_id is not None
     if sub.create_sent_at is not None:
         waiting = await _look_again(ctx, job)
-        if waiting is None and sub.state == "submitted":
+        if waiting is None and sub.state == ChunkState.SUBMITTED:
             if sub.run_id == ctx.run_id:
                 ctx.stats_for(job.partition).calls += sub.lines
             return None
@@ -131,7 +132,7 @@ async def create(ctx: BatchContext, job: ChunkJob) -> Wait | None:
         ctx.fence,
         sub,
         batch_id=batch.id,
-        state="submitted",
+        state=ChunkState.SUBMITTED,
         provider_status=batch.status,
         submitted_at=utcnow(),
     )

@@ -8,7 +8,6 @@ events are already committed, so nothing is booked twice. Only then is the chunk
 
 from __future__ import annotations
 
-import enum
 import functools
 import json
 
@@ -24,16 +23,9 @@ from backfill_assets.dispatch.batch.wire import OutputLine, output_lines
 from backfill_assets.providers.models.base import RunFatalError
 from backfill_assets.providers.models.errors import Scope, classify
 from backfill_assets.store import submissions as store
+from backfill_assets.store.submissions import ChunkState
 from backfill_assets.store.tables import utcnow
 from backfill_assets.store.writer import FlushReport, LedgerWriter
-
-
-class Ending(enum.StrEnum):
-    """How a chunk left the run."""
-
-    APPLIED = "applied"
-    REQUEUED = "requeued"  # never ran (enqueued-token limit): its keys go into a new chunk
-    FAILED = "failed"  # the provider refused the batch (validation): reported, keys kept
 
 
 def _builder(ctx: BatchContext, job: ChunkJob) -> LineRows:
@@ -63,7 +55,7 @@ def _writer(ctx: BatchContext) -> LedgerWriter:
     )
 
 
-async def close_unrun(ctx: BatchContext, job: ChunkJob, message: str, state: str) -> None:
+async def close_unrun(ctx: BatchContext, job: ChunkJob, message: str, state: ChunkState) -> None:
     """Close every line's attempt with an error event (nothing ran, nothing was billed)."""
     closed = await ctx.db(_closed, ctx, job)
     rows = _builder(ctx, job)
@@ -118,7 +110,7 @@ def _failed_scope(sub: store.Submission) -> Scope:
     return Scope.TOKEN_LIMIT if scopes == {Scope.TOKEN_LIMIT} else Scope.KEY
 
 
-async def book(ctx: BatchContext, job: ChunkJob) -> Ending:
+async def book(ctx: BatchContext, job: ChunkJob) -> ChunkState:
     """Book an ended batch; returns how the chunk left the run.
 
     A run-level answer (a failed batch's account code, a line answered 401/403/404) leaves
@@ -128,19 +120,21 @@ async def book(ctx: BatchContext, job: ChunkJob) -> Ending:
     if sub.provider_status == "failed":
         scope = _failed_scope(sub)
         if scope is Scope.TOKEN_LIMIT:
-            await close_unrun(ctx, job, "token_limit_exceeded: batch not run", "requeued")
-            return Ending.REQUEUED
+            await close_unrun(ctx, job, "token_limit_exceeded: batch not run", ChunkState.REQUEUED)
+            return ChunkState.REQUEUED
         if scope is Scope.RUN:
-            await close_unrun(ctx, job, "batch refused for the account: not run", "requeued")
+            await close_unrun(
+                ctx, job, "batch refused for the account: not run", ChunkState.REQUEUED
+            )
             ctx.fatal = ctx.fatal or RunFatalError(
                 f"batch {sub.batch_id} failed with a run-level error: {sub.errors}",
                 status=None,
                 endpoint=f"batch {sub.batch_id}",
             )
-            return Ending.REQUEUED
+            return ChunkState.REQUEUED
         codes = sorted({str(e.get("code")) for e in json.loads(sub.errors or "[]")})
-        await close_unrun(ctx, job, f"batch failed validation: {codes}", "failed")
-        return Ending.FAILED
+        await close_unrun(ctx, job, f"batch failed validation: {codes}", ChunkState.FAILED)
+        return ChunkState.FAILED
     found = await _download(ctx, sub.output_file_id)
     found.update(await _download(ctx, sub.error_file_id))
     ctx.kill("fetch")
@@ -158,8 +152,8 @@ async def book(ctx: BatchContext, job: ChunkJob) -> Ending:
             _stage(ctx, job, rows, writer, line, triaged)
     finally:
         await writer.close()
-    await ctx.db(store.update, ctx.fence, sub, state="applied", applied_at=utcnow())
-    return Ending.APPLIED
+    await ctx.db(store.update, ctx.fence, sub, state=ChunkState.APPLIED, applied_at=utcnow())
+    return ChunkState.APPLIED
 
 
 def _stage(

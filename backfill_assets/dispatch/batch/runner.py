@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from backfill_assets.core.keys import work_key
 from backfill_assets.core.outcomes import Outcome
 from backfill_assets.dispatch.batch import attach, submit
-from backfill_assets.dispatch.batch.booking import Ending, book, close_unrun
+from backfill_assets.dispatch.batch.booking import book, close_unrun
 from backfill_assets.dispatch.batch.client import RateLimited, Refused, Unsure
 from backfill_assets.dispatch.batch.context import BatchContext, ChunkJob
 from backfill_assets.dispatch.batch.pacing import PollPacer, TokenGate
@@ -30,6 +30,7 @@ from backfill_assets.providers.models.base import RunFatalError
 from backfill_assets.store import submissions as store
 from backfill_assets.store.engine import read_tx
 from backfill_assets.store.partition_counts import post_counts
+from backfill_assets.store.submissions import ChunkState
 from backfill_assets.store.tables import utcnow
 from backfill_assets.store.work import PendingPost, in_open_batch, pending_posts
 
@@ -85,10 +86,10 @@ class BatchRunner:
                     f"chunk {sub.chunk_id} ({ref.key}, {sub.lines} lines): resuming at "
                     f"'{sub.state}'" + (f", batch {sub.batch_id}" if sub.batch_id else "")
                 )
-                if sub.state == "uploaded":
+                if sub.state == ChunkState.UPLOADED:
                     # The process may have died between create and storing the batch id.
                     await attach.reattach(ctx, job)
-                if sub.state == "ended":
+                if sub.state == ChunkState.ENDED:
                     self._ended(job, await book(ctx, job))
 
     def _pending(self, ref: PartitionRef) -> tuple[int, int, list[PendingPost]]:
@@ -154,15 +155,21 @@ class BatchRunner:
             if job.sub.tenant_id in ctx.stopped_tenants and await self._hold_back(job):
                 continue
             try:
-                if job.state == "intent":
+                if job.state == ChunkState.INTENT:
                     await submit.upload(ctx, job)
                 now = time.monotonic()
-                if job.state != "uploaded" or not self.gate.is_open(now) or now < job.retry_at:
+                if (
+                    job.state != ChunkState.UPLOADED
+                    or not self.gate.is_open(now)
+                    or now < job.retry_at
+                ):
                     continue
                 why = await attach.create(ctx, job)
             except Refused as exc:
                 await self._fail(
-                    job, f"refused: {exc}", "abandoned" if exc.code == "stale" else "failed"
+                    job,
+                    f"refused: {exc}",
+                    ChunkState.ABANDONED if exc.code == "stale" else ChunkState.FAILED,
                 )
                 continue
             if why is attach.Wait.TOKEN_LIMIT:
@@ -175,10 +182,15 @@ class BatchRunner:
     async def _hold_back(self, job: ChunkJob) -> bool:
         """A stopped tenant's chunk not sent yet is closed unrun (its keys wait for a later
         run); True if it was. One whose create may have happened is still looked up."""
-        if job.state not in ("intent", "uploaded") or job.sub.create_sent_at is not None:
+        if (
+            job.state not in (ChunkState.INTENT, ChunkState.UPLOADED)
+            or job.sub.create_sent_at is not None
+        ):
             return False
         reason = self.ctx.stopped_tenants[job.sub.tenant_id]
-        await close_unrun(self.ctx, job, f"tenant stopped in this run ({reason})", "requeued")
+        await close_unrun(
+            self.ctx, job, f"tenant stopped in this run ({reason})", ChunkState.REQUEUED
+        )
         self.jobs.pop(job.sub.chunk_id, None)
         self.ctx.stats_for(job.partition).outcomes[Outcome.DEFERRED] += job.sub.lines
         self.excluded[job.partition].update(ln.key for ln in job.lines)
@@ -186,7 +198,7 @@ class BatchRunner:
 
     async def _poll(self) -> None:
         due = sorted(
-            (j for j in self.jobs.values() if j.state == "submitted"),
+            (j for j in self.jobs.values() if j.state == ChunkState.SUBMITTED),
             key=lambda j: j.next_poll,
         )
         for job in due:
@@ -238,7 +250,7 @@ class BatchRunner:
                 store.update,
                 ctx.fence,
                 sub,
-                state="ended",
+                state=ChunkState.ENDED,
                 output_file_id=batch.output_file_id,
                 error_file_id=batch.error_file_id,
                 errors=errors_text(batch, [ctx.secret] if ctx.secret else [], echoes),
@@ -263,13 +275,13 @@ class BatchRunner:
             )
         ctx.kill("poll")
 
-    def _ended(self, job: ChunkJob, ending: Ending) -> None:
+    def _ended(self, job: ChunkJob, ending: ChunkState) -> None:
         self.jobs.pop(job.sub.chunk_id, None)
         self.dirty.add(job.partition)  # retriable, expired or requeued keys are pending again
-        if ending is Ending.APPLIED:
+        if ending is ChunkState.APPLIED:
             # A batch left the queue: capacity under the enqueued-token limit is back.
             self.gate.reopen()
-        elif ending is Ending.REQUEUED:
+        elif ending is ChunkState.REQUEUED:
             self._close_gate(job)
         else:
             self.excluded[job.partition].update(ln.key for ln in job.lines)
@@ -281,7 +293,7 @@ class BatchRunner:
     def _close_gate(self, job: ChunkJob, again: bool = False) -> None:
         """The enqueued-token limit: no new batch until one of ours ends or the wait is over."""
         now = time.monotonic()
-        others = any(j.state == "submitted" for j in self.jobs.values())
+        others = any(j.state == ChunkState.SUBMITTED for j in self.jobs.values())
         # The same keys refused again (seq > 1, or a create refused again), or refused with
         # nothing of ours queued: back off further and make the partition's chunks smaller
         # (one alone may exceed the limit).
@@ -294,7 +306,7 @@ class BatchRunner:
             f"{wait:.2f}s{' for earlier batches' if others else ''}"
         )
 
-    async def _fail(self, job: ChunkJob, message: str, state: str) -> None:
+    async def _fail(self, job: ChunkJob, message: str, state: ChunkState) -> None:
         await close_unrun(self.ctx, job, message, state)
         await self.ctx.db(store.update, self.ctx.fence, job.sub, errors=message[:500])
         self.jobs.pop(job.sub.chunk_id, None)
@@ -305,9 +317,9 @@ class BatchRunner:
         now = time.monotonic()
         wake: list[float] = []
         for job in self.jobs.values():
-            if job.state == "submitted":
+            if job.state == ChunkState.SUBMITTED:
                 wake.append(max(job.next_poll, self.pacer.paused_until))
-            elif job.state == "uploaded":
+            elif job.state == ChunkState.UPLOADED:
                 wake.append(max(self.gate.until, job.retry_at))
             else:
                 wake.append(now)

@@ -23,6 +23,7 @@ from backfill_assets.dispatch.batch.wire import input_line
 from backfill_assets.providers.models.base import ModelRequest
 from backfill_assets.store import budget
 from backfill_assets.store import submissions as store
+from backfill_assets.store.submissions import ChunkState
 from backfill_assets.store.tables import utcnow
 from backfill_assets.store.work import PendingPost
 
@@ -194,4 +195,4 @@ async def upload(ctx: BatchContext, job: ChunkJob) -> None:
         log=ctx.log,
     )
     ctx.kill("upload")
-    await ctx.db(store.update, ctx.fence, job.sub, file_id=file_id, state="uploaded")
+    await ctx.db(store.update, ctx.fence, job.sub, file_id=file_id, state=ChunkState.UPLOADED)
