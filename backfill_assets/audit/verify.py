@@ -33,6 +33,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from backfill_assets.core.events import EventKind
 from backfill_assets.core.keys import Versions, slice_of, work_key
 
 Row = Mapping[str, Any]
@@ -159,7 +160,7 @@ def _is_stale(row: Row, posts: Mapping[str, str]) -> bool:
 def _sent(tenant: str, ledger: Iterable[Row]) -> dict[str, set[tuple[str, str]]]:
     out: dict[str, set[tuple[str, str]]] = defaultdict(set)
     for ev in ledger:
-        if ev["type"] == "attempt" and ev["tenant_id"] == tenant:
+        if ev["type"] == EventKind.ATTEMPT and ev["tenant_id"] == tenant:
             out[str(ev["key"])].add((str(ev["post_id"]), str(ev["content_hash"])))
     return out
 
@@ -264,7 +265,7 @@ def _audit_ledger(
     usage_by_key: dict[str, list[tuple[int, int]]] = defaultdict(list)
     for ev in ledger:
         kind = ev["type"]
-        if kind == "attempt":
+        if kind == EventKind.ATTEMPT:
             why = derive.why_not(ev, None)
             if why:
                 problems.append(Problem("isolation", tenant, "ledger_events", ev["key"], why))
@@ -281,7 +282,7 @@ def _audit_ledger(
                 )
             )
         answered[ev["attempt_id"]] = str(ev["key"])
-        if kind == "usage":
+        if kind == EventKind.USAGE:
             tokens = int(ev["tokens_in"]) + int(ev["tokens_out"])
             rep.billed_tokens += tokens
             usage_by_key[ev["key"]].append((int(ev["id"]), tokens))
@@ -317,7 +318,7 @@ def usage_rollup_problems(
     the tenant's ledger: reports and invoices read the rollup, so they must agree exactly."""
     booked: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
     for ev in ledger:
-        if ev["type"] == "usage" and ev["tenant_id"] == tenant:
+        if ev["type"] == EventKind.USAGE and ev["tenant_id"] == tenant:
             sums = booked[str(ev["model"])]
             sums[0] += 1
             sums[1] += int(ev["tokens_in"])

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from backfill_assets.core.events import EventKind
 from backfill_assets.core.keys import Versions
 from backfill_assets.core.limits import Reservation, TenantBudgets
 from backfill_assets.core.outcomes import Outcome, RetryPolicy
@@ -229,7 +230,7 @@ class Dispatcher:
             st.outcomes[Outcome.DEFERRED] += 1
             return True
         attempt_id = f"{self._id_prefix}-{next(self._ids)}"
-        await self.writer.record_attempt(self._event(item, attempt, attempt_id, "attempt"))
+        await self.writer.record_attempt(self._event(item, attempt, attempt_id, EventKind.ATTEMPT))
         request = ModelRequest(
             key=item.key,
             tenant_id=item.tenant_id,
@@ -290,7 +291,7 @@ class Dispatcher:
                 self.cfg.versions.model, response.tokens_in, response.tokens_out
             )
         billed = response.tokens_in + response.tokens_out
-        usage = self._event(item, attempt, attempt_id, "usage")
+        usage = self._event(item, attempt, attempt_id, EventKind.USAGE)
         usage.update(
             tokens_in=response.tokens_in,
             tokens_out=response.tokens_out,
@@ -330,7 +331,7 @@ class Dispatcher:
         st: PartitionStats,
     ) -> bool:
         self.budgets.settle(reservation, 0)
-        event = self._event(item, attempt, attempt_id, "error")
+        event = self._event(item, attempt, attempt_id, EventKind.ERROR)
         event.update(
             status=exc.status,
             request_id=(exc.request_id or None),

@@ -11,6 +11,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from backfill_assets.core.events import EventKind
 from backfill_assets.core.keys import Versions, work_key
 from backfill_assets.core.policy import Policy
 from backfill_assets.store.dialect import insert_for
@@ -126,7 +127,7 @@ def booked(conn: Connection, tenant_id: str, keys: Sequence[str]) -> tuple[int, 
                 sa.func.coalesce(sa.func.sum(le.c.tokens_out), 0),
                 sa.func.coalesce(sa.func.sum(le.c.cost), 0.0),
                 sa.func.count(),
-            ).where(le.c.tenant_id == tenant_id, le.c.type == "usage", le.c.key.in_(chunk))
+            ).where(le.c.tenant_id == tenant_id, le.c.type == EventKind.USAGE, le.c.key.in_(chunk))
         ).one()
         totals[0] += int(row[0])
         totals[1] += int(row[1])

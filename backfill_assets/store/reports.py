@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from backfill_assets.core.events import EventKind
 from backfill_assets.store.tables import ledger_events, posts, tenants
 
 
@@ -30,7 +31,9 @@ def partition_spend(conn: Connection, tenant_id: str, slices: Sequence[int]) -> 
             (le.c.tokens_in + le.c.tokens_out).label("tokens"),
             sa.func.row_number().over(partition_by=le.c.key, order_by=le.c.id).label("nth"),
         )
-        .where(le.c.tenant_id == tenant_id, le.c.slice.in_(list(slices)), le.c.type == "usage")
+        .where(
+            le.c.tenant_id == tenant_id, le.c.slice.in_(list(slices)), le.c.type == EventKind.USAGE
+        )
         .subquery()
     )
     row = conn.execute(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from backfill_assets.core.events import EventKind
 from backfill_assets.core.keys import Versions
 
 Row = dict[str, Any]
@@ -47,7 +48,7 @@ def event_row(
     content_hash: str,
 ) -> Row:
     """A ledger event; callers fill tokens, cost, request id, status or message."""
-    first = kind == "attempt"
+    first = kind == EventKind.ATTEMPT
     return {
         "tenant_id": tenant_id,
         "key": key,

@@ -14,6 +14,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from backfill_assets.core.events import EventKind
 from backfill_assets.store.bulk import db_time, insert_rows
 from backfill_assets.store.locks import Fence
 from backfill_assets.store.tables import (
@@ -227,7 +228,7 @@ def closed_lines(conn: Connection, sub: Submission) -> set[int]:
     stmt = sa.select(ledger_events.c.attempt_id).where(
         ledger_events.c.tenant_id == sub.tenant_id,
         ledger_events.c.slice == sub.slice,
-        ledger_events.c.type != "attempt",
+        ledger_events.c.type != EventKind.ATTEMPT,
         ledger_events.c.attempt_id.startswith(prefix, autoescape=True),
     )
     return {int(str(a)[len(prefix) :]) for a in conn.execute(stmt).scalars()}

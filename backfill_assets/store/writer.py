@@ -29,6 +29,7 @@ from typing import Any
 
 from sqlalchemy.engine import Connection, Engine
 
+from backfill_assets.core.events import EventKind
 from backfill_assets.core.rubric import OutputContract
 from backfill_assets.core.validation import split_valid
 from backfill_assets.store.bulk import db_time, insert_values, row_values
@@ -235,7 +236,7 @@ class LedgerWriter:
         if chunk is not None and chunk[1]:
             self._staged.released[chunk[0]] += chunk[1]
         tokens_in, tokens_out = int(row["tokens_in"]), int(row["tokens_out"])
-        if row["type"] == "usage":
+        if row["type"] == EventKind.USAGE:
             sums = self._staged.usage.get((row["tenant_id"], row["model"]))
             if sums is None:
                 sums = self._staged.usage[(row["tenant_id"], row["model"])] = [0, 0, 0, 0.0]

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from backfill_assets.core.events import EventKind
 from backfill_assets.core.keys import Versions
 from backfill_assets.core.outcomes import Outcome
 from backfill_assets.core.rubric import ModerationOutput
@@ -47,7 +48,7 @@ class LineRows:
 
     def attempt(self, line: LineRow) -> Row:
         """Written with the chunk's intent, before the upload."""
-        return self._event(line, "attempt")
+        return self._event(line, EventKind.ATTEMPT)
 
     def usage(
         self,
@@ -61,7 +62,7 @@ class LineRows:
     ) -> Row:
         """What the provider billed for the line (at the batch price), in the shape it was
         reported (sql/004), with the bound reserved for it."""
-        row = self._event(line, "usage")
+        row = self._event(line, EventKind.USAGE)
         row.update(
             tokens_in=tokens_in,
             tokens_out=tokens_out,
@@ -75,7 +76,7 @@ class LineRows:
 
     def error(self, line: LineRow, status: int | None, message: str) -> Row:
         """A line that produced no billed answer (closes its attempt)."""
-        row = self._event(line, "error")
+        row = self._event(line, EventKind.ERROR)
         row.update(status=status, message=message[:_MESSAGE_CHARS])
         return row
 
