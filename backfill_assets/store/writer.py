@@ -1,14 +1,14 @@
 """Group-committing writer for ledger events, results and dead letters.
 
-Two lanes, each with its own connection:
-- the attempt lane commits attempt events before the calls they announce (callers await it);
-- the outcome lane stages usage/error events, results and dead letters and commits them
+Two channels, each with its own connection:
+- the attempt channel commits attempt events before the calls they announce (callers await it);
+- the outcome channel stages usage/error events, results and dead letters and commits them
   together, at most ``flush_interval_s`` after the first was staged, so a key's usage and its
   outcome become durable in one transaction; a crash loses at most the calls in flight plus
   one flush, and those show up as attempts without usage ("orphan attempts").
 The frame check (pandera) runs before the outcome transaction opens, so the write lock (which
 attempt commits wait for on SQLite) is never held while it runs. On PostgreSQL outcome
-flushes run on the lane's own thread, which overlaps the server's WAL flush at commit with the
+flushes run on the channel's own thread, which overlaps the server's WAL flush at commit with the
 calls; on SQLite (no fsync at commit in WAL mode with synchronous=NORMAL) a flush is all CPU,
 and running it on the event loop avoids the two threads trading the GIL and the write lock.
 """
@@ -61,7 +61,8 @@ class _Staged:
     events: list[Row] = field(default_factory=list)
     results: list[Row] = field(default_factory=list)
     dead: list[Row] = field(default_factory=list)
-    settle: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    # reservation id -> billed tokens to take off it (they now count as spent).
+    unreserve: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     billed: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     released: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     # (tenant, model) -> [calls, tokens_in, tokens_out, cost] of the staged usage events.
@@ -82,7 +83,7 @@ class FlushReport:
     rejected: list[tuple[Row, str]]
 
 
-class _Lane:
+class _Channel:
     """A write connection and a thread of its own to use it from."""
 
     def __init__(
@@ -114,7 +115,7 @@ class _Lane:
 
     @contextlib.contextmanager
     def tx(self) -> Iterator[Connection]:
-        """A write transaction on the lane's connection (one thread at a time), or the
+        """A write transaction on the channel's connection (one thread at a time), or the
         fence's: then it commits only while the run's writer locks are held."""
         lock = self._tx_lock or contextlib.nullcontext()
         if self._fence is not None:
@@ -161,7 +162,7 @@ class LedgerWriter:
     """Durable bookkeeping for the dispatcher.
 
     Attempt commits are small and run on the event loop, since a thread hop costs more than
-    they do; outcome flushes (validation, bulk inserts) too on SQLite, on their lane's thread
+    they do; outcome flushes (validation, bulk inserts) too on SQLite, on their channel's thread
     on PostgreSQL.
     """
 
@@ -184,11 +185,11 @@ class LedgerWriter:
         tx_lock = threading.Lock() if is_sqlite(engine) else None
         self._flush_on_loop = is_sqlite(engine)  # see the module docstring
         self._dialect = engine.dialect.name
-        self._attempt_lane = _Lane(engine, "ledger-attempts", tx_lock, relaxed_commit=True)
+        self._attempt_channel = _Channel(engine, "ledger-attempts", tx_lock, relaxed_commit=True)
         # Results, dead letters and usage commit through the fence (the partitions' writer
         # locks proven held in the same transaction); attempt events announce calls and are not
         # fenced: a writer that lost its locks stops at its next outcome commit.
-        self._outcome_lane = _Lane(engine, "ledger-outcomes", tx_lock, fence=fence)
+        self._outcome_channel = _Channel(engine, "ledger-outcomes", tx_lock, fence=fence)
         self._flush_rows = flush_rows
         self._interval = flush_interval_s
         self._kill_after = kill_after_usage if kill_after_usage and kill_after_usage > 0 else None
@@ -214,7 +215,7 @@ class LedgerWriter:
     async def record_attempt(self, row: Row) -> None:
         """Write an attempt event and return once it is committed."""
         if self._failure is not None:
-            # The outcome lane is down: no new call may start whose result could not be kept.
+            # The outcome channel is down: no new call may start whose result could not be kept.
             if isinstance(self._failure, LockLost):
                 raise LockLost(str(self._failure)) from self._failure
             raise RuntimeError("ledger writer failed") from self._failure
@@ -248,7 +249,7 @@ class LedgerWriter:
             if tokens:
                 self._staged.billed[row["tenant_id"]] += tokens
                 if reservation_id is not None:
-                    self._staged.settle[reservation_id] += tokens
+                    self._staged.unreserve[reservation_id] += tokens
         self._mark()
 
     def stage_result(self, row: Row) -> None:
@@ -276,8 +277,8 @@ class LedgerWriter:
         try:
             await asyncio.gather(*self._tasks)
         finally:
-            await asyncio.to_thread(self._attempt_lane.close)
-            await asyncio.to_thread(self._outcome_lane.close)
+            await asyncio.to_thread(self._attempt_channel.close)
+            await asyncio.to_thread(self._outcome_channel.close)
 
     async def _attempt_loop(self) -> None:
         while True:
@@ -291,7 +292,7 @@ class LedgerWriter:
             self._attempts, self._waiters = [], []
             try:
                 # A small local commit (SQLite, or PostgreSQL without waiting for the WAL
-                # flush) costs less on the loop than a hop to the lane's thread and back.
+                # flush) costs less on the loop than a hop to the channel's thread and back.
                 self._write_attempts(rows)
             except BaseException as exc:
                 for w in waiters:
@@ -331,7 +332,7 @@ class LedgerWriter:
                     report = self._write_outcomes(staged)
                 else:
                     report = await loop.run_in_executor(
-                        self._outcome_lane.pool, self._write_outcomes, staged
+                        self._outcome_channel.pool, self._write_outcomes, staged
                     )
             except BaseException as exc:
                 self._failure = exc
@@ -340,12 +341,12 @@ class LedgerWriter:
                 self._on_flush(report)
 
     def _write_attempts(self, rows: list[Row]) -> None:
-        # Parameters are built before the write lock: the other lane waits only for the insert.
+        # Parameters are built before the write lock: the other channel waits only for the insert.
         now = db_time(self._dialect, utcnow())
         for row in rows:
             row["at"] = now
         values = row_values(ledger_events, EVENT_COLUMNS, rows)
-        with self._attempt_lane.raw_tx() as raw:
+        with self._attempt_channel.raw_tx() as raw:
             insert_values(raw, ledger_events, EVENT_COLUMNS, values)
 
     def _write_outcomes(self, s: _Staged) -> FlushReport:
@@ -366,13 +367,13 @@ class LedgerWriter:
         for row in latest:
             row["at"] = now
         dead_values = row_values(dead_letters, DEAD_COLUMNS, latest)
-        with self._outcome_lane.tx() as conn:
+        with self._outcome_channel.tx() as conn:
             insert_values(conn, ledger_events, EVENT_COLUMNS, event_values)
             insert_values(conn, results, RESULT_COLUMNS, result_values, "ON CONFLICT DO NOTHING")
             if cleared:
                 conn.execute(dead_letters.delete().where(dead_letters.c.key.in_(cleared)))
             insert_values(conn, dead_letters, DEAD_COLUMNS, dead_values, DEAD_UPSERT)
-            self._settle(conn, s, stamp.date().isoformat())
+            self._book_spend(conn, s, stamp.date().isoformat())
         self.usage_committed += sum(sums[0] for sums in s.usage.values())
         if self._kill_after is not None and self.usage_committed >= self._kill_after:
             # Fault injection (BACKFILL_KILL_AFTER_USAGE): die the hard way, right after the
@@ -398,7 +399,7 @@ class LedgerWriter:
         return good, bad
 
     @staticmethod
-    def _settle(conn: Connection, s: _Staged, day: str) -> None:
+    def _book_spend(conn: Connection, s: _Staged, day: str) -> None:
         # Billed tokens move from the reservation to the tenant's total in the same
         # transaction as the usage events, so billed + reserved never drops below real spend;
         # the usage rollup (sql/008) grows by the same events, so it always equals the ledger.
@@ -412,7 +413,7 @@ class LedgerWriter:
                 .where(tenants.c.tenant_id == tenant_id)
                 .values(billed_tokens=tenants.c.billed_tokens + tokens)
             )
-        for rid, tokens in sorted(s.settle.items()):
+        for rid, tokens in sorted(s.unreserve.items()):
             conn.execute(
                 budget_reservations.update()
                 .where(budget_reservations.c.reservation_id == rid)
