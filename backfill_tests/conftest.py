@@ -24,6 +24,54 @@ PG_BASE_URL = os.environ.get(
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
+# The drills and the long end-to-end tests: whole processes (the CLI, bin/dev, bin/prod,
+# webservers, daemons), SIGKILLs and signals, network cuts, a wheel build, Dagster runs against
+# the simulator. Marked slow here, in one list, so `bin/test -m "not slow"` is the fast loop;
+# CI runs everything.
+DRILLS = {
+    "backfill_tests/batch/test_batch_crash.py",
+    "backfill_tests/batch/test_batch_dagster.py",
+    "backfill_tests/batch/test_batch_hostile.py",
+    "backfill_tests/batch/test_batch_modes.py",
+    "backfill_tests/batch/test_batch_money.py",
+    "backfill_tests/batch/test_batch_pipeline.py",
+    "backfill_tests/batch/test_batch_sim_hostile.py",
+    "backfill_tests/cli/test_bad_settings.py",
+    "backfill_tests/cli/test_bin_dev.py",
+    "backfill_tests/cli/test_display.py",
+    "backfill_tests/cli/test_process.py",
+    "backfill_tests/http/test_hostile_provider.py",
+    "backfill_tests/http/test_http_crash.py",
+    "backfill_tests/http/test_pipeline_sim.py",
+    "backfill_tests/http/test_regions_sim.py",
+    "backfill_tests/http/test_shared_limit_processes.py",
+    "backfill_tests/security/test_webserver.py",
+    "backfill_tests/test_apply.py",
+    "backfill_tests/test_audit_pool.py",
+    "backfill_tests/test_browser.py",
+    "backfill_tests/test_concurrent_runs.py",
+    "backfill_tests/test_crash.py",
+    "backfill_tests/test_evaluate.py",
+    "backfill_tests/test_host_cut.py",
+    "backfill_tests/test_money_path.py",
+    "backfill_tests/test_operator.py",
+    "backfill_tests/test_plan.py",
+    "backfill_tests/test_policy_upgrade.py",
+    "backfill_tests/test_prod_daemon.py",
+    "backfill_tests/test_readme.py",
+    "backfill_tests/test_run_processes.py",
+    "backfill_tests/test_signals.py",
+    "backfill_tests/test_wheel.py",
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    root = Path(str(config.rootpath))
+    for item in items:
+        if str(Path(str(item.path)).relative_to(root)) in DRILLS:
+            item.add_marker(pytest.mark.slow)
+
+
 def _pg_admin() -> Engine:
     return sa.create_engine(PG_BASE_URL, isolation_level="AUTOCOMMIT")
 
