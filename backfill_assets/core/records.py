@@ -78,11 +78,21 @@ def parse_line(
         return None
     try:
         obj = json.loads(decoded)
-    except (json.JSONDecodeError, RecursionError) as exc:
-        return Rejection(line_no, f"invalid JSON: {getattr(exc, 'msg', type(exc).__name__)}", None)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
+        return Rejection(line_no, f"invalid JSON: {json_error(exc)}", None)
     if not isinstance(obj, dict):
         return Rejection(line_no, f"expected a JSON object, got {type(obj).__name__}", None)
     return validate_row(obj, line_no, columns, tenant)
+
+
+def json_error(exc: Exception) -> str:
+    """Why ``json.loads`` refused a line, in words (never the line)."""
+    if isinstance(exc, json.JSONDecodeError):
+        return exc.msg
+    if isinstance(exc, RecursionError):
+        return "nested too deeply"
+    # int() of a number past Python's digit limit (sys.get_int_max_str_digits, 4,300).
+    return "a number too long to read"
 
 
 def validate_row(

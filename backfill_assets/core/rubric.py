@@ -215,6 +215,8 @@ class OutputContract:
         }
 
 
+# <post>, </post>, </POST>, < / post >, <post\n> ...: the prompt's delimiter in any disguise.
+_DELIMITER = re.compile(r"<\s*/?\s*post\s*>", re.IGNORECASE)
 _PAIR = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]{0,31}) -> ([A-Za-z0-9][A-Za-z0-9._-]{0,31})")
 _NONE = re.compile(r'"([A-Za-z0-9][A-Za-z0-9._-]{0,31})" when nothing applies')
 
@@ -335,8 +337,9 @@ class Rubric:
 
     def user_message(self, key: str, text: str) -> str:
         """The post as delimited data with its correlation id (the only part that varies)."""
-        # Neutralise delimiter look-alikes so a post cannot close its own data block.
-        safe = text.replace("</post>", "</ post>").replace("<post>", "< post>")
+        # Neutralise delimiter look-alikes (any case, any spacing) so a post cannot close or
+        # reopen its own data block: their "<" becomes "&lt;".
+        safe = _DELIMITER.sub(lambda m: "&lt;" + m.group(0)[1:], text)
         return f"correlation_id: {key}\n<post>\n{safe}\n</post>"
 
     def messages(self, key: str, text: str) -> list[dict[str, str]]:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from backfill_assets.core.policy import ITEM_ID_RE
-from backfill_assets.core.records import MAX_LINE_BYTES, Post, Rejection, validate_row
+from backfill_assets.core.records import MAX_LINE_BYTES, Post, Rejection, json_error, validate_row
 
 # A gold set is read into memory: far above any set a person labels by hand.
 MAX_GOLD_ROWS = 100_000
@@ -77,9 +77,8 @@ def _jsonl(text: str) -> list[tuple[int, Any]]:
             continue
         try:
             out.append((number, json.loads(line)))
-        except (json.JSONDecodeError, RecursionError) as exc:
-            msg = getattr(exc, "msg", type(exc).__name__)
-            out.append((number, Rejection(number, f"invalid JSON: {msg}", None)))
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
+            out.append((number, Rejection(number, f"invalid JSON: {json_error(exc)}", None)))
     return out
 
 

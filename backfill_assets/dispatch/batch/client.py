@@ -24,14 +24,20 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import httpx
+from pydantic import ValidationError
 
 from backfill_assets import __version__
 from backfill_assets.dispatch.batch.triage import WITHHELD
 from backfill_assets.dispatch.batch.wire import ENDPOINT, BatchObject, BatchPage
 from backfill_assets.dispatch.batch_options import BatchEndpoint
-from backfill_assets.providers.models._openai_wire import error_summary, retry_after_seconds
+from backfill_assets.providers.models._openai_wire import (
+    error_summary,
+    loads_or_none,
+    retry_after_seconds,
+)
 from backfill_assets.providers.models.base import RunFatalError
 from backfill_assets.providers.models.errors import Scope, classify, run_fatal_hint
+from backfill_assets.providers.provider_text import safe_id
 
 T = TypeVar("T")
 # What a call's error message must not quote: texts, or a coroutine reading them (only run if
@@ -161,7 +167,12 @@ class BatchClient:
             files={"file": (filename, content, "application/jsonl")},
             timeout=self._transfer,
         )
-        return str(response.json()["id"])
+        data = loads_or_none(response.content)
+        file_id = safe_id(data.get("id")) if isinstance(data, dict) else None
+        if file_id is None:
+            # The file may exist: a new upload makes another one, which costs nothing.
+            raise Unsure(f"POST /files: HTTP {response.status_code} answer holds no file id")
+        return file_id
 
     async def create(
         self, file_id: str, metadata: dict[str, str], echoes: Echoes = ()
@@ -174,17 +185,17 @@ class BatchClient:
             "metadata": metadata,
         }
         response = await self._call("POST", "/batches", echoes, json=body)
-        return BatchObject.model_validate_json(response.content)
+        return _parsed(response, BatchObject, "POST /batches")
 
     async def retrieve(self, batch_id: str) -> BatchObject:
         """A batch's current state."""
         response = await self._call("GET", f"/batches/{batch_id}")
-        return BatchObject.model_validate_json(response.content)
+        return _parsed(response, BatchObject, "GET /batches/{id}")
 
     async def cancel(self, batch_id: str) -> BatchObject:
         """Ask the provider to cancel a batch."""
         response = await self._call("POST", f"/batches/{batch_id}/cancel")
-        return BatchObject.model_validate_json(response.content)
+        return _parsed(response, BatchObject, "POST /batches/{id}/cancel")
 
     async def content(self, file_id: str) -> bytes:
         """A file's bytes (batch output or error file)."""
@@ -197,7 +208,7 @@ class BatchClient:
         if after:
             params["after"] = after
         response = await self._call("GET", "/batches", params=params)
-        return BatchPage.model_validate_json(response.content)
+        return _parsed(response, BatchPage, "GET /batches")
 
     async def find(self, key: str, value: str, since: datetime) -> BatchObject | None:
         """The newest batch whose metadata has ``key == value``, created after ``since``.
@@ -220,11 +231,23 @@ class BatchClient:
             after = page.last_id or page.data[-1].id
 
 
-def _error_code(response: httpx.Response) -> str | None:
+M = TypeVar("M", BatchObject, BatchPage)
+
+
+def _parsed(response: httpx.Response, model: type[M], what: str) -> M:
+    """A 2xx answer as ``model``; one that is not (garbage, huge numbers, ids that are not ids)
+    is a call whose effect is unknown, never an exception out of the run."""
     try:
-        error = response.json().get("error")
-    except (ValueError, AttributeError):
-        return None
+        return model.model_validate_json(response.content)
+    except (ValidationError, ValueError, RecursionError):
+        raise Unsure(
+            f"{what}: HTTP {response.status_code} answer is not a {model.__name__}"
+        ) from None
+
+
+def _error_code(response: httpx.Response) -> str | None:
+    data = loads_or_none(response.content)
+    error = data.get("error") if isinstance(data, dict) else None
     code = error.get("code") if isinstance(error, dict) else None
     return str(code)[:60] if code else None
 

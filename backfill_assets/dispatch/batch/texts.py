@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from backfill_assets.dispatch.batch.context import BatchContext, ChunkJob
 from backfill_assets.dispatch.batch.triage import WITHHELD
 from backfill_assets.dispatch.batch.wire import BatchObject, OutputLine
-from backfill_assets.providers.models._openai_wire import scrub
+from backfill_assets.providers.provider_text import scrub
 from backfill_assets.store import submissions as store
 
 

@@ -26,9 +26,9 @@ from backfill_assets.providers.models._openai_wire import (
     NotACompletion,
     error_summary,
     parse_completion,
-    scrub,
 )
 from backfill_assets.providers.models.errors import Scope, classify
+from backfill_assets.providers.provider_text import safe_id, scrub
 
 # What is stored instead of a provider message that cannot be checked for an echo.
 WITHHELD = "(message withheld: the request text is not known to check it)"
@@ -86,7 +86,7 @@ def triage(
         return TriagedLine(
             Disposition.ANSWERED,
             status,
-            request_id=response.request_id or completion.id,
+            request_id=response.request_id or safe_id(completion.id),
             content=completion.content,
             tokens_in=billed.tokens_in if billed else 0,
             tokens_out=billed.tokens_out if billed else 0,

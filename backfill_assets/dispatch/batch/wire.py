@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from backfill_assets.providers.models._openai_wire import request_body
 from backfill_assets.providers.models.base import ModelRequest
+from backfill_assets.providers.provider_text import ProviderId, RecordedId
 
 ENDPOINT = "/v1/chat/completions"
 TERMINAL_STATUSES = frozenset({"completed", "failed", "expired", "cancelled"})
@@ -60,11 +61,11 @@ class RequestCounts(_Lenient):
 class BatchObject(_Lenient):
     """The parts of a batch object we act on."""
 
-    id: str
-    status: str
-    input_file_id: str | None = None
-    output_file_id: str | None = None
-    error_file_id: str | None = None
+    id: ProviderId
+    status: str = Field(pattern=r"^[a-z_]{1,32}$")
+    input_file_id: ProviderId | None = None
+    output_file_id: ProviderId | None = None
+    error_file_id: ProviderId | None = None
     errors: BatchErrors | None = None
     request_counts: RequestCounts = Field(default_factory=RequestCounts)
     metadata: dict[str, str] | None = None
@@ -81,14 +82,14 @@ class BatchPage(_Lenient):
 
     data: list[BatchObject] = Field(default_factory=list)
     has_more: bool = False
-    last_id: str | None = None
+    last_id: RecordedId = None
 
 
 class LineResponse(_Lenient):
     """``response`` of an output line."""
 
-    status_code: int
-    request_id: str | None = None
+    status_code: int = Field(ge=100, le=599)
+    request_id: RecordedId = None
     body: Any = None
 
 
@@ -102,7 +103,7 @@ class LineError(_Lenient):
 class OutputLine(_Lenient):
     """One line of an output or error file."""
 
-    id: str | None = None
+    id: RecordedId = None
     custom_id: str
     response: LineResponse | None = None
     error: LineError | None = None

@@ -12,7 +12,7 @@ import functools
 import json
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -21,19 +21,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from backfill_assets.core.rubric import OutputContract
 from backfill_assets.providers.models.base import ModelRequest
+from backfill_assets.providers.provider_text import safe_content_type, scrub
 from backfill_assets.providers.ratelimit import AdvertisedLimits
 
 SCHEMA_NAME = "moderation_output"
 MAX_TOKENS_PARAMS = ("max_tokens", "max_completion_tokens")
-_MESSAGE_CHARS = 160
-# A run of this many characters shared with the request means the provider echoed it.
-_ECHO_WINDOW = 16
-_QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"|`[^`]*`")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
-# Key-like tokens, masked or not ("Incorrect API key provided: sk-te****1234"): never stored.
-_KEY_LIKE = re.compile(r"\b(?:sk|pk|rk|key|api[_-]?key)[-_][A-Za-z0-9*._-]{2,}", re.IGNORECASE)
-# A run of this many characters of a secret counts as the secret.
-_SECRET_WINDOW = 6
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
 _TRY_AGAIN = re.compile(r"try again in (\d+(?:\.\d+)?)\s*(ms|s)\b", re.IGNORECASE)
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -161,12 +153,20 @@ class NotACompletion(ValueError):
     """A 2xx whose body is not a chat completion at all (a proxy page, garbage)."""
 
 
+def loads_or_none(body: bytes | str) -> Any:
+    """JSON from a provider, or None when it is not JSON a parser can hold: malformed, too
+    deep, or a number past Python's 4,300-digit limit (a ``ValueError``, not a decode error)."""
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+
+
 def parse_completion(body: bytes) -> ChatCompletion:
     """The envelope of a 2xx answer; the model's content is parsed later, by the rubric."""
-    try:
-        data = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-        raise NotACompletion("2xx body is not JSON") from None
+    data = loads_or_none(body)
+    if data is None:
+        raise NotACompletion("2xx body is not JSON")
     if not isinstance(data, dict):
         raise NotACompletion("2xx body is not a JSON object")
     try:
@@ -272,41 +272,6 @@ def advertised_limits(headers: Mapping[str, str]) -> AdvertisedLimits | None:
     return AdvertisedLimits(requests or None, tokens or None)
 
 
-def _echoes(message: str, texts: Iterable[str]) -> bool:
-    for text in texts:
-        if len(text) >= _ECHO_WINDOW:
-            if any(
-                message[i : i + _ECHO_WINDOW] in text
-                for i in range(len(message) - _ECHO_WINDOW + 1)
-            ):
-                return True
-        elif len(text) >= 4 and text in message:
-            return True
-    return False
-
-
-def scrub(message: str, echoes: Sequence[str], secrets: Sequence[str]) -> str:
-    """A provider message safe to store: no quoted values, no echo of the request, no secret."""
-    text = _CONTROL.sub(" ", message)
-    text = _QUOTED.sub("'…'", text)
-    text = _KEY_LIKE.sub("<key>", text)
-    text = text[:_MESSAGE_CHARS]
-    if _echoes(text, echoes) or any(_leaks(text, s) for s in secrets):
-        return "(message withheld: it echoed the request)"
-    return text
-
-
-def _leaks(text: str, secret: str) -> bool:
-    """True if ``text`` holds the secret or any run of ``_SECRET_WINDOW`` of its characters."""
-    if not secret:
-        return False
-    if len(secret) <= _SECRET_WINDOW:
-        return secret in text
-    return any(
-        secret[i : i + _SECRET_WINDOW] in text for i in range(len(secret) - _SECRET_WINDOW + 1)
-    )
-
-
 def error_summary(
     status: int,
     body: bytes,
@@ -315,15 +280,12 @@ def error_summary(
     secrets: Sequence[str] = (),
 ) -> tuple[str, str]:
     """``(summary, raw message)`` of an error answer; only the summary may be stored."""
-    try:
-        data = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-        data = None
+    data = loads_or_none(body)
     error = data.get("error") if isinstance(data, dict) else None
     if isinstance(error, str):
         error = {"message": error}
     if not isinstance(error, dict):
-        kind = content_type.split(";")[0].strip() or "unknown type"
+        kind = safe_content_type(content_type)
         return f"HTTP {status}: non-JSON error body ({kind}, {len(body)} bytes)", ""
     message = str(error.get("message") or "")
     labels = [str(error[k])[:40] for k in ("type", "code") if error.get(k)]

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import time
 from dataclasses import dataclass
 
@@ -30,6 +29,7 @@ from backfill_assets.providers.models._openai_wire import (
     NotACompletion,
     advertised_limits,
     error_summary,
+    loads_or_none,
     parse_completion,
     request_body,
     retry_after_seconds,
@@ -43,6 +43,7 @@ from backfill_assets.providers.models.base import (
     TransportRejected,
 )
 from backfill_assets.providers.models.errors import Scope, classify, run_fatal_hint
+from backfill_assets.providers.provider_text import safe_id
 from backfill_assets.providers.ratelimit import EndpointLimiter, Permit
 
 _USER_AGENT = f"backfill-moderation/{__version__} (+httpx)"
@@ -165,7 +166,8 @@ class OpenAIHttpModel(ModelAdapter):
         raw: bytes,
         latency: float,
     ) -> ModelResponse:
-        request_id = response.headers.get("x-request-id", "")
+        secrets = [self._api_key] if self._api_key else []
+        request_id = safe_id(response.headers.get("x-request-id"), secrets) or ""
         advertised = advertised_limits(response.headers)
         try:
             completion = parse_completion(raw)
@@ -196,7 +198,7 @@ class OpenAIHttpModel(ModelAdapter):
             raw_text=completion.content,
             tokens_in=tokens_in,
             tokens_out=tokens_out,
-            request_id=request_id or completion.id or "",
+            request_id=request_id or safe_id(completion.id, secrets) or "",
             usage_shape=shape,
             latency_ms=latency * 1000.0,
             cost=self._cost(request, tokens_in, tokens_out, shape),
@@ -214,13 +216,14 @@ class OpenAIHttpModel(ModelAdapter):
         self, request: ModelRequest, permit: Permit, response: httpx.Response, raw: bytes
     ) -> RetriableError | TransportRejected | RunFatalError:
         status = response.status_code
-        request_id = response.headers.get("x-request-id") or None
+        secrets = [self._api_key] if self._api_key else []
+        request_id = safe_id(response.headers.get("x-request-id"), secrets)
         summary, message = error_summary(
             status,
             raw,
             response.headers.get("content-type", ""),
             echoes=_post_text(request),
-            secrets=[self._api_key] if self._api_key else [],
+            secrets=secrets,
         )
         scope = classify(status, _error_code(raw))
         retry_after = retry_after_seconds(response.headers, message, resets=status == 429)
@@ -249,10 +252,7 @@ class OpenAIHttpModel(ModelAdapter):
 
 def _error_code(raw: bytes) -> str | None:
     """``error.code`` of an OpenAI-style error body, if any."""
-    try:
-        data = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-        return None
+    data = loads_or_none(raw)
     error = data.get("error") if isinstance(data, dict) else None
     code = error.get("code") if isinstance(error, dict) else None
     return code if isinstance(code, str) else None
