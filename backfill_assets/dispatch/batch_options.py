@@ -41,6 +41,8 @@ class BatchOptions:
     max_lines: int = PROVIDER_MAX_LINES
     # A margin under the provider's 200 MB for the multipart envelope.
     max_file_bytes: int = PROVIDER_MAX_FILE_BYTES - 1024 * 1024
+    # The largest output or error file read back; past it the chunk fails, reported.
+    max_output_bytes: int = 512 * 1024 * 1024
     poll_seconds: float = 30.0
     max_poll_seconds: float = 600.0
     # Batch price as a share of the synchronous price (OpenAI and Anthropic: half).

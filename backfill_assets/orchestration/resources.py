@@ -305,6 +305,11 @@ class RunSettings(dg.ConfigurableResource):  # type: ignore[type-arg]
     batch_max_lines: int = Field(
         default=50_000, ge=1, le=50_000, description="Batch mode: requests per batch file."
     )
+    batch_max_output_bytes: int = Field(
+        default=512 * 1024 * 1024,
+        ge=1024,
+        description="Batch mode: the largest output or error file read (streamed to disk).",
+    )
     batch_poll_seconds: float = Field(
         default=30.0, gt=0.0, description="Batch mode: first poll interval (grows to 10 min)."
     )
@@ -326,6 +331,7 @@ class RunSettings(dg.ConfigurableResource):  # type: ignore[type-arg]
         return BatchOptions(
             endpoint=model.batch_endpoint() if model is not None else None,
             max_lines=self.batch_max_lines,
+            max_output_bytes=self.batch_max_output_bytes,
             poll_seconds=self.batch_poll_seconds,
             max_poll_seconds=max(600.0, self.batch_poll_seconds),
             create_lookup_seconds=self.batch_create_lookup_seconds,

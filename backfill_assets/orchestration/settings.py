@@ -128,6 +128,10 @@ class Settings(BaseSettings):
     batch_max_lines: int = _var(
         "BACKFILL_BATCH_MAX_LINES", default=PROVIDER_MAX_LINES, ge=1, le=PROVIDER_MAX_LINES
     )
+    # The largest batch output or error file read (streamed to disk, never held whole).
+    batch_max_output_bytes: int = _var(
+        "BACKFILL_BATCH_MAX_OUTPUT_BYTES", default=512 * 1024 * 1024, ge=1024
+    )
     batch_poll_seconds: float = _var("BACKFILL_BATCH_POLL_SECONDS", default=30.0, gt=0.0)
     # What a deadline plan assumes a batch takes before this store has a history: the whole
     # 24 h completion window, the pessimistic reading of the provider's promise.
@@ -340,6 +344,7 @@ class Settings(BaseSettings):
             slice_target_posts=self.slice_target_posts,
             dispatch=self.dispatch,
             batch_max_lines=self.batch_max_lines,
+            batch_max_output_bytes=self.batch_max_output_bytes,
             batch_poll_seconds=self.batch_poll_seconds,
             batch_create_lookup_seconds=self.batch_create_lookup_seconds,
         )

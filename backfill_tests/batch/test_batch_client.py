@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 from datetime import UTC, datetime
 
@@ -186,7 +187,9 @@ def test_client_against_the_simulator(start_sim: StartSim) -> None:
             batch = await client.retrieve(created.id)
         since = datetime.now(UTC).replace(tzinfo=None)
         found = await client.find("chunk_id", "ck-1", since)
-        output = await client.content(batch.output_file_id or "")
+        out = io.BytesIO()
+        await client.content(batch.output_file_id or "", out, 1 << 20)
+        output = out.getvalue()
         # 404 is run-level in the one taxonomy (unknown model, wrong URL): the run stops.
         with pytest.raises(RunFatalError) as info:
             await client.create("file-missing", {})

@@ -156,7 +156,7 @@ def test_output_lines_join_on_custom_id_and_count_unreadable_lines() -> None:
         + b"\nnot json\n\n"
         + json.dumps({"custom_id": "a", "error": {"code": "batch_expired"}}).encode()
     )
-    found, unreadable = output_lines(content)
+    found, unreadable = output_lines(content.splitlines())
     assert sorted(found) == ["a", "b"] and unreadable == 1
 
 

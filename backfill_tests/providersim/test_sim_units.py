@@ -111,7 +111,7 @@ def test_post_and_correlation_id_come_from_the_rubric_message() -> None:
     message = Rubric().user_message(key, text)
     assert correlation_id_of(message) == key
     # The rubric neutralises the delimiter, so the whole post survives extraction.
-    assert post_text_of(message) == text.replace("</post>", "</ post>")
+    assert post_text_of(message) == text.replace("</post>", "&lt;/post>")
     assert post_text_of("no delimiters") == "no delimiters"
     assert correlation_id_of("no id here") == ""
 

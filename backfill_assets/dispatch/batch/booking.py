@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import tempfile
 
 from backfill_assets.core.keys import Versions
 from backfill_assets.core.outcomes import Outcome
@@ -20,6 +21,7 @@ from backfill_assets.dispatch.batch.rows import LineRows, Row
 from backfill_assets.dispatch.batch.texts import line_echoes
 from backfill_assets.dispatch.batch.triage import Disposition, TriagedLine, triage
 from backfill_assets.dispatch.batch.wire import OutputLine, output_lines
+from backfill_assets.providers.bounded_body import BadBody
 from backfill_assets.providers.models.base import RunFatalError
 from backfill_assets.providers.models.errors import Scope, classify
 from backfill_assets.store import submissions as store
@@ -79,13 +81,17 @@ def _closed(ctx: BatchContext, job: ChunkJob) -> set[int]:
 async def _download(ctx: BatchContext, file_id: str | None) -> dict[str, OutputLine]:
     if not file_id:
         return {}
-    content = await retry(
-        functools.partial(ctx.client.content, file_id),
-        what=f"download {file_id}",
-        base_s=ctx.client.retry_base_s,
-        log=ctx.log,
-    )
-    found, unreadable = output_lines(content)
+    # On disk, not in memory: an output file may be hundreds of MB (or a hostile endless one,
+    # cut at BACKFILL_BATCH_MAX_OUTPUT_BYTES). TemporaryFile is 0600 and has no name.
+    with tempfile.TemporaryFile() as out:
+        await retry(
+            functools.partial(ctx.client.content, file_id, out, ctx.options.max_output_bytes),
+            what=f"download {file_id}",
+            base_s=ctx.client.retry_base_s,
+            log=ctx.log,
+        )
+        out.seek(0)
+        found, unreadable = output_lines(out)
     if unreadable:
         ctx.log(f"file {file_id}: {unreadable} unreadable line(s); their keys are resubmitted")
     return found
@@ -135,8 +141,15 @@ async def book(ctx: BatchContext, job: ChunkJob) -> ChunkState:
         codes = sorted({str(e.get("code")) for e in json.loads(sub.errors or "[]")})
         await close_unrun(ctx, job, f"batch failed validation: {codes}", ChunkState.FAILED)
         return ChunkState.FAILED
-    found = await _download(ctx, sub.output_file_id)
-    found.update(await _download(ctx, sub.error_file_id))
+    try:
+        found = await _download(ctx, sub.output_file_id)
+        found.update(await _download(ctx, sub.error_file_id))
+    except BadBody as exc:
+        # Nothing in it can be read: the chunk fails, reported; its keys stay pending, and
+        # what the provider billed for it is on the provider's invoice, not in the ledger.
+        ctx.log(f"chunk {sub.chunk_id}: batch {sub.batch_id} output not read: {exc}")
+        await close_unrun(ctx, job, f"batch output not read: {exc}", ChunkState.FAILED)
+        return ChunkState.FAILED
     ctx.kill("fetch")
     closed = await ctx.db(_closed, ctx, job)
     echoes = await ctx.db(line_echoes, ctx, job, found, closed)

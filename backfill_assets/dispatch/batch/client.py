@@ -21,7 +21,7 @@ import functools
 import random
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 import httpx
 from pydantic import ValidationError
@@ -30,6 +30,13 @@ from backfill_assets import __version__
 from backfill_assets.dispatch.batch.triage import WITHHELD
 from backfill_assets.dispatch.batch.wire import ENDPOINT, BatchObject, BatchPage
 from backfill_assets.dispatch.batch_options import BatchEndpoint
+from backfill_assets.providers.bounded_body import (
+    ACCEPT_ENCODING,
+    BadBody,
+    read_capped,
+    read_head,
+    stream_to,
+)
 from backfill_assets.providers.models._openai_wire import (
     error_summary,
     loads_or_none,
@@ -44,6 +51,9 @@ T = TypeVar("T")
 # the call fails) that returns None when they cannot be known (then no message is kept).
 Echoes = Sequence[str] | Callable[[], Awaitable[Sequence[str] | None]]
 _USER_AGENT = f"backfill-moderation/{__version__} batch (+httpx)"
+# A batch object or a page of them is a few KiB; the start of an error body says enough.
+ANSWER_MAX_BYTES = 8 * 1024 * 1024
+ERROR_HEAD_BYTES = 64 * 1024
 
 
 class BatchApiError(Exception):
@@ -88,7 +98,7 @@ class BatchClient:
         self._api_key = endpoint.api_key
         self.retry_base_s = retry_base_s
         self.max_wait_s = max_retry_after_s
-        headers = {"user-agent": _USER_AGENT}
+        headers = {"user-agent": _USER_AGENT, "accept-encoding": ACCEPT_ENCODING}
         if endpoint.api_key:
             headers["authorization"] = f"Bearer {endpoint.api_key}"
         timeout = httpx.Timeout(
@@ -120,11 +130,23 @@ class BatchClient:
         self, method: str, path: str, echoes: Echoes = (), **kwargs: Any
     ) -> httpx.Response:
         try:
-            response = await self._client.request(method, path, **kwargs)
+            async with self._client.stream(method, path, **kwargs) as streamed:
+                if 200 <= streamed.status_code < 300:
+                    body = await read_capped(streamed, ANSWER_MAX_BYTES)
+                else:
+                    body = await read_head(streamed, ERROR_HEAD_BYTES)
+        except BadBody as exc:
+            raise Unsure(f"{method} {path}: {exc}") from None
         except httpx.TimeoutException as exc:
             raise Unsure(f"{method} {path}: timeout ({type(exc).__name__})") from None
         except httpx.RequestError as exc:
             raise Unsure(f"{method} {path}: connection error ({type(exc).__name__})") from None
+        return await self._checked(_read(streamed, body), method, path, echoes)
+
+    async def _checked(
+        self, response: httpx.Response, method: str, path: str, echoes: Echoes
+    ) -> httpx.Response:
+        """``response`` if it is a 2xx, else the error it means (one taxonomy with sync)."""
         status = response.status_code
         if 200 <= status < 300:
             return response
@@ -197,10 +219,22 @@ class BatchClient:
         response = await self._call("POST", f"/batches/{batch_id}/cancel")
         return _parsed(response, BatchObject, "POST /batches/{id}/cancel")
 
-    async def content(self, file_id: str) -> bytes:
-        """A file's bytes (batch output or error file)."""
-        response = await self._call("GET", f"/files/{file_id}/content", timeout=self._transfer)
-        return response.content
+    async def content(self, file_id: str, out: BinaryIO, cap: int) -> int:
+        """A file's bytes (batch output or error file) written to ``out``, decoded and streamed:
+        never more than ``cap`` bytes (``BodyTooLarge``). Its size."""
+        path = f"/files/{file_id}/content"
+        try:
+            async with self._client.stream("GET", path, timeout=self._transfer) as streamed:
+                if not 200 <= streamed.status_code < 300:
+                    head = await read_head(streamed, ERROR_HEAD_BYTES)
+                    await self._checked(_read(streamed, head), "GET", path, ())
+                out.seek(0)
+                out.truncate()
+                return await stream_to(streamed, out, cap)
+        except httpx.TimeoutException as exc:
+            raise Unsure(f"GET {path}: timeout ({type(exc).__name__})") from None
+        except httpx.RequestError as exc:
+            raise Unsure(f"GET {path}: connection error ({type(exc).__name__})") from None
 
     async def page(self, after: str | None, limit: int = 100) -> BatchPage:
         """One page of batches, newest first."""
@@ -232,6 +266,14 @@ class BatchClient:
 
 
 M = TypeVar("M", BatchObject, BatchPage)
+
+
+def _read(streamed: httpx.Response, body: bytes) -> httpx.Response:
+    """A streamed response with the body read so far (already decoded) as its content."""
+    headers = [(k, v) for k, v in streamed.headers.multi_items() if k.lower() != "content-encoding"]
+    return httpx.Response(
+        streamed.status_code, headers=headers, content=body, request=streamed.request
+    )
 
 
 def _parsed(response: httpx.Response, model: type[M], what: str) -> M:

@@ -7,6 +7,7 @@ costs the same prompt in both modes; answers are parsed with the same envelope m
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -109,16 +110,17 @@ class OutputLine(_Lenient):
     error: LineError | None = None
 
 
-def output_lines(content: bytes) -> tuple[dict[str, OutputLine], int]:
-    """Lines by ``custom_id`` (the output order is not the input order) and unreadable lines."""
+def output_lines(content: Iterable[bytes]) -> tuple[dict[str, OutputLine], int]:
+    """Lines by ``custom_id`` (the output order is not the input order) and unreadable lines;
+    ``content``: the file's lines (an open binary file, or ``bytes.splitlines()``)."""
     found: dict[str, OutputLine] = {}
     unreadable = 0
-    for raw in content.split(b"\n"):
+    for raw in content:
         if not raw.strip():
             continue
         try:
             line = OutputLine.model_validate_json(raw)
-        except ValidationError:
+        except (ValidationError, ValueError, RecursionError):
             unreadable += 1
             continue
         found[line.custom_id] = line

@@ -25,6 +25,13 @@ import httpx
 
 from backfill_assets import __version__
 from backfill_assets.core.prices import PriceTable
+from backfill_assets.providers.bounded_body import (
+    ACCEPT_ENCODING,
+    CHAT_MAX_BYTES,
+    BadBody,
+    read_capped,
+    read_head,
+)
 from backfill_assets.providers.models._openai_wire import (
     NotACompletion,
     advertised_limits,
@@ -101,7 +108,7 @@ class OpenAIHttpModel(ModelAdapter):
         self._timeouts = timeouts or HttpTimeouts()
         self._max_tokens_param = max_tokens_param
         self._share_limit = share_limit
-        headers = {"user-agent": _USER_AGENT}
+        headers = {"user-agent": _USER_AGENT, "accept-encoding": ACCEPT_ENCODING}
         if api_key:
             headers["authorization"] = f"Bearer {api_key}"
         self._client = httpx.AsyncClient(
@@ -144,9 +151,21 @@ class OpenAIHttpModel(ModelAdapter):
         self.stats.calls += 1
         started = time.perf_counter()
         try:
-            async with asyncio.timeout(self._timeouts.total):
-                response = await self._client.post("/chat/completions", json=body)
-                raw = await response.aread()
+            async with (
+                asyncio.timeout(self._timeouts.total),
+                self._client.stream("POST", "/chat/completions", json=body) as response,
+            ):
+                if 200 <= response.status_code < 300:
+                    raw = await read_capped(response, CHAT_MAX_BYTES)
+                else:
+                    # An error body's start says all we keep of it; the status decides.
+                    raw = await read_head(response, CHAT_MAX_BYTES)
+        except BadBody as exc:
+            # Billed or not, nothing in it can be read: this key's transport failed.
+            self.limiter.on_failure(permit)
+            raise TransportRejected(
+                f"HTTP {response.status_code}: {exc}", status=response.status_code
+            ) from None
         except (TimeoutError, httpx.TimeoutException) as exc:
             self.limiter.on_failure(permit, time.perf_counter() - started)
             raise RetriableError(f"timeout ({type(exc).__name__})") from None
