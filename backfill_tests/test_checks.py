@@ -1,4 +1,4 @@
-"""The six partition checks: each passes on a clean backfill and fails on its own fault."""
+"""The seven partition checks: each passes on a clean backfill and fails on its own fault."""
 
 from __future__ import annotations
 

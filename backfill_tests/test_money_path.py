@@ -166,13 +166,22 @@ def test_a_bill_past_the_bound_stops_that_tenant_only(engine: Engine, tmp_path: 
     acme = next(r for r in outcome.reports if r.tenant == "acme")
     assert acme.over_bound == over
     assert sum(p.kind == "over_bound" for p in outcome.problems) == over
-    spend = [
+    name = ["billed_within_bound"]
+    bound = [
         v
         for ref in refs_for(["acme"])
-        for v in verdicts_for(engine, ref, VERSIONS, RUBRIC, ChecksResource(), ["spend"])
+        for v in verdicts_for(engine, ref, VERSIONS, RUBRIC, ChecksResource(), name)
     ]
-    assert any(not v.passed and "past their reserved bound" in v.summary for v in spend)
-    assert sum(int(v.counts["over_bound_calls"]) for v in spend) == over
+    assert any(not v.passed and "past their reserved bound" in v.summary for v in bound)
+    assert all(v.blocking for v in bound)  # the labels of such a partition are not applied
+    assert sum(int(v.counts["over_bound_calls"]) for v in bound) == over
+    # An operator who has looked allows them, and the check passes.
+    allowed = ChecksResource(max_over_bound_calls=over)
+    assert all(
+        v.passed
+        for ref in refs_for(["acme"])
+        for v in verdicts_for(engine, ref, VERSIONS, RUBRIC, allowed, name)
+    )
     # The other tenant is not affected.
     others, _ = run(engine, ["globex"])
     assert total(others, "accepted") == 80

@@ -69,6 +69,7 @@ def test_run_json_reports_checks_and_apply_per_partition(
         "no_duplicates",
         "coverage",
         "output_schema",
+        "billed_within_bound",
         "spend",
         "label_drift",
     ]

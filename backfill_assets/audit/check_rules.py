@@ -62,11 +62,19 @@ CHECKS: tuple[CheckDef, ...] = (
         "Blocking: applied labels reach the posts table.",
     ),
     CheckDef(
+        "billed_within_bound",
+        True,
+        False,
+        "No call was billed past the upper bound reserved for it (more tokens than any "
+        "byte-level tokenizer can count: the budget cap could not be kept, and the tenant was "
+        "stopped). Blocking: such a partition needs an operator's look before its labels are "
+        "applied; BACKFILL_CHECK_MAX_OVER_BOUND_CALLS allows a number of them.",
+    ),
+    CheckDef(
         "spend",
         False,
         False,
-        "Rebilled tokens, orphan attempts and tokens per key are within the configured bounds, "
-        "and no call was billed past the upper bound reserved for it.",
+        "Rebilled tokens, orphan attempts and tokens per key are within the configured bounds.",
     ),
     CheckDef(
         "label_drift",
@@ -101,17 +109,18 @@ CHECK_GROUPS: tuple[CheckGroup, ...] = (
     CheckGroup(
         "integrity",
         True,
-        ("isolation", "no_duplicates", "coverage", "output_schema"),
+        ("isolation", "no_duplicates", "coverage", "output_schema", "billed_within_bound"),
         "Blocks applied_labels unless all pass: isolation (every row carries its tenant, its "
         "slice and a key that recomputes from that tenant's post), no_duplicates, coverage "
-        "(every expected key accepted or dead-lettered) and output_schema (pandera).",
+        "(every expected key accepted or dead-lettered), output_schema (pandera) and "
+        "billed_within_bound (no call billed past the bound reserved for it).",
     ),
     CheckGroup(
         "spend_and_drift",
         False,
         ("spend", "label_drift"),
-        "spend: rebilled tokens, orphan attempts, tokens per key and calls billed past their "
-        "bound within bounds (error); label_drift: watched label shares under factor x the "
+        "spend: rebilled tokens, orphan attempts and tokens per key within bounds (error); "
+        "label_drift: watched label shares under factor x the "
         "baseline (warning). Never blocks.",
     ),
 )
@@ -134,6 +143,8 @@ class CheckBounds:
     max_rebilled_share: float = 0.05
     max_orphan_attempts: int = 16
     max_tokens_per_key: int = 0
+    # Calls billed past their reserved bound a partition may hold and still be applied.
+    max_over_bound_calls: int = 0
     drift: DriftRule = field(default_factory=DriftRule)
 
 
@@ -228,6 +239,8 @@ def evaluate(
             v = _schema(ev, sample)
         elif name == "spend":
             v = _spend(rep, bounds, sample)
+        elif name == "billed_within_bound":
+            v = _within_bound(problems, bounds, sample)
         elif name == "label_drift":
             v = _drift(ev, bounds.drift)
         else:
@@ -301,10 +314,6 @@ def _spend(rep: ScopeReport, b: CheckBounds, sample: int) -> Verdict:
     per_key = rep.billed_tokens / rep.expected if rep.expected else 0.0
     if b.max_tokens_per_key and per_key > b.max_tokens_per_key:
         reasons.append(f"{per_key:.0f} tokens per key > {b.max_tokens_per_key}")
-    if rep.over_bound:
-        # The provider billed more than any byte-level tokenizer can count: the cap could
-        # not be kept, so the tenant was stopped. Never within bounds.
-        reasons.append(f"{rep.over_bound} call(s) billed past their reserved bound")
     counts: dict[str, int | float] = {
         "billed_tokens": rep.billed_tokens,
         "rebilled_tokens": rep.rebilled_tokens,
@@ -320,6 +329,22 @@ def _spend(rep: ScopeReport, b: CheckBounds, sample: int) -> Verdict:
     )
     summary = "; ".join(reasons) if reasons else "within bounds"
     return Verdict("spend", not reasons, summary, counts, keys[:sample])
+
+
+def _within_bound(problems: list[Problem], b: CheckBounds, sample: int) -> Verdict:
+    found = [p for p in problems if p.kind == "over_bound"]
+    counts: dict[str, int | float] = {
+        "over_bound_calls": len(found),
+        "over_bound_calls_allowed": b.max_over_bound_calls,
+    }
+    if len(found) <= b.max_over_bound_calls:
+        summary = "no call billed past its bound" if not found else f"{len(found)} allowed"
+        return Verdict("billed_within_bound", True, summary, counts, _sample(found, sample))
+    summary = (
+        f"{len(found)} call(s) billed past their reserved bound "
+        f"(allowed {b.max_over_bound_calls}): the provider billed more than the tokens sent"
+    )
+    return Verdict("billed_within_bound", False, summary, counts, _sample(found, sample))
 
 
 def label_counts(ev: PartitionEvidence) -> Counter[str]:

@@ -33,6 +33,11 @@ class ChecksResource(dg.ConfigurableResource):  # type: ignore[type-arg]
     max_tokens_per_key: int = Field(
         default=0, ge=0, description="spend: billed tokens per expected key; 0 = no bound."
     )
+    max_over_bound_calls: int = Field(
+        default=0,
+        ge=0,
+        description="billed_within_bound: calls billed past their reserved bound allowed.",
+    )
     drift_baseline: str = Field(
         default=LIVE_BASELINE,
         description='label_drift baseline: "live" (the live column\'s shares) or a JSON '
@@ -56,6 +61,7 @@ class ChecksResource(dg.ConfigurableResource):  # type: ignore[type-arg]
             max_rebilled_share=self.max_rebilled_share,
             max_orphan_attempts=self.max_orphan_attempts,
             max_tokens_per_key=self.max_tokens_per_key,
+            max_over_bound_calls=self.max_over_bound_calls,
             drift=DriftRule(
                 labels=watched or policy.flagging_labels,
                 factor=self.drift_factor,

@@ -187,6 +187,9 @@ class Settings(BaseSettings):
     check_max_tokens_per_key: int | None = _var(
         "BACKFILL_CHECK_MAX_TOKENS_PER_KEY", default=None, ge=0
     )
+    check_max_over_bound_calls: int | None = _var(
+        "BACKFILL_CHECK_MAX_OVER_BOUND_CALLS", default=None, ge=0
+    )
     drift_baseline: str | None = _var("BACKFILL_DRIFT_BASELINE", default=None)
     drift_labels: str | None = _var("BACKFILL_DRIFT_LABELS", default=None)
     drift_factor: float | None = _var("BACKFILL_DRIFT_FACTOR", default=None, gt=1.0)
@@ -389,6 +392,7 @@ class Settings(BaseSettings):
             "max_rebilled_share": self.check_max_rebilled_share,
             "max_orphan_attempts": self.check_max_orphan_attempts,
             "max_tokens_per_key": self.check_max_tokens_per_key,
+            "max_over_bound_calls": self.check_max_over_bound_calls,
             "drift_baseline": self.drift_baseline,
             "drift_labels": self.drift_labels,
             "drift_factor": self.drift_factor,

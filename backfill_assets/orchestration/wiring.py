@@ -43,7 +43,7 @@ def build_definitions(settings: Settings | Mapping[str, str]) -> dg.Definitions:
     evaluation = build_policy_evaluation(rubric, settings.policy_min_macro_f1)
     backfill_job = dg.define_asset_job(
         BACKFILL_JOB,
-        # Selecting the assets selects their checks too: labels, the six checks, then the
+        # Selecting the assets selects their checks too: labels, the seven checks, then the
         # apply, which the blocking checks gate within each run.
         selection=dg.AssetSelection.assets(labels, applied),
         description="Moderation labels, their checks and the gated apply, per tenant x slice.",

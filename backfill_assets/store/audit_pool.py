@@ -191,6 +191,7 @@ def _bounds(d: Mapping[str, Any]) -> CheckBounds:
         max_rebilled_share=float(d["max_rebilled_share"]),
         max_orphan_attempts=int(d["max_orphan_attempts"]),
         max_tokens_per_key=int(d["max_tokens_per_key"]),
+        max_over_bound_calls=int(d["max_over_bound_calls"]),
         drift=DriftRule(
             labels=tuple(drift["labels"]),
             factor=float(drift["factor"]),
