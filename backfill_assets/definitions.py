@@ -15,7 +15,11 @@ from backfill_assets.orchestration.wiring import (
     USAGE_JOB,
     build_definitions,
 )
+from backfill_assets.store.private_files import private_umask
 
 __all__ = ["APPLY_JOB", "BACKFILL_JOB", "USAGE_JOB", "build_definitions", "defs"]
 
+# Dagster's processes (webserver, daemon, run workers) load this module: what they create for
+# us (the store, run shards, compute logs) is readable by its owner only.
+private_umask()
 defs = build_definitions(Settings.from_env(os.environ))

@@ -21,6 +21,7 @@ from backfill_assets.cli.provider_sim import COMMAND as PROVIDER_SIM
 from backfill_assets.cli.provider_sim import add_provider_sim_command
 from backfill_assets.cli.tenants import add_tenant_commands
 from backfill_assets.orchestration.settings import Settings, SettingsError
+from backfill_assets.store.private_files import private_umask
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -148,6 +149,7 @@ INTERRUPTED = 130
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script: the exit code (2: bad input, named in the message)."""
+    private_umask()  # the store, lock files, shards and logs we create: owner only
     parser = build_parser()
     try:
         # The simulator's options are its own (parsed when it runs, see provider_sim.py).

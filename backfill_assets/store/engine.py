@@ -12,6 +12,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from backfill_assets.store.dead_peer import DeadPeer
+from backfill_assets.store.private_files import tighten
 
 # The engine's dead-peer figure, for processes that build their own engine from its URL.
 _DEAD_PEER_OPTION = "backfill_dead_peer_s"
@@ -33,7 +34,9 @@ def make_engine(url: str, dead_peer: DeadPeer | None = None) -> Engine:
     if url.startswith("sqlite"):
         db = sa.engine.make_url(url).database
         if db and db != ":memory:" and not db.startswith("file:"):
-            Path(db).parent.mkdir(parents=True, exist_ok=True)
+            Path(db).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            for path in (Path(db), Path(db + "-wal"), Path(db + "-shm")):
+                tighten(path)  # a store created before files were private
         engine = sa.create_engine(url, connect_args={"timeout": 60, "check_same_thread": False})
         _configure_sqlite(engine)
         return engine
