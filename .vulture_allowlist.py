@@ -11,6 +11,8 @@ _regions_well_formed  # resources.OpenAIModelResource
 _json_number  # rubric
 _no_negative_zero  # rubric
 _prices_parse  # settings.Settings
+_model_url_plain  # settings.Settings
+_database_url_parses  # settings.Settings
 _prompt_path_replaced  # settings.Settings
 prompt_path  # settings.Settings: BACKFILL_PROMPT_PATH, read only to refuse it
 _batch_needs_a_batch_api  # settings.Settings

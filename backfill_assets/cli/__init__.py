@@ -9,6 +9,8 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
+import sqlalchemy as sa
+
 from backfill_assets.cli import commands
 from backfill_assets.cli.deadline import margin_share
 from backfill_assets.cli.evaluate import add_evaluate_command
@@ -20,6 +22,7 @@ from backfill_assets.cli.process import exit_process, freeze_heap
 from backfill_assets.cli.provider_sim import COMMAND as PROVIDER_SIM
 from backfill_assets.cli.provider_sim import add_provider_sim_command
 from backfill_assets.cli.tenants import add_tenant_commands
+from backfill_assets.core.urls import redact_url, scrub
 from backfill_assets.orchestration.settings import Settings, SettingsError
 from backfill_assets.store.private_files import private_umask
 
@@ -177,6 +180,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         sub = getattr(args, "tenant_command", None) or getattr(args, "policy_command", None)
         name = " ".join(filter(None, (args.command, sub)))
         print(f"backfill-moderation {name}: error: {exc}", file=sys.stderr)
+        return 2
+    except (sa.exc.OperationalError, sa.exc.InterfaceError) as exc:
+        # The store cannot be reached (a wrong host, port or password, a server down): one
+        # line naming the setting, never the password, never a traceback.
+        url = settings.store_url if "settings" in locals() else ""
+        first = (str(getattr(exc, "orig", None) or exc).strip().splitlines() or ["?"])[0]
+        print(
+            f"backfill-moderation {args.command}: error: cannot use the store "
+            f"{redact_url(url)} (BACKFILL_DATABASE_URL): {scrub(first, url)[:300]}",
+            file=sys.stderr,
+        )
         return 2
     except KeyboardInterrupt:
         print(f"backfill-moderation {args.command}: interrupted", file=sys.stderr)

@@ -13,8 +13,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 import dagster as dg
+import sqlalchemy as sa
 from pydantic import (
     BeforeValidator,
     Field,
@@ -37,6 +39,7 @@ from backfill_assets.core.policy import PolicyInvalid, builtin_policy, load_poli
 from backfill_assets.core.prices import PriceError, PriceTable
 from backfill_assets.core.regions import API_KEY_VAR, BASE_URL_VAR, InvalidRegion, region_of_suffix
 from backfill_assets.core.rubric import Rubric
+from backfill_assets.core.urls import redact_url
 from backfill_assets.dispatch.batch_options import KILL_POINTS, PROVIDER_MAX_LINES
 from backfill_assets.ingest.sql_import import SqlSource
 from backfill_assets.orchestration.checks_config import (
@@ -210,6 +213,24 @@ class Settings(BaseSettings):
                 "no longer read: a policy file replaces the prompt file; name it in "
                 "BACKFILL_POLICY_PATH (docs/policies.md)"
             )
+        return value
+
+    @field_validator("model_base_url")
+    @classmethod
+    def _model_url_plain(cls, value: str) -> str:
+        return checked_model_url(value)
+
+    @field_validator("database_url")
+    @classmethod
+    def _database_url_parses(cls, value: str) -> str:
+        if not value:
+            return value
+        try:
+            url = sa.engine.make_url(value)
+        except (sa.exc.ArgumentError, ValueError):
+            raise ValueError("is not a database URL (sqlite:///path or postgresql://...)") from None
+        if url.get_backend_name() not in ("sqlite", "postgresql"):
+            raise ValueError(f"must be SQLite or PostgreSQL, not {url.get_backend_name()!r}")
         return value
 
     @field_validator("prices_json")
@@ -459,6 +480,8 @@ def _describe(err: Any) -> str:
     if not loc:
         return msg
     name, raw = loc[0], err.get("input")
+    if isinstance(raw, str) and ("URL" in str(name) or "://" in raw):
+        raw = redact_url(raw)  # a URL may carry a password: never echoed
     shown = repr(raw[:60] if isinstance(raw, str) else raw)
     if err.get("type") in _TYPE_WORDS:
         return f"{name}={shown} {_TYPE_WORDS[err['type']]}"
@@ -484,5 +507,26 @@ def region_base_urls(env: Mapping[str, str]) -> dict[str, str]:
             region = region_of_suffix(name[len(prefix) :])
         except InvalidRegion as exc:
             raise SettingsError(f"{name}: {exc}") from None
-        out[region] = value.strip()
+        try:
+            out[region] = checked_model_url(value.strip())
+        except ValueError as exc:
+            raise SettingsError(f"{name}: {exc}") from None
     return dict(sorted(out.items()))
+
+
+def checked_model_url(value: str) -> str:
+    """A model base URL we may send a key to: http(s), a host, no user or password in it (they
+    would be printed and stored with the URL, and httpx would send them as Basic auth in
+    place of the Bearer key)."""
+    try:
+        parts = urlsplit(value)
+        _ = parts.port  # a port that is not a number raises here
+    except ValueError:
+        raise ValueError("is not a URL (https://host/v1)") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("must be an http:// or https:// URL with a host (https://host/v1)")
+    if parts.username is not None or parts.password is not None or "@" in parts.netloc:
+        raise ValueError(
+            "must not carry a user name or password: the key goes in BACKFILL_MODEL_API_KEY"
+        )
+    return value
