@@ -108,7 +108,7 @@ def _rebill(engine: Engine, key: str) -> None:
             engine,
             "INSERT INTO ledger_events (tenant_id, key, attempt_id, attempt_no, type, slice,"
             " post_id, content_hash, model, prompt_version, task_version, tokens_in, tokens_out,"
-            " cost, run_id, at) SELECT tenant_id, key, :a, 2, :kind, slice, post_id,"
+            " cost_nanos, run_id, at) SELECT tenant_id, key, :a, 2, :kind, slice, post_id,"
             " content_hash, model, prompt_version, task_version, 5000, 100, 0, 'tamper',"
             " created_at FROM results WHERE key = :k",
             a=attempt,
@@ -135,9 +135,9 @@ def test_spend_fails_on_orphan_attempts_over_the_bound(labelled: Engine) -> None
     execute(
         labelled,
         "INSERT INTO ledger_events (tenant_id, key, attempt_id, attempt_no, type, slice, post_id,"
-        " content_hash, model, prompt_version, task_version, tokens_in, tokens_out, cost, run_id,"
-        " at) SELECT tenant_id, key, 'orphan-1', 2, 'attempt', slice, post_id, content_hash,"
-        " model, prompt_version, task_version, 0, 0, 0, 'tamper', created_at"
+        " content_hash, model, prompt_version, task_version, tokens_in, tokens_out, cost_nanos,"
+        " run_id, at) SELECT tenant_id, key, 'orphan-1', 2, 'attempt', slice, post_id,"
+        " content_hash, model, prompt_version, task_version, 0, 0, 0, 'tamper', created_at"
         " FROM results WHERE key = :k",
         k=key,
     )

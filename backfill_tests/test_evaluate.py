@@ -6,6 +6,7 @@ the full run does not pay for again (docs/policies.md, "Evaluation")."""
 from __future__ import annotations
 
 import json
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from backfill_assets.cli import main
+from backfill_assets.core.money import usd_text, whole_nanos
 from backfill_assets.definitions import build_definitions
 from backfill_assets.ingest.gold import read_gold
 from backfill_assets.orchestration.evaluation import GATE_CHECK, POLICY_EVALUATION
@@ -113,15 +115,15 @@ def test_evaluate_reports_figures_reruns_free_and_compares(
         # Tokens and cost are what the ledger booked for the evaluation's usage events.
         booked = conn.execute(
             sa.text(
-                "SELECT sum(tokens_in), sum(tokens_out), sum(cost) FROM ledger_events"
+                "SELECT sum(tokens_in), sum(tokens_out), sum(cost_nanos) FROM ledger_events"
                 " WHERE type = 'usage'"
             )
         ).one()
     assert (v5["tokens_in"], v5["tokens_out"]) == (booked[0], booked[1]) and booked[0] > 0
-    assert float(v5["cost_usd"]) == pytest.approx(float(booked[2]))
-    assert float(v5["cost_per_1000_posts_usd"]) == pytest.approx(
-        float(booked[2]) / 62 * 1000, abs=1e-6
-    )
+    # Exact: the nano-dollars the ledger booked, shown as dollars.
+    assert v5["cost_usd"] == usd_text(int(booked[2]))
+    per_1000 = whole_nanos(Decimal(int(booked[2])) * 1000 / 62)
+    assert v5["cost_per_1000_posts_usd"] == usd_text(per_1000)
 
     # A rerun pays nothing; --against adds v4, and the transitions account for every row.
     code, doc, _ = _cli(["evaluate", str(GOLD), "--against", str(COURSE_V4), "--json"], capsys)

@@ -12,6 +12,7 @@ import json
 import math
 import uuid
 from collections import Counter
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -427,4 +428,4 @@ def test_dry_run_shows_the_estimate_and_the_reserved_bound(
     assert row["keys"] == 20
     # The bound is what the budget reserves: far above the estimate, never below it.
     assert row["bound_tokens"] > 2 * row["estimated_tokens"] > 0
-    assert row["bound_cost_usd"] > row["estimated_cost_usd"] > 0
+    assert Decimal(row["bound_cost_usd"]) > Decimal(row["estimated_cost_usd"]) > 0

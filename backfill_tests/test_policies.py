@@ -6,6 +6,7 @@ the apply never going back to an older version (docs/policies.md)."""
 from __future__ import annotations
 
 import json
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -154,8 +155,12 @@ def test_a_custom_policy_end_to_end_then_edited(
     assert plan["policy"] == v6.policy.identity
     assert {t["tenant"]: t["keys"] for t in plan["tenants"]} == dict.fromkeys(TENANTS, N // 2)
     for t in plan["tenants"]:
-        assert t["estimated_cost_usd"] > 0
-        assert t["estimated_cost_usd_batch"] == pytest.approx(t["estimated_cost_usd"] / 2, 1e-5)
+        assert Decimal(t["estimated_cost_usd"]) > 0
+        # Half the list price, exactly (to one rounding per call).
+        half = Decimal(t["estimated_cost_usd"]) / 2
+        assert abs(Decimal(t["estimated_cost_usd_batch"]) - half) <= Decimal(t["keys"]) * Decimal(
+            "0.000000001"
+        )
     # The same question of a file the environment does not name: dry-run --policy.
     assert _dry_run(env5, capsys, "--policy", str(v6_file)) == plan
     assert count(engine, "SELECT count(*) FROM ledger_events WHERE type = 'attempt'") == (

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from decimal import Decimal
 from pathlib import Path
 
 import dagster as dg
@@ -56,7 +57,8 @@ def test_import_run_and_plan_keep_the_reporting_assets_current(
         assert job.execute_in_process(instance=instance).success
         before = _latest(instance, "backfill_plan")
         assert before["pending_keys"] == dg.MetadataValue.int(50)
-        assert isinstance(before["estimated_cost_usd"], dg.FloatMetadataValue)
+        assert isinstance(before["estimated_cost_usd"], dg.TextMetadataValue)
+        assert Decimal(before["estimated_cost_usd"].value) > 0  # exact decimal text
         assert before["reserved_bound_tokens"].value > 2 * before["estimated_tokens"].value
         assert "| a | 25 |" in before["plan"].value
 
@@ -81,6 +83,6 @@ def test_the_reporting_assets_materialise_on_an_empty_store(tmp_path: Path) -> N
     with dg.instance_for_test() as instance:
         result = dg.materialize(reporting, instance=instance)  # resources bound by defs
         assert result.success
-        assert _latest(instance, "tenant_usage")["cost_usd"] == dg.MetadataValue.float(0.0)
+        assert _latest(instance, "tenant_usage")["cost_usd"] == dg.MetadataValue.text("0.000000000")
         plan = _latest(instance, "backfill_plan")
-        assert plan["reserved_bound_cost_usd"] == dg.MetadataValue.float(0.0)
+        assert plan["reserved_bound_cost_usd"] == dg.MetadataValue.text("0.000000000")

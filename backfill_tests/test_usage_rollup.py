@@ -25,21 +25,19 @@ def _posts(tenants: list[str], n: int) -> list[dict[str, str]]:
     ]
 
 
-def _from_ledger(engine: Engine) -> list[tuple[str, str, str, int, int, int, float]]:
+def _from_ledger(engine: Engine) -> list[tuple[str, str, str, int, int, int, int]]:
     """The ledger's usage events grouped as the rollup should be, written independently."""
     day = "date(at)" if engine.dialect.name == "sqlite" else "to_char(at, 'YYYY-MM-DD')"
     with engine.connect() as conn:
         rows = conn.exec_driver_sql(
             f"SELECT tenant_id, model, {day}, count(*), sum(tokens_in), sum(tokens_out),"
-            f" sum(cost) FROM ledger_events WHERE type = 'usage'"
+            f" sum(cost_nanos) FROM ledger_events WHERE type = 'usage'"
             f" GROUP BY tenant_id, model, {day} ORDER BY 1, 2, 3"
         ).all()
-    return [
-        (t, m, str(d), int(c), int(i), int(o), round(float(x), 6)) for t, m, d, c, i, o, x in rows
-    ]
+    return [(t, m, str(d), int(c), int(i), int(o), int(x)) for t, m, d, c, i, o, x in rows]
 
 
-def _from_rollup(engine: Engine) -> list[tuple[str, str, str, int, int, int, float]]:
+def _from_rollup(engine: Engine) -> list[tuple[str, str, str, int, int, int, int]]:
     with engine.connect() as conn:
         return [
             (
@@ -49,7 +47,7 @@ def _from_rollup(engine: Engine) -> list[tuple[str, str, str, int, int, int, flo
                 int(str(r["calls"])),
                 int(str(r["tokens_in"])),
                 int(str(r["tokens_out"])),
-                float(str(r["cost"])),
+                int(str(r["cost_nanos"])),
             )
             for r in usage_by_day(conn)
         ]
@@ -89,11 +87,16 @@ def test_migrating_an_existing_store_books_its_ledger_into_the_rollup(
 ) -> None:
     _run_hostile(engine, tmp_path)
     expected = _from_ledger(engine)
-    # A store from before sql/008: the same ledger, no rollup.
+    # A store from before sql/008 (and 012): the same ledger with its float cost, no rollup.
     with engine.begin() as conn:
         conn.exec_driver_sql("DROP TABLE usage_daily")
-        conn.exec_driver_sql("DELETE FROM schema_migrations WHERE version = 8")
-    assert migrate(engine) == [8]
+        conn.exec_driver_sql("DELETE FROM schema_migrations WHERE version IN (8, 12)")
+        conn.exec_driver_sql(
+            "ALTER TABLE ledger_events ADD COLUMN cost DOUBLE PRECISION NOT NULL DEFAULT 0"
+        )
+        conn.exec_driver_sql("UPDATE ledger_events SET cost = cost_nanos / 1000000000.0")
+        conn.exec_driver_sql("ALTER TABLE ledger_events DROP COLUMN cost_nanos")
+    assert migrate(engine) == [8, 12]
     assert _from_rollup(engine) == expected
     assert verify(engine).as_dict()["ok"]
 
@@ -104,7 +107,7 @@ def test_migrating_an_existing_store_books_its_ledger_into_the_rollup(
         "UPDATE usage_daily SET calls = calls + 1 WHERE tenant_id = 'globex'",
         "UPDATE usage_daily SET tokens_out = tokens_out - 7 WHERE tenant_id = 'globex'",
         "DELETE FROM usage_daily WHERE tenant_id = 'globex'",
-        "INSERT INTO usage_daily VALUES ('globex', 'other-model', '2026-01-01', 1, 10, 5, 0.1)",
+        "INSERT INTO usage_daily VALUES ('globex', 'other-model', '2026-01-01', 1, 10, 5, 100)",
         "UPDATE usage_daily SET tenant_id = 'acme' WHERE tenant_id = 'globex'",
     ],
 )

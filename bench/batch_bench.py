@@ -17,12 +17,14 @@ import json
 import tempfile
 import time
 import uuid
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
 
 from backfill_assets.core.keys import SLICE_COUNT, Versions
+from backfill_assets.core.money import usd_text
 from backfill_assets.core.outcomes import RetryPolicy
 from backfill_assets.core.rubric import TASK_VERSION, Rubric
 from backfill_assets.dispatch.batch_options import BatchEndpoint, BatchOptions
@@ -52,7 +54,7 @@ def _booked(engine: sa.engine.Engine) -> dict[str, Any]:
     with engine.connect() as conn:
         usage = conn.execute(
             sa.text(
-                "SELECT count(*), coalesce(sum(tokens_in + tokens_out), 0), coalesce(sum(cost), 0)"
+                "SELECT count(*), coalesce(sum(tokens_in + tokens_out), 0), coalesce(sum(cost_nanos), 0)"
                 " FROM ledger_events WHERE type = 'usage'"
             )
         ).one()
@@ -60,7 +62,7 @@ def _booked(engine: sa.engine.Engine) -> dict[str, Any]:
     return {
         "usage_events": int(usage[0]),
         "tokens": int(usage[1]),
-        "cost": float(usage[2]),
+        "cost_nanos": int(usage[2]),
         "results": int(results),
     }
 
@@ -102,7 +104,7 @@ def run_mode(mode: str, args: argparse.Namespace, workdir: Path) -> dict[str, An
         "billed_tokens": meter.billed_tokens_total,
         "billed_calls": len(meter.billed),
         "booked_tokens": booked["tokens"],
-        "cost_usd": round(booked["cost"], 6),
+        "cost_usd": usd_text(booked["cost_nanos"]),
         "batches": meter.batch_creates_total,
         "wall_s": round(wall, 2),
     }
@@ -121,13 +123,14 @@ def main() -> None:
     for doc in (sync, batch):
         print(
             f"{doc['mode']:>5}: {doc['posts']} posts, {doc['billed_tokens']:,} tokens billed in "
-            f"{doc['billed_calls']} calls, ${doc['cost_usd']:.6f} booked, "
+            f"{doc['billed_calls']} calls, ${doc['cost_usd']} booked, "
             f"{doc['batches']} batches, {doc['wall_s']} s"
         )
-    ratio = batch["cost_usd"] / sync["cost_usd"] if sync["cost_usd"] else float("nan")
+    sync_usd, batch_usd = Decimal(sync["cost_usd"]), Decimal(batch["cost_usd"])
+    ratio = batch_usd / sync_usd if sync_usd else Decimal("NaN")
     tokens = batch["billed_tokens"] / sync["billed_tokens"] if sync["billed_tokens"] else 0.0
     print(f"batch/sync: tokens billed x{tokens:.3f}, cost x{ratio:.3f} ({args.model})")
-    print(json.dumps({"sync": sync, "batch": batch, "cost_ratio": round(ratio, 4)}))
+    print(json.dumps({"sync": sync, "batch": batch, "cost_ratio": str(round(ratio, 4))}))
 
 
 if __name__ == "__main__":

@@ -386,7 +386,7 @@ def usage_report(store_url: str) -> dict[str, float]:
     engine = engine_for(store_url)
     day = "date(at)" if engine.dialect.name == "sqlite" else "to_char(at, 'YYYY-MM-DD')"
     ledger = (
-        f"SELECT tenant_id, model, {day}, count(*), sum(tokens_in), sum(tokens_out), sum(cost)"
+        f"SELECT tenant_id, model, {day}, count(*), sum(tokens_in), sum(tokens_out), sum(cost_nanos)"
         f" FROM ledger_events WHERE type = 'usage' GROUP BY tenant_id, model, {day}"
         " ORDER BY 1, 2, 3"
     )

@@ -77,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 totals[name] += value
         for outcome, n in rep.stats.outcomes.items():
             totals[f"outcome_{outcome}"] += n
-        totals["cost_micro_usd"] += round(rep.stats.cost * 1_000_000)
+        totals["cost_nanos"] += rep.stats.cost_nanos
     with read_tx(engine) as conn:
         chunks = submissions.state_counts(conn, tenants)
         failed = submissions.state_counts(conn, tenants, run_id).get(

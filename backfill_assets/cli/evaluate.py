@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -72,8 +73,8 @@ def _human(report: dict[str, Any]) -> list[Human]:
         f"{report['policy']} ({report['model']}): {report['rows']} rows, accuracy "
         f"{report['accuracy']:.1%}, macro-F1 {report['macro_f1']:.3f}, schema_rejected "
         f"{report['schema_rejected_share']:.1%}; tokens {report['tokens_in']} in / "
-        f"{report['tokens_out']} out, cost ${report['cost_usd']:.6f} "
-        f"(${report['cost_per_1000_posts_usd']:.6f} per 1,000 posts); "
+        f"{report['tokens_out']} out, cost ${Decimal(report['cost_usd']):.6f} "
+        f"(${Decimal(report['cost_per_1000_posts_usd']):.6f} per 1,000 posts); "
         f"{report['calls_this_run']} call(s) this run"
     )
     rows = [

@@ -1,4 +1,7 @@
-"""Price table: USD per million tokens per model, for the cost booked with each usage event."""
+"""Price table: USD per million tokens per model, for the cost booked with each usage event.
+
+Prices are decimals and a call's cost is whole nano-dollars (``core/money.py``): no float
+ever touches money."""
 
 from __future__ import annotations
 
@@ -6,8 +9,11 @@ import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
+from decimal import Decimal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from backfill_assets.core.money import nanos_for, whole_nanos
 
 _log = logging.getLogger(__name__)
 
@@ -17,17 +23,17 @@ class Price(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    input: float = Field(ge=0.0, description="USD per 1M prompt tokens.")
-    output: float = Field(ge=0.0, description="USD per 1M completion tokens.")
+    input: Decimal = Field(ge=0, description="USD per 1M prompt tokens.")
+    output: Decimal = Field(ge=0, description="USD per 1M completion tokens.")
 
 
 # Public list prices (standard tier) at the time of writing; override with BACKFILL_PRICES.
 DEFAULT_PRICES: Mapping[str, Price] = {
-    "gpt-4o-mini": Price(input=0.15, output=0.60),
-    "gpt-4o": Price(input=2.50, output=10.00),
-    "gpt-4.1": Price(input=2.00, output=8.00),
-    "gpt-4.1-mini": Price(input=0.40, output=1.60),
-    "gpt-4.1-nano": Price(input=0.10, output=0.40),
+    "gpt-4o-mini": Price(input=Decimal("0.15"), output=Decimal("0.60")),
+    "gpt-4o": Price(input=Decimal("2.50"), output=Decimal("10.00")),
+    "gpt-4.1": Price(input=Decimal("2.00"), output=Decimal("8.00")),
+    "gpt-4.1-mini": Price(input=Decimal("0.40"), output=Decimal("1.60")),
+    "gpt-4.1-nano": Price(input=Decimal("0.10"), output=Decimal("0.40")),
 }
 
 
@@ -47,11 +53,15 @@ class PriceTable:
         if not text.strip():
             return cls(dict(base))
         try:
-            raw = json.loads(text)
-            if not isinstance(raw, dict):
-                raise PriceError("price table must be a JSON object keyed by model")
+            # Numbers as decimals: 0.15 is 0.15, not the float nearest to it.
+            raw = json.loads(text, parse_float=Decimal)
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
+            raise PriceError(f"unreadable price table: {type(exc).__name__}") from None
+        if not isinstance(raw, dict):
+            raise PriceError("price table must be a JSON object keyed by model")
+        try:
             extra = {str(model): Price.model_validate(price) for model, price in raw.items()}
-        except (json.JSONDecodeError, ValidationError) as exc:
+        except ValidationError as exc:
             raise PriceError(f"unreadable price table: {type(exc).__name__}") from None
         return cls({**base, **extra})
 
@@ -62,13 +72,17 @@ class PriceTable:
         family = [m for m in self.prices if model.startswith(m + "-")]
         return self.prices[max(family, key=len)] if family else None
 
-    def cost(self, model: str, tokens_in: int, tokens_out: int) -> float:
-        """USD for one call; 0.0 (with one warning per model) when the model has no price."""
+    def cost(
+        self, model: str, tokens_in: int, tokens_out: int, factor: Decimal = Decimal(1)
+    ) -> int:
+        """Nano-dollars for one call (at ``factor`` x the list price: 0.5 for batch), rounded
+        once; 0 (with one warning per model) when the model has no price."""
         price = self.price_for(model)
         if price is None:
             _warn_unpriced(model)
-            return 0.0
-        return (tokens_in * price.input + tokens_out * price.output) / 1_000_000
+            return 0
+        exact = nanos_for(tokens_in, price.input) + nanos_for(tokens_out, price.output)
+        return whole_nanos(exact * factor)
 
 
 _unpriced: set[str] = set()

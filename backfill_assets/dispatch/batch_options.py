@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from decimal import Decimal
 
 import httpx
 
@@ -30,7 +31,7 @@ class BatchEndpoint:
 
 
 # The Batch API's price as a share of the synchronous one (OpenAI and Anthropic: half).
-BATCH_PRICE_FACTOR = 0.5
+BATCH_PRICE_FACTOR = Decimal("0.5")
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ class BatchOptions:
     poll_seconds: float = 30.0
     max_poll_seconds: float = 600.0
     # Batch price as a share of the synchronous price (OpenAI and Anthropic: half).
-    price_factor: float = BATCH_PRICE_FACTOR
+    price_factor: Decimal = BATCH_PRICE_FACTOR
     # After a create with no answer, how long to keep looking for its batch in the provider's
     # list (which may lag behind creates) before creating the chunk's batch again.
     create_lookup_seconds: float = 600.0

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from backfill_assets.core.keys import MAX_LEVEL, SLICE_COUNT, partition_slices, validate_tenant_id
+from backfill_assets.core.money import usd_text
 from backfill_assets.core.outcomes import Outcome, RetryPolicy
 from backfill_assets.core.regions import unavailable_message
 from backfill_assets.dispatch.batch_options import BatchEndpoint, BatchOptions
@@ -150,7 +151,7 @@ class PartitionReport:
             "rate_limited": st.rate_limited,
             "tokens_in": st.tokens_in,
             "tokens_out": st.tokens_out,
-            "cost": round(st.cost, 6),
+            "cost_usd": usd_text(st.cost_nanos),
             "labels_this_run": dict(sorted((k, v) for k, v in st.labels.items() if v)),
             "labels_total": dict(sorted(self.labels_total.items())),
             "rules_total": dict(sorted(self.rules_total.items())),

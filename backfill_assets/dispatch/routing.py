@@ -81,7 +81,7 @@ class RegionRouter(ModelAdapter):
         adapter = self._adapters[self._lane_of[request.tenant_id]]
         return await adapter.complete(request)
 
-    def cost_of(self, model: str, tokens_in: int, tokens_out: int) -> float:
+    def cost_of(self, model: str, tokens_in: int, tokens_out: int) -> int:
         """Lanes share the model and its price table; the first lane prices."""
         return self.parts()[0].cost_of(model, tokens_in, tokens_out)
 

@@ -69,7 +69,7 @@ class PartitionStats:
     rate_limited: int = 0
     tokens_in: int = 0
     tokens_out: int = 0
-    cost: float = 0.0
+    cost_nanos: int = 0
     latencies_ms: list[float] = field(default_factory=list)
     # Calls the provider reported no usage for (booked at the bound).
     usage_missing: int = 0
@@ -285,7 +285,7 @@ class Dispatcher:
         st: PartitionStats,
     ) -> None:
         """Stage the usage event before the answer is trusted: a malformed answer still cost."""
-        cost = response.cost
+        cost = response.cost_nanos
         if cost is None:
             cost = self.adapter.cost_of(
                 self.cfg.versions.model, response.tokens_in, response.tokens_out
@@ -295,7 +295,7 @@ class Dispatcher:
         usage.update(
             tokens_in=response.tokens_in,
             tokens_out=response.tokens_out,
-            cost=cost,
+            cost_nanos=cost,
             request_id=response.request_id[:200],
             status=200,
             usage_shape=response.usage_shape,
@@ -319,7 +319,7 @@ class Dispatcher:
         self.budgets.settle(reservation, billed)
         st.tokens_in += response.tokens_in
         st.tokens_out += response.tokens_out
-        st.cost += cost
+        st.cost_nanos += cost
 
     def _failed(
         self,

@@ -11,6 +11,7 @@ from typing import Any
 
 import dagster as dg
 
+from backfill_assets.core.money import usd_text
 from backfill_assets.core.rubric import Rubric
 from backfill_assets.orchestration.estimate import TenantEstimate, estimate_pending
 from backfill_assets.orchestration.posts_asset import POSTS_KEY
@@ -74,12 +75,13 @@ def _plan(store: StoreResource, model: ModelResource, rubric: Rubric) -> dg.Mate
         "tenants_with_work": dg.MetadataValue.int(sum(1 for r in rows if r.keys)),
         "pending_keys": dg.MetadataValue.int(sum(r.keys for r in rows)),
         "estimated_tokens": dg.MetadataValue.int(sum(r.estimated_tokens for r in rows)),
-        "estimated_cost_usd": dg.MetadataValue.float(
-            round(sum((r.estimated_cost_usd for r in rows), 0.0), 6)
+        # Money as exact decimal text, never a float.
+        "estimated_cost_usd": dg.MetadataValue.text(
+            usd_text(sum(r.estimated_cost_nanos for r in rows))
         ),
         "reserved_bound_tokens": dg.MetadataValue.int(sum(r.bound_tokens for r in rows)),
-        "reserved_bound_cost_usd": dg.MetadataValue.float(
-            round(sum((r.bound_cost_usd for r in rows), 0.0), 6)
+        "reserved_bound_cost_usd": dg.MetadataValue.text(
+            usd_text(sum(r.bound_cost_nanos for r in rows))
         ),
         "code_version": dg.MetadataValue.text(versions.code_version),
         "policy": dg.MetadataValue.text(rubric.policy.identity),

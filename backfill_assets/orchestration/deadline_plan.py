@@ -6,7 +6,6 @@ from __future__ import annotations
 import datetime as dt
 import statistics
 from collections.abc import Sequence
-from decimal import Decimal
 
 from backfill_assets.core.deadline import DeadlinePlan, Rates, Tier, Work, make_plan
 from backfill_assets.orchestration.estimate import TenantEstimate, estimate_pending
@@ -58,8 +57,8 @@ def sync_keys_per_s(settings: Settings, tokens_per_key: float, members: int) -> 
 
 def _work(est: TenantEstimate, tokens_left: int | None) -> Work:
     n = max(est.keys, 1)
-    standard = Decimal(str(est.estimated_cost_usd)) / n
-    batch = Decimal(str(est.estimated_cost_usd_batch)) / n
+    standard = est.estimated_cost_usd / n
+    batch = est.estimated_cost_usd_batch / n
     return Work(
         tenant=est.tenant,
         keys=est.keys,

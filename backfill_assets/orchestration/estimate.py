@@ -8,12 +8,14 @@ token, plus template, schema and ``max_tokens``), which is what a strict cap has
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 from sqlalchemy.engine import Connection
 
 from backfill_assets.core.keys import SLICE_COUNT, Versions, work_key
+from backfill_assets.core.money import usd, usd_text
 from backfill_assets.core.prices import PriceTable
 from backfill_assets.core.rubric import (
     MAX_OUTPUT_TOKENS,
@@ -33,18 +35,35 @@ class TenantEstimate:
     keys: int = 0
     estimated_tokens: int = 0
     bound_tokens: int = 0
-    estimated_cost_usd: float = 0.0
-    bound_cost_usd: float = 0.0
+    # Nano-dollars (core/money.py).
+    estimated_cost_nanos: int = 0
+    bound_cost_nanos: int = 0
     # The same estimate at the Batch API's price (BACKFILL_DISPATCH=batch).
-    estimated_cost_usd_batch: float = 0.0
+    estimated_cost_nanos_batch: int = 0
+
+    @property
+    def estimated_cost_usd(self) -> Decimal:
+        return usd(self.estimated_cost_nanos)
+
+    @property
+    def bound_cost_usd(self) -> Decimal:
+        return usd(self.bound_cost_nanos)
+
+    @property
+    def estimated_cost_usd_batch(self) -> Decimal:
+        return usd(self.estimated_cost_nanos_batch)
 
     def as_dict(self) -> dict[str, Any]:
-        """JSON form (costs rounded to 1e-6 USD)."""
-        out = asdict(self)
-        out["estimated_cost_usd"] = round(self.estimated_cost_usd, 6)
-        out["bound_cost_usd"] = round(self.bound_cost_usd, 6)
-        out["estimated_cost_usd_batch"] = round(self.estimated_cost_usd_batch, 6)
-        return out
+        """JSON form: dollars as exact decimal strings."""
+        return {
+            "tenant": self.tenant,
+            "keys": self.keys,
+            "estimated_tokens": self.estimated_tokens,
+            "bound_tokens": self.bound_tokens,
+            "estimated_cost_usd": usd_text(self.estimated_cost_nanos),
+            "bound_cost_usd": usd_text(self.bound_cost_nanos),
+            "estimated_cost_usd_batch": usd_text(self.estimated_cost_nanos_batch),
+        }
 
 
 def estimate_pending(
@@ -67,10 +86,13 @@ def estimate_pending(
                 est.estimated_tokens += prompt + MAX_OUTPUT_TOKENS
                 est.bound_tokens += bound
                 if prices is not None:
-                    est.estimated_cost_usd += prices.cost(versions.model, prompt, MAX_OUTPUT_TOKENS)
-                    est.bound_cost_usd += prices.cost(
-                        versions.model, bound - MAX_OUTPUT_TOKENS, MAX_OUTPUT_TOKENS
+                    model = versions.model
+                    est.estimated_cost_nanos += prices.cost(model, prompt, MAX_OUTPUT_TOKENS)
+                    est.estimated_cost_nanos_batch += prices.cost(
+                        model, prompt, MAX_OUTPUT_TOKENS, BATCH_PRICE_FACTOR
                     )
-        est.estimated_cost_usd_batch = est.estimated_cost_usd * BATCH_PRICE_FACTOR
+                    est.bound_cost_nanos += prices.cost(
+                        model, bound - MAX_OUTPUT_TOKENS, MAX_OUTPUT_TOKENS
+                    )
         out.append(est)
     return out

@@ -14,6 +14,7 @@ import hashlib
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from sqlalchemy.engine import Engine
 
 from backfill_assets.core.evaluation import NO_LABEL, Comparison, compare, figures
 from backfill_assets.core.keys import SLICE_KEYS, Versions, work_key
+from backfill_assets.core.money import usd_text, whole_nanos
 from backfill_assets.core.records import Post, Rejection
 from backfill_assets.core.rubric import Rubric
 from backfill_assets.dispatch.partition_run import PartitionRef, RunOptions
@@ -69,7 +71,7 @@ def _report(
     versions: Versions,
     gold: GoldSet,
     answers: dict[str, evals.Answer],
-    spend: tuple[int, int, float, int],
+    spend: tuple[int, int, int, int],
     calls_now: int,
 ) -> tuple[dict[str, Any], list[str | None]]:
     ids = [row.post.post_id for row in gold.rows]
@@ -103,8 +105,8 @@ def _report(
         "rules": dict(sorted(rules.items())),
         "tokens_in": tokens_in,
         "tokens_out": tokens_out,
-        "cost_usd": round(cost, 6),
-        "cost_per_1000_posts_usd": round(cost / n * 1000, 6) if n else 0.0,
+        "cost_usd": usd_text(cost),
+        "cost_per_1000_posts_usd": usd_text(whole_nanos(Decimal(cost) * 1000 / n) if n else 0),
         "calls_booked": calls,
         "calls_this_run": calls_now,
     }
@@ -264,7 +266,7 @@ def evaluations_table(evaluations: Sequence[evals.Evaluation]) -> str:
         lines.append(
             f"| {e.identity} | {e.model} | {Path(e.gold_source).name} | {e.gold_rows} | "
             f"{e.accuracy:.1%} | {e.macro_f1:.3f} | {e.schema_rejected_share:.1%} | "
-            f"{e.report.get('cost_per_1000_posts_usd', 0):.6f} |"
+            f"{Decimal(str(e.report.get('cost_per_1000_posts_usd', 0))):.6f} |"
         )
     if not evaluations:
         lines.append("| (none yet: `backfill-moderation evaluate GOLD`) | | | | | | | |")

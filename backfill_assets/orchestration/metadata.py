@@ -51,7 +51,7 @@ def partition_metadata(
         "rate_limited_429": dg.MetadataValue.int(s["rate_limited"]),
         "tokens_in": dg.MetadataValue.int(s["tokens_in"]),
         "tokens_out": dg.MetadataValue.int(s["tokens_out"]),
-        "cost_usd": dg.MetadataValue.float(float(s["cost"])),
+        "cost_usd": dg.MetadataValue.text(str(s["cost_usd"])),
         "label_distribution": dg.MetadataValue.md(label_table(s["labels_total"])),
         "rule_distribution": dg.MetadataValue.md(rule_table(s["rules_total"], rubric)),
         "task_version": versions.task_version,

@@ -8,13 +8,23 @@ from typing import Any
 
 import dagster as dg
 
+from backfill_assets.core.money import usd_text
 from backfill_assets.orchestration.checks import LABELS_KEY
 from backfill_assets.orchestration.resources import StoreResource
 from backfill_assets.orchestration.sensors import refresh_condition
 from backfill_assets.store.engine import read_tx
 from backfill_assets.store.usage import usage_by_day
 
-USAGE_COLUMNS = ("tenant", "model", "day", "calls", "tokens_in", "tokens_out", "tokens", "cost")
+USAGE_COLUMNS = (
+    "tenant",
+    "model",
+    "day",
+    "calls",
+    "tokens_in",
+    "tokens_out",
+    "tokens",
+    "cost_usd",
+)
 # The metadata table is for reading in the UI; the CSV export has every row.
 MAX_TABLE_ROWS = 100
 
@@ -37,7 +47,7 @@ def usage_markdown(rows: Sequence[dict[str, Any]], limit: int = MAX_TABLE_ROWS) 
     for r in rows[:limit]:
         lines.append(
             f"| {r['tenant']} | {r['model']} | {r['day']} | {r['calls']} | {r['tokens']} "
-            f"| {float(r['cost']):.6f} |"
+            f"| {r['cost_usd']} |"
         )
     if len(rows) > limit:
         lines.append(f"| ... {len(rows) - limit} more row(s): `backfill-moderation usage --csv` |")
@@ -46,14 +56,14 @@ def usage_markdown(rows: Sequence[dict[str, Any]], limit: int = MAX_TABLE_ROWS) 
     return "\n".join(lines)
 
 
-def tenant_totals(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """Calls, tokens and cost per tenant over all models and days."""
-    out: dict[str, dict[str, float]] = defaultdict(lambda: {"calls": 0, "tokens": 0, "cost": 0.0})
+def tenant_totals(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    """Calls, tokens and nano-dollars per tenant over all models and days."""
+    out: dict[str, dict[str, int]] = defaultdict(lambda: {"calls": 0, "tokens": 0, "cost_nanos": 0})
     for r in rows:
         t = out[str(r["tenant"])]
         t["calls"] += int(r["calls"])
         t["tokens"] += int(r["tokens"])
-        t["cost"] += float(r["cost"])
+        t["cost_nanos"] += int(r["cost_nanos"])
     return dict(out)
 
 
@@ -70,7 +80,7 @@ def tenant_usage(store: StoreResource) -> dg.MaterializeResult[None]:
     with read_tx(store.engine()) as conn:
         rows = usage_by_day(conn)
     totals = tenant_totals(rows)
-    cost = sum((t["cost"] for t in totals.values()), 0.0)  # a float even with no usage yet
+    cost = sum(t["cost_nanos"] for t in totals.values())
     return dg.MaterializeResult(
         metadata={
             "usage": dg.MetadataValue.md(usage_markdown(rows)),
@@ -78,7 +88,7 @@ def tenant_usage(store: StoreResource) -> dg.MaterializeResult[None]:
             "tenants": dg.MetadataValue.int(len(totals)),
             "calls": dg.MetadataValue.int(sum(int(t["calls"]) for t in totals.values())),
             "tokens": dg.MetadataValue.int(sum(int(t["tokens"]) for t in totals.values())),
-            "cost_usd": dg.MetadataValue.float(round(cost, 6)),
+            "cost_usd": dg.MetadataValue.text(usd_text(cost)),
             "export": dg.MetadataValue.md("`backfill-moderation usage --csv > usage.csv`"),
         }
     )

@@ -116,24 +116,24 @@ def answers(
     return out
 
 
-def booked(conn: Connection, tenant_id: str, keys: Sequence[str]) -> tuple[int, int, float, int]:
-    """(tokens in, tokens out, cost, calls) the ledger booked for these keys of a tenant."""
-    totals = [0, 0, 0.0, 0]
+def booked(conn: Connection, tenant_id: str, keys: Sequence[str]) -> tuple[int, int, int, int]:
+    """(tokens in, tokens out, nano-dollars, calls) the ledger booked for these keys."""
+    totals = [0, 0, 0, 0]
     le = ledger_events
     for chunk in _chunks(sorted(keys)):
         row = conn.execute(
             sa.select(
                 sa.func.coalesce(sa.func.sum(le.c.tokens_in), 0),
                 sa.func.coalesce(sa.func.sum(le.c.tokens_out), 0),
-                sa.func.coalesce(sa.func.sum(le.c.cost), 0.0),
+                sa.func.coalesce(sa.func.sum(le.c.cost_nanos), 0),
                 sa.func.count(),
             ).where(le.c.tenant_id == tenant_id, le.c.type == EventKind.USAGE, le.c.key.in_(chunk))
         ).one()
         totals[0] += int(row[0])
         totals[1] += int(row[1])
-        totals[2] += float(row[2])
+        totals[2] += int(row[2])
         totals[3] += int(row[3])
-    return int(totals[0]), int(totals[1]), float(totals[2]), int(totals[3])
+    return totals[0], totals[1], totals[2], totals[3]
 
 
 def record(

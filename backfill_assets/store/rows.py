@@ -64,7 +64,7 @@ def event_row(
         "task_version": versions.task_version if first else None,
         "tokens_in": 0,
         "tokens_out": 0,
-        "cost": 0.0,
+        "cost_nanos": 0,
         "request_id": None,
         "status": None,
         "message": None,

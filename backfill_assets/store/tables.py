@@ -94,7 +94,7 @@ ledger_events = sa.Table(
     sa.Column("task_version", sa.Text),
     sa.Column("tokens_in", sa.BigInteger, nullable=False),
     sa.Column("tokens_out", sa.BigInteger, nullable=False),
-    sa.Column("cost", sa.Float, nullable=False),
+    sa.Column("cost_nanos", sa.BigInteger, nullable=False),
     sa.Column("request_id", sa.Text),
     sa.Column("status", sa.Integer),
     sa.Column("message", sa.Text),
@@ -203,7 +203,7 @@ usage_daily = sa.Table(
     sa.Column("calls", sa.BigInteger, nullable=False),
     sa.Column("tokens_in", sa.BigInteger, nullable=False),
     sa.Column("tokens_out", sa.BigInteger, nullable=False),
-    sa.Column("cost", sa.Float, nullable=False),
+    sa.Column("cost_nanos", sa.BigInteger, nullable=False),
 )
 
 # sql/009: every policy version the store worked under, and the label in force per policy.

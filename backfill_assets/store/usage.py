@@ -15,16 +15,18 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from backfill_assets.core.money import usd_text
 from backfill_assets.store.bulk import insert_values
 from backfill_assets.store.tables import usage_daily
 
-# (tenant, model) -> [calls, tokens_in, tokens_out, cost]
+# (tenant, model) -> [calls, tokens_in, tokens_out, cost_nanos]
 UsageSums = tuple[tuple[str, str], Sequence[Any]]
 
 
-_COLUMNS = ("tenant_id", "model", "day", "calls", "tokens_in", "tokens_out", "cost")
+_COLUMNS = ("tenant_id", "model", "day", "calls", "tokens_in", "tokens_out", "cost_nanos")
 _ADD = "ON CONFLICT (tenant_id, model, day) DO UPDATE SET " + ", ".join(
-    f"{c} = usage_daily.{c} + excluded.{c}" for c in ("calls", "tokens_in", "tokens_out", "cost")
+    f"{c} = usage_daily.{c} + excluded.{c}"
+    for c in ("calls", "tokens_in", "tokens_out", "cost_nanos")
 )
 
 
@@ -47,7 +49,8 @@ def _row(*values: Any, day: str | None = None) -> dict[str, object]:
         "tokens_in": int(tokens_in or 0),
         "tokens_out": int(tokens_out or 0),
         "tokens": int((tokens_in or 0) + (tokens_out or 0)),
-        "cost": round(float(cost or 0.0), 6),
+        "cost_nanos": int(cost or 0),
+        "cost_usd": usd_text(int(cost or 0)),
     }
 
 
@@ -55,7 +58,7 @@ def usage_by_day(conn: Connection) -> list[dict[str, object]]:
     """Tokens, cost and calls per tenant, model and UTC day."""
     u = usage_daily
     stmt = sa.select(
-        u.c.tenant_id, u.c.model, u.c.day, u.c.calls, u.c.tokens_in, u.c.tokens_out, u.c.cost
+        u.c.tenant_id, u.c.model, u.c.day, u.c.calls, u.c.tokens_in, u.c.tokens_out, u.c.cost_nanos
     ).order_by(u.c.tenant_id, u.c.model, u.c.day)
     return [
         _row(t, m, calls, t_in, t_out, cost, day=str(day))
@@ -73,7 +76,7 @@ def usage_by_tenant_model(conn: Connection) -> list[dict[str, object]]:
             sa.func.sum(u.c.calls),
             sa.func.sum(u.c.tokens_in),
             sa.func.sum(u.c.tokens_out),
-            sa.func.sum(u.c.cost),
+            sa.func.sum(u.c.cost_nanos),
         )
         .group_by(u.c.tenant_id, u.c.model)
         .order_by(u.c.tenant_id, u.c.model)

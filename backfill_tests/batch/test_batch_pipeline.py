@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
+from decimal import Decimal
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -102,14 +103,17 @@ def test_batch_mode_gives_the_sync_labels_at_half_the_price(
     assert batch_meter.billed_batch_tokens == sync_meter.billed_tokens_total
     assert batch_meter.responses_by_status == {}  # no synchronous call at all
     _assert_ledger_is_the_meter(engine, batch_meter)
-    price = PriceTable.from_json("")
+    price, half = PriceTable.from_json(""), Decimal("0.5")
     cost = sum(
-        price.cost(MODEL, c.prompt_tokens, c.completion_tokens) for c in batch_meter.billed.values()
+        price.cost(MODEL, c.prompt_tokens, c.completion_tokens, half)
+        for c in batch_meter.billed.values()
     )
-    [(booked,)] = rows(engine, "SELECT sum(cost) FROM ledger_events WHERE type = 'usage'")
-    [(sync_booked,)] = rows(sync_engine, "SELECT sum(cost) FROM ledger_events WHERE type = 'usage'")
-    assert math.isclose(booked, cost / 2) and math.isclose(booked, sync_booked / 2)
-    assert math.isclose(sum(r.stats.cost for r in reports), booked)
+    usage = "SELECT sum(cost_nanos) FROM ledger_events WHERE type = 'usage'"
+    [(booked,)] = rows(engine, usage)
+    [(sync_booked,)] = rows(sync_engine, usage)
+    # Exact, in nano-dollars: half the list price is a whole number of them per token here.
+    assert booked == cost and 2 * booked == sync_booked
+    assert sum(r.stats.cost_nanos for r in reports) == booked
     audit = _audit(engine)
     assert audit["rebilled_tokens"] == 0 and audit["orphan_attempts"] == 0
 

@@ -67,9 +67,8 @@ def test_answer_usage_request_id_and_cost(start_sim: StartSim, adapter_for: Adap
     call = billed[response.request_id]
     assert (response.tokens_in, response.tokens_out) == (call.prompt_tokens, call.completion_tokens)
     assert response.usage_reported
-    assert response.cost == pytest.approx(
-        (call.prompt_tokens * 0.15 + call.completion_tokens * 0.60) / 1e6
-    )
+    # Nano-dollars, exactly: $0.15 and $0.60 per million tokens are 150 and 600 per token.
+    assert response.cost_nanos == call.prompt_tokens * 150 + call.completion_tokens * 600
     out = parse_output(response.raw_text, request.key, RUBRIC.contract)
     assert out.label == "ok" and out.correlation_id == request.key
 

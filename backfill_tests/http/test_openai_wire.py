@@ -199,11 +199,12 @@ def test_adapter_error_messages_never_carry_the_post_or_key() -> None:
 
 def test_price_table() -> None:
     table = PriceTable.from_json('{"my-model": {"input": 1.0, "output": 2.0}}')
-    assert table.cost("my-model", 1_000_000, 500_000) == pytest.approx(2.0)
+    # Nano-dollars, exactly: 1M in at $1 plus 0.5M out at $2.
+    assert table.cost("my-model", 1_000_000, 500_000) == 2_000_000_000
     # A dated snapshot is priced as its family, and the longest family wins.
-    assert table.cost("gpt-4o-mini-2024-07-18", 1_000_000, 0) == pytest.approx(0.15)
-    assert table.cost("gpt-4o-2024-08-06", 1_000_000, 0) == pytest.approx(2.50)
-    assert table.cost("unknown", 10, 10) == 0.0
+    assert table.cost("gpt-4o-mini-2024-07-18", 1_000_000, 0) == 150_000_000
+    assert table.cost("gpt-4o-2024-08-06", 1_000_000, 0) == 2_500_000_000
+    assert table.cost("unknown", 10, 10) == 0
     for bad in ("[1]", '{"m": {"input": -1, "output": 0}}', '{"m": {"in": 1}}', "{"):
         with pytest.raises(PriceError):
             PriceTable.from_json(bad)

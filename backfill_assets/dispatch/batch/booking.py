@@ -186,7 +186,7 @@ def _stage(
         writer.stage_event(usage, chunk=release)
         st.tokens_in += usage["tokens_in"]
         st.tokens_out += usage["tokens_out"]
-        st.cost += usage["cost"]
+        st.cost_nanos += usage["cost_nanos"]
         contract = ctx.contract_for(job.sub.prompt_version)
         try:
             if contract is None:

@@ -100,10 +100,9 @@ class BatchContext:
             self.log(f"BACKFILL_KILL_AT={point}: SIGKILL")
             os.kill(os.getpid(), signal.SIGKILL)
 
-    def cost(self, model: str, tokens_in: int, tokens_out: int) -> float:
-        """USD for one line at the batch price."""
-        standard = self.prices.cost(model, tokens_in, tokens_out)
-        return standard * self.options.price_factor
+    def cost(self, model: str, tokens_in: int, tokens_out: int) -> int:
+        """Nano-dollars for one line at the batch price (rounded once, after the discount)."""
+        return self.prices.cost(model, tokens_in, tokens_out, self.options.price_factor)
 
     async def db(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run blocking store code off the event loop."""

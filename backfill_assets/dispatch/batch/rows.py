@@ -55,7 +55,7 @@ class LineRows:
         line: LineRow,
         tokens_in: int,
         tokens_out: int,
-        cost: float,
+        cost_nanos: int,
         request_id: str,
         usage_shape: str = "split",
         bound: int | None = None,
@@ -66,7 +66,7 @@ class LineRows:
         row.update(
             tokens_in=tokens_in,
             tokens_out=tokens_out,
-            cost=cost,
+            cost_nanos=cost_nanos,
             request_id=request_id[:200],
             status=200,
             usage_shape=usage_shape,

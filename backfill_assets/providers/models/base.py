@@ -41,7 +41,8 @@ class ModelResponse:
     request_id: str
     usage_shape: str = "split"
     latency_ms: float = 0.0
-    cost: float | None = None
+    # Nano-dollars the adapter priced the call at (None: the dispatcher prices it).
+    cost_nanos: int | None = None
 
     @property
     def usage_reported(self) -> bool:
@@ -123,9 +124,9 @@ class ModelAdapter(abc.ABC):
     async def complete(self, request: ModelRequest) -> ModelResponse:
         """Send one request; raise ``RetriableError`` or ``TransportRejected`` on failure."""
 
-    def cost_of(self, model: str, tokens_in: int, tokens_out: int) -> float:
-        """Cost in USD of a call; adapters with a price table override this."""
-        return 0.0
+    def cost_of(self, model: str, tokens_in: int, tokens_out: int) -> int:
+        """Nano-dollars of a call; adapters with a price table override this."""
+        return 0
 
     def rate_limit(self) -> tuple[str, EndpointLimiter] | None:
         """The account this adapter's limit belongs to (an id, never a secret) and its

@@ -122,7 +122,7 @@ class OpenAIHttpModel(ModelAdapter):
             follow_redirects=False,
         )
 
-    def cost_of(self, model: str, tokens_in: int, tokens_out: int) -> float:
+    def cost_of(self, model: str, tokens_in: int, tokens_out: int) -> int:
         """Cost from the configured price table."""
         return self._prices.cost(model, tokens_in, tokens_out)
 
@@ -220,10 +220,10 @@ class OpenAIHttpModel(ModelAdapter):
             request_id=request_id or safe_id(completion.id, secrets) or "",
             usage_shape=shape,
             latency_ms=latency * 1000.0,
-            cost=self._cost(request, tokens_in, tokens_out, shape),
+            cost_nanos=self._cost(request, tokens_in, tokens_out, shape),
         )
 
-    def _cost(self, request: ModelRequest, tokens_in: int, tokens_out: int, shape: str) -> float:
+    def _cost(self, request: ModelRequest, tokens_in: int, tokens_out: int, shape: str) -> int:
         if shape == "total":
             # The split is unknown: price it as the dearest one the call allows (the completion
             # used its cap), so an invoice never under-recovers what the provider charged.

@@ -1,0 +1,34 @@
+"""Money is integer nano-dollars (1e-9 USD): exact, summed in any order to the same total.
+
+Prices are decimals (USD per million tokens); a call's cost is rounded once, half to even, to
+a whole nano-dollar, and everything after that is integer arithmetic: the ledger, the rollup,
+invoices. Dollars are shown as ``Decimal`` strings with nine places, never as floats.
+"""
+
+from __future__ import annotations
+
+from decimal import ROUND_HALF_EVEN, Decimal
+
+NANOS_PER_USD = 10**9
+# A price is USD per million tokens: one token at that price is price x 1,000 nano-dollars.
+_NANOS_PER_TOKEN_AT_ONE_USD_PER_MILLION = Decimal(1000)
+
+
+def nanos_for(tokens: int, usd_per_million: Decimal) -> Decimal:
+    """The exact (unrounded) nano-dollars of ``tokens`` at a price per million."""
+    return Decimal(tokens) * usd_per_million * _NANOS_PER_TOKEN_AT_ONE_USD_PER_MILLION
+
+
+def whole_nanos(amount: Decimal) -> int:
+    """An exact amount rounded once, half to even, to whole nano-dollars."""
+    return int(amount.to_integral_value(rounding=ROUND_HALF_EVEN))
+
+
+def usd(nanos: int) -> Decimal:
+    """Nano-dollars as dollars, exactly (nine decimal places)."""
+    return (Decimal(nanos) / NANOS_PER_USD).quantize(Decimal("0.000000001"))
+
+
+def usd_text(nanos: int) -> str:
+    """Dollars as shown and exported: ``0.033374000``."""
+    return f"{usd(nanos):.9f}"

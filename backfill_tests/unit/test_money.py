@@ -1,0 +1,48 @@
+"""Money is integer nano-dollars: exact per call, and a sum over many calls is the same in any
+order and equals the price of the whole (up to one rounding per call)."""
+
+from __future__ import annotations
+
+import random
+from decimal import Decimal
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from backfill_assets.core.money import usd, usd_text, whole_nanos
+from backfill_assets.core.prices import PriceTable
+
+TABLE = PriceTable.from_json(
+    '{"m": {"input": 0.15, "output": 0.6}, "odd": {"input": 0.0375, "output": 0.3}}'
+)
+
+
+def test_a_call_costs_whole_nano_dollars() -> None:
+    assert TABLE.cost("m", 1000, 100) == 150 * 1000 + 600 * 100
+    assert TABLE.cost("odd", 1, 0) == 38  # 37.5 rounds half to even
+    assert TABLE.cost("odd", 3, 0) == 112  # 112.5 -> 112
+    assert TABLE.cost("m", 1000, 100, Decimal("0.5")) == 105_000  # batch: rounded once, after
+
+
+def test_prices_are_read_as_decimals_not_floats() -> None:
+    price = PriceTable.from_json('{"x": {"input": 0.1, "output": 0.2}}').price_for("x")
+    assert price is not None and price.input == Decimal("0.1") and price.output == Decimal("0.2")
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 200_000), st.integers(0, 4_000)), min_size=1, max_size=300)
+)
+def test_a_sum_is_the_same_in_any_order(calls: list[tuple[int, int]]) -> None:
+    costs = [TABLE.cost("m", i, o) for i, o in calls]
+    shuffled = costs[:]
+    random.Random(7).shuffle(shuffled)
+    assert sum(costs) == sum(shuffled) == sum(reversed(costs))
+    # Prices of whole nanos per token: the sum is the price of all the tokens at once.
+    assert sum(costs) == TABLE.cost("m", sum(i for i, _ in calls), sum(o for _, o in calls))
+
+
+def test_dollars_are_shown_exactly() -> None:
+    assert usd(33_374_000) == Decimal("0.033374000")
+    assert usd_text(1) == "0.000000001"
+    assert usd_text(10**18) == "1000000000.000000000"
+    assert whole_nanos(Decimal("2.5")) == 2 and whole_nanos(Decimal("3.5")) == 4
