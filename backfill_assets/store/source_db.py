@@ -20,6 +20,7 @@ import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 
 from backfill_assets.core.urls import redact_url, scrub
+from backfill_assets.store.dead_peer import DeadPeer
 from backfill_assets.store.engine import normalize_url
 
 SUBQUERY = "backfill_source"
@@ -91,9 +92,17 @@ def cursor_text(value: Any) -> str:
     return value.isoformat() if isinstance(value, dt.date) else str(value)
 
 
-def _engine(url: str) -> sa.Engine:
+def source_engine(url: str) -> sa.Engine:
+    """An engine on the platform's database (no pool: an import holds one connection)."""
     try:
-        return sa.create_engine(normalize_url(url), poolclass=NullPool)
+        url = normalize_url(url)
+        # A source host that vanishes mid-read must fail the import in seconds, not hang it
+        # for the kernel's two hours: libpq's keepalives, as on the store (dead_peer.py).
+        peer = DeadPeer()
+        query = dict(sa.engine.make_url(url).query)
+        pg = url.startswith("postgresql")
+        args = dict(peer.missing_client_params(query)) if pg else {}
+        return sa.create_engine(url, poolclass=NullPool, connect_args=args)
     except Exception as exc:  # an unknown dialect or driver, a malformed URL
         raise SourceError(f"{redact_url(url)}: {scrub(str(exc), url)}") from None
 
@@ -115,7 +124,7 @@ def query_columns(url: str, query: str) -> list[str]:
     """The columns the query returns (run with no rows: nothing is read)."""
     body = query.strip().rstrip(";").replace(":", "\\:")
     probe = sa.select(sa.text("*")).select_from(sa.text(f"({body}) AS {SUBQUERY}"))
-    engine = _engine(url)
+    engine = source_engine(url)
     try:
         with engine.connect() as conn:
             _read_only(conn)
@@ -168,7 +177,7 @@ def stream_rows(
         stmt = stmt.order_by(sub.c[keys.cursor], *tenant, sub.c[keys.post])
         if mark is not None:
             stmt = stmt.where(_after(sub, keys, mark))
-    engine = _engine(url)
+    engine = source_engine(url)
     try:
         with engine.connect() as conn:
             _read_only(conn)
