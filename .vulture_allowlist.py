@@ -16,6 +16,7 @@ _database_url_parses  # settings.Settings
 _prompt_path_replaced  # settings.Settings
 prompt_path  # settings.Settings: BACKFILL_PROMPT_PATH, read only to refuse it
 _batch_needs_a_batch_api  # settings.Settings
+_model_is_priced  # settings.Settings
 _import_dir_absolute  # settings.Settings
 _json_array  # rubric
 _texts  # policy.Examples

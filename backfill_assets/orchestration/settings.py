@@ -67,6 +67,10 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 CHECKOUT = (PROJECT_ROOT / "pyproject.toml").is_file() and (PROJECT_ROOT / "sql").is_dir()
 
 
+# The model a real provider is asked for when BACKFILL_MODEL is not set.
+DEFAULT_OPENAI_MODEL = "gpt-4o-mini"
+
+
 class SettingsError(ValueError):
     """An environment variable with a value we cannot use."""
 
@@ -177,6 +181,9 @@ class Settings(BaseSettings):
         "BACKFILL_MAX_TOKENS_PARAM", default="max_tokens"
     )
     prices_json: str = _var("BACKFILL_PRICES", default="")
+    # A model with no price books $0: refused unless the operator says so, or an invoice for a
+    # whole tenant can silently read zero.
+    allow_unpriced: Flag = _var("BACKFILL_ALLOW_UNPRICED", default=False)
     # Set by from_env from variables with dynamic names; the API key itself is never read.
     region_base_urls: dict[str, str] = Field(default_factory=dict)
     api_key_set: bool = False
@@ -263,6 +270,20 @@ class Settings(BaseSettings):
             raise ValueError("BACKFILL_SOURCE_URL is set but BACKFILL_SOURCE_QUERY is not")
         if not self.source_url and (self.source_query or self.source_cursor):
             raise ValueError("BACKFILL_SOURCE_QUERY/_CURSOR are set but BACKFILL_SOURCE_URL is not")
+        return self
+
+    @model_validator(mode="after")
+    def _model_is_priced(self) -> Settings:
+        # The fake model bills no one; a real provider's model must have a price to book.
+        if self.model_backend != "openai" or self.allow_unpriced:
+            return self
+        model = self.model or DEFAULT_OPENAI_MODEL
+        if PriceTable.from_json(self.prices_json).price_for(model) is None:
+            raise ValueError(
+                f"BACKFILL_MODEL {model!r} has no price: add it to BACKFILL_PRICES "
+                '({"model": {"input": usd_per_1M, "output": usd_per_1M}}), or set '
+                "BACKFILL_ALLOW_UNPRICED=1 to book its calls at $0"
+            )
         return self
 
     @model_validator(mode="after")
@@ -389,7 +410,7 @@ class Settings(BaseSettings):
                 usage_shape=self.fake_usage_shape,
             )
         return OpenAIModelResource(
-            model=self.model or "gpt-4o-mini",
+            model=self.model or DEFAULT_OPENAI_MODEL,
             base_url=self.model_base_url,
             # The key itself never enters the config: Dagster resolves the variable at run time.
             api_key=dg.EnvVar(API_KEY_VAR) if self.api_key_set else "",

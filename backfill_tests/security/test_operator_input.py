@@ -50,6 +50,10 @@ def _cli(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
             "BACKFILL_MODEL_BASE_URL__EU: must not carry a user name or password",
         ),
         ({"BACKFILL_POLICY_PATH": "/no/such/policy.yaml"}, "BACKFILL_POLICY_PATH"),
+        (
+            {"BACKFILL_MODEL_BACKEND": "openai", "BACKFILL_MODEL": "my-llama"},
+            "BACKFILL_MODEL 'my-llama' has no price: add it to BACKFILL_PRICES",
+        ),
     ],
 )
 def test_a_bad_setting_exits_2_with_one_line_naming_it(

@@ -6,11 +6,13 @@ from __future__ import annotations
 import random
 from decimal import Decimal
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from backfill_assets.core.money import usd, usd_text, whole_nanos
 from backfill_assets.core.prices import PriceTable
+from backfill_assets.orchestration.settings import Settings, SettingsError
 
 TABLE = PriceTable.from_json(
     '{"m": {"input": 0.15, "output": 0.6}, "odd": {"input": 0.0375, "output": 0.3}}'
@@ -46,3 +48,15 @@ def test_dollars_are_shown_exactly() -> None:
     assert usd_text(1) == "0.000000001"
     assert usd_text(10**18) == "1000000000.000000000"
     assert whole_nanos(Decimal("2.5")) == 2 and whole_nanos(Decimal("3.5")) == 4
+
+
+def test_an_unpriced_model_of_a_real_provider_is_refused_unless_allowed() -> None:
+    env = {"BACKFILL_MODEL_BACKEND": "openai", "BACKFILL_MODEL": "my-llama"}
+    with pytest.raises(SettingsError, match="BACKFILL_MODEL 'my-llama' has no price"):
+        Settings.from_env(env, load_policy=False)
+    Settings.from_env({**env, "BACKFILL_ALLOW_UNPRICED": "1"}, load_policy=False)
+    priced = '{"my-llama": {"input": 0.02, "output": 0.02}}'
+    settings = Settings.from_env({**env, "BACKFILL_PRICES": priced}, load_policy=False)
+    assert settings.prices().cost("my-llama", 1_000_000, 0) == 20_000_000
+    # The fake model bills no one: no price needed.
+    Settings.from_env({"BACKFILL_MODEL": "fake-moderator-2"}, load_policy=False)
