@@ -54,6 +54,8 @@ def test_ledger_rows_round_trip_exactly(store_url: str, n: int) -> None:
                 "run_id": "run",
                 "usage_shape": None,
                 "bound_tokens": i,
+                "tokens_cached": i // 2,
+                "tokens_cache_written": 0,
                 "at": now,
             }
         )

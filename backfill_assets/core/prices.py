@@ -25,15 +25,29 @@ class Price(BaseModel):
 
     input: Decimal = Field(ge=0, description="USD per 1M prompt tokens.")
     output: Decimal = Field(ge=0, description="USD per 1M completion tokens.")
+    cached_input: Decimal | None = Field(
+        default=None, ge=0, description="USD per 1M prompt tokens read from cache (default: input)."
+    )
+    cache_write: Decimal | None = Field(
+        default=None,
+        ge=0,
+        description="USD per 1M prompt tokens written to cache (default: input).",
+    )
 
 
 # Public list prices (standard tier) at the time of writing; override with BACKFILL_PRICES.
 DEFAULT_PRICES: Mapping[str, Price] = {
-    "gpt-4o-mini": Price(input=Decimal("0.15"), output=Decimal("0.60")),
-    "gpt-4o": Price(input=Decimal("2.50"), output=Decimal("10.00")),
-    "gpt-4.1": Price(input=Decimal("2.00"), output=Decimal("8.00")),
-    "gpt-4.1-mini": Price(input=Decimal("0.40"), output=Decimal("1.60")),
-    "gpt-4.1-nano": Price(input=Decimal("0.10"), output=Decimal("0.40")),
+    "gpt-4o-mini": Price(
+        input=Decimal("0.15"), output=Decimal("0.60"), cached_input=Decimal("0.075")
+    ),
+    "gpt-4o": Price(input=Decimal("2.50"), output=Decimal("10.00"), cached_input=Decimal("1.25")),
+    "gpt-4.1": Price(input=Decimal("2.00"), output=Decimal("8.00"), cached_input=Decimal("0.50")),
+    "gpt-4.1-mini": Price(
+        input=Decimal("0.40"), output=Decimal("1.60"), cached_input=Decimal("0.10")
+    ),
+    "gpt-4.1-nano": Price(
+        input=Decimal("0.10"), output=Decimal("0.40"), cached_input=Decimal("0.025")
+    ),
 }
 
 
@@ -73,15 +87,30 @@ class PriceTable:
         return self.prices[max(family, key=len)] if family else None
 
     def cost(
-        self, model: str, tokens_in: int, tokens_out: int, factor: Decimal = Decimal(1)
+        self,
+        model: str,
+        tokens_in: int,
+        tokens_out: int,
+        factor: Decimal = Decimal(1),
+        cached: int = 0,
+        cache_written: int = 0,
     ) -> int:
         """Nano-dollars for one call (at ``factor`` x the list price: 0.5 for batch), rounded
-        once; 0 (with one warning per model) when the model has no price."""
+        once; ``cached`` and ``cache_written`` of ``tokens_in`` at their own prices. 0 (with
+        one warning per model) when the model has no price."""
         price = self.price_for(model)
         if price is None:
             _warn_unpriced(model)
             return 0
-        exact = nanos_for(tokens_in, price.input) + nanos_for(tokens_out, price.output)
+        plain = max(0, tokens_in - cached - cache_written)
+        exact = (
+            nanos_for(plain, price.input)
+            + nanos_for(cached, price.input if price.cached_input is None else price.cached_input)
+            + nanos_for(
+                cache_written, price.input if price.cache_write is None else price.cache_write
+            )
+            + nanos_for(tokens_out, price.output)
+        )
         return whole_nanos(exact * factor)
 
 

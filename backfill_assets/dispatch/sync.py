@@ -296,6 +296,8 @@ class Dispatcher:
             tokens_in=response.tokens_in,
             tokens_out=response.tokens_out,
             cost_nanos=cost,
+            tokens_cached=response.tokens_cached,
+            tokens_cache_written=response.tokens_cache_written,
             request_id=response.request_id[:200],
             status=200,
             usage_shape=response.usage_shape,

@@ -36,7 +36,12 @@ from backfill_assets.providersim.limits import (
     retry_after_headers,
 )
 from backfill_assets.providersim.meter import BilledCall, Meter
-from backfill_assets.providersim.usage import billed_prompt, chat_usage_shape, usage_body
+from backfill_assets.providersim.usage import (
+    billed_prompt,
+    cached_tokens,
+    chat_usage_shape,
+    usage_body,
+)
 from backfill_assets.providersim.wire import (
     ApiError,
     ChatRequest,
@@ -183,9 +188,12 @@ class SimApp:
         )
         completion = count_tokens(content)
         model = call.chat.model
-        self.meter.bill(BilledCall(request_id, call.correlation_id, model, call.prompt, completion))
+        cached = cached_tokens(call.prompt, self.config.cached_prefix_tokens)
+        self.meter.bill(
+            BilledCall(request_id, call.correlation_id, model, call.prompt, completion, "", cached)
+        )
         usage = usage_body(
-            chat_usage_shape(self.config, call.correlation_id), call.prompt, completion
+            chat_usage_shape(self.config, call.correlation_id), call.prompt, completion, cached
         )
         return Response.json(200, completion_body(model, content, finish_reason, usage))
 

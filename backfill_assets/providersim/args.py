@@ -140,6 +140,14 @@ def _add_hostile_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="error messages quote the request's user message verbatim",
     )
+    hostile.add_argument(
+        "--cached-prefix-tokens",
+        type=int,
+        default=0,
+        metavar="N",
+        help="prompt caching: the first N prompt tokens of a call are read from cache "
+        "(reported in the full and anthropic usage shapes, billed as cached)",
+    )
 
 
 def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
@@ -244,6 +252,7 @@ def config_from_args(ns: argparse.Namespace) -> SimConfig:
         retry_after_format=ns.retry_after_format,
         reset_headers_on_5xx=ns.reset_headers_on_5xx,
         echo_errors=ns.echo_errors,
+        cached_prefix_tokens=ns.cached_prefix_tokens,
         batch_create_token_limit_count=ns.batch_create_token_limit_count,
         batch_create_hang_count=ns.batch_create_hang_count,
         batch_list_lag_ms=ns.batch_list_lag_ms,

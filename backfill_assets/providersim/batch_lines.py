@@ -29,7 +29,7 @@ from backfill_assets.providersim.answers import answer_content, fault_error
 from backfill_assets.providersim.config import FaultKind, SimConfig
 from backfill_assets.providersim.faults import decide_fault
 from backfill_assets.providersim.meter import BilledCall, Meter
-from backfill_assets.providersim.usage import billed_prompt, usage_body
+from backfill_assets.providersim.usage import billed_prompt, cached_tokens, usage_body
 from backfill_assets.providersim.wire import (
     ApiError,
     ChatRequest,
@@ -200,10 +200,13 @@ def answer_line(config: SimConfig, meter: Meter, line: BatchLine, batch_id: str)
         fault, line.correlation_id, line.post, line.chat.response_schema
     )
     completion = count_tokens(content)
+    cached = cached_tokens(line.prompt, config.cached_prefix_tokens)
     meter.bill(
-        BilledCall(request_id, line.correlation_id, model, line.prompt, completion, batch_id)
+        BilledCall(
+            request_id, line.correlation_id, model, line.prompt, completion, batch_id, cached
+        )
     )
-    usage = usage_body(config.batch_usage_shape, line.prompt, completion)
+    usage = usage_body(config.batch_usage_shape, line.prompt, completion, cached)
     body = completion_body(model, content, finish_reason, usage)
     return _output_line(
         line.custom_id, {"status_code": 200, "request_id": request_id, "body": body}, None

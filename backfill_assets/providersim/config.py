@@ -27,7 +27,9 @@ FaultKind = Literal[
 ]
 FAULT_KINDS: tuple[str, ...] = get_args(FaultKind)
 # How ``usage`` is reported (see usage.py); "plain" is the simulator's historical shape.
-UsageShape = Literal["plain", "full", "details_null", "completion_null", "total_only", "none"]
+UsageShape = Literal[
+    "plain", "full", "details_null", "completion_null", "total_only", "none", "anthropic"
+]
 USAGE_SHAPES: tuple[str, ...] = get_args(UsageShape)
 # How a 429 says when to come back; "both" sends ``retry-after`` and ``retry-after-ms``.
 RetryAfterFormat = Literal["both", "seconds", "ms", "http_date", "huge", "none"]
@@ -112,6 +114,13 @@ class SimConfig(BaseModel):
     reset_headers_on_5xx: bool = Field(
         default=False,
         description="5xx answers carry x-ratelimit-remaining-* 0 and reset-* '6m0s' headers.",
+    )
+    cached_prefix_tokens: int = Field(
+        default=0,
+        ge=0,
+        description="Prompt caching: this many leading prompt tokens of every call (at most the "
+        "prompt, in 128-token steps from 1,024 as OpenAI caches) are read from cache: reported "
+        "in the usage (full and anthropic shapes) and billed in the meter as cached.",
     )
     echo_errors: bool = Field(
         default=False,

@@ -28,6 +28,8 @@ class BilledCall:
     prompt_tokens: int
     completion_tokens: int
     batch_id: str = ""
+    # Of prompt_tokens: read from the prompt cache (billed at the cached price).
+    cached_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:

@@ -11,6 +11,8 @@ and completion tokens. Only what the client is told changes::
     completion_null  completion_tokens null beside a correct total
     total_only       {"total_tokens"} alone
     none             no usage object at all
+    anthropic        {"input_tokens" (uncached), "output_tokens", "cache_read_input_tokens",
+                      "cache_creation_input_tokens"} as Anthropic-style gateways send
 """
 
 from __future__ import annotations
@@ -27,11 +29,27 @@ def billed_prompt(count: int, factor: float) -> int:
     return count if factor == 1.0 else math.ceil(count * factor)
 
 
-def usage_body(shape: UsageShape, prompt: int, completion: int) -> dict[str, Any] | None:
+def cached_tokens(prompt: int, prefix: int) -> int:
+    """Of ``prompt`` tokens, those read from cache: OpenAI caches prompts of 1,024 tokens and
+    more, in steps of 128, up to the shared prefix."""
+    shared = min(prompt, prefix)
+    return 0 if shared < 1024 else 1024 + (shared - 1024) // 128 * 128
+
+
+def usage_body(
+    shape: UsageShape, prompt: int, completion: int, cached: int = 0
+) -> dict[str, Any] | None:
     """The ``usage`` object in ``shape``; None when the answer carries none."""
     total = prompt + completion
     if shape == "none":
         return None
+    if shape == "anthropic":
+        return {
+            "input_tokens": prompt - cached,
+            "output_tokens": completion,
+            "cache_read_input_tokens": cached,
+            "cache_creation_input_tokens": 0,
+        }
     if shape == "total_only":
         return {"total_tokens": total}
     usage: dict[str, Any] = {
@@ -40,7 +58,7 @@ def usage_body(shape: UsageShape, prompt: int, completion: int) -> dict[str, Any
         "total_tokens": total,
     }
     if shape == "full":
-        usage["prompt_tokens_details"] = {"cached_tokens": 0, "audio_tokens": 0}
+        usage["prompt_tokens_details"] = {"cached_tokens": cached, "audio_tokens": 0}
         usage["completion_tokens_details"] = {
             "reasoning_tokens": 0,
             "audio_tokens": 0,

@@ -65,6 +65,8 @@ def event_row(
         "tokens_in": 0,
         "tokens_out": 0,
         "cost_nanos": 0,
+        "tokens_cached": 0,
+        "tokens_cache_written": 0,
         "request_id": None,
         "status": None,
         "message": None,

@@ -103,6 +103,8 @@ ledger_events = sa.Table(
     # sql/004: 'split' | 'total' | 'missing' on usage events, and the call's reserved bound.
     sa.Column("usage_shape", sa.Text),
     sa.Column("bound_tokens", sa.BigInteger),
+    sa.Column("tokens_cached", sa.BigInteger, nullable=False),
+    sa.Column("tokens_cache_written", sa.BigInteger, nullable=False),
 )
 
 dead_letters = sa.Table(

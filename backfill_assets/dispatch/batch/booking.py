@@ -241,9 +241,13 @@ def _usage(
     if shape == "total":
         # The split is unknown: priced as the dearest one the line allows.
         priced_out = min(tokens_in, MAX_OUTPUT_TOKENS)
-    cost = ctx.cost(job.sub.model, tokens_in + tokens_out - priced_out, priced_out)
+    cached, written = triaged.tokens_cached, triaged.tokens_cache_written
+    if shape == "missing":
+        cached = written = 0
+    cost = ctx.cost(job.sub.model, tokens_in + tokens_out - priced_out, priced_out, cached, written)
     request_id = triaged.request_id or f"{job.sub.batch_id}:{line.key}"
     usage = rows.usage(line, tokens_in, tokens_out, cost, request_id, shape, bound)
+    usage.update(tokens_cached=cached, tokens_cache_written=written)
     if shape == "missing":
         usage["message"] = "usage_missing: the provider reported no usage; booked the bound"
     billed = tokens_in + tokens_out

@@ -100,9 +100,13 @@ class BatchContext:
             self.log(f"BACKFILL_KILL_AT={point}: SIGKILL")
             os.kill(os.getpid(), signal.SIGKILL)
 
-    def cost(self, model: str, tokens_in: int, tokens_out: int) -> int:
+    def cost(
+        self, model: str, tokens_in: int, tokens_out: int, cached: int = 0, written: int = 0
+    ) -> int:
         """Nano-dollars for one line at the batch price (rounded once, after the discount)."""
-        return self.prices.cost(model, tokens_in, tokens_out, self.options.price_factor)
+        return self.prices.cost(
+            model, tokens_in, tokens_out, self.options.price_factor, cached, written
+        )
 
     async def db(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run blocking store code off the event loop."""

@@ -56,6 +56,9 @@ class TriagedLine:
     tokens_out: int = 0
     # 'split', 'total' (tokens_in holds the total) or 'missing' (no usage: book the bound).
     usage_shape: str = "split"
+    # Of tokens_in: read from and written to the provider's prompt cache.
+    tokens_cached: int = 0
+    tokens_cache_written: int = 0
 
 
 def triage(
@@ -91,6 +94,8 @@ def triage(
             tokens_in=billed.tokens_in if billed else 0,
             tokens_out=billed.tokens_out if billed else 0,
             usage_shape=billed.shape if billed else "missing",
+            tokens_cached=billed.cached if billed else 0,
+            tokens_cache_written=billed.cache_written if billed else 0,
         )
     # Only the scrubbed summary is kept: a provider may echo the request (post text).
     summary, _raw = error_summary(

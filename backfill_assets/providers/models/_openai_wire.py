@@ -73,6 +73,10 @@ class BilledUsage:
     tokens_in: int
     tokens_out: int
     shape: str
+    # Of ``tokens_in``: read from the provider's prompt cache (billed cheaper), and written to
+    # it (Anthropic-shaped usage: billed dearer).
+    cached: int = 0
+    cache_written: int = 0
 
     @property
     def total(self) -> int:
@@ -103,14 +107,33 @@ def billed_usage(raw: object) -> BilledUsage | None:
     prompt = _count(raw.get("prompt_tokens", raw.get("input_tokens")))
     completion = _count(raw.get("completion_tokens", raw.get("output_tokens")))
     total = _count(raw.get("total_tokens"))
+    cached, written = _cache_counts(raw)
+    if "prompt_tokens" not in raw and prompt is not None:
+        # Anthropic-shaped: input_tokens leaves out what was read from or written to the cache.
+        prompt += cached + written
+    if prompt is not None:
+        # Never more cached than prompt: a count the provider cannot mean is not trusted.
+        cached, written = min(cached, prompt), min(written, prompt - min(cached, prompt))
     if prompt is not None and completion is not None:
         billed = max(prompt + completion, total or 0)
-        return BilledUsage(prompt, billed - prompt, "split")
+        return BilledUsage(prompt, billed - prompt, "split", cached, written)
     if prompt is not None and total is not None and total >= prompt:
-        return BilledUsage(prompt, total - prompt, "split")
+        return BilledUsage(prompt, total - prompt, "split", cached, written)
     if total is not None:
         return BilledUsage(total, 0, "total")
     return None
+
+
+def _cache_counts(raw: dict[str, Any]) -> tuple[int, int]:
+    """(read from cache, written to cache) of a usage object: OpenAI's
+    ``prompt_tokens_details.cached_tokens``, or Anthropic's ``cache_read_input_tokens`` and
+    ``cache_creation_input_tokens`` (sent through gateways)."""
+    details = raw.get("prompt_tokens_details")
+    read = _count(details.get("cached_tokens")) if isinstance(details, dict) else None
+    if read is None:
+        read = _count(raw.get("cache_read_input_tokens"))
+    written = _count(raw.get("cache_creation_input_tokens"))
+    return read or 0, written or 0
 
 
 class _Message(BaseModel):

@@ -43,6 +43,9 @@ class ModelResponse:
     latency_ms: float = 0.0
     # Nano-dollars the adapter priced the call at (None: the dispatcher prices it).
     cost_nanos: int | None = None
+    # Of tokens_in: read from and written to the provider's prompt cache.
+    tokens_cached: int = 0
+    tokens_cache_written: int = 0
 
     @property
     def usage_reported(self) -> bool:

@@ -198,8 +198,10 @@ class OpenAIHttpModel(ModelAdapter):
                 request_id=request_id or None,
             ) from None
         billed = completion.billed
+        cached = written = 0
         if billed is not None:
             tokens_in, tokens_out, shape = billed.tokens_in, billed.tokens_out, billed.shape
+            cached, written = billed.cached, billed.cache_written
             # Providers count the prompt plus the requested completion cap against TPM.
             charged = max(billed.total, tokens_in + request.max_output_tokens)
         else:
@@ -220,16 +222,28 @@ class OpenAIHttpModel(ModelAdapter):
             request_id=request_id or safe_id(completion.id, secrets) or "",
             usage_shape=shape,
             latency_ms=latency * 1000.0,
-            cost_nanos=self._cost(request, tokens_in, tokens_out, shape),
+            cost_nanos=self._cost(request, tokens_in, tokens_out, shape, cached, written),
+            tokens_cached=cached,
+            tokens_cache_written=written,
         )
 
-    def _cost(self, request: ModelRequest, tokens_in: int, tokens_out: int, shape: str) -> int:
+    def _cost(
+        self,
+        request: ModelRequest,
+        tokens_in: int,
+        tokens_out: int,
+        shape: str,
+        cached: int = 0,
+        written: int = 0,
+    ) -> int:
         if shape == "total":
             # The split is unknown: price it as the dearest one the call allows (the completion
             # used its cap), so an invoice never under-recovers what the provider charged.
             out = min(tokens_in, request.max_output_tokens)
             return self._prices.cost(request.model, tokens_in - out, out)
-        return self._prices.cost(request.model, tokens_in, tokens_out)
+        return self._prices.cost(
+            request.model, tokens_in, tokens_out, cached=cached, cache_written=written
+        )
 
     def _refused(
         self, request: ModelRequest, permit: Permit, response: httpx.Response, raw: bytes
