@@ -87,17 +87,33 @@ def test_migrating_an_existing_store_books_its_ledger_into_the_rollup(
 ) -> None:
     _run_hostile(engine, tmp_path)
     expected = _from_ledger(engine)
-    # A store from before sql/008 (and 012): the same ledger with its float cost, no rollup.
+    # A store from before sql/008 (and 012, 014): the same ledger with its float cost, no
+    # rollup, no tiers.
     with engine.begin() as conn:
         conn.exec_driver_sql("DROP TABLE usage_daily")
-        conn.exec_driver_sql("DELETE FROM schema_migrations WHERE version IN (8, 12)")
+        conn.exec_driver_sql("DELETE FROM schema_migrations WHERE version IN (8, 12, 14)")
+        conn.exec_driver_sql("ALTER TABLE ledger_events DROP COLUMN service_tier")
+        conn.exec_driver_sql("ALTER TABLE ledger_events DROP COLUMN price_booked")
+        conn.exec_driver_sql("UPDATE ledger_events SET tokens_cached = tokens_in / 3")
         conn.exec_driver_sql(
             "ALTER TABLE ledger_events ADD COLUMN cost DOUBLE PRECISION NOT NULL DEFAULT 0"
         )
         conn.exec_driver_sql("UPDATE ledger_events SET cost = cost_nanos / 1000000000.0")
         conn.exec_driver_sql("ALTER TABLE ledger_events DROP COLUMN cost_nanos")
-    assert migrate(engine) == [8, 12]
+    assert migrate(engine) == [8, 12, 14]
     assert _from_rollup(engine) == expected
+    # sql/014 books the cached tokens the ledger already held into the rollup.
+    day = "date(at)" if engine.dialect.name == "sqlite" else "to_char(at, 'YYYY-MM-DD')"
+    with engine.connect() as conn:
+        cached = conn.exec_driver_sql(
+            f"SELECT tenant_id, model, {day}, sum(tokens_cached) FROM ledger_events"
+            f" WHERE type = 'usage' GROUP BY tenant_id, model, {day} ORDER BY 1, 2, 3"
+        ).all()
+        rolled = [
+            (r["tenant"], r["model"], r["day"], r["tokens_cached"]) for r in usage_by_day(conn)
+        ]
+    assert [(t, m, str(d), int(c)) for t, m, d, c in cached] == rolled
+    assert sum(c for *_, c in rolled) > 0
     assert verify(engine).as_dict()["ok"]
 
 
@@ -107,7 +123,7 @@ def test_migrating_an_existing_store_books_its_ledger_into_the_rollup(
         "UPDATE usage_daily SET calls = calls + 1 WHERE tenant_id = 'globex'",
         "UPDATE usage_daily SET tokens_out = tokens_out - 7 WHERE tenant_id = 'globex'",
         "DELETE FROM usage_daily WHERE tenant_id = 'globex'",
-        "INSERT INTO usage_daily VALUES ('globex', 'other-model', '2026-01-01', 1, 10, 5, 100)",
+        "INSERT INTO usage_daily VALUES ('globex', 'other-model', '2026-01-01', 1, 10, 5, 100, 0)",
         "UPDATE usage_daily SET tenant_id = 'acme' WHERE tenant_id = 'globex'",
     ],
 )

@@ -60,6 +60,12 @@ def build_parser() -> argparse.ArgumentParser:
         "shares beside the live column's; the full run later re-pays none of them",
     )
     sp.add_argument(
+        "--tier",
+        choices=["standard", "flex"],
+        help="the synchronous tier to send at (default: BACKFILL_SERVICE_TIER, else standard); "
+        "flex is OpenAI's slower tier at the Batch API's price",
+    )
+    sp.add_argument(
         "--deadline",
         metavar="WHEN",
         help="plan the least-cost mix of batch, flex and standard that ends by WHEN "
@@ -174,6 +180,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         # The environment is read here, once, and the commands get the parsed settings. The
         # policy commands read the files they are given, not BACKFILL_POLICY_PATH's.
+        if getattr(args, "tier", None):
+            # For this command and every helper process it starts.
+            os.environ["BACKFILL_SERVICE_TIER"] = args.tier
         settings = Settings.from_env(os.environ, load_policy=args.command != "policy")
         code: int = args.func(args, settings)
     except (SettingsError, UserError) as exc:

@@ -12,7 +12,8 @@ import datetime as dt
 
 from backfill_assets.cli.inputs import UserError
 from backfill_assets.cli.tables import Human, table
-from backfill_assets.core.deadline import DeadlineError, DeadlinePlan, Tier, parse_deadline
+from backfill_assets.core.deadline import DeadlineError, DeadlinePlan, parse_deadline
+from backfill_assets.core.prices import Tier
 from backfill_assets.orchestration.deadline_plan import NoLimitKnown, plan_deadline
 from backfill_assets.orchestration.settings import Settings
 

@@ -10,7 +10,6 @@ standard price for what it did not return), never the deadline.
 from __future__ import annotations
 
 import datetime as dt
-import enum
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -18,13 +17,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-
-class Tier(enum.StrEnum):
-    """Where a key is sent: cheapest first."""
-
-    BATCH = "batch"
-    FLEX = "flex"
-    STANDARD = "standard"
+from backfill_assets.core.prices import Tier
 
 
 class DeadlineError(ValueError):

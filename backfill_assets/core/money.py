@@ -32,3 +32,10 @@ def usd(nanos: int) -> Decimal:
 def usd_text(nanos: int) -> str:
     """Dollars as shown and exported: ``0.033374000``."""
     return f"{usd(nanos):.9f}"
+
+
+def cached_share(cached: int, tokens_in: int) -> str:
+    """Cached input tokens as a share of input tokens, as shown: ``"0.8734"`` (4 places)."""
+    if tokens_in <= 0:
+        return "0.0000"
+    return f"{Decimal(cached) / Decimal(tokens_in):.4f}"

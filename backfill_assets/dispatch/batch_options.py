@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from decimal import Decimal
 
 import httpx
 
@@ -30,10 +29,6 @@ class BatchEndpoint:
     transfer_timeout_s: float = 600.0
 
 
-# The Batch API's price as a share of the synchronous one (OpenAI and Anthropic: half).
-BATCH_PRICE_FACTOR = Decimal("0.5")
-
-
 @dataclass(frozen=True)
 class BatchOptions:
     """How a batch-mode run chunks, polls and (in drills) dies."""
@@ -46,8 +41,6 @@ class BatchOptions:
     max_output_bytes: int = 512 * 1024 * 1024
     poll_seconds: float = 30.0
     max_poll_seconds: float = 600.0
-    # Batch price as a share of the synchronous price (OpenAI and Anthropic: half).
-    price_factor: Decimal = BATCH_PRICE_FACTOR
     # After a create with no answer, how long to keep looking for its batch in the provider's
     # list (which may lag behind creates) before creating the chunk's batch again.
     create_lookup_seconds: float = 600.0

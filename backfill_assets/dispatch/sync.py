@@ -29,6 +29,7 @@ from backfill_assets.core.rubric import (
     messages_token_bound,
 )
 from backfill_assets.providers.models.base import (
+    CapacityUnavailable,
     ModelAdapter,
     ModelCallError,
     ModelRequest,
@@ -77,6 +78,11 @@ class PartitionStats:
     over_bound: int = 0
     retry_after_max_s: float = 0.0
     retry_after_capped: int = 0
+    # Answers that the tier had no capacity (flex): retried, never counted as attempts.
+    capacity_waits: int = 0
+    # Of tokens_in: read from the provider's prompt cache; calls per tier that billed them.
+    tokens_cached: int = 0
+    service_tiers: Counter[str] = field(default_factory=Counter)
 
 
 @dataclass
@@ -131,6 +137,8 @@ class Dispatcher:
         # Tenants stopped in this run (billed past a reserved bound), with the reason.
         self.stopped_tenants: dict[str, str] = {}
         self._warned_retry_after = False
+        # Capacity pauses per key in a row: the back-off grows with them, the attempt does not.
+        self._capacity_waits: dict[str, int] = {}
 
     def stats_for(self, partition: str) -> PartitionStats:
         """Stats of a partition (created on first use)."""
@@ -252,6 +260,7 @@ class Dispatcher:
         except Exception as exc:  # an adapter bug must not kill the run; treat as transient
             wrapped = RetriableError(f"adapter error: {type(exc).__name__}")
             return self._failed(item, attempt, attempt_id, wrapped, reservation, st)
+        self._capacity_waits.pop(item.key, None)
         st.latencies_ms.append(response.latency_ms or (time.perf_counter() - started) * 1000)
         self._book_usage(item, attempt, attempt_id, response, reservation, st)
         try:
@@ -298,6 +307,8 @@ class Dispatcher:
             cost_nanos=cost,
             tokens_cached=response.tokens_cached,
             tokens_cache_written=response.tokens_cache_written,
+            service_tier=response.service_tier,
+            price_booked=response.price_booked or None,
             request_id=response.request_id[:200],
             status=200,
             usage_shape=response.usage_shape,
@@ -321,6 +332,8 @@ class Dispatcher:
         self.budgets.settle(reservation, billed)
         st.tokens_in += response.tokens_in
         st.tokens_out += response.tokens_out
+        st.tokens_cached += response.tokens_cached
+        st.service_tiers[response.service_tier] += 1
         st.cost_nanos += cost
 
     def _failed(
@@ -348,6 +361,15 @@ class Dispatcher:
             st.calls -= 1
             st.outcomes[Outcome.DEFERRED] += 1
             return True
+        if isinstance(exc, CapacityUnavailable):
+            # The provider's pause, not the key's failure: same attempt number, no dead letter,
+            # and a back-off that grows with the pauses so an outage is not hammered.
+            st.capacity_waits += 1
+            waits = self._capacity_waits[item.key] = self._capacity_waits.get(item.key, 0) + 1
+            delay = self.cfg.retry.delay(min(waits, 16), exc.retry_after, self._rng)
+            self._requeue_later(item, attempt, delay)
+            return False
+        self._capacity_waits.pop(item.key, None)
         if exc.status == 429:
             st.rate_limited += 1
         if exc.retry_after is not None:

@@ -7,7 +7,8 @@ import datetime as dt
 import statistics
 from collections.abc import Sequence
 
-from backfill_assets.core.deadline import DeadlinePlan, Rates, Tier, Work, make_plan
+from backfill_assets.core.deadline import DeadlinePlan, Rates, Work, make_plan
+from backfill_assets.core.prices import Tier
 from backfill_assets.orchestration.estimate import TenantEstimate, estimate_pending
 from backfill_assets.orchestration.resources import versions_for
 from backfill_assets.orchestration.settings import Settings
@@ -59,10 +60,11 @@ def _work(est: TenantEstimate, tokens_left: int | None) -> Work:
     n = max(est.keys, 1)
     standard = est.estimated_cost_usd / n
     batch = est.estimated_cost_usd_batch / n
+    flex = est.estimated_cost_usd_flex / n
     return Work(
         tenant=est.tenant,
         keys=est.keys,
-        cost_per_key={Tier.STANDARD: standard, Tier.FLEX: batch, Tier.BATCH: batch},
+        cost_per_key={Tier.STANDARD: standard, Tier.FLEX: flex, Tier.BATCH: batch},
         bound_tokens=est.bound_tokens,
         tokens_left=tokens_left,
     )

@@ -16,14 +16,13 @@ from sqlalchemy.engine import Connection
 
 from backfill_assets.core.keys import SLICE_COUNT, Versions, work_key
 from backfill_assets.core.money import usd, usd_text
-from backfill_assets.core.prices import PriceTable
+from backfill_assets.core.prices import PriceTable, Tier
 from backfill_assets.core.rubric import (
     MAX_OUTPUT_TOKENS,
     Rubric,
     call_token_bound,
     estimate_prompt_tokens,
 )
-from backfill_assets.dispatch.batch_options import BATCH_PRICE_FACTOR
 from backfill_assets.store.work import pending_posts
 
 
@@ -40,6 +39,8 @@ class TenantEstimate:
     bound_cost_nanos: int = 0
     # The same estimate at the Batch API's price (BACKFILL_DISPATCH=batch).
     estimated_cost_nanos_batch: int = 0
+    # ... and at the flex tier's (BACKFILL_SERVICE_TIER=flex).
+    estimated_cost_nanos_flex: int = 0
 
     @property
     def estimated_cost_usd(self) -> Decimal:
@@ -53,6 +54,10 @@ class TenantEstimate:
     def estimated_cost_usd_batch(self) -> Decimal:
         return usd(self.estimated_cost_nanos_batch)
 
+    @property
+    def estimated_cost_usd_flex(self) -> Decimal:
+        return usd(self.estimated_cost_nanos_flex)
+
     def as_dict(self) -> dict[str, Any]:
         """JSON form: dollars as exact decimal strings."""
         return {
@@ -63,6 +68,7 @@ class TenantEstimate:
             "estimated_cost_usd": usd_text(self.estimated_cost_nanos),
             "bound_cost_usd": usd_text(self.bound_cost_nanos),
             "estimated_cost_usd_batch": usd_text(self.estimated_cost_nanos_batch),
+            "estimated_cost_usd_flex": usd_text(self.estimated_cost_nanos_flex),
         }
 
 
@@ -89,7 +95,10 @@ def estimate_pending(
                     model = versions.model
                     est.estimated_cost_nanos += prices.cost(model, prompt, MAX_OUTPUT_TOKENS)
                     est.estimated_cost_nanos_batch += prices.cost(
-                        model, prompt, MAX_OUTPUT_TOKENS, BATCH_PRICE_FACTOR
+                        model, prompt, MAX_OUTPUT_TOKENS, tier=Tier.BATCH
+                    )
+                    est.estimated_cost_nanos_flex += prices.cost(
+                        model, prompt, MAX_OUTPUT_TOKENS, tier=Tier.FLEX
                     )
                     est.bound_cost_nanos += prices.cost(
                         model, bound - MAX_OUTPUT_TOKENS, MAX_OUTPUT_TOKENS

@@ -15,7 +15,7 @@ from sqlalchemy.engine import Engine
 from backfill_assets.core.faults import NO_FAULTS, FaultHooks
 from backfill_assets.core.keys import DEFAULT_SLICE_TARGET, Versions
 from backfill_assets.core.outcomes import RetryPolicy
-from backfill_assets.core.prices import PriceTable
+from backfill_assets.core.prices import PriceTable, Tier
 from backfill_assets.core.regions import InvalidRegion, api_key_var, validate_region
 from backfill_assets.core.rubric import TASK_VERSION, Rubric
 from backfill_assets.dispatch.batch_options import BatchEndpoint, BatchOptions
@@ -175,6 +175,18 @@ class OpenAIModelResource(ModelResource):
     max_tokens_param: str = Field(
         default="max_tokens", description="max_tokens, or max_completion_tokens (newer models)."
     )
+    service_tier: str = Field(
+        default="standard",
+        pattern="^(standard|flex)$",
+        description="flex: OpenAI's slower tier at the Batch API's price.",
+    )
+    flex_fallback: str = Field(
+        default="wait",
+        pattern="^(wait|standard)$",
+        description="When flex has no capacity for flex_fallback_after_s: keep waiting, or send "
+        "the rest of the run at the standard tier.",
+    )
+    flex_fallback_after_s: float = Field(default=600.0, gt=0.0)
     prices_json: str = Field(
         default="", description='Extra prices, USD per 1M tokens: {"model": {"input": .., ..}}.'
     )
@@ -247,6 +259,9 @@ class OpenAIModelResource(ModelResource):
             max_tokens_param=self.max_tokens_param,
             max_connections=self.max_connections,
             share_limit=self.share_limit,
+            tier=Tier(self.service_tier),
+            flex_fallback=self.flex_fallback,
+            fallback_after_s=self.flex_fallback_after_s,
         )
 
     def price_table(self) -> PriceTable:

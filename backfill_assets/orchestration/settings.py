@@ -180,6 +180,11 @@ class Settings(BaseSettings):
     max_tokens_param: Literal["max_tokens", "max_completion_tokens"] = _var(
         "BACKFILL_MAX_TOKENS_PARAM", default="max_tokens"
     )
+    # flex: OpenAI's slower tier at the Batch API's price; refused for capacity at times.
+    service_tier: Literal["standard", "flex"] = _var("BACKFILL_SERVICE_TIER", default="standard")
+    # After this long without flex capacity: keep waiting, or send the rest at standard.
+    flex_fallback: Literal["wait", "standard"] = _var("BACKFILL_FLEX_FALLBACK", default="wait")
+    flex_fallback_after_s: float = _var("BACKFILL_FLEX_FALLBACK_AFTER_SECONDS", default=600.0, gt=0)
     prices_json: str = _var("BACKFILL_PRICES", default="")
     # A model with no price books $0: refused unless the operator says so, or an invoice for a
     # whole tenant can silently read zero.
@@ -425,6 +430,9 @@ class Settings(BaseSettings):
             read_timeout_s=self.http_read_timeout_s,
             total_timeout_s=self.http_total_timeout_s,
             max_tokens_param=self.max_tokens_param,
+            service_tier=self.service_tier,
+            flex_fallback=self.flex_fallback,
+            flex_fallback_after_s=self.flex_fallback_after_s,
             prices_json=self.prices_json,
         )
 

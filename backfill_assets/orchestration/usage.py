@@ -22,6 +22,8 @@ USAGE_COLUMNS = (
     "calls",
     "tokens_in",
     "tokens_out",
+    "tokens_cached",
+    "cached_share",
     "tokens",
     "cost_usd",
 )

@@ -27,7 +27,7 @@ from backfill_assets.providersim.answers import (
 )
 from backfill_assets.providersim.batch_api import BatchApi
 from backfill_assets.providersim.config import FaultKind, RetryAfterFormat, SimConfig
-from backfill_assets.providersim.faults import decide_fault
+from backfill_assets.providersim.faults import decide_fault, unit_draw
 from backfill_assets.providersim.http import Drop, Reply, Request, Response, Router
 from backfill_assets.providersim.limits import (
     Denial,
@@ -36,6 +36,7 @@ from backfill_assets.providersim.limits import (
     retry_after_headers,
 )
 from backfill_assets.providersim.meter import BilledCall, Meter
+from backfill_assets.providersim.pricing import call_cost_nanos
 from backfill_assets.providersim.usage import (
     billed_prompt,
     cached_tokens,
@@ -158,7 +159,10 @@ class SimApp:
             raise _rate_limited(denial, chat.model, fmt)
         user_text = last_user_text(chat)
         correlation_id = correlation_id_of(user_text)
-        fault = decide_fault(self.config, correlation_id, self.meter.record_attempt(correlation_id))
+        attempt = self.meter.record_attempt(correlation_id)
+        if chat.service_tier == "flex" and self._flex_unavailable(correlation_id, attempt):
+            raise _resource_unavailable(chat.model)
+        fault = decide_fault(self.config, correlation_id, attempt)
         if fault == "429":
             error = fault_error("429", chat.model)
             error.headers.update(retry_after_headers(FORCED_RETRY_AFTER_SECONDS, fmt))
@@ -189,13 +193,30 @@ class SimApp:
         completion = count_tokens(content)
         model = call.chat.model
         cached = cached_tokens(call.prompt, self.config.cached_prefix_tokens)
+        tier = call.chat.service_tier
+        cost = call_cost_nanos(self.config.prices, model, call.prompt, cached, completion, tier)
         self.meter.bill(
-            BilledCall(request_id, call.correlation_id, model, call.prompt, completion, "", cached)
+            BilledCall(
+                request_id,
+                call.correlation_id,
+                model,
+                call.prompt,
+                completion,
+                "",
+                cached,
+                tier,
+                cost,
+                time.time(),
+            )
         )
         usage = usage_body(
             chat_usage_shape(self.config, call.correlation_id), call.prompt, completion, cached
         )
-        return Response.json(200, completion_body(model, content, finish_reason, usage))
+        return Response.json(200, completion_body(model, content, finish_reason, usage, tier))
+
+    def _flex_unavailable(self, correlation_id: str, attempt: int) -> bool:
+        share = self.config.flex_unavailable_share
+        return share > 0 and unit_draw(self.config.seed, "flex", correlation_id, attempt) < share
 
     async def list_models(self, request: Request) -> Reply:
         """``GET /v1/models``."""
@@ -218,6 +239,17 @@ class SimApp:
         """``POST /_sim/reset``: clear the meter and refill the buckets."""
         self.reset()
         return Response.json(200, {"reset": True})
+
+
+def _resource_unavailable(model: str) -> ApiError:
+    """Flex has no capacity: OpenAI answers 429 and bills nothing."""
+    return ApiError(
+        429,
+        f"Resource unavailable: the flex tier has no capacity for {model} right now. Please "
+        "try again later, or send the request without service_tier flex.",
+        error_type="rate_limit_error",
+        code="resource_unavailable",
+    )
 
 
 def _rate_limited(denial: Denial, model: str, fmt: RetryAfterFormat) -> ApiError:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from decimal import Decimal
 
 from backfill_assets.providersim.config import (
     DEFAULT_MODELS,
@@ -57,6 +58,17 @@ def _share(value: str) -> float:
     if not 0.0 <= number <= 1.0:
         raise argparse.ArgumentTypeError(f"must be within [0, 1]: {value!r}")
     return number
+
+
+def _price(value: str) -> tuple[str, tuple[str, str, str]]:
+    model, _, rest = value.partition("=")
+    parts = rest.split(",")
+    try:
+        if not model or len(parts) != 3 or any(Decimal(p) < 0 for p in parts):
+            raise ValueError(value)
+    except (ArithmeticError, ValueError):
+        raise argparse.ArgumentTypeError(f"expected MODEL=IN,CACHED,OUT, got {value!r}") from None
+    return model, (parts[0], parts[1], parts[2])
 
 
 def _positive_seconds(value: str) -> float:
@@ -139,6 +151,22 @@ def _add_hostile_arguments(parser: argparse.ArgumentParser) -> None:
         "--echo-errors",
         action="store_true",
         help="error messages quote the request's user message verbatim",
+    )
+    hostile.add_argument(
+        "--flex-unavailable-share",
+        type=_share,
+        default=0.0,
+        metavar="SHARE",
+        help="share of flex requests answered 429 resource_unavailable (1.0: flex is down)",
+    )
+    hostile.add_argument(
+        "--price",
+        action="append",
+        default=[],
+        type=_price,
+        metavar="MODEL=IN,CACHED,OUT",
+        help="the meter's own standard price, USD per 1M tokens (flex and batch: half); "
+        "repeatable; gpt-4o-mini=0.15,0.075,0.60 is built in",
     )
     hostile.add_argument(
         "--cached-prefix-tokens",
@@ -253,6 +281,8 @@ def config_from_args(ns: argparse.Namespace) -> SimConfig:
         reset_headers_on_5xx=ns.reset_headers_on_5xx,
         echo_errors=ns.echo_errors,
         cached_prefix_tokens=ns.cached_prefix_tokens,
+        flex_unavailable_share=ns.flex_unavailable_share,
+        **({"prices": {**SimConfig().prices, **dict(ns.price)}} if ns.price else {}),
         batch_create_token_limit_count=ns.batch_create_token_limit_count,
         batch_create_hang_count=ns.batch_create_hang_count,
         batch_list_lag_ms=ns.batch_list_lag_ms,

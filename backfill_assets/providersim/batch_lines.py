@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +30,7 @@ from backfill_assets.providersim.answers import answer_content, fault_error
 from backfill_assets.providersim.config import FaultKind, SimConfig
 from backfill_assets.providersim.faults import decide_fault
 from backfill_assets.providersim.meter import BilledCall, Meter
+from backfill_assets.providersim.pricing import call_cost_nanos
 from backfill_assets.providersim.usage import billed_prompt, cached_tokens, usage_body
 from backfill_assets.providersim.wire import (
     ApiError,
@@ -201,9 +203,19 @@ def answer_line(config: SimConfig, meter: Meter, line: BatchLine, batch_id: str)
     )
     completion = count_tokens(content)
     cached = cached_tokens(line.prompt, config.cached_prefix_tokens)
+    cost = call_cost_nanos(config.prices, model, line.prompt, cached, completion, "batch")
     meter.bill(
         BilledCall(
-            request_id, line.correlation_id, model, line.prompt, completion, batch_id, cached
+            request_id,
+            line.correlation_id,
+            model,
+            line.prompt,
+            completion,
+            batch_id,
+            cached,
+            "batch",
+            cost,
+            time.time(),
         )
     )
     usage = usage_body(config.batch_usage_shape, line.prompt, completion, cached)

@@ -115,6 +115,19 @@ class SimConfig(BaseModel):
         default=False,
         description="5xx answers carry x-ratelimit-remaining-* 0 and reset-* '6m0s' headers.",
     )
+    flex_unavailable_share: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=1.0,
+        description="Share of flex requests (service_tier flex) answered 429 "
+        "resource_unavailable, drawn per key and attempt (1.0: flex is down).",
+    )
+    prices: dict[str, tuple[str, str, str]] = Field(
+        default_factory=lambda: {"gpt-4o-mini": ("0.15", "0.075", "0.60")},
+        description="The simulator's own price list, USD per 1M tokens at the standard tier: "
+        "model -> (input, cached input, output); flex and batch bill half. Its meter prices "
+        "every billed call with it, independently of the client's table.",
+    )
     cached_prefix_tokens: int = Field(
         default=0,
         ge=0,

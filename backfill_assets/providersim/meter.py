@@ -30,6 +30,11 @@ class BilledCall:
     batch_id: str = ""
     # Of prompt_tokens: read from the prompt cache (billed at the cached price).
     cached_tokens: int = 0
+    # 'default' or 'flex' (what the answer's service_tier said); batch lines have a batch_id.
+    service_tier: str = "default"
+    # What the simulator's own price list charged for the call, and when (epoch seconds).
+    cost_nanos: int = 0
+    billed_at: float = 0.0
 
     @property
     def total_tokens(self) -> int:
@@ -73,6 +78,11 @@ class MeterSnapshot:
         return sum(call.total_tokens for call in self.billed.values() if call.batch_id)
 
     @property
+    def billed_cost_nanos(self) -> int:
+        """What every billed call cost at the simulator's own prices."""
+        return sum(call.cost_nanos for call in self.billed.values())
+
+    @property
     def billed_prompt_tokens(self) -> int:
         """Sum of billed prompt tokens."""
         return sum(call.prompt_tokens for call in self.billed.values())
@@ -102,6 +112,7 @@ class MeterSnapshot:
             "billed_tokens_total": self.billed_tokens_total,
             "billed_prompt_tokens": self.billed_prompt_tokens,
             "billed_completion_tokens": self.billed_completion_tokens,
+            "billed_cost_nanos": self.billed_cost_nanos,
             "billed_by_correlation_id": {
                 key: asdict(bill) for key, bill in self.billed_by_correlation_id.items()
             },

@@ -93,6 +93,8 @@ class ChatRequest:
     max_tokens: int | None
     # ``response_format.json_schema.schema`` when one was sent: the answer keeps within it.
     response_schema: Any = None
+    # What was asked for: 'flex', or 'default' (also for 'auto' and no field).
+    service_tier: str = "default"
 
 
 def _invalid(message: str, param: str | None, code: str | None = "invalid_type") -> ApiError:
@@ -146,6 +148,9 @@ def _parse_max_tokens(body: dict[str, Any]) -> int | None:
     return None
 
 
+_SERVICE_TIERS = frozenset({"auto", "default", "flex", "scale", "priority"})
+
+
 def _check_options(body: dict[str, Any]) -> None:
     temperature = body.get("temperature")
     if temperature is not None and (
@@ -193,8 +198,17 @@ def parse_chat_request(raw: bytes) -> ChatRequest:
     _check_options(body)
     fmt = body.get("response_format")
     schema = fmt["json_schema"].get("schema") if fmt and fmt["type"] == "json_schema" else None
+    tier = body.get("service_tier")
+    if tier is not None and tier not in _SERVICE_TIERS:
+        raise _invalid(
+            f"Invalid value for 'service_tier': {tier!r}.", "service_tier", "invalid_value"
+        )
     return ChatRequest(
-        model=model, messages=messages, max_tokens=max_tokens, response_schema=schema
+        model=model,
+        messages=messages,
+        max_tokens=max_tokens,
+        response_schema=schema,
+        service_tier="flex" if tier == "flex" else "default",
     )
 
 
@@ -254,7 +268,11 @@ def new_request_id() -> str:
 
 
 def completion_body(
-    model: str, content: str, finish_reason: str, usage: dict[str, Any] | None
+    model: str,
+    content: str,
+    finish_reason: str,
+    usage: dict[str, Any] | None,
+    service_tier: str = "default",
 ) -> dict[str, Any]:
     """A 200 body of ``POST /v1/chat/completions``; no ``usage`` key when ``usage`` is None."""
     body: dict[str, Any] = {
@@ -271,6 +289,7 @@ def completion_body(
             }
         ],
         "usage": usage,
+        "service_tier": service_tier,
         "system_fingerprint": "fp_providersim",
     }
     if usage is None:

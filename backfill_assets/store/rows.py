@@ -73,4 +73,6 @@ def event_row(
         "run_id": run_id,
         "usage_shape": None,
         "bound_tokens": None,
+        "service_tier": None,
+        "price_booked": None,
     }

@@ -105,6 +105,9 @@ ledger_events = sa.Table(
     sa.Column("bound_tokens", sa.BigInteger),
     sa.Column("tokens_cached", sa.BigInteger, nullable=False),
     sa.Column("tokens_cache_written", sa.BigInteger, nullable=False),
+    # sql/014: the tier the provider billed, and the price booked (JSON of core.prices).
+    sa.Column("service_tier", sa.Text),
+    sa.Column("price_booked", sa.Text),
 )
 
 dead_letters = sa.Table(
@@ -206,6 +209,8 @@ usage_daily = sa.Table(
     sa.Column("tokens_in", sa.BigInteger, nullable=False),
     sa.Column("tokens_out", sa.BigInteger, nullable=False),
     sa.Column("cost_nanos", sa.BigInteger, nullable=False),
+    # sql/014: of tokens_in, read from the provider's prompt cache.
+    sa.Column("tokens_cached", sa.BigInteger, nullable=False),
 )
 
 # sql/009: every policy version the store worked under, and the label in force per policy.

@@ -15,18 +15,17 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from backfill_assets.core.money import usd_text
+from backfill_assets.core.money import cached_share, usd_text
 from backfill_assets.store.bulk import insert_values
 from backfill_assets.store.tables import usage_daily
 
-# (tenant, model) -> [calls, tokens_in, tokens_out, cost_nanos]
+# (tenant, model) -> [calls, tokens_in, tokens_out, cost_nanos, tokens_cached]
 UsageSums = tuple[tuple[str, str], Sequence[Any]]
 
-
-_COLUMNS = ("tenant_id", "model", "day", "calls", "tokens_in", "tokens_out", "cost_nanos")
+_FIGURES = ("calls", "tokens_in", "tokens_out", "cost_nanos", "tokens_cached")
+_COLUMNS = ("tenant_id", "model", "day", *_FIGURES)
 _ADD = "ON CONFLICT (tenant_id, model, day) DO UPDATE SET " + ", ".join(
-    f"{c} = usage_daily.{c} + excluded.{c}"
-    for c in ("calls", "tokens_in", "tokens_out", "cost_nanos")
+    f"{c} = usage_daily.{c} + excluded.{c}" for c in _FIGURES
 )
 
 
@@ -40,7 +39,7 @@ def add_usage(conn: Connection, day: str, sums: Sequence[UsageSums]) -> None:
 
 
 def _row(*values: Any, day: str | None = None) -> dict[str, object]:
-    tenant, model, calls, tokens_in, tokens_out, cost = values
+    tenant, model, calls, tokens_in, tokens_out, cost, cached = values
     return {
         "tenant": tenant,
         "model": model,
@@ -49,6 +48,8 @@ def _row(*values: Any, day: str | None = None) -> dict[str, object]:
         "tokens_in": int(tokens_in or 0),
         "tokens_out": int(tokens_out or 0),
         "tokens": int((tokens_in or 0) + (tokens_out or 0)),
+        "tokens_cached": int(cached or 0),
+        "cached_share": cached_share(int(cached or 0), int(tokens_in or 0)),
         "cost_nanos": int(cost or 0),
         "cost_usd": usd_text(int(cost or 0)),
     }
@@ -58,11 +59,18 @@ def usage_by_day(conn: Connection) -> list[dict[str, object]]:
     """Tokens, cost and calls per tenant, model and UTC day."""
     u = usage_daily
     stmt = sa.select(
-        u.c.tenant_id, u.c.model, u.c.day, u.c.calls, u.c.tokens_in, u.c.tokens_out, u.c.cost_nanos
+        u.c.tenant_id,
+        u.c.model,
+        u.c.day,
+        u.c.calls,
+        u.c.tokens_in,
+        u.c.tokens_out,
+        u.c.cost_nanos,
+        u.c.tokens_cached,
     ).order_by(u.c.tenant_id, u.c.model, u.c.day)
     return [
-        _row(t, m, calls, t_in, t_out, cost, day=str(day))
-        for t, m, day, calls, t_in, t_out, cost in conn.execute(stmt)
+        _row(t, m, calls, t_in, t_out, cost, cached, day=str(day))
+        for t, m, day, calls, t_in, t_out, cost, cached in conn.execute(stmt)
     ]
 
 
@@ -77,6 +85,7 @@ def usage_by_tenant_model(conn: Connection) -> list[dict[str, object]]:
             sa.func.sum(u.c.tokens_in),
             sa.func.sum(u.c.tokens_out),
             sa.func.sum(u.c.cost_nanos),
+            sa.func.sum(u.c.tokens_cached),
         )
         .group_by(u.c.tenant_id, u.c.model)
         .order_by(u.c.tenant_id, u.c.model)

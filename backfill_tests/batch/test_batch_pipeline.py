@@ -6,13 +6,11 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
-from decimal import Decimal
 from pathlib import Path
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from backfill_assets.core.prices import PriceTable
 from backfill_assets.dispatch.pipeline import RunOptions, run_partitions
 from backfill_assets.orchestration.resources import engine_for
 from backfill_assets.providers.models.openai_http import OpenAIHttpModel
@@ -103,16 +101,14 @@ def test_batch_mode_gives_the_sync_labels_at_half_the_price(
     assert batch_meter.billed_batch_tokens == sync_meter.billed_tokens_total
     assert batch_meter.responses_by_status == {}  # no synchronous call at all
     _assert_ledger_is_the_meter(engine, batch_meter)
-    price, half = PriceTable.from_json(""), Decimal("0.5")
-    cost = sum(
-        price.cost(MODEL, c.prompt_tokens, c.completion_tokens, half)
-        for c in batch_meter.billed.values()
-    )
     usage = "SELECT sum(cost_nanos) FROM ledger_events WHERE type = 'usage'"
     [(booked,)] = rows(engine, usage)
     [(sync_booked,)] = rows(sync_engine, usage)
-    # Exact, in nano-dollars: half the list price is a whole number of them per token here.
-    assert booked == cost and 2 * booked == sync_booked
+    # Exact, in nano-dollars, against the simulator's own priced meter (batch: half price).
+    assert booked == batch_meter.billed_cost_nanos > 0
+    assert sync_booked == sync_meter.billed_cost_nanos == 2 * booked
+    tiers = "SELECT DISTINCT service_tier FROM ledger_events WHERE type = 'usage'"
+    assert rows(engine, tiers) == [("batch",)] and rows(sync_engine, tiers) == [("standard",)]
     assert sum(r.stats.cost_nanos for r in reports) == booked
     audit = _audit(engine)
     assert audit["rebilled_tokens"] == 0 and audit["orphan_attempts"] == 0

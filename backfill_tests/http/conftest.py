@@ -58,7 +58,8 @@ AdapterFactory = Callable[..., Callable[[], OpenAIHttpModel]]
 
 @pytest.fixture
 def adapter_for() -> AdapterFactory:
-    """``adapter_for(sim, rpm=.., total_timeout=.., calls=[...])`` -> a ``make_adapter`` callable.
+    """``adapter_for(sim, rpm=.., total_timeout=.., calls=[...], **OpenAIHttpModel kwargs)`` -> a
+    ``make_adapter`` callable.
 
     Each test gets its own limiter registry, so limiters never leak between tests; all the
     adapters one factory makes share one limiter, as runs in one process do.
@@ -76,6 +77,7 @@ def adapter_for() -> AdapterFactory:
         total_timeout: float = 10.0,
         calls: list[Call] | None = None,
         max_pause_s: float = 900.0,
+        **adapter: Any,
     ) -> Callable[[], OpenAIHttpModel]:
         config = LimiterConfig(
             rpm=rpm,
@@ -91,6 +93,7 @@ def adapter_for() -> AdapterFactory:
             "api_key": api_key,
             "limiter": limiter,
             "timeouts": HttpTimeouts(connect=2.0, read=total_timeout, total=total_timeout),
+            **adapter,
         }
         if calls is not None:
             return lambda: RecordingModel(calls, **kwargs)

@@ -5,14 +5,13 @@ and priced at the cached rate, so the ledger's cost is the provider's bill to th
 from __future__ import annotations
 
 import uuid
-from decimal import Decimal
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from backfill_assets.core.prices import PriceTable
+from backfill_assets.core.prices import PriceTable, Tier
 from backfill_assets.dispatch.pipeline import RunOptions, run_partitions
 from backfill_assets.providers.models._openai_wire import billed_usage
 from backfill_tests.conftest import import_records
@@ -72,7 +71,7 @@ def test_cached_tokens_are_read_from_every_shape(
 def test_cached_tokens_cost_the_cached_price() -> None:
     # gpt-4o-mini: $0.15 in, $0.075 cached in, $0.60 out per million.
     assert PRICES.cost("gpt-4o-mini", 1000, 100, cached=800) == 200 * 150 + 800 * 75 + 100 * 600
-    assert PRICES.cost("gpt-4o-mini", 1000, 100, Decimal("0.5"), cached=800) == 75_000
+    assert PRICES.cost("gpt-4o-mini", 1000, 100, cached=800, tier=Tier.BATCH) == 75_000
     # Without a cached price (a custom model), cached tokens cost the input price.
     table = PriceTable.from_json('{"own": {"input": 1, "output": 1}}')
     assert table.cost("own", 1000, 0, cached=1000) == table.cost("own", 1000, 0)
@@ -123,7 +122,8 @@ def test_the_ledger_books_the_cached_bill_call_by_call(
         bill = PRICES.cost(
             call.model, call.prompt_tokens, call.completion_tokens, cached=call.cached_tokens
         )
-        assert r.cost_nanos == bill
+        # The product's table and the simulator's own meter agree to the nano-dollar.
+        assert r.cost_nanos == bill == call.cost_nanos
     full_price = sum(
         PRICES.cost(c.model, c.prompt_tokens, c.completion_tokens) for c in billed.values()
     )

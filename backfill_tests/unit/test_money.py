@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from backfill_assets.core.money import usd, usd_text, whole_nanos
-from backfill_assets.core.prices import PriceTable
+from backfill_assets.core.prices import PriceTable, Tier
 from backfill_assets.orchestration.settings import Settings, SettingsError
 
 TABLE = PriceTable.from_json(
@@ -23,7 +23,7 @@ def test_a_call_costs_whole_nano_dollars() -> None:
     assert TABLE.cost("m", 1000, 100) == 150 * 1000 + 600 * 100
     assert TABLE.cost("odd", 1, 0) == 38  # 37.5 rounds half to even
     assert TABLE.cost("odd", 3, 0) == 112  # 112.5 -> 112
-    assert TABLE.cost("m", 1000, 100, Decimal("0.5")) == 105_000  # batch: rounded once, after
+    assert TABLE.cost("m", 1000, 100, tier=Tier.BATCH) == 105_000  # batch: half, rounded once
 
 
 def test_prices_are_read_as_decimals_not_floats() -> None:

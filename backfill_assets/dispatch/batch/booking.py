@@ -14,6 +14,7 @@ import tempfile
 
 from backfill_assets.core.keys import Versions
 from backfill_assets.core.outcomes import Outcome
+from backfill_assets.core.prices import Tier
 from backfill_assets.core.rubric import MAX_OUTPUT_TOKENS, OutputRejected, parse_output
 from backfill_assets.dispatch.batch.client import retry
 from backfill_assets.dispatch.batch.context import BatchContext, ChunkJob
@@ -247,7 +248,13 @@ def _usage(
     cost = ctx.cost(job.sub.model, tokens_in + tokens_out - priced_out, priced_out, cached, written)
     request_id = triaged.request_id or f"{job.sub.batch_id}:{line.key}"
     usage = rows.usage(line, tokens_in, tokens_out, cost, request_id, shape, bound)
-    usage.update(tokens_cached=cached, tokens_cache_written=written)
+    booked = ctx.prices.booked(job.sub.model, Tier.BATCH)
+    usage.update(
+        tokens_cached=cached,
+        tokens_cache_written=written,
+        service_tier=Tier.BATCH.value,
+        price_booked=None if booked is None else booked.to_json(),
+    )
     if shape == "missing":
         usage["message"] = "usage_missing: the provider reported no usage; booked the bound"
     billed = tokens_in + tokens_out

@@ -171,7 +171,7 @@ class BatchClient:
             )
         if scope is Scope.TOKEN_LIMIT:
             raise TokenLimited(summary, status=status, code=code)
-        if scope is Scope.RETRY:
+        if scope in (Scope.RETRY, Scope.CAPACITY):
             if status == 429:
                 wait = retry_after_seconds(response.headers, message)
                 # A bogus Retry-After (days) must not freeze the run: bounded like sync's.

@@ -14,7 +14,7 @@ from sqlalchemy.engine import Engine
 
 from backfill_assets.core.keys import Versions
 from backfill_assets.core.outcomes import RetryPolicy
-from backfill_assets.core.prices import PriceTable
+from backfill_assets.core.prices import PriceTable, Tier
 from backfill_assets.core.rubric import OutputContract, Rubric
 from backfill_assets.dispatch.batch.client import BatchClient
 from backfill_assets.dispatch.batch_options import BatchOptions
@@ -103,9 +103,9 @@ class BatchContext:
     def cost(
         self, model: str, tokens_in: int, tokens_out: int, cached: int = 0, written: int = 0
     ) -> int:
-        """Nano-dollars for one line at the batch price (rounded once, after the discount)."""
+        """Nano-dollars for one line at the batch tier's price in force today."""
         return self.prices.cost(
-            model, tokens_in, tokens_out, self.options.price_factor, cached, written
+            model, tokens_in, tokens_out, cached=cached, cache_written=written, tier=Tier.BATCH
         )
 
     async def db(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:

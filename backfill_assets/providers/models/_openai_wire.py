@@ -19,6 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from backfill_assets.core.prices import Tier, tier_served
 from backfill_assets.core.rubric import OutputContract
 from backfill_assets.providers.models.base import ModelRequest
 from backfill_assets.providers.provider_text import safe_content_type, scrub
@@ -37,11 +38,17 @@ def _schema_of(contract: OutputContract) -> dict[str, Any]:
     return contract.json_schema()
 
 
-def request_body(request: ModelRequest, max_tokens_param: str = "max_tokens") -> dict[str, Any]:
-    """One post of one tenant; strict JSON-schema output built from the rubric's contract."""
+def request_body(
+    request: ModelRequest, max_tokens_param: str = "max_tokens", tier: Tier = Tier.STANDARD
+) -> dict[str, Any]:
+    """One post of one tenant; strict JSON-schema output built from the rubric's contract.
+    The flex tier is asked for with ``service_tier: "flex"``; standard sends no field (what a
+    server without tiers expects)."""
     if max_tokens_param not in MAX_TOKENS_PARAMS:
         raise ValueError(f"max_tokens_param must be one of {MAX_TOKENS_PARAMS}")
+    asked = {"service_tier": "flex"} if tier is Tier.FLEX else {}
     return {
+        **asked,
         "model": request.model,
         "messages": request.messages,
         "response_format": {
@@ -158,6 +165,13 @@ class ChatCompletion(BaseModel):
     choices: list[_Choice] = Field(default_factory=list)
     # Kept raw: a usage shape we do not model must never make a paid answer unreadable.
     usage: Any = None
+    # The tier that served the call (what is billed), whatever was asked for.
+    service_tier: Any = None
+
+    @property
+    def served_tier(self) -> Tier:
+        """The tier the provider says it billed (``core.prices.tier_served``)."""
+        return tier_served(self.service_tier)
 
     @property
     def billed(self) -> BilledUsage | None:

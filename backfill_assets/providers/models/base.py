@@ -46,6 +46,10 @@ class ModelResponse:
     # Of tokens_in: read from and written to the provider's prompt cache.
     tokens_cached: int = 0
     tokens_cache_written: int = 0
+    # The tier the provider says it billed, and the price the cost was booked at (JSON of
+    # ``core.prices.BookedPrice``; '' when the adapter did not price the call).
+    service_tier: str = "standard"
+    price_booked: str = ""
 
     @property
     def usage_reported(self) -> bool:
@@ -72,6 +76,10 @@ class ModelCallError(Exception):
 
 class RetriableError(ModelCallError):
     """429, 408/409, 5xx, timeouts, connection errors: try again after a back-off."""
+
+
+class CapacityUnavailable(RetriableError):
+    """The tier asked for had no capacity (flex): retried later, never counted as an attempt."""
 
 
 class TransportRejected(ModelCallError):
@@ -102,6 +110,8 @@ class AdapterStats:
 
     calls: int = 0
     rate_limited: int = 0
+    # Answers that said the tier had no capacity (flex).
+    capacity_unavailable: int = 0
     latencies_ms: list[float] = field(default_factory=list)
 
 

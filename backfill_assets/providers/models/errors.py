@@ -22,6 +22,10 @@ class Scope(enum.StrEnum):
     RUN = "run"
     # Batch API: the organisation's enqueued-token limit; wait until earlier batches end.
     TOKEN_LIMIT = "token_limit"
+    # The flex tier has no capacity now (OpenAI: 429 "resource unavailable"; Groq: 498
+    # ``capacity_exceeded``): a provider-level pause. Retried without counting the attempt,
+    # never dead-lettered, and no rate signal: the account's limit did not change.
+    CAPACITY = "capacity"
 
 
 # Statuses that say "try again later" about the provider, not about the request.
@@ -30,6 +34,9 @@ RETRIABLE_STATUSES = frozenset({408, 409, 429})
 RUN_FATAL_STATUSES = frozenset({401, 403, 404})
 # ``error.code`` values, whatever the status, that decide the scope on their own.
 TOKEN_LIMIT_CODES = frozenset({"token_limit_exceeded"})
+CAPACITY_CODES = frozenset({"resource_unavailable", "capacity_exceeded"})
+CAPACITY_STATUSES = frozenset({498})
+_CAPACITY_WORDS = ("resource unavailable", "resource_unavailable", "capacity")
 RUN_FATAL_CODES = frozenset(
     {
         "invalid_api_key",
@@ -42,10 +49,17 @@ RUN_FATAL_CODES = frozenset(
 )
 
 
-def classify(status: int | None, code: str | None = None) -> Scope:
-    """The scope of an error answer (``status`` None: no answer at all, e.g. a timeout)."""
+def classify(status: int | None, code: str | None = None, message: str = "") -> Scope:
+    """The scope of an error answer (``status`` None: no answer at all, e.g. a timeout).
+
+    A 429 is a capacity pause only when its code or message says so: a plain 429 stays a
+    rate-limit signal."""
     if code in TOKEN_LIMIT_CODES:
         return Scope.TOKEN_LIMIT
+    if code in CAPACITY_CODES or status in CAPACITY_STATUSES:
+        return Scope.CAPACITY
+    if status == 429 and code is None and any(w in message.lower() for w in _CAPACITY_WORDS):
+        return Scope.CAPACITY
     if code in RUN_FATAL_CODES:
         return Scope.RUN
     if status is None:

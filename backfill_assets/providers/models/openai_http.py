@@ -5,6 +5,9 @@ validate. Failures are classified for the dispatcher's state machine:
 
 - 429, 408, 409, 5xx, timeouts, connection errors, a 2xx that is no completion: ``RetriableError``
   (with the provider's Retry-After, if any);
+- the flex tier's "resource unavailable" (a 429 that says so, or 498): ``CapacityUnavailable``,
+  retried without a rate cut; after ``fallback_after_s`` of it, ``flex_fallback="standard"``
+  sends the rest of the run at the standard tier;
 - 401, 403, 404, 3xx and account-level codes (``errors.RUN_FATAL_CODES``): ``RunFatalError``,
   the run stops and every key stays pending;
 - any other 4xx: ``TransportRejected``, never retried.
@@ -18,13 +21,14 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import time
 from dataclasses import dataclass
 
 import httpx
 
 from backfill_assets import __version__
-from backfill_assets.core.prices import PriceTable
+from backfill_assets.core.prices import PriceTable, Tier
 from backfill_assets.providers.bounded_body import (
     ACCEPT_ENCODING,
     CHAT_MAX_BYTES,
@@ -42,6 +46,7 @@ from backfill_assets.providers.models._openai_wire import (
     retry_after_seconds,
 )
 from backfill_assets.providers.models.base import (
+    CapacityUnavailable,
     ModelAdapter,
     ModelRequest,
     ModelResponse,
@@ -54,6 +59,9 @@ from backfill_assets.providers.provider_text import safe_id
 from backfill_assets.providers.ratelimit import EndpointLimiter, Permit
 
 _USER_AGENT = f"backfill-moderation/{__version__} (+httpx)"
+_log = logging.getLogger(__name__)
+# OpenAI's advice for flex, which queues: a 15-minute timeout.
+FLEX_MIN_TIMEOUT_S = 900.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,13 +107,33 @@ class OpenAIHttpModel(ModelAdapter):
         max_connections: int = 256,
         transport: httpx.AsyncBaseTransport | None = None,
         share_limit: bool = True,
+        tier: Tier = Tier.STANDARD,
+        flex_fallback: str = "wait",
+        fallback_after_s: float = 600.0,
     ) -> None:
         super().__init__()
+        if tier is Tier.BATCH:
+            raise ValueError("the batch tier is BACKFILL_DISPATCH=batch, not a chat request")
+        if flex_fallback not in ("wait", "standard"):
+            raise ValueError("flex_fallback must be wait or standard")
         self.model = model
         self.limiter = limiter
+        self.tier = tier
+        self._flex_fallback = flex_fallback
+        self._fallback_after_s = fallback_after_s
+        # Start of the current stretch of "no capacity" answers (None: the last call answered).
+        self._unavailable_since: float | None = None
         self._api_key = api_key
         self._prices = prices or PriceTable.from_json("")
-        self._timeouts = timeouts or HttpTimeouts()
+        timeouts = timeouts or HttpTimeouts()
+        if tier is Tier.FLEX:
+            timeouts = HttpTimeouts(
+                connect=timeouts.connect,
+                read=max(timeouts.read, FLEX_MIN_TIMEOUT_S),
+                write=timeouts.write,
+                total=max(timeouts.total, FLEX_MIN_TIMEOUT_S),
+            )
+        self._timeouts = timeouts
         self._max_tokens_param = max_tokens_param
         self._share_limit = share_limit
         headers = {"user-agent": _USER_AGENT, "accept-encoding": ACCEPT_ENCODING}
@@ -139,7 +167,7 @@ class OpenAIHttpModel(ModelAdapter):
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
         """Send one request once the limiter admits it; classify what comes back."""
-        body = request_body(request, self._max_tokens_param)
+        body = request_body(request, self._max_tokens_param, self.tier)
         self.check_not_halted()
         permit = await self.limiter.acquire(request.estimated_tokens, request.tenant_id)
         try:
@@ -215,6 +243,9 @@ class OpenAIHttpModel(ModelAdapter):
             charged = request.estimated_tokens
         self.limiter.on_success(permit, latency, charged, advertised)
         self.stats.latencies_ms.append(latency * 1000.0)
+        self._unavailable_since = None
+        tier = completion.served_tier
+        booked = self._prices.booked(request.model, tier)
         return ModelResponse(
             raw_text=completion.content,
             tokens_in=tokens_in,
@@ -222,9 +253,11 @@ class OpenAIHttpModel(ModelAdapter):
             request_id=request_id or safe_id(completion.id, secrets) or "",
             usage_shape=shape,
             latency_ms=latency * 1000.0,
-            cost_nanos=self._cost(request, tokens_in, tokens_out, shape, cached, written),
+            cost_nanos=self._cost(request, tokens_in, tokens_out, shape, cached, written, tier),
             tokens_cached=cached,
             tokens_cache_written=written,
+            service_tier=tier.value,
+            price_booked="" if booked is None else booked.to_json(),
         )
 
     def _cost(
@@ -235,14 +268,15 @@ class OpenAIHttpModel(ModelAdapter):
         shape: str,
         cached: int = 0,
         written: int = 0,
+        tier: Tier = Tier.STANDARD,
     ) -> int:
         if shape == "total":
             # The split is unknown: price it as the dearest one the call allows (the completion
             # used its cap), so an invoice never under-recovers what the provider charged.
             out = min(tokens_in, request.max_output_tokens)
-            return self._prices.cost(request.model, tokens_in - out, out)
+            return self._prices.cost(request.model, tokens_in - out, out, tier=tier)
         return self._prices.cost(
-            request.model, tokens_in, tokens_out, cached=cached, cache_written=written
+            request.model, tokens_in, tokens_out, cached=cached, cache_written=written, tier=tier
         )
 
     def _refused(
@@ -258,8 +292,15 @@ class OpenAIHttpModel(ModelAdapter):
             echoes=_post_text(request),
             secrets=secrets,
         )
-        scope = classify(status, _error_code(raw))
+        scope = classify(status, _error_code(raw), message)
         retry_after = retry_after_seconds(response.headers, message, resets=status == 429)
+        if scope is Scope.CAPACITY:
+            self.limiter.on_capacity_unavailable(permit)
+            self.stats.capacity_unavailable += 1
+            self._note_unavailable()
+            return CapacityUnavailable(
+                summary, status=status, retry_after=retry_after, request_id=request_id
+            )
         if scope is Scope.RUN:
             self.limiter.on_failure(permit)
             endpoint = str(self._client.base_url).rstrip("/") + "/chat/completions"
@@ -281,6 +322,24 @@ class OpenAIHttpModel(ModelAdapter):
                 summary, status=status, retry_after=retry_after, request_id=request_id
             )
         return TransportRejected(summary, status=status, request_id=request_id)
+
+    def _note_unavailable(self) -> None:
+        """Count a stretch of flex unavailability; past the limit, fall back if allowed."""
+        now = time.monotonic()
+        if self._unavailable_since is None:
+            self._unavailable_since = now
+        stretch = now - self._unavailable_since
+        if (
+            self.tier is Tier.FLEX
+            and self._flex_fallback == "standard"
+            and stretch >= self._fallback_after_s
+        ):
+            self.tier = Tier.STANDARD
+            _log.warning(
+                "flex tier unavailable for %.0fs: the rest of this run is sent at the standard "
+                "tier (BACKFILL_FLEX_FALLBACK=standard)",
+                stretch,
+            )
 
 
 def _error_code(raw: bytes) -> str | None:

@@ -93,6 +93,7 @@ class EndpointLimiter:
         self._sends: collections.deque[float] = collections.deque()
         self.sent = 0
         self.rate_limited = 0
+        self.capacity_unavailable = 0
         self.revoked = 0
         self.pauses_capped = 0
         self.longest_pause_s = 0.0
@@ -208,6 +209,14 @@ class EndpointLimiter:
                 self._requests.hold_until(self._paused_until)
                 self._tokens.hold_until(self._paused_until)
 
+    def on_capacity_unavailable(self, permit: Permit) -> None:
+        """The tier had no capacity (flex): nothing was consumed, and it says nothing about the
+        account's limit, so the rate is not cut and no pause is set."""
+        with self._lock:
+            self.capacity_unavailable += 1
+            self._requests.refund(1)
+            self._tokens.refund(permit.tokens)
+
     def on_unused(self, permit: Permit) -> None:
         """A permit whose request was never sent (the run stopped): give its slot back."""
         with self._lock:
@@ -272,6 +281,7 @@ class EndpointLimiter:
                 "share": round(self._aimd.share(now), 4),
                 "sent": self.sent,
                 "rate_limited": self.rate_limited,
+                "capacity_unavailable": self.capacity_unavailable,
                 "cuts": self._aimd.cuts,
                 "latency_cuts": self._aimd.latency_cuts,
                 "revoked": self.revoked,
