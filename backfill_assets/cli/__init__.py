@@ -104,6 +104,13 @@ def build_parser() -> argparse.ArgumentParser:
     sp = add("usage", "Tokens, cost and calls per tenant, model and day, from the ledger.")
     sp.add_argument("--csv", action="store_true", help="print CSV (for invoicing)")
     sp.add_argument("--totals", action="store_true", help="per tenant and model, not per day")
+    sp.add_argument(
+        "--reconcile",
+        metavar="FILE",
+        help="compare the ledger per model and day with the provider's usage report (OpenAI's "
+        "/v1/organization/usage/completions pages, group_by=model; with /v1/organization/costs "
+        "pages for cost); lists every difference, exit 1 on any",
+    )
     sp.set_defaults(func=commands.cmd_usage)
 
     sp = add("dry-run", "Keys left to process and estimated tokens per tenant; no model calls.")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from backfill_assets.cli.run_report import (
 )
 from backfill_assets.cli.tables import Human, show, table
 from backfill_assets.core.keys import slice_no
+from backfill_assets.core.reconcile import ReportError, compare, read_report
 from backfill_assets.core.rubric import Rubric
 from backfill_assets.demo.generate import write_export
 from backfill_assets.dispatch.partition_run import RunStopped
@@ -47,7 +49,7 @@ from backfill_assets.store.engine import read_tx, write_tx
 from backfill_assets.store.migrate import migrate, schema_versions
 from backfill_assets.store.reports import tenant_ids
 from backfill_assets.store.tenants import all_regions
-from backfill_assets.store.usage import usage_by_day, usage_by_tenant_model
+from backfill_assets.store.usage import ledger_by_model_day, usage_by_day, usage_by_tenant_model
 
 
 def emit(args: argparse.Namespace, doc: Any, *human: Human) -> None:
@@ -206,6 +208,8 @@ def cmd_verify(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_usage(args: argparse.Namespace, settings: Settings) -> int:
     """Tokens, cost and calls per tenant, model and day (or per tenant and model)."""
     engine = settings.store_engine()
+    if args.reconcile:
+        return _reconcile(args, engine)
     with read_tx(engine) as conn:
         rows = usage_by_tenant_model(conn) if args.totals else usage_by_day(conn)
     cols = [c for c in USAGE_COLUMNS if not (args.totals and c == "day")]
@@ -214,6 +218,31 @@ def cmd_usage(args: argparse.Namespace, settings: Settings) -> int:
         return 0
     emit(args, {"usage": rows}, table(rows, cols))
     return 0
+
+
+def _reconcile(args: argparse.Namespace, engine: sa.Engine) -> int:
+    """``usage --reconcile FILE``: the ledger against the provider's own report."""
+    path = Path(args.reconcile)
+    try:
+        report = read_report(path.read_text("utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"--reconcile: cannot read {path}: {type(exc).__name__}") from None
+    except ReportError as exc:
+        raise UserError(f"--reconcile: {path}: {exc}") from None
+    with read_tx(engine) as conn:
+        ledger = ledger_by_model_day(conn)
+    diffs = compare(ledger, report)
+    doc = {
+        "ok": not diffs,
+        "days": len({d for d, *_ in ledger} | {d for d, _m in report.usage}),
+        "cost_compared": report.cost_by_day is not None,
+        "differences": [asdict(d) for d in diffs],
+    }
+    summary = f"reconciled {doc['days']} day(s) of usage" + (
+        "" if report.cost_by_day is not None else " (no costs pages: cost not compared)"
+    )
+    emit(args, doc, *[d.line() for d in diffs], summary, "OK" if not diffs else "DIFFERENT")
+    return 0 if not diffs else 1
 
 
 def cmd_dry_run(args: argparse.Namespace, settings: Settings) -> int:

@@ -15,7 +15,9 @@ import asyncio
 import math
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from backfill_assets.providers.models.rules import count_tokens
 from backfill_assets.providersim.access import Access
@@ -35,7 +37,8 @@ from backfill_assets.providersim.limits import (
     exhausted_headers,
     retry_after_headers,
 )
-from backfill_assets.providersim.meter import BilledCall, Meter
+from backfill_assets.providersim.meter import BilledCall, Meter, MeterSnapshot
+from backfill_assets.providersim.org_usage import costs_page, usage_page
 from backfill_assets.providersim.pricing import call_cost_nanos
 from backfill_assets.providersim.usage import (
     billed_prompt,
@@ -86,6 +89,8 @@ class SimApp:
         self.router = Router()
         self.router.add("POST", "/v1/chat/completions", self.chat_completions)
         self.router.add("GET", "/v1/models", self.list_models)
+        self.router.add("GET", "/v1/organization/usage/completions", self.org_usage)
+        self.router.add("GET", "/v1/organization/costs", self.org_costs)
         self.router.add("GET", "/_sim/meter", self.read_meter)
         self.router.add("POST", "/_sim/reset", self.reset_meter)
         self.access = Access(config, meter)
@@ -229,6 +234,22 @@ class SimApp:
             for model in self.config.models
         ]
         return Response.json(200, {"object": "list", "data": data})
+
+    async def org_usage(self, request: Request) -> Reply:
+        """``GET /v1/organization/usage/completions``: this simulator's billed calls."""
+        return self._org(request, usage_page)
+
+    async def org_costs(self, request: Request) -> Reply:
+        """``GET /v1/organization/costs``: what its own prices charged, per day."""
+        return self._org(request, costs_page)
+
+    def _org(self, request: Request, page: Callable[[MeterSnapshot, str], Any]) -> Reply:
+        try:
+            self.access.check(request, f"GET {request.path}")
+            self.batch_api.batches.advance()
+            return Response.json(200, page(self.meter.snapshot(), request.query))
+        except ApiError as exc:
+            return Response.json(exc.status, exc.body())
 
     async def read_meter(self, request: Request) -> Reply:
         """``GET /_sim/meter``: the meter snapshot as JSON (batches due to finish are billed)."""

@@ -15,9 +15,10 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from backfill_assets.core.events import EventKind
 from backfill_assets.core.money import cached_share, usd_text
 from backfill_assets.store.bulk import insert_values
-from backfill_assets.store.tables import usage_daily
+from backfill_assets.store.tables import ledger_events, usage_daily
 
 # (tenant, model) -> [calls, tokens_in, tokens_out, cost_nanos, tokens_cached]
 UsageSums = tuple[tuple[str, str], Sequence[Any]]
@@ -118,3 +119,33 @@ def rollup_totals(conn: Connection, tenant_id: str) -> dict[str, tuple[int, int,
         .group_by(u.c.model)
     )
     return {str(m): (int(c), int(i), int(o)) for m, c, i, o in conn.execute(stmt)}
+
+
+def ledger_by_model_day(conn: Connection) -> list[tuple[str, str, int, int, int, int, int]]:
+    """From the usage events themselves, not the rollup: ``(day, model, requests, tokens_in,
+    tokens_cached, tokens_out, cost_nanos)`` over every tenant, for reconciling with the
+    provider's report (which knows models and days, not tenants)."""
+    e = ledger_events
+    day = (
+        sa.func.date(e.c.at)
+        if conn.dialect.name == "sqlite"
+        else sa.func.to_char(e.c.at, "YYYY-MM-DD")
+    )
+    stmt = (
+        sa.select(
+            day,
+            e.c.model,
+            sa.func.count(),
+            sa.func.sum(e.c.tokens_in),
+            sa.func.sum(e.c.tokens_cached),
+            sa.func.sum(e.c.tokens_out),
+            sa.func.sum(e.c.cost_nanos),
+        )
+        .where(e.c.type == EventKind.USAGE)
+        .group_by(day, e.c.model)
+        .order_by(day, e.c.model)
+    )
+    return [
+        (str(d), str(m), int(n), int(i or 0), int(c or 0), int(o or 0), int(x or 0))
+        for d, m, n, i, c, o, x in conn.execute(stmt)
+    ]
