@@ -105,6 +105,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--csv", action="store_true", help="print CSV (for invoicing)")
     sp.add_argument("--totals", action="store_true", help="per tenant and model, not per day")
     sp.add_argument(
+        "--reprice",
+        action="store_true",
+        help="per tenant and model: the cost booked beside what the same usage would cost "
+        "under today's price table (BACKFILL_PRICES)",
+    )
+    sp.add_argument(
         "--reconcile",
         metavar="FILE",
         help="compare the ledger per model and day with the provider's usage report (OpenAI's "

@@ -38,7 +38,7 @@ from backfill_assets.orchestration.partitions import tenant_partitions
 from backfill_assets.orchestration.plan import make_plan, pool_by_region
 from backfill_assets.orchestration.resources import versions_for
 from backfill_assets.orchestration.settings import Settings
-from backfill_assets.orchestration.usage import USAGE_COLUMNS, usage_csv
+from backfill_assets.orchestration.usage import REPRICE_COLUMNS, USAGE_COLUMNS, reprice, usage_csv
 from backfill_assets.orchestration.wiring import (
     USAGE_JOB,
     build_definitions,
@@ -210,6 +210,11 @@ def cmd_usage(args: argparse.Namespace, settings: Settings) -> int:
     engine = settings.store_engine()
     if args.reconcile:
         return _reconcile(args, engine)
+    if args.reprice:
+        with read_tx(engine) as conn:
+            repriced = reprice(conn, settings.prices())
+        emit(args, {"usage": repriced}, table(repriced, REPRICE_COLUMNS))
+        return 0
     with read_tx(engine) as conn:
         rows = usage_by_tenant_model(conn) if args.totals else usage_by_day(conn)
     cols = [c for c in USAGE_COLUMNS if not (args.totals and c == "day")]

@@ -250,3 +250,24 @@ def _warn_unpriced(model: str) -> None:
     if model not in _unpriced:
         _unpriced.add(model)
         _log.warning("no price for model %r: cost booked as 0 (set BACKFILL_PRICES)", model)
+
+
+def event_cost(
+    table: PriceTable,
+    model: str,
+    tier: Tier,
+    shape: str | None,
+    tokens: tuple[int, int, int, int],
+    max_output_tokens: int,
+    day: dt.date | None = None,
+) -> int:
+    """A usage event's cost under ``table``, booked the way the dispatcher books a call:
+    ``tokens`` is (in, cached, cache written, out); a ``total``-only event is priced as the
+    dearest split the call allowed (its completion at the cap)."""
+    tokens_in, cached, written, tokens_out = tokens
+    if shape == "total":
+        out = min(tokens_in, max_output_tokens)
+        return table.cost(model, tokens_in - out, out, tier=tier, day=day)
+    return table.cost(
+        model, tokens_in, tokens_out, cached=cached, cache_written=written, tier=tier, day=day
+    )

@@ -7,13 +7,16 @@ from collections.abc import Sequence
 from typing import Any
 
 import dagster as dg
+from sqlalchemy.engine import Connection
 
 from backfill_assets.core.money import usd_text
+from backfill_assets.core.prices import PriceTable, Tier, event_cost
+from backfill_assets.core.rubric import MAX_OUTPUT_TOKENS
 from backfill_assets.orchestration.checks import LABELS_KEY
 from backfill_assets.orchestration.resources import StoreResource
 from backfill_assets.orchestration.sensors import refresh_condition
 from backfill_assets.store.engine import read_tx
-from backfill_assets.store.usage import usage_by_day
+from backfill_assets.store.usage import usage_by_day, usage_events
 
 USAGE_COLUMNS = (
     "tenant",
@@ -67,6 +70,39 @@ def tenant_totals(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, int]]:
         t["tokens"] += int(r["tokens"])
         t["cost_nanos"] += int(r["cost_nanos"])
     return dict(out)
+
+
+REPRICE_COLUMNS = ("tenant", "model", "calls", "booked_usd", "today_usd", "difference_usd")
+
+
+def reprice(conn: Connection, table: PriceTable) -> list[dict[str, Any]]:
+    """Per tenant and model: what the usage events were booked at, and what they would cost
+    under ``table`` today (each event priced again, at its own tier; events booked before
+    tiers were recorded count as standard)."""
+    sums: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0, 0])
+    for tenant, model, _at, tier, shape, t_in, cached, written, t_out, cost in usage_events(conn):
+        row = sums[(tenant, model)]
+        row[0] += 1
+        row[1] += int(cost)
+        row[2] += event_cost(
+            table,
+            model,
+            Tier(tier) if tier else Tier.STANDARD,
+            shape,
+            (int(t_in), int(cached), int(written), int(t_out)),
+            MAX_OUTPUT_TOKENS,
+        )
+    return [
+        {
+            "tenant": tenant,
+            "model": model,
+            "calls": calls,
+            "booked_usd": usd_text(booked),
+            "today_usd": usd_text(today),
+            "difference_usd": usd_text(today - booked),
+        }
+        for (tenant, model), (calls, booked, today) in sorted(sums.items())
+    ]
 
 
 @dg.asset(

@@ -9,7 +9,7 @@ and model.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -149,3 +149,30 @@ def ledger_by_model_day(conn: Connection) -> list[tuple[str, str, int, int, int,
         (str(d), str(m), int(n), int(i or 0), int(c or 0), int(o or 0), int(x or 0))
         for d, m, n, i, c, o, x in conn.execute(stmt)
     ]
+
+
+UsageEvent = tuple[str, str, Any, str | None, str | None, int, int, int, int, int]
+
+
+def usage_events(conn: Connection) -> Iterator[UsageEvent]:
+    """Every usage event's tenant, model, day, tier, shape, tokens and booked cost, streamed
+    (``usage --reprice`` prices each one again)."""
+    e = ledger_events
+    stmt = (
+        sa.select(
+            e.c.tenant_id,
+            e.c.model,
+            e.c.at,
+            e.c.service_tier,
+            e.c.usage_shape,
+            e.c.tokens_in,
+            e.c.tokens_cached,
+            e.c.tokens_cache_written,
+            e.c.tokens_out,
+            e.c.cost_nanos,
+        )
+        .where(e.c.type == EventKind.USAGE)
+        .execution_options(yield_per=10_000)
+    )
+    for row in conn.execute(stmt):
+        yield tuple(row)

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import httpx
 
 from backfill_assets import __version__
-from backfill_assets.core.prices import PriceTable, Tier
+from backfill_assets.core.prices import PriceTable, Tier, event_cost
 from backfill_assets.providers.bounded_body import (
     ACCEPT_ENCODING,
     CHAT_MAX_BYTES,
@@ -270,14 +270,11 @@ class OpenAIHttpModel(ModelAdapter):
         written: int = 0,
         tier: Tier = Tier.STANDARD,
     ) -> int:
-        if shape == "total":
-            # The split is unknown: price it as the dearest one the call allows (the completion
-            # used its cap), so an invoice never under-recovers what the provider charged.
-            out = min(tokens_in, request.max_output_tokens)
-            return self._prices.cost(request.model, tokens_in - out, out, tier=tier)
-        return self._prices.cost(
-            request.model, tokens_in, tokens_out, cached=cached, cache_written=written, tier=tier
-        )
+        # A total-only usage is priced as the dearest split the call allows (the completion
+        # used its cap), so an invoice never under-recovers what the provider charged.
+        tokens = (tokens_in, cached, written, tokens_out)
+        cap = request.max_output_tokens
+        return event_cost(self._prices, request.model, tier, shape, tokens, cap)
 
     def _refused(
         self, request: ModelRequest, permit: Permit, response: httpx.Response, raw: bytes
