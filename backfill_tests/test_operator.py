@@ -108,6 +108,9 @@ def test_usage_and_metadata_after_a_run(
     labels_metadata_names_versions_spend_and_distribution(engine, env)
     code, out = cli(["usage", "--csv"], env, capsys)
     rows = list(csv.DictReader(io.StringIO(out)))
+    totals_rows = [r for r in rows if r["model"] == "TOTAL"]
+    rows = [r for r in rows if r["model"] != "TOTAL"]
+    assert [(r["tenant"], r["calls"]) for r in totals_rows] == [(ACME, "60"), ("globex", "20")]
     assert code == 0 and [r["tenant"] for r in rows] == [ACME, "globex"]
     assert {r["model"] for r in rows} == {"fake-moderator-1"} and all(
         len(r["day"]) == 10 for r in rows

@@ -7,7 +7,7 @@ invoices. Dollars are shown as ``Decimal`` strings with nine places, never as fl
 
 from __future__ import annotations
 
-from decimal import ROUND_HALF_EVEN, Decimal
+from decimal import ROUND_HALF_EVEN, ROUND_HALF_UP, Decimal
 
 NANOS_PER_USD = 10**9
 # A price is USD per million tokens: one token at that price is price x 1,000 nano-dollars.
@@ -27,6 +27,12 @@ def whole_nanos(amount: Decimal) -> int:
 def usd(nanos: int) -> Decimal:
     """Nano-dollars as dollars, exactly (nine decimal places)."""
     return (Decimal(nanos) / NANOS_PER_USD).quantize(Decimal("0.000000001"))
+
+
+def usd_rounded(nanos: int, places: int) -> Decimal:
+    """Dollars rounded once, half up, to ``places`` decimals (invoices: 6 per row, 2 in total)."""
+    exact = Decimal(nanos) / NANOS_PER_USD
+    return exact.quantize(Decimal(1).scaleb(-places), rounding=ROUND_HALF_UP)
 
 
 def usd_text(nanos: int) -> str:

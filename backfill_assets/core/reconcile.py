@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 from typing import Any
 
-from backfill_assets.core.money import NANOS_PER_USD
+from backfill_assets.core.money import usd_rounded
 
 # The figures compared, as the ledger names them and as the report does.
 FIELDS: Mapping[str, str] = {
@@ -135,11 +135,6 @@ def _amount(result: Mapping[str, Any], where: str) -> Decimal:
         raise ReportError(f"{where}: amount.value is not a number: {value!r}") from None
 
 
-def cents(nanos: int) -> Decimal:
-    """Nano-dollars to the cent, half up (the stated rule for totals)."""
-    return (Decimal(nanos) / NANOS_PER_USD).quantize(_CENT, rounding=ROUND_HALF_UP)
-
-
 def compare(
     ledger: Iterable[tuple[str, str, int, int, int, int, int]], report: ProviderReport
 ) -> list[Difference]:
@@ -166,7 +161,7 @@ def compare(
         ]
     if report.cost_by_day is not None:
         for day in sorted(set(cost_by_day) | set(report.cost_by_day)):
-            mine_usd = cents(cost_by_day.get(day, 0))
+            mine_usd = usd_rounded(cost_by_day.get(day, 0), 2)
             theirs_usd = report.cost_by_day.get(day, Decimal(0)).quantize(
                 _CENT, rounding=ROUND_HALF_UP
             )

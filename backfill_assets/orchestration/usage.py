@@ -9,7 +9,7 @@ from typing import Any
 import dagster as dg
 from sqlalchemy.engine import Connection
 
-from backfill_assets.core.money import usd_text
+from backfill_assets.core.money import cached_share, usd_rounded, usd_text
 from backfill_assets.core.prices import PriceTable, Tier, event_cost
 from backfill_assets.core.rubric import MAX_OUTPUT_TOKENS
 from backfill_assets.orchestration.checks import LABELS_KEY
@@ -35,11 +35,27 @@ MAX_TABLE_ROWS = 100
 
 
 def usage_csv(rows: Sequence[dict[str, Any]], columns: Sequence[str] = USAGE_COLUMNS) -> str:
-    """CSV text with a header row."""
+    """CSV text for invoicing, with a header row.
+
+    ``cost_usd`` is in dollars with six decimals (rounded half up from the exact amount) and
+    ``cost_nanos`` is the exact amount. After the rows, one ``TOTAL`` row per tenant (``model``
+    is ``TOTAL``): its calls and tokens summed, and its ``cost_usd`` the exact sum of its
+    nano-dollars rounded once to the cent, half up, never the sum of rounded rows."""
+    fields = [*columns, "cost_nanos"] if "cost_usd" in columns else list(columns)
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(columns), extrasaction="ignore")
+    writer = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore")
     writer.writeheader()
-    writer.writerows(rows)
+    sums: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for r in rows:
+        nanos = int(r["cost_nanos"])
+        writer.writerow({**r, "cost_usd": f"{usd_rounded(nanos, 6)}", "cost_nanos": nanos})
+        t = sums[str(r["tenant"])]
+        for name in ("calls", "tokens_in", "tokens_out", "tokens_cached", "tokens", "cost_nanos"):
+            t[name] += int(r.get(name) or 0)
+    for tenant, t in sorted(sums.items()):
+        share = cached_share(t["tokens_cached"], t["tokens_in"])
+        total = {**t, "tenant": tenant, "model": "TOTAL", "cached_share": share}
+        writer.writerow({**total, "cost_usd": f"{usd_rounded(t['cost_nanos'], 2)}"})
     return buf.getvalue()
 
 

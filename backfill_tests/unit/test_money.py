@@ -3,6 +3,8 @@ order and equals the price of the whole (up to one rounding per call)."""
 
 from __future__ import annotations
 
+import csv
+import io
 import random
 from decimal import Decimal
 
@@ -10,9 +12,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from backfill_assets.core.money import usd, usd_text, whole_nanos
+from backfill_assets.core.money import usd, usd_rounded, usd_text, whole_nanos
 from backfill_assets.core.prices import PriceTable, Tier
 from backfill_assets.orchestration.settings import Settings, SettingsError
+from backfill_assets.orchestration.usage import usage_csv
 
 TABLE = PriceTable.from_json(
     '{"m": {"input": 0.15, "output": 0.6}, "odd": {"input": 0.0375, "output": 0.3}}'
@@ -60,3 +63,51 @@ def test_an_unpriced_model_of_a_real_provider_is_refused_unless_allowed() -> Non
     assert settings.prices().cost("my-llama", 1_000_000, 0) == 20_000_000
     # The fake model bills no one: no price needed.
     Settings.from_env({"BACKFILL_MODEL": "fake-moderator-2"}, load_policy=False)
+
+
+def test_the_invoice_csv_rounds_rows_to_6_places_and_totals_once_to_the_cent() -> None:
+    rows = [
+        {
+            "tenant": "acme",
+            "model": "m",
+            "day": "2026-12-01",
+            "calls": 1,
+            "tokens_in": 10,
+            "tokens_out": 1,
+            "tokens_cached": 0,
+            "tokens": 11,
+            "cost_nanos": 4_999_999,
+        },
+        {
+            "tenant": "acme",
+            "model": "m",
+            "day": "2026-12-02",
+            "calls": 1,
+            "tokens_in": 10,
+            "tokens_out": 1,
+            "tokens_cached": 5,
+            "tokens": 11,
+            "cost_nanos": 500,
+        },
+        {
+            "tenant": "globex",
+            "model": "m",
+            "day": "2026-12-01",
+            "calls": 2,
+            "tokens_in": 4,
+            "tokens_out": 2,
+            "tokens_cached": 0,
+            "tokens": 6,
+            "cost_nanos": 5_000_000,
+        },
+    ]
+    out = list(csv.DictReader(io.StringIO(usage_csv(rows))))
+    assert [r["cost_usd"] for r in out[:3]] == ["0.005000", "0.000001", "0.005000"]
+    assert [r["cost_nanos"] for r in out[:3]] == ["4999999", "500", "5000000"]
+    totals = {r["tenant"]: r for r in out[3:]}
+    assert all(r["model"] == "TOTAL" for r in totals.values())
+    # acme's exact total, $0.005000499, rounded once, half up; alone, its first row would be 0.00.
+    assert totals["acme"]["cost_usd"] == "0.01" and totals["acme"]["calls"] == "2"
+    assert totals["acme"]["cached_share"] == "0.2500"
+    assert totals["globex"]["cost_usd"] == "0.01"
+    assert usd_rounded(4_999_999, 2) == Decimal("0.00")
