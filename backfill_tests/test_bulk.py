@@ -58,6 +58,8 @@ def test_ledger_rows_round_trip_exactly(store_url: str, n: int) -> None:
                 "tokens_cache_written": 0,
                 "service_tier": "flex" if i % 3 else None,
                 "price_booked": '{"tier":"flex","input":"0.075"}' if i % 3 else None,
+                "cost_unknown": i % 2,
+                "tokens_reasoning": i // 3,
                 "at": now,
             }
         )

@@ -92,8 +92,8 @@ def test_migrating_an_existing_store_books_its_ledger_into_the_rollup(
     with engine.begin() as conn:
         conn.exec_driver_sql("DROP TABLE usage_daily")
         conn.exec_driver_sql("DELETE FROM schema_migrations WHERE version IN (8, 12, 14)")
-        conn.exec_driver_sql("ALTER TABLE ledger_events DROP COLUMN service_tier")
-        conn.exec_driver_sql("ALTER TABLE ledger_events DROP COLUMN price_booked")
+        for column in ("service_tier", "price_booked", "cost_unknown", "tokens_reasoning"):
+            conn.exec_driver_sql(f"ALTER TABLE ledger_events DROP COLUMN {column}")
         conn.exec_driver_sql("UPDATE ledger_events SET tokens_cached = tokens_in / 3")
         conn.exec_driver_sql(
             "ALTER TABLE ledger_events ADD COLUMN cost DOUBLE PRECISION NOT NULL DEFAULT 0"
@@ -123,7 +123,7 @@ def test_migrating_an_existing_store_books_its_ledger_into_the_rollup(
         "UPDATE usage_daily SET calls = calls + 1 WHERE tenant_id = 'globex'",
         "UPDATE usage_daily SET tokens_out = tokens_out - 7 WHERE tenant_id = 'globex'",
         "DELETE FROM usage_daily WHERE tenant_id = 'globex'",
-        "INSERT INTO usage_daily VALUES ('globex', 'other-model', '2026-01-01', 1, 10, 5, 100, 0)",
+        "INSERT INTO usage_daily VALUES ('globex', 'other-model', '2026-01-01', 1, 10, 5, 100, 0, 0)",
         "UPDATE usage_daily SET tenant_id = 'acme' WHERE tenant_id = 'globex'",
     ],
 )

@@ -5,6 +5,12 @@
 -- were priced at the standard tier (batch lines at half of it) of the built-in table.
 ALTER TABLE ledger_events ADD COLUMN service_tier TEXT;
 ALTER TABLE ledger_events ADD COLUMN price_booked TEXT;
+-- 1: the model had no price (run with BACKFILL_ALLOW_UNPRICED): cost_nanos is 0 but the cost is
+-- unknown, and every report says so instead of showing $0.
+ALTER TABLE ledger_events ADD COLUMN cost_unknown SMALLINT NOT NULL DEFAULT 0;
+-- Of tokens_out: reasoning tokens, where the provider reports them (billed as output).
+ALTER TABLE ledger_events ADD COLUMN tokens_reasoning BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE usage_daily ADD COLUMN calls_cost_unknown BIGINT NOT NULL DEFAULT 0;
 -- The rollup also sums cached input tokens: `usage` shows the cached share and `usage
 -- --reconcile` compares it with the provider's report without reading the ledger.
 ALTER TABLE usage_daily ADD COLUMN tokens_cached BIGINT NOT NULL DEFAULT 0;

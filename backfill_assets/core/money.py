@@ -45,3 +45,13 @@ def cached_share(cached: int, tokens_in: int) -> str:
     if tokens_in <= 0:
         return "0.0000"
     return f"{Decimal(cached) / Decimal(tokens_in):.4f}"
+
+
+def cost_text(nanos: int, calls_unknown: int) -> str:
+    """A report's cost: dollars, or ``unknown`` when some calls had no price (never a $0 that
+    is really a missing price): ``>= 0.120000000 (3 calls unknown)`` when only some did."""
+    if calls_unknown <= 0:
+        return usd_text(nanos)
+    if nanos == 0:
+        return f"unknown ({calls_unknown} calls unpriced)"
+    return f">= {usd_text(nanos)} ({calls_unknown} calls unpriced)"

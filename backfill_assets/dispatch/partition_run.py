@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from backfill_assets.core.keys import MAX_LEVEL, SLICE_COUNT, partition_slices, validate_tenant_id
-from backfill_assets.core.money import cached_share, usd_text
+from backfill_assets.core.money import cached_share, cost_text
 from backfill_assets.core.outcomes import Outcome, RetryPolicy
 from backfill_assets.core.regions import unavailable_message
 from backfill_assets.dispatch.batch_options import BatchEndpoint, BatchOptions
@@ -155,7 +155,7 @@ class PartitionReport:
             "cached_share": cached_share(st.tokens_cached, st.tokens_in),
             "service_tiers": dict(sorted(st.service_tiers.items())),
             "capacity_waits": st.capacity_waits,
-            "cost_usd": usd_text(st.cost_nanos),
+            "cost_usd": cost_text(st.cost_nanos, st.calls_cost_unknown),
             "labels_this_run": dict(sorted((k, v) for k, v in st.labels.items() if v)),
             "labels_total": dict(sorted(self.labels_total.items())),
             "rules_total": dict(sorted(self.rules_total.items())),

@@ -83,6 +83,8 @@ class PartitionStats:
     # Of tokens_in: read from the provider's prompt cache; calls per tier that billed them.
     tokens_cached: int = 0
     service_tiers: Counter[str] = field(default_factory=Counter)
+    # Calls of a model with no price (BACKFILL_ALLOW_UNPRICED): cost unknown, not 0.
+    calls_cost_unknown: int = 0
 
 
 @dataclass
@@ -307,8 +309,10 @@ class Dispatcher:
             cost_nanos=cost,
             tokens_cached=response.tokens_cached,
             tokens_cache_written=response.tokens_cache_written,
+            tokens_reasoning=response.tokens_reasoning,
             service_tier=response.service_tier,
             price_booked=response.price_booked or None,
+            cost_unknown=int(response.cost_unknown),
             request_id=response.request_id[:200],
             status=200,
             usage_shape=response.usage_shape,
@@ -334,6 +338,7 @@ class Dispatcher:
         st.tokens_out += response.tokens_out
         st.tokens_cached += response.tokens_cached
         st.service_tiers[response.service_tier] += 1
+        st.calls_cost_unknown += int(response.cost_unknown)
         st.cost_nanos += cost
 
     def _failed(

@@ -9,7 +9,7 @@ from typing import Any
 import dagster as dg
 from sqlalchemy.engine import Connection
 
-from backfill_assets.core.money import cached_share, usd_rounded, usd_text
+from backfill_assets.core.money import cached_share, cost_text, usd_rounded, usd_text
 from backfill_assets.core.prices import PriceTable, Tier, event_cost
 from backfill_assets.core.rubric import MAX_OUTPUT_TOKENS
 from backfill_assets.orchestration.checks import LABELS_KEY
@@ -46,17 +46,25 @@ def usage_csv(rows: Sequence[dict[str, Any]], columns: Sequence[str] = USAGE_COL
     writer = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore")
     writer.writeheader()
     sums: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    figures = ("calls", "tokens_in", "tokens_out", "tokens_cached", "tokens", "cost_nanos")
     for r in rows:
         nanos = int(r["cost_nanos"])
-        writer.writerow({**r, "cost_usd": f"{usd_rounded(nanos, 6)}", "cost_nanos": nanos})
+        cost = _csv_cost(nanos, int(r.get("calls_cost_unknown") or 0), 6)
+        writer.writerow({**r, "cost_usd": cost, "cost_nanos": nanos})
         t = sums[str(r["tenant"])]
-        for name in ("calls", "tokens_in", "tokens_out", "tokens_cached", "tokens", "cost_nanos"):
+        for name in (*figures, "calls_cost_unknown"):
             t[name] += int(r.get(name) or 0)
     for tenant, t in sorted(sums.items()):
         share = cached_share(t["tokens_cached"], t["tokens_in"])
         total = {**t, "tenant": tenant, "model": "TOTAL", "cached_share": share}
-        writer.writerow({**total, "cost_usd": f"{usd_rounded(t['cost_nanos'], 2)}"})
+        cost = _csv_cost(t["cost_nanos"], t["calls_cost_unknown"], 2)
+        writer.writerow({**total, "cost_usd": cost})
     return buf.getvalue()
+
+
+def _csv_cost(nanos: int, unknown: int, places: int) -> str:
+    """Dollars to ``places``, or ``unknown`` when any call of the row had no price."""
+    return "unknown" if unknown else f"{usd_rounded(nanos, places)}"
 
 
 def usage_markdown(rows: Sequence[dict[str, Any]], limit: int = MAX_TABLE_ROWS) -> str:
@@ -135,6 +143,7 @@ def tenant_usage(store: StoreResource) -> dg.MaterializeResult[None]:
         rows = usage_by_day(conn)
     totals = tenant_totals(rows)
     cost = sum(t["cost_nanos"] for t in totals.values())
+    unknown = sum(int(str(r["calls_cost_unknown"])) for r in rows)
     return dg.MaterializeResult(
         metadata={
             "usage": dg.MetadataValue.md(usage_markdown(rows)),
@@ -142,7 +151,8 @@ def tenant_usage(store: StoreResource) -> dg.MaterializeResult[None]:
             "tenants": dg.MetadataValue.int(len(totals)),
             "calls": dg.MetadataValue.int(sum(int(t["calls"]) for t in totals.values())),
             "tokens": dg.MetadataValue.int(sum(int(t["tokens"]) for t in totals.values())),
-            "cost_usd": dg.MetadataValue.text(usd_text(cost)),
+            "cost_usd": dg.MetadataValue.text(cost_text(cost, unknown)),
+            "calls_cost_unknown": dg.MetadataValue.int(unknown),
             "export": dg.MetadataValue.md("`backfill-moderation usage --csv > usage.csv`"),
         }
     )

@@ -5,7 +5,8 @@ and completion tokens. Only what the client is told changes::
 
     plain            {"prompt_tokens", "completion_tokens", "total_tokens"}
     full             plain + prompt_tokens_details {cached_tokens, audio_tokens}
-                     + completion_tokens_details {reasoning_tokens, audio_tokens,
+                     + completion_tokens_details {reasoning_tokens (a quarter of the
+                       completion), audio_tokens,
                        accepted_prediction_tokens, rejected_prediction_tokens} (OpenAI today)
     details_null     plain + both *_details set to null (vLLM, Ollama and other servers)
     completion_null  completion_tokens null beside a correct total
@@ -60,7 +61,8 @@ def usage_body(
     if shape == "full":
         usage["prompt_tokens_details"] = {"cached_tokens": cached, "audio_tokens": 0}
         usage["completion_tokens_details"] = {
-            "reasoning_tokens": 0,
+            # Part of completion_tokens, as a reasoning model reports it.
+            "reasoning_tokens": completion // 4,
             "audio_tokens": 0,
             "accepted_prediction_tokens": 0,
             "rejected_prediction_tokens": 0,

@@ -75,4 +75,6 @@ def event_row(
         "bound_tokens": None,
         "service_tier": None,
         "price_booked": None,
+        "cost_unknown": 0,
+        "tokens_reasoning": 0,
     }

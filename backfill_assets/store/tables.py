@@ -108,6 +108,8 @@ ledger_events = sa.Table(
     # sql/014: the tier the provider billed, and the price booked (JSON of core.prices).
     sa.Column("service_tier", sa.Text),
     sa.Column("price_booked", sa.Text),
+    sa.Column("cost_unknown", sa.SmallInteger, nullable=False),
+    sa.Column("tokens_reasoning", sa.BigInteger, nullable=False),
 )
 
 dead_letters = sa.Table(
@@ -209,8 +211,9 @@ usage_daily = sa.Table(
     sa.Column("tokens_in", sa.BigInteger, nullable=False),
     sa.Column("tokens_out", sa.BigInteger, nullable=False),
     sa.Column("cost_nanos", sa.BigInteger, nullable=False),
-    # sql/014: of tokens_in, read from the provider's prompt cache.
+    # sql/014: of tokens_in, read from the provider's prompt cache; calls with no price.
     sa.Column("tokens_cached", sa.BigInteger, nullable=False),
+    sa.Column("calls_cost_unknown", sa.BigInteger, nullable=False),
 )
 
 # sql/009: every policy version the store worked under, and the label in force per policy.

@@ -16,14 +16,14 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from backfill_assets.core.events import EventKind
-from backfill_assets.core.money import cached_share, usd_text
+from backfill_assets.core.money import cached_share, cost_text
 from backfill_assets.store.bulk import insert_values
 from backfill_assets.store.tables import ledger_events, usage_daily
 
-# (tenant, model) -> [calls, tokens_in, tokens_out, cost_nanos, tokens_cached]
+# (tenant, model) -> [calls, tokens_in, tokens_out, cost_nanos, tokens_cached, calls_cost_unknown]
 UsageSums = tuple[tuple[str, str], Sequence[Any]]
 
-_FIGURES = ("calls", "tokens_in", "tokens_out", "cost_nanos", "tokens_cached")
+_FIGURES = ("calls", "tokens_in", "tokens_out", "cost_nanos", "tokens_cached", "calls_cost_unknown")
 _COLUMNS = ("tenant_id", "model", "day", *_FIGURES)
 _ADD = "ON CONFLICT (tenant_id, model, day) DO UPDATE SET " + ", ".join(
     f"{c} = usage_daily.{c} + excluded.{c}" for c in _FIGURES
@@ -40,7 +40,7 @@ def add_usage(conn: Connection, day: str, sums: Sequence[UsageSums]) -> None:
 
 
 def _row(*values: Any, day: str | None = None) -> dict[str, object]:
-    tenant, model, calls, tokens_in, tokens_out, cost, cached = values
+    tenant, model, calls, tokens_in, tokens_out, cost, cached, unknown = values
     return {
         "tenant": tenant,
         "model": model,
@@ -52,7 +52,9 @@ def _row(*values: Any, day: str | None = None) -> dict[str, object]:
         "tokens_cached": int(cached or 0),
         "cached_share": cached_share(int(cached or 0), int(tokens_in or 0)),
         "cost_nanos": int(cost or 0),
-        "cost_usd": usd_text(int(cost or 0)),
+        # Calls of a model with no price (BACKFILL_ALLOW_UNPRICED): their cost is unknown.
+        "calls_cost_unknown": int(unknown or 0),
+        "cost_usd": cost_text(int(cost or 0), int(unknown or 0)),
     }
 
 
@@ -68,10 +70,11 @@ def usage_by_day(conn: Connection) -> list[dict[str, object]]:
         u.c.tokens_out,
         u.c.cost_nanos,
         u.c.tokens_cached,
+        u.c.calls_cost_unknown,
     ).order_by(u.c.tenant_id, u.c.model, u.c.day)
     return [
-        _row(t, m, calls, t_in, t_out, cost, cached, day=str(day))
-        for t, m, day, calls, t_in, t_out, cost, cached in conn.execute(stmt)
+        _row(t, m, calls, t_in, t_out, cost, cached, unknown, day=str(day))
+        for t, m, day, calls, t_in, t_out, cost, cached, unknown in conn.execute(stmt)
     ]
 
 
@@ -87,6 +90,7 @@ def usage_by_tenant_model(conn: Connection) -> list[dict[str, object]]:
             sa.func.sum(u.c.tokens_out),
             sa.func.sum(u.c.cost_nanos),
             sa.func.sum(u.c.tokens_cached),
+            sa.func.sum(u.c.calls_cost_unknown),
         )
         .group_by(u.c.tenant_id, u.c.model)
         .order_by(u.c.tenant_id, u.c.model)

@@ -65,8 +65,8 @@ class _Staged:
     unreserve: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     billed: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     released: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-    # (tenant, model) -> [calls, tokens_in, tokens_out, cost_nanos, tokens_cached] of the staged
-    # usage events.
+    # (tenant, model) -> [calls, tokens_in, tokens_out, cost_nanos, tokens_cached,
+    # calls_cost_unknown] of the staged usage events.
     usage: dict[tuple[str, str], list[Any]] = field(default_factory=dict)
     first_at: float | None = None
 
@@ -241,12 +241,13 @@ class LedgerWriter:
         if row["type"] == EventKind.USAGE:
             sums = self._staged.usage.get((row["tenant_id"], row["model"]))
             if sums is None:
-                sums = self._staged.usage[(row["tenant_id"], row["model"])] = [0, 0, 0, 0, 0]
+                sums = self._staged.usage[(row["tenant_id"], row["model"])] = [0, 0, 0, 0, 0, 0]
             sums[0] += 1
             sums[1] += tokens_in
             sums[2] += tokens_out
             sums[3] += int(row["cost_nanos"])
             sums[4] += int(row.get("tokens_cached") or 0)
+            sums[5] += int(row.get("cost_unknown") or 0)
             tokens = tokens_in + tokens_out
             if tokens:
                 self._staged.billed[row["tenant_id"]] += tokens

@@ -106,7 +106,8 @@ def test_the_ledger_books_the_cached_bill_call_by_call(
     with engine.connect() as conn:
         rows = conn.execute(
             sa.text(
-                "SELECT request_id, tokens_in, tokens_out, tokens_cached, cost_nanos"
+                "SELECT request_id, tokens_in, tokens_out, tokens_cached, cost_nanos,"
+                " tokens_reasoning"
                 " FROM ledger_events WHERE type = 'usage'"
             )
         ).all()
@@ -124,7 +125,27 @@ def test_the_ledger_books_the_cached_bill_call_by_call(
         )
         # The product's table and the simulator's own meter agree to the nano-dollar.
         assert r.cost_nanos == bill == call.cost_nanos
+        # Reasoning tokens, where reported, are booked as part of the output.
+        reasoning = call.completion_tokens // 4 if shape == "full" else 0
+        assert r.tokens_reasoning == reasoning
     full_price = sum(
         PRICES.cost(c.model, c.prompt_tokens, c.completion_tokens) for c in billed.values()
     )
     assert sum(r.cost_nanos for r in rows) < full_price
+
+
+@pytest.mark.parametrize(
+    ("details", "reasoning"),
+    [
+        ({"reasoning_tokens": 30}, 30),
+        ({"reasoning_tokens": 500}, 50),  # never more than the output it is part of
+        ({"reasoning_tokens": -1}, 0),
+        (None, 0),
+    ],
+)
+def test_reasoning_tokens_are_read_as_part_of_the_output(
+    details: dict[str, int] | None, reasoning: int
+) -> None:
+    usage = {"prompt_tokens": 10, "completion_tokens": 50, "completion_tokens_details": details}
+    got = billed_usage(usage)
+    assert got is not None and (got.tokens_out, got.reasoning) == (50, reasoning)

@@ -60,7 +60,7 @@ SHAPES = {
         "total_tokens": p + c,
         "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": 0},
         "completion_tokens_details": {
-            "reasoning_tokens": 0,
+            "reasoning_tokens": c // 4,
             "audio_tokens": 0,
             "accepted_prediction_tokens": 0,
             "rejected_prediction_tokens": 0,

@@ -44,7 +44,7 @@ def test_usage_body_shapes() -> None:
     assert usage_body("total_only", 10, 5) == {"total_tokens": 15}
     assert usage_body("none", 10, 5) is None
     full = usage_body("full", 10, 5)
-    assert full is not None and full["completion_tokens_details"]["reasoning_tokens"] == 0
+    assert full is not None and full["completion_tokens_details"]["reasoning_tokens"] == 1
     nulls = usage_body("details_null", 10, 5)
     assert nulls is not None and nulls["prompt_tokens_details"] is None
 

@@ -252,8 +252,10 @@ def _usage(
     usage.update(
         tokens_cached=cached,
         tokens_cache_written=written,
+        tokens_reasoning=0 if shape == "missing" else triaged.tokens_reasoning,
         service_tier=Tier.BATCH.value,
         price_booked=None if booked is None else booked.to_json(),
+        cost_unknown=int(booked is None),
     )
     if shape == "missing":
         usage["message"] = "usage_missing: the provider reported no usage; booked the bound"

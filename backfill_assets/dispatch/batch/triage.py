@@ -59,6 +59,7 @@ class TriagedLine:
     # Of tokens_in: read from and written to the provider's prompt cache.
     tokens_cached: int = 0
     tokens_cache_written: int = 0
+    tokens_reasoning: int = 0
 
 
 def triage(
@@ -96,6 +97,7 @@ def triage(
             usage_shape=billed.shape if billed else "missing",
             tokens_cached=billed.cached if billed else 0,
             tokens_cache_written=billed.cache_written if billed else 0,
+            tokens_reasoning=billed.reasoning if billed else 0,
         )
     # Only the scrubbed summary is kept: a provider may echo the request (post text).
     summary, _raw = error_summary(

@@ -84,6 +84,8 @@ class BilledUsage:
     # it (Anthropic-shaped usage: billed dearer).
     cached: int = 0
     cache_written: int = 0
+    # Of ``tokens_out``: reasoning tokens (OpenAI's ``completion_tokens_details``).
+    reasoning: int = 0
 
     @property
     def total(self) -> int:
@@ -121,11 +123,15 @@ def billed_usage(raw: object) -> BilledUsage | None:
     if prompt is not None:
         # Never more cached than prompt: a count the provider cannot mean is not trusted.
         cached, written = min(cached, prompt), min(written, prompt - min(cached, prompt))
+    details = raw.get("completion_tokens_details")
+    reasoning = _count(details.get("reasoning_tokens")) if isinstance(details, dict) else None
     if prompt is not None and completion is not None:
         billed = max(prompt + completion, total or 0)
-        return BilledUsage(prompt, billed - prompt, "split", cached, written)
+        out = billed - prompt
+        return BilledUsage(prompt, out, "split", cached, written, min(reasoning or 0, out))
     if prompt is not None and total is not None and total >= prompt:
-        return BilledUsage(prompt, total - prompt, "split", cached, written)
+        out = total - prompt
+        return BilledUsage(prompt, out, "split", cached, written, min(reasoning or 0, out))
     if total is not None:
         return BilledUsage(total, 0, "total")
     return None

@@ -46,10 +46,14 @@ class ModelResponse:
     # Of tokens_in: read from and written to the provider's prompt cache.
     tokens_cached: int = 0
     tokens_cache_written: int = 0
+    # Of tokens_out: reasoning tokens, where the provider reports them.
+    tokens_reasoning: int = 0
     # The tier the provider says it billed, and the price the cost was booked at (JSON of
     # ``core.prices.BookedPrice``; '' when the adapter did not price the call).
     service_tier: str = "standard"
     price_booked: str = ""
+    # The model had no price (BACKFILL_ALLOW_UNPRICED): the cost is unknown, not 0.
+    cost_unknown: bool = False
 
     @property
     def usage_reported(self) -> bool:

@@ -226,10 +226,10 @@ class OpenAIHttpModel(ModelAdapter):
                 request_id=request_id or None,
             ) from None
         billed = completion.billed
-        cached = written = 0
+        cached = written = reasoning = 0
         if billed is not None:
             tokens_in, tokens_out, shape = billed.tokens_in, billed.tokens_out, billed.shape
-            cached, written = billed.cached, billed.cache_written
+            cached, written, reasoning = billed.cached, billed.cache_written, billed.reasoning
             # Providers count the prompt plus the requested completion cap against TPM.
             charged = max(billed.total, tokens_in + request.max_output_tokens)
         else:
@@ -256,8 +256,10 @@ class OpenAIHttpModel(ModelAdapter):
             cost_nanos=self._cost(request, tokens_in, tokens_out, shape, cached, written, tier),
             tokens_cached=cached,
             tokens_cache_written=written,
+            tokens_reasoning=reasoning,
             service_tier=tier.value,
             price_booked="" if booked is None else booked.to_json(),
+            cost_unknown=booked is None,
         )
 
     def _cost(
