@@ -99,3 +99,7 @@ row_factory  # sqlite3: a cursor attribute the driver reads (store/bulk.py)
 
 # Tests close a store's engines before dropping its database (conftest.dispose_engine).
 dispose_engine  # resources
+
+# Export columns, read by name (asdict, getattr) in cli/export.py.
+policy_identity
+labelled_at

@@ -123,7 +123,7 @@ def test_migrating_an_existing_store_books_its_ledger_into_the_rollup(
         "UPDATE usage_daily SET calls = calls + 1 WHERE tenant_id = 'globex'",
         "UPDATE usage_daily SET tokens_out = tokens_out - 7 WHERE tenant_id = 'globex'",
         "DELETE FROM usage_daily WHERE tenant_id = 'globex'",
-        "INSERT INTO usage_daily VALUES ('globex', 'other-model', '2026-01-01', 1, 10, 5, 100, 0, 0)",
+        "INSERT INTO usage_daily VALUES ('globex', 'other', '2026-01-01', 1, 10, 5, 100, 0, 0)",
         "UPDATE usage_daily SET tenant_id = 'acme' WHERE tenant_id = 'globex'",
     ],
 )

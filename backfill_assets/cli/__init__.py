@@ -14,6 +14,7 @@ import sqlalchemy as sa
 from backfill_assets.cli import commands
 from backfill_assets.cli.deadline import margin_share
 from backfill_assets.cli.evaluate import add_evaluate_command
+from backfill_assets.cli.export import FORMATS, cmd_export
 from backfill_assets.cli.ingest import add_ingest_commands
 from backfill_assets.cli.inputs import UserError, choice, slice_key
 from backfill_assets.cli.operator import add_operator_commands
@@ -95,6 +96,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --deadline: print the plan and send nothing",
     )
     sp.set_defaults(func=commands.cmd_run)
+
+    sp = add("export", "Write accepted labels to files, one per tenant, with a manifest.")
+    sp.add_argument("--format", choices=FORMATS, default="parquet", help="file format")
+    sp.add_argument("--out", required=True, metavar="DIR", help="directory for the files")
+    sp.add_argument("--tenant", action="append", default=[], help="tenant id (repeatable)")
+    sp.add_argument("--policy", metavar="ID", help="only labels made under this policy id")
+    sp.set_defaults(func=cmd_export)
 
     sp = add("verify", "Recompute expected keys from posts and audit every stored row.")
     sp.add_argument("--require-complete", action="store_true", help="fail on missing keys too")
