@@ -95,6 +95,26 @@ def _var(name: str, **kw: Any) -> Any:
     return Field(validation_alias=name, **kw)
 
 
+def _read_prices_file(values: dict[str, Any]) -> None:
+    """``BACKFILL_PRICES_PATH``: the price table's JSON from a file, as if in BACKFILL_PRICES."""
+    path = values.get("BACKFILL_PRICES_PATH")
+    if not path:
+        return
+    if values.get("BACKFILL_PRICES"):
+        raise SettingsError("set BACKFILL_PRICES or BACKFILL_PRICES_PATH, not both")
+    try:
+        text = Path(path).read_text("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SettingsError(
+            f"BACKFILL_PRICES_PATH: cannot read {path} ({type(exc).__name__})"
+        ) from None
+    try:
+        PriceTable.from_json(text)
+    except PriceError as exc:
+        raise SettingsError(f"BACKFILL_PRICES_PATH: {path}: {exc}") from None
+    values["BACKFILL_PRICES"] = text
+
+
 class Settings(BaseSettings):
     """Every variable the product reads, typed and checked; blank means the default."""
 
@@ -186,6 +206,8 @@ class Settings(BaseSettings):
     flex_fallback: Literal["wait", "standard"] = _var("BACKFILL_FLEX_FALLBACK", default="wait")
     flex_fallback_after_s: float = _var("BACKFILL_FLEX_FALLBACK_AFTER_SECONDS", default=600.0, gt=0)
     prices_json: str = _var("BACKFILL_PRICES", default="")
+    # The same JSON in a file (read once, at start-up); not both.
+    prices_path: str = _var("BACKFILL_PRICES_PATH", default="")
     # A model with no price books $0: refused unless the operator says so, or an invoice for a
     # whole tenant can silently read zero.
     allow_unpriced: Flag = _var("BACKFILL_ALLOW_UNPRICED", default=False)
@@ -285,7 +307,8 @@ class Settings(BaseSettings):
         model = self.model or DEFAULT_OPENAI_MODEL
         if PriceTable.from_json(self.prices_json).price_for(model) is None:
             raise ValueError(
-                f"BACKFILL_MODEL {model!r} has no price: add it to BACKFILL_PRICES "
+                f"BACKFILL_MODEL {model!r} has no price: add it to BACKFILL_PRICES (or the file "
+                "BACKFILL_PRICES_PATH names) "
                 '({"model": {"input": usd_per_1M, "output": usd_per_1M}}), or set '
                 "BACKFILL_ALLOW_UNPRICED=1 to book its calls at $0"
             )
@@ -323,6 +346,7 @@ class Settings(BaseSettings):
         }
         values["region_base_urls"] = region_base_urls(env)
         values["api_key_set"] = bool(env.get(API_KEY_VAR))
+        _read_prices_file(values)
         try:
             settings = cls.model_validate(values)
         except ValidationError as exc:

@@ -28,7 +28,7 @@ def labelled(
     monkeypatch.setenv("BACKFILL_DATABASE_URL", store_url)
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
     posts = [
-        {"tenant_id": t, "post_id": f"p{i:03d}", "text": f"{t} says hello {i}, with \"quotes\""}
+        {"tenant_id": t, "post_id": f"p{i:03d}", "text": f'{t} says hello {i}, with "quotes"'}
         for t in TENANTS
         for i in range(25 if t != "initech" else 3)
     ]

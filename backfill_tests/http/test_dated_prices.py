@@ -17,6 +17,7 @@ from sqlalchemy.engine import Engine
 from backfill_assets.cli import main
 from backfill_assets.core.prices import PriceError, PriceTable, Tier
 from backfill_assets.dispatch.pipeline import RunOptions, run_partitions
+from backfill_assets.orchestration.settings import Settings, SettingsError
 from backfill_assets.providers.models.openai_http import OpenAIHttpModel
 from backfill_assets.providers.ratelimit import EndpointLimiter, LimiterConfig
 from backfill_assets.providersim import Simulator
@@ -124,3 +125,19 @@ def test_a_price_change_never_rewrites_what_was_booked(
     assert Decimal(rows["acme"]["today_usd"]) * 10**9 == 3 * acme_booked  # 3x the old price
     assert rows["globex"]["today_usd"] == rows["globex"]["booked_usd"]
     assert rows["globex"]["difference_usd"] == "0.000000000"
+
+
+def test_the_price_table_can_live_in_a_file(tmp_path: Path) -> None:
+    path = tmp_path / "prices.json"
+    path.write_text(json.dumps({"my-model": [OLD, NEW]}))
+    env = {"BACKFILL_MODEL_BACKEND": "openai", "BACKFILL_MODEL": "my-model"}
+    settings = Settings.from_env({**env, "BACKFILL_PRICES_PATH": str(path)})
+    assert settings.prices().cost("my-model", 1000, 0) == 3_000_000  # NEW is in force today
+    both = {**env, "BACKFILL_PRICES_PATH": str(path), "BACKFILL_PRICES": "{}"}
+    with pytest.raises(SettingsError, match="not both"):
+        Settings.from_env(both)
+    with pytest.raises(SettingsError, match="cannot read"):
+        Settings.from_env({"BACKFILL_PRICES_PATH": str(tmp_path / "missing.json")})
+    path.write_text('{"my-model": {"input": "lots"}}')
+    with pytest.raises(SettingsError, match=r"prices.json: unreadable price table: 'my-model'"):
+        Settings.from_env({"BACKFILL_PRICES_PATH": str(path)})
