@@ -103,3 +103,6 @@ dispose_engine  # resources
 # Export columns, read by name (asdict, getattr) in cli/export.py.
 policy_identity
 labelled_at
+
+# Settings field read by its variable name before validation (_read_prices_file).
+prices_path
