@@ -1,12 +1,15 @@
 """Data in and out at scale: import from Parquet and from a PostgreSQL table against the JSONL
-import of the same posts (wall and peak RSS of each command, in its own process).
+import of the same posts (wall and peak RSS of each command, in its own process), then the
+export of every label to Parquet.
 
-    bench/run io [--posts 1000000] [--tenants 200]
+    bench/run io [--posts 1000000] [--tenants 200] [--no-export]
 
 The store is PostgreSQL (a fresh database per import, so each starts from empty), and so is
 the source table. Figures: wall seconds, CPU seconds and peak RSS of the ``import`` command,
 and each format's wall against JSONL's. Targets: no slower than JSONL, peak RSS <= 1.5 GiB.
-``uptime`` is printed first: the machine is shared.
+The export step labels the JSONL store with ``run`` (the fake model) and times ``export
+--format parquet`` of every label (target for the export: peak RSS <= 1.5 GiB, bounded by its
+batch, not by the labels). ``uptime`` is printed first: the machine is shared.
 """
 
 from __future__ import annotations
@@ -72,7 +75,7 @@ def load_source(url: str, posts: int, tenants: int) -> None:
     engine.dispose()
 
 
-def _import(work: Path, name: str, args: list[str]) -> Measured:
+def _import(work: Path, name: str, args: list[str], export: bool = False) -> Measured:
     store = new_store("pg", work, prefix=PREFIX)
     try:
         env = cli_env(work / f"home-{name}", store)
@@ -82,12 +85,31 @@ def _import(work: Path, name: str, args: list[str]) -> Measured:
             f"{got.rss_mb:,.0f} MB, imported {got.doc.get('imported', 0):,}",
             flush=True,
         )
+        if export:
+            _EXPORTS.append(_export(work, env))
         return got
     finally:
         drop_store(store)
 
 
-def io_bench(posts: int, tenants: int) -> dict[str, Any]:
+_EXPORTS: list[Measured] = []
+
+
+def _export(work: Path, env: dict[str, str]) -> Measured:
+    """Label everything, then export every label to Parquet."""
+    ran = cli(["run"], env)
+    print(f"[run] {ran.wall:.1f} s wall, peak RSS {ran.rss_mb:,.0f} MB", flush=True)
+    got = cli(["export", "--format", "parquet", "--out", str(work / "labels")], env)
+    rows = sum(int(f["rows"]) for f in got.doc.get("files", []))
+    print(
+        f"[export parquet] {rows:,} labels in {len(got.doc.get('files', []))} files: "
+        f"{got.wall:.1f} s wall ({rows / got.wall:,.0f} labels/s), peak RSS {got.rss_mb:,.0f} MB",
+        flush=True,
+    )
+    return got
+
+
+def io_bench(posts: int, tenants: int, export: bool = True) -> dict[str, Any]:
     """Import the same posts from JSONL, Parquet and a PostgreSQL table."""
     print("# uptime:", subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
     print(machine_speed())
@@ -100,7 +122,7 @@ def io_bench(posts: int, tenants: int) -> dict[str, Any]:
         try:
             load_source(source, posts, tenants)
             steps = {
-                "jsonl": _import(work, "jsonl", [str(jsonl)]),
+                "jsonl": _import(work, "jsonl", [str(jsonl)], export=export),
                 "parquet": _import(work, "parquet", [str(parquet)]),
                 "postgresql table": _import(
                     work,
@@ -129,6 +151,12 @@ def io_bench(posts: int, tenants: int) -> dict[str, Any]:
             f"{m.rss_mb:,.0f} MB{'' if ok else '  (target missed)'}"
         )
     doc = {k: {"wall_s": m.wall, "cpu_s": m.cpu, "rss_mb": m.rss_mb} for k, m in steps.items()}
+    for m in _EXPORTS:
+        ok = m.rss_mb <= RSS_TARGET_MB
+        print(
+            f"  export parquet: {m.wall:7.1f} s, peak RSS {m.rss_mb:,.0f} MB{'' if ok else '  (target missed)'}"
+        )
+        doc["export parquet"] = {"wall_s": m.wall, "cpu_s": m.cpu, "rss_mb": m.rss_mb}
     print(json.dumps(doc, sort_keys=True))
     return doc
 
@@ -137,8 +165,9 @@ def main() -> None:
     p = argparse.ArgumentParser(prog="bench/run io", description=__doc__.splitlines()[0])
     p.add_argument("--posts", type=int, default=1_000_000)
     p.add_argument("--tenants", type=int, default=200)
+    p.add_argument("--no-export", action="store_true", help="skip labelling and the export")
     a = p.parse_args()
-    io_bench(a.posts, a.tenants)
+    io_bench(a.posts, a.tenants, export=not a.no_export)
 
 
 if __name__ == "__main__":
