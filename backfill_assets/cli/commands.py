@@ -225,10 +225,18 @@ def cmd_usage(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+# A year of daily buckets for hundreds of models is well under a megabyte.
+_MAX_REPORT_BYTES = 64 << 20
+
+
 def _reconcile(args: argparse.Namespace, engine: sa.Engine) -> int:
     """``usage --reconcile FILE``: the ledger against the provider's own report."""
     path = Path(args.reconcile)
     try:
+        if path.stat().st_size > _MAX_REPORT_BYTES:
+            raise UserError(
+                f"--reconcile: {path} is over {_MAX_REPORT_BYTES >> 20} MiB: not a usage report"
+            )
         report = read_report(path.read_text("utf-8"))
     except (OSError, UnicodeDecodeError) as exc:
         raise UserError(f"--reconcile: cannot read {path}: {type(exc).__name__}") from None

@@ -95,6 +95,9 @@ def _var(name: str, **kw: Any) -> Any:
     return Field(validation_alias=name, **kw)
 
 
+_MAX_PRICES_BYTES = 1 << 20
+
+
 def _read_prices_file(values: dict[str, Any]) -> None:
     """``BACKFILL_PRICES_PATH``: the price table's JSON from a file, as if in BACKFILL_PRICES."""
     path = values.get("BACKFILL_PRICES_PATH")
@@ -103,6 +106,8 @@ def _read_prices_file(values: dict[str, Any]) -> None:
     if values.get("BACKFILL_PRICES"):
         raise SettingsError("set BACKFILL_PRICES or BACKFILL_PRICES_PATH, not both")
     try:
+        if Path(path).stat().st_size > _MAX_PRICES_BYTES:
+            raise SettingsError(f"BACKFILL_PRICES_PATH: {path} is over 1 MiB: not a price table")
         text = Path(path).read_text("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise SettingsError(

@@ -169,3 +169,17 @@ def test_the_cli_refuses_a_bad_report_with_exit_2(
     err = capsys.readouterr().err
     assert "bad.json: page 1" in err and "Traceback" not in err
     assert main(["usage", "--reconcile", str(tmp_path / "missing.json")]) == 2
+
+
+def test_an_oversized_report_is_refused_before_it_is_read(
+    store_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("BACKFILL_DATABASE_URL", store_url)
+    huge = tmp_path / "huge.json"
+    with huge.open("wb") as f:
+        f.truncate(65 << 20)  # sparse: nothing is written, the size is what counts
+    assert main(["usage", "--reconcile", str(huge)]) == 2
+    assert "over 64 MiB" in capsys.readouterr().err
