@@ -17,7 +17,7 @@ from backfill_assets.core.outcomes import RetryPolicy
 from backfill_assets.core.prices import PriceTable, Tier, tier_served
 from backfill_assets.dispatch.partition_run import PartitionReport
 from backfill_assets.dispatch.pipeline import RunOptions, run_partitions
-from backfill_assets.providers.models._openai_wire import parse_completion
+from backfill_assets.providers.models._openai_wire import error_code, parse_completion
 from backfill_assets.providers.models.errors import Scope, classify
 from backfill_assets.providers.models.openai_http import OpenAIHttpModel
 from backfill_assets.providers.ratelimit import EndpointLimiter, LimiterConfig
@@ -170,3 +170,20 @@ def test_a_standard_run_sends_no_tier_and_books_standard(
     assert 429 not in meter.responses_by_status
     assert {r.service_tier for r in _usage(engine)} == {"standard"}
     assert sum(r.cost_nanos for r in _usage(engine)) == meter.billed_cost_nanos
+
+
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        ({"error": {"code": "resource_unavailable"}}, "resource_unavailable"),
+        ({"error": {"code": 1234}}, "1234"),  # some gateways send numbers
+        ({"error": {"code": "x" * 500}}, "x" * 60),
+        ({"error": {"code": True}}, None),
+        ({"error": {"code": ""}}, None),
+        ({"error": "flat string"}, None),
+        (["not", "an", "object"], None),
+        (None, None),
+    ],
+)
+def test_one_error_code_reader_for_sync_and_batch(body: object, code: str | None) -> None:
+    assert error_code(body) == code

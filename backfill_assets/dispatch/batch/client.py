@@ -38,6 +38,7 @@ from backfill_assets.providers.bounded_body import (
     stream_to,
 )
 from backfill_assets.providers.models._openai_wire import (
+    error_code,
     error_summary,
     loads_or_none,
     retry_after_seconds,
@@ -160,7 +161,7 @@ class BatchClient:
         )
         if texts is None:
             summary = f"HTTP {status}: {WITHHELD}"
-        code = _error_code(response)
+        code = error_code(loads_or_none(response.content))
         scope = classify(status, code)
         if scope is Scope.RUN:
             endpoint = f"{method} {self._base_url}{path}"
@@ -285,13 +286,6 @@ def _parsed(response: httpx.Response, model: type[M], what: str) -> M:
         raise Unsure(
             f"{what}: HTTP {response.status_code} answer is not a {model.__name__}"
         ) from None
-
-
-def _error_code(response: httpx.Response) -> str | None:
-    data = loads_or_none(response.content)
-    error = data.get("error") if isinstance(data, dict) else None
-    code = error.get("code") if isinstance(error, dict) else None
-    return str(code)[:60] if code else None
 
 
 async def retry(

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from backfill_assets.dispatch.batch.wire import OutputLine
 from backfill_assets.providers.models._openai_wire import (
     NotACompletion,
+    error_code,
     error_summary,
     parse_completion,
 )
@@ -105,14 +106,8 @@ def triage(
     )
     if echoes is None:
         summary = f"HTTP {status}: {WITHHELD}"
-    scope = classify(status, _code(response.body))
+    scope = classify(status, error_code(response.body))
     disposition = {Scope.RUN: Disposition.FATAL, Scope.KEY: Disposition.REJECTED}.get(
         scope, Disposition.RETRY
     )
     return TriagedLine(disposition, status, summary, response.request_id)
-
-
-def _code(body: object) -> str | None:
-    error = body.get("error") if isinstance(body, dict) else None
-    code = error.get("code") if isinstance(error, dict) else None
-    return code if isinstance(code, str) else None

@@ -103,6 +103,16 @@ def _count(value: object) -> int | None:
     return None
 
 
+def error_code(data: object) -> str | None:
+    """``error.code`` of a parsed OpenAI-style error body (sync answers, Batch API answers and
+    batch error lines alike), cut to 60 characters; None if there is none."""
+    error = data.get("error") if isinstance(data, dict) else None
+    code = error.get("code") if isinstance(error, dict) else None
+    if isinstance(code, bool) or not isinstance(code, str | int) or code == "":
+        return None
+    return str(code)[:60]
+
+
 def billed_usage(raw: object) -> BilledUsage | None:
     """The billed figures of any usage shape real servers send; None if the total is unknowable.
 

@@ -39,6 +39,7 @@ from backfill_assets.providers.bounded_body import (
 from backfill_assets.providers.models._openai_wire import (
     NotACompletion,
     advertised_limits,
+    error_code,
     error_summary,
     loads_or_none,
     parse_completion,
@@ -291,7 +292,7 @@ class OpenAIHttpModel(ModelAdapter):
             echoes=_post_text(request),
             secrets=secrets,
         )
-        scope = classify(status, _error_code(raw), message)
+        scope = classify(status, error_code(loads_or_none(raw)), message)
         retry_after = retry_after_seconds(response.headers, message, resets=status == 429)
         if scope is Scope.CAPACITY:
             self.limiter.on_capacity_unavailable(permit)
@@ -339,11 +340,3 @@ class OpenAIHttpModel(ModelAdapter):
                 "tier (BACKFILL_FLEX_FALLBACK=standard)",
                 stretch,
             )
-
-
-def _error_code(raw: bytes) -> str | None:
-    """``error.code`` of an OpenAI-style error body, if any."""
-    data = loads_or_none(raw)
-    error = data.get("error") if isinstance(data, dict) else None
-    code = error.get("code") if isinstance(error, dict) else None
-    return code if isinstance(code, str) else None
