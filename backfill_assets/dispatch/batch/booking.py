@@ -14,7 +14,7 @@ import tempfile
 
 from backfill_assets.core.keys import Versions
 from backfill_assets.core.outcomes import Outcome
-from backfill_assets.core.prices import Tier
+from backfill_assets.core.prices import Tier, event_cost
 from backfill_assets.core.rubric import MAX_OUTPUT_TOKENS, OutputRejected, parse_output
 from backfill_assets.dispatch.batch.client import retry
 from backfill_assets.dispatch.batch.context import BatchContext, ChunkJob
@@ -238,14 +238,12 @@ def _usage(
     if shape == "missing":
         # No usage at all: the most the line could have cost, never 0, flagged.
         tokens_in, tokens_out = bound - MAX_OUTPUT_TOKENS, MAX_OUTPUT_TOKENS
-    priced_out = tokens_out
-    if shape == "total":
-        # The split is unknown: priced as the dearest one the line allows.
-        priced_out = min(tokens_in, MAX_OUTPUT_TOKENS)
     cached, written = triaged.tokens_cached, triaged.tokens_cache_written
     if shape == "missing":
         cached = written = 0
-    cost = ctx.cost(job.sub.model, tokens_in + tokens_out - priced_out, priced_out, cached, written)
+    # Priced as sync mode prices a call (a total-only usage as the dearest split it allows).
+    tokens = (tokens_in, cached, written, tokens_out)
+    cost = event_cost(ctx.prices, job.sub.model, Tier.BATCH, shape, tokens, MAX_OUTPUT_TOKENS)
     request_id = triaged.request_id or f"{job.sub.batch_id}:{line.key}"
     usage = rows.usage(line, tokens_in, tokens_out, cost, request_id, shape, bound)
     booked = ctx.prices.booked(job.sub.model, Tier.BATCH)

@@ -14,7 +14,7 @@ from sqlalchemy.engine import Engine
 
 from backfill_assets.core.keys import Versions
 from backfill_assets.core.outcomes import RetryPolicy
-from backfill_assets.core.prices import PriceTable, Tier
+from backfill_assets.core.prices import PriceTable
 from backfill_assets.core.rubric import OutputContract, Rubric
 from backfill_assets.dispatch.batch.client import BatchClient
 from backfill_assets.dispatch.batch_options import BatchOptions
@@ -99,14 +99,6 @@ class BatchContext:
         if self.options.kill_at == point:
             self.log(f"BACKFILL_KILL_AT={point}: SIGKILL")
             os.kill(os.getpid(), signal.SIGKILL)
-
-    def cost(
-        self, model: str, tokens_in: int, tokens_out: int, cached: int = 0, written: int = 0
-    ) -> int:
-        """Nano-dollars for one line at the batch tier's price in force today."""
-        return self.prices.cost(
-            model, tokens_in, tokens_out, cached=cached, cache_written=written, tier=Tier.BATCH
-        )
 
     async def db(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run blocking store code off the event loop."""
