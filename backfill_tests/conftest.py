@@ -143,6 +143,18 @@ def engine(store_url: str) -> Engine:
     return engine_for(store_url)
 
 
+@pytest.fixture
+def cli_store(
+    engine: Engine, store_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> dict[str, str]:
+    """Points ``backfill_assets.cli.main`` (which reads os.environ) at this test's migrated
+    store and a Dagster home of its own; returns the variables set."""
+    env = {"BACKFILL_DATABASE_URL": store_url, "DAGSTER_HOME": str(tmp_path / "home")}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return env
+
+
 def write_jsonl(path: Path, records: list[Any]) -> Path:
     """Write records (dicts as JSON, strings verbatim) as JSONL."""
     with path.open("w", encoding="utf-8") as fh:

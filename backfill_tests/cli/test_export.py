@@ -22,11 +22,7 @@ TENANTS = ("acme", "globex", "initech")
 
 
 @pytest.fixture
-def labelled(
-    engine: Engine, store_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Engine:
-    monkeypatch.setenv("BACKFILL_DATABASE_URL", store_url)
-    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
+def labelled(engine: Engine, cli_store: dict[str, str], tmp_path: Path) -> Engine:
     posts = [
         {"tenant_id": t, "post_id": f"p{i:03d}", "text": f'{t} says hello {i}, with "quotes"'}
         for t in TENANTS

@@ -19,11 +19,8 @@ SECRET = "SECRET-POST-TEXT-4242"
 
 
 @pytest.fixture
-def cli_env(
-    engine: Engine, store_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("BACKFILL_DATABASE_URL", store_url)
-    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
+def cli_env(cli_store: dict[str, str]) -> None:
+    """``main`` on this test's store."""
 
 
 def lines(*records: Any) -> bytes:

@@ -3,19 +3,24 @@
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from sqlalchemy.engine import Engine
 
 from backfill_assets.core.keys import Versions
 from backfill_assets.core.rubric import TASK_VERSION, Rubric
+from backfill_assets.dispatch.partition_run import PartitionReport
+from backfill_assets.dispatch.pipeline import RunOptions, run_partitions
 from backfill_assets.providers.models.base import ModelRequest, ModelResponse
 from backfill_assets.providers.models.openai_http import HttpTimeouts, OpenAIHttpModel
-from backfill_assets.providers.ratelimit import LimiterConfig, LimiterRegistry
+from backfill_assets.providers.ratelimit import EndpointLimiter, LimiterConfig, LimiterRegistry
 from backfill_assets.providersim import Simulator
 from backfill_tests.conftest import StartSim as StartSim  # re-exported for the tests
+from backfill_tests.pipeline_helpers import refs_for
 
 MODEL = "gpt-4o-mini"
 RUBRIC = Rubric()
@@ -100,3 +105,33 @@ def adapter_for() -> AdapterFactory:
         return lambda: OpenAIHttpModel(**kwargs)
 
     return factory
+
+
+def run_over_http(
+    engine: Engine,
+    sim: Simulator,
+    tenants: list[str],
+    *,
+    versions: Versions = VERSIONS,
+    limiter: EndpointLimiter | None = None,
+    options: RunOptions | None = None,
+    **adapter: Any,
+) -> list[PartitionReport]:
+    """Every partition of ``tenants`` through the real HTTP adapter against ``sim`` (one limiter
+    for all its adapters; ``adapter``: more ``OpenAIHttpModel`` arguments such as ``tier``)."""
+    shared = limiter or EndpointLimiter(LimiterConfig())
+
+    def make() -> OpenAIHttpModel:
+        return OpenAIHttpModel(
+            base_url=sim.base_url, model=versions.model, limiter=shared, **adapter
+        )
+
+    return run_partitions(
+        engine,
+        refs_for(tenants),
+        make,
+        versions,
+        RUBRIC,
+        f"http-{uuid.uuid4().hex[:6]}",
+        options or RunOptions(seed=1),
+    )

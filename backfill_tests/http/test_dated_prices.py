@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import uuid
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -16,14 +15,10 @@ from sqlalchemy.engine import Engine
 
 from backfill_assets.cli import main
 from backfill_assets.core.prices import PriceError, PriceTable, Tier
-from backfill_assets.dispatch.pipeline import RunOptions, run_partitions
 from backfill_assets.orchestration.settings import Settings, SettingsError
-from backfill_assets.providers.models.openai_http import OpenAIHttpModel
-from backfill_assets.providers.ratelimit import EndpointLimiter, LimiterConfig
 from backfill_assets.providersim import Simulator
 from backfill_tests.conftest import import_records
-from backfill_tests.http.conftest import MODEL, RUBRIC, VERSIONS, StartSim
-from backfill_tests.pipeline_helpers import refs_for
+from backfill_tests.http.conftest import MODEL, StartSim, run_over_http
 
 TODAY = dt.datetime.now(dt.UTC).date()
 OLD = {"from": "2020-01-01", "standard": {"input": 1, "output": 2}}
@@ -62,21 +57,7 @@ def test_a_bad_dated_table_is_refused_naming_the_model(text: str, message: str) 
 
 
 def _run(engine: Engine, sim: Simulator, prices: dict[str, Any], tenant: str) -> None:
-    limiter = EndpointLimiter(LimiterConfig())
-    table = PriceTable.from_json(json.dumps(prices))
-
-    def make() -> OpenAIHttpModel:
-        return OpenAIHttpModel(base_url=sim.base_url, model=MODEL, limiter=limiter, prices=table)
-
-    run_partitions(
-        engine,
-        refs_for([tenant]),
-        make,
-        VERSIONS,
-        RUBRIC,
-        f"dated-{uuid.uuid4().hex[:6]}",
-        RunOptions(seed=2),
-    )
+    run_over_http(engine, sim, [tenant], prices=PriceTable.from_json(json.dumps(prices)))
 
 
 def _booked(engine: Engine, tenant: str) -> list[tuple[int, str]]:
@@ -93,7 +74,7 @@ def _booked(engine: Engine, tenant: str) -> list[tuple[int, str]]:
 
 def test_a_price_change_never_rewrites_what_was_booked(
     engine: Engine,
-    store_url: str,
+    cli_store: dict[str, str],
     tmp_path: Path,
     start_sim: StartSim,
     monkeypatch: pytest.MonkeyPatch,
@@ -115,8 +96,6 @@ def test_a_price_change_never_rewrites_what_was_booked(
     after = _booked(engine, "globex")
     assert all(json.loads(p)["from"] == TODAY.isoformat() for _, p in after)
 
-    monkeypatch.setenv("BACKFILL_DATABASE_URL", store_url)
-    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("BACKFILL_PRICES", json.dumps({MODEL: [OLD, NEW]}))
     assert main(["usage", "--reprice", "--json"]) == 0
     rows = {r["tenant"]: r for r in json.loads(capsys.readouterr().out)["usage"]}

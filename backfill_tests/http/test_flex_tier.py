@@ -5,7 +5,6 @@ provider pause: retried without counting the attempt, never dead-lettered, never
 from __future__ import annotations
 
 import json
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -16,15 +15,13 @@ from sqlalchemy.engine import Engine
 from backfill_assets.core.outcomes import RetryPolicy
 from backfill_assets.core.prices import PriceTable, Tier, tier_served
 from backfill_assets.dispatch.partition_run import PartitionReport
-from backfill_assets.dispatch.pipeline import RunOptions, run_partitions
+from backfill_assets.dispatch.pipeline import RunOptions
 from backfill_assets.providers.models._openai_wire import error_code, parse_completion
 from backfill_assets.providers.models.errors import Scope, classify
-from backfill_assets.providers.models.openai_http import OpenAIHttpModel
 from backfill_assets.providers.ratelimit import EndpointLimiter, LimiterConfig
 from backfill_assets.providersim import Simulator
 from backfill_tests.conftest import import_records
-from backfill_tests.http.conftest import MODEL, RUBRIC, VERSIONS, StartSim
-from backfill_tests.pipeline_helpers import refs_for
+from backfill_tests.http.conftest import MODEL, StartSim, run_over_http
 
 POSTS = 40
 # Two attempts: if a capacity pause counted as one, most keys would be dead-lettered.
@@ -42,18 +39,8 @@ def _import(engine: Engine, tmp_path: Path) -> None:
 def _run(
     engine: Engine, sim: Simulator, limiter: EndpointLimiter, **adapter: Any
 ) -> list[PartitionReport]:
-    def make() -> OpenAIHttpModel:
-        return OpenAIHttpModel(base_url=sim.base_url, model=MODEL, limiter=limiter, **adapter)
-
-    return run_partitions(
-        engine,
-        refs_for(["acme"]),
-        make,
-        VERSIONS,
-        RUBRIC,
-        f"flex-{uuid.uuid4().hex[:6]}",
-        RunOptions(seed=3, concurrency=16, retry=FEW_ATTEMPTS),
-    )
+    options = RunOptions(seed=3, concurrency=16, retry=FEW_ATTEMPTS)
+    return run_over_http(engine, sim, ["acme"], limiter=limiter, options=options, **adapter)
 
 
 def _scalar(engine: Engine, sql: str) -> Any:

@@ -3,10 +3,8 @@ OpenAI's organization usage format as the simulator serves it for its own traffi
 
 from __future__ import annotations
 
-import functools
 import json
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +16,9 @@ from sqlalchemy.engine import Engine
 from backfill_assets.cli import main
 from backfill_assets.core.prices import Tier
 from backfill_assets.core.reconcile import ReportError, read_report
-from backfill_assets.dispatch.pipeline import RunOptions, run_partitions
-from backfill_assets.providers.models.openai_http import OpenAIHttpModel
-from backfill_assets.providers.ratelimit import EndpointLimiter, LimiterConfig
 from backfill_assets.providersim import Simulator
 from backfill_tests.conftest import import_records
-from backfill_tests.http.conftest import MODEL, RUBRIC, VERSIONS, StartSim
-from backfill_tests.pipeline_helpers import refs_for
+from backfill_tests.http.conftest import MODEL, StartSim, run_over_http
 
 DAY = 86_400
 
@@ -55,14 +49,8 @@ def _report(sim: Simulator, tmp_path: Path) -> Path:
 
 @pytest.fixture
 def ran(
-    engine: Engine,
-    store_url: str,
-    tmp_path: Path,
-    start_sim: StartSim,
-    monkeypatch: pytest.MonkeyPatch,
+    engine: Engine, cli_store: dict[str, str], tmp_path: Path, start_sim: StartSim
 ) -> Simulator:
-    monkeypatch.setenv("BACKFILL_DATABASE_URL", store_url)
-    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
     text = "order 1234 arrived late and the box was damaged, please refund. " * 90
     import_records(
         engine,
@@ -75,18 +63,7 @@ def ran(
     )
     sim = start_sim(cached_prefix_tokens=1200, usage_shape="full")
     for tenant, tier in (("acme", Tier.STANDARD), ("globex", Tier.FLEX)):
-        limiter = EndpointLimiter(LimiterConfig())
-        run_partitions(
-            engine,
-            refs_for([tenant]),
-            functools.partial(
-                OpenAIHttpModel, base_url=sim.base_url, model=MODEL, limiter=limiter, tier=tier
-            ),
-            VERSIONS,
-            RUBRIC,
-            f"rec-{uuid.uuid4().hex[:6]}",
-            RunOptions(seed=1),
-        )
+        run_over_http(engine, sim, [tenant], tier=tier)
     return sim
 
 
@@ -157,12 +134,8 @@ def test_a_bad_report_is_refused_with_where(text: str, message: str) -> None:
 
 
 def test_the_cli_refuses_a_bad_report_with_exit_2(
-    store_url: str,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
+    cli_store: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setenv("BACKFILL_DATABASE_URL", store_url)
     bad = tmp_path / "bad.json"
     bad.write_text('{"data": 3}')
     assert main(["usage", "--reconcile", str(bad)]) == 2
@@ -172,12 +145,8 @@ def test_the_cli_refuses_a_bad_report_with_exit_2(
 
 
 def test_an_oversized_report_is_refused_before_it_is_read(
-    store_url: str,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
+    cli_store: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setenv("BACKFILL_DATABASE_URL", store_url)
     huge = tmp_path / "huge.json"
     with huge.open("wb") as f:
         f.truncate(65 << 20)  # sparse: nothing is written, the size is what counts

@@ -6,7 +6,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import uuid
 from pathlib import Path
 
 import pytest
@@ -16,37 +15,24 @@ from sqlalchemy.engine import Engine
 from backfill_assets.cli import main
 from backfill_assets.core.keys import Versions
 from backfill_assets.core.rubric import TASK_VERSION
-from backfill_assets.dispatch.pipeline import RunOptions, run_partitions
-from backfill_assets.providers.models.openai_http import OpenAIHttpModel
-from backfill_assets.providers.ratelimit import EndpointLimiter, LimiterConfig
 from backfill_tests.conftest import import_records
-from backfill_tests.http.conftest import RUBRIC, StartSim
-from backfill_tests.pipeline_helpers import refs_for
+from backfill_tests.http.conftest import RUBRIC, StartSim, run_over_http
 
 UNPRICED = "my-llama-3"
 
 
 def test_an_unpriced_model_books_cost_unknown_and_reports_say_so(
     engine: Engine,
-    store_url: str,
+    cli_store: dict[str, str],
     tmp_path: Path,
     start_sim: StartSim,
-    monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     posts = [{"tenant_id": "acme", "post_id": f"p{i}", "text": f"hi {i}"} for i in range(6)]
     import_records(engine, tmp_path, posts)
     sim = start_sim(models=(UNPRICED,))
-    limiter = EndpointLimiter(LimiterConfig())
-    reports = run_partitions(
-        engine,
-        refs_for(["acme"]),
-        lambda: OpenAIHttpModel(base_url=sim.base_url, model=UNPRICED, limiter=limiter),
-        Versions(TASK_VERSION, RUBRIC.prompt_version, UNPRICED),
-        RUBRIC,
-        f"unpriced-{uuid.uuid4().hex[:6]}",
-        RunOptions(seed=1),
-    )
+    versions = Versions(TASK_VERSION, RUBRIC.prompt_version, UNPRICED)
+    reports = run_over_http(engine, sim, ["acme"], versions=versions)
     with engine.connect() as conn:
         events = conn.execute(
             sa.text(
@@ -59,8 +45,6 @@ def test_an_unpriced_model_books_cost_unknown_and_reports_say_so(
     assert sum(r.stats.calls_cost_unknown for r in ran) == 6
     assert all(r.summary()["cost_usd"].startswith("unknown (") for r in ran)
 
-    monkeypatch.setenv("BACKFILL_DATABASE_URL", store_url)
-    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
     assert main(["usage", "--totals", "--json"]) == 0
     [row] = json.loads(capsys.readouterr().out)["usage"]
     assert row["cost_usd"] == "unknown (6 calls unpriced)" and row["calls_cost_unknown"] == 6
