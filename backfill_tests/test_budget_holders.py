@@ -15,7 +15,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from backfill_assets.core.limits import TenantBudgets
+from backfill_assets.core.limits import Spend, TenantBudgets
 from backfill_assets.core.rubric import call_token_bound
 from backfill_assets.dispatch.pipeline import PartitionReport, RunOptions, run_partitions
 from backfill_assets.providers.models.fake import FakeModel
@@ -26,9 +26,10 @@ from backfill_tests.pipeline_helpers import FAST_RETRY, RUBRIC, VERSIONS, refs_f
 _HOLDER = """
 import sys, time
 from backfill_assets.orchestration.resources import engine_for
+from backfill_assets.core.limits import Spend
 from backfill_assets.store.budget import HolderLost, StoreBudgetLedger
 ledger = StoreBudgetLedger(engine_for(sys.argv[1]), holder="doomed-run")
-ledger.grant("acme", "r-doomed", 1000, 1000, 3000)
+ledger.grant("acme", "r-doomed", Spend(1000), Spend(1000), 3000)
 print("granted", flush=True)
 time.sleep(120)
 """
@@ -80,9 +81,10 @@ def test_a_reservation_lives_exactly_as_long_as_its_holder(
         with engine.begin() as conn:
             conn.execute(sa.text("UPDATE budget_reservations SET heartbeat_at = '2000-01-01'"))
         other = StoreBudgetLedger(engine, holder="other-run")
-        grant = other.grant("acme", "r-other", 3000, 100, 3000)
+        grant = other.grant("acme", "r-other", Spend(3000), Spend(100), 3000)
         assert _reserved(engine, "r-doomed") == 1000
-        assert grant.granted + grant.free_after == 2000
+        assert grant.granted is not None
+        assert grant.granted.tokens + grant.free_after.tokens == 2000
         other.release(["r-other"])
     finally:
         holder.send_signal(signal.SIGKILL)
@@ -91,9 +93,12 @@ def test_a_reservation_lives_exactly_as_long_as_its_holder(
             holder.stdout.close()
     _wait_until_the_server_drops_its_session(engine)
     # Dead: the next grant reclaims its reservation at once, not minutes later.
-    grant = StoreBudgetLedger(engine, holder="third-run").grant("acme", "r-third", 100, 100, 3000)
+    grant = StoreBudgetLedger(engine, holder="third-run").grant(
+        "acme", "r-third", Spend(100), Spend(100), 3000
+    )
     assert _reserved(engine, "r-doomed") is None
-    assert grant.granted + grant.free_after == 3000
+    assert grant.granted is not None
+    assert grant.granted.tokens + grant.free_after.tokens == 3000
 
 
 def test_a_lost_lock_connection_is_noticed_at_the_next_grant(
@@ -103,7 +108,7 @@ def test_a_lost_lock_connection_is_noticed_at_the_next_grant(
         pytest.skip("flock and in-memory locks live as long as the process")
     _posts(engine, tmp_path)
     ledger = StoreBudgetLedger(engine, holder="fragile-run")
-    ledger.grant("acme", "r-fragile", 100, 100, 3000)
+    ledger.grant("acme", "r-fragile", Spend(100), Spend(100), 3000)
     with engine.connect() as conn:
         # The server drops the session that holds the lock (a restart, an idle timeout).
         conn.execute(
@@ -114,7 +119,7 @@ def test_a_lost_lock_connection_is_noticed_at_the_next_grant(
             )
         )
     with pytest.raises(HolderLost):
-        ledger.grant("acme", "r-fragile", 100, 100, 3000)
+        ledger.grant("acme", "r-fragile", Spend(100), Spend(100), 3000)
     ledger.release(["r-fragile"])
 
 
@@ -125,8 +130,8 @@ def test_no_holder_can_hoard_the_tenants_budget(engine: Engine, tmp_path: Path) 
     async def both() -> tuple[bool, bool]:
         a = TenantBudgets(cap, StoreBudgetLedger(engine, holder="a"), chunk_calls=32)
         b = TenantBudgets(cap, StoreBudgetLedger(engine, holder="b"), chunk_calls=32)
-        got_a = await a.reserve("acme", 100)
-        got_b = await b.reserve("acme", 100)
+        got_a = await a.reserve("acme", Spend(100))
+        got_b = await b.reserve("acme", Spend(100))
         await a.release()
         await b.release()
         return got_a is not None, got_b is not None

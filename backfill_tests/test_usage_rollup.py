@@ -86,12 +86,23 @@ def test_migrating_an_existing_store_books_its_ledger_into_the_rollup(
     engine: Engine, tmp_path: Path
 ) -> None:
     _run_hostile(engine, tmp_path)
+    with engine.begin() as conn:  # the fake bills nothing; give the calls a price
+        conn.exec_driver_sql("UPDATE ledger_events SET cost_nanos = tokens_in * 150 + tokens_out")
     expected = _from_ledger(engine)
-    # A store from before sql/008 (and 012, 014): the same ledger with its float cost, no
-    # rollup, no tiers.
+    # A store from before sql/008 (and 012, 014, 015): the same ledger with its float cost, no
+    # rollup, no tiers, no dollar budgets.
     with engine.begin() as conn:
         conn.exec_driver_sql("DROP TABLE usage_daily")
-        conn.exec_driver_sql("DELETE FROM schema_migrations WHERE version IN (8, 12, 14)")
+        conn.exec_driver_sql("DELETE FROM schema_migrations WHERE version IN (8, 12, 14, 15)")
+        for table, column in [
+            ("tenants", "budget_tokens"),
+            ("tenants", "budget_nanos"),
+            ("tenants", "billed_nanos"),
+            ("budget_reservations", "nanos"),
+            ("batch_submissions", "reserved_nanos"),
+            ("batch_lines", "bound_nanos"),
+        ]:
+            conn.exec_driver_sql(f"ALTER TABLE {table} DROP COLUMN {column}")
         for column in ("service_tier", "price_booked", "cost_unknown", "tokens_reasoning"):
             conn.exec_driver_sql(f"ALTER TABLE ledger_events DROP COLUMN {column}")
         conn.exec_driver_sql("UPDATE ledger_events SET tokens_cached = tokens_in / 3")
@@ -100,8 +111,18 @@ def test_migrating_an_existing_store_books_its_ledger_into_the_rollup(
         )
         conn.exec_driver_sql("UPDATE ledger_events SET cost = cost_nanos / 1000000000.0")
         conn.exec_driver_sql("ALTER TABLE ledger_events DROP COLUMN cost_nanos")
-    assert migrate(engine) == [8, 12, 14]
+    assert migrate(engine) == [8, 12, 14, 15]
     assert _from_rollup(engine) == expected
+    # sql/015 books each tenant's cost so far as billed: a dollar cap counts it.
+    with engine.connect() as conn:
+        billed = dict(conn.exec_driver_sql("SELECT tenant_id, billed_nanos FROM tenants").all())
+        booked = dict(
+            conn.exec_driver_sql(
+                "SELECT tenant_id, sum(cost_nanos) FROM ledger_events WHERE type = 'usage'"
+                " GROUP BY tenant_id"
+            ).all()
+        )
+    assert billed == {t: int(booked.get(t, 0)) for t in billed} and sum(booked.values()) > 0
     # sql/014 books the cached tokens the ledger already held into the rollup.
     day = "date(at)" if engine.dialect.name == "sqlite" else "to_char(at, 'YYYY-MM-DD')"
     with engine.connect() as conn:

@@ -44,6 +44,7 @@ from backfill_assets.orchestration.wiring import (
     build_definitions,
 )
 from backfill_assets.store.audit import verify_store
+from backfill_assets.store.budget import budget_status
 from backfill_assets.store.dead_letters import requeue
 from backfill_assets.store.engine import read_tx, write_tx
 from backfill_assets.store.migrate import migrate, schema_versions
@@ -267,11 +268,14 @@ def cmd_dry_run(args: argparse.Namespace, settings: Settings) -> int:
         rubric = Rubric(load_user_policy(args.policy))
     versions = versions_for(settings.model_resource(), rubric)
     tenants = store_tenants(engine, args.tenant)
+    default_tokens = settings.tenant_budget_tokens or None
     with read_tx(engine) as conn:
         rows = [
             e.as_dict()
             for e in estimate_pending(conn, tenants, versions, rubric, settings.prices())
         ]
+        for row in rows:
+            row.update(budget_status(conn, row["tenant"], default_tokens).as_dict())
     doc = {"versions": versions.code_version, "policy": rubric.policy.identity, "tenants": rows}
     columns = [
         "tenant",
@@ -281,10 +285,13 @@ def cmd_dry_run(args: argparse.Namespace, settings: Settings) -> int:
         "estimated_cost_usd",
         "estimated_cost_usd_batch",
         "bound_cost_usd",
+        "budget_usd",
+        "free_usd",
     ]
     note = (
         "estimated: bytes/3 per prompt + max_tokens (sync, and batch at its price); bound: what "
-        "a strict budget reserves (every byte a token + template + schema + max_tokens)"
+        "a strict budget reserves (every byte a token + template + schema + max_tokens, at the "
+        "dearest input price); free: budget minus billed minus reserved by runs in flight"
     )
     emit(
         args,

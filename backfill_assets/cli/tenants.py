@@ -1,4 +1,5 @@
-"""``tenant set-region TENANT REGION`` and ``tenant list``: where each tenant's work may go."""
+"""``tenant set-region``, ``tenant set-budget`` and ``tenant list``: where each tenant's work
+may go, and how much it may spend."""
 
 from __future__ import annotations
 
@@ -9,19 +10,31 @@ from collections.abc import Callable
 from backfill_assets.cli.commands import emit
 from backfill_assets.cli.inputs import UserError, known_tenants
 from backfill_assets.cli.tables import table
+from backfill_assets.core.limits import Caps
+from backfill_assets.core.money import nanos_of_usd
 from backfill_assets.core.regions import InvalidRegion, base_url_var, validate_region
 from backfill_assets.orchestration.resources import OpenAIModelResource
 from backfill_assets.orchestration.settings import Settings
+from backfill_assets.store.budget import budget_status, set_caps, tenant_caps
 from backfill_assets.store.engine import read_tx, write_tx
 from backfill_assets.store.reports import tenant_ids
 from backfill_assets.store.tenants import set_region, tenant_rows
 
-TENANT_COLUMNS = ["tenant", "region", "posts", "done", "billed"]
+TENANT_COLUMNS = [
+    "tenant",
+    "region",
+    "posts",
+    "done",
+    "billed",
+    "billed_usd",
+    "budget_tokens",
+    "budget_usd",
+]
 
 
 def add_tenant_commands(add: Callable[[str, str], argparse.ArgumentParser]) -> None:
-    """Register the ``tenant`` group: ``set-region`` and ``list``."""
-    group = add("tenant", "Tenants' regions (data residency): set-region, list.")
+    """Register the ``tenant`` group: ``set-region``, ``set-budget`` and ``list``."""
+    group = add("tenant", "Tenants' regions and budgets: set-region, set-budget, list.")
     sub = group.add_subparsers(dest="tenant_command", required=True, metavar="SUBCOMMAND")
 
     def child(name: str, help_: str) -> argparse.ArgumentParser:
@@ -43,7 +56,28 @@ def add_tenant_commands(add: Callable[[str, str], argparse.ArgumentParser]) -> N
     sp.add_argument("region", help="region name, ^[a-z][a-z0-9-]{1,19}$ (e.g. eu, us-east)")
     sp.set_defaults(func=cmd_set_region)
 
-    sp = child("list", "Tenants with their region, posts, done (current versions) and billed.")
+    sp = child(
+        "set-budget",
+        "Cap what a tenant may spend, in dollars and/or tokens, over all its runs: strict, "
+        "by reservation (a call reserves the most it can cost before it is sent).",
+    )
+    sp.add_argument("tenant", help="tenant id")
+    sp.add_argument(
+        "--usd",
+        metavar="AMOUNT",
+        help="dollar cap, e.g. 50 or 12.50 (up to 9 decimals); 'none' removes it",
+    )
+    sp.add_argument(
+        "--tokens",
+        metavar="N",
+        help="token cap (instead of BACKFILL_TENANT_BUDGET_TOKENS for this tenant); "
+        "'none' removes it",
+    )
+    sp.set_defaults(func=cmd_set_budget)
+
+    sp = child(
+        "list", "Tenants with their region, posts, done (current versions), billed and budgets."
+    )
     sp.set_defaults(func=cmd_tenant_list)
 
 
@@ -70,6 +104,73 @@ def cmd_set_region(args: argparse.Namespace, settings: Settings) -> int:
             flush=True,
         )
     return 0
+
+
+def _cap(value: str | None, flag: str, parse: Callable[[str], int]) -> int | str | None:
+    """The cap a flag gives: an int, None (``none``: remove it) or "keep" (flag not given)."""
+    if value is None:
+        return "keep"
+    if value.strip().lower() == "none":
+        return None
+    try:
+        return parse(value)
+    except ValueError as exc:
+        raise UserError(f"argument {flag}: {exc}") from None
+
+
+def _tokens(value: str) -> int:
+    try:
+        n = int(value.replace("_", ""))
+    except ValueError:
+        raise ValueError(f"{value!r} is not a whole number of tokens") from None
+    if n < 0:
+        raise ValueError(f"{value!r}: a budget is at least 0 tokens")
+    return n
+
+
+def cmd_set_budget(args: argparse.Namespace, settings: Settings) -> int:
+    """Set or remove a tenant's dollar and token caps; exit 2 for bad amounts or tenants."""
+    usd_cap = _cap(args.usd, "--usd", nanos_of_usd)
+    token_cap = _cap(args.tokens, "--tokens", _tokens)
+    if usd_cap == "keep" and token_cap == "keep":
+        raise UserError("give --usd AMOUNT and/or --tokens N (or 'none' to remove a cap)")
+    engine = settings.store_engine()
+    with read_tx(engine) as conn:
+        tenant = known_tenants([args.tenant], tenant_ids(conn), flag="TENANT")[0]
+    default_tokens = settings.tenant_budget_tokens or None
+    with write_tx(engine) as conn:
+        own = tenant_caps(conn, tenant, None)
+        caps = Caps(
+            tokens=own.tokens if token_cap == "keep" else _int_or_none(token_cap),
+            nanos=own.nanos if usd_cap == "keep" else _int_or_none(usd_cap),
+        )
+        set_caps(conn, tenant, caps)
+        status = budget_status(conn, tenant, default_tokens)
+    doc = {"tenant": tenant, **status.as_dict()}
+    emit(args, doc, _budget_text(doc))
+    return 0
+
+
+def _int_or_none(value: int | str | None) -> int | None:
+    return value if isinstance(value, int) else None
+
+
+def _budget_text(doc: dict[str, object]) -> str:
+    usd_part = (
+        "no dollar cap"
+        if doc["budget_usd"] is None
+        else f"${doc['budget_usd']} cap, ${doc['free_usd']} free"
+    )
+    token_part = (
+        "no token cap"
+        if doc["budget_tokens"] is None
+        else f"{doc['budget_tokens']} token cap, {doc['free_tokens']} free"
+    )
+    return (
+        f"{doc['tenant']}: {usd_part}; {token_part} "
+        f"(billed ${doc['billed_usd']} and {doc['billed_tokens']} tokens, "
+        f"reserved by runs in flight ${doc['reserved_usd']} and {doc['reserved_tokens']} tokens)"
+    )
 
 
 def cmd_tenant_list(args: argparse.Namespace, settings: Settings) -> int:

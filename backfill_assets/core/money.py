@@ -7,7 +7,7 @@ invoices. Dollars are shown as ``Decimal`` strings with nine places, never as fl
 
 from __future__ import annotations
 
-from decimal import ROUND_HALF_EVEN, ROUND_HALF_UP, Decimal
+from decimal import ROUND_HALF_EVEN, ROUND_HALF_UP, Decimal, InvalidOperation
 
 NANOS_PER_USD = 10**9
 # A price is USD per million tokens: one token at that price is price x 1,000 nano-dollars.
@@ -22,6 +22,22 @@ def nanos_for(tokens: int, usd_per_million: Decimal) -> Decimal:
 def whole_nanos(amount: Decimal) -> int:
     """An exact amount rounded once, half to even, to whole nano-dollars."""
     return int(amount.to_integral_value(rounding=ROUND_HALF_EVEN))
+
+
+def nanos_of_usd(text: str) -> int:
+    """A dollar amount as typed (``50``, ``12.5``, ``$0.000001``) in whole nano-dollars;
+    ValueError for anything else, negative, or finer than a nano-dollar."""
+    raw = text.strip().removeprefix("$").replace("_", "")
+    try:
+        amount = Decimal(raw)
+    except InvalidOperation:
+        raise ValueError(f"{text!r} is not a dollar amount (e.g. 50 or 12.50)") from None
+    if not amount.is_finite() or amount < 0:
+        raise ValueError(f"{text!r}: a budget is a finite amount of at least 0 dollars")
+    nanos = amount * NANOS_PER_USD
+    if nanos != nanos.to_integral_value():
+        raise ValueError(f"{text!r}: finer than a nano-dollar (at most 9 decimal places)")
+    return int(nanos)
 
 
 def usd(nanos: int) -> Decimal:

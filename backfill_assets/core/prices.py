@@ -82,6 +82,18 @@ class Price(BaseModel):
         )
         return whole_nanos(exact)
 
+    def bound(self, prompt_tokens: int, output_tokens: int) -> int:
+        """The most a call of at most these tokens can cost: every prompt token at the
+        dearest prompt rate (no cache discount assumed; a cache write may cost more)."""
+        dearest = max(
+            self.input,
+            self.input if self.cached_input is None else self.cached_input,
+            self.input if self.cache_write is None else self.cache_write,
+        )
+        return whole_nanos(
+            nanos_for(prompt_tokens, dearest) + nanos_for(output_tokens, self.output)
+        )
+
 
 class DatedPrice(BaseModel):
     """A model's prices per tier from one day on (until the next entry's day)."""
@@ -241,6 +253,21 @@ class PriceTable:
             _warn_unpriced(model)
             return 0
         return found.price.cost(tokens_in, tokens_out, cached, cache_written)
+
+    def cost_bound(
+        self, model: str, tiers: Sequence[Tier], prompt_tokens: int, output_tokens: int
+    ) -> int | None:
+        """The most a call can cost if booked at any of ``tiers``, at today's price or
+        tomorrow's (a call sent before midnight is booked after it). None: not priced."""
+        today = dt.datetime.now(dt.UTC).date()
+        bounds: list[int] = []
+        for tier in tiers:
+            for day in (today, today + dt.timedelta(days=1)):
+                found = self.booked(model, tier, day)
+                if found is None:
+                    return None
+                bounds.append(found.price.bound(prompt_tokens, output_tokens))
+        return max(bounds) if bounds else None
 
 
 _unpriced: set[str] = set()

@@ -30,7 +30,7 @@ from backfill_assets.dispatch.sync import DispatchConfig, Dispatcher, DispatchHa
 from backfill_assets.providers.models.base import ModelAdapter
 from backfill_assets.providers.ratelimit.shared import SHARED_LIMITS
 from backfill_assets.store import limiter_members
-from backfill_assets.store.budget import StoreBudgetLedger
+from backfill_assets.store.budget import StoreBudgetLedger, may_bind
 from backfill_assets.store.engine import read_tx, refresh_planner_stats
 from backfill_assets.store.locks import Fence, PartitionBusy, WriterLocks, while_held
 from backfill_assets.store.partition_counts import PartitionCounts, partition_counts, post_counts
@@ -222,7 +222,9 @@ async def _dispatch(
     adapter = make_adapter()
     budgets = TenantBudgets(
         options.budget_tokens,
-        StoreBudgetLedger(engine, holder=run_id) if options.budget_tokens else None,
+        StoreBudgetLedger(engine, holder=run_id)
+        if may_bind(engine, options.budget_tokens)
+        else None,
         chunk_calls=max(4, options.concurrency * 2),
     )
     dispatcher: Dispatcher
@@ -267,6 +269,14 @@ async def _dispatch(
                 await budgets.release()
         finally:
             await adapter.aclose()
+            _log_deferred(budgets.deferred, log)
+
+
+def _log_deferred(deferred: dict[str, str], log: Callable[[str], None], shown: int = 20) -> None:
+    for tenant, reason in sorted(deferred.items())[:shown]:
+        log(f"{tenant}: keys deferred to a later run: {reason}")
+    if len(deferred) > shown:
+        log(f"... and {len(deferred) - shown} more tenant(s) with keys deferred by a budget")
 
 
 @contextlib.contextmanager

@@ -19,7 +19,7 @@ from typing import Any
 
 from backfill_assets.core.events import EventKind
 from backfill_assets.core.keys import Versions
-from backfill_assets.core.limits import Reservation, TenantBudgets
+from backfill_assets.core.limits import Reservation, Spend, TenantBudgets, over_bound
 from backfill_assets.core.outcomes import Outcome, RetryPolicy
 from backfill_assets.core.rubric import (
     MAX_OUTPUT_TOKENS,
@@ -234,8 +234,15 @@ class Dispatcher:
         # tokenizer; the limiter paces on the cheap estimate and settles to the billed figure.
         rubric = self.cfg.rubric
         messages = rubric.messages(item.key, item.text)
-        bound = messages_token_bound(messages, rubric.schema_bytes) + MAX_OUTPUT_TOKENS
-        reservation = await self.budgets.reserve(item.tenant_id, bound)
+        prompt_bound = messages_token_bound(messages, rubric.schema_bytes)
+        bound = prompt_bound + MAX_OUTPUT_TOKENS
+        nanos = None  # the dollar bound is worked out only when a budget can bind
+        if self.budgets.enabled:
+            model = self.cfg.versions.model
+            nanos = self.adapter.cost_bound(model, prompt_bound, MAX_OUTPUT_TOKENS)
+        reservation = await self.budgets.reserve(
+            item.tenant_id, Spend(bound, nanos or 0), priced=nanos is not None
+        )
         if reservation is None:
             st.outcomes[Outcome.DEFERRED] += 1
             return True
@@ -321,10 +328,11 @@ class Dispatcher:
         if response.usage_shape == "missing":
             usage["message"] = "usage_missing: the provider reported no usage; booked the bound"
             st.usage_missing += 1
-        if billed > reservation.tokens:
+        over = over_bound(Spend(billed, cost), reservation)
+        if over:
             # Past any byte-level tokenizer's count: the cap can no longer be promised for this
             # tenant, so it gets no more calls in this run. The event records bound and bill.
-            usage["message"] = f"over_bound: billed {billed} > reserved bound {reservation.tokens}"
+            usage["message"] = over
             st.over_bound += 1
             if item.tenant_id not in self.stopped_tenants:
                 self.stopped_tenants[item.tenant_id] = usage["message"]
@@ -333,7 +341,7 @@ class Dispatcher:
                     "stopping this tenant (see the spend check and verify)"
                 )
         self.writer.stage_event(usage, reservation.reservation_id)
-        self.budgets.settle(reservation, billed)
+        self.budgets.settle(reservation, Spend(billed, cost))
         st.tokens_in += response.tokens_in
         st.tokens_out += response.tokens_out
         st.tokens_cached += response.tokens_cached
@@ -350,7 +358,7 @@ class Dispatcher:
         reservation: Reservation,
         st: PartitionStats,
     ) -> bool:
-        self.budgets.settle(reservation, 0)
+        self.budgets.settle(reservation, Spend())
         event = self._event(item, attempt, attempt_id, EventKind.ERROR)
         event.update(
             status=exc.status,

@@ -7,12 +7,14 @@ import datetime as dt
 import statistics
 from collections.abc import Sequence
 
+from sqlalchemy.engine import Connection
+
 from backfill_assets.core.deadline import DeadlinePlan, Rates, Work, make_plan
 from backfill_assets.core.prices import Tier
 from backfill_assets.orchestration.estimate import TenantEstimate, estimate_pending
 from backfill_assets.orchestration.resources import versions_for
 from backfill_assets.orchestration.settings import Settings
-from backfill_assets.store.budget import free_tokens
+from backfill_assets.store.budget import free_spend, tenant_caps
 from backfill_assets.store.engine import read_tx
 from backfill_assets.store.limiter_members import live_members
 from backfill_assets.store.submissions import batch_durations
@@ -70,6 +72,11 @@ def _work(est: TenantEstimate, tokens_left: int | None) -> Work:
     )
 
 
+def _tokens_left(conn: Connection, tenant: str, default_tokens: int | None) -> int | None:
+    caps = tenant_caps(conn, tenant, default_tokens)
+    return None if caps.tokens is None else free_spend(conn, tenant, caps).tokens
+
+
 def plan_deadline(
     settings: Settings,
     tenants: Sequence[str],
@@ -85,7 +92,7 @@ def plan_deadline(
     with read_tx(engine) as conn:
         estimates = estimate_pending(conn, tenants, versions, settings.rubric(), settings.prices())
         durations = batch_durations(conn, versions.model)
-        left = {e.tenant: free_tokens(conn, e.tenant, cap) if cap else None for e in estimates}
+        left = {e.tenant: _tokens_left(conn, e.tenant, cap or None) for e in estimates}
     keys = sum(e.keys for e in estimates)
     tokens_per_key = sum(e.estimated_tokens for e in estimates) / keys if keys else 0.0
     rates = Rates(

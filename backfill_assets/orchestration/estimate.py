@@ -37,6 +37,8 @@ class TenantEstimate:
     # Nano-dollars (core/money.py).
     estimated_cost_nanos: int = 0
     bound_cost_nanos: int = 0
+    # What a batch chunk reserves for the same keys (the bound at the Batch API's price).
+    bound_cost_nanos_batch: int = 0
     # The same estimate at the Batch API's price (BACKFILL_DISPATCH=batch).
     estimated_cost_nanos_batch: int = 0
     # ... and at the flex tier's (BACKFILL_SERVICE_TIER=flex).
@@ -67,6 +69,7 @@ class TenantEstimate:
             "bound_tokens": self.bound_tokens,
             "estimated_cost_usd": usd_text(self.estimated_cost_nanos),
             "bound_cost_usd": usd_text(self.bound_cost_nanos),
+            "bound_cost_usd_batch": usd_text(self.bound_cost_nanos_batch),
             "estimated_cost_usd_batch": usd_text(self.estimated_cost_nanos_batch),
             "estimated_cost_usd_flex": usd_text(self.estimated_cost_nanos_flex),
         }
@@ -100,8 +103,15 @@ def estimate_pending(
                     est.estimated_cost_nanos_flex += prices.cost(
                         model, prompt, MAX_OUTPUT_TOKENS, tier=Tier.FLEX
                     )
-                    est.bound_cost_nanos += prices.cost(
-                        model, bound - MAX_OUTPUT_TOKENS, MAX_OUTPUT_TOKENS
+                    # What a dollar budget reserves: sync (standard, and flex, which may be
+                    # booked standard) and batch.
+                    prompt_bound = bound - MAX_OUTPUT_TOKENS
+                    est.bound_cost_nanos += (
+                        prices.cost_bound(model, [Tier.STANDARD], prompt_bound, MAX_OUTPUT_TOKENS)
+                        or 0
+                    )
+                    est.bound_cost_nanos_batch += (
+                        prices.cost_bound(model, [Tier.BATCH], prompt_bound, MAX_OUTPUT_TOKENS) or 0
                     )
         out.append(est)
     return out

@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from backfill_assets.core.events import EventKind
+from backfill_assets.core.limits import Spend
 from backfill_assets.store.bulk import db_time, insert_rows
 from backfill_assets.store.locks import Fence
 from backfill_assets.store.tables import (
@@ -59,6 +60,8 @@ class LineRow:
     attempt_no: int
     # The most tokens the line can bill (None on lines recorded before sql/005).
     bound_tokens: int | None = None
+    # The most nano-dollars it can cost at the batch price (None before sql/015).
+    bound_nanos: int | None = None
 
 
 @dataclass
@@ -88,6 +91,7 @@ class Submission:
     requests_completed: int = 0
     requests_failed: int = 0
     reserved_tokens: int = 0
+    reserved_nanos: int = 0
     errors: str | None = None
     submitted_at: datetime | None = None
     finished_at: datetime | None = None
@@ -176,13 +180,17 @@ def open_submissions(conn: Connection, tenant_id: str, slices: Sequence[int]) ->
     return [Submission.from_row(r) for r in conn.execute(stmt)]
 
 
-def open_reserved(conn: Connection, tenant_id: str) -> int:
-    """Tokens the tenant's open chunks still hold (their batches can still bill them)."""
-    stmt = sa.select(sa.func.coalesce(sa.func.sum(batch_submissions.c.reserved_tokens), 0)).where(
+def open_reserved(conn: Connection, tenant_id: str) -> Spend:
+    """What the tenant's open chunks still hold (their batches can still bill it)."""
+    stmt = sa.select(
+        sa.func.coalesce(sa.func.sum(batch_submissions.c.reserved_tokens), 0),
+        sa.func.coalesce(sa.func.sum(batch_submissions.c.reserved_nanos), 0),
+    ).where(
         batch_submissions.c.tenant_id == tenant_id,
         batch_submissions.c.state.in_(OPEN_STATES),
     )
-    return int(conn.execute(stmt).scalar_one())
+    tokens, nanos = conn.execute(stmt).one()
+    return Spend(int(tokens), int(nanos))
 
 
 def chunk_lines(conn: Connection, chunk_id: str) -> list[LineRow]:

@@ -25,6 +25,10 @@ tenants = sa.Table(
     sa.Column("slice_level", sa.Integer),
     # sql/011: NULL for a customer's tenant; 'evaluation' for one that holds gold sets.
     sa.Column("purpose", sa.Text),
+    # sql/015: the tenant's caps (NULL: none) and the cost of its usage events, in nano-dollars.
+    sa.Column("budget_tokens", sa.BigInteger),
+    sa.Column("budget_nanos", sa.BigInteger),
+    sa.Column("billed_nanos", sa.BigInteger, nullable=False),
 )
 
 posts = sa.Table(
@@ -138,6 +142,8 @@ budget_reservations = sa.Table(
     sa.Column("tokens", sa.BigInteger, nullable=False),
     sa.Column("holder", sa.Text, nullable=False),
     sa.Column("heartbeat_at", sa.DateTime, nullable=False),
+    # sql/015: the dollar half of the reservation.
+    sa.Column("nanos", sa.BigInteger, nullable=False),
 )
 
 # sql/003: Batch API submissions and their lines (BACKFILL_DISPATCH=batch).
@@ -174,6 +180,8 @@ batch_submissions = sa.Table(
     # sql/005: a create was sent whose outcome may be unknown (no second create until found
     # or the lookup window passed); reserved_tokens is the chunk's live reservation.
     sa.Column("create_sent_at", sa.DateTime),
+    # sql/015: the dollar half of the chunk's live reservation, in nano-dollars.
+    sa.Column("reserved_nanos", sa.BigInteger, nullable=False),
 )
 
 batch_lines = sa.Table(
@@ -189,6 +197,8 @@ batch_lines = sa.Table(
     sa.Column("attempt_no", sa.Integer, nullable=False),
     # sql/005: the most tokens the line's request can bill (reserved, and booked if no usage).
     sa.Column("bound_tokens", sa.BigInteger),
+    # sql/015: the most nano-dollars it can cost at the batch price (NULL: recorded before).
+    sa.Column("bound_nanos", sa.BigInteger),
 )
 
 limiter_members = sa.Table(

@@ -9,6 +9,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from backfill_assets.core.keys import Versions
+from backfill_assets.core.money import usd_text
 from backfill_assets.store.tables import posts, results, tenants
 from backfill_assets.store.usage import billed_by_tenant
 
@@ -57,7 +58,8 @@ def claim_regions(conn: Connection, claimed: Mapping[str, str]) -> None:
 
 def tenant_rows(conn: Connection, versions: Versions) -> list[dict[str, Any]]:
     """Per tenant: region, posts, done (posts whose current text has a result at
-    ``versions``) and billed (tokens of every usage event, from the usage rollup)."""
+    ``versions``), billed (tokens and dollars of every usage event, from the usage rollup)
+    and the tenant's own budgets (None: none)."""
     post_n = (
         sa.select(posts.c.tenant_id, sa.func.count().label("n"))
         .group_by(posts.c.tenant_id)
@@ -91,6 +93,9 @@ def tenant_rows(conn: Connection, versions: Versions) -> list[dict[str, Any]]:
             sa.func.coalesce(post_n.c.n, 0),
             sa.func.coalesce(done_n.c.n, 0),
             sa.func.coalesce(billed.c.n, 0),
+            sa.func.coalesce(billed.c.nanos, 0),
+            tenants.c.budget_tokens,
+            tenants.c.budget_nanos,
         )
         .outerjoin(post_n, post_n.c.tenant_id == tenants.c.tenant_id)
         .outerjoin(done_n, done_n.c.tenant_id == tenants.c.tenant_id)
@@ -98,6 +103,15 @@ def tenant_rows(conn: Connection, versions: Versions) -> list[dict[str, Any]]:
         .order_by(tenants.c.tenant_id)
     )
     return [
-        {"tenant": str(t), "region": r, "posts": int(p), "done": int(d), "billed": int(b)}
-        for t, r, p, d, b in conn.execute(stmt)
+        {
+            "tenant": str(t),
+            "region": r,
+            "posts": int(p),
+            "done": int(d),
+            "billed": int(b),
+            "billed_usd": usd_text(int(nanos)),
+            "budget_tokens": None if cap_tokens is None else int(cap_tokens),
+            "budget_usd": None if cap_nanos is None else usd_text(int(cap_nanos)),
+        }
+        for t, r, p, d, b, nanos, cap_tokens, cap_nanos in conn.execute(stmt)
     ]

@@ -99,10 +99,15 @@ def usage_by_tenant_model(conn: Connection) -> list[dict[str, object]]:
 
 
 def billed_by_tenant() -> sa.Subquery:
-    """``(tenant_id, n)``: tokens billed per tenant, for joining into per-tenant reports."""
+    """``(tenant_id, n, nanos)``: tokens and nano-dollars billed per tenant, for joining into
+    per-tenant reports."""
     u = usage_daily
     return (
-        sa.select(u.c.tenant_id, sa.func.sum(u.c.tokens_in + u.c.tokens_out).label("n"))
+        sa.select(
+            u.c.tenant_id,
+            sa.func.sum(u.c.tokens_in + u.c.tokens_out).label("n"),
+            sa.func.sum(u.c.cost_nanos).label("nanos"),
+        )
         .group_by(u.c.tenant_id)
         .subquery()
     )

@@ -30,6 +30,7 @@ from typing import Any
 from sqlalchemy.engine import Connection, Engine
 
 from backfill_assets.core.events import EventKind
+from backfill_assets.core.limits import Spend
 from backfill_assets.core.rubric import OutputContract
 from backfill_assets.core.validation import split_valid
 from backfill_assets.store.bulk import db_time, insert_values, row_values
@@ -61,10 +62,10 @@ class _Staged:
     events: list[Row] = field(default_factory=list)
     results: list[Row] = field(default_factory=list)
     dead: list[Row] = field(default_factory=list)
-    # reservation id -> billed tokens to take off it (they now count as spent).
-    unreserve: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-    billed: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-    released: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    # reservation id -> billed tokens and nanos to take off it (they now count as spent).
+    unreserve: dict[str, Spend] = field(default_factory=lambda: defaultdict(Spend))
+    billed: dict[str, Spend] = field(default_factory=lambda: defaultdict(Spend))
+    released: dict[str, Spend] = field(default_factory=lambda: defaultdict(Spend))
     # (tenant, model) -> [calls, tokens_in, tokens_out, cost_nanos, tokens_cached,
     # calls_cost_unknown] of the staged usage events.
     usage: dict[tuple[str, str], list[Any]] = field(default_factory=dict)
@@ -227,7 +228,7 @@ class LedgerWriter:
         await fut
 
     def stage_event(
-        self, row: Row, reservation_id: str | None = None, chunk: tuple[str, int] | None = None
+        self, row: Row, reservation_id: str | None = None, chunk: tuple[str, Spend] | None = None
     ) -> None:
         """Stage a usage or error event (booked with the outcome that follows it).
 
@@ -235,7 +236,7 @@ class LedgerWriter:
         reservation in the same transaction as the event.
         """
         self._staged.events.append(row)
-        if chunk is not None and chunk[1]:
+        if chunk is not None and chunk[1] != Spend():
             self._staged.released[chunk[0]] += chunk[1]
         tokens_in, tokens_out = int(row["tokens_in"]), int(row["tokens_out"])
         if row["type"] == EventKind.USAGE:
@@ -248,11 +249,11 @@ class LedgerWriter:
             sums[3] += int(row["cost_nanos"])
             sums[4] += int(row.get("tokens_cached") or 0)
             sums[5] += int(row.get("cost_unknown") or 0)
-            tokens = tokens_in + tokens_out
-            if tokens:
-                self._staged.billed[row["tenant_id"]] += tokens
+            spent = Spend(tokens_in + tokens_out, int(row["cost_nanos"]))
+            if spent != Spend():
+                self._staged.billed[row["tenant_id"]] += spent
                 if reservation_id is not None:
-                    self._staged.unreserve[reservation_id] += tokens
+                    self._staged.unreserve[reservation_id] += spent
         self._mark()
 
     def stage_result(self, row: Row) -> None:
@@ -410,23 +411,33 @@ class LedgerWriter:
         # partitions) in different orders deadlocked on PostgreSQL, failing one run's step.
         if s.usage:
             add_usage(conn, day, sorted(s.usage.items()))
-        for tenant_id, tokens in sorted(s.billed.items()):
+        for tenant_id, spent in sorted(s.billed.items()):
             conn.execute(
                 tenants.update()
                 .where(tenants.c.tenant_id == tenant_id)
-                .values(billed_tokens=tenants.c.billed_tokens + tokens)
+                .values(
+                    billed_tokens=tenants.c.billed_tokens + spent.tokens,
+                    billed_nanos=tenants.c.billed_nanos + spent.nanos,
+                )
             )
-        for rid, tokens in sorted(s.unreserve.items()):
+        for rid, spent in sorted(s.unreserve.items()):
             conn.execute(
                 budget_reservations.update()
                 .where(budget_reservations.c.reservation_id == rid)
-                .values(tokens=budget_reservations.c.tokens - tokens, heartbeat_at=utcnow())
+                .values(
+                    tokens=budget_reservations.c.tokens - spent.tokens,
+                    nanos=budget_reservations.c.nanos - spent.nanos,
+                    heartbeat_at=utcnow(),
+                )
             )
-        for chunk_id, tokens in sorted(s.released.items()):
+        for chunk_id, bound in sorted(s.released.items()):
             conn.execute(
                 batch_submissions.update()
                 .where(batch_submissions.c.chunk_id == chunk_id)
-                .values(reserved_tokens=batch_submissions.c.reserved_tokens - tokens)
+                .values(
+                    reserved_tokens=batch_submissions.c.reserved_tokens - bound.tokens,
+                    reserved_nanos=batch_submissions.c.reserved_nanos - bound.nanos,
+                )
             )
 
 

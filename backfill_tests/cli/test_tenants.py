@@ -158,7 +158,16 @@ def test_tenant_list_shows_region_posts_done_and_billed(
     assert sum(r.stats.calls for r in reports) == 20
     assert main(["tenant", "list", "--json"]) == 0
     rows = {r["tenant"]: r for r in json.loads(capsys.readouterr().out)["tenants"]}
-    assert rows["euco"] == {"tenant": "euco", "region": "eu", "posts": 1, "done": 0, "billed": 0}
+    assert rows["euco"] == {
+        "tenant": "euco",
+        "region": "eu",
+        "posts": 1,
+        "done": 0,
+        "billed": 0,
+        "billed_usd": "0.000000000",
+        "budget_tokens": None,
+        "budget_usd": None,
+    }
     acme = rows["acme"]
     assert (acme["region"], acme["posts"], acme["done"]) == (None, 20, 20)
     with cli_env.connect() as conn:
@@ -173,9 +182,18 @@ def test_tenant_list_shows_region_posts_done_and_billed(
     assert json.loads(capsys.readouterr().out)["tenants"][0]["tenant"] == "acme"
     assert main(["tenant", "list"]) == 0
     table = capsys.readouterr().out.splitlines()
-    assert table[0].split() == ["tenant", "region", "posts", "done", "billed"]
+    assert table[0].split() == [
+        "tenant",
+        "region",
+        "posts",
+        "done",
+        "billed",
+        "billed_usd",
+        "budget_tokens",
+        "budget_usd",
+    ]
     assert table[2].split()[:4] == ["acme", "-", "20", "20"]
-    assert table[3].split() == ["euco", "eu", "1", "0", "0"]
+    assert table[3].split() == ["euco", "eu", "1", "0", "0", "0.000000000", "-", "-"]
 
 
 def test_a_tenant_whose_region_has_no_lane_is_not_sent_anywhere(cli_env: Engine) -> None:

@@ -163,10 +163,11 @@ def test_spend_fails_past_the_orphan_bound_and_drift_past_its_factor() -> None:
         (100, 10, 1000, 100),  # plenty: what was asked
         (800, 10, 1000, 500),  # never more than half of what is free...
         (800, 600, 1000, 600),  # ...unless the minimum needs more
-        (100, 10, 5, 0),  # not even the minimum: nothing
-        (100, 0, 0, 0),  # nothing free
+        (100, 10, 5, None),  # not even the minimum: refused
+        (100, 10, 0, None),  # nothing free
+        (100, 0, 0, 0),  # a call that costs nothing is not refused
         (100, 10, 10, 10),  # exactly the minimum
     ],
 )
-def test_grant_size(want: int, minimum: int, free: int, granted: int) -> None:
+def test_grant_size(want: int, minimum: int, free: int, granted: int | None) -> None:
     assert grant_size(want, minimum, free) == granted

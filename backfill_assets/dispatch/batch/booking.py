@@ -13,6 +13,7 @@ import json
 import tempfile
 
 from backfill_assets.core.keys import Versions
+from backfill_assets.core.limits import Reservation, Spend, over_bound
 from backfill_assets.core.outcomes import Outcome
 from backfill_assets.core.prices import Tier, event_cost
 from backfill_assets.core.rubric import MAX_OUTPUT_TOKENS, OutputRejected, parse_output
@@ -98,15 +99,20 @@ async def _download(ctx: BatchContext, file_id: str | None) -> dict[str, OutputL
     return found
 
 
-def _release(job: ChunkJob, line: store.LineRow) -> tuple[str, int]:
+def _release(job: ChunkJob, line: store.LineRow) -> tuple[str, Spend]:
     """What the line holds of its chunk's reservation: its bound.
 
-    Lines recorded before sql/005 have none: they hold an equal share of the chunk's.
+    Lines recorded before sql/005 (sql/015 for nano-dollars) have none: they hold an equal
+    share of the chunk's.
     """
-    bound = line.bound_tokens
-    if bound is None:
-        bound = job.sub.reserved_tokens // max(1, job.sub.lines)
-    return job.sub.chunk_id, bound
+    share = max(1, job.sub.lines)
+    tokens = line.bound_tokens
+    if tokens is None:
+        tokens = job.sub.reserved_tokens // share
+    nanos = line.bound_nanos
+    if nanos is None:
+        nanos = job.sub.reserved_nanos // share
+    return job.sub.chunk_id, Spend(tokens, nanos)
 
 
 def _failed_scope(sub: store.Submission) -> Scope:
@@ -231,9 +237,10 @@ def _usage(
     rows: LineRows,
     line: store.LineRow,
     triaged: TriagedLine,
-    bound: int,
+    reserved: Spend,
 ) -> Row:
     """The line's usage event, booked like sync mode's (``dispatch._book_usage``)."""
+    bound = reserved.tokens
     shape, tokens_in, tokens_out = triaged.usage_shape, triaged.tokens_in, triaged.tokens_out
     if shape == "missing":
         # No usage at all: the most the line could have cost, never 0, flagged.
@@ -257,11 +264,18 @@ def _usage(
     )
     if shape == "missing":
         usage["message"] = "usage_missing: the provider reported no usage; booked the bound"
-    billed = tokens_in + tokens_out
-    if line.bound_tokens is not None and billed > bound:
+    # Lines recorded before a bound was kept are not judged against one.
+    reservation = Reservation(
+        job.sub.tenant_id,
+        None,
+        reserved,
+        priced=booked is not None and line.bound_nanos is not None,
+    )
+    over = over_bound(Spend(tokens_in + tokens_out, cost), reservation)
+    if line.bound_tokens is not None and over:
         # Past any byte-level tokenizer's count: the cap can no longer be promised for this
         # tenant, so it gets no new chunk in this run (as in sync mode).
-        usage["message"] = f"over_bound: billed {billed} > reserved bound {bound}"
+        usage["message"] = over
         tenant = job.sub.tenant_id
         if tenant not in ctx.stopped_tenants:
             ctx.stopped_tenants[tenant] = usage["message"]

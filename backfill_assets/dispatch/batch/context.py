@@ -55,8 +55,10 @@ class BatchContext:
     # Every write of the run's partitions (chunk steps, booking) commits through it.
     fence: Fence
     client: BatchClient
-    # The per-tenant token cap (None: none). A chunk's reservation is its submission row.
-    cap: int | None
+    # Whether budgets bind in this run, and the default token cap (None: none). A chunk's
+    # reservation is its submission row.
+    budgets: bool
+    budget_tokens: int | None
     versions: Versions
     rubric: Rubric
     run_id: str

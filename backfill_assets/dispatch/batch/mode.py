@@ -23,6 +23,7 @@ from backfill_assets.dispatch.partition_run import PartitionRef, PartitionReport
 from backfill_assets.dispatch.routing import LanePlan
 from backfill_assets.dispatch.sync import DispatchHalted
 from backfill_assets.providers.models.base import ModelAdapter, RunFatalError
+from backfill_assets.store.budget import may_bind
 from backfill_assets.store.locks import Fence
 
 
@@ -58,7 +59,8 @@ async def run_batch(
         fence=fence,
         client=client,
         # Each chunk reserves its lines' bounds in its own row, granted with its intent.
-        cap=options.budget_tokens or None,
+        budgets=may_bind(engine, options.budget_tokens),
+        budget_tokens=options.budget_tokens or None,
         versions=versions,
         rubric=rubric,
         run_id=run_id,

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import itertools
 from collections.abc import Sequence
 
 from backfill_assets.core.keys import work_key
+from backfill_assets.core.limits import UNPRICED_UNDER_DOLLAR_CAP, Caps, Spend
+from backfill_assets.core.prices import Tier
 from backfill_assets.core.rubric import MAX_OUTPUT_TOKENS, call_token_bound
 from backfill_assets.dispatch.batch.chunks import ChunkLine, chunk_base, chunk_id, split
 from backfill_assets.dispatch.batch.client import Refused, retry
@@ -48,9 +49,21 @@ def _line_bytes(ctx: BatchContext, tenant_id: str, line: ChunkLine) -> bytes:
     return input_line(request, ctx.max_tokens_param)
 
 
-def _free(ctx: BatchContext, tenant_id: str) -> int:
-    assert ctx.cap is not None
-    return budget.free_for(ctx.engine, tenant_id, ctx.cap)
+def _free(ctx: BatchContext, tenant_id: str) -> tuple[Caps, Spend]:
+    return budget.free_for(ctx.engine, tenant_id, ctx.budget_tokens)
+
+
+def _fitting(caps: Caps, free: Spend, bounds: Sequence[Spend], priced: bool) -> int:
+    """How many of ``bounds``, in order, fit the free budget together."""
+    if caps.nanos is not None and not priced:
+        return 0  # a dollar cap cannot be kept for a model without a price
+    total, n = Spend(), 0
+    for bound in bounds:
+        total += bound
+        if caps.exceeds(total, free):
+            break
+        n += 1
+    return n
 
 
 async def plan(
@@ -63,9 +76,10 @@ async def plan(
 ) -> tuple[list[ChunkJob], list[str]]:
     """Chunks (intent recorded) for ``pending``, and the keys deferred by the budget.
 
-    Each chunk reserves the sum of its lines' upper bounds (``rubric.call_token_bound``), not
-    an estimate: whatever the provider's tokenizer, the chunk cannot bill more. If the cap is
-    short, the longest prefix that fits is recorded and the rest is deferred.
+    Each chunk reserves the sum of its lines' upper bounds (``rubric.call_token_bound``, and
+    its cost at the batch price), not an estimate: whatever the provider's tokenizer, the chunk
+    cannot bill more. If a cap is short, the longest prefix that fits is recorded and the rest
+    is deferred.
     """
     prior = await ctx.db(_prior, ctx, tenant_id, slice_no)
     lines: list[ChunkLine] = []
@@ -75,16 +89,18 @@ async def plan(
     # Sorted by key: the same pending keys always give the same chunks and file bytes.
     lines.sort(key=lambda ln: ln.key)
     encoded = [_line_bytes(ctx, tenant_id, ln) for ln in lines]
-    bounds = [call_token_bound(ctx.rubric, ln.key, ln.text) for ln in lines]
+    bounds, priced = _bounds(ctx, lines)
     jobs: list[ChunkJob] = []
     for span in split([len(b) for b in encoded], max_lines, ctx.options.max_file_bytes):
         job = None
         for _ in range(_ADMIT_TRIES):
             n = len(span)
-            if ctx.cap is not None:
-                free = await ctx.db(_free, ctx, tenant_id)
-                sums = itertools.accumulate(bounds[span.start : span.stop])
-                n = sum(1 for total in sums if total <= free)
+            if ctx.budgets:
+                caps, free = await ctx.db(_free, ctx, tenant_id)
+                if caps.any:
+                    n = _fitting(caps, free, bounds[span.start : span.stop], priced)
+                if n == 0 and caps.nanos is not None and not priced:
+                    ctx.log(f"{tenant_id}: {UNPRICED_UNDER_DOLLAR_CAP}: its keys are deferred")
             if n == 0:
                 break
             content = b"".join(encoded[span.start : span.start + n])
@@ -103,6 +119,21 @@ async def plan(
     return jobs, [ln.key for ln in lines if ln.key not in planned]
 
 
+def _bounds(ctx: BatchContext, lines: Sequence[ChunkLine]) -> tuple[list[Spend], bool]:
+    """Each line's most tokens and nano-dollars at the batch price, and whether the model
+    has a price (if not, the nanos are 0)."""
+    out: list[Spend] = []
+    priced = True
+    for ln in lines:
+        tokens = call_token_bound(ctx.rubric, ln.key, ln.text)
+        nanos = ctx.prices.cost_bound(
+            ctx.versions.model, [Tier.BATCH], tokens - MAX_OUTPUT_TOKENS, MAX_OUTPUT_TOKENS
+        )
+        priced = priced and nanos is not None
+        out.append(Spend(tokens, nanos or 0))
+    return out, priced
+
+
 def _prior(ctx: BatchContext, tenant_id: str, slice_no: int) -> dict[str, int]:
     with ctx.engine.connect() as conn:
         return store.prior_sends(conn, tenant_id, slice_no)
@@ -119,7 +150,7 @@ async def _intent(
     tenant_id: str,
     slice_no: int,
     lines: list[ChunkLine],
-    bounds: Sequence[int],
+    bounds: Sequence[Spend],
     content: bytes,
 ) -> ChunkJob | None:
     """Record the chunk with its reservation; None if the cap no longer admits it."""
@@ -140,18 +171,25 @@ async def _intent(
         file_bytes=len(content),
         run_id=ctx.run_id,
         intent_at=utcnow(),
-        # The chunk's reservation: held in this row while the chunk is open (sql/005).
-        reserved_tokens=sum(bounds[: len(lines)]),
+        # The chunk's reservation: held in this row while the chunk is open (sql/005, 015).
+        reserved_tokens=sum(b.tokens for b in bounds[: len(lines)]),
+        reserved_nanos=sum(b.nanos for b in bounds[: len(lines)]),
     )
     rows = [
-        store.LineRow(n, ln.key, ln.post_id, ln.content_hash, ln.attempt_no, bound)
+        store.LineRow(
+            n, ln.key, ln.post_id, ln.content_hash, ln.attempt_no, bound.tokens, bound.nanos
+        )
         for (n, ln), bound in zip(enumerate(lines, start=1), bounds, strict=False)
     ]
     builder = LineRows(v, ctx.run_id, tenant_id, slice_no, partition, sub.chunk_id)
     admit = None
-    if ctx.cap is not None:
+    if ctx.budgets:
         admit = functools.partial(
-            budget.admits, ctx.engine, tenant_id=tenant_id, tokens=sub.reserved_tokens, cap=ctx.cap
+            budget.admits,
+            ctx.engine,
+            tenant_id=tenant_id,
+            need=Spend(sub.reserved_tokens, sub.reserved_nanos),
+            default_tokens=ctx.budget_tokens,
         )
     attempts = [builder.attempt(r) for r in rows]
     if not await ctx.db(store.record_intent, ctx.fence, sub, rows, attempts, admit):

@@ -145,6 +145,11 @@ class ModelAdapter(abc.ABC):
         """Nano-dollars of a call; adapters with a price table override this."""
         return 0
 
+    def cost_bound(self, model: str, prompt_tokens: int, output_tokens: int) -> int | None:
+        """The most nano-dollars a call of at most these tokens can be booked at (None: the
+        model has no price); what a dollar budget reserves."""
+        return self.cost_of(model, prompt_tokens, output_tokens)
+
     def rate_limit(self) -> tuple[str, EndpointLimiter] | None:
         """The account this adapter's limit belongs to (an id, never a secret) and its
         limiter, when the limit is one other processes share; None for in-process fakes."""

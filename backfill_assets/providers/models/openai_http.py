@@ -155,6 +155,12 @@ class OpenAIHttpModel(ModelAdapter):
         """Cost from the configured price table."""
         return self._prices.cost(model, tokens_in, tokens_out)
 
+    def cost_bound(self, model: str, prompt_tokens: int, output_tokens: int) -> int | None:
+        """At the tier sent, and at the standard tier too: a flex request may fall back to it,
+        and an answer that does not say it was served at flex is booked at it."""
+        tiers = {self.tier, Tier.STANDARD}
+        return self._prices.cost_bound(model, sorted(tiers), prompt_tokens, output_tokens)
+
     def rate_limit(self) -> tuple[str, EndpointLimiter] | None:
         """One account = base URL + model + key; the key only as a short hash."""
         if not self._share_limit:
