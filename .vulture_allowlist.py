@@ -28,6 +28,7 @@ _version  # policy.PolicyDoc
 _instructions  # policy.PolicyDoc
 _cron_parses  # settings.Settings
 _source_is_whole  # settings.Settings
+_sink_table_is_a_name  # settings.Settings
 
 # pydantic-settings calls these hooks with these keyword names (settings.Settings).
 settings_customise_sources

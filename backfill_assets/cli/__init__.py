@@ -22,6 +22,7 @@ from backfill_assets.cli.policy import add_policy_commands
 from backfill_assets.cli.process import exit_process, freeze_heap
 from backfill_assets.cli.provider_sim import COMMAND as PROVIDER_SIM
 from backfill_assets.cli.provider_sim import add_provider_sim_command
+from backfill_assets.cli.sink import add_sink_commands
 from backfill_assets.cli.tenants import add_tenant_commands
 from backfill_assets.core.urls import redact_url, scrub
 from backfill_assets.orchestration.settings import Settings, SettingsError
@@ -156,6 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_operator_commands(add)
     add_tenant_commands(add)
+    add_sink_commands(add)
     add_policy_commands(add)
     add_evaluate_command(add)
     add_provider_sim_command(sub)

@@ -85,6 +85,7 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     defs, inst = build_definitions(settings), instance(settings)
     ensure_tenant_partitions(inst, tenants)
     # Only partitions with something to do reach Dagster, pooled into few runs (plan.py).
+    sink = settings.sink()
     plan = make_plan(
         engine,
         inst,
@@ -92,6 +93,7 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
         tenants if args.tenant else None,
         [slice_no(s) for s in args.slice] if args.slice else None,
         force=args.force,
+        sink_id=None if sink is None else sink.sink_id,
     )
     with read_tx(engine) as conn:
         regions = all_regions(conn)
@@ -181,7 +183,7 @@ def cmd_verify(args: argparse.Namespace, settings: Settings) -> int:
     engine = settings.store_engine()
     with read_tx(engine) as conn:
         tenants = known_tenants(args.tenant, tenant_ids(conn))
-    outcome = verify_store(engine, settings.versions(), tenants or None)
+    outcome = verify_store(engine, settings.versions(), tenants or None, settings.sink())
     doc = outcome.as_dict(require_complete=args.require_complete)
     human = table(
         doc["tenants"],
@@ -202,6 +204,10 @@ def cmd_verify(args: argparse.Namespace, settings: Settings) -> int:
         f"{p['kind']}: tenant={p['tenant']} table={p['table']} key={p['key'][:16]} {p['detail']}"
         for p in doc["problems"][:50]
     ]
+    sink = doc.get("sink")
+    if sink:
+        pending = sink["pending_partitions"]
+        problems.append(f"{sink['name']}: {pending} partition(s) applied but not written back")
     emit(args, doc, human, *problems, "OK" if doc["ok"] else "FAILED")
     return 0 if doc["ok"] else 1
 

@@ -168,7 +168,13 @@ def _no_work(settings: Settings) -> dict[str, str]:
     local instance: no posts, or nothing to do. Tenants the store does not know are not
     judged (kept), so a launch from a host without the store launches what the UI shows."""
     engine = settings.store_engine()
-    plan = make_plan(engine, instance(settings), settings.versions())
+    sink = settings.sink()
+    plan = make_plan(
+        engine,
+        instance(settings),
+        settings.versions(),
+        sink_id=None if sink is None else sink.sink_id,
+    )
     return {p.ref.key: p.reason for p in plan.partitions if not p.run}
 
 

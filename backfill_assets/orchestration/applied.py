@@ -1,12 +1,16 @@
 """applied_labels: accepted labels written onto the posts, only for partitions that verify."""
 
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
 import dagster as dg
+from sqlalchemy.engine import Engine
 
 from backfill_assets.audit.check_rules import BLOCKING_CHECKS, CHECK_GROUPS, blocking_failures
+from backfill_assets.core.policy import Policy
 from backfill_assets.core.rubric import Rubric
+from backfill_assets.dispatch.partition_run import PartitionRef
 from backfill_assets.dispatch.pipeline import with_levels
 from backfill_assets.orchestration.checks import LABELS_KEY, loaded_code_version, verdicts_for
 from backfill_assets.orchestration.checks_config import ChecksResource
@@ -18,8 +22,9 @@ from backfill_assets.orchestration.resources import (
     StoreResource,
     run_versions,
 )
-from backfill_assets.store.apply import ApplyReport, apply_partition
-from backfill_assets.store.engine import write_tx
+from backfill_assets.store.apply import ApplyReport, apply_partition, newer_versions
+from backfill_assets.store.engine import read_tx, write_tx
+from backfill_assets.store.sink import Sink, SinkError, SinkReport, write_partition
 
 
 def apply_metadata(rep: ApplyReport) -> dict[str, Any]:
@@ -50,15 +55,43 @@ def passed_in_run(context: dg.AssetExecutionContext) -> set[str]:
     return {pk for pk, c in seen.items() if all(c.get(n, False) for n in blocking)}
 
 
-def build_applied_labels(rubric: Rubric, partitions_per_run: int) -> dg.AssetsDefinition:
+def write_back(
+    engine: Engine, sink: Sink, refs: Sequence[PartitionRef], policy: Policy
+) -> tuple[dict[str, SinkReport], SinkError | None]:
+    """Each partition's applied labels into the sink, in order; stops at the first partition
+    the sink refuses (a sink that is down would refuse them all, each after a timeout)."""
+    with read_tx(engine) as conn:
+        newer = newer_versions(conn, policy)
+    done: dict[str, SinkReport] = {}
+    sink_engine = sink.engine()
+    try:
+        for ref in refs:
+            try:
+                done[ref.key] = write_partition(
+                    engine, sink, sink_engine, ref.tenant_id, ref.slices, policy, newer
+                )
+            except SinkError as exc:
+                return done, exc
+    finally:
+        sink_engine.dispose()
+    return done, None
+
+
+def build_applied_labels(
+    rubric: Rubric, partitions_per_run: int, sink: Sink | None = None
+) -> dg.AssetsDefinition:
     """The apply asset; same partitions and backfill policy as moderation_labels, and the
-    same policy (``rubric``, closed over: it decides what is applied under which version)."""
+    same policy (``rubric``, closed over: it decides what is applied under which version).
+    ``sink`` (BACKFILL_SINK_URL, closed over like the policy: no run config can point labels
+    at another database) also receives every applied label."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", dg.BetaWarning)
-        return _applied_asset(rubric, partitions_per_run)
+        return _applied_asset(rubric, partitions_per_run, sink)
 
 
-def _applied_asset(rubric: Rubric, partitions_per_run: int) -> dg.AssetsDefinition:
+def _applied_asset(
+    rubric: Rubric, partitions_per_run: int, sink: Sink | None
+) -> dg.AssetsDefinition:
     @dg.asset(
         name="applied_labels",
         partitions_def=moderation_partitions,
@@ -112,8 +145,23 @@ def _applied_asset(rubric: Rubric, partitions_per_run: int) -> dg.AssetsDefiniti
                 )
             changed += rep.changed
             applied[ref.key] = apply_metadata(rep)
-        add_partition_metadata(context, applied)
         context.log.info(f"applied labels to {changed} post(s) in {len(refs)} partition(s)")
+        if sink is not None:
+            written, failed = write_back(engine, sink, refs, rubric.policy)
+            for key, wrote in written.items():
+                applied[key]["sink_rows"] = dg.MetadataValue.int(wrote.rows)
+                applied[key]["sink_changed"] = dg.MetadataValue.int(wrote.changed)
+            if failed is not None:
+                raise dg.Failure(
+                    description=(
+                        f"write-back failed after {len(written)} of {len(refs)} partition(s): "
+                        f"{failed}. The labels are applied in the store; the next run, or a "
+                        "re-execution of this one, completes the write-back"
+                    )
+                )
+            rows = sum(r.changed for r in written.values())
+            context.log.info(f"{sink.name}: {rows} row(s) written or changed")
+        add_partition_metadata(context, applied)
         return dg.MaterializeResult()
 
     return applied_labels

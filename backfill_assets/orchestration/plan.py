@@ -38,6 +38,7 @@ from backfill_assets.orchestration.dagster_private import (
 from backfill_assets.orchestration.partitions import partition_key_for, tenant_partitions
 from backfill_assets.store.engine import read_tx
 from backfill_assets.store.posts import slice_levels
+from backfill_assets.store.sink import gaps
 from backfill_assets.store.work import pending_counts
 
 LABELS = dg.AssetKey("moderation_labels")
@@ -123,13 +124,17 @@ def make_plan(
     tenants: Sequence[str] | None = None,
     slices: Iterable[int] | None = None,
     force: bool = False,
+    sink_id: str | None = None,
 ) -> Plan:
-    """Decide which partitions of ``tenants`` (all with posts if None) x ``slices`` to run."""
+    """Decide which partitions of ``tenants`` (all with posts if None) x ``slices`` to run;
+    with ``sink_id``, a partition not yet written back to that sink has work too."""
     wanted_slices = set(range(SLICE_COUNT) if slices is None else slices)
     with read_tx(engine) as conn:
         counts = pending_counts(conn, tenants, versions)
         names = sorted({t for t, _s in counts} | set(tenants or ()))
         levels = slice_levels(conn, names)
+        unsunk = set() if sink_id is None else gaps(conn, sink_id, versions.prompt_version, tenants)
+    write_back = {(t, partition_of(s, levels[t])) for t, s in unsunk if t in levels}
     partitions: list[PartitionPlan] = []
     active: list[tuple[PartitionRef, int, int]] = []
     for tenant in names:
@@ -157,6 +162,8 @@ def make_plan(
             partitions.append(PartitionPlan(ref, n, pending, True, "--force"))
         elif pending:
             partitions.append(PartitionPlan(ref, n, pending, True, f"{pending} key(s) pending"))
+        elif (ref.tenant_id, ref.slice) in write_back:
+            partitions.append(PartitionPlan(ref, n, 0, True, "labels not yet written back"))
         elif ref.key in not_done:
             partitions.append(PartitionPlan(ref, n, 0, True, not_done[ref.key]))
         else:

@@ -60,6 +60,9 @@ from backfill_assets.orchestration.resources import (
     versions_for,
 )
 from backfill_assets.store.dead_peer import DEFAULT_DEAD_PEER_SECONDS
+from backfill_assets.store.sink import DEFAULT_BATCH as DEFAULT_SINK_BATCH
+from backfill_assets.store.sink import DEFAULT_TABLE as DEFAULT_SINK_TABLE
+from backfill_assets.store.sink import Sink, split_table_name
 
 # A source checkout (pyproject.toml beside the package) keeps its Dagster home inside the
 # project, as bin/dev does; an installed package has no project to keep it in.
@@ -242,6 +245,10 @@ class Settings(BaseSettings):
     source_query: str = _var("BACKFILL_SOURCE_QUERY", default="")
     source_cursor: str = _var("BACKFILL_SOURCE_CURSOR", default="")
     source_schedule: str = _var("BACKFILL_SOURCE_SCHEDULE", default="*/15 * * * *")
+    # Where applied_labels also writes labels back (docs/data.md); the URL is a secret too.
+    sink_url: str = _var("BACKFILL_SINK_URL", default="", repr=False)
+    sink_table: str = _var("BACKFILL_SINK_TABLE", default=DEFAULT_SINK_TABLE)
+    sink_batch: int = _var("BACKFILL_SINK_BATCH", default=DEFAULT_SINK_BATCH, ge=1, le=100_000)
     _rubric: Rubric | None = PrivateAttr(default=None)
 
     @field_validator("prompt_path")
@@ -287,6 +294,12 @@ class Settings(BaseSettings):
         # The webserver, its code server and run workers may each start in another directory.
         if value and not Path(value).is_absolute():
             raise ValueError("must be an absolute path")
+        return value
+
+    @field_validator("sink_table")
+    @classmethod
+    def _sink_table_is_a_name(cls, value: str) -> str:
+        split_table_name(value)
         return value
 
     @field_validator("source_schedule")
@@ -490,6 +503,12 @@ class Settings(BaseSettings):
             name=ENV_SOURCE_NAME,
             cursor=self.source_cursor or None,
         )
+
+    def sink(self) -> Sink | None:
+        """Where ``applied_labels`` writes labels back, if ``BACKFILL_SINK_URL`` is set."""
+        if not self.sink_url:
+            return None
+        return Sink(url=self.sink_url, table=self.sink_table, batch=self.sink_batch)
 
     def prices(self) -> PriceTable:
         """The price table: built-in list prices merged with ``BACKFILL_PRICES``."""

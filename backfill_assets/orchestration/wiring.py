@@ -37,7 +37,7 @@ def build_definitions(settings: Settings | Mapping[str, str]) -> dg.Definitions:
     labels = build_moderation_labels(
         rubric, code_version, per_run, settings.faults(), settings.policy_min_macro_f1
     )
-    applied = build_applied_labels(rubric, per_run)
+    applied = build_applied_labels(rubric, per_run, settings.sink())
     checks = build_partition_checks(rubric)
     backfill_plan = build_backfill_plan(rubric)
     evaluation = build_policy_evaluation(rubric, settings.policy_min_macro_f1)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any, cast
 
@@ -19,11 +19,14 @@ from backfill_assets.audit.verify import (
     usage_rollup_problems,
     verify_scope,
 )
-from backfill_assets.core.keys import Versions, work_key
+from backfill_assets.core.keys import Versions, partition_of, slice_key, work_key
 from backfill_assets.core.rubric import OutputContract
 from backfill_assets.core.validation import stored_result_problems
 from backfill_assets.store.bulk import driver_rows, select_rows
 from backfill_assets.store.engine import is_sqlite, read_tx
+from backfill_assets.store.posts import slice_levels
+from backfill_assets.store.sink import Sink
+from backfill_assets.store.sink import gaps as sink_gaps
 from backfill_assets.store.tables import (
     dead_letters,
     ledger_events,
@@ -44,12 +47,18 @@ class VerifyOutcome:
 
     reports: list[ScopeReport]
     problems: list[Problem]
+    # With a sink: its name, and the partitions (tenant, partition key) whose applied labels
+    # are not all written back there yet.
+    sink: str | None = None
+    sink_pending: list[tuple[str, str]] = field(default_factory=list)
 
     def blocking(self, require_complete: bool) -> bool:
         """True when the outcome must fail the command or check."""
         if any(p.kind in BLOCKING_KINDS for p in self.problems):
             return True
-        return require_complete and any(r.missing for r in self.reports if not r.evaluation)
+        return require_complete and (
+            any(r.missing for r in self.reports if not r.evaluation) or bool(self.sink_pending)
+        )
 
     def as_dict(self, require_complete: bool = False, max_problems: int = 200) -> dict[str, Any]:
         """The ``verify --json`` document."""
@@ -70,12 +79,25 @@ class VerifyOutcome:
                 if r.missing and not r.evaluation
                 for k in r.missing_keys[:1]
             ]
-        return {
+        problems += [
+            {
+                "kind": "sink_pending",
+                "tenant": tenant,
+                "table": "sink",
+                "key": partition,
+                "detail": f"applied in the store, not yet written back to {self.sink}",
+            }
+            for tenant, partition in self.sink_pending[:max_problems]
+        ]
+        doc: dict[str, Any] = {
             "ok": not self.blocking(require_complete),
             "problems": problems,
-            "problems_total": len(self.problems),
+            "problems_total": len(self.problems) + len(self.sink_pending),
             "tenants": [r.as_dict() for r in self.reports],
         }
+        if self.sink is not None:
+            doc["sink"] = {"name": self.sink, "pending_partitions": len(self.sink_pending)}
+        return doc
 
 
 # The columns the verifier and the checks read (never post text, never the wide message or
@@ -346,9 +368,13 @@ def _validate_stored(evidence: Sequence[PartitionEvidence], judging: Judging) ->
 
 
 def verify_store(
-    engine: Engine, versions: Versions, tenant_filter: Sequence[str] | None = None
+    engine: Engine,
+    versions: Versions,
+    tenant_filter: Sequence[str] | None = None,
+    sink: Sink | None = None,
 ) -> VerifyOutcome:
-    """Verify every tenant that has posts or claims rows."""
+    """Verify every tenant that has posts or claims rows (and, with ``sink``, which of their
+    partitions are applied in the store but not yet written back)."""
     reports: list[ScopeReport] = []
     problems: list[Problem] = []
     with read_tx(engine) as conn:
@@ -374,4 +400,14 @@ def verify_store(
             problems.extend(probs)
             rollup = rollup_totals(conn, tenant_id)
             problems.extend(usage_rollup_problems(tenant_id, rows.ledger, rollup))
-    return VerifyOutcome(reports=reports, problems=problems)
+        pending: list[tuple[str, str]] = []
+        if sink is not None:
+            found = sink_gaps(conn, sink.sink_id, versions.prompt_version, tenant_filter or None)
+            levels = slice_levels(conn, {t for t, _s in found})
+            pending = sorted({(t, slice_key(partition_of(s, levels.get(t, 4)))) for t, s in found})
+    return VerifyOutcome(
+        reports=reports,
+        problems=problems,
+        sink=None if sink is None else sink.name,
+        sink_pending=pending,
+    )

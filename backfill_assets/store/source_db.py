@@ -17,16 +17,14 @@ from decimal import Decimal
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.pool import NullPool
 
-from backfill_assets.core.urls import redact_url, scrub
-from backfill_assets.store.dead_peer import DeadPeer
-from backfill_assets.store.engine import normalize_url
+from backfill_assets.core.urls import redact_url
+from backfill_assets.store.platform_db import PlatformDbError, failure_text, platform_engine
 
 SUBQUERY = "backfill_source"
 
 
-class SourceError(ValueError):
+class SourceError(PlatformDbError):
     """The source cannot be read: its URL, its query, or a cursor value of an unusable type.
     The message never holds the URL's password."""
 
@@ -92,26 +90,9 @@ def cursor_text(value: Any) -> str:
     return value.isoformat() if isinstance(value, dt.date) else str(value)
 
 
-def source_engine(url: str) -> sa.Engine:
-    """An engine on the platform's database (no pool: an import holds one connection)."""
-    try:
-        url = normalize_url(url)
-        # A source host that vanishes mid-read must fail the import in seconds, not hang it
-        # for the kernel's two hours: libpq's keepalives, as on the store (dead_peer.py).
-        peer = DeadPeer()
-        query = dict(sa.engine.make_url(url).query)
-        pg = url.startswith("postgresql")
-        args = dict(peer.missing_client_params(query)) if pg else {}
-        return sa.create_engine(url, poolclass=NullPool, connect_args=args)
-    except Exception as exc:  # an unknown dialect or driver, a malformed URL
-        raise SourceError(f"{redact_url(url)}: {scrub(str(exc), url)}") from None
-
-
 def _failure(url: str, exc: Exception) -> SourceError:
     """A driver's error as a message naming the source, never its password."""
-    inner = getattr(exc, "orig", None) or exc
-    first = str(inner).strip().splitlines()[0] if str(inner).strip() else type(inner).__name__
-    return SourceError(f"source {redact_url(url)}: {scrub(first, url)[:500]}")
+    return SourceError(f"source {redact_url(url)}: {failure_text(url, exc)}")
 
 
 def _subquery(query: str, columns: Sequence[str]) -> Any:
@@ -124,7 +105,7 @@ def query_columns(url: str, query: str) -> list[str]:
     """The columns the query returns (run with no rows: nothing is read)."""
     body = query.strip().rstrip(";").replace(":", "\\:")
     probe = sa.select(sa.text("*")).select_from(sa.text(f"({body}) AS {SUBQUERY}"))
-    engine = source_engine(url)
+    engine = platform_engine(url, SourceError)
     try:
         with engine.connect() as conn:
             _read_only(conn)
@@ -177,7 +158,7 @@ def stream_rows(
         stmt = stmt.order_by(sub.c[keys.cursor], *tenant, sub.c[keys.post])
         if mark is not None:
             stmt = stmt.where(_after(sub, keys, mark))
-    engine = source_engine(url)
+    engine = platform_engine(url, SourceError)
     try:
         with engine.connect() as conn:
             _read_only(conn)

@@ -288,3 +288,16 @@ policy_evaluations = sa.Table(
     sa.Column("report", sa.Text, nullable=False),
     sa.Column("created_at", sa.DateTime, nullable=False),
 )
+
+# sql/016: each partition's write-back into the platform's table, per sink.
+sink_writes = sa.Table(
+    "sink_writes",
+    metadata,
+    sa.Column("sink_id", sa.Text, primary_key=True),
+    sa.Column("tenant_id", sa.Text, primary_key=True),
+    sa.Column("slice", sa.Integer, primary_key=True),
+    sa.Column("key_version", sa.Text, primary_key=True),
+    sa.Column("rows_written", sa.BigInteger, nullable=False),
+    sa.Column("applied_through", sa.DateTime),
+    sa.Column("written_at", sa.DateTime, nullable=False),
+)

@@ -19,8 +19,8 @@ from backfill_assets.core.columns import ColumnMap
 from backfill_assets.ingest.importer import ImportInputError, ImportOptions
 from backfill_assets.ingest.sql_import import SqlImport, SqlSource, import_sql
 from backfill_assets.store.dead_peer import DeadPeer
+from backfill_assets.store.platform_db import platform_engine
 from backfill_assets.store.posts import ImportSummary
-from backfill_assets.store.source_db import source_engine
 from backfill_tests.conftest import drop_pg_database, make_pg_database
 from backfill_tests.ingest.exports import RECORDS, SECRET, counts, rejects, stored
 
@@ -287,10 +287,11 @@ def test_the_command_imports_a_query_and_prints_its_mark(
         assert message in capsys.readouterr().err
 
 
-def test_a_source_connection_gives_up_on_a_vanished_host_in_seconds(source_url: str) -> None:
-    # libpq's keepalives and tcp_user_timeout on every connection to a PostgreSQL source, as
-    # on the store: a host that vanishes mid-read fails the import within the dead-peer time.
-    engine = source_engine(source_url)
+def test_a_platform_connection_gives_up_on_a_vanished_host_in_seconds(source_url: str) -> None:
+    # libpq's keepalives and tcp_user_timeout on every connection to a platform database (a
+    # source, a sink), as on the store: a host that vanishes mid-read fails the import within
+    # the dead-peer time.
+    engine = platform_engine(source_url)
     if engine.dialect.name != "postgresql":
         pytest.skip("keepalives are a PostgreSQL connection's; a SQLite source is a local file")
     with engine.connect() as conn:

@@ -1,0 +1,39 @@
+"""Connections to the platform's own databases: where posts are read from (``import --sql``)
+and where labels are written back (``BACKFILL_SINK_URL``). Their URLs are secrets: every message
+names them redacted, and a driver's error text is scrubbed of the password."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from sqlalchemy.pool import NullPool
+
+from backfill_assets.core.urls import redact_url, scrub
+from backfill_assets.store.dead_peer import DeadPeer
+from backfill_assets.store.engine import normalize_url
+
+
+class PlatformDbError(ValueError):
+    """A platform database cannot be used: its URL, a query, a table. The message never holds
+    the URL's password."""
+
+
+def platform_engine(url: str, error: type[PlatformDbError] = PlatformDbError) -> sa.Engine:
+    """An engine on a platform database (no pool: one step holds one connection)."""
+    try:
+        url = normalize_url(url)
+        # A host that vanishes mid-read or mid-write must fail the step in seconds, not hang
+        # it for the kernel's two hours: libpq's keepalives, as on the store (dead_peer.py).
+        peer = DeadPeer()
+        query = dict(sa.engine.make_url(url).query)
+        pg = url.startswith("postgresql")
+        args = dict(peer.missing_client_params(query)) if pg else {}
+        return sa.create_engine(url, poolclass=NullPool, connect_args=args)
+    except Exception as exc:  # an unknown dialect or driver, a malformed URL
+        raise error(f"{redact_url(url)}: {scrub(str(exc), url)}") from None
+
+
+def failure_text(url: str, exc: Exception) -> str:
+    """The first line of a driver's error, without the URL's secrets (at most 500 chars)."""
+    inner = getattr(exc, "orig", None) or exc
+    first = str(inner).strip().splitlines()[0] if str(inner).strip() else type(inner).__name__
+    return scrub(first, url)[:500]
