@@ -1,6 +1,6 @@
 """Data in and out at scale: import from Parquet and from a PostgreSQL table against the JSONL
 import of the same posts (wall and peak RSS of each command, in its own process), then the
-export of every label to Parquet.
+export of every label to Parquet and their write-back into a PostgreSQL sink.
 
     bench/run io [--posts 1000000] [--tenants 200] [--no-export]
 
@@ -9,7 +9,8 @@ the source table. Figures: wall seconds, CPU seconds and peak RSS of the ``impor
 and each format's wall against JSONL's. Targets: no slower than JSONL, peak RSS <= 1.5 GiB.
 The export step labels the JSONL store with ``run`` (the fake model) and times ``export
 --format parquet`` of every label (target for the export: peak RSS <= 1.5 GiB, bounded by its
-batch, not by the labels). ``uptime`` is printed first: the machine is shared.
+batch, not by the labels), then ``sink write`` of every applied label into a fresh PostgreSQL
+database (target: at least 20,000 rows/s). ``uptime`` is printed first: the machine is shared.
 """
 
 from __future__ import annotations
@@ -93,6 +94,7 @@ def _import(work: Path, name: str, args: list[str], export: bool = False) -> Mea
 
 
 _EXPORTS: list[Measured] = []
+SINK_TARGET_ROWS_S = 20_000
 
 
 def _export(work: Path, env: dict[str, str]) -> Measured:
@@ -106,7 +108,33 @@ def _export(work: Path, env: dict[str, str]) -> Measured:
         f"{got.wall:.1f} s wall ({rows / got.wall:,.0f} labels/s), peak RSS {got.rss_mb:,.0f} MB",
         flush=True,
     )
+    _SINKS.append(_sink_write(work, env))
     return got
+
+
+_SINKS: list[Measured] = []
+
+
+def _sink_write(work: Path, env: dict[str, str]) -> Measured:
+    """Every applied label into a fresh PostgreSQL sink (its table from ``sink ddl``)."""
+    sink = new_store("pg", work, prefix=PREFIX + "sink_")
+    try:
+        env = {**env, "BACKFILL_SINK_URL": sink}
+        engine = sa.create_engine(sink)
+        with engine.begin() as conn:
+            conn.exec_driver_sql(cli(["sink", "ddl"], env).doc["ddl"])
+        engine.dispose()
+        got = cli(["sink", "write"], env)
+        rows = int(got.doc.get("rows", 0))
+        print(
+            f"[sink write] {rows:,} rows in {got.doc.get('partitions', 0):,} partitions: "
+            f"{got.wall:.1f} s wall ({rows / got.wall:,.0f} rows/s with start-up, "
+            f"{got.doc.get('rows_per_s', 0):,} rows/s writing), peak RSS {got.rss_mb:,.0f} MB",
+            flush=True,
+        )
+        return got
+    finally:
+        drop_store(sink)
 
 
 def io_bench(posts: int, tenants: int, export: bool = True) -> dict[str, Any]:
@@ -157,6 +185,14 @@ def io_bench(posts: int, tenants: int, export: bool = True) -> dict[str, Any]:
             f"  export parquet: {m.wall:7.1f} s, peak RSS {m.rss_mb:,.0f} MB{'' if ok else '  (target missed)'}"
         )
         doc["export parquet"] = {"wall_s": m.wall, "cpu_s": m.cpu, "rss_mb": m.rss_mb}
+    for m in _SINKS:
+        rate = int(m.doc.get("rows_per_s", 0))
+        ok = rate >= SINK_TARGET_ROWS_S and m.rss_mb <= RSS_TARGET_MB
+        print(
+            f"      sink write: {m.wall:7.1f} s, {rate:,} rows/s, peak RSS {m.rss_mb:,.0f} MB"
+            f"{'' if ok else '  (target missed)'}"
+        )
+        doc["sink write"] = {"wall_s": m.wall, "rows_per_s": rate, "rss_mb": m.rss_mb}
     print(json.dumps(doc, sort_keys=True))
     return doc
 

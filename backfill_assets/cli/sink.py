@@ -1,22 +1,30 @@
-"""``sink ddl`` and ``sink check``: the platform table that ``applied_labels`` writes labels
-back into (``BACKFILL_SINK_URL``, ``BACKFILL_SINK_TABLE``)."""
+"""``sink ddl``, ``sink check`` and ``sink write``: the platform table that
+``applied_labels`` writes labels back into (``BACKFILL_SINK_URL``, ``BACKFILL_SINK_TABLE``)."""
 
 from __future__ import annotations
 
 import argparse
+import time
 from collections.abc import Callable
 
 import sqlalchemy as sa
 
 from backfill_assets.cli.commands import emit
-from backfill_assets.cli.inputs import UserError
+from backfill_assets.cli.inputs import UserError, known_tenants
+from backfill_assets.core.keys import partition_of, slice_key
+from backfill_assets.dispatch.partition_run import PartitionRef
+from backfill_assets.orchestration.applied import write_back
+from backfill_assets.orchestration.partitions import partition_key_for
 from backfill_assets.orchestration.settings import Settings
-from backfill_assets.store.sink import SinkError, check, ddl
+from backfill_assets.store.engine import read_tx
+from backfill_assets.store.posts import slice_levels
+from backfill_assets.store.reports import tenant_ids
+from backfill_assets.store.sink import SinkError, check, ddl, gaps
 
 
 def add_sink_commands(add: Callable[[str, str], argparse.ArgumentParser]) -> None:
-    """Register the ``sink`` group: ``ddl`` and ``check``."""
-    group = add("sink", "The platform table labels are written back into: ddl, check.")
+    """Register the ``sink`` group: ``ddl``, ``check`` and ``write``."""
+    group = add("sink", "The platform table labels are written back into: ddl, check, write.")
     sub = group.add_subparsers(dest="sink_command", required=True, metavar="SUBCOMMAND")
 
     def child(name: str, help_: str) -> argparse.ArgumentParser:
@@ -40,6 +48,19 @@ def add_sink_commands(add: Callable[[str, str], argparse.ArgumentParser]) -> Non
         "unique key on (tenant_id, post_id, policy_id); exit 2 saying what is wrong.",
     )
     sp.set_defaults(func=cmd_sink_check)
+    sp = child(
+        "write",
+        "Write back every partition whose applied labels are not all in the sink yet (what "
+        "`verify` lists), without a run: after a sink outage, or when a sink is added.",
+    )
+    sp.add_argument("--tenant", action="append", default=[], help="tenant id (repeatable)")
+    sp.add_argument(
+        "--all",
+        action="store_true",
+        help="every applied partition, recorded as written or not (a table recreated or "
+        "emptied on the platform's side); rows already there are left as they are",
+    )
+    sp.set_defaults(func=cmd_sink_write)
 
 
 def cmd_sink_ddl(args: argparse.Namespace, settings: Settings) -> int:
@@ -73,3 +94,39 @@ def cmd_sink_check(args: argparse.Namespace, settings: Settings) -> int:
         raise UserError(f"{sink.name}: " + "; ".join(problems))
     emit(args, {"sink": sink.name, "ok": True}, f"{sink.name}: OK")
     return 0
+
+
+def cmd_sink_write(args: argparse.Namespace, settings: Settings) -> int:
+    """Write back the partitions with a gap; exit 1 if the sink refuses one (the rest waits)."""
+    sink = settings.sink()
+    if sink is None:
+        raise UserError("BACKFILL_SINK_URL is not set: there is no sink to write to")
+    engine = settings.store_engine()
+    policy = settings.rubric().policy
+    with read_tx(engine) as conn:
+        tenants = known_tenants(args.tenant, tenant_ids(conn))
+        # No sink has the id "": every applied partition is a gap of it.
+        found = gaps(conn, "" if args.all else sink.sink_id, policy.key_version, tenants or None)
+        levels = slice_levels(conn, {t for t, _s in found})
+    numbers = sorted({(t, partition_of(s, levels[t])) for t, s in found if t in levels})
+    refs = [PartitionRef(partition_key_for(t, slice_key(n)), t, n, levels[t]) for t, n in numbers]
+    started = time.perf_counter()
+    written, failed = write_back(engine, sink, refs, policy)
+    seconds = time.perf_counter() - started
+    rows = sum(r.rows for r in written.values())
+    doc = {
+        "sink": sink.name,
+        "partitions": len(written),
+        "partitions_pending": len(refs),
+        "rows": rows,
+        "changed": sum(r.changed for r in written.values()),
+        "seconds": round(seconds, 3),
+        "rows_per_s": round(rows / seconds) if seconds > 0 else 0,
+        "error": None if failed is None else str(failed),
+    }
+    text = (
+        f"{sink.name}: {rows:,} row(s) of {len(written)} of {len(refs)} partition(s) written "
+        f"back, {doc['changed']:,} new or changed, in {seconds:.1f} s"
+    )
+    emit(args, doc, text, *([f"FAILED: {failed}"] if failed else []))
+    return 1 if failed else 0

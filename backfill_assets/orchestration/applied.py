@@ -5,6 +5,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import dagster as dg
+import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from backfill_assets.audit.check_rules import BLOCKING_CHECKS, CHECK_GROUPS, blocking_failures
@@ -65,13 +66,17 @@ def write_back(
     done: dict[str, SinkReport] = {}
     sink_engine = sink.engine()
     try:
-        for ref in refs:
-            try:
-                done[ref.key] = write_partition(
-                    engine, sink, sink_engine, ref.tenant_id, ref.slices, policy, newer
-                )
-            except SinkError as exc:
-                return done, exc
+        # One connection for the whole write-back (a batch is a transaction on it).
+        with sink_engine.connect() as conn:
+            for ref in refs:
+                try:
+                    done[ref.key] = write_partition(
+                        engine, sink, conn, ref.tenant_id, ref.slices, policy, newer
+                    )
+                except SinkError as exc:
+                    return done, exc
+    except sa.exc.SQLAlchemyError as exc:  # the connection itself: the sink is unreachable
+        return done, sink.error(exc)
     finally:
         sink_engine.dispose()
     return done, None

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import io
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -48,8 +49,6 @@ VALUES = (
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 # Databases with INSERT ... ON CONFLICT; others take the portable read-then-write path.
 _NATIVE_UPSERT = frozenset({"postgresql", "sqlite"})
-# Rows per INSERT statement inside a batch: under SQLite's 32,766 bound parameters.
-_ROWS_PER_STATEMENT = 2000
 
 
 class SinkError(PlatformDbError):
@@ -221,20 +220,62 @@ def upsert(conn: Connection, table: sa.Table, rows: list[dict[str, Any]], newer:
     name = conn.dialect.name
     if name not in _NATIVE_UPSERT:
         return _upsert_portable(conn, table, rows, newer)
+    if name == "postgresql" and conn.dialect.driver == "psycopg2":
+        return _upsert_copy(conn, table, rows, newer)
     insert = postgresql.insert(table) if name == "postgresql" else sqlite.insert(table)
+    # executemany of one cached statement: SQLAlchemy packs the rows into multi-row VALUES
+    # ("insertmanyvalues"); RETURNING names the rows inserted or changed (a skipped one
+    # returns nothing), where rowcount is not reliable for executemany.
+    stmt = _on_conflict(insert, table, newer).returning(table.c.post_id)
+    return len(conn.execute(stmt, rows).all())
+
+
+def _on_conflict(insert: Any, table: sa.Table, newer: list[str]) -> Any:
+    """``insert`` as the keyed upsert: rewrite only what differs, never a newer version's."""
     excluded = insert.excluded
     differs = sa.or_(*(table.c[c].is_distinct_from(excluded[c]) for c in VALUES))
-    guard = sa.and_(differs, table.c.key_version.not_in(newer)) if newer else differs
-    stmt = insert.on_conflict_do_update(
+    # One comparison per newer version, not NOT IN: an expanding list cannot be executemany'd.
+    guard = sa.and_(differs, *(table.c.key_version != v for v in newer))
+    return insert.on_conflict_do_update(
         index_elements=[table.c[c] for c in KEY],
         set_={**{c: excluded[c] for c in VALUES}, "written_at": excluded.written_at},
         where=guard,
     )
-    changed = 0
-    for start in range(0, len(rows), _ROWS_PER_STATEMENT):
-        part = rows[start : start + _ROWS_PER_STATEMENT]
-        changed += int(conn.execute(stmt.values(part)).rowcount or 0)
-    return changed
+
+
+_STAGE = "backfill_sink_stage"
+
+
+def _copy_text(value: Any) -> str:
+    """One field of COPY's text format (no column here is ever NULL)."""
+    if isinstance(value, dt.datetime):
+        return value.isoformat()
+    if isinstance(value, float):
+        return repr(value)
+    text = str(value)
+    return text.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
+
+
+def _upsert_copy(
+    conn: Connection, table: sa.Table, rows: list[dict[str, Any]], newer: list[str]
+) -> int:
+    """PostgreSQL: the batch is COPYed into a temporary table shaped like the sink's columns,
+    then upserted from it in one statement; several times faster than bound VALUES."""
+    columns = [c.name for c in table.columns]
+    stage = sa.Table(_STAGE, sa.MetaData(), *(sa.Column(c) for c in columns))
+    target = sa.select(*(table.c[c] for c in columns)).where(sa.false())
+    create = str(target.compile(dialect=conn.dialect))
+    # Lives as long as the connection; emptied at each commit.
+    conn.exec_driver_sql(
+        f"CREATE TEMP TABLE IF NOT EXISTS {_STAGE} ON COMMIT DELETE ROWS AS {create} WITH NO DATA"
+    )
+    raw = conn.connection.driver_connection
+    assert raw is not None
+    body = "".join("\t".join(_copy_text(r[c]) for c in columns) + "\n" for r in rows)
+    with raw.cursor() as cur:
+        cur.copy_expert(f"COPY {_STAGE} ({', '.join(columns)}) FROM STDIN", io.StringIO(body))
+    insert = postgresql.insert(table).from_select(columns, sa.select(stage))
+    return len(conn.execute(_on_conflict(insert, table, newer).returning(table.c.post_id)).all())
 
 
 def _upsert_portable(
@@ -284,7 +325,7 @@ def _upsert_portable(
 def write_partition(
     store: Engine,
     sink: Sink,
-    sink_engine: Engine,
+    sink_conn: Connection,
     tenant_id: str,
     slices: Sequence[int],
     policy: Policy,
@@ -307,8 +348,8 @@ def write_partition(
                 through = applied if through is None else max(through, applied)
                 row["written_at"] = now
                 rows.append(row)
-            with sink_engine.begin() as conn:
-                report.changed += upsert(conn, table, rows, newer)
+            with sink_conn.begin():
+                report.changed += upsert(sink_conn, table, rows, newer)
             report.rows += len(rows)
             report.batches += 1
     except sa.exc.SQLAlchemyError as exc:

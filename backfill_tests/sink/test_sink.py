@@ -261,3 +261,29 @@ def test_sink_check_names_what_is_wrong(
         Sink(url="postgresql://u:pw@h/db").name
         == "sink postgresql://u:***@h/db table moderation_labels"
     )
+
+
+def test_sink_write_fills_the_gaps_without_a_run_and_all_refills_an_emptied_table(
+    posts: Engine,
+    sink_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["run"]) == 0
+    monkeypatch.setenv("BACKFILL_SINK_URL", with_password(sink_url))
+    capsys.readouterr()
+    assert main(["sink", "write", "--tenant", "acme", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["rows"] == doc["changed"] == POSTS and doc["error"] is None
+    assert {k[0] for k in sink_rows(sink_url)} == {"acme"}
+    assert main(["sink", "write", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["rows"] == POSTS  # globex only: acme is done
+    assert verify_json(capsys, "--require-complete")[1]["sink"]["pending_partitions"] == 0
+    # The platform empties its table: the store cannot know, so --all writes everything.
+    engine = sa.create_engine(sink_url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("DELETE FROM moderation_labels")
+    engine.dispose()
+    assert main(["sink", "write", "--all", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["changed"] == 2 * POSTS
+    assert {k: as_store(v) for k, v in sink_rows(sink_url).items()} == store_rows(posts)
