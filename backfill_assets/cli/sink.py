@@ -111,7 +111,7 @@ def cmd_sink_write(args: argparse.Namespace, settings: Settings) -> int:
     numbers = sorted({(t, partition_of(s, levels[t])) for t, s in found if t in levels})
     refs = [PartitionRef(partition_key_for(t, slice_key(n)), t, n, levels[t]) for t, n in numbers]
     started = time.perf_counter()
-    written, failed = write_back(engine, sink, refs, policy)
+    written, failed = write_back(engine, sink, refs, policy, only_gaps=False)
     seconds = time.perf_counter() - started
     rows = sum(r.rows for r in written.values())
     doc = {

@@ -25,7 +25,7 @@ from backfill_assets.orchestration.resources import (
 )
 from backfill_assets.store.apply import ApplyReport, apply_partition, newer_versions
 from backfill_assets.store.engine import read_tx, write_tx
-from backfill_assets.store.sink import Sink, SinkError, SinkReport, write_partition
+from backfill_assets.store.sink import Sink, SinkError, SinkReport, gaps, write_partition
 
 
 def apply_metadata(rep: ApplyReport) -> dict[str, Any]:
@@ -57,12 +57,22 @@ def passed_in_run(context: dg.AssetExecutionContext) -> set[str]:
 
 
 def write_back(
-    engine: Engine, sink: Sink, refs: Sequence[PartitionRef], policy: Policy
+    engine: Engine,
+    sink: Sink,
+    refs: Sequence[PartitionRef],
+    policy: Policy,
+    only_gaps: bool = True,
 ) -> tuple[dict[str, SinkReport], SinkError | None]:
     """Each partition's applied labels into the sink, in order; stops at the first partition
-    the sink refuses (a sink that is down would refuse them all, each after a timeout)."""
+    the sink refuses (a sink that is down would refuse them all, each after a timeout).
+    ``only_gaps``: partitions already written back since their last change are skipped (one
+    grouped query), so re-applying unchanged partitions costs the sink nothing."""
     with read_tx(engine) as conn:
         newer = newer_versions(conn, policy)
+        if only_gaps and refs:
+            tenants = sorted({r.tenant_id for r in refs})
+            found = gaps(conn, sink.sink_id, policy.key_version, tenants)
+            refs = [r for r in refs if any((r.tenant_id, s) in found for s in r.slices)]
     done: dict[str, SinkReport] = {}
     sink_engine = sink.engine()
     try:

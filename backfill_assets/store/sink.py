@@ -12,6 +12,7 @@ then, or never written, is a gap that ``verify`` reports and the next ``run`` fi
 
 from __future__ import annotations
 
+import csv
 import datetime as dt
 import hashlib
 import io
@@ -33,7 +34,7 @@ from backfill_assets.store.platform_db import PlatformDbError, failure_text, pla
 from backfill_assets.store.tables import applied_labels, posts, results, sink_writes, utcnow
 
 DEFAULT_TABLE = "moderation_labels"
-DEFAULT_BATCH = 2000
+DEFAULT_BATCH = 5000
 KEY = ("tenant_id", "post_id", "policy_id")
 # What a changed label rewrites; ``written_at`` follows only when one of these differs.
 VALUES = (
@@ -215,19 +216,25 @@ def _batches(store: Engine, stmt: sa.Select[Any], size: int) -> Iterator[list[sa
         after = rows[-1].post_id
 
 
-def upsert(conn: Connection, table: sa.Table, rows: list[dict[str, Any]], newer: list[str]) -> int:
-    """One batch into the sink; returns the rows inserted or changed."""
+Row = tuple[Any, ...]
+
+
+def upsert(conn: Connection, table: sa.Table, rows: list[Row], newer: list[str]) -> int:
+    """One batch (tuples in the table's column order) into the sink; returns the rows
+    inserted or changed."""
     name = conn.dialect.name
-    if name not in _NATIVE_UPSERT:
-        return _upsert_portable(conn, table, rows, newer)
     if name == "postgresql" and conn.dialect.driver == "psycopg2":
         return _upsert_copy(conn, table, rows, newer)
+    columns = [c.name for c in table.columns]
+    dicts = [dict(zip(columns, r, strict=True)) for r in rows]
+    if name not in _NATIVE_UPSERT:
+        return _upsert_portable(conn, table, dicts, newer)
     insert = postgresql.insert(table) if name == "postgresql" else sqlite.insert(table)
     # executemany of one cached statement: SQLAlchemy packs the rows into multi-row VALUES
     # ("insertmanyvalues"); RETURNING names the rows inserted or changed (a skipped one
     # returns nothing), where rowcount is not reliable for executemany.
     stmt = _on_conflict(insert, table, newer).returning(table.c.post_id)
-    return len(conn.execute(stmt, rows).all())
+    return len(conn.execute(stmt, dicts).all())
 
 
 def _on_conflict(insert: Any, table: sa.Table, newer: list[str]) -> Any:
@@ -246,19 +253,7 @@ def _on_conflict(insert: Any, table: sa.Table, newer: list[str]) -> Any:
 _STAGE = "backfill_sink_stage"
 
 
-def _copy_text(value: Any) -> str:
-    """One field of COPY's text format (no column here is ever NULL)."""
-    if isinstance(value, dt.datetime):
-        return value.isoformat()
-    if isinstance(value, float):
-        return repr(value)
-    text = str(value)
-    return text.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
-
-
-def _upsert_copy(
-    conn: Connection, table: sa.Table, rows: list[dict[str, Any]], newer: list[str]
-) -> int:
+def _upsert_copy(conn: Connection, table: sa.Table, rows: list[Row], newer: list[str]) -> int:
     """PostgreSQL: the batch is COPYed into a temporary table shaped like the sink's columns,
     then upserted from it in one statement; several times faster than bound VALUES."""
     columns = [c.name for c in table.columns]
@@ -271,9 +266,12 @@ def _upsert_copy(
     )
     raw = conn.connection.driver_connection
     assert raw is not None
-    body = "".join("\t".join(_copy_text(r[c]) for c in columns) + "\n" for r in rows)
+    # CSV written in C; every non-number quoted, so an empty string stays '' (not NULL).
+    body = io.StringIO()
+    csv.writer(body, quoting=csv.QUOTE_NONNUMERIC, lineterminator="\n").writerows(rows)
+    body.seek(0)
     with raw.cursor() as cur:
-        cur.copy_expert(f"COPY {_STAGE} ({', '.join(columns)}) FROM STDIN", io.StringIO(body))
+        cur.copy_expert(f"COPY {_STAGE} ({', '.join(columns)}) FROM STDIN WITH (FORMAT csv)", body)
     insert = postgresql.insert(table).from_select(columns, sa.select(stage))
     return len(conn.execute(_on_conflict(insert, table, newer).returning(table.c.post_id)).all())
 
@@ -341,13 +339,10 @@ def write_partition(
     try:
         for batch in _batches(store, stmt, sink.batch):
             now = utcnow()
-            rows = []
-            for r in batch:
-                row = r._asdict()
-                applied = row.pop("applied_at")
-                through = applied if through is None else max(through, applied)
-                row["written_at"] = now
-                rows.append(row)
+            # The select's columns are the sink's, with applied_at where written_at goes.
+            rows = [(*r[:-1], now) for r in batch]
+            newest = max(r[-1] for r in batch)
+            through = newest if through is None else max(through, newest)
             with sink_conn.begin():
                 report.changed += upsert(sink_conn, table, rows, newer)
             report.rows += len(rows)

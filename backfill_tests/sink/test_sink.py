@@ -201,8 +201,8 @@ def test_an_older_version_never_replaces_a_newer_one_in_the_sink(
     table = sink_table()
     engine = sa.create_engine(sink_url)
 
-    def row(post: str, version: str, label: str) -> dict[str, Any]:
-        return {
+    def row(post: str, version: str, label: str) -> tuple[Any, ...]:
+        values = {
             "tenant_id": "acme",
             "post_id": post,
             "policy_id": "default",
@@ -216,6 +216,7 @@ def test_an_older_version_never_replaces_a_newer_one_in_the_sink(
             "labelled_at": dt.datetime(2026, 1, 1),
             "written_at": dt.datetime(2026, 1, 2),
         }
+        return tuple(values[c.name] for c in table.columns)
 
     if portable:
         # A database without ON CONFLICT takes the read-then-write path.
