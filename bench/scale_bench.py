@@ -5,6 +5,8 @@
     bench/run scale --million [--posts 1000000] [--tenants 200] [--store pg|sqlite] [--concurrency 64]
                               [--repeat 1: no-op reruns; the first after a million writes pays
                                PostgreSQL's hint bits]
+    bench/run scale --many-tenants [--tenants 10000] [--stores sqlite,pg]
+                              (10,000 x 5 posts against 10 x 5,000; store and instance alike)
     (each also takes --processes N: BACKFILL_RUN_PROCESSES for ``run``; default the CLI's)
 
 Every figure is the whole CLI (``backfill-moderation import`` / ``run`` / ``verify``) in a
@@ -377,6 +379,86 @@ def million_bench(
     }
 
 
+# --- many tenants: 10,000 small ones against 10 big ones ----------------------------------
+
+
+def _partition_count(env: dict[str, str]) -> int:
+    """Partitions of ``moderation_labels`` in the instance of ``env``."""
+    code = (
+        "import dagster as dg\n"
+        "from backfill_assets.orchestration.partitions import moderation_partitions\n"
+        "inst = dg.DagsterInstance.get()\n"
+        "print(len(moderation_partitions.get_partition_keys(dynamic_partitions_store=inst)))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, check=True
+    )
+    return int(out.stdout.strip().splitlines()[-1])
+
+
+def _many_once(work: Path, store: str, posts: int, tenants: int) -> dict[str, Any]:
+    export = write_export(work / f"posts-{tenants}.jsonl", posts, tenants)
+    home = work / f"home-{store}-{tenants}"
+    dropped: list[str] = []
+    try:
+        if store == "pg":
+            extra, instance_url = _pg_instance(home)
+            dropped.append(instance_url)
+            store_url = new_store("pg", work, prefix=PREFIX)
+        else:
+            extra, store_url = {}, f"sqlite:///{home / 'store.db'}"
+        dropped.append(store_url)
+        env = cli_env(home, store_url, **extra)
+        steps = {"import": cli(["import", str(export)], env), "run": cli(["run"], env)}
+        steps["no-op run"] = cli(["run"], env)
+        assert calls_of(steps["no-op run"]) == 0, steps["no-op run"].doc.get("totals")
+        partitions = _partition_count(env)
+    finally:
+        for url in dropped:
+            drop_store(url)
+    return {"steps": steps, "partitions": partitions, "calls": calls_of(steps["run"])}
+
+
+def many_tenants_bench(stores: list[str], tenants: int, per_tenant: int) -> dict[str, Any]:
+    """``tenants`` x ``per_tenant`` posts, whole CLI, zero-latency fake model: import, run,
+    no-op rerun (wall, peak RSS), the partition count, and the run against the same posts over
+    10 tenants."""
+    posts = tenants * per_tenant
+    out: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="scale-many-", dir=_tmp_root()) as tmp:
+        work = Path(tmp)
+        for store in stores:
+            print(f"# many tenants: {tenants:,} x {per_tenant} posts, store and instance {store}")
+            many = _many_once(work, store, posts, tenants)
+            few = _many_once(work, store, posts, 10)
+            steps: dict[str, Measured] = many["steps"]
+            for name, m in steps.items():
+                print(f"[{store}] {name}: {m.wall:.1f} s wall, peak RSS {m.rss_mb:,.0f} MB")
+            run = steps["run"]
+            ratio = run.wall / few["steps"]["run"].wall
+            rate = many["calls"] / run.wall
+            print(
+                f"[{store}] run {rate:,.0f} posts/s (target >= 1,700; <= 30 s); no-op "
+                f"{steps['no-op run'].wall:.1f} s (target <= 3 s); import "
+                f"{steps['import'].wall:.1f} s (target <= 10 s); peak RSS "
+                f"{max(m.rss_mb for m in steps.values()):,.0f} MB (target <= 1,024); "
+                f"partitions {many['partitions']:,} (target <= 12,000)",
+                flush=True,
+            )
+            print(
+                f"[{store}] 10 tenants x {posts // 10:,}: run {few['steps']['run'].wall:.1f} s; "
+                f"{tenants:,} tenants take {ratio:.2f}x (target <= 2x)",
+                flush=True,
+            )
+            out[store] = {
+                **{k: {"wall_s": m.wall, "rss_mb": m.rss_mb} for k, m in steps.items()},
+                "partitions": many["partitions"],
+                "run_posts_s": rate,
+                "ratio_vs_10_tenants": ratio,
+            }
+    return out
+
+
 def usage_report(store_url: str) -> dict[str, float]:
     """The usage report (``usage``, ``tenant_usage``) read from the rollup vs the ledger
     aggregate it replaced (sql/008): medians of 5, in ms."""
@@ -439,12 +521,16 @@ def main() -> None:
     mode.add_argument("--tenants-bench", action="store_true")
     mode.add_argument("--seed", action="store_true")
     mode.add_argument("--million", action="store_true")
+    mode.add_argument("--many-tenants", action="store_true")
     p.add_argument("--posts", type=int, help="posts in all (tenants-bench 10,000; million 1M)")
     p.add_argument("--tenants", type=int, default=200, help="--million: tenants")
     p.add_argument("--tenant-counts", default="3,100", help="--tenants-bench: tenant counts")
     p.add_argument("--posts-per-tenant", type=int, default=10_000, help="--seed: 3 tenants")
     p.add_argument("--concurrency", type=int, default=64, help="--seed, --million")
     p.add_argument("--store", choices=["pg", "sqlite"], default="pg", help="--million")
+    p.add_argument(
+        "--stores", default="sqlite,pg", help="--many-tenants: stores (and instances) to measure"
+    )
     p.add_argument("--repeat", type=int, default=1, help="--million: the no-op reruns")
     p.add_argument(
         "--processes", type=int, help="BACKFILL_RUN_PROCESSES for `run` (default: the CLI's)"
@@ -458,6 +544,9 @@ def main() -> None:
         doc = tenants_bench(a.posts or 10_000, a.repeat, counts)
     elif a.seed:
         doc = seed_bench(a.posts_per_tenant, a.concurrency, a.repeat)
+    elif a.many_tenants:
+        tenants = a.tenants if a.tenants != 200 else 10_000  # 200 is --million's default
+        doc = many_tenants_bench(a.stores.split(","), tenants, 5)
     else:
         doc = million_bench(a.posts or 1_000_000, a.tenants, a.store, a.concurrency, a.repeat)
     print(json.dumps(doc, default=str), flush=True)
