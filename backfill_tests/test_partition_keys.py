@@ -17,12 +17,17 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from backfill_assets.core.keys import InvalidTenantId
+from backfill_assets.core.keys import SLICE_KEYS, InvalidTenantId
 from backfill_assets.definitions import APPLY_JOB, BACKFILL_JOB, build_definitions
 from backfill_assets.dispatch.pipeline import PartitionRef
 from backfill_assets.orchestration.launch import DagsterClient, select_partitions
 from backfill_assets.orchestration.orchestrate import materialize
-from backfill_assets.orchestration.partitions import InvalidPartitionKey, partition_ref
+from backfill_assets.orchestration.partitions import (
+    InvalidPartitionKey,
+    partition_key_for,
+    partition_ref,
+    tenant_partition_keys,
+)
 from backfill_assets.orchestration.resources import StoreResource
 from backfill_assets.orchestration.sensors import tenant_partitions_sensor
 from backfill_assets.store.locks import PartitionBusy, WriterLocks
@@ -199,3 +204,13 @@ def test_a_replaced_lock_file_counts_as_lost(tmp_path: Path) -> None:
         # Someone cleans up the lock folder; the next writer would lock a fresh file.
         os.unlink(tmp_path / "store.db.locks" / "acme.s02.lock")
         assert locks.lost() == ["acme.s02"]
+
+
+@pytest.mark.parametrize("tenant", ["acme", "t0000", "a", "x" * 40, "9-to-5"])
+def test_a_tenants_keys_built_at_once_are_dagsters_own(tenant: str) -> None:
+    keys = tenant_partition_keys(tenant)
+    assert keys == [partition_key_for(tenant, s) for s in SLICE_KEYS]
+    for key in keys:
+        assert partition_ref(key).tenant_id == tenant
+    with pytest.raises(InvalidTenantId):
+        tenant_partition_keys("Bad Tenant")

@@ -14,6 +14,7 @@ from sqlalchemy.engine import Engine
 from backfill_assets.cli import build_parser
 from backfill_assets.core.keys import level_for, partition_of, partition_slices, slice_of
 from backfill_assets.dispatch.pipeline import PartitionRef
+from backfill_assets.orchestration import plan as plan_module
 from backfill_assets.orchestration.plan import Box, PartitionPlan, pool
 from backfill_assets.orchestration.settings import Settings
 from backfill_tests.conftest import import_records
@@ -157,3 +158,52 @@ def test_a_tenant_that_grows_splits_its_partitions(
     assert len(rows) == 40 and all(s == slice_of("acme", p) for p, s in rows)
     verify = _cli(["verify", "--require-complete", "--json"], env, capsys)
     assert verify["exit"] == 0
+
+
+def test_a_no_op_asks_the_instance_about_no_done_partition(
+    engine: Engine,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Done partitions are marked in the store by the apply, so a no-op `run` skips them with
+    one query; what un-marks a partition (a new materialisation that is not applied, a fresh
+    instance) sends the plan back to the instance, which still has the last word."""
+    tenants = [f"tenant-{i}" for i in range(4)]
+    records = [
+        {"tenant_id": t, "post_id": f"p{i}", "text": f"{t} {i}"} for t in tenants for i in range(5)
+    ]
+    import_records(engine, tmp_path, records, slice_target=5000)
+    env = {
+        "BACKFILL_DATABASE_URL": str(engine.url.render_as_string()),
+        "DAGSTER_HOME": str(tmp_path / "home"),
+    }
+    asked: list[list[str]] = []
+    real = plan_module._not_done_in_dagster
+
+    def spy(instance: dg.DagsterInstance, keys: list[str], code_version: str) -> dict[str, str]:
+        asked.append(list(keys))
+        return real(instance, keys, code_version)
+
+    monkeypatch.setattr(plan_module, "_not_done_in_dagster", spy)
+    assert _cli(["run", "--json"], env, capsys)["exit"] == 0
+    with engine.connect() as conn:
+        marks = conn.execute(sa.text("SELECT tenant_id, partition FROM partition_marks")).all()
+    assert sorted(marks) == [(t, 0) for t in tenants]
+    asked.clear()
+    again = _cli(["run", "--json"], env, capsys)
+    assert again["runs"] == [] and asked == [[]]  # the instance was asked about nothing
+
+    # The labels of one partition materialise again and are not applied: no mark, so the
+    # plan asks the instance, which says why it must run.
+    with engine.begin() as conn:
+        conn.execute(sa.text("DELETE FROM partition_marks WHERE tenant_id = 'tenant-2'"))
+    asked.clear()
+    redo = _cli(["run", "--json"], env, capsys)
+    assert asked == [["s00|tenant-2"]] and redo["runs"] == []  # still done in Dagster: re-marked
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM partition_marks")).scalar_one() == 4
+
+    # A fresh instance over the same store: the marks speak of another instance.
+    fresh = _cli(["run", "--json"], {**env, "DAGSTER_HOME": str(tmp_path / "home2")}, capsys)
+    assert len(fresh["partitions"]) == 4 and fresh["totals"]["model_calls"] == 0

@@ -34,7 +34,6 @@ from backfill_assets.orchestration.orchestrate import (
     ensure_tenant_partitions,
     refresh_usage,
 )
-from backfill_assets.orchestration.partitions import tenant_partitions
 from backfill_assets.orchestration.plan import make_plan, pool_by_region
 from backfill_assets.orchestration.resources import versions_for
 from backfill_assets.orchestration.settings import Settings
@@ -83,7 +82,7 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
         return _run_sample(args, settings, engine, tenants)
     require_gate(settings)
     defs, inst = build_definitions(settings), instance(settings)
-    ensure_tenant_partitions(inst, tenants)
+    order = ensure_tenant_partitions(inst, tenants)
     # Only partitions with something to do reach Dagster, pooled into few runs (plan.py).
     sink = settings.sink()
     plan = make_plan(
@@ -94,12 +93,12 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
         [slice_no(s) for s in args.slice] if args.slice else None,
         force=args.force,
         sink_id=None if sink is None else sink.sink_id,
+        order=order,
     )
     with read_tx(engine) as conn:
         regions = all_regions(conn)
     # One region per run: a region without an endpoint here fails only its own runs, and
     # each run carries its region's tag for the run queue.
-    order = inst.get_dynamic_partitions(tenant_partitions.name or "tenants")
     plan = pool_by_region(plan, order, regions)
     # A big plan spreads over the cores (run_processes.py); a small one runs here.
     shared = run_plan(settings, defs, inst, plan, regions)

@@ -75,6 +75,11 @@ class PartitionRef:
     slice: int
     level: int = MAX_LEVEL
 
+    @property
+    def mark(self) -> tuple[str, int, int]:
+        """(tenant, partition number, level): how the store's partition marks name it."""
+        return (self.tenant_id, self.slice, self.level)
+
     def __post_init__(self) -> None:
         # Tenant ids name lock files and scope every query: never build one from a bad id.
         validate_tenant_id(self.tenant_id)

@@ -23,6 +23,7 @@ from backfill_assets.orchestration.resources import (
     StoreResource,
     run_versions,
 )
+from backfill_assets.store import partition_marks
 from backfill_assets.store.apply import ApplyReport, apply_partition, newer_versions
 from backfill_assets.store.engine import read_tx, write_tx
 from backfill_assets.store.sink import Sink, SinkError, SinkReport, gaps, write_partition
@@ -176,6 +177,9 @@ def _applied_asset(
                 )
             rows = sum(r.changed for r in written.values())
             context.log.info(f"{sink.name}: {rows} row(s) written or changed")
+        # Done at this code version: a no-op `run` skips these without asking the instance.
+        with write_tx(engine) as conn:
+            partition_marks.mark(conn, [r.mark for r in refs], versions.code_version)
         add_partition_metadata(context, applied)
         return dg.MaterializeResult()
 

@@ -19,7 +19,8 @@ from backfill_assets.orchestration.resources import (
     StoreResource,
     run_versions,
 )
-from backfill_assets.store.engine import read_tx
+from backfill_assets.store import partition_marks
+from backfill_assets.store.engine import read_tx, write_tx
 from backfill_assets.store.locks import LockLost
 from backfill_assets.store.reports import partition_spend
 
@@ -79,6 +80,9 @@ def _labels_asset(
         # Which stored slices each partition holds depends on its tenant's slice level.
         refs = with_levels(store.engine(), refs)
         context.log.info(f"{len(refs)} partition(s), {versions.code_version}")
+        # Not done until this materialisation is checked and applied (partition_marks.py).
+        with write_tx(store.engine()) as conn:
+            partition_marks.clear(conn, [r.mark for r in refs])
         stopped: RunStopped | None = None
         try:
             reports = run_partitions(

@@ -108,15 +108,17 @@ def refresh_usage(defs: dg.Definitions, instance: dg.DagsterInstance, job_name: 
     return bool(result.success)
 
 
-def ensure_tenant_partitions(instance: dg.DagsterInstance, tenants: Sequence[str]) -> None:
-    """Register tenants as dynamic partitions (idempotent); invalid ids raise first."""
+def ensure_tenant_partitions(instance: dg.DagsterInstance, tenants: Sequence[str]) -> list[str]:
+    """Register tenants as dynamic partitions (idempotent; invalid ids raise first); returns
+    every tenant partition in the instance's order (read once: thousands of tenants)."""
     for tenant in tenants:
         validate_tenant_id(tenant)
     name = tenant_partitions.name or "tenants"
-    known = set(instance.get_dynamic_partitions(name))
+    order = list(instance.get_dynamic_partitions(name))
+    known = set(order)
     new = [t for t in tenants if t not in known]
     if not new:
-        return
+        return order
     try:
         instance.add_dynamic_partitions(name, new)
     except sa.exc.IntegrityError:
@@ -125,6 +127,7 @@ def ensure_tenant_partitions(instance: dg.DagsterInstance, tenants: Sequence[str
         missing = set(new) - set(instance.get_dynamic_partitions(name))
         if missing:
             instance.add_dynamic_partitions(name, sorted(missing))
+    return list(instance.get_dynamic_partitions(name))
 
 
 def _metadata_value(value: Any) -> Any:

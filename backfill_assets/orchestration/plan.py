@@ -3,10 +3,12 @@
 Cost follows the work, not the bookkeeping:
 
 1. **No work, no run.** One grouped query over the store gives posts and pending keys per
-   partition; the Dagster instance tells (in a few bulk queries) which partitions are
-   materialised at the current code version, checked (``integrity`` passed on the latest
-   materialisation) and applied since. A partition with nothing pending that is all three is
-   skipped: no run, no event. So is a partition its tenant does not use (it holds no posts).
+   partition; the store's marks (``partition_marks``: set by the apply, cleared by the next
+   materialisation) say which are done at the current code version, and for the rest the
+   Dagster instance tells (in a few bulk queries) which partitions are materialised at it,
+   checked (``integrity`` passed on the latest materialisation) and applied since. A
+   partition with nothing pending that is all three is skipped: no run, no event. So is a
+   partition its tenant does not use (it holds no posts).
 2. **Pool the rest into boxes.** A Dagster run over a range of a multi-partitioned asset covers
    a 2D box: consecutive tenants (in the instance's order) x a contiguous slice range. Tenants
    are walked in that order and merged into the current box while the partitions that merging
@@ -35,8 +37,13 @@ from backfill_assets.orchestration.dagster_private import (
     CODE_VERSION_TAG,
     AssetCheckExecutionRecordStatus,
 )
-from backfill_assets.orchestration.partitions import partition_key_for, tenant_partitions
-from backfill_assets.store.engine import read_tx
+from backfill_assets.orchestration.partitions import (
+    partition_key_for,
+    tenant_partition_keys,
+    tenant_partitions,
+)
+from backfill_assets.store.engine import read_tx, write_tx
+from backfill_assets.store.partition_marks import mark, marked
 from backfill_assets.store.posts import slice_levels
 from backfill_assets.store.sink import gaps
 from backfill_assets.store.work import pending_counts
@@ -125,38 +132,51 @@ def make_plan(
     slices: Iterable[int] | None = None,
     force: bool = False,
     sink_id: str | None = None,
+    order: Sequence[str] | None = None,
 ) -> Plan:
     """Decide which partitions of ``tenants`` (all with posts if None) x ``slices`` to run;
-    with ``sink_id``, a partition not yet written back to that sink has work too."""
+    with ``sink_id``, a partition not yet written back to that sink has work too. ``order``:
+    the instance's tenant partitions, if the caller has just read them."""
     wanted_slices = set(range(SLICE_COUNT) if slices is None else slices)
     with read_tx(engine) as conn:
         counts = pending_counts(conn, tenants, versions)
         names = sorted({t for t, _s in counts} | set(tenants or ()))
         levels = slice_levels(conn, names)
         unsunk = set() if sink_id is None else gaps(conn, sink_id, versions.prompt_version, tenants)
+        done = set() if force else marked(conn, versions.code_version, tenants)
+    if done and not _has_materialisations(instance):
+        done = set()  # a fresh instance over an old store: the marks speak of another one
     write_back = {(t, partition_of(s, levels[t])) for t, s in unsunk if t in levels}
+    folded = _fold(counts, levels)
     partitions: list[PartitionPlan] = []
     active: list[tuple[PartitionRef, int, int]] = []
     for tenant in names:
         level = levels.get(tenant)
         if level is None:
             continue  # posts of a tenant the store does not know: nothing to plan
-        folded: dict[int, list[int]] = {}
-        for (t, stored), (n, pending) in counts.items():
-            if t == tenant:
-                got = folded.setdefault(partition_of(stored, level), [0, 0])
-                got[0] += n
-                got[1] += pending
+        keys = tenant_partition_keys(tenant)
+        mine = folded.get(tenant, {})
         for number in sorted(wanted_slices):
-            ref = PartitionRef(partition_key_for(tenant, slice_key(number)), tenant, number, level)
+            ref = PartitionRef(keys[number], tenant, number, level)
             if not ref.slices:
                 reason = f"holds no posts (the tenant uses {1 << level} of its partitions)"
                 partitions.append(PartitionPlan(ref, 0, 0, False, reason))
                 continue
-            n, pending = folded.get(number, [0, 0])
+            n, pending = mine.get(number, [0, 0])
             active.append((ref, n, pending))
-    idle = [ref.key for ref, _n, pending in active if pending == 0 and not force]
+    idle = [
+        ref.key
+        for ref, _n, pending in active
+        if pending == 0 and not force and ref.mark not in done
+    ]
     not_done = _not_done_in_dagster(instance, idle, versions.code_version)
+    confirmed = {k for k in idle if k not in not_done}
+    learned = [ref.mark for ref, _n, _p in active if ref.key in confirmed]
+    if learned:
+        # Done as the instance tells: marked, so the next no-op need not ask it again (a
+        # store upgraded to marks pays the instance's reads once).
+        with write_tx(engine) as conn:
+            mark(conn, learned, versions.code_version)
     for ref, n, pending in active:
         if force:
             partitions.append(PartitionPlan(ref, n, pending, True, "--force"))
@@ -169,7 +189,8 @@ def make_plan(
         else:
             reason = "nothing pending; materialised at this code version, checked and applied"
             partitions.append(PartitionPlan(ref, n, 0, False, reason))
-    order = [t for t in instance.get_dynamic_partitions(tenant_partitions.name or "tenants")]
+    if order is None:
+        order = list(instance.get_dynamic_partitions(tenant_partitions.name or "tenants"))
     return Plan(partitions, pool(partitions, order))
 
 
@@ -265,6 +286,26 @@ def _join(a: Box, b: Box, order: Sequence[str]) -> Box | None:
     ):
         return Box(a.tenants + b.tenants, a.first, a.last)
     return None
+
+
+def _fold(
+    counts: Mapping[tuple[str, int], tuple[int, int]], levels: Mapping[str, int]
+) -> dict[str, dict[int, list[int]]]:
+    """Posts and pending keys per tenant and partition: stored slices folded by each tenant's
+    level, in one pass over the counts (not one per tenant: 10,000 tenants)."""
+    folded: dict[str, dict[int, list[int]]] = {}
+    for (t, stored), (n, pending) in counts.items():
+        level = levels.get(t)
+        if level is not None:
+            got = folded.setdefault(t, {}).setdefault(partition_of(stored, level), [0, 0])
+            got[0] += n
+            got[1] += pending
+    return folded
+
+
+def _has_materialisations(instance: dg.DagsterInstance) -> bool:
+    """Whether the instance has ever materialised the labels (one query)."""
+    return instance.get_latest_materialization_event(LABELS) is not None
 
 
 def _not_done_in_dagster(

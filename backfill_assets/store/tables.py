@@ -301,3 +301,14 @@ sink_writes = sa.Table(
     sa.Column("applied_through", sa.DateTime),
     sa.Column("written_at", sa.DateTime, nullable=False),
 )
+
+# sql/017: partitions done (materialised, checked, applied) at a code version.
+partition_marks = sa.Table(
+    "partition_marks",
+    metadata,
+    sa.Column("tenant_id", sa.Text, primary_key=True),
+    sa.Column("partition", sa.Integer, primary_key=True),
+    sa.Column("level", sa.Integer, nullable=False),
+    sa.Column("code_version", sa.Text, nullable=False),
+    sa.Column("marked_at", sa.DateTime, nullable=False),
+)
