@@ -7,7 +7,8 @@
                                PostgreSQL's hint bits]
     bench/run scale --many-tenants [--tenants 10000] [--stores sqlite,pg]
                               (10,000 x 5 posts against 10 x 5,000; store and instance alike)
-    (each also takes --processes N: BACKFILL_RUN_PROCESSES for ``run``; default the CLI's)
+    (each also takes --processes N: BACKFILL_RUN_PROCESSES for ``run``; default the CLI's;
+     and --event-batch-size N: DAGSTER_EVENT_BATCH_SIZE for every command)
 
 Every figure is the whole CLI (``backfill-moderation import`` / ``run`` / ``verify``) in a
 fresh process, fresh ``DAGSTER_HOME`` and fresh store, with the zero-latency fake model.
@@ -91,6 +92,8 @@ def write_one_post(path: Path, tenant: str) -> Path:
 
 # ``--processes N``: BACKFILL_RUN_PROCESSES for every ``run`` (unset: the CLI's default).
 _RUN_PROCESSES: dict[str, str] = {}
+# Dagster settings a bench passes on (``--event-batch-size``); others are stripped.
+_DAGSTER_ENV: dict[str, str] = {}
 
 
 def cli_env(home: Path, store_url: str, **extra: str) -> dict[str, str]:
@@ -100,6 +103,7 @@ def cli_env(home: Path, store_url: str, **extra: str) -> dict[str, str]:
         DAGSTER_HOME=str(home), BACKFILL_DATABASE_URL=store_url, BACKFILL_FAKE_LATENCY_MS="0"
     )
     env.update(_RUN_PROCESSES)
+    env.update(_DAGSTER_ENV)
     env.update(extra)
     home.mkdir(parents=True, exist_ok=True)
     return env
@@ -535,7 +539,15 @@ def main() -> None:
     p.add_argument(
         "--processes", type=int, help="BACKFILL_RUN_PROCESSES for `run` (default: the CLI's)"
     )
+    p.add_argument(
+        "--event-batch-size",
+        type=int,
+        help="DAGSTER_EVENT_BATCH_SIZE for every command (Dagster batches materialisation "
+        "writes on PostgreSQL; default: unset)",
+    )
     a = p.parse_args()
+    if a.event_batch_size is not None:
+        _DAGSTER_ENV["DAGSTER_EVENT_BATCH_SIZE"] = str(a.event_batch_size)
     if a.processes is not None:
         _RUN_PROCESSES["BACKFILL_RUN_PROCESSES"] = str(a.processes)
     print(machine_speed(), flush=True)
