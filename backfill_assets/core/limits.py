@@ -28,10 +28,6 @@ class Spend:
     def __sub__(self, other: Spend) -> Spend:
         return Spend(self.tokens - other.tokens, self.nanos - other.nanos)
 
-    def times(self, n: int) -> Spend:
-        """``n`` calls' worth."""
-        return Spend(self.tokens * n, self.nanos * n)
-
 
 @dataclass(frozen=True, slots=True)
 class Caps:
