@@ -75,7 +75,10 @@ def write_back(
             found = gaps(conn, sink.sink_id, policy.key_version, tenants)
             refs = [r for r in refs if any((r.tenant_id, s) in found for s in r.slices)]
     done: dict[str, SinkReport] = {}
-    sink_engine = sink.engine()
+    try:
+        sink_engine = sink.engine()
+    except SinkError as exc:  # a URL no driver here can open
+        return done, exc
     try:
         # One connection for the whole write-back (a batch is a transaction on it).
         with sink_engine.connect() as conn:
