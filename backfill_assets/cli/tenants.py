@@ -4,13 +4,13 @@ may go, and how much it may spend."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections.abc import Callable
 
 from backfill_assets.cli.commands import emit
 from backfill_assets.cli.inputs import UserError, known_tenants
 from backfill_assets.cli.tables import table
-from backfill_assets.core.limits import Caps
 from backfill_assets.core.money import nanos_of_usd
 from backfill_assets.core.regions import InvalidRegion, base_url_var, validate_region
 from backfill_assets.orchestration.resources import OpenAIModelResource
@@ -106,10 +106,8 @@ def cmd_set_region(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def _cap(value: str | None, flag: str, parse: Callable[[str], int]) -> int | str | None:
-    """The cap a flag gives: an int, None (``none``: remove it) or "keep" (flag not given)."""
-    if value is None:
-        return "keep"
+def _cap(value: str, flag: str, parse: Callable[[str], int]) -> int | None:
+    """The cap a flag gives: an amount, or None (``none``: remove it)."""
     if value.strip().lower() == "none":
         return None
     try:
@@ -130,29 +128,24 @@ def _tokens(value: str) -> int:
 
 def cmd_set_budget(args: argparse.Namespace, settings: Settings) -> int:
     """Set or remove a tenant's dollar and token caps; exit 2 for bad amounts or tenants."""
-    usd_cap = _cap(args.usd, "--usd", nanos_of_usd)
-    token_cap = _cap(args.tokens, "--tokens", _tokens)
-    if usd_cap == "keep" and token_cap == "keep":
+    # Only the units given change; the other keeps its cap.
+    given: dict[str, int | None] = {}
+    if args.usd is not None:
+        given["nanos"] = _cap(args.usd, "--usd", nanos_of_usd)
+    if args.tokens is not None:
+        given["tokens"] = _cap(args.tokens, "--tokens", _tokens)
+    if not given:
         raise UserError("give --usd AMOUNT and/or --tokens N (or 'none' to remove a cap)")
     engine = settings.store_engine()
     with read_tx(engine) as conn:
         tenant = known_tenants([args.tenant], tenant_ids(conn), flag="TENANT")[0]
     default_tokens = settings.tenant_budget_tokens or None
     with write_tx(engine) as conn:
-        own = tenant_caps(conn, tenant, None)
-        caps = Caps(
-            tokens=own.tokens if token_cap == "keep" else _int_or_none(token_cap),
-            nanos=own.nanos if usd_cap == "keep" else _int_or_none(usd_cap),
-        )
-        set_caps(conn, tenant, caps)
+        set_caps(conn, tenant, dataclasses.replace(tenant_caps(conn, tenant, None), **given))
         status = budget_status(conn, tenant, default_tokens)
     doc = {"tenant": tenant, **status.as_dict()}
     emit(args, doc, _budget_text(doc))
     return 0
-
-
-def _int_or_none(value: int | str | None) -> int | None:
-    return value if isinstance(value, int) else None
 
 
 def _budget_text(doc: dict[str, object]) -> str:

@@ -14,7 +14,7 @@ from backfill_assets.core.prices import Tier
 from backfill_assets.orchestration.estimate import TenantEstimate, estimate_pending
 from backfill_assets.orchestration.resources import versions_for
 from backfill_assets.orchestration.settings import Settings
-from backfill_assets.store.budget import free_spend, tenant_caps
+from backfill_assets.store.budget import budget_status
 from backfill_assets.store.engine import read_tx
 from backfill_assets.store.limiter_members import live_members
 from backfill_assets.store.submissions import batch_durations
@@ -73,8 +73,8 @@ def _work(est: TenantEstimate, tokens_left: int | None) -> Work:
 
 
 def _tokens_left(conn: Connection, tenant: str, default_tokens: int | None) -> int | None:
-    caps = tenant_caps(conn, tenant, default_tokens)
-    return None if caps.tokens is None else free_spend(conn, tenant, caps).tokens
+    status = budget_status(conn, tenant, default_tokens)
+    return None if status.caps.tokens is None else status.free.tokens
 
 
 def plan_deadline(

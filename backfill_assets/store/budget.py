@@ -267,10 +267,14 @@ class BudgetStatus:
     billed: Spend
     held: Spend
 
+    @property
+    def free(self) -> Spend:
+        """Caps minus billed, minus what is held (meaningless in a unit without a cap)."""
+        return Spend(self.caps.tokens or 0, self.caps.nanos or 0) - self.billed - self.held
+
     def as_dict(self) -> dict[str, object]:
         """JSON form: dollars as exact decimal strings; None where a unit has no cap."""
-        caps, billed, held = self.caps, self.billed, self.held
-        free = Spend(caps.tokens or 0, caps.nanos or 0) - billed - held
+        caps, billed, held, free = self.caps, self.billed, self.held, self.free
         return {
             "budget_usd": None if caps.nanos is None else usd_text(caps.nanos),
             "budget_tokens": caps.tokens,
@@ -293,30 +297,29 @@ def budget_status(conn: Connection, tenant_id: str, default_tokens: int | None) 
     )
 
 
-def free_spend(conn: Connection, tenant_id: str, caps: Caps) -> Spend:
-    """Caps minus billed, minus live holders' reservations, minus open batch chunks'
-    (meaningless in a unit without a cap)."""
-    used = billed(conn, tenant_id) + held(conn, tenant_id)
-    return Spend((caps.tokens or 0) - used.tokens, (caps.nanos or 0) - used.nanos)
+def settled_status(
+    engine: Engine, conn: Connection, tenant_id: str, default_tokens: int | None, keep: str = ""
+) -> BudgetStatus:
+    """Inside a write transaction: the tenant's budget with its decisions serialised (the
+    tenant's lock) and dead holders' reservations reclaimed (``keep``: the caller's own)."""
+    lock_tenant(engine, conn, tenant_id)
+    reclaim_dead(engine, conn, tenant_id, keep=keep)
+    return budget_status(conn, tenant_id, default_tokens)
 
 
 def free_for(engine: Engine, tenant_id: str, default_tokens: int | None) -> tuple[Caps, Spend]:
     """The tenant's caps and free budget now (dead holders' reservations reclaimed first)."""
     with write_tx(engine) as conn:
-        lock_tenant(engine, conn, tenant_id)
-        reclaim_dead(engine, conn, tenant_id)
-        caps = tenant_caps(conn, tenant_id, default_tokens)
-        return caps, free_spend(conn, tenant_id, caps)
+        status = settled_status(engine, conn, tenant_id, default_tokens)
+        return status.caps, status.free
 
 
 def admits(
     engine: Engine, conn: Connection, tenant_id: str, need: Spend, default_tokens: int | None
 ) -> bool:
     """Inside a batch chunk's intent transaction: whether its reservation fits the caps."""
-    lock_tenant(engine, conn, tenant_id)
-    reclaim_dead(engine, conn, tenant_id)
-    caps = tenant_caps(conn, tenant_id, default_tokens)
-    return not caps.exceeds(need, free_spend(conn, tenant_id, caps))
+    status = settled_status(engine, conn, tenant_id, default_tokens)
+    return not status.caps.exceeds(need, status.free)
 
 
 class StoreBudgetLedger:
@@ -348,10 +351,8 @@ class StoreBudgetLedger:
         """Grow ``reservation_id`` by ``limits.grant_spend`` (at least ``minimum``, or nothing)."""
         self._lock.acquire()  # before any row of ours exists, so it is never taken for dead
         with write_tx(self._engine) as conn:
-            lock_tenant(self._engine, conn, tenant_id)
-            reclaim_dead(self._engine, conn, tenant_id, keep=self.holder)
-            caps = tenant_caps(conn, tenant_id, default_tokens)
-            free = free_spend(conn, tenant_id, caps)
+            status = settled_status(self._engine, conn, tenant_id, default_tokens, self.holder)
+            caps, free = status.caps, status.free
             granted = grant_spend(want, minimum, free, caps)
             if granted is None:
                 return Grant(None, free, caps)
