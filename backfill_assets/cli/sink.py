@@ -11,15 +11,14 @@ import sqlalchemy as sa
 
 from backfill_assets.cli.commands import emit
 from backfill_assets.cli.inputs import UserError, known_tenants
-from backfill_assets.core.keys import partition_of, slice_key
+from backfill_assets.core.keys import slice_key
 from backfill_assets.dispatch.partition_run import PartitionRef
 from backfill_assets.orchestration.applied import write_back
 from backfill_assets.orchestration.partitions import partition_key_for
 from backfill_assets.orchestration.settings import Settings
 from backfill_assets.store.engine import read_tx
-from backfill_assets.store.posts import slice_levels
 from backfill_assets.store.reports import tenant_ids
-from backfill_assets.store.sink import SinkError, check, ddl, gaps
+from backfill_assets.store.sink import SinkError, check, ddl, gap_partitions
 
 
 def add_sink_commands(add: Callable[[str, str], argparse.ArgumentParser]) -> None:
@@ -106,10 +105,12 @@ def cmd_sink_write(args: argparse.Namespace, settings: Settings) -> int:
     with read_tx(engine) as conn:
         tenants = known_tenants(args.tenant, tenant_ids(conn))
         # No sink has the id "": every applied partition is a gap of it.
-        found = gaps(conn, "" if args.all else sink.sink_id, policy.key_version, tenants or None)
-        levels = slice_levels(conn, {t for t, _s in found})
-    numbers = sorted({(t, partition_of(s, levels[t])) for t, s in found if t in levels})
-    refs = [PartitionRef(partition_key_for(t, slice_key(n)), t, n, levels[t]) for t, n in numbers]
+        sink_id = "" if args.all else sink.sink_id
+        found = gap_partitions(conn, sink_id, policy.key_version, tenants or None)
+    refs = [
+        PartitionRef(partition_key_for(t, slice_key(n)), t, n, level)
+        for t, n, level in sorted(found)
+    ]
     started = time.perf_counter()
     written, failed = write_back(engine, sink, refs, policy, only_gaps=False)
     seconds = time.perf_counter() - started

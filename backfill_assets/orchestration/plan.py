@@ -45,7 +45,7 @@ from backfill_assets.orchestration.partitions import (
 from backfill_assets.store.engine import read_tx, write_tx
 from backfill_assets.store.partition_marks import mark, marked
 from backfill_assets.store.posts import slice_levels
-from backfill_assets.store.sink import gaps
+from backfill_assets.store.sink import gap_partitions
 from backfill_assets.store.work import pending_counts
 
 LABELS = dg.AssetKey("moderation_labels")
@@ -142,11 +142,15 @@ def make_plan(
         counts = pending_counts(conn, tenants, versions)
         names = sorted({t for t, _s in counts} | set(tenants or ()))
         levels = slice_levels(conn, names)
-        unsunk = set() if sink_id is None else gaps(conn, sink_id, versions.prompt_version, tenants)
+        unsunk = (
+            set()
+            if sink_id is None
+            else gap_partitions(conn, sink_id, versions.prompt_version, tenants)
+        )
         done = set() if force else marked(conn, versions.code_version, tenants)
     if done and not _has_materialisations(instance):
         done = set()  # a fresh instance over an old store: the marks speak of another one
-    write_back = {(t, partition_of(s, levels[t])) for t, s in unsunk if t in levels}
+    write_back = {(t, n) for t, n, _level in unsunk}
     folded = _fold(counts, levels)
     partitions: list[PartitionPlan] = []
     active: list[tuple[PartitionRef, int, int]] = []

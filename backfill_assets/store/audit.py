@@ -19,14 +19,12 @@ from backfill_assets.audit.verify import (
     usage_rollup_problems,
     verify_scope,
 )
-from backfill_assets.core.keys import Versions, partition_of, slice_key, work_key
+from backfill_assets.core.keys import Versions, slice_key, work_key
 from backfill_assets.core.rubric import OutputContract
 from backfill_assets.core.validation import stored_result_problems
 from backfill_assets.store.bulk import driver_rows, select_rows
 from backfill_assets.store.engine import is_sqlite, read_tx
-from backfill_assets.store.posts import slice_levels
-from backfill_assets.store.sink import Sink
-from backfill_assets.store.sink import gaps as sink_gaps
+from backfill_assets.store.sink import Sink, gap_partitions
 from backfill_assets.store.tables import (
     dead_letters,
     ledger_events,
@@ -402,9 +400,10 @@ def verify_store(
             problems.extend(usage_rollup_problems(tenant_id, rows.ledger, rollup))
         pending: list[tuple[str, str]] = []
         if sink is not None:
-            found = sink_gaps(conn, sink.sink_id, versions.prompt_version, tenant_filter or None)
-            levels = slice_levels(conn, {t for t, _s in found})
-            pending = sorted({(t, slice_key(partition_of(s, levels.get(t, 4)))) for t, s in found})
+            found = gap_partitions(
+                conn, sink.sink_id, versions.prompt_version, tenant_filter or None
+            )
+            pending = sorted((t, slice_key(n)) for t, n, _level in found)
     return VerifyOutcome(
         reports=reports,
         problems=problems,

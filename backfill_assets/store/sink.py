@@ -26,11 +26,13 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.schema import CreateTable
 
+from backfill_assets.core.keys import partition_of
 from backfill_assets.core.policy import Policy
 from backfill_assets.core.urls import redact_url
 from backfill_assets.store.dialect import insert_for
 from backfill_assets.store.engine import write_tx
 from backfill_assets.store.platform_db import PlatformDbError, failure_text, platform_engine
+from backfill_assets.store.posts import slice_levels
 from backfill_assets.store.tables import applied_labels, posts, results, sink_writes, utcnow
 
 DEFAULT_TABLE = "moderation_labels"
@@ -428,3 +430,13 @@ def gaps(
         .where(sa.or_(sw.c.applied_through.is_(None), sw.c.applied_through < a.c.newest))
     )
     return {(str(t), int(s)) for t, s in conn.execute(stmt)}
+
+
+def gap_partitions(
+    conn: Connection, sink_id: str, key_version: str, tenants: Sequence[str] | None = None
+) -> set[tuple[str, int, int]]:
+    """The partitions holding ``gaps``: (tenant, partition number, slice level), each stored
+    slice folded by its tenant's level."""
+    found = gaps(conn, sink_id, key_version, tenants)
+    levels = slice_levels(conn, {t for t, _s in found})
+    return {(t, partition_of(s, levels[t]), levels[t]) for t, s in found if t in levels}
