@@ -26,6 +26,22 @@ VERSIONS = Versions(TASK_VERSION, RUBRIC.prompt_version, "fake-moderator-1")
 FAST_RETRY = RetryPolicy(max_attempts=3, base_delay_s=0.0, max_delay_s=0.0)
 
 
+def varied_corpus(tenants: list[str], n: int) -> list[dict[str, str]]:
+    """Posts of varied length, some multi-byte: the byte-level bounds a budget reserves
+    differ from post to post."""
+    return [
+        {
+            "tenant_id": t,
+            "post_id": f"p{i:04d}",
+            "text": f"{t} post {i}: "
+            + ("great product, would buy again " * (1 + i % 5))
+            + ("ünïcödé ✓ " * (i % 3)),
+        }
+        for t in tenants
+        for i in range(n)
+    ]
+
+
 def refs_for(
     tenants: Iterable[str], slices: Iterable[int] = range(SLICE_COUNT)
 ) -> list[PartitionRef]:

@@ -41,25 +41,11 @@ from backfill_tests.pipeline_helpers import (
     refs_for,
     run,
     total,
+    varied_corpus,
     verify,
 )
 
 KEY = "sk-live-7d41c0ffee9a8b7c6d5e4f3a"
-
-
-def corpus(tenants: list[str], n: int) -> list[dict[str, str]]:
-    """Posts of varied length, some multi-byte."""
-    return [
-        {
-            "tenant_id": t,
-            "post_id": f"p{i:04d}",
-            "text": f"{t} post {i}: "
-            + ("great product, would buy again " * (1 + i % 5))
-            + ("ünïcödé ✓ " * (i % 3)),
-        }
-        for t in tenants
-        for i in range(n)
-    ]
 
 
 def billed_by_tenant(engine: Engine) -> dict[str, int]:
@@ -87,7 +73,7 @@ def test_cap_is_strict_when_the_provider_bills_three_times_the_estimate(
 ) -> None:
     """Cap 20,000 at concurrency 64 against 3x over-billing: no tenant passes the cap."""
     tenants = ["acme", "globex", "initech"]
-    import_records(engine, tmp_path, corpus(tenants, 150))
+    import_records(engine, tmp_path, varied_corpus(tenants, 150))
     cap = 20_000
     model = FakeModel(model=VERSIONS.model, overbill_factor=3.0, latency_ms=2)
     opts = RunOptions(concurrency=64, budget_tokens=cap, retry=FAST_RETRY)
@@ -111,7 +97,7 @@ def test_cap_is_strict_when_the_provider_bills_three_times_the_estimate(
 def test_unusual_usage_is_booked_once_never_as_zero(
     engine: Engine, tmp_path: Path, shape: str
 ) -> None:
-    import_records(engine, tmp_path, corpus(["acme"], 60))
+    import_records(engine, tmp_path, varied_corpus(["acme"], 60))
     model = FakeModel(model=VERSIONS.model, usage_shape=shape)
     reports, _ = run(engine, ["acme"], adapter=model)
     assert total(reports, "accepted") == 60 and calls(reports) == 60
@@ -143,7 +129,7 @@ def test_unusual_usage_is_booked_once_never_as_zero(
 
 
 def test_a_bill_past_the_bound_stops_that_tenant_only(engine: Engine, tmp_path: Path) -> None:
-    import_records(engine, tmp_path, corpus(["acme", "globex"], 80))
+    import_records(engine, tmp_path, varied_corpus(["acme", "globex"], 80))
     # x10 on a ~4-bytes-a-token count bills more than the prompt has bytes: no tokenizer can.
     hostile = FakeModel(model=VERSIONS.model, overbill_factor=10.0)
     concurrency = 4
@@ -304,7 +290,7 @@ def _run_http(
 def test_run_level_errors_stop_the_run_and_leave_every_key_pending(
     engine: Engine, tmp_path: Path, status: int, code: str
 ) -> None:
-    import_records(engine, tmp_path, corpus(["acme", "globex"], 50))
+    import_records(engine, tmp_path, varied_corpus(["acme", "globex"], 50))
     seen: list[str] = []
     concurrency = 8
     with pytest.raises(RunStopped) as info:
@@ -335,7 +321,7 @@ def test_run_level_errors_stop_the_run_and_leave_every_key_pending(
 
 @pytest.mark.parametrize("shape", ["full", "details_null", "completion_null", "total_only", "none"])
 def test_every_usage_shape_books_each_key_once(engine: Engine, tmp_path: Path, shape: str) -> None:
-    import_records(engine, tmp_path, corpus(["acme"], 40))
+    import_records(engine, tmp_path, varied_corpus(["acme"], 40))
     seen: list[str] = []
     transport = _answering(seen, shape)
     reports = _run_http(engine, ["acme"], transport)
@@ -363,7 +349,7 @@ def test_every_usage_shape_books_each_key_once(engine: Engine, tmp_path: Path, s
 
 
 def test_a_bogus_retry_after_is_capped_and_reported(engine: Engine, tmp_path: Path) -> None:
-    import_records(engine, tmp_path, corpus(["acme"], 6))
+    import_records(engine, tmp_path, varied_corpus(["acme"], 6))
     answered: list[str] = []
     ok = _answering(answered)
     refused: set[str] = set()
@@ -416,7 +402,7 @@ def test_limiter_pause_is_bounded() -> None:
 def test_dry_run_shows_the_estimate_and_the_reserved_bound(
     engine: Engine, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import_records(engine, tmp_path, corpus(["acme"], 20))
+    import_records(engine, tmp_path, varied_corpus(["acme"], 20))
     env = {
         "BACKFILL_DATABASE_URL": engine.url.render_as_string(hide_password=False),
         "DAGSTER_HOME": str(tmp_path / "home"),

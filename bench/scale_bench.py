@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
@@ -325,6 +326,26 @@ def _pg_instance(home: Path) -> tuple[dict[str, str], str]:
     return {"DAGSTER_PG_URL": url}, url
 
 
+@contextlib.contextmanager
+def _store_and_instance(work: Path, home: Path, store: str) -> Iterator[tuple[dict[str, str], str]]:
+    """A fresh store on ``store`` and a Dagster instance on the same backend in ``home``:
+    the extra environment (the instance's URL on PostgreSQL) and the store URL; the
+    PostgreSQL databases are dropped afterwards."""
+    dropped: list[str] = []
+    try:
+        if store == "pg":
+            extra, instance_url = _pg_instance(home)
+            dropped.append(instance_url)
+            store_url = new_store("pg", work, prefix=PREFIX)
+        else:
+            extra, store_url = {}, f"sqlite:///{home / 'store.db'}"
+        dropped.append(store_url)
+        yield extra, store_url
+    finally:
+        for url in dropped:
+            drop_store(url)
+
+
 def million_bench(
     posts: int, tenants: int, store: str, concurrency: int, noops: int = 1
 ) -> dict[str, Any]:
@@ -333,15 +354,7 @@ def million_bench(
         work = Path(tmp)
         export = write_export(work / "posts.jsonl", posts, tenants)
         home = work / "home"
-        dropped: list[str] = []
-        try:
-            if store == "pg":
-                extra, instance_url = _pg_instance(home)
-                dropped.append(instance_url)
-                store_url = new_store("pg", work, prefix=PREFIX)
-            else:
-                extra, store_url = {}, f"sqlite:///{home / 'store.db'}"
-            dropped.append(store_url)
+        with _store_and_instance(work, home, store) as (extra, store_url):
             env = cli_env(home, store_url, BACKFILL_CONCURRENCY=str(concurrency), **extra)
             print(
                 f"# million: {posts:,} posts over {tenants} tenants, store {store}, "
@@ -370,9 +383,6 @@ def million_bench(
             with sa.create_engine(store_url).connect() as conn:
                 results = conn.execute(sa.text("SELECT count(*) FROM results")).scalar_one()
             usage_report(store_url)
-        finally:
-            for url in dropped:
-                drop_store(url)
     rate = calls_of(steps["run"]) / steps["run"].wall
     peak = max(m.rss_mb for m in steps.values())
     print(f"run: {rate:,.0f} posts/s (target >= 5,000); results rows {results:,}")
@@ -403,23 +413,12 @@ def _partition_count(env: dict[str, str]) -> int:
 def _many_once(work: Path, store: str, posts: int, tenants: int) -> dict[str, Any]:
     export = write_export(work / f"posts-{tenants}.jsonl", posts, tenants)
     home = work / f"home-{store}-{tenants}"
-    dropped: list[str] = []
-    try:
-        if store == "pg":
-            extra, instance_url = _pg_instance(home)
-            dropped.append(instance_url)
-            store_url = new_store("pg", work, prefix=PREFIX)
-        else:
-            extra, store_url = {}, f"sqlite:///{home / 'store.db'}"
-        dropped.append(store_url)
+    with _store_and_instance(work, home, store) as (extra, store_url):
         env = cli_env(home, store_url, **extra)
         steps = {"import": cli(["import", str(export)], env), "run": cli(["run"], env)}
         steps["no-op run"] = cli(["run"], env)
         assert calls_of(steps["no-op run"]) == 0, steps["no-op run"].doc.get("totals")
         partitions = _partition_count(env)
-    finally:
-        for url in dropped:
-            drop_store(url)
     return {"steps": steps, "partitions": partitions, "calls": calls_of(steps["run"])}
 
 

@@ -16,32 +16,20 @@ from backfill_assets.core.limits import Caps
 from backfill_assets.core.money import nanos_of_usd
 from backfill_assets.core.outcomes import RetryPolicy
 from backfill_assets.core.prices import PriceTable, Tier
+from backfill_assets.dispatch.partition_run import PartitionReport
 from backfill_assets.dispatch.pipeline import RunOptions
 from backfill_assets.providers.ratelimit import EndpointLimiter, LimiterConfig
+from backfill_assets.providersim import Simulator
 from backfill_assets.store.budget import set_caps
 from backfill_tests.conftest import import_records
 from backfill_tests.http.conftest import StartSim, run_over_http
+from backfill_tests.pipeline_helpers import varied_corpus
 
 TENANTS = ["acme", "globex", "initech"]
 # initech has no cap: it must finish, whatever the others' caps do.
 CAPS_USD = {"acme": "0.01", "globex": "0.004"}
 POSTS = 150
 RETRY = RetryPolicy(max_attempts=3, base_delay_s=0.0, max_delay_s=0.0)
-
-
-def corpus(tenants: list[str], n: int) -> list[dict[str, str]]:
-    """Posts of varied length, some multi-byte."""
-    return [
-        {
-            "tenant_id": t,
-            "post_id": f"p{i:04d}",
-            "text": f"{t} post {i}: "
-            + ("great product, would buy again " * (1 + i % 5))
-            + ("ünïcödé ✓ " * (i % 3)),
-        }
-        for t in tenants
-        for i in range(n)
-    ]
 
 
 def set_dollar_caps(engine: Engine, caps_usd: dict[str, str]) -> dict[str, int]:
@@ -67,6 +55,42 @@ def booked(engine: Engine) -> dict[str, tuple[int, int, int]]:
     return {str(t): (int(n), int(c), int(b)) for t, n, c, b in rows}
 
 
+def usage_tiers(engine: Engine) -> set[str]:
+    """The tiers usage events were booked at."""
+    with engine.connect() as conn:
+        return set(
+            conn.execute(
+                sa.text("SELECT DISTINCT service_tier FROM ledger_events WHERE type = 'usage'")
+            ).scalars()
+        )
+
+
+def assert_caps_held(
+    engine: Engine,
+    sim: Simulator,
+    reports: list[PartitionReport],
+    caps: dict[str, int],
+    posts: int,
+    uncapped: str = "initech",
+) -> dict[str, tuple[int, int, int]]:
+    """What every dollar-cap run must show; returns the bookings for more checks. The ledger
+    is the simulator's bill to the nano-dollar and every tenant's total is its events' sum;
+    each capped tenant is within its cap with keys left; the uncapped one got all of its
+    posts; the keys not sent were deferred, not lost."""
+    got = booked(engine)
+    meter = sim.meter.snapshot()
+    assert sum(c for _, c, _ in got.values()) == meter.billed_cost_nanos > 0
+    assert all(c == b for _, c, b in got.values()), got
+    for tenant, cap in caps.items():
+        calls, cost, _ = got[tenant]
+        assert 0 < cost <= cap, (tenant, cost, cap)
+        assert calls < posts
+    assert got[uncapped][0] == posts
+    deferred = sum(r.stats.outcomes["deferred"] for r in reports)
+    assert deferred == len(caps) * posts - sum(got[t][0] for t in caps)
+    return got
+
+
 def left_reserved(engine: Engine) -> int:
     with engine.connect() as conn:
         return int(conn.execute(sa.text("SELECT count(*) FROM budget_reservations")).scalar_one())
@@ -76,7 +100,7 @@ def left_reserved(engine: Engine) -> int:
 def test_the_dollar_cap_holds_at_concurrency_64_under_three_times_overbilling(
     engine: Engine, tmp_path: Path, start_sim: StartSim, tier: Tier
 ) -> None:
-    import_records(engine, tmp_path, corpus(TENANTS, POSTS))
+    import_records(engine, tmp_path, varied_corpus(TENANTS, POSTS))
     caps = set_dollar_caps(engine, CAPS_USD)
     sim = start_sim(prompt_token_factor=3.0)
     adapter: dict[str, Any] = {"tier": tier}
@@ -88,37 +112,20 @@ def test_the_dollar_cap_holds_at_concurrency_64_under_three_times_overbilling(
         options=RunOptions(seed=5, concurrency=64, retry=RETRY),
         **adapter,
     )
-    got = booked(engine)
-    meter = sim.meter.snapshot()
-    # The ledger is the simulator's bill to the nano-dollar, and every tenant's total is its
-    # events' sum.
-    assert sum(c for _, c, _ in got.values()) == meter.billed_cost_nanos > 0
-    assert all(c == b for _, c, b in got.values()), got
+    got = assert_caps_held(engine, sim, reports, caps, POSTS)
     for tenant, cap in caps.items():
-        calls, cost, _ = got[tenant]
-        assert 0 < cost <= cap, (tenant, cost, cap)
         # Strict, not timid: the cap is mostly used before keys are deferred.
-        assert cost > cap // 2, (tenant, cost, cap)
-        assert calls < POSTS
-    assert got["initech"][0] == POSTS  # no cap: all of it
-    deferred = sum(r.stats.outcomes["deferred"] for r in reports)
-    assert deferred == 2 * POSTS - got["acme"][0] - got["globex"][0]
+        assert got[tenant][1] > cap // 2, (tenant, got[tenant][1], cap)
     assert left_reserved(engine) == 0
     # Booked at the tier the answers reported, over-billed tokens and all.
-    with engine.connect() as conn:
-        tiers = set(
-            conn.execute(
-                sa.text("SELECT DISTINCT service_tier FROM ledger_events WHERE type = 'usage'")
-            ).scalars()
-        )
-    assert tiers == {tier.value}
+    assert usage_tiers(engine) == {tier.value}
 
 
 def test_an_unpriced_model_under_a_dollar_cap_sends_nothing_for_that_tenant(
     engine: Engine, tmp_path: Path, start_sim: StartSim
 ) -> None:
     """A dollar cap cannot be kept without a price: that tenant's keys wait, the others run."""
-    import_records(engine, tmp_path, corpus(["acme", "initech"], 10))
+    import_records(engine, tmp_path, varied_corpus(["acme", "initech"], 10))
     set_dollar_caps(engine, {"acme": "5"})
     sim = start_sim()
     run_over_http(
