@@ -159,24 +159,27 @@ def test_every_fault_class_ends_in_exactly_one_terminal_outcome(
     with engine.connect() as conn:
         attempts = sa.text("SELECT key FROM ledger_events WHERE type = 'attempt'")
         tried = Counter(k for (k,) in conn.execute(attempts))
+        rows = conn.execute(sa.text("SELECT key, message FROM ledger_events WHERE type = 'error'"))
+        # Attempts that hit the client's 0.5 s budget on a loaded machine (seen in CI), each
+        # booked as a timeout: the only reason a key may be sent more often than expected.
+        errors = Counter(k for k, message in rows if "timeout" in message)
     for key, fault in pinned.items():
         outcome, calls = EXPECTED[fault]
         seen = meter.calls_by_correlation_id[key]
+        if outcome != "retry_exhausted":
+            # A 400 or a bad answer ends the key at once; a booked timeout before it is retried.
+            assert (found[key][0], tried[key]) == (outcome, calls + errors[key]), fault
+            assert calls <= seen <= tried[key], (fault, seen)
+            continue
         assert (found[key][0], tried[key]) == (outcome, calls), fault
-        if outcome == "retry_exhausted":
-            # The client's 0.5 s budget includes connecting: on a loaded machine an attempt can
-            # time out before its request reaches the server (seen: a 503's), which then
-            # counts fewer calls than the client made.
-            assert 1 <= seen <= calls, (fault, seen)
-        else:
-            assert seen == calls, fault
+        # The client's 0.5 s budget includes connecting: on a loaded machine an attempt can
+        # time out before its request reaches the server (seen: a 503's), which then counts
+        # fewer calls than the client made.
+        assert 1 <= seen <= calls, (fault, seen)
     clean = set(keys.values()) - set(pinned)
     assert {found[k][0] for k in clean} == {"accepted"}
     # A clean key is sent once, unless its attempt hit the client's 0.5 s budget on a loaded
-    # machine (seen in CI): then each extra call follows a booked timeout, never a silent one.
-    with engine.connect() as conn:
-        rows = conn.execute(sa.text("SELECT key, message FROM ledger_events WHERE type = 'error'"))
-        errors = Counter(k for k, message in rows if "timeout" in message)
+    # machine: then each extra call follows a booked timeout, never a silent one.
     for k in clean:
         assert tried[k] == errors[k] + 1, (k, tried[k], errors[k])
         assert 1 <= meter.calls_by_correlation_id[k] <= tried[k]
