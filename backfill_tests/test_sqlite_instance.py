@@ -15,6 +15,8 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
+import sqlalchemy as sa
+from dagster._core.events import DagsterEvent, DagsterEventType, StepMaterializationData
 from dagster._core.events.log import EventLogEntry
 from dagster._core.storage.event_log.sqlite.sqlite_event_log import SqliteEventLogStorage
 
@@ -193,3 +195,93 @@ def test_a_process_killed_placing_a_shard_leaves_nothing_for_long(tmp_path: Path
     names = {p.name for p in base.iterdir()}
     assert not names & set(left)
     assert names >= {*live, "notes.new", ".empty-shard.x.db", f"{run_id}.db"}
+
+
+def _materialisation(run_id: str, partition: str) -> EventLogEntry:
+    data = StepMaterializationData(
+        dg.AssetMaterialization(asset_key="labels", partition=partition, tags={"k": "v"})
+    )
+    event = DagsterEvent(
+        event_type_value=DagsterEventType.ASSET_MATERIALIZATION.value,
+        job_name="job",
+        event_specific_data=data,
+    )
+    return EventLogEntry(
+        error_info=None,
+        level="INFO",
+        user_message="",
+        run_id=run_id,
+        timestamp=time.time(),
+        dagster_event=event,
+    )
+
+
+def _stored(storage: SqliteEventLogStorage) -> tuple[set[str], int]:
+    records = storage.get_event_records(
+        dg.EventRecordsFilter(dg.DagsterEventType.ASSET_MATERIALIZATION, asset_key=_LABELS),
+        limit=1000,
+    )
+    partitions = {r.partition_key for r in records if r.partition_key}
+    return partitions, len(records)
+
+
+_LABELS = dg.AssetKey("labels")
+
+
+def test_a_batch_is_one_transaction_a_shard_and_stores_what_one_by_one_does(
+    tmp_path: Path,
+) -> None:
+    commits: list[str] = []
+
+    def count(conn: sa.Connection) -> None:
+        commits.append(str(conn.engine.url))
+
+    sa.event.listen(sa.Engine, "commit", count)
+    try:
+        one = PooledSqliteEventLogStorage(str(tmp_path / "one"))
+        batched = PooledSqliteEventLogStorage(str(tmp_path / "batched"))
+        run_id = str(uuid.uuid4())
+        events = [_materialisation(run_id, f"s00|t{i:03d}") for i in range(50)]
+        for storage in (one, batched):
+            storage.store_event(_entry(run_id, "start"))  # shards and tables exist
+        commits.clear()
+        for event in events:
+            one.store_event(event)
+        singly = len(commits)
+        commits.clear()
+        batched.store_event_batch(events)
+        assert len(commits) == 2 and singly >= 100  # a run shard and the index vs. each event
+        assert _stored(batched) == _stored(one) == ({f"s00|t{i:03d}" for i in range(50)}, 50)
+        assert batched.get_materialized_partitions(_LABELS) == one.get_materialized_partitions(
+            _LABELS
+        )
+        one.dispose()
+        batched.dispose()
+    finally:
+        sa.event.remove(sa.Engine, "commit", count)
+
+
+def test_a_batch_that_fails_midway_stores_none_of_its_events(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    storage = PooledSqliteEventLogStorage(str(tmp_path / "runs"))
+    run_id = str(uuid.uuid4())
+    storage.store_event(_entry(run_id, "start"))
+    real = SqliteEventLogStorage.store_event
+    seen: list[int] = []
+
+    def flaky(self: SqliteEventLogStorage, event: EventLogEntry) -> None:
+        seen.append(1)
+        if len(seen) == 3:
+            raise OSError("disk full")
+        real(self, event)
+
+    monkeypatch.setattr(SqliteEventLogStorage, "store_event", flaky)
+    with pytest.raises(OSError, match="disk full"):
+        storage.store_event_batch([_materialisation(run_id, f"p{i}") for i in range(5)])
+    monkeypatch.setattr(SqliteEventLogStorage, "store_event", real)
+    assert _stored(storage) == (set(), 0)  # all or nothing
+    storage.store_event(_entry(run_id, "the lock and the shards still work"))
+    storage.store_event_batch([_materialisation(run_id, f"p{i}") for i in range(5)])
+    assert _stored(storage) == ({f"p{i}" for i in range(5)}, 5)
+    storage.dispose()

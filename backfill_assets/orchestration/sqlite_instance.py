@@ -12,11 +12,19 @@ one, at the same paths under the instance's home (a default is the only place Da
 the home to a storage; an ``{env: DAGSTER_HOME}`` in the file would follow the environment,
 not the home being opened). A ``storage:`` section in the file (PostgreSQL) replaces them.
 
-What stays as it was: every event is committed as before (WAL, ``synchronous=FULL``), access is
-serialised by the storage's own lock, and a run shard's ``.db`` file still shows a change when
-an event is written: Dagster's watchers (the UI's live run view) watch that file, which in WAL
-mode changes only at a checkpoint, so a write to a run shard ends by touching its mtime. The
-WAL is checkpointed when a connection closes (a shard evicted, ``dispose``, the CLI's exit).
+Two more of Dagster's per-event costs go: ``has_table``, asked before each asset event's tags
+are written with yet another fresh engine, is remembered once a table is there; and a batch of
+events (``DAGSTER_EVENT_BATCH_SIZE``: a step's materialisations, planned events) is written in
+one transaction per shard instead of two or three commits an event, as Dagster's PostgreSQL
+storage batches them. A batch is all or nothing: a process killed mid-batch loses that batch's
+events (as on PostgreSQL), never half of one.
+
+What stays as it was: every other event is committed on its own (WAL, ``synchronous=FULL``),
+access is serialised by the storage's own lock, and a run shard's ``.db`` file still shows a
+change when an event is written: Dagster's watchers (the UI's live run view) watch that file,
+which in WAL mode changes only at a checkpoint, so a write to a run shard ends by touching its
+mtime. The WAL is checkpointed when a connection closes (a shard evicted, ``dispose``, the
+CLI's exit).
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ import re
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import dagster as dg
@@ -65,6 +73,10 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
     ) -> None:
         self._engines: OrderedDict[str, Engine] = OrderedDict()
         self._open_shards = max(1, open_shards)
+        self._tables: set[str] = set()  # tables seen in the index shard (they stay)
+        # While a batch is written: its thread and its open connection per shard.
+        self._batch: dict[str, Connection] | None = None
+        self._batch_thread: int | None = None
         self._swept = False  # other processes' leftovers, looked for at the first new shard
         super().__init__(base_dir, inst_data)
         _LIVE.add(self)
@@ -139,8 +151,50 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path + suffix)
 
+    def has_table(self, table_name: str) -> bool:
+        """Whether the index shard has the table; Dagster asks before every asset event's
+        tags, each time with a new engine. A table once there stays (``wipe`` recreates it)."""
+        if table_name in self._tables:
+            return True
+        found = super().has_table(table_name)
+        if found:
+            self._tables.add(table_name)
+        return found
+
+    def store_event_batch(self, events: Sequence[dg.EventLogEntry]) -> None:
+        """Store the events in one transaction per shard, committed run shards first (as one
+        event at a time, the index never names an event its run shard lacks). On an error
+        nothing of the batch is stored, and Dagster stores the events one by one."""
+        if len(events) < 2:
+            super().store_event_batch(events)
+            return
+        with self._db_lock:
+            held: dict[str, Connection] = {}
+            self._batch, self._batch_thread = held, threading.get_ident()
+            try:
+                for event in events:
+                    self.store_event(event)
+                for shard in sorted(held, key=lambda name: name == INDEX_SHARD_NAME):
+                    held[shard].commit()
+                    if shard != INDEX_SHARD_NAME:
+                        with contextlib.suppress(OSError):  # the watchers: see ``_connect``
+                            os.utime(self.path_for_shard(shard))
+            finally:
+                self._batch, self._batch_thread = None, None
+                for conn in held.values():
+                    conn.close()  # rolls back what was not committed
+
     @contextlib.contextmanager
     def _connect(self, shard: str) -> Iterator[Connection]:
+        held = self._batch
+        if held is not None and self._batch_thread == threading.get_ident():
+            # Inside ``store_event_batch`` (which holds the lock): the batch's transaction.
+            conn = held.get(shard)
+            if conn is None:
+                conn = held[shard] = self._engine(shard).connect()
+                conn.begin()
+            yield conn
+            return
         with self._db_lock, self._engine(shard).connect() as conn:
             raw = conn.connection.driver_connection
             changes = raw.total_changes if raw is not None else 0
