@@ -98,12 +98,12 @@ def test_two_runs_at_once_on_overlapping_partitions(
 def _racer(home: str, tenant: str, barrier: Any, results: Any) -> None:
     """Create the instance and register ``tenant`` the moment every racer is ready."""
     from backfill_assets.cli.instance import instance
-    from backfill_assets.orchestration.orchestrate import ensure_tenant_partitions
+    from backfill_assets.orchestration.partitions import ensure_partitions
     from backfill_assets.orchestration.settings import Settings
 
     barrier.wait()
     try:
-        ensure_tenant_partitions(instance(Settings.from_env({"DAGSTER_HOME": home})), [tenant])
+        ensure_partitions(instance(Settings.from_env({"DAGSTER_HOME": home})), {tenant: 0})
         results.put("ok")
     except Exception as exc:  # reported to the test, which prints it
         results.put(f"{type(exc).__name__}: {str(exc)[:300]}")
@@ -130,4 +130,4 @@ def test_racing_processes_create_one_instance_and_register_a_tenant_once(tmp_pat
             proc.join(30)
         assert outcomes == ["ok"] * RACERS, outcomes
     inst = instance(Settings.from_env({"DAGSTER_HOME": home}))
-    assert inst.get_dynamic_partitions("tenants") == ["acme", "globex"]
+    assert inst.get_dynamic_partitions("tenant_slices") == ["s00|acme", "s00|globex"]

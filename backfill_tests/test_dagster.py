@@ -7,16 +7,12 @@ from pathlib import Path
 import dagster as dg
 from sqlalchemy.engine import Engine
 
-from backfill_assets.core.keys import slice_of
+from backfill_assets.core.keys import MAX_LEVEL, slice_of
 from backfill_assets.definitions import BACKFILL_JOB, build_definitions
 from backfill_assets.orchestration.metadata import add_partition_metadata
-from backfill_assets.orchestration.orchestrate import (
-    ensure_tenant_partitions,
-    materialize,
-    rectangles,
-)
-from backfill_assets.orchestration.partitions import partition_key_for
-from backfill_assets.orchestration.range_guard import RANGE_END, RANGE_START
+from backfill_assets.orchestration.orchestrate import RANGE_END, RANGE_START, materialize, stretches
+from backfill_assets.orchestration.partitions import ensure_partitions, partition_key_for
+from backfill_assets.orchestration.plan import Box
 from backfill_tests.conftest import import_records
 from backfill_tests.pipeline_helpers import count, verify
 from backfill_tests.policy_helpers import COURSE_V5
@@ -56,7 +52,7 @@ def test_new_code_version_shows_partitions_stale(
 ) -> None:
     import_records(engine, tmp_path, [{"tenant_id": "acme", "post_id": "p1", "text": "hi"}])
     instance = dg.DagsterInstance.ephemeral(tempdir=str(tmp_path / "dagster"))
-    ensure_tenant_partitions(instance, ["acme"])
+    ensure_partitions(instance, dict.fromkeys(["acme"], MAX_LEVEL))
     pk = partition_key_for("acme", f"s{slice_of('acme', 'p1'):02d}")
     for model in ("fake-moderator-1", "fake-moderator-2"):
         defs = build_definitions(env_for(store_url, BACKFILL_MODEL=model))
@@ -134,9 +130,12 @@ def test_partition_metadata_lands_on_each_partition_of_a_range_run() -> None:
     assert not bad.success
 
 
-def test_rectangles_group_contiguous_slices() -> None:
-    assert rectangles(["a"], ["s00", "s01", "s03", "s02", "s07"]) == [
-        ("a", "s00", "s03"),
-        ("a", "s07", "s07"),
+def test_stretches_are_runs_of_consecutive_partitions_of_one_tenant() -> None:
+    order = ["s00|a", "s01|a", "s02|a", "s03|a", "s00|b", "s07|a"]
+    wanted = ["s00|a", "s01|a", "s03|a", "s02|a", "s07|a", "s00|b", "s09|c"]
+    assert stretches(wanted, order) == [
+        Box(("s00|a", "s01|a", "s02|a", "s03|a")),  # contiguous in the order, one tenant
+        Box(("s00|b",)),
+        Box(("s07|a",)),  # registered later, after b: its own run
+        Box(("s09|c",)),  # not registered: alone
     ]
-    assert rectangles(["a", "b"], ["s05"]) == [("a", "s05", "s05"), ("b", "s05", "s05")]

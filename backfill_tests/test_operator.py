@@ -14,18 +14,14 @@ import pytest
 from sqlalchemy.engine import Engine
 
 from backfill_assets.cli import build_parser
-from backfill_assets.definitions import BACKFILL_JOB, build_definitions
 from backfill_assets.orchestration.launch import (
     DagsterClient,
     GraphQLError,
     PartitionState,
     by_tenant,
-    expand_ranges,
     select_partitions,
 )
-from backfill_assets.orchestration.orchestrate import ensure_tenant_partitions
 from backfill_assets.orchestration.partitions import partition_key_for
-from backfill_assets.orchestration.range_guard import RANGE_END, RANGE_START
 from backfill_assets.orchestration.resources import StoreResource
 from backfill_assets.orchestration.settings import Settings
 from backfill_assets.orchestration.usage import tenant_usage
@@ -161,50 +157,7 @@ def labels_metadata_names_versions_spend_and_distribution(
     instance.dispose()
 
 
-def test_a_range_resolved_to_one_partition_fails_loudly(
-    engine: Engine, store_url: str, tmp_path: Path
-) -> None:
-    """Dagster 1.13 job backfills tag range runs with the first partition's dimension tags."""
-    defs = build_definitions({"BACKFILL_DATABASE_URL": store_url})
-    instance = dg.DagsterInstance.ephemeral(tempdir=str(tmp_path / "dagster"))
-    ensure_tenant_partitions(instance, [ACME])
-    tags = {
-        RANGE_START: partition_key_for(ACME, "s00"),
-        RANGE_END: partition_key_for(ACME, "s15"),
-        "dagster/partition/slice": "s00",
-        "dagster/partition/tenant": ACME,
-    }
-    result = defs.resolve_job_def(BACKFILL_JOB).execute_in_process(
-        instance=instance, tags=tags, raise_on_error=False
-    )
-    assert not result.success
-    failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
-    assert "resolved it to the single partition s00|acme" in str(failure.event_specific_data)
-    assert result.get_asset_materialization_events() == []
-
-
-STATUSES = [
-    {
-        "primaryDimStartKey": "s00",
-        "primaryDimEndKey": "s02",
-        "secondaryDim": {"failedPartitions": ["acme"]},
-    },
-    {
-        "primaryDimStartKey": "s05",
-        "primaryDimEndKey": "s05",
-        "secondaryDim": {"failedPartitions": ["globex", "acme"]},
-    },
-]
-
-
 def test_partition_selection_for_launch_is_pure() -> None:
-    assert expand_ranges(STATUSES, "failedPartitions") == {
-        "s00|acme",
-        "s01|acme",
-        "s02|acme",
-        "s05|globex",
-        "s05|acme",
-    }
     keys = [partition_key_for(t, f"s{i:02d}") for i in range(16) for t in (ACME, "globex")]
     state = PartitionState(
         keys=keys, stale={"s03|acme"}, missing={"s04|globex"}, failed={"s00|acme"}

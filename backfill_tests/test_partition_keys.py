@@ -17,7 +17,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from backfill_assets.core.keys import SLICE_KEYS, InvalidTenantId
+from backfill_assets.core.keys import MAX_LEVEL, SLICE_KEYS, InvalidTenantId
 from backfill_assets.definitions import APPLY_JOB, BACKFILL_JOB, build_definitions
 from backfill_assets.dispatch.pipeline import PartitionRef
 from backfill_assets.orchestration.launch import DagsterClient, select_partitions
@@ -76,7 +76,7 @@ def test_a_bad_partition_key_fails_the_run_and_creates_nothing(
     loaded: Engine, store_url: str, tmp_path: Path, job: str
 ) -> None:
     instance = dg.DagsterInstance.ephemeral(tempdir=str(tmp_path / "dagster"))
-    instance.add_dynamic_partitions("tenants", [BAD])
+    instance.add_dynamic_partitions("tenant_slices", [BAD_KEY])
     files, rows = tree(tmp_path.parent), store_dump(loaded)
     defs = build_definitions({"BACKFILL_DATABASE_URL": store_url})
     result = defs.resolve_job_def(job).execute_in_process(
@@ -101,7 +101,7 @@ def test_materialize_refuses_a_bad_tenant_before_registering_it(
         materialize(defs, instance, BACKFILL_JOB, ["acme", BAD], ["s00"])
     with pytest.raises(ValueError, match="unknown slice"):
         materialize(defs, instance, BACKFILL_JOB, ["acme"], ["s16"])
-    assert instance.get_dynamic_partitions("tenants") == []
+    assert instance.get_dynamic_partitions("tenant_slices") == []
     instance.dispose()
 
 
@@ -124,7 +124,8 @@ def test_the_sensor_registers_only_valid_tenant_ids(
     result = tenant_partitions_sensor(ctx)
     assert isinstance(result, dg.SensorResult)
     (request,) = result.dynamic_partitions_requests or []
-    assert list(request.partition_keys) == ["acme"]
+    # Imported with every tenant at the top level: its 16 partitions, and nothing else.
+    assert list(request.partition_keys) == tenant_partition_keys("acme", MAX_LEVEL)
     instance.dispose()
 
 
@@ -207,10 +208,11 @@ def test_a_replaced_lock_file_counts_as_lost(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("tenant", ["acme", "t0000", "a", "x" * 40, "9-to-5"])
-def test_a_tenants_keys_built_at_once_are_dagsters_own(tenant: str) -> None:
-    keys = tenant_partition_keys(tenant)
-    assert keys == [partition_key_for(tenant, s) for s in SLICE_KEYS]
-    for key in keys:
-        assert partition_ref(key).tenant_id == tenant
+def test_a_tenants_keys_at_each_level_are_its_first_slices(tenant: str) -> None:
+    for level in range(5):
+        keys = tenant_partition_keys(tenant, level)
+        assert keys == [partition_key_for(tenant, s) for s in SLICE_KEYS[: 1 << level]]
+        for number, key in enumerate(keys):
+            assert partition_ref(key) == PartitionRef(key, tenant, number)
     with pytest.raises(InvalidTenantId):
-        tenant_partition_keys("Bad Tenant")
+        tenant_partition_keys("Bad Tenant", 0)

@@ -9,6 +9,8 @@ from pathlib import Path
 import dagster as dg
 import pytest
 import sqlalchemy as sa
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from sqlalchemy.engine import Engine
 
 from backfill_assets.cli import build_parser
@@ -20,36 +22,82 @@ from backfill_assets.orchestration.settings import Settings
 from backfill_tests.conftest import import_records
 
 
-def _plans(needs: dict[str, list[int]], tenants: list[str]) -> list[PartitionPlan]:
+def _plans(needs: dict[str, list[int]], levels: dict[str, int]) -> list[PartitionPlan]:
+    """Every partition of each tenant at its level; those in ``needs`` have work."""
     out = []
-    for t in tenants:
-        for s in range(16):
-            ref = PartitionRef(f"s{s:02d}|{t}", t, s)
+    for t, level in levels.items():
+        for s in range(1 << level):
+            ref = PartitionRef(f"s{s:02d}|{t}", t, s, level)
             out.append(PartitionPlan(ref, 1, 1, s in needs.get(t, []), ""))
     return out
 
 
+def _order(levels: dict[str, int]) -> list[str]:
+    return [f"s{s:02d}|{t}" for t, level in levels.items() for s in range(1 << level)]
+
+
 def test_pool_merges_small_tenants_and_keeps_big_ones_apart() -> None:
-    small = [f"t{i:03d}" for i in range(100)]
-    boxes = pool(_plans({t: [0] for t in small}, small), small)
-    assert boxes == [Box(tuple(small), 0, 0)]  # 100 one-partition tenants: one run
-    order = ["big1", *small[:10], "big2"]
-    needs = {"big1": list(range(16)), "big2": list(range(16)), **{t: [0] for t in small[:10]}}
-    boxes = pool(_plans(needs, order), order)
-    # Merging the small ones into a 16-wide box would add 150 empty partitions: not worth it.
-    assert [b.tenants for b in boxes] == [("big1",), tuple(small[:10]), ("big2",)]
-    # A few idle tenants between busy ones are cheaper inside the box than a second run.
-    order = ["a", "idle1", "idle2", "b"]
-    boxes = pool(_plans({"a": [0], "b": [0]}, order), order)
-    assert boxes == [Box(("a", "idle1", "idle2", "b"), 0, 0)]
+    small = dict.fromkeys((f"t{i:03d}" for i in range(100)), 0)
+    boxes = pool(_plans({t: [0] for t in small}, small), _order(small))
+    assert boxes == [Box(tuple(_order(small)))]  # 100 one-partition tenants: one run
+    # A big tenant's 16 partitions and ten small tenants: every key has work, one run.
+    levels = {"big1": 4, **dict.fromkeys(list(small)[:10], 0), "big2": 4}
+    needs = {"big1": list(range(16)), "big2": list(range(16)), **{t: [0] for t in small}}
+    boxes = pool(_plans(needs, levels), _order(levels))
+    assert boxes == [Box(tuple(_order(levels)))]
+    # Only one slice of each big tenant has work: 15 idle partitions in between cost less
+    # than a run of their own (RUN_COST 20), 40 do not.
+    levels = {"a": 4, "b": 0}
+    boxes = pool(_plans({"a": [0], "b": [0]}, levels), _order(levels))
+    assert boxes == [Box(tuple(_order(levels)))]
+    levels = {"a": 0, "idle": 4, "idle2": 4, "idle3": 3, "b": 0}
+    boxes = pool(_plans({"a": [0], "b": [0]}, levels), _order(levels))
+    assert boxes == [Box(("s00|a",)), Box(("s00|b",))]
     # A tenant the plan leaves out (run --tenant a --tenant c) is never inside a box: its
     # pending work would be sent too.
-    boxes = pool(_plans({"a": [0], "c": [0]}, ["a", "c"]), ["a", "b", "c"])
-    assert boxes == [Box(("a",), 0, 0), Box(("c",), 0, 0)]
+    chosen = {"a": 0, "c": 0}
+    boxes = pool(_plans({"a": [0], "c": [0]}, chosen), ["s00|a", "s00|b", "s00|c"])
+    assert boxes == [Box(("s00|a",)), Box(("s00|c",))]
     # Boxes stay bounded.
-    many = [f"m{i:04d}" for i in range(1200)]
-    boxes = pool(_plans({t: [0] for t in many}, many), many, max_partitions=500)
-    assert [len(b.tenants) for b in boxes] == [500, 500, 200]
+    many = dict.fromkeys((f"m{i:04d}" for i in range(1200)), 0)
+    boxes = pool(_plans({t: [0] for t in many}, many), _order(many), max_partitions=500)
+    assert [b.size for b in boxes] == [500, 500, 200]
+
+
+@given(
+    levels=st.lists(st.integers(0, 4), min_size=1, max_size=30),
+    work=st.lists(st.booleans(), min_size=1, max_size=200),
+    run_cost=st.integers(0, 40),
+    max_partitions=st.integers(1, 60),
+)
+@settings(max_examples=200, deadline=None)
+def test_pool_covers_the_work_with_the_cheapest_ranges(
+    levels: list[int], work: list[bool], run_cost: int, max_partitions: int
+) -> None:
+    """Against a brute-force quadratic programme: the same cost, every partition with work
+    in exactly one box, every box a stretch of the order within the bound."""
+    tenants = {f"t{i:02d}": lvl for i, lvl in enumerate(levels)}
+    order = _order(tenants)
+    flags = [work[i % len(work)] for i in range(len(order))]
+    needs: dict[str, list[int]] = {}
+    for key, busy in zip(order, flags, strict=True):
+        if busy:
+            slice_name, _sep, tenant = key.partition("|")
+            needs.setdefault(tenant, []).append(int(slice_name[1:]))
+    boxes = pool(_plans(needs, tenants), order, run_cost, max_partitions)
+    busy = [k for k, b in zip(order, flags, strict=True) if b]
+    assert sorted(k for b in boxes for k in b.keys if k in set(busy)) == sorted(busy)
+    for b in boxes:
+        at = order.index(b.start)
+        assert list(b.keys) == order[at : at + b.size] and b.size <= max_partitions
+    pos = [i for i, b in enumerate(flags) if b]
+    best = [0.0] + [float("inf")] * len(pos)
+    for j in range(1, len(pos) + 1):
+        for i in range(j):
+            size = pos[j - 1] - pos[i] + 1
+            if size <= max_partitions:
+                best[j] = min(best[j], best[i] + run_cost + size)
+    assert sum(run_cost + b.size for b in boxes) == best[-1]
 
 
 def test_levels_split_partitions_and_keep_every_post_in_one() -> None:
@@ -89,6 +137,12 @@ def _events(home: Path) -> int:
         ) + len(instance.get_run_records())
 
 
+def _registered(home: Path) -> list[str]:
+    """The partitions of moderation_labels the instance holds, in its order."""
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        return list(instance.get_dynamic_partitions("tenant_slices"))
+
+
 def test_no_work_no_run_and_what_unskips_a_partition(
     engine: Engine, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -105,8 +159,9 @@ def test_no_work_no_run_and_what_unskips_a_partition(
     first = _cli(["run", "--json"], env, capsys)
     assert first["exit"] == 0 and first["plan"]["runs"] == 1  # six tenants, one pooled run
     assert {r["partition"] for r in first["partitions"]} == {f"s00|{t}" for t in tenants}
-    assert all(s["reason"].startswith("holds no posts") for s in first["skipped"])
-    assert len(first["skipped"]) == 6 * 15
+    # Partitions exist only where posts do: one per small tenant, none to skip.
+    assert first["skipped"] == []
+    assert _registered(home) == [f"s00|{t}" for t in tenants]
 
     # Nothing to do: no run, no event.
     before = _events(home)
@@ -147,8 +202,11 @@ def test_a_tenant_that_grows_splits_its_partitions(
     }
     first = _cli(["run", "--json"], env, capsys)
     assert sorted(r["partition"] for r in first["partitions"]) == ["s00|acme", "s01|acme"]
+    assert _registered(tmp_path / "home") == ["s00|acme", "s01|acme"]
     import_records(engine, tmp_path, posts, name="all.jsonl", slice_target=10)  # 40 -> 4
     second = _cli(["run", "--json"], env, capsys)
+    # Its extra slices are registered after it grew, and nothing else.
+    assert _registered(tmp_path / "home") == [f"s0{i}|acme" for i in range(4)]
     # The 20 new keys are sent, the 20 done ones are not; partitions s02, s03 appear.
     assert second["totals"]["model_calls"] == 20
     ran = {r["partition"] for r in second["partitions"]}

@@ -30,8 +30,9 @@ from sqlalchemy.engine import Engine
 from backfill_assets.cli import run_processes
 from backfill_assets.cli.instance import instance
 from backfill_assets.cli.run_processes import run_plan
+from backfill_assets.core.keys import MAX_LEVEL
 from backfill_assets.dispatch.pipeline import PartitionRef
-from backfill_assets.orchestration.orchestrate import ensure_tenant_partitions
+from backfill_assets.orchestration.partitions import ensure_partitions
 from backfill_assets.orchestration.plan import (
     Box,
     PartitionPlan,
@@ -85,42 +86,42 @@ def test_shares_cover_every_partition_exactly_once(
 ) -> None:
     names = [f"t{i:02d}" for i in range(tenants)]
     weights = _weights(names, slices, dict(zip(names, loads, strict=False)))
-    boxes = [Box(tuple(names[: tenants // 2 or 1]), 0, slices - 1)]
-    if tenants > 1:
-        boxes.append(Box(tuple(names[tenants // 2 or 1 :]), 0, slices - 1))
+    order = list(weights)
+    half = len(order) // 2 or 1
+    boxes = [Box(tuple(order[:half]))]
+    if len(order) > 1:
+        boxes.append(Box(tuple(order[half:])))
     shares = share_out(boxes, weights, processes, head_start)
     assert 1 <= len(shares) <= processes
     got = Counter(k for share in shares for b in share for k in b.keys)
     assert got == Counter(k for b in boxes for k in b.keys)  # each partition once
     for share in shares:
-        for b in share:  # still a box: consecutive tenants x a contiguous slice range
-            assert b.tenants == tuple(names[names.index(b.tenants[0]) :][: len(b.tenants)])
-            assert 0 <= b.first <= b.last < slices
+        for b in share:  # still a box: a stretch of consecutive partitions
+            at = order.index(b.start)
+            assert list(b.keys) == order[at : at + b.size]
 
 
 def test_the_heaviest_box_is_cut_where_it_halves_best_and_the_late_start_counts() -> None:
     names = ["a", "b", "c"]
-    # Three tenants x two slices of equal work: cutting between slices halves it exactly.
+    # Three tenants x two slices of equal work: the cut halves it exactly.
     weights = _weights(names, 2, {"a": 5_000, "b": 5_000, "c": 5_000})
-    box = Box(tuple(names), 0, 1)
-    assert halve(box, weights) == (Box(tuple(names), 0, 0), Box(tuple(names), 1, 1))
-    assert halve(Box(("a",), 3, 3), weights) is None  # one partition: nothing to cut
+    keys = tuple(weights)
+    assert halve(Box(keys), weights) == (Box(keys[:3]), Box(keys[3:]))
+    assert halve(Box(("s03|a",)), weights) is None  # one partition: nothing to cut
     # One tenant holds most of the work: the cut isolates it.
     weights = _weights(names, 1, {"a": 30_000, "b": 1_000, "c": 1_000})
-    assert halve(Box(tuple(names), 0, 0), weights) == (
-        Box(("a",), 0, 0),
-        Box(("b", "c"), 0, 0),
-    )
+    assert halve(Box(tuple(weights)), weights) == (Box(("s00|a",)), Box(("s00|b", "s00|c")))
     # Four equal one-partition tenants over two processes: two each with no head start; a
     # helper that starts later gets less.
     names = ["a", "b", "c", "d"]
     weights = _weights(names, 1, dict.fromkeys(names, 10_000))
-    even = share_out([Box(tuple(names), 0, 0)], weights, 2, 0)
+    whole = Box(tuple(weights))
+    even = share_out([whole], weights, 2, 0)
     assert [sum(box_weight(b, weights) for b in s) for s in even] == [20_810.0, 20_810.0]
-    late = share_out([Box(tuple(names), 0, 0)], weights, 2, 15_000)
+    late = share_out([whole], weights, 2, 15_000)
     assert [sum(len(b.keys) for b in s) for s in late] == [3, 1]
     # One process: the boxes as they are.
-    assert share_out([Box(tuple(names), 0, 0)], weights, 1, 0) == [[Box(tuple(names), 0, 0)]]
+    assert share_out([whole], weights, 1, 0) == [[whole]]
 
 
 # --- whole runs ---------------------------------------------------------------------------
@@ -399,7 +400,7 @@ def test_a_helper_that_dies_costs_a_rerun_not_a_result(
     import_records(engine, tmp_path, _records(5), slice_target=1000)
     s = Settings.from_env({"DAGSTER_HOME": str(tmp_path / "home"), "BACKFILL_DATABASE_URL": url})
     inst = instance(s)
-    ensure_tenant_partitions(inst, TENANTS)
+    ensure_partitions(inst, dict.fromkeys(TENANTS, MAX_LEVEL))
 
     def killed(*_args: Any) -> int:  # what the helper runs after the fork: it dies at once
         os.kill(os.getpid(), signal.SIGKILL)

@@ -16,12 +16,11 @@ import dagster as dg
 import pytest
 from sqlalchemy.engine import Engine
 
-from backfill_assets.core.keys import slice_of
+from backfill_assets.core.keys import MAX_LEVEL, slice_of
 from backfill_assets.core.policy import load_policy
 from backfill_assets.core.rubric import Rubric
 from backfill_assets.definitions import BACKFILL_JOB, build_definitions
-from backfill_assets.orchestration.orchestrate import ensure_tenant_partitions
-from backfill_assets.orchestration.partitions import partition_key_for
+from backfill_assets.orchestration.partitions import ensure_partitions, partition_key_for
 from backfill_tests.conftest import import_records
 from backfill_tests.pipeline_helpers import count
 from backfill_tests.policy_helpers import COURSE_V5, edited
@@ -37,7 +36,7 @@ def _run(
     defs: dg.Definitions, tmp_path: Path, pk: str, run_config: dict[str, object] | None = None
 ) -> dg.ExecuteInProcessResult:
     instance = dg.DagsterInstance.ephemeral(tempdir=str(tmp_path / "dagster"))
-    ensure_tenant_partitions(instance, ["acme"])
+    ensure_partitions(instance, dict.fromkeys(["acme"], MAX_LEVEL))
     try:
         return defs.resolve_job_def(BACKFILL_JOB).execute_in_process(
             instance=instance, partition_key=pk, raise_on_error=False, run_config=run_config

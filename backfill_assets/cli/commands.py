@@ -31,9 +31,9 @@ from backfill_assets.dispatch.partition_run import RunStopped
 from backfill_assets.orchestration.canary import run_sample
 from backfill_assets.orchestration.estimate import estimate_pending
 from backfill_assets.orchestration.orchestrate import (
-    ensure_tenant_partitions,
     refresh_usage,
 )
+from backfill_assets.orchestration.partitions import ensure_partitions
 from backfill_assets.orchestration.plan import make_plan, pool_by_region
 from backfill_assets.orchestration.resources import versions_for
 from backfill_assets.orchestration.settings import Settings
@@ -47,6 +47,7 @@ from backfill_assets.store.budget import budget_status
 from backfill_assets.store.dead_letters import requeue
 from backfill_assets.store.engine import read_tx, write_tx
 from backfill_assets.store.migrate import migrate, schema_versions
+from backfill_assets.store.posts import slice_levels
 from backfill_assets.store.reports import tenant_ids
 from backfill_assets.store.tenants import all_regions
 from backfill_assets.store.usage import ledger_by_model_day, usage_by_day, usage_by_tenant_model
@@ -82,7 +83,9 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
         return _run_sample(args, settings, engine, tenants)
     require_gate(settings)
     defs, inst = build_definitions(settings), instance(settings)
-    order = ensure_tenant_partitions(inst, tenants)
+    with read_tx(engine) as conn:
+        levels = slice_levels(conn, tenants)
+    order = ensure_partitions(inst, levels)
     # Only partitions with something to do reach Dagster, pooled into few runs (plan.py).
     sink = settings.sink()
     plan = make_plan(

@@ -24,10 +24,11 @@ from backfill_assets.ingest.importer import (
     import_files,
 )
 from backfill_assets.ingest.sql_import import SqlImport, SqlSource, import_sql
-from backfill_assets.orchestration.orchestrate import ensure_tenant_partitions, record_import
+from backfill_assets.orchestration.orchestrate import record_import
+from backfill_assets.orchestration.partitions import ensure_partitions
 from backfill_assets.orchestration.settings import Settings
 from backfill_assets.store.engine import read_tx
-from backfill_assets.store.posts import ImportSummary
+from backfill_assets.store.posts import ImportSummary, slice_levels
 from backfill_assets.store.rejects import list_rejects, reject_sources, rejected_tenant_values
 from backfill_assets.store.reports import tenant_ids
 
@@ -157,8 +158,8 @@ def cmd_import(args: argparse.Namespace, settings: Settings) -> int:
         finally:
             # Also after a corrupt file: the posts committed before it need their partitions.
             with read_tx(engine) as conn:
-                all_tenants = tenant_ids(conn)
-            ensure_tenant_partitions(instance(settings), all_tenants)
+                levels = slice_levels(conn, None)
+            ensure_partitions(instance(settings), levels)
     total = ImportSummary()
     for _, s in done:
         total.add(s)

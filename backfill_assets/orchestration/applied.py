@@ -17,7 +17,6 @@ from backfill_assets.orchestration.checks import LABELS_KEY, loaded_code_version
 from backfill_assets.orchestration.checks_config import ChecksResource
 from backfill_assets.orchestration.metadata import add_partition_metadata
 from backfill_assets.orchestration.partitions import moderation_partitions, run_refs
-from backfill_assets.orchestration.range_guard import require_full_range
 from backfill_assets.orchestration.resources import (
     ModelResource,
     StoreResource,
@@ -130,7 +129,6 @@ def _applied_asset(
     ) -> dg.MaterializeResult[None]:
         """Keyed upsert of accepted labels (label, rule ids, policy version) per (tenant,
         post, policy id), and onto the posts' shadow columns (live ones when switched)."""
-        require_full_range(context)
         refs = run_refs(context.partition_keys)
         versions = run_versions(model, rubric, loaded_code_version(context.job_def))
         engine = store.engine()

@@ -14,7 +14,6 @@ from typing import Any
 import httpx
 
 from backfill_assets.audit.check_rules import CHECK_GROUPS
-from backfill_assets.core.keys import SLICE_KEYS
 from backfill_assets.orchestration.partitions import InvalidPartitionKey, partition_ref
 
 LABELS_PATH = ["moderation_labels"]
@@ -31,13 +30,7 @@ query Partitions($assetKey: AssetKeyInput!) {
       partitionKeys
       assetPartitionStatuses {
         __typename
-        ... on MultiPartitionStatuses {
-          ranges {
-            primaryDimStartKey
-            primaryDimEndKey
-            secondaryDim { __typename ... on DefaultPartitionStatuses { failedPartitions } }
-          }
-        }
+        ... on DefaultPartitionStatuses { failedPartitions }
       }
     }
   }
@@ -63,16 +56,7 @@ query Checks($assetKey: AssetKeyInput!) {
             name
             partitionStatuses {
               __typename
-              ... on AssetCheckMultiPartitionStatuses {
-                ranges {
-                  primaryDimStartKey
-                  primaryDimEndKey
-                  secondaryDim {
-                    __typename
-                    ... on AssetCheckDefaultPartitionStatuses { failedPartitions }
-                  }
-                }
-              }
+              ... on AssetCheckDefaultPartitionStatuses { failedPartitions }
             }
           }
         }
@@ -132,18 +116,6 @@ def _valid(key: str) -> bool:
     except InvalidPartitionKey:
         return False
     return True
-
-
-def expand_ranges(ranges: Iterable[Mapping[str, Any]], member: str) -> set[str]:
-    """Partition keys listed under ``member`` in run-length-encoded (slice x tenant) ranges."""
-    out: set[str] = set()
-    for rng in ranges:
-        # The slice dimension is the primary one (static and ordered); tenants are secondary.
-        lo = SLICE_KEYS.index(rng["primaryDimStartKey"])
-        hi = SLICE_KEYS.index(rng["primaryDimEndKey"])
-        tenants = rng.get("secondaryDim", {}).get(member) or []
-        out |= {f"{SLICE_KEYS[i]}|{t}" for i in range(lo, hi + 1) for t in tenants}
-    return out
 
 
 def select_partitions(
@@ -218,7 +190,7 @@ class DagsterClient:
             keys=[k for k in listed if _valid(k)], invalid=[k for k in listed if not _valid(k)]
         )
         statuses = node["assetPartitionStatuses"]
-        state.failed = expand_ranges(statuses.get("ranges", []), "failedPartitions")
+        state.failed = set(statuses.get("failedPartitions") or [])
         for i in range(0, len(state.keys), _STALE_CHUNK):
             chunk = state.keys[i : i + _STALE_CHUNK]
             found = self.query(_STALE_QUERY, {"assetKey": key, "partitions": chunk})
@@ -232,8 +204,7 @@ class DagsterClient:
         checks = self.query(_CHECKS_QUERY, {"assetKey": key})["assetNodeOrError"]
         for chk in checks["assetChecksOrError"].get("checks", []):
             if chk["name"] in _BLOCKING_GROUPS and chk.get("partitionStatuses"):
-                ranges = chk["partitionStatuses"].get("ranges", [])
-                state.check_failed |= expand_ranges(ranges, "failedPartitions")
+                state.check_failed |= set(chk["partitionStatuses"].get("failedPartitions") or [])
         return state
 
     def launch_backfill(

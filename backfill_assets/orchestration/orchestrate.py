@@ -10,20 +10,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import dagster as dg
-import sqlalchemy as sa
 
 from backfill_assets.audit.check_rules import BLOCKING_CHECKS
-from backfill_assets.core.keys import SLICE_KEYS, slice_no, validate_tenant_id
 from backfill_assets.core.regions import run_tags as region_tags
-from backfill_assets.orchestration.partitions import (
-    partition_key_for,
-    partition_ref,
-    tenant_partitions,
-)
+from backfill_assets.orchestration.partitions import partition_key_for, partition_keys, register
 from backfill_assets.orchestration.plan import Box
-from backfill_assets.orchestration.range_guard import RANGE_END, RANGE_START
 from backfill_assets.store.posts import ImportSummary
 
+# The tags that make one run cover a range of partitions.
+RANGE_START = "dagster/asset_partition_range_start"
+RANGE_END = "dagster/asset_partition_range_end"
 LABELS = dg.AssetKey("moderation_labels")
 POSTS = dg.AssetKey("posts")
 APPLIED = dg.AssetKey("applied_labels")
@@ -69,18 +65,6 @@ class RunRecord:
         return out
 
 
-def rectangles(tenants: Sequence[str], slices: Sequence[str]) -> list[tuple[str, str, str]]:
-    """(tenant, first slice, last slice) runs covering the selection with contiguous slices."""
-    chosen = sorted(set(slices), key=SLICE_KEYS.index)
-    groups: list[tuple[str, str]] = []
-    for s in chosen:
-        if groups and SLICE_KEYS.index(s) == SLICE_KEYS.index(groups[-1][1]) + 1:
-            groups[-1] = (groups[-1][0], s)
-        else:
-            groups.append((s, s))
-    return [(t, a, b) for t in tenants for a, b in groups]
-
-
 def record_import(instance: dg.DagsterInstance, source: str, summary: ImportSummary) -> None:
     """Record an import from the CLI as a materialisation of ``posts``.
 
@@ -106,28 +90,6 @@ def refresh_usage(defs: dg.Definitions, instance: dg.DagsterInstance, job_name: 
         raise_on_error=False,
     )
     return bool(result.success)
-
-
-def ensure_tenant_partitions(instance: dg.DagsterInstance, tenants: Sequence[str]) -> list[str]:
-    """Register tenants as dynamic partitions (idempotent; invalid ids raise first); returns
-    every tenant partition in the instance's order (read once: thousands of tenants)."""
-    for tenant in tenants:
-        validate_tenant_id(tenant)
-    name = tenant_partitions.name or "tenants"
-    order = list(instance.get_dynamic_partitions(name))
-    known = set(order)
-    new = [t for t in tenants if t not in known]
-    if not new:
-        return order
-    try:
-        instance.add_dynamic_partitions(name, new)
-    except sa.exc.IntegrityError:
-        # Another process added some of them between our read and our insert (Dagster reads,
-        # then inserts under a unique index): fine if every tenant is there now.
-        missing = set(new) - set(instance.get_dynamic_partitions(name))
-        if missing:
-            instance.add_dynamic_partitions(name, sorted(missing))
-    return list(instance.get_dynamic_partitions(name))
 
 
 def _metadata_value(value: Any) -> Any:
@@ -227,7 +189,7 @@ def _execute(
     log_level: str,
     regions: Mapping[str, str | None] | None = None,
 ) -> RunRecord:
-    # The range tags make one run cover the whole box (Dagster reads them as a 2D range).
+    # The range tags make one run cover the whole box (a stretch of the partitions' order).
     run_tags = {RANGE_START: box.start, RANGE_END: box.end}
     if len(box.tenants) == 1:
         run_tags["tenant"] = box.tenants[0]  # the run queue's per-tenant limit
@@ -251,6 +213,26 @@ def _execute(
     return rec
 
 
+def stretches(keys: Sequence[str], order: Sequence[str]) -> list[Box]:
+    """``keys`` as boxes of consecutive partitions in the instance's ``order``, one tenant
+    each (a run per tenant keeps its per-tenant queue limit); unregistered keys alone."""
+    at = {k: i for i, k in enumerate(order)}
+    boxes: list[list[str]] = []
+    last_at = -2
+    for key in sorted(dict.fromkeys(keys), key=lambda k: (at.get(k, len(at)), k)):
+        here = at.get(key, -10)
+        if boxes and here == last_at + 1 and _tenant(boxes[-1][-1]) == _tenant(key):
+            boxes[-1].append(key)
+        else:
+            boxes.append([key])
+        last_at = here
+    return [Box(tuple(b)) for b in boxes]
+
+
+def _tenant(key: str) -> str:
+    return key.partition("|")[2]
+
+
 def materialize(
     defs: dg.Definitions,
     instance: dg.DagsterInstance,
@@ -261,14 +243,11 @@ def materialize(
     log_level: str = "INFO",
     apply_job: str | None = None,
 ) -> list[RunRecord]:
-    """Run ``job_name`` over tenants x slices as given: one run per tenant and slice range
-    (no planning; ``run_boxes`` runs a plan's pooled boxes)."""
-    for tenant in tenants:
-        for slice_key in slices:
-            partition_ref(partition_key_for(tenant, slice_key))  # raises before anything runs
-    ensure_tenant_partitions(instance, tenants)
-    boxes = [Box((t,), slice_no(a), slice_no(b)) for t, a, b in rectangles(tenants, slices)]
-    return run_boxes(defs, instance, job_name, boxes, tags, log_level, apply_job)
+    """Run ``job_name`` over the partitions tenants x slices as given, registering them: one
+    run per tenant stretch (no planning; ``run_boxes`` runs a plan's pooled boxes)."""
+    keys = [partition_key_for(t, s) for t in tenants for s in slices]  # raises before anything
+    order = register(instance, keys)
+    return run_boxes(defs, instance, job_name, stretches(keys, order), tags, log_level, apply_job)
 
 
 def run_boxes(
@@ -298,19 +277,13 @@ def run_boxes(
         blocked = rec.blocked()
         if apply_job is None or rec.success or not blocked:
             continue
-        clean: dict[str, list[str]] = {}
-        for pk, outcomes in rec.checks.items():
-            if (
-                pk not in blocked
-                and pk not in rec.applied
-                and {c.name for c in outcomes} >= set(BLOCKING_CHECKS)
-            ):
-                ref = partition_ref(pk)
-                clean.setdefault(ref.tenant_id, []).append(f"s{ref.slice:02d}")
-        for tenant, chosen in sorted(clean.items()):
-            for _t, a, b in rectangles([tenant], chosen):
-                follow = Box((tenant,), slice_no(a), slice_no(b))
-                records.append(
-                    _execute(defs, instance, apply_job, follow, tags, log_level, regions)
-                )
+        clean = [
+            pk
+            for pk, outcomes in rec.checks.items()
+            if pk not in blocked
+            and pk not in rec.applied
+            and {c.name for c in outcomes} >= set(BLOCKING_CHECKS)
+        ]
+        for follow in stretches(clean, partition_keys(instance)) if clean else []:
+            records.append(_execute(defs, instance, apply_job, follow, tags, log_level, regions))
     return records

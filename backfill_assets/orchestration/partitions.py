@@ -1,4 +1,11 @@
-"""Tenant x slice partitions of the moderation assets.
+"""The moderation assets' partitions: one per tenant slice that holds posts.
+
+A tenant spreads its posts over ``2**level`` partitions (``keys.level_for``): a small tenant
+has one, ``s00|acme``; a big one up to 16, ``s00|acme`` .. ``s15|acme``. The partitions are
+one dynamic dimension whose keys name the slice and the tenant (in the order Dagster gave the
+keys of the tenant x slice grid this replaces, so materialisations made under it still count),
+registered when an import makes or grows a tenant. 10,000 small tenants are 10,000
+partitions, not 160,000.
 
 Partition keys come from outside the code: the UI's "add partition" box, a sensor, the GraphQL
 API, run tags. Every key is parsed here, with the same tenant rule as the import, before any
@@ -7,18 +14,21 @@ tenant id reaches a path, a lock or a query.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 
 import dagster as dg
+import sqlalchemy as sa
 
-from backfill_assets.core.keys import SLICE_KEYS, InvalidTenantId, slice_no, validate_tenant_id
+from backfill_assets.core.keys import (
+    SLICE_KEYS,
+    InvalidTenantId,
+    slice_no,
+    validate_tenant_id,
+)
 from backfill_assets.dispatch.partition_run import PartitionRef
 
-tenant_partitions = dg.DynamicPartitionsDefinition(name="tenants")
-slice_partitions = dg.StaticPartitionsDefinition(list(SLICE_KEYS))
-moderation_partitions = dg.MultiPartitionsDefinition(
-    {"tenant": tenant_partitions, "slice": slice_partitions}
-)
+PARTITIONS_NAME = "tenant_slices"
+moderation_partitions = dg.DynamicPartitionsDefinition(name=PARTITIONS_NAME)
 
 
 class InvalidPartitionKey(ValueError):
@@ -26,20 +36,20 @@ class InvalidPartitionKey(ValueError):
 
 
 def partition_ref(partition_key: str) -> PartitionRef:
-    """Parse and validate a multi-partition key string (``"s03|acme"``)."""
+    """Parse and validate a partition key string (``"s03|acme"``)."""
     shown = repr(str(partition_key)[:64])
+    slice_part, sep, tenant = str(partition_key).partition("|")
     try:
-        dims = moderation_partitions.get_partition_key_from_str(partition_key).keys_by_dimension
-        tenant_id = validate_tenant_id(dims["tenant"])
-        number = slice_no(dims["slice"])
+        if not sep:
+            raise ValueError("expected <slice>|<tenant>, e.g. s00|acme")
+        tenant_id = validate_tenant_id(tenant)
+        number = slice_no(slice_part)
     except InvalidTenantId as exc:
         raise InvalidPartitionKey(
             f"partition {shown}: {exc} (tenant ids match ^[a-z0-9][a-z0-9-]{{0,39}}$)"
         ) from None
-    except Exception as exc:  # Dagster's own parse errors are CheckErrors, not ValueErrors
+    except ValueError as exc:
         raise InvalidPartitionKey(f"partition {shown}: {exc}") from None
-    if partition_key_for(tenant_id, dims["slice"]) != partition_key:
-        raise InvalidPartitionKey(f"partition {shown} is not in canonical form")
     return PartitionRef(key=str(partition_key), tenant_id=tenant_id, slice=number)
 
 
@@ -61,24 +71,59 @@ def run_refs(partition_keys: Iterable[str]) -> list[PartitionRef]:
             description=(
                 f"{len(bad)} invalid partition key(s); nothing was done. "
                 + "; ".join(bad[:5])
-                + ". Delete the dynamic partition(s) from the `tenants` partition set and "
-                "import the posts under a valid tenant id."
+                + f". Delete the dynamic partition(s) from the `{PARTITIONS_NAME}` partition "
+                "set and import the posts under a valid tenant id."
             ),
             allow_retries=False,
         )
     return refs
 
 
-def tenant_partition_keys(tenant_id: str) -> list[str]:
-    """The key strings of a tenant's 16 partitions, by slice number (validated once): what
-    ``partition_key_for`` gives, without building a key object per partition."""
+def tenant_partition_keys(tenant_id: str, level: int) -> list[str]:
+    """The key strings of a tenant's ``2**level`` partitions, by number (validated once)."""
     validate_tenant_id(tenant_id)
-    # Dagster joins a multi-partition key's values in the order of its dimension names.
-    return [f"{s}|{tenant_id}" for s in SLICE_KEYS]
+    return [f"{s}|{tenant_id}" for s in SLICE_KEYS[: 1 << level]]
 
 
-def partition_key_for(tenant_id: str, slice_key: str) -> str:
-    """Key string of one tenant x slice partition (the tenant id is validated)."""
+def partition_key_for(tenant_id: str, slice_name: str) -> str:
+    """Key string of one tenant slice partition (the tenant id and slice are validated)."""
     validate_tenant_id(tenant_id)
-    slice_no(slice_key)
-    return str(dg.MultiPartitionKey({"tenant": tenant_id, "slice": slice_key}))
+    slice_no(slice_name)
+    return f"{slice_name}|{tenant_id}"
+
+
+def partition_keys(instance: dg.DagsterInstance) -> list[str]:
+    """Every registered partition, in the instance's order (a run's range is a stretch of it)."""
+    return list(instance.get_dynamic_partitions(PARTITIONS_NAME))
+
+
+def ensure_partitions(instance: dg.DagsterInstance, levels: Mapping[str, int]) -> list[str]:
+    """Register each tenant's partitions at its slice level (``tenant -> level``; idempotent;
+    an invalid id raises before anything is registered). Levels only rise, so a tenant's
+    partitions only grow: ``s00`` keeps its key, and the new ones are added after every
+    registered key. Returns every partition in the instance's order (read once: thousands of
+    tenants)."""
+    return register(
+        instance, [k for t in sorted(levels) for k in tenant_partition_keys(t, levels[t])]
+    )
+
+
+def register(instance: dg.DagsterInstance, keys: Sequence[str]) -> list[str]:
+    """Register ``keys`` (validated first; those already there are left) and return every
+    partition in the instance's order."""
+    for key in keys:
+        partition_ref(key)
+    order = partition_keys(instance)
+    known = set(order)
+    new = [k for k in keys if k not in known]
+    if not new:
+        return order
+    try:
+        instance.add_dynamic_partitions(PARTITIONS_NAME, new)
+    except sa.exc.IntegrityError:
+        # Another process added some of them between our read and our insert (Dagster reads,
+        # then inserts under a unique index): fine if every key is there now.
+        missing = set(new) - set(partition_keys(instance))
+        if missing:
+            instance.add_dynamic_partitions(PARTITIONS_NAME, [k for k in new if k in missing])
+    return partition_keys(instance)

@@ -9,21 +9,21 @@ Cost follows the work, not the bookkeeping:
    checked (``integrity`` passed on the latest materialisation) and applied since. A
    partition with nothing pending that is all three is skipped: no run, no event. So is a
    partition its tenant does not use (it holds no posts).
-2. **Pool the rest into boxes.** A Dagster run over a range of a multi-partitioned asset covers
-   a 2D box: consecutive tenants (in the instance's order) x a contiguous slice range. Tenants
-   are walked in that order and merged into the current box while the partitions that merging
-   adds without work cost less than a run of their own (``RUN_COST`` partitions' worth of
-   event writes), up to ``MAX_BOX_PARTITIONS``.
+2. **Pool the rest into boxes.** A Dagster run over a range of the (dynamic) partitions covers
+   a stretch of consecutive keys in the instance's order. The keys are walked in that order
+   and merged into the current box while the keys that merging adds without work cost less
+   than a run of their own (``RUN_COST`` partitions' worth of event writes), up to
+   ``MAX_BOX_PARTITIONS``.
 3. **Share the boxes out** (``share_out``) when a CLI ``run`` spreads them over processes: the
-   heaviest box is cut in two (between tenants or between slices, whichever halves its work
-   better) until none outweighs half a fair share; the pieces are dealt out in order and
-   neighbours from the same box joined again. A process started later gets less by its
-   start-up.
+   heaviest box is cut in two where that halves its work best, until none outweighs half a
+   fair share; the pieces are dealt out in order and neighbours from the same box joined
+   again. A process started later gets less by its start-up.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections import deque
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,17 +31,13 @@ import dagster as dg
 from sqlalchemy.engine import Engine
 
 from backfill_assets.audit.check_rules import CHECK_GROUPS
-from backfill_assets.core.keys import SLICE_COUNT, Versions, partition_of, slice_key
+from backfill_assets.core.keys import SLICE_COUNT, Versions, partition_of
 from backfill_assets.dispatch.partition_run import PartitionRef
 from backfill_assets.orchestration.dagster_private import (
     CODE_VERSION_TAG,
     AssetCheckExecutionRecordStatus,
 )
-from backfill_assets.orchestration.partitions import (
-    partition_key_for,
-    tenant_partition_keys,
-    tenant_partitions,
-)
+from backfill_assets.orchestration.partitions import partition_keys, tenant_partition_keys
 from backfill_assets.store.engine import read_tx, write_tx
 from backfill_assets.store.partition_marks import mark, marked
 from backfill_assets.store.posts import slice_levels
@@ -79,35 +75,29 @@ class PartitionPlan:
 
 @dataclass(frozen=True)
 class Box:
-    """A Dagster run's range: ``tenants`` (consecutive in the instance's order) x slices."""
+    """A Dagster run's range: ``keys``, consecutive partitions in the instance's order."""
 
-    tenants: tuple[str, ...]
-    first: int
-    last: int
+    keys: tuple[str, ...]
 
     @property
     def start(self) -> str:
         """The range's first partition key."""
-        return partition_key_for(self.tenants[0], slice_key(self.first))
+        return self.keys[0]
 
     @property
     def end(self) -> str:
         """The range's last partition key."""
-        return partition_key_for(self.tenants[-1], slice_key(self.last))
+        return self.keys[-1]
 
     @property
-    def keys(self) -> list[str]:
-        """Every partition key the run covers."""
-        return [
-            partition_key_for(t, slice_key(s))
-            for t in self.tenants
-            for s in range(self.first, self.last + 1)
-        ]
+    def tenants(self) -> tuple[str, ...]:
+        """The tenants of the range's partitions, in its order, once each."""
+        return tuple(dict.fromkeys(k.partition("|")[2] for k in self.keys))
 
     @property
     def size(self) -> int:
         """Partitions in the box."""
-        return len(self.tenants) * (self.last - self.first + 1)
+        return len(self.keys)
 
 
 @dataclass
@@ -134,9 +124,9 @@ def make_plan(
     sink_id: str | None = None,
     order: Sequence[str] | None = None,
 ) -> Plan:
-    """Decide which partitions of ``tenants`` (all with posts if None) x ``slices`` to run;
-    with ``sink_id``, a partition not yet written back to that sink has work too. ``order``:
-    the instance's tenant partitions, if the caller has just read them."""
+    """Decide which partitions of ``tenants`` (all with posts if None) to run, of slices
+    ``slices`` (all if None); with ``sink_id``, a partition not yet written back to that sink
+    has work too. ``order``: the instance's partitions, if the caller has just read them."""
     wanted_slices = set(range(SLICE_COUNT) if slices is None else slices)
     with read_tx(engine) as conn:
         counts = pending_counts(conn, tenants, versions)
@@ -152,22 +142,16 @@ def make_plan(
         done = set()  # a fresh instance over an old store: the marks speak of another one
     write_back = {(t, n) for t, n, _level in unsunk}
     folded = _fold(counts, levels)
-    partitions: list[PartitionPlan] = []
     active: list[tuple[PartitionRef, int, int]] = []
     for tenant in names:
         level = levels.get(tenant)
         if level is None:
             continue  # posts of a tenant the store does not know: nothing to plan
-        keys = tenant_partition_keys(tenant)
         mine = folded.get(tenant, {})
-        for number in sorted(wanted_slices):
-            ref = PartitionRef(keys[number], tenant, number, level)
-            if not ref.slices:
-                reason = f"holds no posts (the tenant uses {1 << level} of its partitions)"
-                partitions.append(PartitionPlan(ref, 0, 0, False, reason))
-                continue
-            n, pending = mine.get(number, [0, 0])
-            active.append((ref, n, pending))
+        for number, key in enumerate(tenant_partition_keys(tenant, level)):
+            if number in wanted_slices:
+                n, pending = mine.get(number, [0, 0])
+                active.append((PartitionRef(key, tenant, number, level), n, pending))
     idle = [
         ref.key
         for ref, _n, pending in active
@@ -181,6 +165,7 @@ def make_plan(
         # store upgraded to marks pays the instance's reads once).
         with write_tx(engine) as conn:
             mark(conn, learned, versions.code_version)
+    partitions: list[PartitionPlan] = []
     for ref, n, pending in active:
         if force:
             partitions.append(PartitionPlan(ref, n, pending, True, "--force"))
@@ -194,7 +179,7 @@ def make_plan(
             reason = "nothing pending; materialised at this code version, checked and applied"
             partitions.append(PartitionPlan(ref, n, 0, False, reason))
     if order is None:
-        order = list(instance.get_dynamic_partitions(tenant_partitions.name or "tenants"))
+        order = partition_keys(instance)
     return Plan(partitions, pool(partitions, order))
 
 
@@ -214,19 +199,18 @@ def box_weight(box: Box, weights: Mapping[str, float]) -> float:
 
 
 def halve(box: Box, weights: Mapping[str, float]) -> tuple[Box, Box] | None:
-    """``box`` cut in two, between tenants or between slices, with the most even weights
-    (None for a single partition). Both halves are boxes again: consecutive tenants x a
-    contiguous slice range, together exactly the partitions of ``box``."""
-    cuts: list[tuple[Box, Box]] = []
-    for i in range(1, len(box.tenants)):
-        cuts.append(
-            (Box(box.tenants[:i], box.first, box.last), Box(box.tenants[i:], box.first, box.last))
-        )
-    for s in range(box.first + 1, box.last + 1):
-        cuts.append((Box(box.tenants, box.first, s - 1), Box(box.tenants, s, box.last)))
-    if not cuts:
+    """``box`` cut in two where the halves' weights are most even (None for a single
+    partition). Both halves are boxes again, together exactly the partitions of ``box``."""
+    if box.size < 2:
         return None
-    return min(cuts, key=lambda ab: abs(box_weight(ab[0], weights) - box_weight(ab[1], weights)))
+    total = box_weight(box, weights)
+    best_at, best_gap, left = 1, float("inf"), 0.0
+    for i, key in enumerate(box.keys[:-1], start=1):
+        left += weights.get(key, PARTITION_WEIGHT)
+        gap = abs(total - 2 * left)
+        if gap < best_gap:
+            best_at, best_gap = i, gap
+    return Box(box.keys[:best_at]), Box(box.keys[best_at:])
 
 
 def share_out(
@@ -264,32 +248,17 @@ def share_out(
             load = 0.0
         shares[-1].append((origin, box))
         load += w
-    return [_joined(share, boxes) for share in shares]
+    return [_joined(share) for share in shares]
 
 
-def _joined(share: Sequence[tuple[int, Box]], boxes: Sequence[Box]) -> list[Box]:
-    """Neighbouring pieces of one box joined back where their union is a box."""
+def _joined(share: Sequence[tuple[int, Box]]) -> list[Box]:
+    """Neighbouring pieces of one box joined back (pieces of a box are consecutive)."""
     out: list[tuple[int, Box]] = []
     for origin, box in share:
-        while out and out[-1][0] == origin:
-            prev = out[-1][1]
-            joined = _join(prev, box, boxes[origin].tenants)
-            if joined is None:
-                break
-            out.pop()
-            box = joined
+        if out and out[-1][0] == origin:
+            box = Box(out.pop()[1].keys + box.keys)
         out.append((origin, box))
     return [b for _o, b in out]
-
-
-def _join(a: Box, b: Box, order: Sequence[str]) -> Box | None:
-    if a.tenants == b.tenants and a.last + 1 == b.first:
-        return Box(a.tenants, a.first, b.last)
-    if (a.first, a.last) == (b.first, b.last) and (
-        order.index(a.tenants[-1]) + 1 == order.index(b.tenants[0])
-    ):
-        return Box(a.tenants + b.tenants, a.first, a.last)
-    return None
 
 
 def _fold(
@@ -368,29 +337,26 @@ def _code_versions(storage: Any, storage_ids: list[int]) -> dict[int, str | None
 
 def pool(
     partitions: Sequence[PartitionPlan],
-    tenant_order: Sequence[str],
+    key_order: Sequence[str],
     run_cost: int = RUN_COST,
     max_partitions: int = MAX_BOX_PARTITIONS,
 ) -> list[Box]:
     """The cheapest boxes covering every partition to run (see the module docstring).
 
-    ``tenant_order`` is the instance's whole tenant order: a box is a range of it, so it may
-    never cover a tenant this plan does not include (``run --tenant``), whose pending work
-    would otherwise be sent too. Such tenants cut the order into segments.
+    ``key_order`` is the instance's whole partition order: a box is a range of it, so it may
+    never cover a partition this plan does not include (``run --tenant``, ``--slice``), whose
+    pending work would otherwise be sent too. Such partitions cut the order into segments.
     """
-    known = _known(partitions)
+    known = {p.ref.key for p in partitions}
     segments: list[list[str]] = [[]]
-    for tenant in tenant_order:
-        if tenant in known:
-            segments[-1].append(tenant)
+    for key in key_order:
+        if key in known:
+            segments[-1].append(key)
         elif segments[-1]:
             segments.append([])
-    listed = set(tenant_order)
-    segments += [[t] for t in sorted(known - listed)]  # not registered: each on its own
-    needs: dict[str, set[int]] = {}
-    for p in partitions:
-        if p.run:
-            needs.setdefault(p.ref.tenant_id, set()).add(p.ref.slice)
+    listed = set(key_order)
+    segments += [[k] for k in sorted(known - listed)]  # not registered: each on its own
+    needs = {p.ref.key for p in partitions if p.run}
     boxes: list[Box] = []
     for segment in segments:
         boxes += _pool_segment(segment, needs, run_cost, max_partitions)
@@ -398,57 +364,50 @@ def pool(
 
 
 def _pool_segment(
-    order: Sequence[str], needs: Mapping[str, set[int]], run_cost: int, max_partitions: int
+    order: Sequence[str], needs: Collection[str], run_cost: int, max_partitions: int
 ) -> list[Box]:
-    """Boxes over one stretch of consecutive tenants: a box's cost is ``run_cost`` plus its
-    partitions (with work or not), so an exact split is a 1D dynamic programme over the
-    tenants with work."""
-    pos = [i for i, t in enumerate(order) if t in needs]  # positions of tenants with work
-    ranges = [(min(needs[order[i]]), max(needs[order[i]])) for i in pos]
-    best = [0.0] + [float("inf")] * len(pos)
+    """Boxes over one stretch of consecutive keys. A box costs ``run_cost`` plus its
+    partitions (with work or not), so the exact split is a dynamic programme over the keys
+    with work: ``best[j] = run_cost + pos[j-1] + 1 + min(best[i] - pos[i])`` over the boxes
+    ``i..j-1`` that fit, a sliding-window minimum (linear in the keys, for 10,000 tenants)."""
+    pos = [i for i, k in enumerate(order) if k in needs]  # positions of keys with work
+    best = [0.0] * (len(pos) + 1)
     cut = [0] * (len(pos) + 1)
+    window: deque[int] = deque()  # candidate starts i, by rising best[i] - pos[i]
     for j in range(1, len(pos) + 1):
-        lo, hi = ranges[j - 1]
-        for i in range(j - 1, -1, -1):
-            lo, hi = min(lo, ranges[i][0]), max(hi, ranges[i][1])
-            size = (pos[j - 1] - pos[i] + 1) * (hi - lo + 1)
-            if size > max_partitions and i < j - 1:
-                break  # wider or longer segments only grow
-            cost = best[i] + run_cost + size
-            if cost < best[j]:
-                best[j], cut[j] = cost, i
+        i = j - 1
+        while window and best[window[-1]] - pos[window[-1]] >= best[i] - pos[i]:
+            window.pop()
+        window.append(i)
+        while pos[j - 1] - pos[window[0]] + 1 > max_partitions:
+            window.popleft()  # too long a box from there (the newest start always fits)
+        start = window[0]
+        best[j] = best[start] - pos[start] + pos[j - 1] + 1 + run_cost
+        cut[j] = start
     boxes: list[Box] = []
     j = len(pos)
     while j > 0:
         i = cut[j]
-        lo = min(r[0] for r in ranges[i:j])
-        hi = max(r[1] for r in ranges[i:j])
-        boxes.append(Box(tuple(order[pos[i] : pos[j - 1] + 1]), lo, hi))
+        boxes.append(Box(tuple(order[pos[i] : pos[j - 1] + 1])))
         j = i
     return boxes[::-1]
 
 
-def _known(partitions: Sequence[PartitionPlan]) -> set[str]:
-    return {p.ref.tenant_id for p in partitions}
-
-
 def pool_by_region(
-    plan: Plan, tenant_order: Sequence[str], region_of: Mapping[str, str | None]
+    plan: Plan, key_order: Sequence[str], region_of: Mapping[str, str | None]
 ) -> Plan:
     """The plan with boxes that never mix regions (region lanes).
 
     A run's partitions succeed or fail together, so a tenant whose region has no endpoint
     would fail the others pooled with it; and a run tagged with one region is what the run
-    queue's per-region limit counts. The tenant order is cut where the region changes and
-    each stretch is pooled on its own (a box is consecutive tenants, so none crosses a cut).
+    queue's per-region limit counts. Each region's partitions are pooled on their own:
+    partitions of other regions stay in the order as cuts, so no box spans them.
     """
-    known = _known(plan.partitions)
+    tenants = {p.ref.tenant_id for p in plan.partitions}
     boxes: list[Box] = []
-    for region in sorted({region_of.get(t) for t in known}, key=lambda r: r or ""):
-        members = {t for t in known if region_of.get(t) == region}
-        # Tenants of other regions stay in the order as cuts: pool() never spans them.
-        chosen = [p for p in plan.partitions if p.ref.tenant_id in members]
-        boxes += pool(chosen, tenant_order)
-    at = {t: i for i, t in enumerate(tenant_order)}
-    boxes.sort(key=lambda b: at.get(b.tenants[0], len(at)))  # in the tenant order
+    for region in sorted({region_of.get(t) for t in tenants}, key=lambda r: r or ""):
+        chosen = [p for p in plan.partitions if region_of.get(p.ref.tenant_id) == region]
+        boxes += pool(chosen, key_order)
+    at = {k: i for i, k in enumerate(key_order)}
+    boxes.sort(key=lambda b: at.get(b.start, len(at)))  # in the instance's order
     return Plan(plan.partitions, boxes)

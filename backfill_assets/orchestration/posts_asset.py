@@ -14,9 +14,10 @@ from pydantic import Field
 
 from backfill_assets.ingest.importer import ImportInputError, files_within, import_files
 from backfill_assets.ingest.sql_import import SqlSource, import_sql
-from backfill_assets.orchestration.partitions import tenant_partitions
+from backfill_assets.orchestration.partitions import ensure_partitions
 from backfill_assets.orchestration.resources import RunSettings, StoreResource
-from backfill_assets.store.posts import ImportSummary
+from backfill_assets.store.engine import read_tx
+from backfill_assets.store.posts import ImportSummary, slice_levels
 
 POSTS_KEY = dg.AssetKey("posts")
 IMPORT_JOB = "import_posts"
@@ -68,7 +69,7 @@ def build_posts(source: SqlSource | None) -> dg.AssetsDefinition:
                 extra["source"] = dg.MetadataValue.text(names)
         except ImportInputError as exc:
             raise dg.Failure(description=str(exc), allow_retries=False) from None
-        fresh = _register_tenants(context, summary)
+        fresh = _register_partitions(context, store, summary)
         counts = summary.as_dict()
         metadata: dict[str, dg.MetadataValue[Any]] = {
             k: dg.MetadataValue.int(int(str(counts[k])))
@@ -81,13 +82,15 @@ def build_posts(source: SqlSource | None) -> dg.AssetsDefinition:
     return posts
 
 
-def _register_tenants(context: dg.AssetExecutionContext, summary: ImportSummary) -> list[str]:
-    name = tenant_partitions.name or "tenants"
-    known = set(context.instance.get_dynamic_partitions(name))
-    fresh = sorted({*summary.new_tenants} - known)
-    if fresh:
-        context.instance.add_dynamic_partitions(name, fresh)
-    return fresh
+def _register_partitions(
+    context: dg.AssetExecutionContext, store: StoreResource, summary: ImportSummary
+) -> list[str]:
+    """Register the partitions of every tenant the import touched (a tenant that grew past
+    its slice level gets its new slices); returns the new tenants."""
+    with read_tx(store.engine()) as conn:
+        levels = slice_levels(conn, summary.tenants_seen)
+    ensure_partitions(context.instance, levels)
+    return sorted(summary.new_tenants)
 
 
 def build_incremental_schedule(

@@ -5,33 +5,38 @@ from typing import Any
 import dagster as dg
 
 from backfill_assets.core.keys import TENANT_ID_RE
-from backfill_assets.orchestration.partitions import tenant_partitions
+from backfill_assets.orchestration.partitions import (
+    moderation_partitions,
+    partition_keys,
+    tenant_partition_keys,
+)
 from backfill_assets.orchestration.resources import StoreResource
 from backfill_assets.store.engine import read_tx
-from backfill_assets.store.reports import tenant_ids
+from backfill_assets.store.posts import slice_levels
 
 
 @dg.sensor(minimum_interval_seconds=30, default_status=dg.DefaultSensorStatus.RUNNING)
 def tenant_partitions_sensor(
     context: dg.SensorEvaluationContext, store: StoreResource
 ) -> dg.SensorResult:
-    """Registers tenants imported outside Dagster (e.g. by the CLI against another instance).
+    """Registers the partitions of tenants imported or grown outside Dagster (e.g. by the CLI
+    against another instance): each tenant's slices at its level, nothing more.
 
     Only ids that pass the import's rule become partitions: a row written into ``tenants`` by
     other means must not turn into a partition key (and from there into a lock path).
     """
     with read_tx(store.engine()) as conn:
-        in_store = set(tenant_ids(conn))
-    valid = {t for t in in_store if TENANT_ID_RE.fullmatch(t)}
-    if invalid := sorted(in_store - valid):
+        levels = slice_levels(conn, None)
+    valid = {t: lvl for t, lvl in levels.items() if TENANT_ID_RE.fullmatch(t)}
+    if invalid := sorted(set(levels) - set(valid)):
         shown = ", ".join(repr(t[:48]) for t in invalid[:5])
         context.log.warning(
             f"{len(invalid)} tenant id(s) in the store are invalid and not registered: {shown}"
         )
-    known = set(context.instance.get_dynamic_partitions(tenant_partitions.name or "tenants"))
-    new = sorted(valid - known)
+    known = set(partition_keys(context.instance))
+    new = [k for t in sorted(valid) for k in tenant_partition_keys(t, valid[t]) if k not in known]
     return dg.SensorResult(
-        dynamic_partitions_requests=[tenant_partitions.build_add_request(new)] if new else []
+        dynamic_partitions_requests=[moderation_partitions.build_add_request(new)] if new else []
     )
 
 

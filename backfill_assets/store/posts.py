@@ -110,14 +110,16 @@ def raise_slice_levels(engine: Engine, tenant_ids: Iterable[str], target: int) -
     return raised
 
 
-def slice_levels(conn: Connection, tenant_ids: Iterable[str]) -> dict[str, int]:
-    """Each tenant's slice level (tenants imported before levels existed use all slices)."""
-    wanted = sorted(set(tenant_ids))
-    if not wanted:
-        return {}
-    rows = conn.execute(
-        sa.select(tenants.c.tenant_id, tenants.c.slice_level).where(tenants.c.tenant_id.in_(wanted))
-    ).all()
+def slice_levels(conn: Connection, tenant_ids: Iterable[str] | None) -> dict[str, int]:
+    """Each tenant's slice level, of ``tenant_ids`` or (None) every tenant; tenants imported
+    before levels existed use all slices."""
+    stmt = sa.select(tenants.c.tenant_id, tenants.c.slice_level)
+    if tenant_ids is not None:
+        wanted = sorted(set(tenant_ids))
+        if not wanted:
+            return {}
+        stmt = stmt.where(tenants.c.tenant_id.in_(wanted))
+    rows = conn.execute(stmt).all()
     return {str(t): MAX_LEVEL if lvl is None else int(lvl) for t, lvl in rows}
 
 

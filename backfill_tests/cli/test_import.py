@@ -149,7 +149,7 @@ def test_a_truncated_gzip_exits_2_and_names_the_file(
     # What came before the cut is imported, and its tenant is a partition.
     assert 0 < len(texts(engine)) < 5000
     instance = dg.DagsterInstance.from_config(str(tmp_path / "home"))
-    assert instance.get_dynamic_partitions("tenants") == ["acme"]
+    assert instance.get_dynamic_partitions("tenant_slices") == ["s00|acme"]
     instance.dispose()
 
 

@@ -9,10 +9,9 @@ import pytest
 import sqlalchemy as sa
 
 from backfill_assets.cli.provider_sim import sim_parser
-from backfill_assets.core.keys import slice_of
+from backfill_assets.core.keys import MAX_LEVEL, slice_of
 from backfill_assets.definitions import BACKFILL_JOB, build_definitions
-from backfill_assets.orchestration.orchestrate import ensure_tenant_partitions
-from backfill_assets.orchestration.partitions import partition_key_for
+from backfill_assets.orchestration.partitions import ensure_partitions, partition_key_for
 from backfill_assets.orchestration.resources import (
     FakeModelResource,
     ModelResource,
@@ -99,7 +98,7 @@ def test_dagster_run_over_http_resolves_the_key_at_run_time(
     ]
     assert code_version is not None and "model=gpt-4o-mini" in code_version
     instance = dg.DagsterInstance.ephemeral(tempdir=str(tmp_path / "dagster"))
-    ensure_tenant_partitions(instance, ["acme"])
+    ensure_partitions(instance, dict.fromkeys(["acme"], MAX_LEVEL))
     slice_no = slice_of("acme", "p0")
     result = defs.resolve_job_def(BACKFILL_JOB).execute_in_process(
         instance=instance, partition_key=partition_key_for("acme", f"s{slice_no:02d}")

@@ -52,7 +52,7 @@ def test_the_asset_imports_the_environment_source_incrementally(tmp_path: Path) 
     (mat,) = first.asset_materializations_for_node("posts")
     assert mat.metadata["imported"].value == 2
     assert mat.metadata["source"].value == "sql:posts_asset"
-    assert instance.get_dynamic_partitions("tenants") == ["acme"]
+    assert instance.get_dynamic_partitions("tenant_slices") == ["s00|acme"]
     with app.begin() as conn:
         conn.execute(sa.text("INSERT INTO app_posts VALUES ('acme', 'p3', 'three', '2026-02-01')"))
     (again,) = job.execute_in_process(instance=instance).asset_materializations_for_node("posts")

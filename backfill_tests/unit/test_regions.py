@@ -189,21 +189,22 @@ def test_an_import_line_may_carry_a_well_formed_region() -> None:
 
 def _plan(tenants: list[str]) -> Plan:
     parts = [
-        PartitionPlan(PartitionRef(f"s{s:02d}|{t}", t, s), 1, 1, s == 0, "")
-        for t in tenants
-        for s in range(16)
+        PartitionPlan(PartitionRef(f"s00|{t}", t, 0, 0), 1, 1, t != "idle", "") for t in tenants
     ]
-    return Plan(parts, pool(parts, tenants))
+    return Plan(parts, pool(parts, [p.ref.key for p in parts]))
 
 
 def test_pooled_runs_never_mix_regions() -> None:
-    order = ["a", "b", "eu1", "eu2", "idle", "c", "ap1"]
-    plan = _plan(order)
-    assert [b.tenants for b in plan.boxes] == [tuple(order)]  # one box, five regions' worth
+    tenants = ["a", "b", "eu1", "eu2", "idle", "c", "ap1"]
+    order = [f"s00|{t}" for t in tenants]
+    plan = _plan(tenants)
+    assert [b.tenants for b in plan.boxes] == [tuple(tenants)]  # one box, five regions' worth
     region_of = {"eu1": "eu", "eu2": "eu", "ap1": "ap"}
     split = pool_by_region(plan, order, region_of)
-    assert [b.tenants for b in split.boxes] == [("a", "b"), ("eu1", "eu2"), ("idle", "c"), ("ap1",)]
-    assert split.partitions == plan.partitions and split.skipped == plan.skipped
+    assert [b.tenants for b in split.boxes] == [("a", "b"), ("eu1", "eu2"), ("c",), ("ap1",)]
+    assert split.partitions == plan.partitions
+    # The idle tenant rode along in the one box; between two regions it is left out.
+    assert plan.skipped == [] and [p.ref.tenant_id for p in split.skipped] == ["idle"]
     # Each box is one region, so its run carries one region tag (none for the default lane).
     tags = [run_tags(region_of.get(t) for t in b.tenants) for b in split.boxes]
     assert tags == [{}, {"region": "eu"}, {}, {"region": "ap"}]
