@@ -68,14 +68,18 @@ def _wait_ready(dev: DagsterDev, proc: subprocess.Popen[bytes], timeout: float) 
 
 
 @contextmanager
-def dagster_dev(tmp: Path, startup_timeout: float = 120) -> Iterator[DagsterDev]:
-    """``bin/dev`` (demo import, webserver, daemon) on a fresh home; stopped afterwards."""
+def dagster_dev(
+    tmp: Path, startup_timeout: float = 120, extra_env: dict[str, str] | None = None
+) -> Iterator[DagsterDev]:
+    """``bin/dev`` (demo import, webserver, daemon) on a fresh home, ``extra_env`` added to
+    its environment; stopped afterwards."""
     home = tmp / "dagster_home"
     home.mkdir(parents=True)
     store = tmp / "store.db"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("BACKFILL_", "DAGSTER_"))}
     port = _free_port()
     env.update(DAGSTER_HOME=str(home), BACKFILL_DATABASE_URL=f"sqlite:///{store}", PORT=str(port))
+    env.update(extra_env or {})
     log = tmp / "dagster_dev.log"
     dev = DagsterDev(f"http://127.0.0.1:{port}", env, store, log)
     with log.open("wb") as fh:

@@ -1,7 +1,7 @@
 """The Dagster UI as the operator's console, driven in headless Chromium against ``dagster dev``.
 
 Everything is launched through the UI itself (the lineage view's "Materialize all" dialog, with
-the group filtered to ``moderation``): a backfill of one tenant's 16 partitions, then one tenant
+the group filtered to ``moderation``): a backfill of one tenant's partitions, then one tenant
 slice. GraphQL is only used to wait for completion and to cross-check what the page shows.
 Screenshots go to ``artifacts/screenshots/``.
 """
@@ -40,7 +40,8 @@ CHROMIUM_ARGS = [
 SHOTS = ROOT / "artifacts" / "screenshots"
 # The lineage view filtered to the moderation group: moderation_labels and applied_labels.
 GROUP_VIEW = "/asset-groups~group%3A%22moderation%22/"
-# The demo's tenants hold 200 posts each: one partition (s00) of their 16 holds them all.
+# The demo's tenants hold 200 posts each; at 50 posts a partition, each has four (s00..s03).
+SLICE_TARGET = "50"
 TENANT, SLICE = "acme", "s00"
 SHADOW_LABELS = sa.text(
     "SELECT post_id, moderation_label_shadow FROM posts WHERE tenant_id = :t ORDER BY post_id"
@@ -55,7 +56,8 @@ def dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DagsterDev]:
         if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
             pytest.fail("CI=true but /usr/bin/chromium is missing (apt-get install chromium)")
         pytest.skip("no /usr/bin/chromium")
-    with dagster_dev(tmp_path_factory.mktemp("browser")) as running:
+    extra = {"BACKFILL_SLICE_TARGET_POSTS": SLICE_TARGET}
+    with dagster_dev(tmp_path_factory.mktemp("browser"), extra_env=extra) as running:
         yield running
 
 
@@ -89,11 +91,13 @@ def shot(pg: Any, name: str) -> None:
     pg.screenshot(path=str(SHOTS / name))
 
 
-def pick(pg: Any, dialog: Any, dimension_index: int, value: str) -> None:
-    """Choose one key of a partition dimension in the launch dialog."""
-    dialog.get_by_text("Select a partition or create one").nth(dimension_index).click()
+def pick(pg: Any, dialog: Any, value: str, every: bool = False) -> None:
+    """Choose the partition ``value`` in the launch dialog, or with ``every`` all partitions
+    whose key contains it (a tenant's: the selector's filter, then its "Select all")."""
+    dialog.locator("[class*=TagSelector_tagSelectorContainer]").click()
     pg.keyboard.type(value)
-    item = pg.get_by_role("menuitem").filter(has_text=re.compile(f"^{re.escape(value)}"))
+    wanted = re.compile(r"^Select all \(\d+\)" if every else f"^{re.escape(value)}")
+    item = pg.get_by_role("menuitem").filter(has_text=wanted)
     # The suggestion list re-renders while it filters; an item can detach between being
     # found and being clicked, so retry a few short clicks instead of one long one.
     for attempt in range(6):
@@ -234,15 +238,13 @@ def launch_cli(capsys: pytest.CaptureFixture[str], dev: DagsterDev, *flags: str)
 def test_operator_console(page: Any, dev: DagsterDev, capsys: pytest.CaptureFixture[str]) -> None:
     pg = page
     goto(pg, dev, "/assets/moderation_labels?view=partitions")
-    pg.get_by_text("Missing (48)").wait_for()
+    pg.get_by_text("Missing (12)").wait_for()  # 3 tenants x 4: only partitions that hold posts
     shot(pg, "01-partitions-missing.png")
 
     # 1. A backfill of one tenant's partitions, through the launch dialog.
     dialog = open_launch_dialog(pg, dev)
-    # Tenant first: a filled selector loses its placeholder and would shift the index.
-    pick(pg, dialog, 1, TENANT)
-    dialog.get_by_role("button", name="All").first.click()  # every slice
-    dialog.get_by_text("16 partitions", exact=True).wait_for()
+    pick(pg, dialog, TENANT, every=True)  # the tenant's partitions: filter, "Select all"
+    dialog.get_by_text("4 partitions", exact=True).wait_for()
     shot(pg, "02-launch-dialog.png")
     dialog.get_by_role("button", name="Launch backfill").click()
     toast = pg.get_by_text(re.compile(r"Created backfill [a-z]+"))
@@ -250,12 +252,12 @@ def test_operator_console(page: Any, dev: DagsterDev, capsys: pytest.CaptureFixt
     found = re.search(r"Created backfill ([a-z]+)", toast.inner_text())
     assert found is not None
     backfill_id = found.group(1)
-    # One run: the backfill policy puts a tenant's 16 partitions into a single range run.
+    # One run: the backfill policy puts a tenant's consecutive partitions into one range run.
     assert wait_backfill_runs(dev, backfill_id) == ["SUCCESS"]
 
     goto(pg, dev, "/assets/moderation_labels?view=partitions")
-    pg.get_by_text("Materialized (16)").wait_for()
-    pg.get_by_text("Missing (32)").wait_for()
+    pg.get_by_text("Materialized (4)").wait_for()
+    pg.get_by_text("Missing (8)").wait_for()
     shot(pg, "04-partitions-grid.png")
     pk = f"{SLICE}|{TENANT}"
     assert set(check_statuses(dev, pk).values()) == {"SUCCEEDED"}
@@ -267,21 +269,22 @@ def test_operator_console(page: Any, dev: DagsterDev, capsys: pytest.CaptureFixt
         pg.get_by_text(name, exact=True).first.wait_for()
     shot(pg, "05-checks-passed.png")
 
-    # The launch command computes the same picture from the webserver's GraphQL API and
-    # leaves out what `run` would skip: the 15 partitions of each tenant that hold no posts.
+    # The launch command computes the same picture from the webserver's GraphQL API; every
+    # partition holds posts, so it leaves nothing out.
     missing = launch_cli(capsys, dev, "--missing", "--failed", "--stale", "--dry-run")
-    assert missing["partitions"] == 2 and missing["left_out"] == 30
+    assert missing["partitions"] == 8 and missing["left_out"] == 0
     assert {b["tenant"] for b in missing["backfills"]} == {"globex", "initech"}
     # ... and launches it: one asset backfill per tenant, tagged with the tenant. It runs
     # while the rest of the test goes on.
     (launched,) = launch_cli(capsys, dev, "--missing", "--tenant", "initech")["backfills"]
-    assert launched["partitions"] == [f"{SLICE}|initech"]
+    assert launched["partitions"] == [f"s0{i}|initech" for i in range(4)]
 
     # 2. Tamper: one of acme's results now claims to be globex's.
     engine = sa.create_engine(f"sqlite:///{dev.store_path}")
     with engine.begin() as conn:
         key = conn.execute(
-            sa.text("SELECT key FROM results WHERE tenant_id = :t LIMIT 1"),
+            # A result of the partition s00 (stored slice mod 4 == 0 at four partitions).
+            sa.text("SELECT key FROM results WHERE tenant_id = :t AND slice % 4 = 0 LIMIT 1"),
             {"t": TENANT},
         ).scalar_one()
         conn.execute(sa.text("UPDATE results SET tenant_id = 'globex' WHERE key = :k"), {"k": key})
@@ -293,8 +296,7 @@ def test_operator_console(page: Any, dev: DagsterDev, capsys: pytest.CaptureFixt
 
     # 3. Materialise that one tenant slice from the UI: the run fails on isolation.
     dialog = open_launch_dialog(pg, dev)
-    pick(pg, dialog, 1, TENANT)
-    pick(pg, dialog, 0, SLICE)
+    pick(pg, dialog, pk)
     dialog.get_by_text("1 partition", exact=True).wait_for()
     before = run_ids(dev, pk)
     dialog.get_by_role("button", name=re.compile("^Launch")).click()
@@ -310,17 +312,16 @@ def test_operator_console(page: Any, dev: DagsterDev, capsys: pytest.CaptureFixt
     pg.get_by_text("Dependencies for step applied_labels failed").first.wait_for()
     shot(pg, "06-run-blocked.png")
     open_check_partitions(pg, dev, "integrity")
-    # Per-partition check status: the tampered slice failed, acme's other 15 passed.
+    # Per-partition check status: the tampered slice failed, acme's other 3 passed.
     pg.get_by_text("Failed (1)", exact=True).wait_for()
-    # acme's 15 others plus initech's one, once the CLI-launched backfill's run has finished.
+    # acme's 3 others plus initech's 4, once the CLI-launched backfill's run has finished.
     assert wait_backfill_runs(dev, launched["backfill_id"]) == ["SUCCESS"]
     open_check_partitions(pg, dev, "integrity")
     pg.get_by_text("Failed (1)", exact=True).wait_for()
-    pg.get_by_text("Passed (16)", exact=True).wait_for()
+    pg.get_by_text("Passed (7)", exact=True).wait_for()
     shot(pg, "07-isolation-partitions.png")
     # The tampered partition's evaluation: counts, the offending key, the command to inspect.
-    pg.get_by_text(SLICE, exact=True).first.click()
-    pg.get_by_text(TENANT, exact=True).first.click()
+    pg.get_by_text(pk, exact=True).first.click()
     # Which member check failed and why, the offending key and the command to list them all.
     pg.get_by_text("isolation: 1 row(s) failed isolation").first.wait_for()
     pg.get_by_text(f"row tenant 'globex' is not '{TENANT}'").first.wait_for()
@@ -361,8 +362,8 @@ def test_operator_console(page: Any, dev: DagsterDev, capsys: pytest.CaptureFixt
 def test_one_tenant_among_ten_thousand_is_found_and_launched_from_the_ui(
     page: Any, dev: DagsterDev, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    """At 10,000 more tenants (one post each, 160,000 more partitions), the launch dialog's
-    tenant selector still finds one by typing, and its one partition runs from the UI."""
+    """At 10,000 more tenants (one post each, 10,000 more partitions), the launch dialog's
+    partition selector still finds one tenant's by typing, and it runs from the UI."""
     export = tmp_path / "many.jsonl"
     with export.open("w") as fh:
         for i in range(10_000):
@@ -377,8 +378,7 @@ def test_one_tenant_among_ten_thousand_is_found_and_launched_from_the_ui(
     tenant, pk = "t09999", "s00|t09999"
     started = time.monotonic()
     dialog = open_launch_dialog(pg, dev)
-    pick(pg, dialog, 1, tenant)
-    pick(pg, dialog, 0, "s00")
+    pick(pg, dialog, tenant, every=True)
     dialog.get_by_text("1 partition", exact=True).wait_for()
     print(f"launch dialog, tenant found among 10,003: {time.monotonic() - started:.1f} s")
     shot(pg, "09-one-tenant-of-10000.png")
