@@ -285,3 +285,14 @@ def test_a_batch_that_fails_midway_stores_none_of_its_events(
     storage.store_event_batch([_materialisation(run_id, f"p{i}") for i in range(5)])
     assert _stored(storage) == ({f"p{i}" for i in range(5)}, 5)
     storage.dispose()
+
+
+def test_every_shard_commits_in_wal_mode_without_an_fsync_a_commit(tmp_path: Path) -> None:
+    storage = PooledSqliteEventLogStorage(str(tmp_path / "runs"))
+    run_id = str(uuid.uuid4())
+    storage.store_event(_entry(run_id, "hello"))
+    for shard in (run_id, "index"):
+        with storage._connect(shard) as conn:
+            assert conn.exec_driver_sql("PRAGMA journal_mode").scalar_one() == "wal"
+            assert conn.exec_driver_sql("PRAGMA synchronous").scalar_one() == 1  # NORMAL
+    storage.dispose()
