@@ -52,7 +52,11 @@ TERMINAL = {"COMPLETED", "COMPLETED_SUCCESS", "COMPLETED_FAILED", "FAILED", "CAN
 def _env(home: Path, extra: dict[str, str]) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("BACKFILL_")}
     env.update(
-        DAGSTER_HOME=str(home), BACKFILL_DATABASE_URL=f"sqlite:///{home / 'backfill.db'}", **extra
+        DAGSTER_HOME=str(home),
+        BACKFILL_DATABASE_URL=f"sqlite:///{home / 'backfill.db'}",
+        # One post a partition before splitting: the demo's 200 posts a tenant use all 16.
+        BACKFILL_SLICE_TARGET_POSTS="1",
+        **extra,
     )
     return env
 

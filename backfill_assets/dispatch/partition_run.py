@@ -64,7 +64,7 @@ class RegionUnavailable(RunStopped):
 
 @dataclass(frozen=True, slots=True)
 class PartitionRef:
-    """A tenant x slice partition and its Dagster key string.
+    """A tenant slice partition and its Dagster key string.
 
     ``slice`` is the partition's number; ``level`` is its tenant's slice level, which decides
     which stored slices of posts it holds (``slices``; see ``keys.partition_slices``).

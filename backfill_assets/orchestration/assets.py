@@ -67,7 +67,7 @@ def _labels_asset(
         model: ModelResource,
         settings: RunSettings,
     ) -> dg.MaterializeResult[None]:
-        """LLM moderation labels per tenant x slice; re-runs only send unfinished keys."""
+        """LLM moderation labels per tenant slice; re-runs only send unfinished keys."""
         refs = run_refs(context.partition_keys)
         # The policy the definitions loaded: the keys and the requests use the same text.
         versions = run_versions(model, rubric, code_version)

@@ -46,7 +46,7 @@ def build_definitions(settings: Settings | Mapping[str, str]) -> dg.Definitions:
         # Selecting the assets selects their checks too: labels, the seven checks, then the
         # apply, which the blocking checks gate within each run.
         selection=dg.AssetSelection.assets(labels, applied),
-        description="Moderation labels, their checks and the gated apply, per tenant x slice.",
+        description="Moderation labels, their checks and the gated apply, per tenant slice.",
     )
     apply_job = dg.define_asset_job(
         APPLY_JOB,
