@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
 import random
 import signal
 import subprocess
@@ -16,6 +14,7 @@ import pytest
 from sqlalchemy.engine import Engine
 
 from backfill_assets.demo.generate import write_export
+from backfill_tests.cli_runs import clean_env, last_json, run_cli
 from backfill_tests.pipeline_helpers import count
 
 CONCURRENCY = 8
@@ -23,22 +22,9 @@ TOTAL = 500
 FLUSH_ROWS = 2048  # writer default: the most a single flush can hold
 
 
-def cli(
-    args: list[str], env: dict[str, str], timeout: float = 120
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "backfill_assets.cli", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
 @pytest.fixture
 def drill_env(store_url: str, tmp_path: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BACKFILL_")}
-    env.update(
+    env = clean_env(
         DAGSTER_HOME=str(tmp_path / "dagster_home"),
         BACKFILL_DATABASE_URL=store_url,
         BACKFILL_CONCURRENCY=str(CONCURRENCY),
@@ -47,22 +33,22 @@ def drill_env(store_url: str, tmp_path: Path) -> dict[str, str]:
     # share one dispatcher, so a kill lands mid-partition.
     export = write_export(tmp_path / "posts.jsonl", ["acme"], TOTAL, bad_lines=False)
     assert export == TOTAL
-    out = cli(["import", "--json", str(tmp_path / "posts.jsonl")], env)
+    out = run_cli(["import", "--json", str(tmp_path / "posts.jsonl")], env)
     assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout.strip().splitlines()[-1])["imported"] == TOTAL
+    assert last_json(out.stdout)["imported"] == TOTAL
     return env
 
 
 def run_json(env: dict[str, str]) -> dict[str, Any]:
-    out = cli(["run", "--json"], env)
+    out = run_cli(["run", "--json"], env)
     assert out.returncode == 0, out.stderr[-3000:]
-    doc: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    doc: dict[str, Any] = last_json(out.stdout)
     return doc
 
 
 def verify_json(env: dict[str, str]) -> dict[str, Any]:
-    out = cli(["verify", "--require-complete", "--json"], env)
-    doc: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    out = run_cli(["verify", "--require-complete", "--json"], env)
+    doc: dict[str, Any] = last_json(out.stdout)
     assert out.returncode == (0 if doc["ok"] else 1)
     return doc
 
@@ -102,7 +88,7 @@ def test_kill_after_usage_then_resume(engine: Engine, drill_env: dict[str, str])
         "BACKFILL_FAKE_LATENCY_MS": "5",
         "BACKFILL_FLUSH_MS": "10",
     }
-    first = cli(["run", "--json"], env)
+    first = run_cli(["run", "--json"], env)
     assert first.returncode == -signal.SIGKILL, first.stderr[-2000:]
     usage = count(engine, "SELECT count(*) FROM ledger_events WHERE type = 'usage'")
     done = count(engine, "SELECT count(*) FROM results")

@@ -11,27 +11,16 @@ keep.
 
 from __future__ import annotations
 
-import json
 import tarfile
 from pathlib import Path
-from typing import Any
 
 import dagster as dg
 import pytest
 
-from backfill_assets.cli import build_parser
-from backfill_assets.orchestration.settings import Settings
+from backfill_tests.cli_runs import cli_doc
 
 FIXTURE = Path(__file__).parent / "data" / "upgrade_from_grid.tar.gz"
 EXPECTED = ["s00|acme", "s01|acme", "s02|acme", "s03|acme", "s00|globex", "s00|initech"]
-
-
-def _cli(argv: list[str], env: dict[str, str], capsys: pytest.CaptureFixture[str]) -> Any:
-    args = build_parser().parse_args(argv)
-    code = args.func(args, Settings.from_env(env))
-    doc = json.loads(capsys.readouterr().out)
-    doc["exit"] = code
-    return doc
 
 
 def test_the_grid_upgrades_without_paying_or_materialising_again(
@@ -49,7 +38,7 @@ def test_the_grid_upgrades_without_paying_or_materialising_again(
         assert len(inst.get_dynamic_partitions("tenants")) == 3  # the grid's dimension
         before = len(inst.get_run_records())
 
-    doc = _cli(["run", "--json"], env, capsys)
+    doc = cli_doc(["run", "--json"], env, capsys)
     assert doc["exit"] == 0
     assert doc["totals"]["model_calls"] == 0 and doc["runs"] == []  # nothing paid, nothing run
     assert sorted(p["partition"] for p in doc["skipped"]) == sorted(EXPECTED)
@@ -63,8 +52,8 @@ def test_the_grid_upgrades_without_paying_or_materialising_again(
         assert len(inst.get_run_records()) == before
 
     # A forced run goes through Dagster again for every partition, and still pays nothing.
-    forced = _cli(["run", "--json", "--force"], env, capsys)
+    forced = cli_doc(["run", "--json", "--force"], env, capsys)
     assert forced["exit"] == 0 and forced["totals"]["model_calls"] == 0
     assert sorted(p["partition"] for p in forced["partitions"]) == sorted(EXPECTED)
-    verify = _cli(["verify", "--require-complete", "--json"], env, capsys)
+    verify = cli_doc(["verify", "--require-complete", "--json"], env, capsys)
     assert verify["exit"] == 0 and verify["ok"]

@@ -3,7 +3,6 @@ are pooled into few runs, and slices fill by volume."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import dagster as dg
@@ -13,12 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqlalchemy.engine import Engine
 
-from backfill_assets.cli import build_parser
 from backfill_assets.core.keys import level_for, partition_of, partition_slices, slice_of
 from backfill_assets.dispatch.pipeline import PartitionRef
 from backfill_assets.orchestration import plan as plan_module
 from backfill_assets.orchestration.plan import Box, PartitionPlan, pool
-from backfill_assets.orchestration.settings import Settings
+from backfill_tests.cli_runs import cli_doc
 from backfill_tests.conftest import import_records
 
 
@@ -119,14 +117,6 @@ def test_levels_split_partitions_and_keep_every_post_in_one() -> None:
         assert partition_of(s, 2) % 2 == partition_of(s, 1)
 
 
-def _cli(argv: list[str], env: dict[str, str], capsys: pytest.CaptureFixture[str]) -> dict:
-    args = build_parser().parse_args(argv)
-    code = args.func(args, Settings.from_env(env))
-    doc: dict = json.loads(capsys.readouterr().out)
-    doc["exit"] = code
-    return doc
-
-
 def _events(home: Path) -> int:
     instance = dg.DagsterInstance.from_config(str(home))
     with instance:
@@ -156,7 +146,7 @@ def test_no_work_no_run_and_what_unskips_a_partition(
     home = tmp_path / "home"
     env = {"BACKFILL_DATABASE_URL": str(engine.url.render_as_string()), "DAGSTER_HOME": str(home)}
 
-    first = _cli(["run", "--json"], env, capsys)
+    first = cli_doc(["run", "--json"], env, capsys)
     assert first["exit"] == 0 and first["plan"]["runs"] == 1  # six tenants, one pooled run
     assert {r["partition"] for r in first["partitions"]} == {f"s00|{t}" for t in tenants}
     # Partitions exist only where posts do: one per small tenant, none to skip.
@@ -165,7 +155,7 @@ def test_no_work_no_run_and_what_unskips_a_partition(
 
     # Nothing to do: no run, no event.
     before = _events(home)
-    again = _cli(["run", "--json"], env, capsys)
+    again = cli_doc(["run", "--json"], env, capsys)
     assert again["exit"] == 0 and again["runs"] == [] and again["partitions"] == []
     assert sum(s["reason"].startswith("nothing pending") for s in again["skipped"]) == 6
     assert _events(home) == before
@@ -178,16 +168,16 @@ def test_no_work_no_run_and_what_unskips_a_partition(
         name="more.jsonl",
         slice_target=5000,
     )
-    one = _cli(["run", "--json"], env, capsys)
+    one = cli_doc(["run", "--json"], env, capsys)
     assert [r["partition"] for r in one["partitions"]] == ["s00|tenant-3"]
     assert one["totals"]["model_calls"] == 1 and len(one["runs"]) == 1
 
     # --force runs every partition that holds posts (0 calls: all keys are done).
-    forced = _cli(["run", "--json", "--force"], env, capsys)
+    forced = cli_doc(["run", "--json", "--force"], env, capsys)
     assert len(forced["partitions"]) == 6 and forced["totals"]["model_calls"] == 0
 
     # A new code version (another model) un-skips every partition.
-    changed = _cli(["run", "--json"], {**env, "BACKFILL_MODEL": "fake-moderator-2"}, capsys)
+    changed = cli_doc(["run", "--json"], {**env, "BACKFILL_MODEL": "fake-moderator-2"}, capsys)
     assert len(changed["partitions"]) == 6 and changed["totals"]["model_calls"] == 181
 
 
@@ -200,11 +190,11 @@ def test_a_tenant_that_grows_splits_its_partitions(
         "BACKFILL_DATABASE_URL": str(engine.url.render_as_string()),
         "DAGSTER_HOME": str(tmp_path / "home"),
     }
-    first = _cli(["run", "--json"], env, capsys)
+    first = cli_doc(["run", "--json"], env, capsys)
     assert sorted(r["partition"] for r in first["partitions"]) == ["s00|acme", "s01|acme"]
     assert _registered(tmp_path / "home") == ["s00|acme", "s01|acme"]
     import_records(engine, tmp_path, posts, name="all.jsonl", slice_target=10)  # 40 -> 4
-    second = _cli(["run", "--json"], env, capsys)
+    second = cli_doc(["run", "--json"], env, capsys)
     # Its extra slices are registered after it grew, and nothing else.
     assert _registered(tmp_path / "home") == [f"s0{i}|acme" for i in range(4)]
     # The 20 new keys are sent, the 20 done ones are not; partitions s02, s03 appear.
@@ -214,7 +204,7 @@ def test_a_tenant_that_grows_splits_its_partitions(
     with engine.connect() as conn:
         rows = conn.execute(sa.text("SELECT post_id, slice FROM results")).all()
     assert len(rows) == 40 and all(s == slice_of("acme", p) for p, s in rows)
-    verify = _cli(["verify", "--require-complete", "--json"], env, capsys)
+    verify = cli_doc(["verify", "--require-complete", "--json"], env, capsys)
     assert verify["exit"] == 0
 
 
@@ -244,12 +234,12 @@ def test_a_no_op_asks_the_instance_about_no_done_partition(
         return real(instance, keys, code_version)
 
     monkeypatch.setattr(plan_module, "_not_done_in_dagster", spy)
-    assert _cli(["run", "--json"], env, capsys)["exit"] == 0
+    assert cli_doc(["run", "--json"], env, capsys)["exit"] == 0
     with engine.connect() as conn:
         marks = conn.execute(sa.text("SELECT tenant_id, partition FROM partition_marks")).all()
     assert sorted(marks) == [(t, 0) for t in tenants]
     asked.clear()
-    again = _cli(["run", "--json"], env, capsys)
+    again = cli_doc(["run", "--json"], env, capsys)
     assert again["runs"] == [] and asked == [[]]  # the instance was asked about nothing
 
     # The labels of one partition materialise again and are not applied: no mark, so the
@@ -257,11 +247,11 @@ def test_a_no_op_asks_the_instance_about_no_done_partition(
     with engine.begin() as conn:
         conn.execute(sa.text("DELETE FROM partition_marks WHERE tenant_id = 'tenant-2'"))
     asked.clear()
-    redo = _cli(["run", "--json"], env, capsys)
+    redo = cli_doc(["run", "--json"], env, capsys)
     assert asked == [["s00|tenant-2"]] and redo["runs"] == []  # still done in Dagster: re-marked
     with engine.connect() as conn:
         assert conn.execute(sa.text("SELECT count(*) FROM partition_marks")).scalar_one() == 4
 
     # A fresh instance over the same store: the marks speak of another instance.
-    fresh = _cli(["run", "--json"], {**env, "DAGSTER_HOME": str(tmp_path / "home2")}, capsys)
+    fresh = cli_doc(["run", "--json"], {**env, "DAGSTER_HOME": str(tmp_path / "home2")}, capsys)
     assert len(fresh["partitions"]) == 4 and fresh["totals"]["model_calls"] == 0

@@ -3,24 +3,16 @@
 
 from __future__ import annotations
 
-import json
 from decimal import Decimal
 from pathlib import Path
 
 import dagster as dg
 import pytest
 
-from backfill_assets.cli import build_parser
 from backfill_assets.definitions import build_definitions
 from backfill_assets.orchestration.settings import Settings
+from backfill_tests.cli_runs import cli_doc
 from backfill_tests.conftest import write_jsonl
-
-
-def _cli(argv: list[str], env: dict[str, str], capsys: pytest.CaptureFixture[str]) -> dict:
-    args = build_parser().parse_args([*argv, "--json"])
-    assert args.func(args, Settings.from_env(env)) == 0
-    doc: dict = json.loads(capsys.readouterr().out)
-    return doc
 
 
 def _latest(instance: dg.DagsterInstance, key: str) -> dict:
@@ -43,7 +35,8 @@ def test_import_run_and_plan_keep_the_reporting_assets_current(
         for t in ("a", "b")
         for i in range(25)
     ]
-    _cli(["import", str(write_jsonl(tmp_path / "posts.jsonl", posts))], env, capsys)
+    export = write_jsonl(tmp_path / "posts.jsonl", posts)
+    assert cli_doc(["import", str(export)], env, capsys)["exit"] == 0
     defs = build_definitions(env)
     instance = dg.DagsterInstance.from_config(env["DAGSTER_HOME"])
     with instance:
@@ -62,7 +55,7 @@ def test_import_run_and_plan_keep_the_reporting_assets_current(
         assert before["reserved_bound_tokens"].value > 2 * before["estimated_tokens"].value
         assert "| a | 25 |" in before["plan"].value
 
-        _cli(["run"], env, capsys)
+        assert cli_doc(["run"], env, capsys)["exit"] == 0
         usage = _latest(instance, "tenant_usage")
         assert usage["calls"] == dg.MetadataValue.int(50) and usage["tenants"].value == 2
         assert isinstance(usage["tokens"], dg.IntMetadataValue) and usage["tokens"].value > 0

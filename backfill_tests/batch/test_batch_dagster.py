@@ -2,27 +2,14 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 from backfill_assets.orchestration.resources import engine_for
 from backfill_tests.batch.conftest import API_KEY, StartSim, records, rows
+from backfill_tests.cli_runs import clean_env, last_json, run_cli
 from backfill_tests.conftest import write_jsonl
 
 POSTS = 24
-
-
-def _cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "backfill_assets.cli", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
 
 
 def test_cli_run_in_batch_mode_materialises_checks_and_applies(
@@ -30,8 +17,7 @@ def test_cli_run_in_batch_mode_materialises_checks_and_applies(
 ) -> None:
     sim = start_sim()
     url = f"sqlite:///{tmp_path / 'store.db'}"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BACKFILL_")}
-    env.update(
+    env = clean_env(
         DAGSTER_HOME=str(tmp_path / "dagster_home"),
         BACKFILL_DATABASE_URL=url,
         BACKFILL_MODEL_BACKEND="openai",
@@ -41,12 +27,12 @@ def test_cli_run_in_batch_mode_materialises_checks_and_applies(
         BACKFILL_BATCH_POLL_SECONDS="0.01",
     )
     data = records(["acme"], POSTS)
-    imported = _cli(["import", str(write_jsonl(tmp_path / "posts.jsonl", data))], env)
+    imported = run_cli(["import", str(write_jsonl(tmp_path / "posts.jsonl", data))], env)
     assert imported.returncode == 0, imported.stderr[-2000:]
 
-    run = _cli(["run", "--json"], env)
+    run = run_cli(["run", "--json"], env)
     assert run.returncode == 0, run.stderr[-3000:]
-    doc = json.loads(run.stdout.strip().splitlines()[-1])
+    doc = last_json(run.stdout)
     assert doc["ok"] and doc["totals"]["model_calls"] == POSTS
     assert doc["totals"]["accepted"] == POSTS
     assert {c["passed"] for p in doc["partitions"] for c in p["checks"]} == {True}
@@ -61,8 +47,8 @@ def test_cli_run_in_batch_mode_materialises_checks_and_applies(
     engine = engine_for(url)
     assert {r.state for r in rows(engine, "SELECT state FROM batch_submissions")} == {"applied"}
 
-    verify = _cli(["verify", "--require-complete", "--json"], env)
-    report = json.loads(verify.stdout.strip().splitlines()[-1])
+    verify = run_cli(["verify", "--require-complete", "--json"], env)
+    report = last_json(verify.stdout)
     assert verify.returncode == 0 and report["ok"], report["problems"]
     assert report["tenants"][0]["rebilled_tokens"] == 0
     captured = imported.stderr + run.stdout + run.stderr + verify.stdout
@@ -76,8 +62,7 @@ def test_a_wrong_key_fails_the_dagster_run_and_a_good_key_completes_it(
     sim = start_sim()
     url = f"sqlite:///{tmp_path / 'store.db'}"
     wrong = "sk-wrong-batch-key-1234567890abcdef"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BACKFILL_")}
-    env.update(
+    env = clean_env(
         DAGSTER_HOME=str(tmp_path / "dagster_home"),
         BACKFILL_DATABASE_URL=url,
         BACKFILL_MODEL_BACKEND="openai",
@@ -87,9 +72,11 @@ def test_a_wrong_key_fails_the_dagster_run_and_a_good_key_completes_it(
         BACKFILL_BATCH_POLL_SECONDS="0.01",
     )
     data = records(["acme"], 8)
-    assert _cli(["import", str(write_jsonl(tmp_path / "posts.jsonl", data))], env).returncode == 0
+    assert (
+        run_cli(["import", str(write_jsonl(tmp_path / "posts.jsonl", data))], env).returncode == 0
+    )
 
-    refused = _cli(["run", "--tenant", "acme", "--json"], env)
+    refused = run_cli(["run", "--tenant", "acme", "--json"], env)
     assert refused.returncode == 1
     said = refused.stdout + refused.stderr
     assert "HTTP 401" in said and "/files" in said and wrong not in said
@@ -98,7 +85,9 @@ def test_a_wrong_key_fails_the_dagster_run_and_a_good_key_completes_it(
     assert {r.state for r in rows(engine, "SELECT state FROM batch_submissions")} == {"intent"}
     assert rows(engine, "SELECT * FROM dead_letters") == []
 
-    fixed = _cli(["run", "--tenant", "acme", "--json"], {**env, "BACKFILL_MODEL_API_KEY": API_KEY})
+    fixed = run_cli(
+        ["run", "--tenant", "acme", "--json"], {**env, "BACKFILL_MODEL_API_KEY": API_KEY}
+    )
     assert fixed.returncode == 0, fixed.stderr[-3000:]
     assert {r.state for r in rows(engine, "SELECT state FROM batch_submissions")} == {"applied"}
     assert len(sim.meter.snapshot().billed) == len(data)

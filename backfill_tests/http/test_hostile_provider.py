@@ -4,10 +4,7 @@ shapes, a wrong key, a bogus Retry-After, 5xx answers that claim the rate window
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 import time
 import uuid
 from collections import Counter
@@ -19,6 +16,7 @@ from sqlalchemy.engine import Engine
 from backfill_assets.core.outcomes import RetryPolicy
 from backfill_assets.dispatch.pipeline import PartitionReport, RunOptions, run_partitions
 from backfill_assets.orchestration.resources import engine_for
+from backfill_tests.cli_runs import last_json, run_cli
 from backfill_tests.conftest import import_records
 from backfill_tests.http.conftest import API_KEY, RUBRIC, VERSIONS, AdapterFactory, StartSim
 from backfill_tests.pipeline_helpers import refs_for, total, verify
@@ -140,16 +138,6 @@ def test_bogus_retry_after_and_5xx_reset_headers_do_not_park_the_run(
     assert sum(r.stats.retry_after_capped for r in reports) > 0
 
 
-def _cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "backfill_assets.cli", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-
-
 def test_wrong_key_stops_the_run_then_the_right_key_completes(
     tmp_path: Path, start_sim: StartSim
 ) -> None:
@@ -168,7 +156,7 @@ def test_wrong_key_stops_the_run_then_the_right_key_completes(
     engine = engine_for(url)
     import_records(engine, tmp_path, _records(["acme"], 60))
     started = time.monotonic()
-    refused = _cli(["run", "--json"], env)
+    refused = run_cli(["run", "--json"], env)
     elapsed = time.monotonic() - started
     assert refused.returncode != 0 and elapsed < 60
     output = refused.stdout + refused.stderr
@@ -182,7 +170,7 @@ def test_wrong_key_stops_the_run_then_the_right_key_completes(
             str(m) for (m,) in conn.exec_driver_sql("SELECT message FROM ledger_events")
         )
     assert dead == 0 and "0123456789abcdef" not in stored
-    fixed = _cli(["run", "--json"], {**env, "BACKFILL_MODEL_API_KEY": API_KEY})
+    fixed = run_cli(["run", "--json"], {**env, "BACKFILL_MODEL_API_KEY": API_KEY})
     assert fixed.returncode == 0, fixed.stderr[-2000:]
-    done = _cli(["verify", "--require-complete", "--json"], env)
-    assert done.returncode == 0 and json.loads(done.stdout)["ok"]
+    done = run_cli(["verify", "--require-complete", "--json"], env)
+    assert done.returncode == 0 and last_json(done.stdout)["ok"]

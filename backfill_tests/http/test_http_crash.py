@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import json
-import os
 import signal
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -14,6 +10,7 @@ import sqlalchemy as sa
 
 from backfill_assets.demo.generate import demo_posts, write_export
 from backfill_assets.orchestration.resources import engine_for
+from backfill_tests.cli_runs import clean_env, last_json, run_cli
 from backfill_tests.http.conftest import API_KEY, StartSim
 
 CONCURRENCY = 8
@@ -21,21 +18,10 @@ POSTS = 160
 KILL_AFTER = 60
 
 
-def _cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "backfill_assets.cli", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-
-
 def test_sigkill_mid_run_over_http_then_resume(tmp_path: Path, start_sim: StartSim) -> None:
     sim = start_sim(api_key=API_KEY, latency_median_ms=40, latency_sigma=0.3, seed=3)
     url = f"sqlite:///{tmp_path / 'store.db'}"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BACKFILL_")}
-    env.update(
+    env = clean_env(
         DAGSTER_HOME=str(tmp_path / "dagster_home"),
         BACKFILL_DATABASE_URL=url,
         BACKFILL_CONCURRENCY=str(CONCURRENCY),
@@ -47,10 +33,12 @@ def test_sigkill_mid_run_over_http_then_resume(tmp_path: Path, start_sim: StartS
     # One tenant: the CLI runs one Dagster run per tenant, and each costs ~10 s here.
     tenants = ["acme"]
     write_export(tmp_path / "posts.jsonl", tenants, POSTS, bad_lines=True)
-    outputs = [_cli(["import", str(tmp_path / "posts.jsonl")], env)]
+    outputs = [run_cli(["import", str(tmp_path / "posts.jsonl")], env)]
     assert outputs[-1].returncode == 0, outputs[-1].stderr[-2000:]
 
-    outputs.append(_cli(["run", "--json"], {**env, "BACKFILL_KILL_AFTER_USAGE": str(KILL_AFTER)}))
+    outputs.append(
+        run_cli(["run", "--json"], {**env, "BACKFILL_KILL_AFTER_USAGE": str(KILL_AFTER)})
+    )
     assert outputs[-1].returncode == -signal.SIGKILL, outputs[-1].stderr[-2000:]
     engine = engine_for(url)
     with engine.connect() as conn:
@@ -74,10 +62,10 @@ def test_sigkill_mid_run_over_http_then_resume(tmp_path: Path, start_sim: StartS
     assert booked <= set(killed.billed)
     assert len(lost) <= in_flight <= 2 * CONCURRENCY
 
-    outputs.append(_cli(["run", "--json"], env))
+    outputs.append(run_cli(["run", "--json"], env))
     assert outputs[-1].returncode == 0, outputs[-1].stderr[-3000:]
-    outputs.append(_cli(["verify", "--require-complete", "--json"], env))
-    doc = json.loads(outputs[-1].stdout.strip().splitlines()[-1])
+    outputs.append(run_cli(["verify", "--require-complete", "--json"], env))
+    doc = last_json(outputs[-1].stdout)
     assert doc["ok"], doc["problems"]
 
     final = sim.meter.snapshot()

@@ -7,10 +7,6 @@ partitions fail naming the region, and the others complete.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import threading
 import uuid
 from collections.abc import Iterator
@@ -27,6 +23,7 @@ from backfill_assets.core.rubric import TASK_VERSION, Rubric
 from backfill_assets.dispatch.pipeline import RegionUnavailable, RunOptions, run_partitions
 from backfill_assets.orchestration.resources import OpenAIModelResource, engine_for
 from backfill_assets.providersim import Simulator
+from backfill_tests.cli_runs import clean_env, last_json, run_cli
 from backfill_tests.conftest import import_records
 from backfill_tests.http.conftest import MODEL, StartSim
 from backfill_tests.pipeline_helpers import FAST_RETRY, refs_for
@@ -78,12 +75,7 @@ def _assert_routed(default: Simulator, eu: Simulator) -> None:
 
 
 def _env(store_url: str, home: Path, default: Simulator, eu: Simulator) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("BACKFILL_", "DAGSTER_"))  # nothing of the caller's config
-    }
-    env.update(
+    return clean_env(
         BACKFILL_MODEL_BACKEND="openai",
         BACKFILL_DATABASE_URL=store_url,
         DAGSTER_HOME=str(home),
@@ -94,18 +86,6 @@ def _env(store_url: str, home: Path, default: Simulator, eu: Simulator) -> dict[
         BACKFILL_RPM="6000",
         BACKFILL_MAX_ATTEMPTS="3",
         BACKFILL_RETRY_BASE_SECONDS="0.01",
-    )
-    return env
-
-
-def _cli(env: dict[str, str], *argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "backfill_assets.cli", *argv],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
     )
 
 
@@ -118,9 +98,9 @@ def test_the_cli_run_routes_each_tenant_to_its_region_and_fails_closed_for_ap(
     home = tmp_path / "home"
     env = _env(url, home, default, eu)
 
-    done = _cli(env, "run", "--json")
+    done = run_cli(["run", "--json"], env, timeout=300)
     assert done.returncode == 1, done.stderr[-3000:]
-    doc = json.loads(done.stdout)
+    doc = last_json(done.stdout)
     runs = {r["run_id"]: r for r in doc["runs"]}
     instance = dg.DagsterInstance.from_config(str(home))
     by_tenant = {
@@ -142,14 +122,18 @@ def test_the_cli_run_routes_each_tenant_to_its_region_and_fails_closed_for_ap(
     }
     assert tags == {"acme": None, "euco": "eu", "apco": "ap"}
 
-    verify = _cli(env, "verify", "--json")
+    verify = run_cli(["verify", "--json"], env, timeout=300)
     assert verify.returncode == 0, verify.stderr[-2000:]
-    audit = {t["tenant"]: t for t in json.loads(verify.stdout)["tenants"]}
+    audit = {t["tenant"]: t for t in last_json(verify.stdout)["tenants"]}
     assert (audit["acme"]["done"], audit["acme"]["missing"]) == (POSTS, 0)
     assert (audit["euco"]["done"], audit["euco"]["missing"]) == (POSTS, 0)
     assert (audit["apco"]["done"], audit["apco"]["missing"]) == (0, POSTS)
     assert (
-        _cli(env, "verify", "--require-complete", "--tenant", "acme", "--tenant", "euco").returncode
+        run_cli(
+            ["verify", "--require-complete", "--tenant", "acme", "--tenant", "euco"],
+            env,
+            timeout=300,
+        ).returncode
         == 0
     )
 
@@ -162,7 +146,7 @@ def test_the_cli_run_routes_each_tenant_to_its_region_and_fails_closed_for_ap(
     # With the AP endpoint configured (the EU simulator stands in), apco completes there.
     env["BACKFILL_MODEL_BASE_URL__AP"] = eu.base_url
     env["BACKFILL_MODEL_API_KEY__AP"] = EU_KEY
-    again = _cli(env, "run", "--tenant", "apco", "--json")
+    again = run_cli(["run", "--tenant", "apco", "--json"], env, timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]
     assert set(eu.meter.snapshot().billed_by_correlation_id) == _keys("euco") | _keys("apco")
     assert set(default.meter.snapshot().calls_by_correlation_id) == _keys("acme")

@@ -5,25 +5,18 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from backfill_tests.cli_runs import clean_env, run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 PASSWORD = "Sup3r-s3cret-pw"
 
 
 def _cli(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("BACKFILL_", "DAGSTER_"))}
-    base["DAGSTER_HOME"] = str(tmp_path / "home")
-    return subprocess.run(
-        [sys.executable, "-m", "backfill_assets.cli", "dry-run"],
-        env={**base, **env},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return run_cli(["dry-run"], clean_env(DAGSTER_HOME=str(tmp_path / "home"), **env), 120)
 
 
 @pytest.mark.parametrize(
