@@ -15,7 +15,8 @@ from typing import Any
 
 import httpx
 
-ROOT = Path(__file__).resolve().parents[1]
+from backfill_tests.cli_runs import ROOT, clean_env
+
 DEMO = ROOT / "backfill_assets" / "demo" / "posts.jsonl"
 
 
@@ -76,7 +77,7 @@ def dagster_dev(
     home = tmp / "dagster_home"
     home.mkdir(parents=True)
     store = tmp / "store.db"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("BACKFILL_", "DAGSTER_"))}
+    env = clean_env()
     port = _free_port()
     env.update(DAGSTER_HOME=str(home), BACKFILL_DATABASE_URL=f"sqlite:///{store}", PORT=str(port))
     env.update(extra_env or {})

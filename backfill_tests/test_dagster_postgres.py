@@ -11,6 +11,7 @@ import pytest
 from backfill_assets.definitions import BACKFILL_JOB, build_definitions
 from backfill_assets.orchestration.orchestrate import materialize
 from backfill_assets.orchestration.resources import engine_for
+from backfill_tests.cli_runs import ROOT
 from backfill_tests.conftest import (
     dispose_engine,
     drop_pg_database,
@@ -18,8 +19,6 @@ from backfill_tests.conftest import (
     make_pg_database,
 )
 from backfill_tests.pipeline_helpers import verify
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture

@@ -44,6 +44,7 @@ from backfill_assets.ingest.importer import import_path
 from backfill_assets.orchestration.resources import dispose_engine, engine_for
 from backfill_assets.providersim import MeterSnapshot, SimConfig, Simulator
 from backfill_assets.store.locks import pg_lock_id
+from backfill_tests.cli_runs import clean_env
 from backfill_tests.conftest import IN_CI, write_jsonl
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("servers")]
@@ -333,7 +334,7 @@ class Cluster:
         self.hosts, self.url, self.sim = hosts, url, sim
         self.engine = engine_for(url)
         self.workers: list[Worker] = []
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("BACKFILL_", "DAGSTER_"))}
+        env = clean_env()
         env.update(
             BACKFILL_DATABASE_URL=url,
             BACKFILL_MODEL_BACKEND="openai",

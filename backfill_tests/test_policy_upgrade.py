@@ -23,10 +23,10 @@ import sqlalchemy as sa
 from backfill_assets.orchestration.plan import make_plan
 from backfill_assets.orchestration.resources import engine_for
 from backfill_assets.orchestration.settings import Settings
+from backfill_tests.cli_runs import ROOT
 from backfill_tests.conftest import dispose_engine, drop_pg_database, make_pg_database, write_jsonl
 from backfill_tests.pipeline_helpers import RUBRIC, VERSIONS, calls, count, run, verify
 
-ROOT = Path(__file__).resolve().parents[1]
 # The last commit before policy files (its store layout, keys and code version are today's).
 BEFORE_POLICIES = "1e126cd1af02031c5b1b9be9d5c3cc73eb605a50"
 

@@ -26,12 +26,12 @@ import httpx
 import pytest
 
 from backfill_assets.cli import main as cli_main
+from backfill_tests.cli_runs import ROOT, clean_env
 from backfill_tests.conftest import dispose_engine, drop_pg_database, make_pg_database
 
 # One worker runs the tests that start servers or time a stop, one after another (bin/test).
 pytestmark = pytest.mark.xdist_group("servers")
 
-ROOT = Path(__file__).resolve().parents[1]
 PROD = ROOT / "bin" / "prod"
 # Two tenants, two concurrent run workers: on 2 cores a third pushes the runs past the
 # daemon's next look (+30 s).
@@ -139,7 +139,7 @@ def stop(proc: subprocess.Popen[bytes], sig: int, timeout: float) -> tuple[int |
 
 
 def prod_env(instance_url: str, store_url: str, home: Path, port: int) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("BACKFILL_", "DAGSTER_"))}
+    env = clean_env()
     env.update(
         DAGSTER_PG_URL=instance_url,
         BACKFILL_DATABASE_URL=store_url,
@@ -308,7 +308,7 @@ def test_prod_daemon_backfill_on_postgres(
     ],
 )
 def test_prod_refuses_without_postgres(pg_url: str, store_url: str, message: str) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("BACKFILL_", "DAGSTER_"))}
+    env = clean_env()
     env.update(DAGSTER_PG_URL=pg_url, BACKFILL_DATABASE_URL=store_url)
     done = subprocess.run(
         [str(PROD), "check"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=30
@@ -323,7 +323,7 @@ def test_prod_refuses_a_home_with_the_sqlite_instance(tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()
     (home / "dagster.yaml").write_text((ROOT / "dagster.yaml").read_text())
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("BACKFILL_", "DAGSTER_"))}
+    env = clean_env()
     env.update(
         DAGSTER_PG_URL="postgresql+psycopg2://h/d",
         BACKFILL_DATABASE_URL="postgresql://h/s",

@@ -26,8 +26,8 @@ import pytest
 
 from backfill_assets.cli import build_parser
 from backfill_assets.cli.provider_sim import sim_parser
+from backfill_tests.cli_runs import ROOT, clean_env
 
-ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SKIP_MARK = re.compile(r"^<!--\s*needs:\s*server\b(.*?)-->$")
 # What the scratch directory links, so the docs' relative paths resolve.
@@ -86,7 +86,7 @@ def _scratch(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     for name in LINKED:
         (work / name).symlink_to(ROOT / name)
     # As the other CLI tests do: nothing of the caller's BACKFILL_*/DAGSTER_* settings leaks in.
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("BACKFILL_", "DAGSTER_"))}
+    env = clean_env()
     env.update(
         DAGSTER_HOME=str(tmp_path / "home"),
         BACKFILL_DATABASE_URL=f"sqlite:///{tmp_path / 'store.db'}",

@@ -46,6 +46,7 @@ from backfill_assets.orchestration.plan import (
 from backfill_assets.orchestration.resources import engine_for
 from backfill_assets.orchestration.settings import Settings
 from backfill_assets.orchestration.wiring import build_definitions
+from backfill_tests.cli_runs import clean_env
 from backfill_tests.conftest import StartSim, import_records
 
 # 40 one-partition tenants weigh enough (their Dagster events) for two processes by default.
@@ -128,7 +129,7 @@ def test_the_heaviest_box_is_cut_where_it_halves_best_and_the_late_start_counts(
 
 
 def _env(tmp_path: Path, url: str, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("BACKFILL_", "DAGSTER_"))}
+    env = clean_env()
     env.update(DAGSTER_HOME=str(tmp_path / "home"), BACKFILL_DATABASE_URL=url, **extra)
     return env
 

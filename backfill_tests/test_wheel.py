@@ -9,7 +9,6 @@ plain path: the editable install's finder there is never loaded), so the test ta
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -19,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from backfill_tests.cli_runs import ROOT, clean_env
+
 pytestmark = pytest.mark.slow
 
 
@@ -75,7 +75,7 @@ def test_an_installed_wheel_backfills_the_demo_from_another_directory(
     _sh([*pip, "install", "-q", "--no-deps", str(wheel)], tmp_path)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("BACKFILL_", "DAGSTER_"))}
+    env = clean_env()
     # No DAGSTER_HOME: an installed package keeps its home in the user's data directory.
     env |= {"XDG_DATA_HOME": str(tmp_path / "data"), "PATH": f"{venv / 'bin'}:{env['PATH']}"}
     where = _sh(

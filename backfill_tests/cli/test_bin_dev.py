@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from backfill_tests.cli_runs import clean_env
 from backfill_tests.dagster_dev import ROOT
 
 # One worker runs the tests that start servers or time a stop, one after another (bin/test).
@@ -87,7 +88,7 @@ def _kill(proc: subprocess.Popen[bytes]) -> None:
 
 def test_bin_dev_starts_without_warnings_and_names_rejects_once(tmp_path: Path) -> None:
     port = _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("BACKFILL_", "DAGSTER_"))}
+    env = clean_env()
     env.update(DAGSTER_HOME=str(tmp_path / "home"), PORT=str(port))
     first = tmp_path / "first.log"
     proc = _start(env, first)

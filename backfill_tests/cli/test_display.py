@@ -18,6 +18,7 @@ from rich.console import Console
 
 from backfill_assets.cli.progress import ProgressDisplay, wanted
 from backfill_assets.cli.tables import show, table
+from backfill_tests.cli_runs import clean_env
 
 
 def test_tables_keep_values_verbatim_and_whole_when_piped(
@@ -83,7 +84,7 @@ def test_import_draws_progress_on_a_terminal_only(tmp_path: Path) -> None:
     with export.open("w") as fh:
         for i in range(5000):
             fh.write(json.dumps({"tenant_id": "acme", "post_id": f"p{i}", "text": f"t{i}"}) + "\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("BACKFILL_", "DAGSTER_"))}
+    env = clean_env()
     env.update(
         BACKFILL_DATABASE_URL=f"sqlite:///{tmp_path / 's.db'}",
         DAGSTER_HOME=str(tmp_path / "home"),

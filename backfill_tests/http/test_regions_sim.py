@@ -28,7 +28,6 @@ from backfill_tests.conftest import import_records
 from backfill_tests.http.conftest import MODEL, StartSim
 from backfill_tests.pipeline_helpers import FAST_RETRY, refs_for
 
-ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_KEY = "sk-default-7c2e9a41d0b3f5e6"
 EU_KEY = "sk-eu-3f8d1b6a9c0e2d4f"
 TENANTS = {"acme": None, "euco": "eu", "apco": "ap"}

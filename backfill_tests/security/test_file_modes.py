@@ -12,6 +12,7 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from backfill_assets.store.engine import make_engine
+from backfill_tests.cli_runs import clean_env
 
 DEMO = Path(__file__).resolve().parents[2] / "backfill_assets" / "demo" / "posts.jsonl"
 
@@ -29,7 +30,7 @@ def _loose(root: Path) -> list[str]:
 
 def test_a_run_from_the_cli_leaves_nothing_readable_by_others(tmp_path: Path) -> None:
     home = tmp_path / "home"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("BACKFILL_", "DAGSTER_"))}
+    env = clean_env()
     env["DAGSTER_HOME"] = str(home)
     for argv in (["import", str(DEMO)], ["run", "--tenant", "acme"]):
         done = subprocess.run(

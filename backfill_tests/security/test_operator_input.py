@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from backfill_tests.cli_runs import clean_env, run_cli
+from backfill_tests.cli_runs import ROOT, clean_env, run_cli
 
-ROOT = Path(__file__).resolve().parents[2]
 PASSWORD = "Sup3r-s3cret-pw"
 
 

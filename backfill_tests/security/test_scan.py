@@ -6,7 +6,6 @@ stderr."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ import pytest
 
 from backfill_assets.orchestration.resources import engine_for
 from backfill_assets.providersim.config import FaultRule
+from backfill_tests.cli_runs import clean_env
 from backfill_tests.conftest import StartSim, import_records
 from backfill_tests.security.scan import store_leaks, text_leaks, tree_leaks
 
@@ -60,7 +60,7 @@ def test_nothing_leaks_outside_posts(
     ]
     import_records(engine, tmp_path, records)
     home = tmp_path / "home"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("BACKFILL_", "DAGSTER_"))}
+    env = clean_env()
     env.update(
         DAGSTER_HOME=str(home),
         BACKFILL_DATABASE_URL=store_url,

@@ -11,7 +11,6 @@ Marker ``pg``: under CI=true an unreachable PostgreSQL fails these tests instead
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -29,13 +28,13 @@ from backfill_assets.cli import build_parser
 from backfill_assets.orchestration.resources import engine_for
 from backfill_assets.orchestration.settings import Settings
 from backfill_assets.providersim import SimConfig, Simulator
+from backfill_tests.cli_runs import ROOT, clean_env
 from backfill_tests.conftest import dispose_engine, drop_pg_database, make_pg_database, write_jsonl
 from backfill_tests.security.scan import store_leaks, text_leaks, tree_leaks
 from backfill_tests.test_prod_daemon import kill_sessions
 
 pytestmark = [pytest.mark.pg, pytest.mark.xdist_group("servers")]
 
-ROOT = Path(__file__).resolve().parents[2]
 WEBSERVER = Path(sys.executable).parent / "dagster-webserver"
 API_KEY = "sk-proj-websrv-Q2hhbmdlTWUtc2VjcmV0LWtleQ"
 PASSWORD = "pw-Zm9yLXRoZS1zdG9yZS1vbmx5"
@@ -192,7 +191,7 @@ def server(pg_available: bool, tmp_path_factory: pytest.TempPathFactory) -> Iter
     provider = Simulator(SimConfig(api_key=API_KEY)).start()
     decoy = Simulator(SimConfig()).start()
     port = _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("BACKFILL_", "DAGSTER_"))}
+    env = clean_env()
     env.update(
         DAGSTER_HOME=str(home),
         BACKFILL_DATABASE_URL=store_url,
