@@ -3,6 +3,8 @@ and a failing worker costs time, never a verdict."""
 
 from __future__ import annotations
 
+import dataclasses
+import sys
 from pathlib import Path
 
 import pytest
@@ -31,28 +33,25 @@ def tampered(engine: Engine, tmp_path: Path) -> Engine:
     return engine
 
 
-def judged(engine: Engine) -> tuple[dict[str, list[Verdict]], list[str]]:
+def judged(
+    engine: Engine, pooling: audit_pool.Pooling | None = None
+) -> tuple[dict[str, list[Verdict]], list[str]]:
     """Every partition's verdicts, and what the checks logged."""
     refs = with_levels(engine, refs_for(TENANTS))
     logged: list[str] = []
-    out = verdicts_for_many(engine, refs, VERSIONS, RUBRIC, ChecksResource(), log=logged.append)
+    out = verdicts_for_many(
+        engine, refs, VERSIONS, RUBRIC, ChecksResource(), log=logged.append, pooling=pooling
+    )
     return out, logged
 
 
-def pool_small_runs(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Send even this small store to two workers, in chunks of 50 posts."""
-    monkeypatch.setattr(audit_pool, "_MIN_POSTS", 0)
-    monkeypatch.setattr(audit_pool, "_CHUNK_POSTS", 50)
-    monkeypatch.setattr(audit_pool, "workers", lambda: 2)
+# Even this small store goes to two workers, in chunks of 50 posts.
+SMALL_RUNS = audit_pool.Pooling(min_posts=0, chunk_posts=50, workers=2)
 
 
-def test_workers_give_the_same_verdicts_as_one_process(
-    tampered: Engine, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_workers_give_the_same_verdicts_as_one_process(tampered: Engine) -> None:
     serial, _ = judged(tampered)
-    pool_small_runs(monkeypatch)
-    monkeypatch.setattr(audit_pool, "_PROGRESS_EVERY_S", 0.0)
-    pooled, logged = judged(tampered)
+    pooled, logged = judged(tampered, dataclasses.replace(SMALL_RUNS, progress_every_s=0.0))
     assert any("worker processes" in m for m in logged)
     assert any("partition(s) judged" in m for m in logged)
     assert not any("failed" in m for m in logged)
@@ -62,15 +61,10 @@ def test_workers_give_the_same_verdicts_as_one_process(
     assert {pk.split("|")[1] for pk, _n in failed} == {"acme", "globex"}
 
 
-def test_a_failing_worker_falls_back_to_this_process(
-    tampered: Engine, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_failing_worker_falls_back_to_this_process(tampered: Engine) -> None:
     serial, _ = judged(tampered)
-    pool_small_runs(monkeypatch)
-    monkeypatch.setattr(
-        audit_pool, "_COMMAND", [audit_pool.sys.executable, "-c", "import sys; sys.exit(3)"]
-    )
-    fallback, logged = judged(tampered)
+    dying = (sys.executable, "-c", "import sys; sys.exit(3)")
+    fallback, logged = judged(tampered, dataclasses.replace(SMALL_RUNS, command=dying))
     assert fallback == serial
     assert any("failed" in m for m in logged)
 

@@ -79,11 +79,13 @@ def verdicts_for_many(
     deferred: Mapping[str, int | None] | None = None,
     sample: int = 5,
     log: Callable[[str], None] = lambda _m: None,
+    pooling: audit_pool.Pooling | None = None,
 ) -> dict[str, list[Verdict]]:
     """Verdicts for several partitions (``store.audit.judge_partitions``), each tenant's drift
     baseline read once; a big run's partitions are judged by worker processes
-    (``store.audit_pool``), since one process would leave the other cores idle. The stored
-    results of ``versions`` are judged by ``rubric``'s labels and rules."""
+    (``store.audit_pool``, as ``pooling`` says), since one process would leave the other cores
+    idle. The stored results of ``versions`` are judged by ``rubric``'s labels and rules."""
+    pooling = pooling or audit_pool.Pooling()
     scopes = [Scope(r.key, r.tenant_id, r.slice, r.slices) for r in refs]
     baselines: dict[str, Baseline] = {}
     if "label_drift" in names:
@@ -99,11 +101,11 @@ def verdicts_for_many(
         dict(deferred or {}),
         sample,
     )
-    chunks = audit_pool.plan(engine, scopes)
+    chunks = audit_pool.plan(engine, scopes, pooling)
     if chunks is not None:
-        procs = min(audit_pool.workers(), len(chunks))
+        procs = min(pooling.workers, len(chunks))
         log(f"judging {len(refs)} partition(s) in {procs} worker processes")
-        return audit_pool.judge(engine, chunks, judging, log=log)
+        return audit_pool.judge(engine, chunks, judging, log=log, pooling=pooling)
     return judge_partitions(engine, scopes, judging)
 
 

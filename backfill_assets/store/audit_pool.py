@@ -2,7 +2,7 @@
 
 The checks read every row of a partition and recompute its keys: CPU-bound Python, so one
 process leaves the other cores idle while a million-post run is checked. A run with at least
-``_MIN_POSTS`` posts is cut into chunks of partitions; each worker (``python -m
+``Pooling.min_posts`` posts is cut into chunks of partitions; each worker (``python -m
 backfill_assets.store.audit_pool``, one per core up to ``_MAX_WORKERS``) takes a chunk as one
 JSON line on stdin and answers its verdicts as one JSON line on stdout, reading the rows itself
 (``audit.judge_partitions``, the same code the serial path runs). Verdicts carry counts and
@@ -22,7 +22,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from typing import IO, Any
 
 from sqlalchemy.engine import Engine
@@ -35,33 +35,43 @@ from backfill_assets.store.dead_peer import DeadPeer
 from backfill_assets.store.engine import engine_dead_peer, make_engine, read_tx
 from backfill_assets.store.partition_counts import post_counts
 
-# Below this, starting workers (imports and pandera, ~1.5 s each) costs more than it saves.
-_MIN_POSTS = 40_000
-# Posts per chunk: small enough to balance the workers, big enough that a chunk's fixed cost
-# (one schema frame, one round trip) stays small.
-_CHUNK_POSTS = 20_000
 _MAX_WORKERS = 4
-# A long check step says how far it got, as the dispatch does.
-_PROGRESS_EVERY_S = 10.0
-_COMMAND = [sys.executable, "-m", "backfill_assets.store.audit_pool"]
 
 
-def workers() -> int:
+def default_workers() -> int:
     """How many worker processes a big run gets (1: judge in this process)."""
     return min(_MAX_WORKERS, os.cpu_count() or 1)
 
 
-def plan(engine: Engine, scopes: Sequence[Scope]) -> list[list[Scope]] | None:
+@dataclass(frozen=True)
+class Pooling:
+    """When and how a check step's partitions go to worker processes."""
+
+    # Below this, starting workers (imports and pandera, ~1.5 s each) costs more than it saves.
+    min_posts: int = 40_000
+    # Posts per chunk: small enough to balance the workers, big enough that a chunk's fixed
+    # cost (one schema frame, one round trip) stays small.
+    chunk_posts: int = 20_000
+    workers: int = field(default_factory=default_workers)
+    # A long check step says how far it got, as the dispatch does.
+    progress_every_s: float = 10.0
+    command: tuple[str, ...] = (sys.executable, "-m", "backfill_assets.store.audit_pool")
+
+
+def plan(
+    engine: Engine, scopes: Sequence[Scope], pooling: Pooling | None = None
+) -> list[list[Scope]] | None:
     """Chunks of partitions for the workers, or None when the run is judged in-process."""
-    if workers() < 2 or len(scopes) < 2:
+    pooling = pooling or Pooling()
+    if pooling.workers < 2 or len(scopes) < 2:
         return None
     with read_tx(engine) as conn:
         counts = post_counts(conn, sorted({s.tenant_id for s in scopes}))
     sizes = [sum(counts.get((s.tenant_id, n), 0) for n in s.slices) for s in scopes]
     total = sum(sizes)
-    if total < _MIN_POSTS:
+    if total < pooling.min_posts:
         return None
-    target = max(1, min(_CHUNK_POSTS, total // (2 * workers())))
+    target = max(1, min(pooling.chunk_posts, total // (2 * pooling.workers)))
     chunks: list[list[Scope]] = [[]]
     held = 0
     for scope, size in zip(scopes, sizes, strict=True):
@@ -78,9 +88,11 @@ def judge(
     chunks: Sequence[Sequence[Scope]],
     judging: Judging,
     log: Callable[[str], None] = lambda _m: None,
+    pooling: Pooling | None = None,
 ) -> dict[str, list[Verdict]]:
     """Every chunk's verdicts, from the workers (or from here, for a chunk whose worker failed:
     ``log`` says which worker and why)."""
+    pooling = pooling or Pooling()
     versions = judging.versions
     common = {
         "url": engine.url.render_as_string(hide_password=False),
@@ -139,16 +151,20 @@ def judge(
                 return  # this worker is done for; the others (or this process) take the rest
             with lock:
                 out.update(got)
-                if time.monotonic() - last_log >= _PROGRESS_EVERY_S:
+                if time.monotonic() - last_log >= pooling.progress_every_s:
                     last_log = time.monotonic()
                     log(f"checks: {len(out)} of {total} partition(s) judged")
 
     with contextlib.ExitStack() as stack:
         procs: list[tuple[subprocess.Popen[str], IO[bytes]]] = []
-        for _ in range(min(workers(), len(chunks))):
+        for _ in range(min(pooling.workers, len(chunks))):
             err: IO[bytes] = stack.enter_context(tempfile.TemporaryFile())
             proc = subprocess.Popen(
-                _COMMAND, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True
+                list(pooling.command),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                text=True,
             )
             stack.callback(_stop, proc)
             procs.append((proc, err))
