@@ -183,25 +183,25 @@ def test_rejects_lists_file_line_reason_and_time_and_says_so_once(
 
 
 def test_a_second_export_over_many_tenants_updates_only_what_changed(
-    engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    engine: Engine, tmp_path: Path
 ) -> None:
     # A batch holds a few posts of each of many tenants; the stored hashes of all of them are
-    # looked up together (in chunks of 7 pairs here, to cross chunk edges on SQLite).
-    from backfill_assets.ingest.importer import import_path
-    from backfill_assets.store import posts as store_posts
+    # looked up together, in probes of 2,000 pairs on SQLite: batches of 2,500 lines cross a
+    # probe's edge.
+    from backfill_assets.ingest.importer import ImportOptions, import_path
 
-    monkeypatch.setattr(store_posts, "_PROBE_PAIRS", 7)
-    first = [post(f"t{t:02d}", f"p{i}", f"text {t} {i}") for i in range(4) for t in range(30)]
+    wide = ImportOptions(batch_rows=2_500)
+    first = [post(f"t{t:02d}", f"p{i}", f"text {t} {i}") for i in range(70) for t in range(30)]
     (tmp_path / "one.jsonl").write_bytes(lines(*first))
-    got = import_path(engine, tmp_path / "one.jsonl")
-    assert (got.imported, got.updated, got.unchanged) == (120, 0, 0)
+    got = import_path(engine, tmp_path / "one.jsonl", options=wide)
+    assert (got.imported, got.updated, got.unchanged) == (2_100, 0, 0)
     second = [
         post(r["tenant_id"], r["post_id"], r["text"] + (" edited" if n % 3 == 0 else ""))
         for n, r in enumerate(first)
     ] + [post(f"t{t:02d}", "p-new", "new") for t in range(10)]
     (tmp_path / "two.jsonl").write_bytes(lines(*second))
-    got = import_path(engine, tmp_path / "two.jsonl")
-    assert (got.imported, got.updated, got.unchanged) == (10, 40, 80)
+    got = import_path(engine, tmp_path / "two.jsonl", options=wide)
+    assert (got.imported, got.updated, got.unchanged) == (10, 700, 1_400)
     with engine.connect() as conn:
         stored = {
             (r.tenant_id, r.post_id): r.text
