@@ -13,7 +13,12 @@ import dagster as dg
 
 from backfill_assets.audit.check_rules import BLOCKING_CHECKS
 from backfill_assets.core.regions import run_tags as region_tags
-from backfill_assets.orchestration.partitions import partition_key_for, partition_keys, register
+from backfill_assets.orchestration.partitions import (
+    partition_key_for,
+    partition_keys,
+    register,
+    tenant_of,
+)
 from backfill_assets.orchestration.plan import Box
 from backfill_assets.store.posts import ImportSummary
 
@@ -221,16 +226,12 @@ def stretches(keys: Sequence[str], order: Sequence[str]) -> list[Box]:
     last_at = -2
     for key in sorted(dict.fromkeys(keys), key=lambda k: (at.get(k, len(at)), k)):
         here = at.get(key, -10)
-        if boxes and here == last_at + 1 and _tenant(boxes[-1][-1]) == _tenant(key):
+        if boxes and here == last_at + 1 and tenant_of(boxes[-1][-1]) == tenant_of(key):
             boxes[-1].append(key)
         else:
             boxes.append([key])
         last_at = here
     return [Box(tuple(b)) for b in boxes]
-
-
-def _tenant(key: str) -> str:
-    return key.partition("|")[2]
 
 
 def materialize(

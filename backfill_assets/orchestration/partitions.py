@@ -79,6 +79,11 @@ def run_refs(partition_keys: Iterable[str]) -> list[PartitionRef]:
     return refs
 
 
+def tenant_of(partition_key: str) -> str:
+    """The tenant part of a key (unvalidated: for grouping keys already registered)."""
+    return partition_key.partition("|")[2]
+
+
 def tenant_partition_keys(tenant_id: str, level: int) -> list[str]:
     """The key strings of a tenant's ``2**level`` partitions, by number (validated once)."""
     validate_tenant_id(tenant_id)

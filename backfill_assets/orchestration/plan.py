@@ -37,7 +37,11 @@ from backfill_assets.orchestration.dagster_private import (
     CODE_VERSION_TAG,
     AssetCheckExecutionRecordStatus,
 )
-from backfill_assets.orchestration.partitions import partition_keys, tenant_partition_keys
+from backfill_assets.orchestration.partitions import (
+    partition_keys,
+    tenant_of,
+    tenant_partition_keys,
+)
 from backfill_assets.store.engine import read_tx, write_tx
 from backfill_assets.store.partition_marks import mark, marked
 from backfill_assets.store.posts import slice_levels
@@ -92,7 +96,7 @@ class Box:
     @property
     def tenants(self) -> tuple[str, ...]:
         """The tenants of the range's partitions, in its order, once each."""
-        return tuple(dict.fromkeys(k.partition("|")[2] for k in self.keys))
+        return tuple(dict.fromkeys(tenant_of(k) for k in self.keys))
 
     @property
     def size(self) -> int:
