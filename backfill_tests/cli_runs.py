@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from backfill_assets.cli import build_parser
+from backfill_assets.cli import build_parser, main
 from backfill_assets.orchestration.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,11 +45,28 @@ def run_cli(
     )
 
 
+def cli_main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """``backfill-moderation ARGV`` in this process, as the command runs it (its settings from
+    this process's environment): the exit code, standard output and standard error."""
+    capsys.readouterr()  # what earlier calls printed is theirs
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def cli_here(
+    argv: list[str], env: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> tuple[int, str]:
+    """``backfill-moderation ARGV`` in this process with the settings of ``env`` (the process's
+    environment untouched): the exit code and standard output."""
+    args = build_parser().parse_args(argv)
+    code: int = args.func(args, Settings.from_env(env))
+    return code, capsys.readouterr().out
+
+
 def cli_doc(argv: list[str], env: dict[str, str], capsys: pytest.CaptureFixture[str]) -> Any:
-    """``backfill-moderation ARGV --json`` in this process with the settings of ``env``; its
-    document, with the exit code under ``"exit"``."""
-    args = build_parser().parse_args([*argv, "--json"] if "--json" not in argv else argv)
-    code = args.func(args, Settings.from_env(env))
-    doc = last_json(capsys.readouterr().out)
+    """``cli_here`` with ``--json``: the command's document, the exit code under ``"exit"``."""
+    code, out = cli_here([*argv, "--json"] if "--json" not in argv else argv, env, capsys)
+    doc = last_json(out)
     doc["exit"] = code
     return doc

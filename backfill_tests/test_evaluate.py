@@ -15,11 +15,11 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from backfill_assets.cli import main
 from backfill_assets.core.money import usd_text, whole_nanos
 from backfill_assets.definitions import build_definitions
 from backfill_assets.ingest.gold import read_gold
 from backfill_assets.orchestration.evaluation import GATE_CHECK, POLICY_EVALUATION
+from backfill_tests.cli_runs import cli_main
 from backfill_tests.conftest import import_records
 from backfill_tests.moderation_helpers import load
 from backfill_tests.policy_helpers import COURSE_V4, COURSE_V5, DOCS_POLICIES
@@ -58,9 +58,8 @@ def _full(matrix: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
 
 
 def _cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, Any, str]:
-    capsys.readouterr()
-    code = main(argv)
-    out, err = capsys.readouterr()
+    """``cli_main``, with standard output parsed when it is a JSON document."""
+    code, out, err = cli_main(argv, capsys)
     try:
         return code, json.loads(out), err
     except json.JSONDecodeError:

@@ -25,17 +25,10 @@ from backfill_assets.orchestration.partitions import partition_key_for
 from backfill_assets.orchestration.resources import StoreResource
 from backfill_assets.orchestration.settings import Settings
 from backfill_assets.orchestration.usage import tenant_usage
+from backfill_tests.cli_runs import cli_here
 from backfill_tests.moderation_helpers import busiest, execute, load, one_key
 
 ACME = "acme"
-
-
-def cli(
-    argv: list[str], env: dict[str, str], capsys: pytest.CaptureFixture[str]
-) -> tuple[int, str]:
-    args = build_parser().parse_args(argv)
-    code: int = args.func(args, Settings.from_env(env))
-    return code, capsys.readouterr().out
 
 
 @pytest.fixture
@@ -54,7 +47,7 @@ def env(engine: Engine, store_url: str, tmp_path: Path) -> dict[str, str]:
 def test_run_json_reports_checks_and_apply_per_partition(
     engine: Engine, env: dict[str, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, out = cli(["run", "--tenant", ACME, "--json"], env, capsys)
+    code, out = cli_here(["run", "--tenant", ACME, "--json"], env, capsys)
     doc = json.loads(out.strip().splitlines()[-1])
     assert code == 0 and doc["ok"], doc["runs"]
     assert len(doc["partitions"]) == 16
@@ -76,9 +69,9 @@ def test_run_json_reports_checks_and_apply_per_partition(
     execute(engine, "UPDATE results SET label = 'nsfw' WHERE key = :k", k=one_key(engine, ref))
     # A plain run skips partitions that were checked and have nothing pending; --force
     # re-runs (and so re-checks) them all.
-    code, out = cli(["run", "--tenant", ACME, "--json"], env, capsys)
+    code, out = cli_here(["run", "--tenant", ACME, "--json"], env, capsys)
     assert code == 0 and json.loads(out.strip().splitlines()[-1])["runs"] == []
-    code, out = cli(["run", "--tenant", ACME, "--json", "--force"], env, capsys)
+    code, out = cli_here(["run", "--tenant", ACME, "--json", "--force"], env, capsys)
     doc = json.loads(out.strip().splitlines()[-1])
     assert code == 1 and not doc["ok"]
     assert doc["blocked_partitions"] == [ref.key]
@@ -87,11 +80,11 @@ def test_run_json_reports_checks_and_apply_per_partition(
     assert by_key[ref.key]["applied"] is False
     assert sum(r["applied"] for r in doc["partitions"]) == 15
 
-    code, out = cli(["check", "--tenant", ACME], env, capsys)
+    code, out = cli_here(["check", "--tenant", ACME], env, capsys)
     assert code == 1
     assert f"FAIL {ref.key} output_schema: 1 row(s) fail the result schema" in out
     # globex was never run: its partitions are incomplete, and only coverage says so.
-    code, out = cli(["check", "--tenant", "globex", "--slice", "s00", "--json"], env, capsys)
+    code, out = cli_here(["check", "--tenant", "globex", "--slice", "s00", "--json"], env, capsys)
     doc = json.loads(out)
     assert code == 1 and not doc["ok"]
     assert [c["check"] for c in doc["checks"] if not c["passed"]] == ["coverage"]
@@ -100,9 +93,9 @@ def test_run_json_reports_checks_and_apply_per_partition(
 def test_usage_and_metadata_after_a_run(
     engine: Engine, env: dict[str, str], capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    assert cli(["run"], env, capsys)[0] == 0
+    assert cli_here(["run"], env, capsys)[0] == 0
     labels_metadata_names_versions_spend_and_distribution(engine, env)
-    code, out = cli(["usage", "--csv"], env, capsys)
+    code, out = cli_here(["usage", "--csv"], env, capsys)
     rows = list(csv.DictReader(io.StringIO(out)))
     totals_rows = [r for r in rows if r["model"] == "TOTAL"]
     rows = [r for r in rows if r["model"] != "TOTAL"]
@@ -112,7 +105,7 @@ def test_usage_and_metadata_after_a_run(
         len(r["day"]) == 10 for r in rows
     )
     assert [int(r["calls"]) for r in rows] == [60, 20]
-    code, out = cli(["usage", "--totals", "--json"], env, capsys)
+    code, out = cli_here(["usage", "--totals", "--json"], env, capsys)
     totals = json.loads(out)["usage"]
     assert [t["tokens"] for t in totals] == [int(r["tokens"]) for r in rows]
 
@@ -197,8 +190,8 @@ def test_launch_reports_webserver_errors(capsys: pytest.CaptureFixture[str]) -> 
 def test_check_summary_shows_passed_failed_and_never_ran(
     engine: Engine, env: dict[str, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert cli(["run", "--tenant", ACME], env, capsys)[0] == 0
-    code, out = cli(["check", "--summary", "--json"], env, capsys)
+    assert cli_here(["run", "--tenant", ACME], env, capsys)[0] == 0
+    code, out = cli_here(["check", "--summary", "--json"], env, capsys)
     doc = json.loads(out)
     by_pk = {r["partition"]: r for r in doc["partitions"]}
     assert code == 0 and len(by_pk) == 32  # both tenants' 16 partitions
@@ -209,8 +202,8 @@ def test_check_summary_shows_passed_failed_and_never_ran(
     execute(
         engine, "UPDATE results SET tenant_id = 'globex' WHERE key = :k", k=one_key(engine, ref)
     )
-    assert cli(["run", "--tenant", ACME, "--force"], env, capsys)[0] == 1
-    code, out = cli(["check", "--summary", "--tenant", ACME, "--json"], env, capsys)
+    assert cli_here(["run", "--tenant", ACME, "--force"], env, capsys)[0] == 1
+    code, out = cli_here(["check", "--summary", "--tenant", ACME, "--json"], env, capsys)
     doc = json.loads(out)
     assert code == 1
     failed = [r["partition"] for r in doc["partitions"] if r["integrity"] == "failed"]

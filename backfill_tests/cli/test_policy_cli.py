@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from backfill_assets.cli import main
+from backfill_tests.cli_runs import cli_main
 from backfill_tests.policy_helpers import COURSE_V4, COURSE_V5
 
 BROKEN = """\
@@ -29,20 +29,14 @@ rules:
 """
 
 
-def _cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    code = main(argv)
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 def test_check_prints_identity_labels_rules_and_the_prefix_estimate(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    code, out, _ = _cli(["policy", "check", str(COURSE_V5)], capsys)
+    code, out, _ = cli_main(["policy", "check", str(COURSE_V5)], capsys)
     assert code == 0, out
     for needle in ("course-rubric", "course-rubric@5#", "solution_leak", "PAY-1", "tokens", "OK"):
         assert needle in out
-    code, out, _ = _cli(["policy", "check", "--json", str(COURSE_V5)], capsys)
+    code, out, _ = cli_main(["policy", "check", "--json", str(COURSE_V5)], capsys)
     doc = json.loads(out)
     assert doc["ok"] and doc["id"] == "course-rubric" and doc["version"] == "5"
     assert [label["id"] for label in doc["labels"]][-1] == "ok"
@@ -54,7 +48,7 @@ def test_check_exits_2_listing_every_problem_with_its_line(
 ) -> None:
     path = tmp_path / "broken.yaml"
     path.write_text(BROKEN)
-    code, out, err = _cli(["policy", "check", str(path)], capsys)
+    code, out, err = cli_main(["policy", "check", str(path)], capsys)
     assert code == 2
     lines = out.strip().splitlines()
     assert [ln.split(":")[1] for ln in lines] == ["8", "10", "11", "13", "14"], out
@@ -62,14 +56,14 @@ def test_check_exits_2_listing_every_problem_with_its_line(
     assert "unknown field 'colour'" in lines[2] and "bad id 'R 1'" in lines[3]
     assert "unknown label 'cheating'" in lines[4]
     assert "5 problem(s)" in err
-    code, out, _ = _cli(["policy", "check", "--json", str(path)], capsys)
+    code, out, _ = cli_main(["policy", "check", "--json", str(path)], capsys)
     doc = json.loads(out)
     assert code == 2 and not doc["ok"]
     assert (doc["problems"][0]["line"], doc["problems"][0]["column"]) == (8, 9)
 
 
 def test_diff_lists_what_changed(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = _cli(["policy", "diff", "--json", str(COURSE_V4), str(COURSE_V5)], capsys)
+    code, out, _ = cli_main(["policy", "diff", "--json", str(COURSE_V4), str(COURSE_V5)], capsys)
     assert code == 0
     doc = json.loads(out)
     assert {(c["kind"], c["item"], c["change"]) for c in doc["changes"]} == {
@@ -78,7 +72,7 @@ def test_diff_lists_what_changed(capsys: pytest.CaptureFixture[str]) -> None:
         ("rule", "PAY-1", "added"),
     }
     assert doc["same_keys"] is False
-    code, out, _ = _cli(["policy", "diff", str(COURSE_V5), str(COURSE_V5)], capsys)
+    code, out, _ = cli_main(["policy", "diff", str(COURSE_V5), str(COURSE_V5)], capsys)
     assert code == 0 and "0 change(s); same identity" in out
 
 
@@ -86,6 +80,6 @@ def test_a_bad_policy_path_in_the_environment_does_not_stop_policy_check(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("BACKFILL_POLICY_PATH", "/no/such/policy.yaml")
-    assert _cli(["policy", "check", str(COURSE_V5)], capsys)[0] == 0
-    code, _, err = _cli(["dry-run"], capsys)
+    assert cli_main(["policy", "check", str(COURSE_V5)], capsys)[0] == 0
+    code, _, err = cli_main(["dry-run"], capsys)
     assert code == 2 and "BACKFILL_POLICY_PATH" in err and "cannot read" in err
