@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
-import os
 import subprocess
 import sys
 from collections import Counter
@@ -21,6 +20,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from backfill_assets.orchestration.resources import engine_for
+from backfill_tests.cli_runs import clean_env
 from backfill_tests.conftest import StartSim, import_records
 
 TENANTS = ("acme", "globex", "initech")
@@ -53,8 +53,7 @@ def test_two_runs_at_once_on_overlapping_partitions(
     sim = start_sim(latency_median_ms=20, latency_sigma=0.2, seed=4)
     engine = engine_for(store_url)
     import_records(engine, tmp_path, _records())
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BACKFILL_")}
-    env.update(
+    env = clean_env(
         DAGSTER_HOME=str(tmp_path / "dagster_home"),
         BACKFILL_DATABASE_URL=store_url,
         BACKFILL_MODEL_BACKEND="openai",

@@ -4,7 +4,6 @@ canceled, exit non-zero within 10 s; the next run finishes the rest."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import pytest
 import sqlalchemy as sa
 
 from backfill_assets.orchestration.resources import engine_for
+from backfill_tests.cli_runs import clean_env
 from backfill_tests.conftest import import_records
 
 # One worker runs the tests that start servers or time a stop, one after another (bin/test).
@@ -40,8 +40,7 @@ def test_a_signal_stops_run_commits_and_cancels(tmp_path: Path, signum: int) -> 
         {"tenant_id": "acme", "post_id": f"p{i}", "text": f"post number {i}"} for i in range(2000)
     ]
     import_records(engine, tmp_path, records)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BACKFILL_")}
-    env.update(
+    env = clean_env(
         DAGSTER_HOME=str(tmp_path / "home"),
         BACKFILL_DATABASE_URL=url,
         BACKFILL_FAKE_LATENCY_MS="40",

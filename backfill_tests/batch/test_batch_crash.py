@@ -10,7 +10,6 @@ line billed twice, every key is done and ``verify --require-complete`` passes.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -23,6 +22,7 @@ import pytest
 from backfill_assets.orchestration.resources import engine_for
 from backfill_assets.store.audit import verify_store
 from backfill_tests.batch.conftest import API_KEY, RUBRIC, VERSIONS, StartSim, records, rows
+from backfill_tests.cli_runs import clean_env
 from backfill_tests.conftest import import_records
 from backfill_tests.policy_helpers import COURSE_V5
 
@@ -55,8 +55,7 @@ def test_sigkill_at_each_step_never_creates_a_second_batch(
     engine = engine_for(url)
     data = records(["acme"], POSTS)
     import_records(engine, tmp_path, data)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BACKFILL_")}
-    env.update(
+    env = clean_env(
         DAGSTER_HOME=str(tmp_path / "dagster_home"),
         BACKFILL_DATABASE_URL=url,
         BACKFILL_MODEL_BACKEND="openai",
@@ -119,8 +118,7 @@ def test_a_batch_in_flight_across_a_policy_change_keeps_its_own_keys(
     url = f"sqlite:///{tmp_path / 'store.db'}"
     engine = engine_for(url)
     import_records(engine, tmp_path, records(["acme"], 12))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BACKFILL_")}
-    env.update(
+    env = clean_env(
         DAGSTER_HOME=str(tmp_path / "dagster_home"),
         BACKFILL_DATABASE_URL=url,
         BACKFILL_MODEL_BACKEND="openai",

@@ -8,7 +8,6 @@ re-attaches and completes.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -44,13 +43,13 @@ from backfill_tests.batch.conftest import (
     records,
     rows,
 )
+from backfill_tests.cli_runs import clean_env
 from backfill_tests.conftest import import_records
 from backfill_tests.pipeline_helpers import refs_for
 
 
 def _env(url: str, base_url: str, tmp_path: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BACKFILL_")}
-    env.update(
+    env = clean_env(
         DAGSTER_HOME=str(tmp_path / "dagster_home"),
         BACKFILL_DATABASE_URL=url,
         BACKFILL_MODEL_BACKEND="openai",

@@ -4,7 +4,6 @@ shapes, a wrong key, a bogus Retry-After, 5xx answers that claim the rate window
 
 from __future__ import annotations
 
-import os
 import time
 import uuid
 from collections import Counter
@@ -16,7 +15,7 @@ from sqlalchemy.engine import Engine
 from backfill_assets.core.outcomes import RetryPolicy
 from backfill_assets.dispatch.pipeline import PartitionReport, RunOptions, run_partitions
 from backfill_assets.orchestration.resources import engine_for
-from backfill_tests.cli_runs import last_json, run_cli
+from backfill_tests.cli_runs import clean_env, last_json, run_cli
 from backfill_tests.conftest import import_records
 from backfill_tests.http.conftest import API_KEY, RUBRIC, VERSIONS, AdapterFactory, StartSim
 from backfill_tests.pipeline_helpers import refs_for, total, verify
@@ -143,9 +142,8 @@ def test_wrong_key_stops_the_run_then_the_right_key_completes(
 ) -> None:
     sim = start_sim(api_key=API_KEY, latency_median_ms=20)
     url = f"sqlite:///{tmp_path / 'store.db'}"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BACKFILL_")}
     concurrency = 8
-    env.update(
+    env = clean_env(
         DAGSTER_HOME=str(tmp_path / "dagster_home"),
         BACKFILL_DATABASE_URL=url,
         BACKFILL_CONCURRENCY=str(concurrency),
