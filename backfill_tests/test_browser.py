@@ -21,6 +21,7 @@ import pytest
 import sqlalchemy as sa
 
 from backfill_assets.cli import main as cli_main
+from backfill_tests.cli_runs import last_json
 from backfill_tests.dagster_dev import ROOT, DagsterDev, dagster_dev
 
 # One worker runs the tests that start servers or time a stop, one after another (bin/test).
@@ -231,7 +232,7 @@ def launch_cli(capsys: pytest.CaptureFixture[str], dev: DagsterDev, *flags: str)
         code = cli_main(["launch", *flags, "--json", "--url", dev.base_url])
     out = capsys.readouterr().out
     assert code == 0, out
-    doc: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    doc: dict[str, Any] = last_json(out)
     return doc
 
 

@@ -9,7 +9,6 @@ found a partition locked by the other; never a traceback of its own.
 
 from __future__ import annotations
 
-import json
 import multiprocessing as mp
 import subprocess
 import sys
@@ -20,7 +19,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from backfill_assets.orchestration.resources import engine_for
-from backfill_tests.cli_runs import clean_env
+from backfill_tests.cli_runs import clean_env, last_json
 from backfill_tests.conftest import StartSim, import_records
 
 TENANTS = ("acme", "globex", "initech")
@@ -66,7 +65,7 @@ def test_two_runs_at_once_on_overlapping_partitions(
     for proc, (stdout, stderr) in zip(procs, outs, strict=True):
         assert proc.returncode in (0, 1), stderr[-3000:]
         assert "Traceback" not in stderr, stderr[-3000:]
-        doc = json.loads(stdout.strip().splitlines()[-1])
+        doc = last_json(stdout)
         if proc.returncode == 1:
             # The only accepted failure: a partition the other run was writing.
             failed = [r for r in doc["runs"] if not r["success"]]
@@ -90,7 +89,7 @@ def test_two_runs_at_once_on_overlapping_partitions(
         text=True,
         timeout=120,
     )
-    doc = json.loads(out.stdout.strip().splitlines()[-1])
+    doc = last_json(out.stdout)
     assert out.returncode == 0 and doc["ok"], doc["problems"]
 
 

@@ -44,7 +44,7 @@ from backfill_assets.ingest.importer import import_path
 from backfill_assets.orchestration.resources import dispose_engine, engine_for
 from backfill_assets.providersim import MeterSnapshot, SimConfig, Simulator
 from backfill_assets.store.locks import pg_lock_id
-from backfill_tests.cli_runs import clean_env
+from backfill_tests.cli_runs import clean_env, last_json
 from backfill_tests.conftest import IN_CI, write_jsonl
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("servers")]
@@ -403,7 +403,7 @@ class Cluster:
             text=True,
             timeout=120,
         )
-        return got.returncode, json.loads(got.stdout.strip().splitlines()[-1])
+        return got.returncode, last_json(got.stdout)
 
     def stop(self) -> None:
         for w in self.workers:

@@ -25,7 +25,7 @@ from backfill_assets.orchestration.partitions import partition_key_for
 from backfill_assets.orchestration.resources import StoreResource
 from backfill_assets.orchestration.settings import Settings
 from backfill_assets.orchestration.usage import tenant_usage
-from backfill_tests.cli_runs import cli_here
+from backfill_tests.cli_runs import cli_here, last_json
 from backfill_tests.moderation_helpers import busiest, execute, load, one_key
 
 ACME = "acme"
@@ -48,7 +48,7 @@ def test_run_json_reports_checks_and_apply_per_partition(
     engine: Engine, env: dict[str, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     code, out = cli_here(["run", "--tenant", ACME, "--json"], env, capsys)
-    doc = json.loads(out.strip().splitlines()[-1])
+    doc = last_json(out)
     assert code == 0 and doc["ok"], doc["runs"]
     assert len(doc["partitions"]) == 16
     row = doc["partitions"][0]
@@ -70,9 +70,9 @@ def test_run_json_reports_checks_and_apply_per_partition(
     # A plain run skips partitions that were checked and have nothing pending; --force
     # re-runs (and so re-checks) them all.
     code, out = cli_here(["run", "--tenant", ACME, "--json"], env, capsys)
-    assert code == 0 and json.loads(out.strip().splitlines()[-1])["runs"] == []
+    assert code == 0 and last_json(out)["runs"] == []
     code, out = cli_here(["run", "--tenant", ACME, "--json", "--force"], env, capsys)
-    doc = json.loads(out.strip().splitlines()[-1])
+    doc = last_json(out)
     assert code == 1 and not doc["ok"]
     assert doc["blocked_partitions"] == [ref.key]
     by_key = {r["partition"]: r for r in doc["partitions"]}

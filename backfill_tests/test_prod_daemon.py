@@ -26,7 +26,7 @@ import httpx
 import pytest
 
 from backfill_assets.cli import main as cli_main
-from backfill_tests.cli_runs import ROOT, clean_env
+from backfill_tests.cli_runs import ROOT, clean_env, last_json
 from backfill_tests.conftest import dispose_engine, drop_pg_database, make_pg_database
 
 # One worker runs the tests that start servers or time a stop, one after another (bin/test).
@@ -212,7 +212,7 @@ def test_prod_daemon_backfill_on_postgres(
         # The import registers the tenants as partitions in the PostgreSQL instance that
         # bin/prod installed in DAGSTER_HOME.
         assert cli_main(["import", str(export), "--json"]) == 0
-        imported = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        imported = last_json(capsys.readouterr().out)
         assert imported["new_tenants"] == TENANTS and imported["rejected"] > 0
 
         launch_epoch, t = time.time(), time.monotonic()

@@ -8,7 +8,6 @@ dies without reporting costs a rerun of its partitions, never a result.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -46,7 +45,7 @@ from backfill_assets.orchestration.plan import (
 from backfill_assets.orchestration.resources import engine_for
 from backfill_assets.orchestration.settings import Settings
 from backfill_assets.orchestration.wiring import build_definitions
-from backfill_tests.cli_runs import clean_env
+from backfill_tests.cli_runs import clean_env, last_json
 from backfill_tests.conftest import StartSim, import_records
 
 # 40 one-partition tenants weigh enough (their Dagster events) for two processes by default.
@@ -162,7 +161,7 @@ def _cli(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
 
 
 def _doc(stdout: str) -> dict[str, Any]:
-    doc: dict[str, Any] = json.loads(stdout.strip().splitlines()[-1])
+    doc: dict[str, Any] = last_json(stdout)
     return doc
 
 

@@ -9,7 +9,6 @@ line billed twice, every key is done and ``verify --require-complete`` passes.
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import sys
@@ -22,7 +21,7 @@ import pytest
 from backfill_assets.orchestration.resources import engine_for
 from backfill_assets.store.audit import verify_store
 from backfill_tests.batch.conftest import API_KEY, RUBRIC, VERSIONS, StartSim, records, rows
-from backfill_tests.cli_runs import clean_env
+from backfill_tests.cli_runs import clean_env, last_json
 from backfill_tests.conftest import import_records
 from backfill_tests.policy_helpers import COURSE_V5
 
@@ -89,7 +88,7 @@ def test_sigkill_at_each_step_never_creates_a_second_batch(
 
     resumed = _run(env)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    doc = json.loads(resumed.stdout.strip().splitlines()[-1])
+    doc = last_json(resumed.stdout)
     meter = sim.meter.snapshot()
     chunks = {r.chunk_id for r in rows(engine, "SELECT chunk_id FROM batch_submissions")}
     assert meter.batch_creates_by_chunk == dict.fromkeys(chunks, 1)

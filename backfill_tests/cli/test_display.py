@@ -18,7 +18,7 @@ from rich.console import Console
 
 from backfill_assets.cli.progress import ProgressDisplay, wanted
 from backfill_assets.cli.tables import show, table
-from backfill_tests.cli_runs import clean_env
+from backfill_tests.cli_runs import clean_env, last_json
 
 
 def test_tables_keep_values_verbatim_and_whole_when_piped(
@@ -98,7 +98,7 @@ def test_import_draws_progress_on_a_terminal_only(tmp_path: Path) -> None:
 
     # --json on a terminal, or output to a pipe: no progress at all.
     drawn = _run_on_terminal([*cmd, "--json"], env)
-    assert "lines/s" not in drawn and json.loads(drawn.strip().splitlines()[-1])["read"] == 5000
+    assert "lines/s" not in drawn and last_json(drawn)["read"] == 5000
     piped = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     assert piped.returncode == 0 and "lines/s" not in piped.stderr + piped.stdout
     assert piped.stdout.split()[:6] == [

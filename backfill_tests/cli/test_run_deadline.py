@@ -4,7 +4,6 @@ by ``--dry-run``; an impossible deadline refused before any request (both stores
 from __future__ import annotations
 
 import datetime as dt
-import json
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,7 @@ import sqlalchemy as sa
 from backfill_assets.cli import main
 from backfill_assets.orchestration.resources import engine_for
 from backfill_assets.store.tables import batch_submissions
+from backfill_tests.cli_runs import last_json
 from backfill_tests.conftest import StartSim, import_records
 
 TENANTS = ("acme", "globex")
@@ -52,7 +52,7 @@ def cli(
     def run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, dict[str, Any], str]:
         code = main(["run", *args, "--json"])
         out, err = capsys.readouterr()
-        doc = json.loads(out.strip().splitlines()[-1]) if out.strip() else {}
+        doc = last_json(out) if out.strip() else {}
         return code, doc, err
 
     run.sim = sim  # type: ignore[attr-defined]

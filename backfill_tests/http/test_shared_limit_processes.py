@@ -7,13 +7,13 @@ the big one's queue; with sharing the small tenant finishes within 2x its fair-s
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from backfill_assets.orchestration.resources import engine_for
+from backfill_tests.cli_runs import last_json
 from backfill_tests.conftest import StartSim, import_records
 from bench.common import ROOT
 
@@ -43,7 +43,7 @@ def _worker(url: str, base: str, tenant: str) -> subprocess.Popen[str]:
 def _result(proc: subprocess.Popen[str]) -> dict[str, float]:
     out, _ = proc.communicate(timeout=240)
     assert proc.returncode == 0
-    doc: dict[str, float] = json.loads(out.strip().splitlines()[-1])
+    doc: dict[str, float] = last_json(out)
     return doc
 
 
