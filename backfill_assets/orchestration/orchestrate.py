@@ -223,14 +223,18 @@ def stretches(keys: Sequence[str], order: Sequence[str]) -> list[Box]:
     each (a run per tenant keeps its per-tenant queue limit); unregistered keys alone."""
     at = {k: i for i, k in enumerate(order)}
     boxes: list[list[str]] = []
-    last_at = -2
     for key in sorted(dict.fromkeys(keys), key=lambda k: (at.get(k, len(at)), k)):
-        here = at.get(key, -10)
-        if boxes and here == last_at + 1 and tenant_of(boxes[-1][-1]) == tenant_of(key):
+        prev = boxes[-1][-1] if boxes else None
+        here = at.get(key)
+        if (
+            prev is not None
+            and here is not None
+            and at.get(prev) == here - 1
+            and tenant_of(prev) == tenant_of(key)
+        ):
             boxes[-1].append(key)
         else:
             boxes.append([key])
-        last_at = here
     return [Box(tuple(b)) for b in boxes]
 
 
