@@ -96,6 +96,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="with --deadline: print the plan and send nothing",
     )
+    sp.add_argument(
+        "--replan",
+        action="store_true",
+        help="with --deadline: replace an unfinished plan (by default it is resumed, with "
+        "the deadline it was made for)",
+    )
     sp.set_defaults(func=commands.cmd_run)
 
     sp = add("export", "Write accepted labels to files, one per tenant, with a manifest.")

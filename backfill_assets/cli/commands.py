@@ -31,7 +31,7 @@ from backfill_assets.dispatch.partition_run import RunStopped
 from backfill_assets.orchestration.canary import run_sample
 from backfill_assets.orchestration.estimate import estimate_pending
 from backfill_assets.orchestration.orchestrate import (
-    refresh_usage,
+    refresh,
 )
 from backfill_assets.orchestration.partitions import ensure_partitions
 from backfill_assets.orchestration.plan import make_plan, pool_by_region
@@ -39,6 +39,7 @@ from backfill_assets.orchestration.resources import versions_for
 from backfill_assets.orchestration.settings import Settings
 from backfill_assets.orchestration.usage import REPRICE_COLUMNS, USAGE_COLUMNS, reprice, usage_csv
 from backfill_assets.orchestration.wiring import (
+    PLAN_JOB,
     USAGE_JOB,
     build_definitions,
 )
@@ -73,15 +74,45 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     engine = settings.store_engine()
     tenants = store_tenants(engine, args.tenant)
     if args.deadline:
-        code, plan_doc, plan_human = cmd_run_deadline(args, settings, tenants)
+        if args.sample or args.slice or args.force:
+            raise UserError(
+                "--deadline plans every slice of the tenants: not with --sample, --slice or --force"
+            )
+        if not args.dry_run:
+            require_gate(settings)
+        defs, inst = build_definitions(settings), instance(settings)
+        code, plan_doc, plan_human = cmd_run_deadline(
+            args,
+            settings,
+            tenants,
+            lambda chosen, tenants: dagster_run(args, chosen, engine, tenants, restrict=True),
+            # The UI's backfill_plan shows the plan's progress after each step.
+            lambda: refresh(defs, inst, PLAN_JOB),
+        )
         emit(args, plan_doc, *plan_human)
         return code
-    if args.dry_run or args.best_effort:
-        raise UserError("--dry-run and --best-effort go with --deadline (see `dry-run` for costs)")
+    if args.dry_run or args.best_effort or args.replan:
+        raise UserError(
+            "--dry-run, --best-effort and --replan go with --deadline (see `dry-run` for costs)"
+        )
     if args.sample:
         # The canary runs before any evaluation may exist: it is how one learns cheaply.
         return _run_sample(args, settings, engine, tenants)
     require_gate(settings)
+    doc, human = dagster_run(args, settings, engine, tenants, restrict=bool(args.tenant))
+    emit(args, doc, *human)
+    return 0 if doc["ok"] else 1
+
+
+def dagster_run(
+    args: argparse.Namespace,
+    settings: Settings,
+    engine: sa.Engine,
+    tenants: list[str],
+    restrict: bool,
+) -> tuple[dict[str, Any], list[Human]]:
+    """The partitions with work of ``tenants`` (every tenant unless ``restrict``) through
+    Dagster: labels, checks, the gated apply. Interrupted: prints why and re-raises."""
     defs, inst = build_definitions(settings), instance(settings)
     with read_tx(engine) as conn:
         levels = slice_levels(conn, tenants)
@@ -92,7 +123,7 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
         engine,
         inst,
         settings.versions(),
-        tenants if args.tenant else None,
+        tenants if restrict else None,
         [slice_no(s) for s in args.slice] if args.slice else None,
         force=args.force,
         sink_id=None if sink is None else sink.sink_id,
@@ -107,7 +138,7 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     shared = run_plan(settings, defs, inst, plan, regions)
     records, plan = shared.records, shared.plan
     if records and not shared.interrupted:
-        refresh_usage(defs, inst, USAGE_JOB)  # tenant_usage shows this run's spend at once
+        refresh(defs, inst, USAGE_JOB)  # tenant_usage shows this run's spend at once
     doc = run_document(records, plan, shared.processes)
     if shared.interrupted:
         emit(
@@ -131,8 +162,7 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     ]
     if doc["blocked_partitions"]:
         human.append("blocking checks failed; see `backfill-moderation check --tenant T --slice S`")
-    emit(args, doc, *human)
-    return 0 if doc["ok"] else 1
+    return doc, human
 
 
 def _run_sample(

@@ -65,7 +65,7 @@ class Rates:
     ``flex_per_s``: keys per second flex answers when it answers (0: no flex).
     ``flex_unavailable``: share of flex calls refused for capacity (history or prior), 0..1.
     ``batch_completion_s``: how long a submitted batch is assumed to take (history or prior;
-    the pessimistic prior is the whole completion window).
+    the pessimistic prior is the whole completion window; infinite: no batch tier here).
     """
 
     standard_per_s: float
@@ -76,10 +76,15 @@ class Rates:
     def __post_init__(self) -> None:
         for name in ("standard_per_s", "flex_per_s", "batch_completion_s"):
             value = getattr(self, name)
-            if not (math.isfinite(value) and value >= 0):
+            endless = name == "batch_completion_s" and value == math.inf
+            if not ((math.isfinite(value) or endless) and value >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
         if not (0.0 <= self.flex_unavailable <= 1.0):
             raise ValueError(f"flex_unavailable must be within 0..1, got {self.flex_unavailable!r}")
+
+    @property
+    def has_batch(self) -> bool:
+        return math.isfinite(self.batch_completion_s)
 
     @property
     def flex_effective_per_s(self) -> float:
@@ -177,7 +182,9 @@ class DeadlinePlan:
                 "standard_per_s": self.rates.standard_per_s,
                 "flex_per_s": self.rates.flex_per_s,
                 "flex_unavailable": self.rates.flex_unavailable,
-                "batch_completion_s": self.rates.batch_completion_s,
+                "batch_completion_s": (
+                    self.rates.batch_completion_s if self.rates.has_batch else None
+                ),
             },
             "tenants": [
                 {
@@ -280,10 +287,15 @@ def make_plan(
         else:
             feasible = False
             sync_s = total / rates.sync_per_s if rates.sync_per_s else math.inf
+            batch_text = (
+                f"batch is assumed to take {_human(rates.batch_completion_s)}"
+                if rates.has_batch
+                else "there is no batch tier"
+            )
             reasons.append(
                 f"{total} key(s) need {_human(sync_s)} on the synchronous tiers at"
-                f" {rates.sync_per_s:.2f} keys/s and batch is assumed to take"
-                f" {_human(rates.batch_completion_s)}; the deadline is {_human(left_s)} away"
+                f" {rates.sync_per_s:.2f} keys/s and {batch_text};"
+                f" the deadline is {_human(left_s)} away"
             )
     batch = counts[Tier.BATCH]
     hedged_s = batch / rates.sync_per_s if rates.sync_per_s > 0 else math.inf

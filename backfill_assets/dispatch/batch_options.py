@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import httpx
 
 # Fault injection points of BACKFILL_KILL_AT, in the order a chunk passes them.
-KILL_POINTS = ("intent", "upload", "create", "poll", "fetch")
+KILL_POINTS = ("intent", "upload", "create", "poll", "fetch", "cancel")
 # OpenAI's limits per batch input file.
 PROVIDER_MAX_LINES = 50_000
 PROVIDER_MAX_FILE_BYTES = 200 * 1024 * 1024
@@ -45,6 +46,14 @@ class BatchOptions:
     # list (which may lag behind creates) before creating the chunk's batch again.
     create_lookup_seconds: float = 600.0
     kill_at: str = ""
+    # A deadline plan's share of the run (``orchestration/deadline_run.py``); unset, a batch
+    # run takes every pending key and waits for every batch. ``quota``: the most keys per
+    # tenant put into new chunks. ``submit_only``: return once every chunk is at the
+    # provider. ``switch_at``: at this epoch second, cancel what is still open, book what it
+    # returned and leave the rest pending for a synchronous tier.
+    quota: Mapping[str, int] | None = None
+    submit_only: bool = False
+    switch_at: float | None = None
     # The httpx seam: tests pass an ``httpx.MockTransport``; never set from configuration.
     transport: httpx.AsyncBaseTransport | None = field(default=None, repr=False, compare=False)
 

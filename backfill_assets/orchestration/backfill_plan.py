@@ -7,6 +7,7 @@ the daemon after every import (it depends on ``posts``) and on demand.
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 import dagster as dg
@@ -21,6 +22,7 @@ from backfill_assets.orchestration.resources import (
     versions_for,
 )
 from backfill_assets.orchestration.sensors import refresh_condition
+from backfill_assets.store.deadline_plans import StoredPlan, open_plan
 from backfill_assets.store.engine import read_tx
 from backfill_assets.store.reports import tenant_ids
 
@@ -65,10 +67,41 @@ def build_backfill_plan(rubric: Rubric) -> dg.AssetsDefinition:
     return backfill_plan
 
 
+def deadline_table(plan: StoredPlan, rows: list[TenantEstimate], now: dt.datetime) -> str:
+    """An open deadline plan: what it put on each tier, what is left, and the ETA."""
+    doc = plan.plan
+    mine = set(plan.tenants())
+    left = sum(r.keys for r in rows if r.tenant in mine)
+    planned = sum(int(n) for n in doc["keys"].values())
+    rate = float(doc["rates"]["flex_per_s"]) or float(doc["rates"]["standard_per_s"])
+    eta = now + dt.timedelta(seconds=left / rate) if rate > 0 and left else now
+    if left and plan.switch_over is not None and plan.switched_at is None:
+        # Keys on batch are done by the switch-over at the latest, then the rescue's time.
+        eta = max(eta, plan.switch_over.replace(tzinfo=dt.UTC))
+    deadline = plan.deadline.replace(tzinfo=dt.UTC)
+    switch = "none" if plan.switch_over is None else f"{plan.switch_over:%Y-%m-%d %H:%M:%S}Z"
+    steps = ", ".join(
+        f"{name} {when:%H:%M:%S}Z"
+        for name, when in (("submitted", plan.submitted_at), ("switched", plan.switched_at))
+        if when is not None
+    )
+    return "\n".join(
+        [
+            "| plan | deadline | switch-over | batch | flex | standard | left | ETA | steps |",
+            "|---|---|---|---:|---:|---:|---:|---|---|",
+            f"| {plan.plan_id} | {deadline:%Y-%m-%d %H:%M:%S}Z | {switch} "
+            f"| {doc['keys']['batch']} | {doc['keys']['flex']} | {doc['keys']['standard']} "
+            f"| {left} of {planned} | {eta:%Y-%m-%d %H:%M:%S}Z "
+            f"({'on time' if eta <= deadline else 'LATE'}) | {steps or '-'} |",
+        ]
+    )
+
+
 def _plan(store: StoreResource, model: ModelResource, rubric: Rubric) -> dg.MaterializeResult[None]:
     versions = versions_for(model, rubric)
     with read_tx(store.engine()) as conn:
         rows = estimate_pending(conn, tenant_ids(conn), versions, rubric, model.price_table())
+        running = open_plan(conn, versions.code_version)
     metadata: dict[str, Any] = {
         "plan": dg.MetadataValue.md(plan_table(rows)),
         # Typed numbers, so the UI can plot them across materialisations.
@@ -86,4 +119,9 @@ def _plan(store: StoreResource, model: ModelResource, rubric: Rubric) -> dg.Mate
         "code_version": dg.MetadataValue.text(versions.code_version),
         "policy": dg.MetadataValue.text(rubric.policy.identity),
     }
+    if running is not None:
+        # `run --deadline` refreshes this asset after each of its steps.
+        metadata["deadline_plan"] = dg.MetadataValue.md(
+            deadline_table(running, rows, dt.datetime.now(dt.UTC))
+        )
     return dg.MaterializeResult(metadata=metadata)

@@ -4,6 +4,7 @@ run gets, and how fast this store's batches have completed (``core/deadline.py``
 from __future__ import annotations
 
 import datetime as dt
+import math
 import statistics
 from collections.abc import Sequence
 
@@ -15,12 +16,15 @@ from backfill_assets.orchestration.estimate import TenantEstimate, estimate_pend
 from backfill_assets.orchestration.resources import versions_for
 from backfill_assets.orchestration.settings import Settings
 from backfill_assets.store.budget import budget_status
+from backfill_assets.store.deadline_plans import flex_history
 from backfill_assets.store.engine import read_tx
 from backfill_assets.store.limiter_members import live_members
 from backfill_assets.store.submissions import batch_durations
 
 # Batches of this store's history needed before it replaces the prior.
 MIN_BATCH_HISTORY = 3
+# Flex requests of this store's history needed before their refused share replaces the prior.
+MIN_FLEX_HISTORY = 100
 # Members heartbeat every second or so; one silent for this long has left the limit.
 _MEMBER_TTL_S = 5.0
 
@@ -35,6 +39,30 @@ def batch_completion_s(durations: Sequence[float], prior_s: float) -> float:
     if len(durations) < MIN_BATCH_HISTORY:
         return prior_s
     return statistics.quantiles(durations, n=10, method="inclusive")[-1]
+
+
+def flex_unavailable(calls: int, refused: int, prior: float) -> float:
+    """The share of flex requests a plan assumes refused for capacity: this store's history
+    under earlier plans once it holds enough requests, else the configured prior."""
+    if calls < MIN_FLEX_HISTORY:
+        return prior
+    return min(1.0, refused / calls)
+
+
+def plan_rates(
+    settings: Settings, sync_per_s: float, durations: Sequence[float], flex_seen: tuple[int, int]
+) -> Rates:
+    """The tiers' rates for a plan. Flex and standard share the provider's limit, so with flex
+    in use (``BACKFILL_SERVICE_TIER=flex``) flex gets the whole synchronous rate and standard
+    the share flex refuses: a synchronous key goes to flex unless flex turns it away."""
+    has_batch = settings.model_backend == "openai"
+    completion = (
+        batch_completion_s(durations, settings.batch_prior_seconds) if has_batch else math.inf
+    )
+    if settings.service_tier != "flex" or settings.model_backend != "openai":
+        return Rates(sync_per_s, 0.0, 0.0, completion)
+    refused = flex_unavailable(*flex_seen, settings.flex_unavailable_prior)
+    return Rates(sync_per_s * refused, sync_per_s, refused, completion)
 
 
 def sync_keys_per_s(settings: Settings, tokens_per_key: float, members: int) -> float:
@@ -92,16 +120,13 @@ def plan_deadline(
     with read_tx(engine) as conn:
         estimates = estimate_pending(conn, tenants, versions, settings.rubric(), settings.prices())
         durations = batch_durations(conn, versions.model)
+        flex_seen = flex_history(conn, versions.model)
         left = {e.tenant: _tokens_left(conn, e.tenant, cap or None) for e in estimates}
     keys = sum(e.keys for e in estimates)
     tokens_per_key = sum(e.estimated_tokens for e in estimates) / keys if keys else 0.0
-    rates = Rates(
-        standard_per_s=sync_keys_per_s(
-            settings, tokens_per_key, live_members(engine, _MEMBER_TTL_S)
-        ),
-        flex_per_s=0.0,  # no flex tier to send to yet
-        flex_unavailable=0.0,
-        batch_completion_s=batch_completion_s(durations, settings.batch_prior_seconds),
+    members = live_members(engine, _MEMBER_TTL_S)
+    rates = plan_rates(
+        settings, sync_keys_per_s(settings, tokens_per_key, members), durations, flex_seen
     )
     work = [_work(e, left[e.tenant]) for e in estimates if e.keys]
     return make_plan(work, rates, now, deadline, margin)

@@ -87,8 +87,8 @@ def record_import(instance: dg.DagsterInstance, source: str, summary: ImportSumm
     instance.report_runless_asset_event(dg.AssetMaterialization(asset_key=POSTS, metadata=metadata))
 
 
-def refresh_usage(defs: dg.Definitions, instance: dg.DagsterInstance, job_name: str) -> bool:
-    """Materialise tenant_usage in-process after label runs; True if it succeeded."""
+def refresh(defs: dg.Definitions, instance: dg.DagsterInstance, job_name: str) -> bool:
+    """Run a reporting job (tenant_usage, backfill_plan) in-process; True if it succeeded."""
     result = defs.resolve_job_def(job_name).execute_in_process(
         instance=instance,
         run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}},

@@ -171,6 +171,11 @@ class Settings(BaseSettings):
     # What a deadline plan assumes a batch takes before this store has a history: the whole
     # 24 h completion window, the pessimistic reading of the provider's promise.
     batch_prior_seconds: float = _var("BACKFILL_BATCH_PRIOR_SECONDS", default=86_400.0, gt=0.0)
+    # What a deadline plan assumes of flex before this store has a history: the share of flex
+    # requests refused for capacity.
+    flex_unavailable_prior: float = _var(
+        "BACKFILL_FLEX_UNAVAILABLE_PRIOR", default=0.25, ge=0.0, le=1.0
+    )
     batch_create_lookup_seconds: float = _var(
         "BACKFILL_BATCH_CREATE_LOOKUP_SECONDS", default=600.0, ge=0.0
     )
@@ -182,7 +187,7 @@ class Settings(BaseSettings):
         "BACKFILL_EXECUTOR", default="in_process"
     )
     # Crash drills only: never resource config (see faults.py).
-    kill_at: Literal["", "intent", "upload", "create", "poll", "fetch"] = _var(
+    kill_at: Literal["", "intent", "upload", "create", "poll", "fetch", "cancel"] = _var(
         "BACKFILL_KILL_AT", default=""
     )
     kill_after_usage: int = _var("BACKFILL_KILL_AFTER_USAGE", default=0, ge=0)

@@ -20,6 +20,7 @@ from backfill_assets.orchestration.usage import tenant_usage
 BACKFILL_JOB = "moderation_backfill"
 APPLY_JOB = "apply_labels"
 USAGE_JOB = "refresh_usage"
+PLAN_JOB = "refresh_backfill_plan"
 
 
 def build_definitions(settings: Settings | Mapping[str, str]) -> dg.Definitions:
@@ -58,10 +59,16 @@ def build_definitions(settings: Settings | Mapping[str, str]) -> dg.Definitions:
         selection=dg.AssetSelection.assets(tenant_usage),
         description="Refresh tenant_usage from the ledger (run by `backfill-moderation run`).",
     )
+    plan_job = dg.define_asset_job(
+        PLAN_JOB,
+        selection=dg.AssetSelection.assets(backfill_plan),
+        description="Refresh backfill_plan (run by `backfill-moderation run --deadline` as it "
+        "goes, so the UI shows the deadline plan's progress).",
+    )
     return dg.Definitions(
         assets=[posts, labels, applied, tenant_usage, backfill_plan, evaluation],
         asset_checks=[checks],
-        jobs=[backfill_job, apply_job, usage_job, import_job],
+        jobs=[backfill_job, apply_job, usage_job, plan_job, import_job],
         schedules=[incremental],
         sensors=[tenant_partitions_sensor, reporting_automation],
         # Sealed: no resource takes run config, so a launch cannot redirect the model, the

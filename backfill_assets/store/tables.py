@@ -312,3 +312,21 @@ partition_marks = sa.Table(
     sa.Column("code_version", sa.Text, nullable=False),
     sa.Column("marked_at", sa.DateTime, nullable=False),
 )
+
+# sql/018: a deadline plan being carried out, with its deadline and switch-over.
+deadline_plans = sa.Table(
+    "deadline_plans",
+    metadata,
+    sa.Column("plan_id", sa.Text, primary_key=True),
+    sa.Column("code_version", sa.Text, nullable=False),
+    sa.Column("model", sa.Text, nullable=False),
+    sa.Column("created_at", sa.DateTime, nullable=False),
+    sa.Column("deadline", sa.DateTime, nullable=False),
+    sa.Column("switch_over", sa.DateTime),
+    sa.Column("plan_json", sa.Text, nullable=False),
+    sa.Column("submitted_at", sa.DateTime),
+    sa.Column("switched_at", sa.DateTime),
+    sa.Column("finished_at", sa.DateTime),
+    sa.Column("flex_calls", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("flex_refused", sa.BigInteger, nullable=False, server_default="0"),
+)

@@ -150,7 +150,8 @@ def test_bad_deadlines_and_flags_exit_2_naming_them(
     assert code == 2 and "is not after now" in capsys.readouterr().err
     code = main(["run", "--dry-run"])
     assert code == 2 and "go with --deadline" in capsys.readouterr().err
-    # Executing a plan is not built: refused rather than run some other way.
-    code = main(["run", "--deadline", "3d"])
-    assert code == 2 and "not built yet" in capsys.readouterr().err
+    code = main(["run", "--replan"])
+    assert code == 2 and "go with --deadline" in capsys.readouterr().err
+    code = main(["run", "--deadline", "3d", "--slice", "s00"])
+    assert code == 2 and "not with --sample, --slice or --force" in capsys.readouterr().err
     assert cli.sim.meter.snapshot().requests_total == 0

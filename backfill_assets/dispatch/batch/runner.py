@@ -52,15 +52,26 @@ class BatchRunner:
         self.counted: set[str] = set()
         self.gate = TokenGate(self.opts.poll_seconds, self.opts.max_poll_seconds)
         self.pacer = PollPacer(self.opts.max_poll_seconds)
+        # A deadline plan's keys per tenant still to put into chunks (None: every key).
+        self.quota = None if self.opts.quota is None else dict(self.opts.quota)
+        # Past the switch-over: nothing new is chunked and open batches are cancelled.
+        self.switched = False
+        self.cancel_sent: set[str] = set()
 
     async def run(self) -> None:
-        """Until every chunk of the run's partitions has ended."""
+        """Until every chunk of the run's partitions has ended (with ``submit_only``: until
+        every chunk is at the provider)."""
         await self._resume_open()
         while True:
             self._check_fatal()
+            await self._switch_over()
             await self._plan()
             await self._push()
             if not self.jobs:
+                return
+            if self.opts.submit_only and not any(
+                j.state in (ChunkState.INTENT, ChunkState.UPLOADED) for j in self.jobs.values()
+            ):
                 return
             await self._poll()
             self._check_fatal()
@@ -82,6 +93,7 @@ class BatchRunner:
                 # Its reservation is its row (reserved_tokens), held since its intent.
                 job = ChunkJob(sub, lines, ref.key, interval=self.opts.poll_seconds)
                 self.jobs[sub.chunk_id] = job
+                self._take(ref.tenant_id, sub.lines)
                 ctx.log(
                     f"chunk {sub.chunk_id} ({ref.key}, {sub.lines} lines): resuming at "
                     f"'{sub.state}'" + (f", batch {sub.batch_id}" if sub.batch_id else "")
@@ -116,6 +128,11 @@ class BatchRunner:
                 for p in pending
                 if work_key(ctx.versions, ref.tenant_id, p.post_id, p.content_hash) not in skip
             ]
+            if self.switched:
+                continue  # returned keys are left to the synchronous tiers
+            if self.quota is not None:
+                todo = todo[: max(0, self.quota.get(ref.tenant_id, 0))]
+                self._take(ref.tenant_id, len(todo))
             if not todo:
                 continue
             if ref.tenant_id in ctx.stopped_tenants:
@@ -131,6 +148,53 @@ class BatchRunner:
                 group = [p for p in todo if p.slice == slice_no]
                 await self._chunk(key, ref, slice_no, group)
         self.dirty.clear()
+
+    def _take(self, tenant: str, keys: int) -> None:
+        if self.quota is not None:
+            self.quota[tenant] = self.quota.get(tenant, 0) - keys
+
+    async def _switch_over(self) -> None:
+        """At the deadline plan's switch-over: chunks not sent yet are closed unrun, and the
+        provider is asked to cancel every open batch. A cancelled batch returns (and bills)
+        the lines it completed; they are booked as usual and the rest come back pending."""
+        at = self.opts.switch_at
+        if at is None or time.time() < at:
+            return
+        ctx = self.ctx
+        if not self.switched:
+            self.switched = True
+            ctx.log(f"switch-over: cancelling {len(self.jobs)} open chunk(s)")
+        sent = False
+        for job in list(self.jobs.values()):
+            sub = job.sub
+            if sub.chunk_id in self.cancel_sent:
+                continue
+            if job.state == ChunkState.INTENT or (
+                job.state == ChunkState.UPLOADED and sub.create_sent_at is None
+            ):
+                await close_unrun(
+                    ctx, job, "not sent: the deadline plan's switch-over", ChunkState.REQUEUED
+                )
+                self.jobs.pop(sub.chunk_id, None)
+                continue
+            if job.state != ChunkState.SUBMITTED or sub.batch_id is None:
+                continue  # a create that may have happened: found (then cancelled) or not
+            try:
+                batch = await ctx.client.cancel(sub.batch_id)
+            except (RateLimited, Unsure) as exc:
+                ctx.log(f"batch {sub.batch_id}: cancel not confirmed ({exc}); asking again")
+                continue
+            except Refused as exc:
+                # Typically a batch that ended meanwhile: its next poll says so.
+                ctx.log(f"batch {sub.batch_id}: cancel refused ({exc})")
+            else:
+                ctx.log(f"batch {sub.batch_id} ({job.partition}): cancel asked, {batch.status}")
+            self.cancel_sent.add(sub.chunk_id)
+            job.interval = self.opts.poll_seconds
+            job.next_poll = time.monotonic()
+            sent = True
+        if sent:
+            ctx.kill("cancel")
 
     async def _chunk(
         self, key: str, ref: PartitionRef, slice_no: int, todo: list[PendingPost]
@@ -160,6 +224,7 @@ class BatchRunner:
                 now = time.monotonic()
                 if (
                     job.state != ChunkState.UPLOADED
+                    or (self.switched and job.sub.create_sent_at is None)
                     or not self.gate.is_open(now)
                     or now < job.retry_at
                 ):
@@ -323,4 +388,7 @@ class BatchRunner:
                 wake.append(max(self.gate.until, job.retry_at))
             else:
                 wake.append(now)
+        at = self.opts.switch_at
+        if at is not None and not self.switched and wake:
+            wake.append(now + max(0.0, at - time.time()))
         await asyncio.sleep(max(0.0, min(wake, default=now) - now))
