@@ -80,14 +80,20 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
             )
         if not args.dry_run:
             require_gate(settings)
-        defs, inst = build_definitions(settings), instance(settings)
+        built: list[tuple[Any, Any]] = []
+
+        def show_progress() -> bool:
+            # The UI's backfill_plan shows the plan's progress after each step.
+            if not built:
+                built.append((build_definitions(settings), instance(settings)))
+            return refresh(*built[0], PLAN_JOB)
+
         code, plan_doc, plan_human = cmd_run_deadline(
             args,
             settings,
             tenants,
             lambda chosen, tenants: dagster_run(args, chosen, engine, tenants, restrict=True),
-            # The UI's backfill_plan shows the plan's progress after each step.
-            lambda: refresh(defs, inst, PLAN_JOB),
+            show_progress,
         )
         emit(args, plan_doc, *plan_human)
         return code

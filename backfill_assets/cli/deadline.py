@@ -62,7 +62,7 @@ def cmd_run_deadline(
     with read_tx(engine) as conn:
         stored = deadline_plans.open_plan(conn, versions.code_version)
     if stored is not None and not args.dry_run and not args.replan:
-        return _carry(args, settings, stored, True, [], record, progress)
+        return _carry(args, settings, stored, True, [], record, progress, tenants)
     try:
         deadline = parse_deadline(args.deadline, now)
         plan = plan_deadline(settings, tenants, deadline, args.margin, now)
@@ -86,7 +86,7 @@ def cmd_run_deadline(
         )
         created = deadline_plans.open_plan(conn, versions.code_version)
     assert created is not None
-    return _carry(args, settings, created, False, human, record, progress)
+    return _carry(args, settings, created, False, human, record, progress, tenants)
 
 
 def _carry(
@@ -97,6 +97,7 @@ def _carry(
     human: list[Human],
     record: Record,
     progress: Callable[[], object],
+    tenants: list[str],
 ) -> tuple[int, dict[str, object], list[Human]]:
     """Carry ``plan`` out, then record it with a Dagster run at the standard tier."""
     if resumed:
@@ -129,7 +130,7 @@ def _carry(
     assert carried.done_at is not None
     # Anything still pending (a key that came back after the rescue) goes at standard.
     chosen = settings.model_copy(update={"dispatch": "sync", "service_tier": "standard"})
-    doc, run_human = record(chosen, plan.tenants() or list(args.tenant))
+    doc, run_human = record(chosen, plan.tenants() or tenants)
     recorded = dt.datetime.now(dt.UTC)
     with write_tx(settings.store_engine()) as conn:
         deadline_plans.mark(conn, plan.plan_id, "finished")

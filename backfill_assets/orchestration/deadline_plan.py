@@ -7,10 +7,12 @@ import datetime as dt
 import math
 import statistics
 from collections.abc import Sequence
+from decimal import Decimal
 
 from sqlalchemy.engine import Connection
 
 from backfill_assets.core.deadline import DeadlinePlan, Rates, Work, make_plan
+from backfill_assets.core.money import usd
 from backfill_assets.core.prices import Tier
 from backfill_assets.orchestration.estimate import TenantEstimate, estimate_pending
 from backfill_assets.orchestration.resources import versions_for
@@ -86,23 +88,32 @@ def sync_keys_per_s(settings: Settings, tokens_per_key: float, members: int) -> 
     return min(limits) * share
 
 
-def _work(est: TenantEstimate, tokens_left: int | None) -> Work:
+def _work(est: TenantEstimate, left: tuple[int | None, Decimal | None]) -> Work:
     n = max(est.keys, 1)
     standard = est.estimated_cost_usd / n
     batch = est.estimated_cost_usd_batch / n
     flex = est.estimated_cost_usd_flex / n
+    tokens_left, dollars_left = left
     return Work(
         tenant=est.tenant,
         keys=est.keys,
         cost_per_key={Tier.STANDARD: standard, Tier.FLEX: flex, Tier.BATCH: batch},
+        budget_left=dollars_left,
         bound_tokens=est.bound_tokens,
         tokens_left=tokens_left,
     )
 
 
-def _tokens_left(conn: Connection, tenant: str, default_tokens: int | None) -> int | None:
+def _left(
+    conn: Connection, tenant: str, default_tokens: int | None
+) -> tuple[int | None, Decimal | None]:
+    """What the tenant's token and dollar budgets have left (None: no cap in that unit)."""
     status = budget_status(conn, tenant, default_tokens)
-    return None if status.caps.tokens is None else status.free.tokens
+    free = status.free
+    return (
+        None if status.caps.tokens is None else free.tokens,
+        None if status.caps.nanos is None else usd(free.nanos),
+    )
 
 
 def plan_deadline(
@@ -121,7 +132,7 @@ def plan_deadline(
         estimates = estimate_pending(conn, tenants, versions, settings.rubric(), settings.prices())
         durations = batch_durations(conn, versions.model)
         flex_seen = flex_history(conn, versions.model)
-        left = {e.tenant: _tokens_left(conn, e.tenant, cap or None) for e in estimates}
+        left = {e.tenant: _left(conn, e.tenant, cap or None) for e in estimates}
     keys = sum(e.keys for e in estimates)
     tokens_per_key = sum(e.estimated_tokens for e in estimates) / keys if keys else 0.0
     members = live_members(engine, _MEMBER_TTL_S)

@@ -12,6 +12,7 @@ import sqlalchemy as sa
 
 from backfill_assets.cli import main
 from backfill_assets.orchestration.resources import engine_for
+from backfill_assets.store import deadline_plans, tables
 from backfill_assets.store.tables import batch_submissions
 from backfill_tests.cli_runs import last_json
 from backfill_tests.conftest import StartSim, import_records
@@ -155,3 +156,44 @@ def test_bad_deadlines_and_flags_exit_2_naming_them(
     code = main(["run", "--deadline", "3d", "--slice", "s00"])
     assert code == 2 and "not with --sample, --slice or --force" in capsys.readouterr().err
     assert cli.sim.meter.snapshot().requests_total == 0
+
+
+def test_flex_plans_take_the_refused_share_from_this_stores_history(
+    cli: Any, store_url: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("BACKFILL_SERVICE_TIER", "flex")
+    code, doc, _ = cli(["--deadline", "2h", "--dry-run"], capsys)
+    assert code == 0
+    rates = doc["plan"]["rates"]
+    # The prior: flex takes the whole limit, standard the 25% flex refuses.
+    assert rates["flex_unavailable"] == 0.25
+    assert rates["flex_per_s"] == 1.0 and rates["standard_per_s"] == 0.25
+    assert doc["plan"]["keys"] == {"batch": 0, "flex": 300, "standard": 0}
+    # 200 flex requests under an earlier plan, 120 refused: the history replaces the prior.
+    with engine_for(store_url).begin() as conn:
+        deadline_plans.create_plan(
+            conn, "other-version", "gpt-4o-mini", dt.datetime(2026, 12, 1), None, {"tenants": []}
+        )
+        plan_id = conn.execute(sa.select(tables.deadline_plans.c.plan_id)).scalar_one()
+        deadline_plans.add_flex_calls(conn, plan_id, 200, 120)
+    code, doc, _ = cli(["--deadline", "2h", "--dry-run"], capsys)
+    assert code == 0 and doc["plan"]["rates"]["flex_unavailable"] == 0.6
+    # A short deadline: flex can finish only part in time, the rest goes to standard.
+    code, doc, _ = cli(["--deadline", "6m", "--dry-run"], capsys)
+    assert code == 0
+    keys = doc["plan"]["keys"]
+    assert keys["batch"] == 0 and 0 < keys["flex"] < 300 and keys["flex"] + keys["standard"] == 300
+
+
+def test_a_tenant_whose_dollar_budget_cannot_cover_its_keys_is_named_in_the_plan(
+    cli: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["tenant", "set-budget", "acme", "--usd", "0.000001"]) == 0
+    capsys.readouterr()
+    code, doc, _ = cli(["--deadline", "3d", "--dry-run"], capsys)
+    assert code == 0
+    tenants = {t["tenant"]: t for t in doc["plan"]["tenants"]}
+    assert tenants["acme"]["over_budget"] and tenants["acme"]["budget_left_usd"] == "0.000001000"
+    assert not tenants["globex"]["over_budget"]
+    assert any(r.startswith("tenant acme: planned $") for r in doc["plan"]["reasons"])
+    assert _billed(cli) == 0
