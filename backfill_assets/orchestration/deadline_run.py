@@ -35,6 +35,7 @@ from backfill_assets.orchestration.estimate import estimate_pending
 from backfill_assets.orchestration.partitions import partition_ref, tenant_partition_keys
 from backfill_assets.orchestration.settings import Settings
 from backfill_assets.providers.models.base import ModelAdapter
+from backfill_assets.providers.models.openai_http import OpenAIHttpModel
 from backfill_assets.store import deadline_plans
 from backfill_assets.store.deadline_plans import StoredPlan
 from backfill_assets.store.engine import read_tx, write_tx
@@ -89,17 +90,30 @@ def plan_refs(engine: Engine, tenants: Sequence[str]) -> list[PartitionRef]:
     ]
 
 
-def flex_patience_s(plan: StoredPlan, sync_keys: int, now: dt.datetime) -> float:
-    """How long flex may stay refused before the rest goes to standard: half of what the
-    plan's window leaves beyond the time standard needs for ``sync_keys``."""
+def _flex_window(plan: StoredPlan, sync_keys: int, now: dt.datetime) -> tuple[float, float]:
+    """(seconds the window leaves beyond what standard needs for ``sync_keys``, that need)."""
     doc = plan.plan
     window_end = utc(plan.deadline) - (utc(plan.deadline) - utc(plan.created_at)) * float(
         doc["margin"]
     )
     sync_rate = float(doc["rates"]["flex_per_s"]) or float(doc["rates"]["standard_per_s"])
     need_s = sync_keys / sync_rate if sync_rate > 0 else math.inf
-    spare_s = (window_end - now).total_seconds() - need_s
+    return (window_end - now).total_seconds() - need_s, need_s
+
+
+def flex_patience_s(plan: StoredPlan, sync_keys: int, now: dt.datetime) -> float:
+    """How long flex may stay refused before the rest goes to standard: half of what the
+    plan's window leaves beyond the time standard needs for ``sync_keys``."""
+    spare_s, _ = _flex_window(plan, sync_keys, now)
     return max(_MIN_FLEX_PATIENCE_S, spare_s / 2.0)
+
+
+def standard_from(plan: StoredPlan, sync_keys: int, now: dt.datetime) -> float:
+    """The epoch second from which every synchronous key goes at standard, whatever flex
+    does: the window's end less twice what standard needs for ``sync_keys`` (a flex that
+    answers, but slowly, must not eat that time either)."""
+    spare_s, need_s = _flex_window(plan, sync_keys, now)
+    return (now + dt.timedelta(seconds=max(0.0, spare_s - need_s))).timestamp()
 
 
 def carry_out(
@@ -180,7 +194,8 @@ class _Steps:
                 "retry_max_seconds": pause,
                 "retry_base_seconds": min(settings.retry_base_seconds, pause),
             }
-        made = _run(settings.model_copy(update=update), self.refs, step, self.log)
+        until = standard_from(self.plan, pending, self.now()) if flex else None
+        made = _run(settings.model_copy(update=update), self.refs, step, self.log, until)
         if flex:
             calls = sum(a.stats.calls for a in made)
             refused = sum(a.stats.capacity_unavailable for a in made)
@@ -223,9 +238,11 @@ def _run(
     refs: Sequence[PartitionRef],
     step: StepReport,
     log: Callable[[str], None],
+    flex_until: float | None = None,
     **batch: Any,
 ) -> list[ModelAdapter]:
-    """One step over ``refs``: batch mode with ``batch`` options, else sync mode."""
+    """One step over ``refs``: batch mode with ``batch`` options, else sync mode (flex up to
+    ``flex_until``, an epoch second, when the tier is flex)."""
     if batch:
         settings = settings.model_copy(update={"dispatch": "batch"})
     model = settings.model_resource()
@@ -237,6 +254,8 @@ def _run(
 
     def make_adapter() -> ModelAdapter:
         adapter = model.build_adapter()
+        if isinstance(adapter, OpenAIHttpModel):
+            adapter.standard_from = flex_until
         made.append(adapter)
         return adapter
 

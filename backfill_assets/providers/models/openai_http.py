@@ -124,6 +124,10 @@ class OpenAIHttpModel(ModelAdapter):
         self._fallback_after_s = fallback_after_s
         # Start of the current stretch of "no capacity" answers (None: the last call answered).
         self._unavailable_since: float | None = None
+        # A deadline plan's last moment for flex (epoch seconds): from then on every request
+        # goes at standard, refused or not, so a flex that answers slowly cannot eat the time
+        # the rest needs at standard (orchestration/deadline_run.py). None: no such moment.
+        self.standard_from: float | None = None
         self._api_key = api_key
         self._prices = prices or PriceTable.from_json("")
         timeouts = timeouts or HttpTimeouts()
@@ -174,6 +178,13 @@ class OpenAIHttpModel(ModelAdapter):
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
         """Send one request once the limiter admits it; classify what comes back."""
+        if (
+            self.tier is Tier.FLEX
+            and self.standard_from is not None
+            and time.time() >= self.standard_from
+        ):
+            self.tier = Tier.STANDARD
+            _log.warning("the deadline plan's time for flex is over: the rest goes at standard")
         body = request_body(request, self._max_tokens_param, self.tier)
         self.check_not_halted()
         permit = await self.limiter.acquire(request.estimated_tokens, request.tenant_id)
