@@ -18,7 +18,8 @@ from sqlalchemy.engine import Engine
 from backfill_assets.core.money import usd_text, whole_nanos
 from backfill_assets.definitions import build_definitions
 from backfill_assets.ingest.gold import read_gold
-from backfill_assets.orchestration.evaluation import GATE_CHECK, POLICY_EVALUATION
+from backfill_assets.orchestration.asset_keys import POLICY_EVALUATION
+from backfill_assets.orchestration.evaluation import GATE_CHECK
 from backfill_tests.cli_runs import cli_main
 from backfill_tests.conftest import import_records
 from backfill_tests.moderation_helpers import load

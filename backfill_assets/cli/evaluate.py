@@ -18,9 +18,9 @@ from backfill_assets.core.keys import InvalidTenantId, validate_tenant_id
 from backfill_assets.core.rubric import Rubric
 from backfill_assets.dispatch.partition_run import RunStopped
 from backfill_assets.ingest.gold import GoldError, read_gold
+from backfill_assets.orchestration.asset_keys import POLICY_EVALUATION
 from backfill_assets.orchestration.evaluation import (
     DEFAULT_TENANT,
-    POLICY_EVALUATION,
     comparison,
     evaluate_policies,
     evaluation_metadata,

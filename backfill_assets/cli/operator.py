@@ -16,8 +16,8 @@ from backfill_assets.cli.tables import Human, table
 from backfill_assets.core.keys import SLICE_KEYS
 from backfill_assets.core.regions import run_tags
 from backfill_assets.dispatch.pipeline import with_levels
+from backfill_assets.orchestration.asset_keys import BLOCKING_GROUPS
 from backfill_assets.orchestration.checks import (
-    BLOCKING_GROUPS,
     CHECK_STATES,
     check_status,
     verdicts_for,

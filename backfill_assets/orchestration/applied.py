@@ -8,12 +8,13 @@ import dagster as dg
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from backfill_assets.audit.check_rules import BLOCKING_CHECKS, CHECK_GROUPS, blocking_failures
+from backfill_assets.audit.check_rules import BLOCKING_CHECKS, blocking_failures
 from backfill_assets.core.policy import Policy
 from backfill_assets.core.rubric import Rubric
 from backfill_assets.dispatch.partition_run import PartitionRef
 from backfill_assets.dispatch.pipeline import with_levels
-from backfill_assets.orchestration.checks import LABELS_KEY, loaded_code_version, verdicts_for
+from backfill_assets.orchestration.asset_keys import APPLIED, BLOCKING_GROUPS, LABELS
+from backfill_assets.orchestration.checks import loaded_code_version, verdicts_for
 from backfill_assets.orchestration.checks_config import ChecksResource
 from backfill_assets.orchestration.metadata import add_partition_metadata
 from backfill_assets.orchestration.partitions import moderation_partitions, run_refs
@@ -52,8 +53,7 @@ def passed_in_run(context: dg.AssetExecutionContext) -> set[str]:
         ev = event.event_specific_data if event is not None else None
         if isinstance(ev, dg.AssetCheckEvaluation) and ev.partition is not None:
             seen.setdefault(ev.partition, {})[ev.check_name] = ev.passed
-    blocking = [g.name for g in CHECK_GROUPS if g.blocking]
-    return {pk for pk, c in seen.items() if all(c.get(n, False) for n in blocking)}
+    return {pk for pk, c in seen.items() if all(c.get(n, False) for n in BLOCKING_GROUPS)}
 
 
 def write_back(
@@ -111,12 +111,12 @@ def _applied_asset(
     rubric: Rubric, partitions_per_run: int, sink: Sink | None
 ) -> dg.AssetsDefinition:
     @dg.asset(
-        name="applied_labels",
+        key=APPLIED,
         partitions_def=moderation_partitions,
         # Same policy as moderation_labels, so a backfill puts both in the same runs and the
         # blocking checks gate the apply inside each run.
         backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=partitions_per_run),
-        deps=[LABELS_KEY],
+        deps=[LABELS],
         group_name="moderation",
         kinds={"sql"},
         code_version="apply-1",

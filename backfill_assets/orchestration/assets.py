@@ -8,10 +8,10 @@ from backfill_assets.core.faults import NO_FAULTS, FaultHooks
 from backfill_assets.core.rubric import Rubric
 from backfill_assets.dispatch.partition_run import RunStopped
 from backfill_assets.dispatch.pipeline import run_partitions, with_levels
+from backfill_assets.orchestration.asset_keys import LABELS, POSTS
 from backfill_assets.orchestration.evaluation import gate_verdict
 from backfill_assets.orchestration.metadata import add_partition_metadata, partition_metadata
 from backfill_assets.orchestration.partitions import moderation_partitions, run_refs
-from backfill_assets.orchestration.posts_asset import POSTS_KEY
 from backfill_assets.orchestration.resources import (
     ModelResource,
     RunSettings,
@@ -52,11 +52,11 @@ def _labels_asset(
     min_macro_f1: float | None,
 ) -> dg.AssetsDefinition:
     @dg.asset(
-        name="moderation_labels",
+        key=LABELS,
         partitions_def=moderation_partitions,
         code_version=code_version,
         backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=partitions_per_run),
-        deps=[POSTS_KEY],
+        deps=[POSTS],
         group_name="moderation",
         kinds={"python", "sql"},
         tags={"llm": "moderation"},

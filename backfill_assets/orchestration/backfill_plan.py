@@ -14,8 +14,8 @@ import dagster as dg
 
 from backfill_assets.core.money import usd_text
 from backfill_assets.core.rubric import Rubric
+from backfill_assets.orchestration.asset_keys import POSTS
 from backfill_assets.orchestration.estimate import TenantEstimate, estimate_pending
-from backfill_assets.orchestration.posts_asset import POSTS_KEY
 from backfill_assets.orchestration.resources import (
     ModelResource,
     StoreResource,
@@ -56,7 +56,7 @@ def build_backfill_plan(rubric: Rubric) -> dg.AssetsDefinition:
     @dg.asset(
         name="backfill_plan",
         group_name="reporting",
-        deps=[POSTS_KEY],
+        deps=[POSTS],
         kinds={"sql"},
         automation_condition=refresh_condition(),
     )

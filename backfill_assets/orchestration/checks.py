@@ -29,6 +29,7 @@ from backfill_assets.core.keys import Versions
 from backfill_assets.core.rubric import Rubric
 from backfill_assets.dispatch.partition_run import PartitionRef
 from backfill_assets.dispatch.pipeline import with_levels
+from backfill_assets.orchestration.asset_keys import CHECK_KEYS, LABELS
 from backfill_assets.orchestration.checks_config import ChecksResource
 from backfill_assets.orchestration.dagster_private import TargetMaterialization
 from backfill_assets.orchestration.partitions import moderation_partitions, run_refs
@@ -43,14 +44,13 @@ from backfill_assets.store.audit import Baseline, Judging, Scope, judge_partitio
 from backfill_assets.store.engine import read_tx
 from backfill_assets.store.reports import live_label_counts
 
-LABELS_KEY = dg.AssetKey("moderation_labels")
 CHECKS_NAME = "moderation_label_checks"
 
 
 def loaded_code_version(job: dg.JobDefinition) -> str | None:
     """moderation_labels' code version as the definitions loaded it (None outside a job)."""
     layer = job.asset_layer
-    return layer.get(LABELS_KEY).code_version if layer.has(LABELS_KEY) else None
+    return layer.get(LABELS).code_version if layer.has(LABELS) else None
 
 
 def verdicts_for(
@@ -162,13 +162,13 @@ def _latest_materializations(
     in two queries for the whole run."""
     storage = instance.event_log_storage
     latest = storage.get_latest_storage_id_by_partition(
-        LABELS_KEY, dg.DagsterEventType.ASSET_MATERIALIZATION, set(partition_keys)
+        LABELS, dg.DagsterEventType.ASSET_MATERIALIZATION, set(partition_keys)
     )
     records = (
         storage.get_event_records(
             dg.EventRecordsFilter(
                 dg.DagsterEventType.ASSET_MATERIALIZATION,
-                asset_key=LABELS_KEY,
+                asset_key=LABELS,
                 storage_ids=list(latest.values()),
             ),
             limit=len(latest),
@@ -201,7 +201,7 @@ def _evaluation(
     # failed members are all warnings (drift) is reported as WARN.
     severity = dg.AssetCheckSeverity.WARN if gv.warn_only else dg.AssetCheckSeverity.ERROR
     return dg.AssetCheckEvaluation(
-        asset_key=LABELS_KEY,
+        asset_key=LABELS,
         check_name=gv.group.name,
         passed=gv.passed,
         metadata=group_metadata(gv),
@@ -223,7 +223,7 @@ def build_partition_checks(rubric: Rubric) -> dg.AssetChecksDefinition:
         specs = [
             dg.AssetCheckSpec(
                 g.name,
-                asset=LABELS_KEY,
+                asset=LABELS,
                 blocking=g.blocking,
                 description=g.description,
                 partitions_def=moderation_partitions,
@@ -281,7 +281,6 @@ def _checks(specs: list[dg.AssetCheckSpec], rubric: Rubric) -> dg.AssetChecksDef
     return moderation_label_checks
 
 
-BLOCKING_GROUPS = tuple(g.name for g in CHECK_GROUPS if g.blocking)
 # What ``check --summary`` says of a check group on a partition.
 CHECK_STATES = ("passed", "failed", "older", "never ran")
 
@@ -292,7 +291,7 @@ def check_status(
     """Each partition's check groups as the instance recorded them: ``passed``, ``failed``,
     ``older`` (the latest evaluation is of an earlier materialisation) or ``never ran``."""
     out = {pk: {g.name: "never ran" for g in CHECK_GROUPS} for pk in partition_keys}
-    keys = [dg.AssetCheckKey(LABELS_KEY, g.name) for g in CHECK_GROUPS]
+    keys = list(CHECK_KEYS)
     storage = instance.event_log_storage
     for i in range(0, len(partition_keys), 900):
         chunk = list(partition_keys[i : i + 900])

@@ -29,13 +29,13 @@ from backfill_assets.core.rubric import Rubric
 from backfill_assets.dispatch.partition_run import PartitionRef, RunOptions
 from backfill_assets.dispatch.pipeline import run_partitions, with_levels
 from backfill_assets.ingest.gold import GoldSet
+from backfill_assets.orchestration.asset_keys import POLICY_EVALUATION
 from backfill_assets.orchestration.partitions import partition_key_for
 from backfill_assets.orchestration.resources import ModelResource, StoreResource, versions_for
 from backfill_assets.store import evaluations as evals
 from backfill_assets.store.engine import read_tx, write_tx
 from backfill_assets.store.posts import ImportSummary, raise_slice_levels, write_batch
 
-POLICY_EVALUATION = dg.AssetKey("policy_evaluation")
 GATE_CHECK = "macro_f1_gate"
 DEFAULT_TENANT = "eval"
 
@@ -312,7 +312,7 @@ def build_policy_evaluation(rubric: Rubric, minimum: float | None) -> dg.AssetsD
     loaded (closed over, as the labels asset's) and ``BACKFILL_POLICY_MIN_MACRO_F1``."""
 
     @dg.asset(
-        name="policy_evaluation",
+        key=POLICY_EVALUATION,
         group_name="reporting",
         kinds={"sql"},
         check_specs=[

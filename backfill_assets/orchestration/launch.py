@@ -13,14 +13,12 @@ from typing import Any
 
 import httpx
 
-from backfill_assets.audit.check_rules import CHECK_GROUPS
+from backfill_assets.orchestration.asset_keys import APPLIED, BLOCKING_GROUPS, LABELS
 from backfill_assets.orchestration.partitions import InvalidPartitionKey, partition_ref
 
-LABELS_PATH = ["moderation_labels"]
-BACKFILL_ASSETS = (["moderation_labels"], ["applied_labels"])
+LABELS_PATH = LABELS.path
+BACKFILL_ASSETS = (LABELS.path, APPLIED.path)
 _STALE_CHUNK = 500
-# Dagster check names of the blocking check group(s): their failures are "check-failed".
-_BLOCKING_GROUPS = tuple(g.name for g in CHECK_GROUPS if g.blocking)
 
 _PARTITIONS_QUERY = """
 query Partitions($assetKey: AssetKeyInput!) {
@@ -203,7 +201,7 @@ class DagsterClient:
                     state.missing.add(pk)
         checks = self.query(_CHECKS_QUERY, {"assetKey": key})["assetNodeOrError"]
         for chk in checks["assetChecksOrError"].get("checks", []):
-            if chk["name"] in _BLOCKING_GROUPS and chk.get("partitionStatuses"):
+            if chk["name"] in BLOCKING_GROUPS and chk.get("partitionStatuses"):
                 state.check_failed |= set(chk["partitionStatuses"].get("failedPartitions") or [])
         return state
 

@@ -13,6 +13,7 @@ import dagster as dg
 
 from backfill_assets.audit.check_rules import BLOCKING_CHECKS
 from backfill_assets.core.regions import run_tags as region_tags
+from backfill_assets.orchestration.asset_keys import APPLIED, LABELS, POSTS
 from backfill_assets.orchestration.partitions import (
     partition_key_for,
     partition_keys,
@@ -25,9 +26,6 @@ from backfill_assets.store.posts import ImportSummary
 # The tags that make one run cover a range of partitions.
 RANGE_START = "dagster/asset_partition_range_start"
 RANGE_END = "dagster/asset_partition_range_end"
-LABELS = dg.AssetKey("moderation_labels")
-POSTS = dg.AssetKey("posts")
-APPLIED = dg.AssetKey("applied_labels")
 
 
 @dataclass(frozen=True)

@@ -30,9 +30,9 @@ from typing import Any
 import dagster as dg
 from sqlalchemy.engine import Engine
 
-from backfill_assets.audit.check_rules import CHECK_GROUPS
 from backfill_assets.core.keys import SLICE_COUNT, Versions, partition_of
 from backfill_assets.dispatch.partition_run import PartitionRef
+from backfill_assets.orchestration.asset_keys import APPLIED, BLOCKING_CHECK_KEYS, LABELS
 from backfill_assets.orchestration.dagster_private import (
     CODE_VERSION_TAG,
     AssetCheckExecutionRecordStatus,
@@ -48,8 +48,6 @@ from backfill_assets.store.posts import slice_levels
 from backfill_assets.store.sink import gap_partitions
 from backfill_assets.store.work import pending_counts
 
-LABELS = dg.AssetKey("moderation_labels")
-APPLIED = dg.AssetKey("applied_labels")
 # One more Dagster run costs about as much as this many partitions' events (run start, steps,
 # run end vs. ~6 event writes a partition), measured here; see docs/architecture.md,
 # "One run, many partitions".
@@ -290,7 +288,7 @@ def _not_done_in_dagster(
 ) -> dict[str, str]:
     """Why each of ``keys`` is not done as far as the instance knows ({} if all are)."""
     storage = instance.event_log_storage
-    blocking = [dg.AssetCheckKey(LABELS, g.name) for g in CHECK_GROUPS if g.blocking]
+    blocking = list(BLOCKING_CHECK_KEYS)
     out: dict[str, str] = {}
     for i in range(0, len(keys), _CHUNK):
         chunk = list(keys[i : i + _CHUNK])

@@ -14,12 +14,12 @@ from pydantic import Field
 
 from backfill_assets.ingest.importer import ImportInputError, files_within, import_files
 from backfill_assets.ingest.sql_import import SqlSource, import_sql
+from backfill_assets.orchestration.asset_keys import POSTS
 from backfill_assets.orchestration.partitions import ensure_partitions
 from backfill_assets.orchestration.resources import RunSettings, StoreResource
 from backfill_assets.store.engine import read_tx
 from backfill_assets.store.posts import ImportSummary, slice_levels
 
-POSTS_KEY = dg.AssetKey("posts")
 IMPORT_JOB = "import_posts"
 INCREMENTAL_SCHEDULE = "incremental_import"
 # The name of the environment's source in the store (its mark, its rejects): the CLI's
@@ -41,7 +41,7 @@ class PostsImportConfig(dg.Config):
 def build_posts(source: SqlSource | None) -> dg.AssetsDefinition:
     """The posts asset; with ``source`` it imports from that database instead of a file."""
 
-    @dg.asset(name="posts", group_name="ingest", kinds={"sql"})
+    @dg.asset(key=POSTS, group_name="ingest", kinds={"sql"})
     def posts(
         context: dg.AssetExecutionContext,
         config: PostsImportConfig,

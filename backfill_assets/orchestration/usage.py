@@ -12,7 +12,7 @@ from sqlalchemy.engine import Connection
 from backfill_assets.core.money import cached_share, cost_text, usd_rounded, usd_text
 from backfill_assets.core.prices import PriceTable, Tier, event_cost
 from backfill_assets.core.rubric import MAX_OUTPUT_TOKENS
-from backfill_assets.orchestration.checks import LABELS_KEY
+from backfill_assets.orchestration.asset_keys import LABELS
 from backfill_assets.orchestration.resources import StoreResource
 from backfill_assets.orchestration.sensors import refresh_condition
 from backfill_assets.store.engine import read_tx
@@ -131,7 +131,7 @@ def reprice(conn: Connection, table: PriceTable) -> list[dict[str, Any]]:
 
 @dg.asset(
     group_name="reporting",
-    deps=[LABELS_KEY],
+    deps=[LABELS],
     kinds={"sql"},
     # Refreshed by the daemon whenever labels were materialised (and by `run` itself), so a
     # user opening it after a backfill sees current figures.
