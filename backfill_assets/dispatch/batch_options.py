@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
-# Fault injection points of BACKFILL_KILL_AT, in the order a chunk passes them.
-KILL_POINTS = ("intent", "upload", "create", "poll", "fetch", "cancel")
+from backfill_assets.core.faults import PointHook
+
 # OpenAI's limits per batch input file.
 PROVIDER_MAX_LINES = 50_000
 PROVIDER_MAX_FILE_BYTES = 200 * 1024 * 1024
@@ -45,7 +45,8 @@ class BatchOptions:
     # After a create with no answer, how long to keep looking for its batch in the provider's
     # list (which may lag behind creates) before creating the chunk's batch again.
     create_lookup_seconds: float = 600.0
-    kill_at: str = ""
+    # A crash drill's hook, called at each named point (core/faults.py); None outside drills.
+    at_point: PointHook | None = field(default=None, repr=False, compare=False)
     # A deadline plan's share of the run (``orchestration/deadline_run.py``); unset, a batch
     # run takes every pending key and waits for every batch. ``quota``: the most keys per
     # tenant put into new chunks. ``submit_only``: return once every chunk is at the
@@ -64,5 +65,3 @@ class BatchOptions:
             raise ValueError("batch poll seconds must be > 0 and <= the maximum poll interval")
         if self.create_lookup_seconds < 0:
             raise ValueError("batch create lookup seconds must be >= 0")
-        if self.kill_at and self.kill_at not in KILL_POINTS:
-            raise ValueError(f"kill point {self.kill_at!r}: expected one of {KILL_POINTS}")

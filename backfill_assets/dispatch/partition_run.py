@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from backfill_assets.core.faults import UsageHook
 from backfill_assets.core.keys import MAX_LEVEL, SLICE_COUNT, partition_slices, validate_tenant_id
 from backfill_assets.core.money import cached_share, cost_text
 from backfill_assets.core.outcomes import Outcome, RetryPolicy
@@ -104,7 +105,8 @@ class RunOptions:
 
     concurrency: int = 8
     budget_tokens: int | None = None
-    kill_after_usage: int | None = None
+    # A crash drill's hooks (core/faults.py); None outside drills.
+    after_usage: UsageHook | None = None
     flush_rows: int = 2048
     flush_interval_s: float = 0.1
     retry: RetryPolicy = field(default_factory=RetryPolicy)

@@ -234,7 +234,7 @@ async def _dispatch(
         contract_for=contract_lookup(engine, rubric),
         flush_rows=options.flush_rows,
         flush_interval_s=options.flush_interval_s,
-        kill_after_usage=options.kill_after_usage,
+        after_usage=options.after_usage,
         on_flush=lambda rep: dispatcher.on_flush(rep),
     )
     dispatcher = Dispatcher(

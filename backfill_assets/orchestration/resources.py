@@ -350,7 +350,7 @@ class RunSettings(dg.ConfigurableResource):  # type: ignore[type-arg]
             poll_seconds=self.batch_poll_seconds,
             max_poll_seconds=max(600.0, self.batch_poll_seconds),
             create_lookup_seconds=self.batch_create_lookup_seconds,
-            kill_at=faults.kill_at,
+            at_point=faults.at_point(),
         )
 
     def run_options(
@@ -363,7 +363,7 @@ class RunSettings(dg.ConfigurableResource):  # type: ignore[type-arg]
         return RunOptions(
             concurrency=self.concurrency,
             budget_tokens=self.tenant_budget_tokens or None,
-            kill_after_usage=faults.kill_after_usage or None,
+            after_usage=faults.after_usage(),
             flush_interval_s=self.flush_ms / 1000.0,
             retry=RetryPolicy(
                 max_attempts=self.max_attempts,

@@ -33,14 +33,14 @@ from pydantic_settings import (
 )
 from sqlalchemy.engine import Engine
 
-from backfill_assets.core.faults import FaultHooks
+from backfill_assets.core.faults import KILL_POINTS, FaultHooks
 from backfill_assets.core.keys import DEFAULT_SLICE_TARGET, Versions
 from backfill_assets.core.policy import PolicyInvalid, builtin_policy, load_policy
 from backfill_assets.core.prices import PriceError, PriceTable
 from backfill_assets.core.regions import API_KEY_VAR, BASE_URL_VAR, InvalidRegion, region_of_suffix
 from backfill_assets.core.rubric import Rubric
 from backfill_assets.core.urls import redact_url
-from backfill_assets.dispatch.batch_options import KILL_POINTS, PROVIDER_MAX_LINES
+from backfill_assets.dispatch.batch_options import PROVIDER_MAX_LINES
 from backfill_assets.ingest.sql_import import SqlSource
 from backfill_assets.orchestration.checks_config import (
     LIVE_BASELINE,

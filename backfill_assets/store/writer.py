@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import signal
 import threading
 import time
 from collections import defaultdict
@@ -30,6 +28,7 @@ from typing import Any
 from sqlalchemy.engine import Connection, Engine
 
 from backfill_assets.core.events import EventKind
+from backfill_assets.core.faults import UsageHook
 from backfill_assets.core.limits import Spend
 from backfill_assets.core.rubric import OutputContract
 from backfill_assets.core.validation import split_valid
@@ -176,7 +175,7 @@ class LedgerWriter:
         contract_for: Callable[[str], OutputContract | None],
         flush_rows: int = 2048,
         flush_interval_s: float = 0.1,
-        kill_after_usage: int | None = None,
+        after_usage: UsageHook | None = None,
         on_flush: Callable[[FlushReport], None] | None = None,
     ) -> None:
         # ``contract_for``: a result row's prompt version -> the output contract of its policy
@@ -194,7 +193,8 @@ class LedgerWriter:
         self._outcome_channel = _Channel(engine, "ledger-outcomes", tx_lock, fence=fence)
         self._flush_rows = flush_rows
         self._interval = flush_interval_s
-        self._kill_after = kill_after_usage if kill_after_usage and kill_after_usage > 0 else None
+        # A crash drill's hook (core/faults.py), called after each outcome commit; else None.
+        self._after_usage = after_usage
         self._on_flush = on_flush
         self._attempts: list[Row] = []
         self._waiters: list[asyncio.Future[None]] = []
@@ -379,10 +379,8 @@ class LedgerWriter:
             insert_values(conn, dead_letters, DEAD_COLUMNS, dead_values, DEAD_UPSERT)
             self._book_spend(conn, s, stamp.date().isoformat())
         self.usage_committed += sum(sums[0] for sums in s.usage.values())
-        if self._kill_after is not None and self.usage_committed >= self._kill_after:
-            # Fault injection (BACKFILL_KILL_AFTER_USAGE): die the hard way, right after the
-            # Nth usage event became durable, to prove resume never loses or re-pays.
-            os.kill(os.getpid(), signal.SIGKILL)
+        if self._after_usage is not None:
+            self._after_usage(self.usage_committed)
         return FlushReport(rejected=bad)
 
     def _frame_check(self, rows: list[Row]) -> tuple[list[Row], list[tuple[Row, str]]]:

@@ -9,6 +9,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from backfill_assets.core.faults import FaultHooks
 from backfill_assets.core.keys import Versions
 from backfill_assets.dispatch.batch.chunks import chunk_base, chunk_id, split
 from backfill_assets.dispatch.batch.rows import LineRows
@@ -187,7 +188,7 @@ def test_batch_options_and_settings_are_validated() -> None:
     with pytest.raises(ValueError, match="max lines"):
         BatchOptions(max_lines=50_001)
     with pytest.raises(ValueError, match="kill point"):
-        BatchOptions(kill_at="later")
+        FaultHooks(kill_at="later")
     base = {"BACKFILL_DATABASE_URL": "sqlite:///:memory:"}
     settings = Settings.from_env(
         {

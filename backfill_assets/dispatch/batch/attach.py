@@ -126,7 +126,7 @@ async def create(ctx: BatchContext, job: ChunkJob) -> Wait | None:
         if isinstance(exc, TokenLimited):
             return Wait.TOKEN_LIMIT
         raise
-    ctx.kill("create")
+    ctx.reached("create")
     await ctx.db(
         store.update,
         ctx.fence,

@@ -157,7 +157,7 @@ async def book(ctx: BatchContext, job: ChunkJob) -> ChunkState:
         ctx.log(f"chunk {sub.chunk_id}: batch {sub.batch_id} output not read: {exc}")
         await close_unrun(ctx, job, f"batch output not read: {exc}", ChunkState.FAILED)
         return ChunkState.FAILED
-    ctx.kill("fetch")
+    ctx.reached("fetch")
     closed = await ctx.db(_closed, ctx, job)
     echoes = await ctx.db(line_echoes, ctx, job, found, closed)
     rows = _builder(ctx, job)

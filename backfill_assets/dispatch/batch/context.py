@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -96,11 +94,10 @@ class BatchContext:
             st = self.stats[partition] = PartitionStats()
         return st
 
-    def kill(self, point: str) -> None:
-        """Fault injection (BACKFILL_KILL_AT): die the hard way at ``point``."""
-        if self.options.kill_at == point:
-            self.log(f"BACKFILL_KILL_AT={point}: SIGKILL")
-            os.kill(os.getpid(), signal.SIGKILL)
+    def reached(self, point: str) -> None:
+        """A crash drill's point (core/faults.py): its hook, if a drill set one, may die here."""
+        if self.options.at_point is not None:
+            self.options.at_point(point)
 
     async def db(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run blocking store code off the event loop."""

@@ -194,7 +194,7 @@ class BatchRunner:
             job.next_poll = time.monotonic()
             sent = True
         if sent:
-            ctx.kill("cancel")
+            ctx.reached("cancel")
 
     async def _chunk(
         self, key: str, ref: PartitionRef, slice_no: int, todo: list[PendingPost]
@@ -338,7 +338,7 @@ class BatchRunner:
                 f"{counts.completed}/{counts.total} done, {counts.failed} failed; "
                 f"next poll in {job.interval:.1f}s"
             )
-        ctx.kill("poll")
+        ctx.reached("poll")
 
     def _ended(self, job: ChunkJob, ending: ChunkState) -> None:
         self.jobs.pop(job.sub.chunk_id, None)

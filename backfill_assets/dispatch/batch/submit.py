@@ -194,7 +194,7 @@ async def _intent(
     attempts = [builder.attempt(r) for r in rows]
     if not await ctx.db(store.record_intent, ctx.fence, sub, rows, attempts, admit):
         return None
-    ctx.kill("intent")
+    ctx.reached("intent")
     # The file is not kept: ``upload`` rebuilds it from the posts, so memory holds one file at
     # a time however many chunks a run plans, and a resumed chunk takes the same path.
     return ChunkJob(sub, rows, partition)
@@ -232,5 +232,5 @@ async def upload(ctx: BatchContext, job: ChunkJob) -> None:
         base_s=ctx.client.retry_base_s,
         log=ctx.log,
     )
-    ctx.kill("upload")
+    ctx.reached("upload")
     await ctx.db(store.update, ctx.fence, job.sub, file_id=file_id, state=ChunkState.UPLOADED)
