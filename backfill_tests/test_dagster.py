@@ -12,7 +12,7 @@ from backfill_assets.definitions import BACKFILL_JOB, build_definitions
 from backfill_assets.orchestration.metadata import add_partition_metadata
 from backfill_assets.orchestration.orchestrate import RANGE_END, RANGE_START, materialize, stretches
 from backfill_assets.orchestration.partitions import ensure_partitions, partition_key_for
-from backfill_assets.orchestration.plan import Box
+from backfill_assets.orchestration.pooling import Box
 from backfill_tests.conftest import import_records
 from backfill_tests.pipeline_helpers import count, verify
 from backfill_tests.policy_helpers import COURSE_V5

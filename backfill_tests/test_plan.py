@@ -15,7 +15,7 @@ from sqlalchemy.engine import Engine
 from backfill_assets.core.keys import level_for, partition_of, partition_slices, slice_of
 from backfill_assets.dispatch.pipeline import PartitionRef
 from backfill_assets.orchestration import plan as plan_module
-from backfill_assets.orchestration.plan import Box, PartitionPlan, pool
+from backfill_assets.orchestration.pooling import Box, PartitionPlan, pool
 from backfill_tests.cli_runs import cli_doc
 from backfill_tests.conftest import import_records
 

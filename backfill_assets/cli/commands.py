@@ -34,7 +34,8 @@ from backfill_assets.orchestration.orchestrate import (
     refresh,
 )
 from backfill_assets.orchestration.partitions import ensure_partitions
-from backfill_assets.orchestration.plan import make_plan, pool_by_region
+from backfill_assets.orchestration.plan import make_plan
+from backfill_assets.orchestration.pooling import pool_by_region
 from backfill_assets.orchestration.resources import versions_for
 from backfill_assets.orchestration.settings import Settings
 from backfill_assets.orchestration.usage import REPRICE_COLUMNS, USAGE_COLUMNS, reprice, usage_csv
@@ -123,7 +124,7 @@ def dagster_run(
     with read_tx(engine) as conn:
         levels = slice_levels(conn, tenants)
     order = ensure_partitions(inst, levels)
-    # Only partitions with something to do reach Dagster, pooled into few runs (plan.py).
+    # Only partitions with something to do reach Dagster, pooled into few runs (pooling.py).
     sink = settings.sink()
     plan = make_plan(
         engine,

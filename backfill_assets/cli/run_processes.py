@@ -2,7 +2,7 @@
 
 The pipeline, the checks and Dagster's event writes are CPU-bound Python. When a plan holds
 enough work (``_MIN_SHARE`` keys' worth per process), ``run_plan`` shares its boxes out over up
-to ``BACKFILL_RUN_PROCESSES`` processes (default: the cores, at most 4; ``plan.share_out``):
+to ``BACKFILL_RUN_PROCESSES`` processes (default: the cores, at most 4; ``sharing.share_out``):
 this process runs the first share and forks a helper for each other one. Helpers are forked
 once the plan is made, after the output check's pandas and pandera are loaded, so they start
 with every module imported and their job in memory; the store engines they inherit are dropped
@@ -44,8 +44,9 @@ from backfill_assets.cli.instance import instance
 from backfill_assets.cli.process import freeze_heap
 from backfill_assets.core.validation import warm_up as warm_up_validation
 from backfill_assets.orchestration.orchestrate import CheckOutcome, RunRecord, run_boxes
-from backfill_assets.orchestration.plan import Box, Plan, partition_weights, share_out
+from backfill_assets.orchestration.pooling import Box, Plan
 from backfill_assets.orchestration.settings import Settings
+from backfill_assets.orchestration.sharing import partition_weights, share_out
 from backfill_assets.orchestration.wiring import APPLY_JOB, BACKFILL_JOB, build_definitions
 
 # Keys' worth of work a process must get to be worth using, and what a helper needs before its

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from backfill_assets.orchestration.orchestrate import RunRecord
-from backfill_assets.orchestration.plan import Plan
+from backfill_assets.orchestration.pooling import Plan
 
 TOTAL_KEYS = (
     "posts",

@@ -7,7 +7,8 @@ every key's state is in the store (``store/deadline_plans.py``):
 1. ``submit``: the plan's batch keys, per tenant, go into chunks at the provider.
 2. ``sync``: every other pending key (a key in an open chunk is not pending) is sent at flex,
    or at standard. Flex that stays refused longer than the plan can spare falls back to
-   standard (``flex_fallback_after_s``), so its unavailability costs money, not the deadline.
+   standard (``flex_fallback_after_s``), and from the plan's last moment for flex every key
+   goes at standard (``standard_from``): flex's unavailability costs money, not the deadline.
 3. ``wait``: the batches are polled until they end or the switch-over comes. Then every open
    batch is cancelled; what it completed is booked (and billed), the rest is pending again.
 4. ``rescue``: what is still pending goes at standard, the tier bounded by the limit alone.
@@ -29,6 +30,7 @@ from typing import Any
 
 from sqlalchemy.engine import Engine
 
+from backfill_assets.core.money import usd_text
 from backfill_assets.dispatch.partition_run import PartitionRef, PartitionReport, RunStopped
 from backfill_assets.dispatch.pipeline import run_partitions
 from backfill_assets.orchestration.estimate import estimate_pending
@@ -57,7 +59,8 @@ class StepReport:
     stopped: str = ""
 
     def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """JSON-ready, with the cost as exact decimal dollars too."""
+        return {**dataclasses.asdict(self), "cost_usd": usd_text(self.cost_nanos)}
 
 
 @dataclass

@@ -20,7 +20,7 @@ from backfill_assets.orchestration.partitions import (
     register,
     tenant_of,
 )
-from backfill_assets.orchestration.plan import Box
+from backfill_assets.orchestration.pooling import Box
 from backfill_assets.store.posts import ImportSummary
 
 # The tags that make one run cover a range of partitions.
@@ -198,7 +198,7 @@ def _execute(
         run_tags["tenant"] = box.tenants[0]  # the run queue's per-tenant limit
     else:
         run_tags["tenants"] = str(len(box.tenants))
-    # The run queue's per-region limit (regions.py; a box of plan.pool_by_region has one).
+    # The run queue's per-region limit (regions.py; a box of pooling.pool_by_region has one).
     run_tags.update(region_tags((regions or {}).get(t) for t in box.tenants))
     result = defs.resolve_job_def(job_name).execute_in_process(
         instance=instance,

@@ -9,22 +9,13 @@ Cost follows the work, not the bookkeeping:
    checked (``integrity`` passed on the latest materialisation) and applied since. A
    partition with nothing pending that is all three is skipped: no run, no event. So is a
    partition its tenant does not use (it holds no posts).
-2. **Pool the rest into boxes.** A Dagster run over a range of the (dynamic) partitions covers
-   a stretch of consecutive keys in the instance's order. The keys are walked in that order
-   and merged into the current box while the keys that merging adds without work cost less
-   than a run of their own (``RUN_COST`` partitions' worth of event writes), up to
-   ``MAX_BOX_PARTITIONS``.
-3. **Share the boxes out** (``share_out``) when a CLI ``run`` spreads them over processes: the
-   heaviest box is cut in two where that halves its work best, until none outweighs half a
-   fair share; the pieces are dealt out in order and neighbours from the same box joined
-   again. A process started later gets less by its start-up.
+2. **Pool the rest into boxes** of consecutive keys, each one Dagster run (``pooling.py``).
+3. **Share the boxes out** over processes when a CLI ``run`` uses several (``sharing.py``).
 """
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import dagster as dg
@@ -39,81 +30,16 @@ from backfill_assets.orchestration.dagster_private import (
 )
 from backfill_assets.orchestration.partitions import (
     partition_keys,
-    tenant_of,
     tenant_partition_keys,
 )
+from backfill_assets.orchestration.pooling import PartitionPlan, Plan, pool
 from backfill_assets.store.engine import read_tx, write_tx
 from backfill_assets.store.partition_marks import mark, marked
 from backfill_assets.store.posts import slice_levels
 from backfill_assets.store.sink import gap_partitions
 from backfill_assets.store.work import pending_counts
 
-# One more Dagster run costs about as much as this many partitions' events (run start, steps,
-# run end vs. ~6 event writes a partition), measured here; see docs/architecture.md,
-# "One run, many partitions".
-RUN_COST = 20
-# A run's partitions share one event loop and fail or succeed together; keep runs bounded.
-MAX_BOX_PARTITIONS = 500
 _CHUNK = 900  # partition keys per instance query (SQL parameter limits)
-# A partition's work in pending keys' worth: each post its checks and apply read costs about
-# half a key (93 + 31 us against ~270 us a key here), and its Dagster events about 400 keys
-# (100 one-slice tenants cost ~130 ms a partition more than 3 tenants with the same posts).
-POST_WEIGHT = 0.5
-PARTITION_WEIGHT = 400
-# Cuts per process at most: each cut is one more Dagster run.
-_MAX_CUTS_PER_SHARE = 4
-
-
-@dataclass(frozen=True)
-class PartitionPlan:
-    """One partition: what is left in it, and whether this invocation runs it and why."""
-
-    ref: PartitionRef
-    posts: int
-    pending: int
-    run: bool
-    reason: str
-
-
-@dataclass(frozen=True)
-class Box:
-    """A Dagster run's range: ``keys``, consecutive partitions in the instance's order."""
-
-    keys: tuple[str, ...]
-
-    @property
-    def start(self) -> str:
-        """The range's first partition key."""
-        return self.keys[0]
-
-    @property
-    def end(self) -> str:
-        """The range's last partition key."""
-        return self.keys[-1]
-
-    @property
-    def tenants(self) -> tuple[str, ...]:
-        """The tenants of the range's partitions, in its order, once each."""
-        return tuple(dict.fromkeys(tenant_of(k) for k in self.keys))
-
-    @property
-    def size(self) -> int:
-        """Partitions in the box."""
-        return len(self.keys)
-
-
-@dataclass
-class Plan:
-    """The partitions considered and the runs that will do the work."""
-
-    partitions: list[PartitionPlan] = field(default_factory=list)
-    boxes: list[Box] = field(default_factory=list)
-
-    @property
-    def skipped(self) -> list[PartitionPlan]:
-        """Partitions no run covers (nothing to do)."""
-        covered = {k for b in self.boxes for k in b.keys}
-        return [p for p in self.partitions if p.ref.key not in covered]
 
 
 def make_plan(
@@ -183,84 +109,6 @@ def make_plan(
     if order is None:
         order = partition_keys(instance)
     return Plan(partitions, pool(partitions, order))
-
-
-def partition_weights(plan: Plan) -> dict[str, float]:
-    """Each partition's work in keys' worth (``POST_WEIGHT``, ``PARTITION_WEIGHT``): what the
-    run of a box holding it spends on it. Partitions the plan does not run weigh their events
-    only (a box may cover them)."""
-    return {
-        p.ref.key: PARTITION_WEIGHT + (p.pending + POST_WEIGHT * p.posts if p.run else 0)
-        for p in plan.partitions
-    }
-
-
-def box_weight(box: Box, weights: Mapping[str, float]) -> float:
-    """A box's work: its partitions' weights (a partition unknown to the plan: its events)."""
-    return sum(weights.get(k, PARTITION_WEIGHT) for k in box.keys)
-
-
-def halve(box: Box, weights: Mapping[str, float]) -> tuple[Box, Box] | None:
-    """``box`` cut in two where the halves' weights are most even (None for a single
-    partition). Both halves are boxes again, together exactly the partitions of ``box``."""
-    if box.size < 2:
-        return None
-    total = box_weight(box, weights)
-    best_at, best_gap, left = 1, float("inf"), 0.0
-    for i, key in enumerate(box.keys[:-1], start=1):
-        left += weights.get(key, PARTITION_WEIGHT)
-        gap = abs(total - 2 * left)
-        if gap < best_gap:
-            best_at, best_gap = i, gap
-    return Box(box.keys[:best_at]), Box(box.keys[best_at:])
-
-
-def share_out(
-    boxes: Sequence[Box], weights: Mapping[str, float], processes: int, head_start: float
-) -> list[list[Box]]:
-    """The boxes spread over at most ``processes`` shares, the first for the calling process
-    and the others for processes that start ``head_start`` (keys' worth) later; empty shares
-    are dropped. Every partition of ``boxes`` is in exactly one box of one share.
-
-    Boxes are cut (``halve``) until none outweighs half a fair share, then dealt out in order,
-    each to the share its middle falls in, and neighbours from the same box are joined again:
-    shares come out even to within half a share, in few runs.
-    """
-    if processes < 2 or not boxes:
-        return [list(boxes)] if boxes else []
-    total = sum(box_weight(b, weights) for b in boxes)
-    fair = (total + head_start * (processes - 1)) / processes
-    pieces = [(i, b) for i, b in enumerate(boxes)]  # (the box it came from, the piece)
-    for _ in range(_MAX_CUTS_PER_SHARE * processes):
-        at = max(range(len(pieces)), key=lambda n: box_weight(pieces[n][1], weights))
-        origin, heaviest = pieces[at]
-        if box_weight(heaviest, weights) <= fair / 2:
-            break
-        halves = halve(heaviest, weights)
-        if halves is None:
-            break
-        pieces[at : at + 1] = [(origin, halves[0]), (origin, halves[1])]
-    targets = [fair] + [fair - head_start] * (processes - 1)
-    shares: list[list[tuple[int, Box]]] = [[]]
-    load = 0.0
-    for origin, box in pieces:
-        w = box_weight(box, weights)
-        if shares[-1] and load + w / 2 > targets[len(shares) - 1] and len(shares) < processes:
-            shares.append([])
-            load = 0.0
-        shares[-1].append((origin, box))
-        load += w
-    return [_joined(share) for share in shares]
-
-
-def _joined(share: Sequence[tuple[int, Box]]) -> list[Box]:
-    """Neighbouring pieces of one box joined back (pieces of a box are consecutive)."""
-    out: list[tuple[int, Box]] = []
-    for origin, box in share:
-        if out and out[-1][0] == origin:
-            box = Box(out.pop()[1].keys + box.keys)
-        out.append((origin, box))
-    return [b for _o, b in out]
 
 
 def _fold(
@@ -335,81 +183,3 @@ def _code_versions(storage: Any, storage_ids: list[int]) -> dict[int, str | None
         mat = rec.event_log_entry.asset_materialization
         out[rec.storage_id] = (mat.tags or {}).get(CODE_VERSION_TAG) if mat is not None else None
     return out
-
-
-def pool(
-    partitions: Sequence[PartitionPlan],
-    key_order: Sequence[str],
-    run_cost: int = RUN_COST,
-    max_partitions: int = MAX_BOX_PARTITIONS,
-) -> list[Box]:
-    """The cheapest boxes covering every partition to run (see the module docstring).
-
-    ``key_order`` is the instance's whole partition order: a box is a range of it, so it may
-    never cover a partition this plan does not include (``run --tenant``, ``--slice``), whose
-    pending work would otherwise be sent too. Such partitions cut the order into segments.
-    """
-    known = {p.ref.key for p in partitions}
-    segments: list[list[str]] = [[]]
-    for key in key_order:
-        if key in known:
-            segments[-1].append(key)
-        elif segments[-1]:
-            segments.append([])
-    listed = set(key_order)
-    segments += [[k] for k in sorted(known - listed)]  # not registered: each on its own
-    needs = {p.ref.key for p in partitions if p.run}
-    boxes: list[Box] = []
-    for segment in segments:
-        boxes += _pool_segment(segment, needs, run_cost, max_partitions)
-    return boxes
-
-
-def _pool_segment(
-    order: Sequence[str], needs: Collection[str], run_cost: int, max_partitions: int
-) -> list[Box]:
-    """Boxes over one stretch of consecutive keys. A box costs ``run_cost`` plus its
-    partitions (with work or not), so the exact split is a dynamic programme over the keys
-    with work: ``best[j] = run_cost + pos[j-1] + 1 + min(best[i] - pos[i])`` over the boxes
-    ``i..j-1`` that fit, a sliding-window minimum (linear in the keys, for 10,000 tenants)."""
-    pos = [i for i, k in enumerate(order) if k in needs]  # positions of keys with work
-    best = [0.0] * (len(pos) + 1)
-    cut = [0] * (len(pos) + 1)
-    window: deque[int] = deque()  # candidate starts i, by rising best[i] - pos[i]
-    for j in range(1, len(pos) + 1):
-        i = j - 1
-        while window and best[window[-1]] - pos[window[-1]] >= best[i] - pos[i]:
-            window.pop()
-        window.append(i)
-        while pos[j - 1] - pos[window[0]] + 1 > max_partitions:
-            window.popleft()  # too long a box from there (the newest start always fits)
-        start = window[0]
-        best[j] = best[start] - pos[start] + pos[j - 1] + 1 + run_cost
-        cut[j] = start
-    boxes: list[Box] = []
-    j = len(pos)
-    while j > 0:
-        i = cut[j]
-        boxes.append(Box(tuple(order[pos[i] : pos[j - 1] + 1])))
-        j = i
-    return boxes[::-1]
-
-
-def pool_by_region(
-    plan: Plan, key_order: Sequence[str], region_of: Mapping[str, str | None]
-) -> Plan:
-    """The plan with boxes that never mix regions (region lanes).
-
-    A run's partitions succeed or fail together, so a tenant whose region has no endpoint
-    would fail the others pooled with it; and a run tagged with one region is what the run
-    queue's per-region limit counts. Each region's partitions are pooled on their own:
-    partitions of other regions stay in the order as cuts, so no box spans them.
-    """
-    tenants = {p.ref.tenant_id for p in plan.partitions}
-    boxes: list[Box] = []
-    for region in sorted({region_of.get(t) for t in tenants}, key=lambda r: r or ""):
-        chosen = [p for p in plan.partitions if region_of.get(p.ref.tenant_id) == region]
-        boxes += pool(chosen, key_order)
-    at = {k: i for i, k in enumerate(key_order)}
-    boxes.sort(key=lambda b: at.get(b.start, len(at)))  # in the instance's order
-    return Plan(plan.partitions, boxes)

@@ -170,9 +170,10 @@ def test_a_sigkill_during_the_switch_over_resumes_the_same_plan(
 ) -> None:
     sim = _stalling(start_sim)
     env = _setup(store_url, tmp_path, sim, **STALL_ENV)
-    # A wide margin: the restart (a new process loading Dagster) takes seconds here.
+    # A wide margin: the restart (a new process loading Dagster) takes seconds here, more on
+    # a busy machine.
     code, _, err = _run(
-        {**env, "BACKFILL_KILL_AT": "cancel"}, "--deadline", "14s", "--margin", "40"
+        {**env, "BACKFILL_KILL_AT": "cancel"}, "--deadline", "20s", "--margin", "50"
     )
     assert code == -signal.SIGKILL, err
     assert "BACKFILL_KILL_AT=cancel: SIGKILL" in err
@@ -182,7 +183,7 @@ def test_a_sigkill_during_the_switch_over_resumes_the_same_plan(
     info = doc["deadline"]
     assert info["resumed"] is True and "resuming plan" in err
     first = dt.datetime.fromisoformat(info["plan"]["now"])
-    assert dt.datetime.fromisoformat(info["deadline"]) - first < dt.timedelta(seconds=15)
+    assert dt.datetime.fromisoformat(info["deadline"]) - first < dt.timedelta(seconds=21)
     _met(doc)
     paid = _paid(sim)
     assert paid["batch"] + paid["standard"] == KEYS

@@ -19,7 +19,7 @@ from backfill_assets.core.regions import (
 from backfill_assets.dispatch.batch_options import BatchEndpoint
 from backfill_assets.dispatch.pipeline import PartitionRef
 from backfill_assets.dispatch.routing import Lanes, plan_lanes
-from backfill_assets.orchestration.plan import PartitionPlan, Plan, pool, pool_by_region
+from backfill_assets.orchestration.pooling import PartitionPlan, Plan, pool, pool_by_region
 from backfill_assets.orchestration.resources import (
     FakeModelResource,
     ModelResource,
