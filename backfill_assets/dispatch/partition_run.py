@@ -12,14 +12,24 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from sqlalchemy.engine import Engine
+
 from backfill_assets.core.faults import UsageHook
-from backfill_assets.core.keys import MAX_LEVEL, SLICE_COUNT, partition_slices, validate_tenant_id
+from backfill_assets.core.keys import (
+    MAX_LEVEL,
+    SLICE_COUNT,
+    Versions,
+    partition_slices,
+    validate_tenant_id,
+)
 from backfill_assets.core.money import cached_share, cost_text
 from backfill_assets.core.outcomes import Outcome, RetryPolicy
 from backfill_assets.core.regions import unavailable_message
+from backfill_assets.core.rubric import Rubric
 from backfill_assets.dispatch.batch_options import BatchEndpoint, BatchOptions
 from backfill_assets.dispatch.sync import PartitionStats
 from backfill_assets.providers.models.base import ModelAdapter
+from backfill_assets.store.locks import Fence
 
 # The lane of tenants without a region: the default endpoint.
 DEFAULT_LANE: str | None = None
@@ -116,6 +126,20 @@ class RunOptions:
     batch: BatchOptions | None = None
     # Regional endpoints (routing.py); without them only tenants with no region are sent.
     lanes: Lanes = field(default_factory=Lanes)
+
+
+@dataclass(frozen=True)
+class DispatchJob:
+    """What every dispatch of one run shares: the store it writes through (under the run's
+    writer locks), what it sends, and how."""
+
+    engine: Engine
+    fence: Fence
+    versions: Versions
+    rubric: Rubric
+    run_id: str
+    options: RunOptions
+    log: Callable[[str], None]
 
 
 @dataclass

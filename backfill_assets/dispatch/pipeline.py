@@ -19,6 +19,7 @@ from backfill_assets.core.rubric import Rubric
 from backfill_assets.core.validation import warm_up as warm_up_validation
 from backfill_assets.dispatch.batch.mode import batch_lanes
 from backfill_assets.dispatch.partition_run import (
+    DispatchJob,
     PartitionRef,
     PartitionReport,
     RegionUnavailable,
@@ -32,7 +33,7 @@ from backfill_assets.providers.ratelimit.shared import SHARED_LIMITS
 from backfill_assets.store import limiter_members
 from backfill_assets.store.budget import StoreBudgetLedger, may_bind
 from backfill_assets.store.engine import read_tx, refresh_planner_stats
-from backfill_assets.store.locks import Fence, PartitionBusy, WriterLocks, while_held
+from backfill_assets.store.locks import PartitionBusy, WriterLocks, while_held
 from backfill_assets.store.partition_counts import PartitionCounts, partition_counts, post_counts
 from backfill_assets.store.policies import contract_lookup, register_policy
 from backfill_assets.store.posts import slice_levels
@@ -95,35 +96,12 @@ def run_partitions(
                 reports[ref.key].busy = True
                 log(f"skipping {ref.key}: {exc}")
         stopped: Exception | None = None
+        job = DispatchJob(engine, locks, versions, rubric, run_id, options, log)
         if options.dispatch_mode == "batch":
-            work = batch_lanes(
-                engine,
-                locks,
-                plan,
-                owned,
-                reports,
-                make_adapter,
-                versions,
-                rubric,
-                run_id,
-                options,
-                log,
-            )
+            work = batch_lanes(job, plan, owned, reports)
         else:
             adapters = lane_adapters(plan, make_adapter, options.lanes)
-            work = _dispatch(
-                engine,
-                locks,
-                owned,
-                reports,
-                adapters,
-                versions,
-                rubric,
-                run_id,
-                options,
-                log,
-                only_posts,
-            )
+            work = _dispatch(job, owned, reports, adapters, only_posts)
         try:
             asyncio.run(while_held(locks, work))
         except DispatchHalted as exc:
@@ -206,18 +184,14 @@ def _work(
 
 
 async def _dispatch(
-    engine: Engine,
-    fence: Fence,
+    job: DispatchJob,
     refs: Sequence[PartitionRef],
     reports: dict[str, PartitionReport],
     make_adapter: Callable[[], ModelAdapter],
-    versions: Versions,
-    rubric: Rubric,
-    run_id: str,
-    options: RunOptions,
-    log: Callable[[str], None],
     only_posts: Collection[str] | None = None,
 ) -> None:
+    engine, options, run_id, log = job.engine, job.options, job.run_id, job.log
+    versions, rubric = job.versions, job.rubric
     # The adapter (and any HTTP client) lives and dies with this event loop.
     adapter = make_adapter()
     budgets = TenantBudgets(
@@ -230,7 +204,7 @@ async def _dispatch(
     dispatcher: Dispatcher
     writer = LedgerWriter(
         engine,
-        fence,
+        job.fence,
         contract_for=contract_lookup(engine, rubric),
         flush_rows=options.flush_rows,
         flush_interval_s=options.flush_interval_s,

@@ -9,22 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
-from sqlalchemy.engine import Engine
-
-from backfill_assets.core.keys import Versions
 from backfill_assets.core.prices import PriceTable
-from backfill_assets.core.rubric import Rubric
 from backfill_assets.dispatch.batch.client import BatchClient
 from backfill_assets.dispatch.batch.context import BatchContext
 from backfill_assets.dispatch.batch.runner import BatchRunner
-from backfill_assets.dispatch.partition_run import PartitionRef, PartitionReport, RunOptions
+from backfill_assets.dispatch.partition_run import DispatchJob, PartitionRef, PartitionReport
 from backfill_assets.dispatch.routing import LanePlan
 from backfill_assets.dispatch.sync import DispatchHalted
-from backfill_assets.providers.models.base import ModelAdapter, RunFatalError
+from backfill_assets.providers.models.base import RunFatalError
 from backfill_assets.store.budget import may_bind
-from backfill_assets.store.locks import Fence
 
 
 class BatchModeError(RuntimeError):
@@ -32,18 +27,10 @@ class BatchModeError(RuntimeError):
 
 
 async def run_batch(
-    engine: Engine,
-    fence: Fence,
-    refs: Sequence[PartitionRef],
-    reports: dict[str, PartitionReport],
-    make_adapter: Callable[[], ModelAdapter],
-    versions: Versions,
-    rubric: Rubric,
-    run_id: str,
-    options: RunOptions,
-    log: Callable[[str], None],
+    job: DispatchJob, refs: Sequence[PartitionRef], reports: dict[str, PartitionReport]
 ) -> None:
-    """Same signature as the sync dispatch; ``make_adapter`` is not used."""
+    """The partitions' chunks through one Batch API (``job.options.batch.endpoint``)."""
+    options, log = job.options, job.log
     opts = options.batch
     if opts is None or opts.endpoint is None:
         raise BatchModeError("BACKFILL_DISPATCH=batch needs BACKFILL_MODEL_BACKEND=openai")
@@ -55,15 +42,15 @@ async def run_batch(
         max_retry_after_s=options.retry.max_retry_after_s,
     )
     ctx = BatchContext(
-        engine=engine,
-        fence=fence,
+        engine=job.engine,
+        fence=job.fence,
         client=client,
         # Each chunk reserves its lines' bounds in its own row, granted with its intent.
-        budgets=may_bind(engine, options.budget_tokens),
+        budgets=may_bind(job.engine, options.budget_tokens),
         budget_tokens=options.budget_tokens or None,
-        versions=versions,
-        rubric=rubric,
-        run_id=run_id,
+        versions=job.versions,
+        rubric=job.rubric,
+        run_id=job.run_id,
         options=opts,
         retry=options.retry,
         prices=PriceTable.from_json(endpoint.prices_json),
@@ -87,21 +74,15 @@ async def run_batch(
 
 
 async def batch_lanes(
-    engine: Engine,
-    fence: Fence,
+    job: DispatchJob,
     plan: LanePlan,
     owned: Sequence[PartitionRef],
     reports: dict[str, PartitionReport],
-    make_adapter: Callable[[], ModelAdapter],
-    versions: Versions,
-    rubric: Rubric,
-    run_id: str,
-    options: RunOptions,
-    log: Callable[[str], None],
 ) -> None:
     """Batch mode, one coordinator per lane with that lane's Batch API, side by side."""
+    options = job.options
     mine = {r.key for r in owned}
-    jobs = []
+    lanes = []
     for lane, refs in plan.lanes.items():
         opts = options
         if lane is not None and options.batch is not None:
@@ -110,12 +91,8 @@ async def batch_lanes(
                 options, batch=dataclasses.replace(options.batch, endpoint=endpoint)
             )
         lane_refs = [r for r in refs if r.key in mine]
-        jobs.append(
-            run_batch(
-                engine, fence, lane_refs, reports, make_adapter, versions, rubric, run_id, opts, log
-            )
-        )
+        lanes.append(run_batch(dataclasses.replace(job, options=opts), lane_refs, reports))
     # One lane's failure must not cut another's batches short: wait for all, then raise.
-    for result in await asyncio.gather(*jobs, return_exceptions=True):
+    for result in await asyncio.gather(*lanes, return_exceptions=True):
         if isinstance(result, BaseException):
             raise result
