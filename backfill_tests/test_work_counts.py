@@ -3,6 +3,7 @@
 ``pending_counts`` (one grouped query for the whole store: which partitions have work) and
 ``pending_posts`` (a partition's keys to send) are written differently for speed; a post they
 disagree about is a partition skipped with work left, or a run started for nothing.
+``sendable_count`` (a deadline plan's steps) counts the same keys as ``pending_posts``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from sqlalchemy.engine import Engine
 
 from backfill_assets.core.keys import SLICE_COUNT, Versions, content_hash, work_key
 from backfill_assets.store.tables import dead_letters, results
-from backfill_assets.store.work import pending_counts, pending_posts
+from backfill_assets.store.work import pending_counts, pending_posts, sendable_count
 from backfill_tests.conftest import import_records
 
 V = Versions("task-1", "prompt-1", "model-1")
@@ -87,7 +88,10 @@ def test_pending_counts_match_the_work_query_in_every_case(engine: Engine, tmp_p
         for tenant in ("acme", "beta"):
             for s in range(SLICE_COUNT):
                 sent[(tenant, s)] = len(pending_posts(conn, tenant, [s], V))
+        # The deadline steps' count of what a synchronous run would send: the same keys.
+        sendable = sendable_count(conn, ["acme", "beta"], V), sendable_count(conn, ["acme"], V)
     assert {k: p for k, (_n, p) in counts.items()} == {k: n for k, n in sent.items() if k in counts}
     assert sum(p for _n, p in counts.values()) == 12 * 2 - 5  # p0 x2, p3, p4, p6 are finished
     assert sum(n for n, _p in counts.values()) == 24  # every post counted once
     assert subset == {k: v for k, v in counts.items() if k[0] == "acme"}
+    assert sendable == (sum(sent.values()), sum(n for k, n in sent.items() if k[0] == "acme"))

@@ -20,6 +20,7 @@ deadline, and the keys paid twice (must be 0).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -52,6 +53,15 @@ class Scenario:
     extra: list[str] = field(default_factory=list)
 
 
+# 200 keys/s (BACKFILL_RPM=12000), as the flex scenarios: see SCENARIOS.
+STALL = Scenario(
+    "stall",
+    "60s",
+    {"batch_processing_ms": 120_000.0},
+    {"BACKFILL_RPM": "12000", "BACKFILL_BATCH_PRIOR_SECONDS": "1"},
+    margin="30",
+)
+
 SCENARIOS = (
     Scenario("long", "3d", {"batch_processing_ms": 2_000.0}, {"BACKFILL_RPM": "6000"}),
     # 200 keys/s: what this machine's synchronous path sustains with room to spare (the plan
@@ -68,21 +78,8 @@ SCENARIOS = (
         {"flex_unavailable_share": 1.0},
         {"BACKFILL_RPM": "12000", "BACKFILL_SERVICE_TIER": "flex"},
     ),
-    Scenario(
-        "stall",
-        "60s",
-        {"batch_processing_ms": 120_000.0},
-        {"BACKFILL_RPM": "12000", "BACKFILL_BATCH_PRIOR_SECONDS": "1"},
-        margin="30",
-    ),
-    Scenario(
-        "kill",
-        "60s",
-        {"batch_processing_ms": 120_000.0},
-        {"BACKFILL_RPM": "12000", "BACKFILL_BATCH_PRIOR_SECONDS": "1"},
-        margin="30",
-        kill=True,
-    ),
+    STALL,
+    dataclasses.replace(STALL, name="kill", kill=True),
     Scenario("impossible", "5s", {}, {"BACKFILL_RPM": "600"}, expect_code=2),
 )
 

@@ -73,7 +73,7 @@ def deadline_table(plan: StoredPlan, rows: list[TenantEstimate], now: dt.datetim
     mine = set(plan.tenants())
     left = sum(r.keys for r in rows if r.tenant in mine)
     planned = sum(int(n) for n in doc["keys"].values())
-    rate = float(doc["rates"]["flex_per_s"]) or float(doc["rates"]["standard_per_s"])
+    rate = plan.sync_per_s
     eta = now + dt.timedelta(seconds=left / rate) if rate > 0 and left else now
     if left and plan.switch_over is not None and plan.switched_at is None:
         # Keys on batch are done by the switch-over at the latest, then the rescue's time.

@@ -51,6 +51,11 @@ def flex_unavailable(calls: int, refused: int, prior: float) -> float:
     return min(1.0, refused / calls)
 
 
+def uses_flex(settings: Settings) -> bool:
+    """The synchronous tier is flex, at a backend that has one (OpenAI-compatible)."""
+    return settings.service_tier == "flex" and settings.model_backend == "openai"
+
+
 def plan_rates(
     settings: Settings, sync_per_s: float, durations: Sequence[float], flex_seen: tuple[int, int]
 ) -> Rates:
@@ -61,7 +66,7 @@ def plan_rates(
     completion = (
         batch_completion_s(durations, settings.batch_prior_seconds) if has_batch else math.inf
     )
-    if settings.service_tier != "flex" or settings.model_backend != "openai":
+    if not uses_flex(settings):
         return Rates(sync_per_s, 0.0, 0.0, completion)
     refused = flex_unavailable(*flex_seen, settings.flex_unavailable_prior)
     return Rates(sync_per_s * refused, sync_per_s, refused, completion)

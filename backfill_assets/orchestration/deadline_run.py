@@ -33,7 +33,7 @@ from sqlalchemy.engine import Engine
 from backfill_assets.core.money import usd_text
 from backfill_assets.dispatch.partition_run import PartitionRef, PartitionReport, RunStopped
 from backfill_assets.dispatch.pipeline import run_partitions
-from backfill_assets.orchestration.estimate import estimate_pending
+from backfill_assets.orchestration.deadline_plan import uses_flex
 from backfill_assets.orchestration.partitions import partition_ref, tenant_partition_keys
 from backfill_assets.orchestration.settings import Settings
 from backfill_assets.providers.models.base import ModelAdapter
@@ -42,6 +42,7 @@ from backfill_assets.store import deadline_plans
 from backfill_assets.store.deadline_plans import StoredPlan
 from backfill_assets.store.engine import read_tx, write_tx
 from backfill_assets.store.posts import slice_levels
+from backfill_assets.store.work import sendable_count
 
 # Never fall back from flex sooner than this: a short refusal is normal for flex.
 _MIN_FLEX_PATIENCE_S = 1.0
@@ -99,7 +100,7 @@ def _flex_window(plan: StoredPlan, sync_keys: int, now: dt.datetime) -> tuple[fl
     window_end = utc(plan.deadline) - (utc(plan.deadline) - utc(plan.created_at)) * float(
         doc["margin"]
     )
-    sync_rate = float(doc["rates"]["flex_per_s"]) or float(doc["rates"]["standard_per_s"])
+    sync_rate = plan.sync_per_s
     need_s = sync_keys / sync_rate if sync_rate > 0 else math.inf
     return (window_end - now).total_seconds() - need_s, need_s
 
@@ -184,7 +185,7 @@ class _Steps:
         if not pending:
             step.skipped = "nothing pending outside the batches"
             return step
-        flex = settings.service_tier == "flex" and settings.model_backend == "openai"
+        flex = uses_flex(settings)
         update: dict[str, Any] = {"dispatch": "sync"}
         if flex:
             patience = flex_patience_s(self.plan, pending, self.now())
@@ -230,10 +231,7 @@ class _Steps:
 
 def _pending(settings: Settings, tenants: Sequence[str]) -> int:
     with read_tx(settings.store_engine()) as conn:
-        found = estimate_pending(
-            conn, list(tenants), settings.versions(), settings.rubric(), settings.prices()
-        )
-    return sum(e.keys for e in found)
+        return sendable_count(conn, tenants, settings.versions())
 
 
 def _run(

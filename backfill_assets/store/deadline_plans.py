@@ -34,6 +34,13 @@ class StoredPlan:
         """Keys per tenant the plan puts on batch."""
         return {t["tenant"]: int(t["keys"]["batch"]) for t in self.plan["tenants"]}
 
+    @property
+    def sync_per_s(self) -> float:
+        """Keys per second the plan assumed of the synchronous tiers together: flex's rate
+        when it planned flex (standard then takes what flex refuses), else standard's."""
+        rates = self.plan["rates"]
+        return float(rates["flex_per_s"]) or float(rates["standard_per_s"])
+
     def tenants(self) -> list[str]:
         return [str(t["tenant"]) for t in self.plan["tenants"]]
 

@@ -68,14 +68,19 @@ def _in_open_batch(versions: Versions) -> sa.Exists:
     )
 
 
-def _not_finished(
-    tenant_id: str, slices: Sequence[int], versions: Versions
-) -> list[sa.ColumnElement[bool]]:
+def _unfinished(versions: Versions) -> list[sa.ColumnElement[bool]]:
+    """The post has no accepted result and no final dead letter under ``versions``."""
     done = sa.exists().where(_same_work(results, versions))
     dead = sa.exists().where(
         _same_work(dead_letters, versions), dead_letters.c.outcome.in_(FINAL_DEAD_OUTCOMES)
     )
-    return [posts.c.tenant_id == tenant_id, _in_slices(posts, slices), ~done, ~dead]
+    return [~done, ~dead]
+
+
+def _not_finished(
+    tenant_id: str, slices: Sequence[int], versions: Versions
+) -> list[sa.ColumnElement[bool]]:
+    return [posts.c.tenant_id == tenant_id, _in_slices(posts, slices), *_unfinished(versions)]
 
 
 def pending_query(
@@ -142,6 +147,19 @@ def pending_posts(
         PendingPost(post_id, content_hash, text, bool(had_dead), int(slice_no))
         for post_id, content_hash, text, had_dead, slice_no in rows
     ]
+
+
+def sendable_count(conn: Connection, tenants: Sequence[str], versions: Versions) -> int:
+    """Keys of ``tenants`` a synchronous run would send now: what ``pending_posts`` returns,
+    counted in one query without reading a post text."""
+    stmt = (
+        sa.select(sa.func.count())
+        .select_from(posts)
+        .where(
+            posts.c.tenant_id.in_(list(tenants)), *_unfinished(versions), ~_in_open_batch(versions)
+        )
+    )
+    return int(conn.execute(stmt).scalar_one())
 
 
 def tenants_with_open_batches(
