@@ -10,7 +10,7 @@ from sqlalchemy.engine import Engine
 
 from backfill_assets.definitions import APPLY_JOB, build_definitions
 from backfill_assets.orchestration.orchestrate import materialize
-from backfill_assets.store.apply import apply_partition
+from backfill_assets.store.apply import apply_partitions
 from backfill_tests.conftest import import_records
 from backfill_tests.moderation_helpers import (
     busiest,
@@ -55,7 +55,7 @@ def test_replaying_apply_leaves_posts_byte_identical(
     # Directly, too: the second write of the same labels changes no row.
     ref = busiest(engine, ACME)
     with engine.begin() as conn:
-        rep = apply_partition(conn, ACME, ref.slices, VERSIONS, RUBRIC.policy)
+        (rep,) = apply_partitions(conn, [(ACME, ref.slices)], VERSIONS, RUBRIC.policy)
     assert rep.changed == 0 and rep.eligible == rep.unchanged > 0
 
 
@@ -156,7 +156,7 @@ def test_a_label_for_an_edited_post_is_not_applied(engine: Engine, tmp_path: Pat
     )
     ref = busiest(engine, ACME)
     with engine.begin() as conn:
-        rep = apply_partition(conn, ACME, ref.slices, VERSIONS, RUBRIC.policy)
+        (rep,) = apply_partitions(conn, [(ACME, ref.slices)], VERSIONS, RUBRIC.policy)
     # The only result is for the old text: applying it to the new text would be wrong.
     assert rep.eligible == 0 and rep.changed == 0
     assert shadow_labels(engine) == 0

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from backfill_assets.audit.check_rules import Verdict
@@ -83,14 +84,13 @@ def test_the_checks_read_every_row_as_stored(tampered: Engine) -> None:
     # results include the one relabelled to globex (fetched by its expected key).
     import sqlalchemy as sa
 
-    from backfill_assets.store.audit import partition_evidence
+    from backfill_assets.store.audit import Scope, evidence_of
     from backfill_assets.store.tables import dead_letters, ledger_events, results
 
     ref = with_levels(tampered, [busiest(tampered, "acme")])[0]
     with tampered.connect() as conn:
-        ev = partition_evidence(
-            conn, ref.tenant_id, ref.slice, ref.slices, VERSIONS, RUBRIC.contract
-        )
+        scope = Scope(ref.key, ref.tenant_id, ref.slice, ref.slices)
+        ev = evidence_of(conn, [scope], VERSIONS)[ref.key]
         for table, got, order in (
             (results, ev.results, "key"),
             (dead_letters, ev.dead, "key"),
@@ -107,3 +107,43 @@ def test_the_checks_read_every_row_as_stored(tampered: Engine) -> None:
     assert any(r["tenant_id"] == "globex" for r in ev.results)
     assert any(r["usage_shape"] is None for r in ev.ledger)  # attempts carry no usage shape
     assert all(isinstance(r["confidence"], float) for r in ev.results)
+
+
+def _plain(ev: object) -> dict[str, object]:
+    """Evidence with rows as dicts (the drivers' row types compare by identity or type)."""
+    rows = ("results", "dead", "ledger")
+    doc = {f.name: getattr(ev, f.name) for f in dataclasses.fields(ev)}  # type: ignore[arg-type]
+    return {**doc, **{name: [dict(r) for r in doc[name]] for name in rows}}
+
+
+def test_a_group_read_finds_what_each_partition_read_finds(tampered: Engine) -> None:
+    # Many small partitions are read in one query per table, with the same rows as each
+    # partition read alone; rows are routed back by their
+    # (tenant, slice) and, when they carry a partition's key while claiming elsewhere, to that
+    # partition too: inside the group (acme's result relabelled to globex), outside it (one
+    # relabelled to a tenant not in the group) and to a slice of a group tenant that no
+    # partition of the group holds (initech's slice 5: the group holds its slice 0 only).
+    from backfill_assets.store.audit import Scope, evidence_of
+
+    with tampered.connect() as conn:
+        keys = conn.execute(
+            sa.text("SELECT key FROM results WHERE tenant_id = 'acme' ORDER BY key LIMIT 2")
+        ).scalars()
+        moved = dict(zip(keys, (("elsewhere", 0), ("initech", 5)), strict=True))
+    for key, (tenant, slice_no) in moved.items():
+        execute(
+            tampered,
+            "UPDATE results SET tenant_id = :t, slice = :s WHERE key = :k",
+            t=tenant,
+            s=slice_no,
+            k=key,
+        )
+    refs = with_levels(tampered, refs_for(["acme", "globex"]))
+    scopes = [Scope(r.key, r.tenant_id, r.slice, r.slices) for r in refs]
+    scopes.append(Scope("s00|initech", "initech", 0, (0,)))
+    with tampered.connect() as conn:
+        group = evidence_of(conn, scopes, VERSIONS)
+        alone = {sc.key: evidence_of(conn, [sc], VERSIONS)[sc.key] for sc in scopes}
+    assert {k: _plain(ev) for k, ev in group.items()} == {k: _plain(ev) for k, ev in alone.items()}
+    foreign = [r for ev in group.values() for r in ev.results if r["tenant_id"] != ev.tenant]
+    assert {r["tenant_id"] for r in foreign} == {"globex", "elsewhere", "initech"}

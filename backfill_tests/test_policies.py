@@ -26,7 +26,7 @@ from backfill_assets.orchestration.checks_config import ChecksResource
 from backfill_assets.orchestration.orchestrate import materialize
 from backfill_assets.orchestration.settings import Settings
 from backfill_assets.providers.models.base import ModelAdapter, ModelRequest, ModelResponse
-from backfill_assets.store.apply import apply_partition
+from backfill_assets.store.apply import apply_partitions
 from backfill_assets.store.audit import verify_store
 from backfill_tests.conftest import import_records
 from backfill_tests.pipeline_helpers import count, refs_for, run, total
@@ -213,8 +213,8 @@ def test_the_apply_never_regresses_whatever_order_runs_finish_in(
 
     def apply(rubric: Rubric) -> int:
         with engine.begin() as conn:
-            rep = apply_partition(
-                conn, "learn", every_slice, versions_of(rubric), rubric.policy, live=False
+            (rep,) = apply_partitions(
+                conn, [("learn", every_slice)], versions_of(rubric), rubric.policy, live=False
             )
         return rep.changed
 

@@ -17,7 +17,12 @@ from sqlalchemy.engine import Engine
 
 from backfill_assets.core.keys import SLICE_COUNT, Versions, content_hash, work_key
 from backfill_assets.store.tables import dead_letters, results
-from backfill_assets.store.work import pending_counts, pending_posts, sendable_count
+from backfill_assets.store.work import (
+    pending_by_partition,
+    pending_counts,
+    pending_posts,
+    sendable_count,
+)
 from backfill_tests.conftest import import_records
 
 V = Versions("task-1", "prompt-1", "model-1")
@@ -90,6 +95,15 @@ def test_pending_counts_match_the_work_query_in_every_case(engine: Engine, tmp_p
                 sent[(tenant, s)] = len(pending_posts(conn, tenant, [s], V))
         # The deadline steps' count of what a synchronous run would send: the same keys.
         sendable = sendable_count(conn, ["acme", "beta"], V), sendable_count(conn, ["acme"], V)
+        # Many partitions read in one query (small tenants): each gets what it alone would.
+        # One partition per tenant and slice, except beta's slices 0-7, held by one partition.
+        owners = {(t, s): f"{t}-{s}" for t in ("acme", "beta") for s in range(SLICE_COUNT)}
+        owners.update({("beta", s): "beta-low" for s in range(8)})
+        grouped = pending_by_partition(conn, owners, V)
+        beta_low = pending_posts(conn, "beta", range(8), V)
+    by_key = {f"{t}-{s}": n for (t, s), n in sent.items() if not (t == "beta" and s < 8)}
+    assert {k: len(v) for k, v in grouped.items()} == {**by_key, "beta-low": len(beta_low)}
+    assert sorted(p.post_id for p in grouped["beta-low"]) == sorted(p.post_id for p in beta_low)
     assert {k: p for k, (_n, p) in counts.items()} == {k: n for k, n in sent.items() if k in counts}
     assert sum(p for _n, p in counts.values()) == 12 * 2 - 5  # p0 x2, p3, p4, p6 are finished
     assert sum(n for n, _p in counts.values()) == 24  # every post counted once

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 
 from sqlalchemy.engine import Engine
 
@@ -35,10 +35,16 @@ from backfill_assets.store.budget import StoreBudgetLedger, may_bind
 from backfill_assets.store.engine import read_tx, refresh_planner_stats
 from backfill_assets.store.locks import PartitionBusy, WriterLocks, while_held
 from backfill_assets.store.partition_counts import PartitionCounts, partition_counts, post_counts
+from backfill_assets.store.partition_groups import grouped
 from backfill_assets.store.policies import contract_lookup, register_policy
 from backfill_assets.store.posts import slice_levels
 from backfill_assets.store.tenants import tenant_regions
-from backfill_assets.store.work import in_open_batch, pending_posts, tenants_with_open_batches
+from backfill_assets.store.work import (
+    PendingPost,
+    in_open_batch,
+    pending_by_partition,
+    tenants_with_open_batches,
+)
 from backfill_assets.store.writer import LedgerWriter
 
 # A member silent this long is taken for dead and its share of the limit goes to the others.
@@ -147,40 +153,65 @@ def _work(
     log: Callable[[str], None],
     only_posts: Collection[str] | None = None,
 ) -> Iterator[WorkItem]:
-    # Read one partition at a time: memory is bounded by the largest slice, not the archive.
+    # Read a group of partitions at a time: memory is bounded by a group (or the largest
+    # slice), not the archive, and small tenants' partitions share one query.
     tenants = sorted({r.tenant_id for r in refs})
     with read_tx(engine) as conn:
         sizes = post_counts(conn, tenants)
         batching = tenants_with_open_batches(conn, tenants, versions)
-    for ref in refs:
-        if not ref.slices:
-            continue  # a partition its tenant does not use (too few posts to split this far)
+    used = [r for r in refs if r.slices]  # others: too few posts to split this far
+    for group in grouped(used, lambda r: sum(sizes.get((r.tenant_id, s), 0) for s in r.slices)):
+        owners = {(r.tenant_id, s): r.key for r in group for s in r.slices}
         with read_tx(engine) as conn:
-            pending = pending_posts(conn, ref.tenant_id, ref.slices, versions)
-            if only_posts is not None:
-                pending = [p for p in pending if p.post_id in only_posts]
-            waiting = (
-                in_open_batch(conn, ref.tenant_id, ref.slices, versions)
-                if ref.tenant_id in batching
-                else 0
+            pending = pending_by_partition(conn, owners, versions)
+            waiting = {
+                r.key: in_open_batch(conn, r.tenant_id, r.slices, versions)
+                for r in group
+                if r.tenant_id in batching
+            }
+        for ref in group:
+            yield from _items(
+                ref,
+                pending[ref.key],
+                sizes,
+                waiting.get(ref.key, 0),
+                reports,
+                versions,
+                log,
+                only_posts,
             )
-        rep = reports[ref.key]
-        rep.posts = sum(sizes.get((ref.tenant_id, s), 0) for s in ref.slices)
-        rep.pending = len(pending)
-        rep.in_open_batch = waiting
-        if waiting:
-            log(f"{ref.key}: {waiting} key(s) wait for an open batch chunk (left to the batch)")
-        for p in pending:
-            yield WorkItem(
-                partition=ref.key,
-                tenant_id=ref.tenant_id,
-                slice=p.slice,
-                post_id=p.post_id,
-                content_hash=p.content_hash,
-                text=p.text,
-                key=work_key(versions, ref.tenant_id, p.post_id, p.content_hash),
-                had_dead_letter=p.had_dead_letter,
-            )
+
+
+def _items(
+    ref: PartitionRef,
+    pending: list[PendingPost],
+    sizes: Mapping[tuple[str, int], int],
+    waiting: int,
+    reports: dict[str, PartitionReport],
+    versions: Versions,
+    log: Callable[[str], None],
+    only_posts: Collection[str] | None,
+) -> Iterator[WorkItem]:
+    """One partition's work items; its report counts posts, pending and waiting keys."""
+    if only_posts is not None:
+        pending = [p for p in pending if p.post_id in only_posts]
+    rep = reports[ref.key]
+    rep.posts = sum(sizes.get((ref.tenant_id, s), 0) for s in ref.slices)
+    rep.pending = len(pending)
+    rep.in_open_batch = waiting
+    if waiting:
+        log(f"{ref.key}: {waiting} key(s) wait for an open batch chunk (left to the batch)")
+    for p in pending:
+        yield WorkItem(
+            partition=ref.key,
+            tenant_id=ref.tenant_id,
+            slice=p.slice,
+            post_id=p.post_id,
+            content_hash=p.content_hash,
+            text=p.text,
+            key=work_key(versions, ref.tenant_id, p.post_id, p.content_hash),
+            had_dead_letter=p.had_dead_letter,
+        )
 
 
 async def _dispatch(

@@ -24,8 +24,10 @@ from backfill_assets.orchestration.resources import (
     run_versions,
 )
 from backfill_assets.store import partition_marks
-from backfill_assets.store.apply import ApplyReport, apply_partition, newer_versions
+from backfill_assets.store.apply import ApplyReport, apply_partitions, newer_versions
 from backfill_assets.store.engine import read_tx, write_tx
+from backfill_assets.store.partition_counts import post_counts
+from backfill_assets.store.partition_groups import grouped
 from backfill_assets.store.sink import Sink, SinkError, SinkReport, gaps, write_partition
 
 
@@ -155,13 +157,22 @@ def _applied_asset(
             )
         changed = 0
         applied: dict[str, dict[str, Any]] = {}
-        for ref in refs:
+        # A transaction per group of partitions: a commit each cost more than a small
+        # tenant's apply, and a group of few posts holds the write lock briefly.
+        with read_tx(engine) as conn:
+            sizes = post_counts(conn, sorted({r.tenant_id for r in refs}))
+        for group in grouped(refs, lambda r: sum(sizes.get((r.tenant_id, s), 0) for s in r.slices)):
             with write_tx(engine) as conn:
-                rep = apply_partition(
-                    conn, ref.tenant_id, ref.slices, versions, rubric.policy, live=checks.apply_live
+                reps = apply_partitions(
+                    conn,
+                    [(r.tenant_id, r.slices) for r in group],
+                    versions,
+                    rubric.policy,
+                    live=checks.apply_live,
                 )
-            changed += rep.changed
-            applied[ref.key] = apply_metadata(rep)
+            for ref, rep in zip(group, reps, strict=True):
+                changed += rep.changed
+                applied[ref.key] = apply_metadata(rep)
         context.log.info(f"applied labels to {changed} post(s) in {len(refs)} partition(s)")
         if sink is not None:
             written, failed = write_back(engine, sink, refs, rubric.policy)

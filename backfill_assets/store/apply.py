@@ -134,25 +134,39 @@ def _upsert(
     return int(conn.execute(stmt).rowcount or 0)
 
 
-def apply_partition(
+def apply_partitions(
     conn: Connection,
-    tenant_id: str,
-    slices: Sequence[int],
+    parts: Sequence[tuple[str, Sequence[int]]],
     versions: Versions,
     policy: Policy,
     live: bool = False,
-) -> ApplyReport:
-    """Write accepted labels of one partition under ``policy``; rows already up to date are
-    not touched, and posts a newer version of the policy holds are left to it.
+) -> list[ApplyReport]:
+    """Write accepted labels of each partition (tenant, its stored slices) under ``policy``,
+    in the caller's one transaction; rows already up to date are not touched, and posts a
+    newer version of the policy holds are left to it.
 
     Keyed by (tenant, post_id, policy id): replaying changes nothing, not even a timestamp,
     so ``applied_labels`` and the posts table stay byte-identical.
     """
     if versions.prompt_version != policy.key_version:
         raise ValueError("the versions name another policy than the one applied")
-    _lock(conn, tenant_id, policy.policy_id)
+    # In one order, so two transactions over overlapping tenants never wait on each other.
+    for tenant_id in sorted({t for t, _s in parts}):
+        _lock(conn, tenant_id, policy.policy_id)
     register(conn, policy)
     newer = newer_versions(conn, policy)
+    return [_apply_one(conn, t, slices, versions, policy, newer, live) for t, slices in parts]
+
+
+def _apply_one(
+    conn: Connection,
+    tenant_id: str,
+    slices: Sequence[int],
+    versions: Versions,
+    policy: Policy,
+    newer: list[str],
+    live: bool,
+) -> ApplyReport:
     match = _accepted(tenant_id, slices, versions)
     eligible = int(
         conn.execute(sa.select(sa.func.count()).select_from(posts).where(match)).one()[0]

@@ -24,6 +24,8 @@ from backfill_assets.core.rubric import OutputContract
 from backfill_assets.core.validation import stored_result_problems
 from backfill_assets.store.bulk import driver_rows, select_rows
 from backfill_assets.store.engine import is_sqlite, read_tx
+from backfill_assets.store.partition_counts import post_counts
+from backfill_assets.store.partition_groups import Owners, claimed_by, grouped
 from backfill_assets.store.sink import Sink, gap_partitions
 from backfill_assets.store.tables import (
     dead_letters,
@@ -194,88 +196,121 @@ def scope_rows(conn: Connection, tenant_id: str, slice_no: int | None = None) ->
 
 
 def _foreign_by_key(
-    conn: Connection, table: sa.Table, keys: list[str], tenant_id: str, slices: Sequence[int]
+    conn: Connection, table: sa.Table, keys: list[str], owners: Owners
 ) -> list[Row]:
-    """Rows that carry one of ``keys`` but claim another tenant or slice (normally none: the
-    query returns nothing, so its cost is the primary-key probes only).
+    """Rows that carry one of ``keys`` but claim a (tenant, slice) outside ``owners``
+    (normally none: the query returns nothing, so its cost is the primary-key probes only).
 
     Written for the driver: SQLAlchemy expands an IN list one bind parameter at a time, which
-    cost more than the probes; PostgreSQL takes the keys as one array parameter.
+    cost more than the probes; PostgreSQL takes the keys as one array parameter. Excluded are
+    the tenants x slices ``claimed_by`` reads; a row there that no owner holds is kept.
     """
     cols = ", ".join(_COLUMNS[table.name])
+    tenants = sorted({t for t, _s in owners})
+    slices = sorted({s for _t, s in owners})
     rows: list[Row] = []
     if is_sqlite(conn.engine):
-        marks = ", ".join("?" for _ in slices)
+        claim = (
+            f"tenant_id IN ({', '.join('?' for _ in tenants)})"
+            f" AND slice IN ({', '.join('?' for _ in slices)})"
+        )
         for i in range(0, len(keys), _IN_CHUNK):
             chunk = keys[i : i + _IN_CHUNK]
             sql = (
                 f"SELECT {cols} FROM {table.name} WHERE key IN ({', '.join('?' for _ in chunk)})"
-                f" AND NOT (tenant_id = ? AND slice IN ({marks}))"
+                f" AND NOT ({claim})"
             )
-            rows += driver_rows(conn, sql, (*chunk, tenant_id, *slices), by_name=True)
-        return rows
-    sql = (
-        f"SELECT {cols} FROM {table.name} WHERE key = ANY(%s)"
-        " AND NOT (tenant_id = %s AND slice = ANY(%s))"
-    )
-    return _mappings(conn.exec_driver_sql(sql, (keys, tenant_id, list(slices))))
+            rows += driver_rows(conn, sql, (*chunk, *tenants, *slices), by_name=True)
+    else:
+        sql = (
+            f"SELECT {cols} FROM {table.name} WHERE key = ANY(%s)"
+            " AND NOT (tenant_id = ANY(%s) AND slice = ANY(%s))"
+        )
+        rows = _mappings(conn.exec_driver_sql(sql, (keys, tenants, slices)))
+    return rows
 
 
-def partition_evidence(
-    conn: Connection,
-    tenant_id: str,
-    slice_no: int,
-    slices: Sequence[int],
-    versions: Versions,
-    contract: OutputContract,
-    validate: bool = True,
-) -> PartitionEvidence:
-    """One partition's posts and every row that claims it *or* carries one of its keys.
+def evidence_of(
+    conn: Connection, scopes: Sequence[Scope], versions: Versions
+) -> dict[str, PartitionEvidence]:
+    """Each partition's posts and every row that claims it *or* carries one of its keys, for
+    all of ``scopes`` (by partition key) in five queries: rows are routed to the partition
+    that holds their (tenant, slice) and, when they carry one of its expected keys while
+    claiming elsewhere, to that partition too.
 
-    A result or dead letter re-labelled to another tenant no longer claims this partition;
-    fetching those by expected key too (their primary key) means this partition's isolation
+    A result or dead letter re-labelled to another tenant no longer claims its partition;
+    fetching those by expected key too (their primary key) means that partition's isolation
     check still sees it. Ledger rows are fetched by claim only (the ledger has no key index,
     on purpose: it is the hottest insert path); a foreign one fails the isolation check of the
     tenant it claims, because its key does not recompute from that tenant's post.
-
-    ``contract`` judges the results of ``versions`` (the policy in force). ``validate=False``
-    leaves ``schema_problems`` empty for a caller that validates many partitions' rows in one
+    ``schema_problems`` is left empty: the caller validates many partitions' results in one
     frame (``stored_result_problems`` has a fixed cost per call).
     """
-    slice_posts = {
-        str(post_id): str(content_hash)
-        for post_id, content_hash in conn.execute(
-            sa.select(posts.c.post_id, posts.c.content_hash).where(
-                posts.c.tenant_id == tenant_id, posts.c.slice.in_(list(slices))
-            )
+    owners = {(sc.tenant_id, s): sc.key for sc in scopes for s in sc.slices}
+    if not owners:
+        return {sc.key: _no_evidence(sc, versions) for sc in scopes}
+    slice_posts: dict[str, dict[str, str]] = {sc.key: {} for sc in scopes}
+    expected: dict[str, dict[str, str]] = {sc.key: {} for sc in scopes}
+    key_owner: dict[str, str] = {}
+    stmt = sa.select(posts.c.tenant_id, posts.c.slice, posts.c.post_id, posts.c.content_hash)
+    for tenant_id, slice_no, post_id, content_hash in conn.execute(
+        stmt.where(claimed_by(posts, owners))
+    ):
+        owner = owners.get((str(tenant_id), int(slice_no)))
+        if owner is None:
+            continue
+        slice_posts[owner][str(post_id)] = str(content_hash)
+        # Each expected key is computed once here and handed to the verifier.
+        key = work_key(versions, str(tenant_id), str(post_id), str(content_hash))
+        expected[owner][str(post_id)] = key
+        key_owner[key] = owner
+
+    def gather(table: sa.Table) -> dict[str, list[Row]]:
+        got: dict[str, list[Row]] = {sc.key: [] for sc in scopes}
+        for row in _rows(conn, table, claimed_by(table, owners)):
+            claim = owners.get((row["tenant_id"], row["slice"]))
+            if claim is not None:
+                got[claim].append(row)
+            # A row claimed inside the group but by another partition than its key's.
+            by_key = key_owner.get(row["key"])
+            if by_key is not None and by_key != claim:
+                got[by_key].append(row)
+        for row in _foreign_by_key(conn, table, sorted(key_owner), owners):
+            got[key_owner[row["key"]]].append(row)
+        return {k: sorted(rows, key=itemgetter("key")) for k, rows in got.items()}
+
+    ledger: dict[str, list[Row]] = {sc.key: [] for sc in scopes}
+    for row in _ledger(conn, claimed_by(ledger_events, owners)):
+        claim = owners.get((row["tenant_id"], row["slice"]))
+        if claim is not None:
+            ledger[claim].append(row)
+    result_rows, dead = gather(results), gather(dead_letters)
+    return {
+        sc.key: PartitionEvidence(
+            tenant=sc.tenant_id,
+            slice=sc.slice,
+            versions=versions,
+            posts=slice_posts[sc.key],
+            results=result_rows[sc.key],
+            dead=dead[sc.key],
+            ledger=ledger[sc.key],
+            expected_keys=expected[sc.key],
         )
+        for sc in scopes
     }
-    # Each expected key is computed once here and handed to the verifier.
-    expected = {p: work_key(versions, tenant_id, p, h) for p, h in slice_posts.items()}
-    keys = sorted(expected.values())
-    chosen = list(slices)
 
-    def gather(table: sa.Table) -> list[Row]:
-        claimed = _rows(conn, table, table.c.tenant_id == tenant_id, table.c.slice.in_(chosen))
-        foreign = _foreign_by_key(conn, table, keys, tenant_id, chosen)
-        return sorted(claimed + foreign, key=itemgetter("key"))
 
-    result_rows = gather(results)
-    ledger = _ledger(
-        conn, ledger_events.c.tenant_id == tenant_id, ledger_events.c.slice.in_(chosen)
-    )
+def _no_evidence(scope: Scope, versions: Versions) -> PartitionEvidence:
+    """A partition that holds no stored slice (too few posts to split this far)."""
     return PartitionEvidence(
-        tenant=tenant_id,
-        slice=slice_no,
+        tenant=scope.tenant_id,
+        slice=scope.slice,
         versions=versions,
-        posts=slice_posts,
-        results=result_rows,
-        dead=gather(dead_letters),
-        ledger=ledger,
-        schema_problems=(
-            stored_result_problems(result_rows, contract, versions) if validate else []
-        ),
-        expected_keys=expected,
+        posts={},
+        results=[],
+        dead=[],
+        ledger=[],
+        expected_keys={},
     )
 
 
@@ -313,8 +348,8 @@ class Judging:
 def judge_partitions(
     engine: Engine, scopes: Sequence[Scope], judging: Judging
 ) -> dict[str, list[Verdict]]:
-    """Each partition's verdicts: rows read per partition, the stored-result schema validated
-    in one frame per batch of partitions.
+    """Each partition's verdicts: rows read for a group of partitions at once
+    (``partition_groups``), the stored-result schema validated in one frame per batch.
 
     Memory is bounded by one batch (``_BATCH_ROWS`` rows, or one partition if larger), not by
     the run: a batch is judged and dropped before the next is read.
@@ -336,18 +371,15 @@ def judge_partitions(
         batch, held = [], 0
 
     with read_tx(engine) as conn:
-        for scope in scopes:
-            ev = partition_evidence(
-                conn,
-                scope.tenant_id,
-                scope.slice,
-                scope.slices,
-                judging.versions,
-                judging.contract,
-                validate=False,
-            )
-            batch.append((scope, ev))
-            held += len(ev.results) + len(ev.ledger)
+        sizes = post_counts(conn, sorted({sc.tenant_id for sc in scopes}))
+        for group in grouped(
+            scopes, lambda sc: sum(sizes.get((sc.tenant_id, s), 0) for s in sc.slices)
+        ):
+            found = evidence_of(conn, group, judging.versions)
+            for scope in group:
+                ev = found[scope.key]
+                batch.append((scope, ev))
+                held += len(ev.results) + len(ev.ledger)
             if held >= _BATCH_ROWS:
                 judge()
     judge()

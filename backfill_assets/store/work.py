@@ -10,6 +10,7 @@ from sqlalchemy.engine import Connection
 
 from backfill_assets.core.keys import Versions
 from backfill_assets.store.bulk import select_rows
+from backfill_assets.store.partition_groups import Owners, claimed_by, owners_of
 from backfill_assets.store.submissions import OPEN_STATES
 from backfill_assets.store.tables import (
     batch_lines,
@@ -80,21 +81,24 @@ def _unfinished(versions: Versions) -> list[sa.ColumnElement[bool]]:
 def _not_finished(
     tenant_id: str, slices: Sequence[int], versions: Versions
 ) -> list[sa.ColumnElement[bool]]:
-    return [posts.c.tenant_id == tenant_id, _in_slices(posts, slices), *_unfinished(versions)]
+    return [claimed_by(posts, owners_of(tenant_id, slices)), *_unfinished(versions)]
 
 
-def pending_query(
-    tenant_id: str, slices: Sequence[int], versions: Versions
-) -> sa.Select[str, str, str, bool, int]:
-    """Anti-join in SQL: posts of the partition (its stored ``slices``) minus accepted minus
+def pending_query(owners: Owners, versions: Versions) -> sa.Select[str, str, str, str, bool, int]:
+    """Anti-join in SQL: posts of the partitions (their stored slices) minus accepted minus
     finally rejected, minus keys in an open batch chunk (left to their batch in either
     dispatch mode: a sync call for them would bill them twice)."""
     # Only evaluated for rows that pass the filters: tells the writer which accepted keys
     # have a (retry_exhausted) dead letter to clear, so it skips the delete for all others.
     had_dead = sa.exists().where(_same_work(dead_letters, versions)).label("had_dead_letter")
     return sa.select(
-        posts.c.post_id, posts.c.content_hash, posts.c.text, had_dead, posts.c.slice
-    ).where(*_not_finished(tenant_id, slices, versions), ~_in_open_batch(versions))
+        posts.c.tenant_id,
+        posts.c.post_id,
+        posts.c.content_hash,
+        posts.c.text,
+        had_dead,
+        posts.c.slice,
+    ).where(claimed_by(posts, owners), *_unfinished(versions), ~_in_open_batch(versions))
 
 
 def pending_counts(
@@ -131,22 +135,27 @@ def pending_counts(
     return {(str(t), int(s)): (int(n), int(p or 0)) for t, s, n, p in conn.execute(stmt)}
 
 
-def _in_slices(table: sa.Table, slices: Sequence[int]) -> sa.ColumnElement[bool]:
-    # One slice is an equality (the index's prefix); a few are an IN list, still indexed.
-    chosen = list(slices)
-    return table.c.slice == chosen[0] if len(chosen) == 1 else table.c.slice.in_(chosen)
+def pending_by_partition(
+    conn: Connection, owners: Owners, versions: Versions
+) -> dict[str, list[PendingPost]]:
+    """The remaining work of each partition of ``owners`` (by partition key), in one query:
+    bounded by the partitions asked for (``partition_groups.grouped``)."""
+    out: dict[str, list[PendingPost]] = {key: [] for key in owners.values()}
+    # One fetch of plain tuples: iterating a result row by row costs more than the query.
+    for tenant_id, post_id, content_hash, text, had_dead, slice_no in select_rows(
+        conn, pending_query(owners, versions)
+    ):
+        key = owners.get((tenant_id, slice_no))
+        if key is not None:
+            out[key].append(PendingPost(post_id, content_hash, text, bool(had_dead), slice_no))
+    return out
 
 
 def pending_posts(
     conn: Connection, tenant_id: str, slices: Sequence[int], versions: Versions
 ) -> list[PendingPost]:
-    """The partition's remaining work (bounded by one partition)."""
-    # One fetch of plain tuples: iterating a result row by row costs more than the query.
-    rows = select_rows(conn, pending_query(tenant_id, slices, versions))
-    return [
-        PendingPost(post_id, content_hash, text, bool(had_dead), int(slice_no))
-        for post_id, content_hash, text, had_dead, slice_no in rows
-    ]
+    """One partition's remaining work (bounded by one partition)."""
+    return pending_by_partition(conn, owners_of(tenant_id, slices), versions)[""]
 
 
 def sendable_count(conn: Connection, tenants: Sequence[str], versions: Versions) -> int:
