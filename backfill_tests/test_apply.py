@@ -160,3 +160,35 @@ def test_a_label_for_an_edited_post_is_not_applied(engine: Engine, tmp_path: Pat
     # The only result is for the old text: applying it to the new text would be wrong.
     assert rep.eligible == 0 and rep.changed == 0
     assert shadow_labels(engine) == 0
+
+
+def test_a_group_applies_exactly_its_partitions_and_counts_each(
+    engine: Engine, tmp_path: Path
+) -> None:
+    # One transaction and one statement per step for many partitions: each partition's counts
+    # are its own, and a slice no partition of the group holds is not written.
+    load(engine, tmp_path, {ACME: 80, "globex": 40, "initech": 30}, spam_every=7)
+    run(engine, [ACME, "globex", "initech"])
+    low, high = tuple(range(8)), tuple(range(8, 16))
+    with engine.begin() as conn:
+        reps = apply_partitions(
+            conn, [(ACME, low), ("globex", low + high), ("initech", high)], VERSIONS, RUBRIC.policy
+        )
+    posts_in = {
+        name: count(
+            engine,
+            f"SELECT count(*) FROM posts WHERE tenant_id = '{tenant}'"
+            f" AND slice IN ({', '.join(map(str, slices))})",
+        )
+        for name, tenant, slices in (
+            ("a", ACME, low),
+            ("g", "globex", low + high),
+            ("i", "initech", high),
+        )
+    }
+    assert [(r.eligible, r.changed) for r in reps] == [(n, n) for n in posts_in.values()]
+    assert shadow_labels(engine) == posts_in["a"] < 80  # acme's high slices were not in it
+    assert shadow_labels(engine, "initech") == posts_in["i"] < 30
+    with engine.begin() as conn:
+        again = apply_partitions(conn, [(ACME, low + high)], VERSIONS, RUBRIC.policy)
+    assert [(r.eligible, r.changed) for r in again] == [(80, 80 - posts_in["a"])]

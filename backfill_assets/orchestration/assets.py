@@ -21,6 +21,7 @@ from backfill_assets.orchestration.resources import (
 from backfill_assets.store import partition_marks
 from backfill_assets.store.engine import read_tx, write_tx
 from backfill_assets.store.locks import LockLost
+from backfill_assets.store.partition_groups import grouped
 from backfill_assets.store.reports import partition_spend
 
 
@@ -99,10 +100,12 @@ def _labels_asset(
             # The run's failure says which partitions were taken over (nothing more of them
             # was committed); retrying here could only find them taken.
             raise dg.Failure(description=str(exc), allow_retries=False) from exc
+        # A partition that holds no stored slice has billed nothing.
+        spend = {r.ref.key: {"billed_tokens": 0, "rebilled_tokens": 0} for r in reports}
         with read_tx(store.engine()) as conn:
-            spend = {
-                r.ref.key: partition_spend(conn, r.ref.tenant_id, r.ref.slices) for r in reports
-            }
+            for group in grouped(reports, lambda r: r.posts):
+                owners = {(r.ref.tenant_id, s): r.ref.key for r in group for s in r.ref.slices}
+                spend.update(partition_spend(conn, owners))
         add_partition_metadata(
             context,
             {r.ref.key: partition_metadata(r, versions, rubric, spend[r.ref.key]) for r in reports},

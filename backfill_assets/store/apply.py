@@ -12,7 +12,7 @@ transaction, under a lock per (tenant, policy id) that concurrent applies of tha
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import sqlalchemy as sa
@@ -22,6 +22,7 @@ from backfill_assets.core.keys import Versions
 from backfill_assets.core.policy import Policy
 from backfill_assets.store.dialect import insert_for
 from backfill_assets.store.engine import is_sqlite
+from backfill_assets.store.partition_groups import claimed_by
 from backfill_assets.store.policies import register, versions_of
 from backfill_assets.store.tables import applied_labels, posts, results, utcnow
 
@@ -49,12 +50,13 @@ def rubric_version(versions: Versions) -> str:
     return versions.code_version
 
 
-def _accepted(tenant_id: str, slices: Sequence[int], versions: Versions) -> sa.ColumnElement[bool]:
+def _accepted(
+    owners: Mapping[tuple[str, int], object], versions: Versions
+) -> sa.ColumnElement[bool]:
     # Only a result for the post's *current* text under these versions is applied: a label of
     # an edited post's older text must not land on the new text.
     return sa.and_(
-        results.c.tenant_id == tenant_id,
-        results.c.slice.in_(list(slices)),
+        claimed_by(results, owners),
         results.c.task_version == versions.task_version,
         results.c.prompt_version == versions.prompt_version,
         results.c.model == versions.model,
@@ -85,8 +87,9 @@ def newer_versions(conn: Connection, policy: Policy) -> list[str]:
 
 def _upsert(
     conn: Connection, match: sa.ColumnElement[bool], policy: Policy, newer: list[str]
-) -> int:
-    """Write this version's labels into ``applied_labels``; returns the rows written."""
+) -> list[tuple[str, str]]:
+    """Write this version's labels into ``applied_labels``; returns the (tenant, post) rows
+    written (inserted or changed: an upsert whose WHERE refuses the update returns nothing)."""
     al = applied_labels
     source = sa.select(
         results.c.tenant_id,
@@ -131,7 +134,7 @@ def _upsert(
         set_={**{c: excluded[c] for c in replace}, "applied_at": excluded.applied_at},
         where=sa.and_(differs, al.c.key_version.not_in(newer)) if newer else differs,
     )
-    return int(conn.execute(stmt).rowcount or 0)
+    return [(str(t), str(p)) for t, p in conn.execute(stmt.returning(al.c.tenant_id, al.c.post_id))]
 
 
 def apply_partitions(
@@ -142,8 +145,8 @@ def apply_partitions(
     live: bool = False,
 ) -> list[ApplyReport]:
     """Write accepted labels of each partition (tenant, its stored slices) under ``policy``,
-    in the caller's one transaction; rows already up to date are not touched, and posts a
-    newer version of the policy holds are left to it.
+    in the caller's one transaction and one statement per step for them all; rows already up
+    to date are not touched, and posts a newer version of the policy holds are left to it.
 
     Keyed by (tenant, post_id, policy id): replaying changes nothing, not even a timestamp,
     so ``applied_labels`` and the posts table stay byte-identical.
@@ -155,48 +158,44 @@ def apply_partitions(
         _lock(conn, tenant_id, policy.policy_id)
     register(conn, policy)
     newer = newer_versions(conn, policy)
-    return [_apply_one(conn, t, slices, versions, policy, newer, live) for t, slices in parts]
-
-
-def _apply_one(
-    conn: Connection,
-    tenant_id: str,
-    slices: Sequence[int],
-    versions: Versions,
-    policy: Policy,
-    newer: list[str],
-    live: bool,
-) -> ApplyReport:
-    match = _accepted(tenant_id, slices, versions)
-    eligible = int(
-        conn.execute(sa.select(sa.func.count()).select_from(posts).where(match)).one()[0]
-    )
-    changed = _upsert(conn, match, policy, newer)
-    al = applied_labels
-    held_by_newer = sa.and_(
-        al.c.tenant_id == posts.c.tenant_id,
-        al.c.post_id == posts.c.post_id,
-        al.c.policy_id == policy.policy_id,
-        al.c.key_version.in_(newer),
-    )
-    newer_kept = (
-        int(
-            conn.execute(
-                sa.select(sa.func.count()).select_from(posts).where(match, held_by_newer)
-            ).one()[0]
+    owners = {(t, s): i for i, (t, slices) in enumerate(parts) for s in slices}
+    eligible, changed, newer_kept = [0] * len(parts), [0] * len(parts), [0] * len(parts)
+    if owners:
+        match = _accepted(owners, versions)
+        # The partition of each eligible post, to count what the upsert returns by partition.
+        held: dict[tuple[str, str], int] = {}
+        for t, p, s in conn.execute(
+            sa.select(posts.c.tenant_id, posts.c.post_id, posts.c.slice).where(match)
+        ):
+            part = owners.get((str(t), int(s)))
+            if part is not None:
+                held[(str(t), str(p))] = part
+                eligible[part] += 1
+        for written in _upsert(conn, match, policy, newer):
+            changed[held[written]] += 1
+        if newer:
+            al = applied_labels
+            held_by_newer = sa.and_(
+                al.c.tenant_id == posts.c.tenant_id,
+                al.c.post_id == posts.c.post_id,
+                al.c.policy_id == policy.policy_id,
+                al.c.key_version.in_(newer),
+            )
+            kept = sa.select(posts.c.tenant_id, posts.c.post_id).where(match, held_by_newer)
+            for t, p in conn.execute(kept):
+                newer_kept[held[(str(t), str(p))]] += 1
+        _posts_columns(conn, match, versions, policy, live)
+    return [
+        ApplyReport(
+            eligible=eligible[i],
+            changed=changed[i],
+            newer_kept=newer_kept[i],
+            target="live+shadow" if live else "shadow",
+            rubric_version=rubric_version(versions),
+            policy_version=policy.version,
         )
-        if newer
-        else 0
-    )
-    _posts_columns(conn, match, versions, policy, live)
-    return ApplyReport(
-        eligible=eligible,
-        changed=changed,
-        newer_kept=newer_kept,
-        target="live+shadow" if live else "shadow",
-        rubric_version=rubric_version(versions),
-        policy_version=policy.version,
-    )
+        for i in range(len(parts))
+    ]
 
 
 def _posts_columns(

@@ -25,7 +25,7 @@ from backfill_assets.core.validation import stored_result_problems
 from backfill_assets.store.bulk import driver_rows, select_rows
 from backfill_assets.store.engine import is_sqlite, read_tx
 from backfill_assets.store.partition_counts import post_counts
-from backfill_assets.store.partition_groups import Owners, claimed_by, grouped
+from backfill_assets.store.partition_groups import Owners, claimed_by, claims, grouped
 from backfill_assets.store.sink import Sink, gap_partitions
 from backfill_assets.store.tables import (
     dead_letters,
@@ -195,39 +195,38 @@ def scope_rows(conn: Connection, tenant_id: str, slice_no: int | None = None) ->
     )
 
 
+def _marks(values: Sequence[object]) -> str:
+    return ", ".join("?" for _ in values)
+
+
 def _foreign_by_key(
     conn: Connection, table: sa.Table, keys: list[str], owners: Owners
 ) -> list[Row]:
-    """Rows that carry one of ``keys`` but claim a (tenant, slice) outside ``owners``
+    """Rows that carry one of ``keys`` but claim a (tenant, slice) none of ``owners`` holds
     (normally none: the query returns nothing, so its cost is the primary-key probes only).
 
     Written for the driver: SQLAlchemy expands an IN list one bind parameter at a time, which
-    cost more than the probes; PostgreSQL takes the keys as one array parameter. Excluded are
-    the tenants x slices ``claimed_by`` reads; a row there that no owner holds is kept.
+    cost more than the probes; PostgreSQL takes the keys as one array parameter.
     """
     cols = ", ".join(_COLUMNS[table.name])
-    tenants = sorted({t for t, _s in owners})
-    slices = sorted({s for _t, s in owners})
+    pairs = claims(owners)
     rows: list[Row] = []
     if is_sqlite(conn.engine):
-        claim = (
-            f"tenant_id IN ({', '.join('?' for _ in tenants)})"
-            f" AND slice IN ({', '.join('?' for _ in slices)})"
+        claim = " OR ".join(
+            f"(tenant_id IN ({_marks(t)}) AND slice IN ({_marks(s)}))" for t, s in pairs
         )
+        claim_params = [v for t, s in pairs for v in (*t, *s)]
         for i in range(0, len(keys), _IN_CHUNK):
             chunk = keys[i : i + _IN_CHUNK]
             sql = (
-                f"SELECT {cols} FROM {table.name} WHERE key IN ({', '.join('?' for _ in chunk)})"
-                f" AND NOT ({claim})"
+                f"SELECT {cols} FROM {table.name} WHERE key IN ({_marks(chunk)}) AND NOT ({claim})"
             )
-            rows += driver_rows(conn, sql, (*chunk, *tenants, *slices), by_name=True)
-    else:
-        sql = (
-            f"SELECT {cols} FROM {table.name} WHERE key = ANY(%s)"
-            " AND NOT (tenant_id = ANY(%s) AND slice = ANY(%s))"
-        )
-        rows = _mappings(conn.exec_driver_sql(sql, (keys, tenants, slices)))
-    return rows
+            rows += driver_rows(conn, sql, (*chunk, *claim_params), by_name=True)
+        return rows
+    claim = " OR ".join("(tenant_id = ANY(%s) AND slice = ANY(%s))" for _ in pairs)
+    sql = f"SELECT {cols} FROM {table.name} WHERE key = ANY(%s) AND NOT ({claim})"
+    params = (keys, *(v for t, s in pairs for v in (t, s)))
+    return _mappings(conn.exec_driver_sql(sql, params))
 
 
 def evidence_of(

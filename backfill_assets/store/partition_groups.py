@@ -2,15 +2,15 @@
 
 A small tenant's partition holds a handful of posts: one query per partition costs more in
 building the statement than in reading it (10,000 one-partition tenants). A group's query
-selects by tenant and stored slice, and ``Owners`` routes each row to the partition that holds
-its (tenant, slice). Groups are bounded by posts, so memory stays bounded by one group, or by
-one partition larger than the bound.
+selects exactly the partitions' (tenant, stored slice) pairs, and ``Owners`` routes each row
+to the partition that holds it. Groups are bounded by posts, so memory stays bounded by one
+group, or by one partition larger than the bound.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 
@@ -47,19 +47,35 @@ def grouped(
     return out
 
 
-def claimed_by(table: sa.Table, owners: Owners) -> sa.ColumnElement[bool]:
-    """Rows of ``table`` whose (tenant, slice) may belong to one of ``owners``: a superset
-    (tenants x slices) that the caller narrows with ``Owners.get``."""
-    tenants = sorted({t for t, _s in owners})
-    slices = sorted({s for _t, s in owners})
-    # One value is an equality (the indexes' prefix); a few are an IN list, still indexed.
-    by_tenant = (
-        table.c.tenant_id == tenants[0] if len(tenants) == 1 else table.c.tenant_id.in_(tenants)
-    )
-    by_slice = table.c.slice == slices[0] if len(slices) == 1 else table.c.slice.in_(slices)
-    return sa.and_(by_tenant, by_slice)
+def claims(owners: Mapping[tuple[str, int], object]) -> list[tuple[list[str], list[int]]]:
+    """``owners`` as few (tenants, slices) pairs whose products are exactly its (tenant,
+    slice) pairs: the tenants of each set of slices (small tenants all hold every slice in one
+    partition, so a group of them is one pair)."""
+    by_owner: dict[object, set[int]] = {}
+    tenant_of: dict[object, str] = {}
+    for (tenant, slice_no), owner in owners.items():
+        by_owner.setdefault((tenant, owner), set()).add(slice_no)
+        tenant_of[(tenant, owner)] = tenant
+    by_slices: dict[tuple[int, ...], set[str]] = {}
+    for ident, chosen in by_owner.items():
+        by_slices.setdefault(tuple(sorted(chosen)), set()).add(tenant_of[ident])
+    return [(sorted(tenants), list(slices)) for slices, tenants in sorted(by_slices.items())]
+
+
+def claimed_by(table: sa.Table, owners: Mapping[tuple[str, int], object]) -> sa.ColumnElement[bool]:
+    """Rows of ``table`` whose (tenant, slice) is one of ``owners``'."""
+    terms = [
+        sa.and_(_one_of(table.c.tenant_id, tenants), _one_of(table.c.slice, slices))
+        for tenants, slices in claims(owners)
+    ]
+    return terms[0] if len(terms) == 1 else sa.or_(*terms)
 
 
 def owners_of(tenant_id: str, slices: Sequence[int], key: str = "") -> dict[tuple[str, int], str]:
     """The owners of one partition."""
     return {(tenant_id, s): key for s in slices}
+
+
+def _one_of(column: sa.Column[Any], values: Sequence[Any]) -> sa.ColumnElement[bool]:
+    # One value is an equality (the indexes' prefix); a few are an IN list, still indexed.
+    return column == values[0] if len(values) == 1 else column.in_(list(values))

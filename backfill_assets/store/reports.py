@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from backfill_assets.core.events import EventKind
+from backfill_assets.store.partition_groups import Owners, claimed_by
 from backfill_assets.store.tables import ledger_events, posts, tenants
 
 
@@ -23,28 +22,32 @@ def tenant_ids(conn: Connection) -> list[str]:
     ]
 
 
-def partition_spend(conn: Connection, tenant_id: str, slices: Sequence[int]) -> dict[str, int]:
-    """Billed tokens of a partition and the part paid more than once for the same key."""
+def partition_spend(conn: Connection, owners: Owners) -> dict[str, dict[str, int]]:
+    """Billed tokens of each partition of ``owners`` and the part paid more than once for the
+    same key, in one query for them all."""
     le = ledger_events
     per_event = (
         sa.select(
+            le.c.tenant_id,
+            le.c.slice,
             (le.c.tokens_in + le.c.tokens_out).label("tokens"),
             sa.func.row_number().over(partition_by=le.c.key, order_by=le.c.id).label("nth"),
         )
-        .where(
-            le.c.tenant_id == tenant_id, le.c.slice.in_(list(slices)), le.c.type == EventKind.USAGE
-        )
+        .where(claimed_by(le, owners), le.c.type == EventKind.USAGE)
         .subquery()
     )
-    row = conn.execute(
-        sa.select(
-            sa.func.coalesce(sa.func.sum(per_event.c.tokens), 0),
-            sa.func.coalesce(
-                sa.func.sum(sa.case((per_event.c.nth > 1, per_event.c.tokens), else_=0)), 0
-            ),
-        )
-    ).one()
-    return {"billed_tokens": int(row[0]), "rebilled_tokens": int(row[1])}
+    stmt = sa.select(
+        per_event.c.tenant_id,
+        per_event.c.slice,
+        sa.func.sum(per_event.c.tokens),
+        sa.func.sum(sa.case((per_event.c.nth > 1, per_event.c.tokens), else_=0)),
+    ).group_by(per_event.c.tenant_id, per_event.c.slice)
+    out = {key: {"billed_tokens": 0, "rebilled_tokens": 0} for key in owners.values()}
+    for tenant_id, slice_no, billed, rebilled in conn.execute(stmt) if owners else ():
+        spend = out[owners[(str(tenant_id), int(slice_no))]]
+        spend["billed_tokens"] += int(billed or 0)
+        spend["rebilled_tokens"] += int(rebilled or 0)
+    return out
 
 
 def live_label_counts(

@@ -1,11 +1,12 @@
-"""Groups of partitions read in one query: in order, bounded by posts and by count."""
+"""Groups of partitions read in one query: in order, bounded by posts and by count, and the
+query selects exactly the (tenant, slice) pairs the group holds."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from backfill_assets.store.partition_groups import grouped
+from backfill_assets.store.partition_groups import claims, grouped
 
 
 @given(
@@ -27,3 +28,20 @@ def test_small_partitions_share_a_group_and_a_big_one_stands_alone() -> None:
     sizes = [5, 5, 5, 6_000, 5]
     groups = grouped(sizes, lambda n: n, max_posts=5_000)
     assert groups == [[5, 5, 5], [6_000], [5]]
+
+
+@given(
+    st.dictionaries(
+        st.tuples(st.sampled_from("abcdef"), st.integers(min_value=0, max_value=15)),
+        st.sampled_from(["p0", "p1", "p2"]),
+        min_size=1,
+    )
+)
+def test_claims_cover_exactly_the_owned_pairs(owners: dict[tuple[str, int], str]) -> None:
+    pairs = [(t, s) for tenants, slices in claims(owners) for t in tenants for s in slices]
+    assert sorted(pairs) == sorted(owners)  # each pair once, none that no partition holds
+
+
+def test_small_tenants_are_one_claim() -> None:
+    owners = {(t, s): f"s00|{t}" for t in ("a", "b", "c") for s in range(16)}
+    assert claims(owners) == [(["a", "b", "c"], list(range(16)))]
