@@ -30,8 +30,8 @@ from backfill_assets.orchestration.settings import Settings
 from backfill_assets.providersim import SimConfig, Simulator
 from backfill_tests.cli_runs import ROOT, clean_env
 from backfill_tests.conftest import dispose_engine, drop_pg_database, make_pg_database, write_jsonl
+from backfill_tests.orchestration.test_prod_daemon import kill_sessions
 from backfill_tests.security.scan import store_leaks, text_leaks, tree_leaks
-from backfill_tests.test_prod_daemon import kill_sessions
 
 pytestmark = [pytest.mark.pg, pytest.mark.xdist_group("servers")]
 

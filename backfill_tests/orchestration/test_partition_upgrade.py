@@ -19,7 +19,7 @@ import pytest
 
 from backfill_tests.cli_runs import cli_doc
 
-FIXTURE = Path(__file__).parent / "data" / "upgrade_from_grid.tar.gz"
+FIXTURE = Path(__file__).parents[1] / "data" / "upgrade_from_grid.tar.gz"
 EXPECTED = ["s00|acme", "s01|acme", "s02|acme", "s03|acme", "s00|globex", "s00|initech"]
 
 
