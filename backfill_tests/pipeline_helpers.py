@@ -19,7 +19,7 @@ from backfill_assets.dispatch.pipeline import (
 )
 from backfill_assets.providers.models.base import ModelAdapter
 from backfill_assets.providers.models.fake import FakeModel
-from backfill_assets.store.audit import VerifyOutcome, verify_store
+from backfill_assets.store.verification import VerifyOutcome, verify_store
 
 RUBRIC = Rubric()
 VERSIONS = Versions(TASK_VERSION, RUBRIC.prompt_version, "fake-moderator-1")

@@ -44,7 +44,6 @@ from backfill_assets.orchestration.wiring import (
     USAGE_JOB,
     build_definitions,
 )
-from backfill_assets.store.audit import verify_store
 from backfill_assets.store.budget import budget_status
 from backfill_assets.store.dead_letters import requeue
 from backfill_assets.store.engine import read_tx, write_tx
@@ -53,6 +52,7 @@ from backfill_assets.store.posts import slice_levels
 from backfill_assets.store.reports import tenant_ids
 from backfill_assets.store.tenants import all_regions
 from backfill_assets.store.usage import ledger_by_model_day, usage_by_day, usage_by_tenant_model
+from backfill_assets.store.verification import verify_store
 
 
 def emit(args: argparse.Namespace, doc: Any, *human: Human) -> None:

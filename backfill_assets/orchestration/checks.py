@@ -40,8 +40,9 @@ from backfill_assets.orchestration.resources import (
 )
 from backfill_assets.store import audit_pool
 from backfill_assets.store.apply import rubric_version
-from backfill_assets.store.audit import Baseline, Judging, Scope, judge_partitions
 from backfill_assets.store.engine import read_tx
+from backfill_assets.store.evidence import Partition
+from backfill_assets.store.judging import Baseline, Judging, judge_partitions
 from backfill_assets.store.reports import live_label_counts
 
 CHECKS_NAME = "moderation_label_checks"
@@ -81,12 +82,12 @@ def verdicts_for_many(
     log: Callable[[str], None] = lambda _m: None,
     pooling: audit_pool.Pooling | None = None,
 ) -> dict[str, list[Verdict]]:
-    """Verdicts for several partitions (``store.audit.judge_partitions``), each tenant's drift
+    """Verdicts for several partitions (``store.judging.judge_partitions``), each tenant's drift
     baseline read once; a big run's partitions are judged by worker processes
     (``store.audit_pool``, as ``pooling`` says), since one process would leave the other cores
     idle. The stored results of ``versions`` are judged by ``rubric``'s labels and rules."""
     pooling = pooling or audit_pool.Pooling()
-    scopes = [Scope(r.key, r.tenant_id, r.slice, r.slices) for r in refs]
+    partitions = [Partition(r.key, r.tenant_id, r.slice, r.slices) for r in refs]
     baselines: dict[str, Baseline] = {}
     if "label_drift" in names:
         with read_tx(engine) as conn:
@@ -101,12 +102,12 @@ def verdicts_for_many(
         dict(deferred or {}),
         sample,
     )
-    chunks = audit_pool.plan(engine, scopes, pooling)
+    chunks = audit_pool.plan(engine, partitions, pooling)
     if chunks is not None:
         procs = min(pooling.workers, len(chunks))
         log(f"judging {len(refs)} partition(s) in {procs} worker processes")
         return audit_pool.judge(engine, chunks, judging, log=log, pooling=pooling)
-    return judge_partitions(engine, scopes, judging)
+    return judge_partitions(engine, partitions, judging)
 
 
 def _baseline(

@@ -5,7 +5,7 @@ process leaves the other cores idle while a million-post run is checked. A run w
 ``Pooling.min_posts`` posts is cut into chunks of partitions; each worker (``python -m
 backfill_assets.store.audit_pool``, one per core up to ``_MAX_WORKERS``) takes a chunk as one
 JSON line on stdin and answers its verdicts as one JSON line on stdout, reading the rows itself
-(``audit.judge_partitions``, the same code the serial path runs). Verdicts carry counts and
+(``judging.judge_partitions``, the same code the serial path runs). Verdicts carry counts and
 keys, never post text. A chunk whose worker fails is judged here, serially, so a broken worker
 costs time, never a verdict.
 """
@@ -30,9 +30,10 @@ from sqlalchemy.engine import Engine
 from backfill_assets.audit.check_rules import CheckBounds, DriftRule, Verdict
 from backfill_assets.core.keys import Versions
 from backfill_assets.core.rubric import OutputContract
-from backfill_assets.store.audit import Baseline, Judging, Scope, judge_partitions
 from backfill_assets.store.dead_peer import DeadPeer
 from backfill_assets.store.engine import engine_dead_peer, make_engine, read_tx
+from backfill_assets.store.evidence import Partition
+from backfill_assets.store.judging import Baseline, Judging, judge_partitions
 from backfill_assets.store.partition_counts import post_counts
 
 _MAX_WORKERS = 4
@@ -59,33 +60,33 @@ class Pooling:
 
 
 def plan(
-    engine: Engine, scopes: Sequence[Scope], pooling: Pooling | None = None
-) -> list[list[Scope]] | None:
+    engine: Engine, partitions: Sequence[Partition], pooling: Pooling | None = None
+) -> list[list[Partition]] | None:
     """Chunks of partitions for the workers, or None when the run is judged in-process."""
     pooling = pooling or Pooling()
-    if pooling.workers < 2 or len(scopes) < 2:
+    if pooling.workers < 2 or len(partitions) < 2:
         return None
     with read_tx(engine) as conn:
-        counts = post_counts(conn, sorted({s.tenant_id for s in scopes}))
-    sizes = [sum(counts.get((s.tenant_id, n), 0) for n in s.slices) for s in scopes]
+        counts = post_counts(conn, sorted({s.tenant_id for s in partitions}))
+    sizes = [sum(counts.get((s.tenant_id, n), 0) for n in s.slices) for s in partitions]
     total = sum(sizes)
     if total < pooling.min_posts:
         return None
     target = max(1, min(pooling.chunk_posts, total // (2 * pooling.workers)))
-    chunks: list[list[Scope]] = [[]]
+    chunks: list[list[Partition]] = [[]]
     held = 0
-    for scope, size in zip(scopes, sizes, strict=True):
+    for part, size in zip(partitions, sizes, strict=True):
         if held >= target:
             chunks.append([])
             held = 0
-        chunks[-1].append(scope)
+        chunks[-1].append(part)
         held += size
     return chunks if len(chunks) > 1 else None
 
 
 def judge(
     engine: Engine,
-    chunks: Sequence[Sequence[Scope]],
+    chunks: Sequence[Sequence[Partition]],
     judging: Judging,
     log: Callable[[str], None] = lambda _m: None,
     pooling: Pooling | None = None,
@@ -107,11 +108,11 @@ def judge(
         "names": list(judging.names),
         "sample": judging.sample,
     }
-    todo: queue.SimpleQueue[Sequence[Scope]] = queue.SimpleQueue()
+    todo: queue.SimpleQueue[Sequence[Partition]] = queue.SimpleQueue()
     for chunk in chunks:
         todo.put(chunk)
     out: dict[str, list[Verdict]] = {}
-    left: list[Scope] = []
+    left: list[Partition] = []
     lock = threading.Lock()
     total = sum(len(c) for c in chunks)
     last_log = time.monotonic()
@@ -125,7 +126,7 @@ def judge(
             except queue.Empty:
                 return
             job = dict(common)
-            job["scopes"] = [[s.key, s.tenant_id, s.slice, list(s.slices)] for s in chunk]
+            job["partitions"] = [[s.key, s.tenant_id, s.slice, list(s.slices)] for s in chunk]
             job["baselines"] = {
                 s.tenant_id: judging.baselines[s.tenant_id]
                 for s in chunk
@@ -221,8 +222,9 @@ def _answer(job: Mapping[str, Any], engines: dict[str, Engine]) -> dict[str, Any
     engine = engines.get(url)
     if engine is None:
         engine = engines[url] = make_engine(url, DeadPeer(float(job["dead_peer_s"])))
-    scopes = [
-        Scope(str(k), str(t), int(n), tuple(int(x) for x in s)) for k, t, n, s in job["scopes"]
+    partitions = [
+        Partition(str(k), str(t), int(n), tuple(int(x) for x in s))
+        for k, t, n, s in job["partitions"]
     ]
     baselines: dict[str, Baseline] = {
         t: (dict(b) if b is not None else None, str(src))
@@ -242,7 +244,7 @@ def _answer(job: Mapping[str, Any], engines: dict[str, Engine]) -> dict[str, Any
         deferred=dict(job["deferred"]),
         sample=int(job["sample"]),
     )
-    verdicts = judge_partitions(engine, scopes, judging)
+    verdicts = judge_partitions(engine, partitions, judging)
     return {"verdicts": {k: [asdict(v) for v in vs] for k, vs in verdicts.items()}}
 
 

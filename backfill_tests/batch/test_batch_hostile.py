@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy.engine import Engine
 
 from backfill_assets.dispatch.pipeline import RunStopped
-from backfill_assets.store.audit import verify_store
+from backfill_assets.store.verification import verify_store
 from backfill_tests.batch.conftest import (
     API_KEY,
     VERSIONS,

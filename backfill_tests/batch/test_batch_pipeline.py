@@ -16,7 +16,7 @@ from backfill_assets.orchestration.resources import engine_for
 from backfill_assets.providers.models.openai_http import OpenAIHttpModel
 from backfill_assets.providers.ratelimit import LimiterConfig, LimiterRegistry
 from backfill_assets.providersim import MeterSnapshot
-from backfill_assets.store.audit import verify_store
+from backfill_assets.store.verification import verify_store
 from backfill_tests.batch.conftest import (
     API_KEY,
     MODEL,

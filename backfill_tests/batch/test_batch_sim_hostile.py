@@ -14,7 +14,7 @@ from sqlalchemy.engine import Engine
 from backfill_assets.core.rubric import call_token_bound
 from backfill_assets.dispatch.pipeline import RunOptions, RunStopped
 from backfill_assets.providersim import Simulator
-from backfill_assets.store.audit import verify_store
+from backfill_assets.store.verification import verify_store
 from backfill_tests.batch.conftest import (
     RUBRIC,
     VERSIONS,

@@ -72,10 +72,10 @@ def test_a_failing_worker_falls_back_to_this_process(tampered: Engine) -> None:
 
 def test_small_runs_stay_in_process(tampered: Engine) -> None:
     refs = with_levels(tampered, refs_for(TENANTS))
-    from backfill_assets.store.audit import Scope
+    from backfill_assets.store.evidence import Partition
 
-    scopes = [Scope(r.key, r.tenant_id, r.slice, r.slices) for r in refs]
-    assert audit_pool.plan(tampered, scopes) is None  # 600 posts: not worth a process
+    partitions = [Partition(r.key, r.tenant_id, r.slice, r.slices) for r in refs]
+    assert audit_pool.plan(tampered, partitions) is None  # 600 posts: not worth a process
 
 
 def test_the_checks_read_every_row_as_stored(tampered: Engine) -> None:
@@ -84,13 +84,13 @@ def test_the_checks_read_every_row_as_stored(tampered: Engine) -> None:
     # results include the one relabelled to globex (fetched by its expected key).
     import sqlalchemy as sa
 
-    from backfill_assets.store.audit import Scope, evidence_of
+    from backfill_assets.store.evidence import Partition, evidence_of
     from backfill_assets.store.tables import dead_letters, ledger_events, results
 
     ref = with_levels(tampered, [busiest(tampered, "acme")])[0]
     with tampered.connect() as conn:
-        scope = Scope(ref.key, ref.tenant_id, ref.slice, ref.slices)
-        ev = evidence_of(conn, [scope], VERSIONS)[ref.key]
+        part = Partition(ref.key, ref.tenant_id, ref.slice, ref.slices)
+        ev = evidence_of(conn, [part], VERSIONS)[ref.key]
         for table, got, order in (
             (results, ev.results, "key"),
             (dead_letters, ev.dead, "key"),
@@ -123,7 +123,7 @@ def test_a_group_read_finds_what_each_partition_read_finds(tampered: Engine) -> 
     # partition too: inside the group (acme's result relabelled to globex), outside it (one
     # relabelled to a tenant not in the group) and to a slice of a group tenant that no
     # partition of the group holds (initech's slice 5: the group holds its slice 0 only).
-    from backfill_assets.store.audit import Scope, evidence_of
+    from backfill_assets.store.evidence import Partition, evidence_of
 
     with tampered.connect() as conn:
         keys = conn.execute(
@@ -139,11 +139,11 @@ def test_a_group_read_finds_what_each_partition_read_finds(tampered: Engine) -> 
             k=key,
         )
     refs = with_levels(tampered, refs_for(["acme", "globex"]))
-    scopes = [Scope(r.key, r.tenant_id, r.slice, r.slices) for r in refs]
-    scopes.append(Scope("s00|initech", "initech", 0, (0,)))
+    partitions = [Partition(r.key, r.tenant_id, r.slice, r.slices) for r in refs]
+    partitions.append(Partition("s00|initech", "initech", 0, (0,)))
     with tampered.connect() as conn:
-        group = evidence_of(conn, scopes, VERSIONS)
-        alone = {sc.key: evidence_of(conn, [sc], VERSIONS)[sc.key] for sc in scopes}
+        group = evidence_of(conn, partitions, VERSIONS)
+        alone = {part.key: evidence_of(conn, [part], VERSIONS)[part.key] for part in partitions}
     assert {k: _plain(ev) for k, ev in group.items()} == {k: _plain(ev) for k, ev in alone.items()}
     foreign = [r for ev in group.values() for r in ev.results if r["tenant_id"] != ev.tenant]
     assert {r["tenant_id"] for r in foreign} == {"globex", "elsewhere", "initech"}

@@ -27,7 +27,7 @@ from backfill_assets.orchestration.orchestrate import materialize
 from backfill_assets.orchestration.settings import Settings
 from backfill_assets.providers.models.base import ModelAdapter, ModelRequest, ModelResponse
 from backfill_assets.store.apply import apply_partitions
-from backfill_assets.store.audit import verify_store
+from backfill_assets.store.verification import verify_store
 from backfill_tests.conftest import import_records
 from backfill_tests.pipeline_helpers import count, refs_for, run, total
 from backfill_tests.policy_helpers import COURSE_V5, edited, versions_of
