@@ -8,12 +8,12 @@ from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 
 from sqlalchemy.engine import Engine
 
+from backfill_assets.core.budgets import TenantBudgets
 from backfill_assets.core.keys import (
     MAX_LEVEL,
     Versions,
     work_key,
 )
-from backfill_assets.core.limits import TenantBudgets
 from backfill_assets.core.regions import unavailable_message
 from backfill_assets.core.rubric import Rubric
 from backfill_assets.core.validation import warm_up as warm_up_validation
@@ -26,7 +26,7 @@ from backfill_assets.dispatch.partition_run import (
     RunOptions,
     RunStopped,
 )
-from backfill_assets.dispatch.routing import RegionRouter, lane_adapters, plan_lanes
+from backfill_assets.dispatch.routing import RegionRouter, lane_adapters, route_partitions
 from backfill_assets.dispatch.sync import DispatchConfig, Dispatcher, DispatchHalted, WorkItem
 from backfill_assets.providers.models.base import ModelAdapter
 from backfill_assets.providers.ratelimit.shared import SHARED_LIMITS
@@ -89,12 +89,14 @@ def run_partitions(
     refresh_planner_stats(engine, ("posts", "results", "dead_letters"))
     with read_tx(engine) as conn:
         region_of = tenant_regions(conn, {r.tenant_id for r in refs})
-    plan = plan_lanes(refs, region_of, options.lanes, batch=options.dispatch_mode == "batch")
-    for region, keys in plan.unroutable.items():
+    routing = route_partitions(
+        refs, region_of, options.lanes, batch=options.dispatch_mode == "batch"
+    )
+    for region, keys in routing.unroutable.items():
         log(f"ERROR: not dispatching {len(keys)} partition(s) of region {region!r}: no endpoint")
     with WriterLocks(engine) as locks:
         owned: list[PartitionRef] = []
-        for ref in plan.routed:
+        for ref in routing.routed:
             try:
                 locks.acquire(ref.tenant_id, ref.slice)
                 owned.append(ref)
@@ -104,9 +106,9 @@ def run_partitions(
         stopped: Exception | None = None
         job = DispatchJob(engine, locks, versions, rubric, run_id, options, log)
         if options.dispatch_mode == "batch":
-            work = batch_lanes(job, plan, owned, reports)
+            work = batch_lanes(job, routing, owned, reports)
         else:
-            adapters = lane_adapters(plan, make_adapter, options.lanes)
+            adapters = lane_adapters(routing, make_adapter, options.lanes)
             work = _dispatch(job, owned, reports, adapters, only_posts)
         try:
             asyncio.run(while_held(locks, work))
@@ -121,10 +123,10 @@ def run_partitions(
         reports[ref.key].dead_total = got.dead
     done = [reports[r.key] for r in refs]
     if stopped is not None:
-        also = f"; {unavailable_message(plan.unroutable)}" if plan.unroutable else ""
+        also = f"; {unavailable_message(routing.unroutable)}" if routing.unroutable else ""
         raise RunStopped(f"{stopped}{also}", done) from stopped
-    if plan.unroutable:
-        raise RegionUnavailable(plan.unroutable, done)
+    if routing.unroutable:
+        raise RegionUnavailable(routing.unroutable, done)
     return done
 
 

@@ -17,7 +17,7 @@ from backfill_assets.providers.models.base import ModelAdapter, ModelRequest, Mo
 
 
 @dataclass
-class LanePlan:
+class Routing:
     """A run's partitions by lane, and those with no lane in this process (by region)."""
 
     lanes: dict[str | None, list[PartitionRef]] = field(default_factory=dict)
@@ -30,25 +30,25 @@ class LanePlan:
         return [ref for refs in self.lanes.values() for ref in refs]
 
 
-def plan_lanes(
+def route_partitions(
     refs: Sequence[PartitionRef],
     region_of: Mapping[str, str | None],
     lanes: Lanes,
     batch: bool = False,
-) -> LanePlan:
+) -> Routing:
     """Group partitions by lane; a tenant the store does not know goes to the default lane
     (it has no region, and the work query finds no posts for it)."""
-    plan = LanePlan()
+    routing = Routing()
     for ref in refs:
         region = region_of.get(ref.tenant_id)
         ok, lane = lanes.lane(region, batch)
         if ok:
-            plan.lanes.setdefault(lane, []).append(ref)
-            plan.region_of[ref.tenant_id] = lane
+            routing.lanes.setdefault(lane, []).append(ref)
+            routing.region_of[ref.tenant_id] = lane
         else:
             assert region is not None
-            plan.unroutable.setdefault(region, []).append(ref.key)
-    return plan
+            routing.unroutable.setdefault(region, []).append(ref.key)
+    return routing
 
 
 class RegionRouter(ModelAdapter):
@@ -96,11 +96,11 @@ class RegionRouter(ModelAdapter):
 
 
 def lane_adapters(
-    plan: LanePlan, make_adapter: Callable[[], ModelAdapter], lanes: Lanes
+    routing: Routing, make_adapter: Callable[[], ModelAdapter], lanes: Lanes
 ) -> Callable[[], ModelAdapter]:
     """The run's ``make_adapter``: the plain default adapter when only it is used, else a
     router over a fresh adapter per lane used (built on the caller's event loop)."""
-    used = list(plan.lanes)
+    used = list(routing.lanes)
     if used in ([], [DEFAULT_LANE]):
         return make_adapter
 
@@ -108,6 +108,6 @@ def lane_adapters(
         adapters: dict[str | None, ModelAdapter] = {
             lane: make_adapter() if lane is None else lanes.adapters[lane]() for lane in used
         }
-        return RegionRouter(adapters, plan.region_of)
+        return RegionRouter(adapters, routing.region_of)
 
     return build

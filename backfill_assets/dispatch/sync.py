@@ -17,9 +17,9 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from backfill_assets.core.budgets import Reservation, Spend, TenantBudgets, over_bound
 from backfill_assets.core.events import EventKind
 from backfill_assets.core.keys import Versions
-from backfill_assets.core.limits import Reservation, Spend, TenantBudgets, over_bound
 from backfill_assets.core.outcomes import Outcome, RetryPolicy
 from backfill_assets.core.rubric import (
     MAX_OUTPUT_TOKENS,

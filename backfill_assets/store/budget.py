@@ -27,7 +27,7 @@ from pathlib import Path
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from backfill_assets.core.limits import Caps, Spend, grant_spend
+from backfill_assets.core.budgets import Caps, Spend, grant_spend
 from backfill_assets.core.money import usd_text
 from backfill_assets.store.dialect import insert_for
 from backfill_assets.store.engine import is_sqlite, write_tx

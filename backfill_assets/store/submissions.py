@@ -14,8 +14,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from backfill_assets.core.budgets import Spend
 from backfill_assets.core.events import EventKind
-from backfill_assets.core.limits import Spend
 from backfill_assets.store.bulk import db_time, insert_rows
 from backfill_assets.store.locks import Fence
 from backfill_assets.store.tables import (

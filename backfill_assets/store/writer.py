@@ -27,9 +27,9 @@ from typing import Any
 
 from sqlalchemy.engine import Connection, Engine
 
+from backfill_assets.core.budgets import Spend
 from backfill_assets.core.events import EventKind
 from backfill_assets.core.faults import UsageHook
-from backfill_assets.core.limits import Spend
 from backfill_assets.core.rubric import OutputContract
 from backfill_assets.core.validation import split_valid
 from backfill_assets.store.bulk import db_time, insert_values, row_values

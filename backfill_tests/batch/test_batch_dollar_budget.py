@@ -8,7 +8,7 @@ from pathlib import Path
 
 from sqlalchemy.engine import Engine
 
-from backfill_assets.core.limits import Spend
+from backfill_assets.core.budgets import Spend
 from backfill_assets.store.submissions import open_reserved
 from backfill_tests.batch.conftest import StartSim, batch_options, run_batch
 from backfill_tests.conftest import import_records

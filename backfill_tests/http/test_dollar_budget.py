@@ -12,7 +12,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from backfill_assets.core.limits import Caps
+from backfill_assets.core.budgets import Caps
 from backfill_assets.core.money import nanos_of_usd
 from backfill_assets.core.outcomes import RetryPolicy
 from backfill_assets.core.prices import PriceTable, Tier

@@ -15,7 +15,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from backfill_assets.core.limits import Spend, TenantBudgets
+from backfill_assets.core.budgets import Spend, TenantBudgets
 from backfill_assets.core.rubric import call_token_bound
 from backfill_assets.dispatch.pipeline import PartitionReport, RunOptions, run_partitions
 from backfill_assets.providers.models.fake import FakeModel
@@ -26,7 +26,7 @@ from backfill_tests.pipeline_helpers import FAST_RETRY, RUBRIC, VERSIONS, refs_f
 _HOLDER = """
 import sys, time
 from backfill_assets.orchestration.resources import engine_for
-from backfill_assets.core.limits import Spend
+from backfill_assets.core.budgets import Spend
 from backfill_assets.store.budget import HolderLost, StoreBudgetLedger
 ledger = StoreBudgetLedger(engine_for(sys.argv[1]), holder="doomed-run")
 ledger.grant("acme", "r-doomed", Spend(1000), Spend(1000), 3000)

@@ -9,8 +9,8 @@ import pytest
 
 from backfill_assets.audit.check_rules import CheckBounds, DriftRule, PartitionEvidence, evaluate
 from backfill_assets.audit.verify import verify_scope
+from backfill_assets.core.budgets import grant_size
 from backfill_assets.core.keys import Versions, slice_of, work_key
-from backfill_assets.core.limits import grant_size
 
 V = Versions("t1", "p1", "m1")
 TENANT = "acme"

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from backfill_assets.core.limits import Caps, Reservation, Spend, grant_spend, over_bound
+from backfill_assets.core.budgets import Caps, Reservation, Spend, grant_spend, over_bound
 from backfill_assets.core.money import nanos_of_usd
 from backfill_assets.core.prices import Price, PriceTable, Tier
 

@@ -18,7 +18,7 @@ from backfill_assets.core.regions import (
 )
 from backfill_assets.dispatch.batch_options import BatchEndpoint
 from backfill_assets.dispatch.pipeline import PartitionRef
-from backfill_assets.dispatch.routing import Lanes, plan_lanes
+from backfill_assets.dispatch.routing import Lanes, route_partitions
 from backfill_assets.orchestration.pooling import PartitionPlan, Plan, pool, pool_by_region
 from backfill_assets.orchestration.resources import (
     FakeModelResource,
@@ -146,7 +146,7 @@ def test_lanes_route_by_region_and_never_fall_back() -> None:
         batch={"eu": BatchEndpoint("http://eu/v1", "m")},
     )
     regions = {"acme": None, "euco": "eu", "apco": "ap"}
-    plan = plan_lanes(_refs("acme", "euco", "apco", "ghost"), regions, lanes)
+    plan = route_partitions(_refs("acme", "euco", "apco", "ghost"), regions, lanes)
     assert {lane: [r.key for r in refs] for lane, refs in plan.lanes.items()} == {
         None: ["s00|acme", "s01|acme", "s00|ghost", "s01|ghost"],
         "eu": ["s00|euco", "s01|euco"],
@@ -155,7 +155,7 @@ def test_lanes_route_by_region_and_never_fall_back() -> None:
     assert plan.region_of == {"acme": None, "ghost": None, "euco": "eu"}
     # Batch mode routes on Batch API endpoints: a region with a sync lane only fails closed.
     sync_only = Lanes(adapters={"eu": FakeModel})
-    assert plan_lanes(_refs("euco"), regions, sync_only, batch=True).unroutable == {
+    assert route_partitions(_refs("euco"), regions, sync_only, batch=True).unroutable == {
         "eu": ["s00|euco", "s01|euco"]
     }
 

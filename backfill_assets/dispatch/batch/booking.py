@@ -12,8 +12,8 @@ import functools
 import json
 import tempfile
 
+from backfill_assets.core.budgets import Reservation, Spend, over_bound
 from backfill_assets.core.keys import Versions
-from backfill_assets.core.limits import Reservation, Spend, over_bound
 from backfill_assets.core.outcomes import Outcome
 from backfill_assets.core.prices import Tier, event_cost
 from backfill_assets.core.rubric import MAX_OUTPUT_TOKENS, OutputRejected, parse_output

@@ -16,7 +16,7 @@ from backfill_assets.dispatch.batch.client import BatchClient
 from backfill_assets.dispatch.batch.context import BatchContext
 from backfill_assets.dispatch.batch.runner import BatchRunner
 from backfill_assets.dispatch.partition_run import DispatchJob, PartitionRef, PartitionReport
-from backfill_assets.dispatch.routing import LanePlan
+from backfill_assets.dispatch.routing import Routing
 from backfill_assets.dispatch.sync import DispatchHalted
 from backfill_assets.providers.models.base import RunFatalError
 from backfill_assets.store.budget import may_bind
@@ -75,7 +75,7 @@ async def run_batch(
 
 async def batch_lanes(
     job: DispatchJob,
-    plan: LanePlan,
+    routing: Routing,
     owned: Sequence[PartitionRef],
     reports: dict[str, PartitionReport],
 ) -> None:
@@ -83,7 +83,7 @@ async def batch_lanes(
     options = job.options
     mine = {r.key for r in owned}
     lanes = []
-    for lane, refs in plan.lanes.items():
+    for lane, refs in routing.lanes.items():
         opts = options
         if lane is not None and options.batch is not None:
             endpoint = options.lanes.batch[lane]

@@ -11,8 +11,8 @@ import functools
 import hashlib
 from collections.abc import Sequence
 
+from backfill_assets.core.budgets import UNPRICED_UNDER_DOLLAR_CAP, Caps, Spend
 from backfill_assets.core.keys import work_key
-from backfill_assets.core.limits import UNPRICED_UNDER_DOLLAR_CAP, Caps, Spend
 from backfill_assets.core.prices import Tier
 from backfill_assets.core.rubric import MAX_OUTPUT_TOKENS, call_token_bound
 from backfill_assets.dispatch.batch.chunks import ChunkLine, chunk_base, chunk_id, split
