@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from backfill_assets.core.budgets import Reservation, Spend, TenantBudgets, over_bound
+from backfill_assets.core.caps import REASON_CHARS, REQUEST_ID_CHARS
 from backfill_assets.core.events import EventKind
 from backfill_assets.core.keys import Versions
 from backfill_assets.core.outcomes import Outcome, RetryPolicy
@@ -320,7 +321,7 @@ class Dispatcher:
             service_tier=response.service_tier,
             price_booked=response.price_booked or None,
             cost_unknown=int(response.cost_unknown),
-            request_id=response.request_id[:200],
+            request_id=response.request_id[:REQUEST_ID_CHARS],
             status=200,
             usage_shape=response.usage_shape,
             bound_tokens=reservation.tokens,
@@ -439,5 +440,5 @@ class Dispatcher:
 
     def _dead(self, item: WorkItem, outcome: Outcome, reason: str, attempts: int) -> dict[str, Any]:
         row = self._base(item)
-        row.update(outcome=str(outcome), reason=reason[:500], attempts=attempts)
+        row.update(outcome=str(outcome), reason=reason[:REASON_CHARS], attempts=attempts)
         return row

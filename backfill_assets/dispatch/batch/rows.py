@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from backfill_assets.core.caps import REASON_CHARS, REQUEST_ID_CHARS
 from backfill_assets.core.events import EventKind
 from backfill_assets.core.keys import Versions
 from backfill_assets.core.outcomes import Outcome
@@ -67,7 +68,7 @@ class LineRows:
             tokens_in=tokens_in,
             tokens_out=tokens_out,
             cost_nanos=cost_nanos,
-            request_id=request_id[:200],
+            request_id=request_id[:REQUEST_ID_CHARS],
             status=200,
             usage_shape=usage_shape,
             bound_tokens=bound,
@@ -109,5 +110,5 @@ class LineRows:
     def dead(self, line: LineRow, outcome: Outcome, reason: str) -> Row:
         """A dead letter (replaces any earlier one for the key)."""
         row = self._base(line)
-        row.update(outcome=str(outcome), reason=reason[:500], attempts=line.attempt_no)
+        row.update(outcome=str(outcome), reason=reason[:REASON_CHARS], attempts=line.attempt_no)
         return row

@@ -16,6 +16,7 @@ import asyncio
 import time
 from collections.abc import Sequence
 
+from backfill_assets.core.caps import REASON_CHARS
 from backfill_assets.core.keys import work_key
 from backfill_assets.core.outcomes import Outcome
 from backfill_assets.dispatch.batch import attach, submit
@@ -373,7 +374,7 @@ class BatchRunner:
 
     async def _fail(self, job: ChunkJob, message: str, state: ChunkState) -> None:
         await close_unrun(self.ctx, job, message, state)
-        await self.ctx.db(store.update, self.ctx.fence, job.sub, errors=message[:500])
+        await self.ctx.db(store.update, self.ctx.fence, job.sub, errors=message[:REASON_CHARS])
         self.jobs.pop(job.sub.chunk_id, None)
         self.excluded[job.partition].update(ln.key for ln in job.lines)
         self.ctx.log(f"ERROR: chunk {job.sub.chunk_id} ({job.partition}) {state}: {message}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
+from backfill_assets.core.caps import ERROR_CODE_CHARS
 from backfill_assets.dispatch.batch.context import BatchContext, ChunkJob
 from backfill_assets.dispatch.batch.triage import WITHHELD
 from backfill_assets.dispatch.batch.wire import BatchObject, OutputLine
@@ -86,7 +87,11 @@ def errors_text(batch: BatchObject, secrets: list[str], echoes: Sequence[str] | 
         return WITHHELD if echoes is None else scrub(text, echoes, secrets)
 
     items = [
-        {"code": clean(e.code or "")[:60], "line": e.line, "message": clean(e.message or "")}
+        {
+            "code": clean(e.code or "")[:ERROR_CODE_CHARS],
+            "line": e.line,
+            "message": clean(e.message or ""),
+        }
         for e in batch.errors.data[:20]
     ]
     return json.dumps(items)

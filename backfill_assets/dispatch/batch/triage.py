@@ -21,6 +21,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from backfill_assets.core.caps import ERROR_CODE_CHARS
 from backfill_assets.dispatch.batch.wire import OutputLine
 from backfill_assets.providers.models._openai_wire import (
     NotACompletion,
@@ -76,7 +77,7 @@ def triage(
     response = line.response
     if response is None:
         code = (line.error.code if line.error else None) or "error"
-        code = WITHHELD if echoes is None else scrub(code[:60], echoes, secrets)
+        code = WITHHELD if echoes is None else scrub(code[:ERROR_CODE_CHARS], echoes, secrets)
         return TriagedLine(Disposition.RETRY, None, f"{code}: not run by the batch")
     status = response.status_code
     body = json.dumps(response.body).encode("utf-8")

@@ -19,6 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from backfill_assets.core.caps import ERROR_CODE_CHARS
 from backfill_assets.core.prices import Tier, tier_served
 from backfill_assets.core.rubric import OutputContract
 from backfill_assets.providers.models.base import ModelRequest
@@ -105,12 +106,12 @@ def _count(value: object) -> int | None:
 
 def error_code(data: object) -> str | None:
     """``error.code`` of a parsed OpenAI-style error body (sync answers, Batch API answers and
-    batch error lines alike), cut to 60 characters; None if there is none."""
+    batch error lines alike), cut to ``ERROR_CODE_CHARS``; None if there is none."""
     error = data.get("error") if isinstance(data, dict) else None
     code = error.get("code") if isinstance(error, dict) else None
     if isinstance(code, bool) or not isinstance(code, str | int) or code == "":
         return None
-    return str(code)[:60]
+    return str(code)[:ERROR_CODE_CHARS]
 
 
 def billed_usage(raw: object) -> BilledUsage | None:
