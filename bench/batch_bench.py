@@ -27,10 +27,11 @@ from backfill_assets.core.keys import SLICE_COUNT, Versions
 from backfill_assets.core.money import usd_text
 from backfill_assets.core.outcomes import RetryPolicy
 from backfill_assets.core.rubric import TASK_VERSION, Rubric
-from backfill_assets.dispatch.batch_options import BatchEndpoint, BatchOptions
+from backfill_assets.dispatch.batch_options import BatchOptions
 from backfill_assets.dispatch.pipeline import PartitionRef, RunOptions, run_partitions
 from backfill_assets.ingest.importer import import_path
 from backfill_assets.orchestration.resources import engine_for
+from backfill_assets.providers.batch_client import BatchEndpoint
 from backfill_assets.providers.models.openai_http import OpenAIHttpModel
 from backfill_assets.providers.ratelimit import LimiterConfig, LimiterRegistry
 from backfill_assets.providersim import SimConfig, Simulator

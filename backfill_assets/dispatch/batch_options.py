@@ -8,26 +8,11 @@ from dataclasses import dataclass, field
 import httpx
 
 from backfill_assets.core.faults import PointHook
+from backfill_assets.providers.batch_client import BatchEndpoint
 
 # OpenAI's limits per batch input file.
 PROVIDER_MAX_LINES = 50_000
 PROVIDER_MAX_FILE_BYTES = 200 * 1024 * 1024
-
-
-@dataclass(frozen=True)
-class BatchEndpoint:
-    """An OpenAI-compatible API with ``/files`` and ``/batches`` under ``base_url``."""
-
-    base_url: str
-    model: str
-    # Never printed: a repr ends up in logs and tracebacks.
-    api_key: str = field(default="", repr=False)
-    prices_json: str = ""
-    max_tokens_param: str = "max_tokens"
-    connect_timeout_s: float = 5.0
-    read_timeout_s: float = 60.0
-    # Uploads and downloads of files up to 200 MB need more than a status call.
-    transfer_timeout_s: float = 600.0
 
 
 @dataclass(frozen=True)

@@ -26,8 +26,9 @@ from backfill_assets.core.money import cached_share, cost_text
 from backfill_assets.core.outcomes import Outcome, RetryPolicy
 from backfill_assets.core.regions import unavailable_message
 from backfill_assets.core.rubric import Rubric
-from backfill_assets.dispatch.batch_options import BatchEndpoint, BatchOptions
+from backfill_assets.dispatch.batch_options import BatchOptions
 from backfill_assets.dispatch.sync import PartitionStats
+from backfill_assets.providers.batch_client import BatchEndpoint
 from backfill_assets.providers.models.base import ModelAdapter
 from backfill_assets.store.locks import Fence
 

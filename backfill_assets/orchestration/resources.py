@@ -18,8 +18,9 @@ from backfill_assets.core.outcomes import RetryPolicy
 from backfill_assets.core.prices import PriceTable, Tier
 from backfill_assets.core.regions import InvalidRegion, api_key_var, validate_region
 from backfill_assets.core.rubric import TASK_VERSION, Rubric
-from backfill_assets.dispatch.batch_options import BatchEndpoint, BatchOptions
+from backfill_assets.dispatch.batch_options import BatchOptions
 from backfill_assets.dispatch.partition_run import Lanes, RunOptions
+from backfill_assets.providers.batch_client import BatchEndpoint
 from backfill_assets.providers.models.base import ModelAdapter
 from backfill_assets.providers.models.fake import FakeModel
 from backfill_assets.providers.models.openai_http import HttpTimeouts, OpenAIHttpModel

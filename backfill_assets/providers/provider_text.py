@@ -24,6 +24,9 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BeforeValidator
 
+# What is stored instead of a provider message that cannot be checked for an echo.
+UNCHECKED = "(message withheld: the request text is not known to check it)"
+
 MESSAGE_CHARS = 160
 ID_CHARS = 128
 # A run of this many normalised characters shared with the request means the provider echoed it.

@@ -13,8 +13,9 @@ from sqlalchemy.engine import Engine
 from backfill_assets.core.keys import Versions, content_hash, work_key
 from backfill_assets.core.outcomes import RetryPolicy
 from backfill_assets.core.rubric import TASK_VERSION, Rubric
-from backfill_assets.dispatch.batch_options import BatchEndpoint, BatchOptions
+from backfill_assets.dispatch.batch_options import BatchOptions
 from backfill_assets.dispatch.pipeline import PartitionReport, RunOptions, run_partitions
+from backfill_assets.providers.batch_client import BatchEndpoint
 from backfill_assets.providersim import Simulator
 from backfill_tests.conftest import StartSim as StartSim  # re-exported for the tests
 from backfill_tests.pipeline_helpers import refs_for

@@ -10,15 +10,15 @@ from datetime import UTC, datetime
 import httpx
 import pytest
 
-from backfill_assets.dispatch.batch.client import (
+from backfill_assets.providers.batch_client import (
     BatchClient,
+    BatchEndpoint,
     RateLimited,
     Refused,
     TokenLimited,
     Unsure,
     retry,
 )
-from backfill_assets.dispatch.batch_options import BatchEndpoint
 from backfill_assets.providers.models.base import RunFatalError
 from backfill_tests.batch.conftest import API_KEY, StartSim
 

@@ -10,9 +10,9 @@ import pytest
 from sqlalchemy.engine import Engine
 
 from backfill_assets.core.keys import SLICE_KEYS
-from backfill_assets.dispatch.batch_options import BatchEndpoint
 from backfill_assets.dispatch.pipeline import RegionUnavailable
 from backfill_assets.dispatch.routing import Lanes
+from backfill_assets.providers.batch_client import BatchEndpoint
 from backfill_tests.batch.conftest import (
     MODEL,
     StartSim,

@@ -14,10 +14,10 @@ from backfill_assets.core.keys import Versions
 from backfill_assets.dispatch.batch.chunks import chunk_base, chunk_id, split
 from backfill_assets.dispatch.batch.rows import LineRows
 from backfill_assets.dispatch.batch.triage import Disposition, triage
-from backfill_assets.dispatch.batch.wire import BatchObject, OutputLine, input_line, output_lines
 from backfill_assets.dispatch.batch_options import BatchOptions
 from backfill_assets.orchestration.resources import RunSettings
 from backfill_assets.orchestration.settings import Settings, SettingsError
+from backfill_assets.providers.batch_wire import BatchObject, OutputLine, input_line, output_lines
 from backfill_assets.providers.models.base import ModelRequest
 from backfill_assets.store.submissions import LineRow
 from backfill_assets.store.writer import EVENT_COLUMNS

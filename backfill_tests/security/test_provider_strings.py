@@ -20,9 +20,9 @@ from sqlalchemy.engine import Engine
 
 from backfill_assets.core.records import Rejection, parse_line
 from backfill_assets.core.rubric import MAX_OUTPUT_TOKENS, Rubric
-from backfill_assets.dispatch.batch.wire import BatchObject, OutputLine
 from backfill_assets.dispatch.pipeline import RunOptions, run_partitions
 from backfill_assets.ingest.importer import import_path
+from backfill_assets.providers.batch_wire import BatchObject, OutputLine
 from backfill_assets.providers.models._openai_wire import error_summary
 from backfill_assets.providers.models.base import (
     ModelRequest,

@@ -16,7 +16,6 @@ from backfill_assets.core.regions import (
     unavailable_message,
     validate_region,
 )
-from backfill_assets.dispatch.batch_options import BatchEndpoint
 from backfill_assets.dispatch.pipeline import PartitionRef
 from backfill_assets.dispatch.routing import Lanes, route_partitions
 from backfill_assets.orchestration.pooling import PartitionPlan, Plan, pool, pool_by_region
@@ -26,6 +25,7 @@ from backfill_assets.orchestration.resources import (
     OpenAIModelResource,
 )
 from backfill_assets.orchestration.settings import Settings, SettingsError, region_base_urls
+from backfill_assets.providers.batch_client import BatchEndpoint
 from backfill_assets.providers.models.fake import FakeModel
 
 EU_KEY = "sk-eu-only-4b1f0c9e7d2a"

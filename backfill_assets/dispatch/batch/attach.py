@@ -11,9 +11,9 @@ from __future__ import annotations
 import enum
 import time
 
-from backfill_assets.dispatch.batch.client import RateLimited, Refused, TokenLimited, Unsure
 from backfill_assets.dispatch.batch.context import BatchContext, ChunkJob
 from backfill_assets.dispatch.batch.texts import chunk_echoes
+from backfill_assets.providers.batch_client import RateLimited, Refused, TokenLimited, Unsure
 from backfill_assets.providers.models.base import RunFatalError
 from backfill_assets.store import submissions as store
 from backfill_assets.store.submissions import ChunkState

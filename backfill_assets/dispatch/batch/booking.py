@@ -17,12 +17,12 @@ from backfill_assets.core.keys import Versions
 from backfill_assets.core.outcomes import Outcome
 from backfill_assets.core.prices import Tier, event_cost
 from backfill_assets.core.rubric import MAX_OUTPUT_TOKENS, OutputRejected, parse_output
-from backfill_assets.dispatch.batch.client import retry
 from backfill_assets.dispatch.batch.context import BatchContext, ChunkJob
 from backfill_assets.dispatch.batch.rows import LineRows, Row
 from backfill_assets.dispatch.batch.texts import line_echoes
 from backfill_assets.dispatch.batch.triage import Disposition, TriagedLine, triage
-from backfill_assets.dispatch.batch.wire import OutputLine, output_lines
+from backfill_assets.providers.batch_client import retry
+from backfill_assets.providers.batch_wire import OutputLine, output_lines
 from backfill_assets.providers.bounded_body import BadBody
 from backfill_assets.providers.models.base import RunFatalError
 from backfill_assets.providers.models.errors import Scope, classify

@@ -14,9 +14,9 @@ from backfill_assets.core.keys import Versions
 from backfill_assets.core.outcomes import RetryPolicy
 from backfill_assets.core.prices import PriceTable
 from backfill_assets.core.rubric import OutputContract, Rubric
-from backfill_assets.dispatch.batch.client import BatchClient
 from backfill_assets.dispatch.batch_options import BatchOptions
 from backfill_assets.dispatch.sync import PartitionStats
+from backfill_assets.providers.batch_client import BatchClient
 from backfill_assets.providers.models.base import RunFatalError
 from backfill_assets.store.locks import Fence
 from backfill_assets.store.policies import contract_lookup

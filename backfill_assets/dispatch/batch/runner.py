@@ -21,12 +21,12 @@ from backfill_assets.core.keys import work_key
 from backfill_assets.core.outcomes import Outcome
 from backfill_assets.dispatch.batch import attach, submit
 from backfill_assets.dispatch.batch.booking import book, close_unrun
-from backfill_assets.dispatch.batch.client import RateLimited, Refused, Unsure
 from backfill_assets.dispatch.batch.context import BatchContext, ChunkJob
 from backfill_assets.dispatch.batch.pacing import PollPacer, TokenGate
 from backfill_assets.dispatch.batch.texts import chunk_echoes, errors_text
-from backfill_assets.dispatch.batch.wire import BatchObject
 from backfill_assets.dispatch.partition_run import PartitionRef, PartitionReport
+from backfill_assets.providers.batch_client import RateLimited, Refused, Unsure
+from backfill_assets.providers.batch_wire import BatchObject
 from backfill_assets.providers.models.base import RunFatalError
 from backfill_assets.store import submissions as store
 from backfill_assets.store.engine import read_tx

@@ -16,11 +16,11 @@ from backfill_assets.core.keys import work_key
 from backfill_assets.core.prices import Tier
 from backfill_assets.core.rubric import MAX_OUTPUT_TOKENS, call_token_bound
 from backfill_assets.dispatch.batch.chunks import ChunkLine, chunk_base, chunk_id, split
-from backfill_assets.dispatch.batch.client import Refused, retry
 from backfill_assets.dispatch.batch.context import BatchContext, ChunkJob
 from backfill_assets.dispatch.batch.rows import LineRows
 from backfill_assets.dispatch.batch.texts import echoes_of, post_texts
-from backfill_assets.dispatch.batch.wire import input_line
+from backfill_assets.providers.batch_client import Refused, retry
+from backfill_assets.providers.batch_wire import input_line
 from backfill_assets.providers.models.base import ModelRequest
 from backfill_assets.store import budget
 from backfill_assets.store import submissions as store

@@ -13,9 +13,8 @@ from collections.abc import Sequence
 
 from backfill_assets.core.caps import ERROR_CODE_CHARS
 from backfill_assets.dispatch.batch.context import BatchContext, ChunkJob
-from backfill_assets.dispatch.batch.triage import WITHHELD
-from backfill_assets.dispatch.batch.wire import BatchObject, OutputLine
-from backfill_assets.providers.provider_text import scrub
+from backfill_assets.providers.batch_wire import BatchObject, OutputLine
+from backfill_assets.providers.provider_text import UNCHECKED, scrub
 from backfill_assets.store import submissions as store
 
 
@@ -84,7 +83,7 @@ def errors_text(batch: BatchObject, secrets: list[str], echoes: Sequence[str] | 
         return None
 
     def clean(text: str) -> str:
-        return WITHHELD if echoes is None else scrub(text, echoes, secrets)
+        return UNCHECKED if echoes is None else scrub(text, echoes, secrets)
 
     items = [
         {

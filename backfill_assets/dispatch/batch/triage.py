@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from backfill_assets.core.caps import ERROR_CODE_CHARS
-from backfill_assets.dispatch.batch.wire import OutputLine
+from backfill_assets.providers.batch_wire import OutputLine
 from backfill_assets.providers.models._openai_wire import (
     NotACompletion,
     error_code,
@@ -30,10 +30,7 @@ from backfill_assets.providers.models._openai_wire import (
     parse_completion,
 )
 from backfill_assets.providers.models.errors import Scope, classify
-from backfill_assets.providers.provider_text import safe_id, scrub
-
-# What is stored instead of a provider message that cannot be checked for an echo.
-WITHHELD = "(message withheld: the request text is not known to check it)"
+from backfill_assets.providers.provider_text import UNCHECKED, safe_id, scrub
 
 
 class Disposition(enum.StrEnum):
@@ -77,7 +74,7 @@ def triage(
     response = line.response
     if response is None:
         code = (line.error.code if line.error else None) or "error"
-        code = WITHHELD if echoes is None else scrub(code[:ERROR_CODE_CHARS], echoes, secrets)
+        code = UNCHECKED if echoes is None else scrub(code[:ERROR_CODE_CHARS], echoes, secrets)
         return TriagedLine(Disposition.RETRY, None, f"{code}: not run by the batch")
     status = response.status_code
     body = json.dumps(response.body).encode("utf-8")
@@ -106,7 +103,7 @@ def triage(
         status, body, "application/json", echoes=echoes or (), secrets=secrets
     )
     if echoes is None:
-        summary = f"HTTP {status}: {WITHHELD}"
+        summary = f"HTTP {status}: {UNCHECKED}"
     scope = classify(status, error_code(response.body))
     disposition = {Scope.RUN: Disposition.FATAL, Scope.KEY: Disposition.REJECTED}.get(
         scope, Disposition.RETRY

@@ -20,6 +20,7 @@ import asyncio
 import functools
 import random
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, BinaryIO, TypeVar
 
@@ -27,9 +28,7 @@ import httpx
 from pydantic import ValidationError
 
 from backfill_assets import __version__
-from backfill_assets.dispatch.batch.triage import WITHHELD
-from backfill_assets.dispatch.batch.wire import ENDPOINT, BatchObject, BatchPage
-from backfill_assets.dispatch.batch_options import BatchEndpoint
+from backfill_assets.providers.batch_wire import ENDPOINT, BatchObject, BatchPage
 from backfill_assets.providers.bounded_body import (
     ACCEPT_ENCODING,
     BadBody,
@@ -45,7 +44,7 @@ from backfill_assets.providers.models._openai_wire import (
 )
 from backfill_assets.providers.models.base import RunFatalError
 from backfill_assets.providers.models.errors import Scope, classify, run_fatal_hint
-from backfill_assets.providers.provider_text import safe_id
+from backfill_assets.providers.provider_text import UNCHECKED, safe_id
 
 T = TypeVar("T")
 # What a call's error message must not quote: texts, or a coroutine reading them (only run if
@@ -55,6 +54,22 @@ _USER_AGENT = f"backfill-moderation/{__version__} batch (+httpx)"
 # A batch object or a page of them is a few KiB; the start of an error body says enough.
 ANSWER_MAX_BYTES = 8 * 1024 * 1024
 ERROR_HEAD_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class BatchEndpoint:
+    """An OpenAI-compatible API with ``/files`` and ``/batches`` under ``base_url``."""
+
+    base_url: str
+    model: str
+    # Never printed: a repr ends up in logs and tracebacks.
+    api_key: str = field(default="", repr=False)
+    prices_json: str = ""
+    max_tokens_param: str = "max_tokens"
+    connect_timeout_s: float = 5.0
+    read_timeout_s: float = 60.0
+    # Uploads and downloads of files up to 200 MB need more than a status call.
+    transfer_timeout_s: float = 600.0
 
 
 class BatchApiError(Exception):
@@ -160,7 +175,7 @@ class BatchClient:
             secrets=[self._api_key] if self._api_key else [],
         )
         if texts is None:
-            summary = f"HTTP {status}: {WITHHELD}"
+            summary = f"HTTP {status}: {UNCHECKED}"
         code = error_code(loads_or_none(response.content))
         scope = classify(status, code)
         if scope is Scope.RUN:
