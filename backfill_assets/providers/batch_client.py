@@ -28,6 +28,7 @@ import httpx
 from pydantic import ValidationError
 
 from backfill_assets import __version__
+from backfill_assets.core.outcomes import RetryPolicy
 from backfill_assets.providers.batch_wire import ENDPOINT, BatchObject, BatchPage
 from backfill_assets.providers.bounded_body import (
     ACCEPT_ENCODING,
@@ -54,6 +55,7 @@ _USER_AGENT = f"backfill-moderation/{__version__} batch (+httpx)"
 # A batch object or a page of them is a few KiB; the start of an error body says enough.
 ANSWER_MAX_BYTES = 8 * 1024 * 1024
 ERROR_HEAD_BYTES = 64 * 1024
+_RNG = random.Random()
 
 
 @dataclass(frozen=True)
@@ -112,7 +114,14 @@ class BatchClient:
         max_retry_after_s: float = 900.0,
     ) -> None:
         self._api_key = endpoint.api_key
-        self.retry_base_s = retry_base_s
+        # Idempotent calls (status, list, download, upload by name) repeat on 429s and unsure
+        # failures with the synchronous calls' back-off, up to 8 attempts and 60 s apart.
+        self.retries = RetryPolicy(
+            max_attempts=8,
+            base_delay_s=retry_base_s,
+            max_delay_s=60.0,
+            max_retry_after_s=max_retry_after_s,
+        )
         self.max_wait_s = max_retry_after_s
         headers = {"user-agent": _USER_AGENT, "accept-encoding": ACCEPT_ENCODING}
         if endpoint.api_key:
@@ -270,7 +279,7 @@ class BatchClient:
         after: str | None = None
         while True:
             page = await retry(
-                functools.partial(self.page, after), what="list batches", base_s=self.retry_base_s
+                functools.partial(self.page, after), what="list batches", policy=self.retries
             )
             for batch in page.data:
                 if (batch.metadata or {}).get(key) == value:
@@ -307,22 +316,19 @@ async def retry(
     call: Callable[[], Awaitable[T]],
     *,
     what: str,
-    attempts: int = 8,
-    base_s: float = 1.0,
-    max_s: float = 60.0,
+    policy: RetryPolicy,
     log: Callable[[str], None] = lambda _m: None,
 ) -> T:
-    """Repeat an idempotent call through 429s and unsure failures, with jittered back-off."""
-    for attempt in range(1, attempts + 1):
+    """Repeat an idempotent call through 429s and unsure failures, waiting as ``policy`` says
+    (the back-off of synchronous calls: jittered, a provider's Retry-After honoured)."""
+    for attempt in range(1, policy.max_attempts + 1):
         try:
             return await call()
         except (RateLimited, Unsure) as exc:
-            if attempt == attempts:
+            if policy.exhausted(attempt):
                 raise
-            ceiling = min(max_s, base_s * 2 ** (attempt - 1))
-            wait = random.uniform(ceiling / 2, ceiling)
-            if isinstance(exc, RateLimited) and exc.retry_after is not None:
-                wait = max(wait, exc.retry_after)
+            after = exc.retry_after if isinstance(exc, RateLimited) else None
+            wait = policy.delay(attempt, after, _RNG)
             log(f"{what}: {exc}; retrying in {wait:.1f}s")
             await asyncio.sleep(wait)
     raise AssertionError("unreachable")

@@ -89,7 +89,7 @@ async def _download(ctx: BatchContext, file_id: str | None) -> dict[str, OutputL
         await retry(
             functools.partial(ctx.client.content, file_id, out, ctx.options.max_output_bytes),
             what=f"download {file_id}",
-            base_s=ctx.client.retry_base_s,
+            policy=ctx.client.retries,
             log=ctx.log,
         )
         out.seek(0)

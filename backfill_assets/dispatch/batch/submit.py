@@ -229,7 +229,7 @@ async def upload(ctx: BatchContext, job: ChunkJob) -> None:
     file_id = await retry(
         functools.partial(ctx.client.upload, f"{job.sub.chunk_id}.jsonl", content, echoes),
         what=f"upload {job.sub.chunk_id}",
-        base_s=ctx.client.retry_base_s,
+        policy=ctx.client.retries,
         log=ctx.log,
     )
     ctx.reached("upload")
