@@ -93,6 +93,7 @@ def run_document(
             "runs": len(plan.boxes) if plan is not None else len(records),
             "to_run": sum(p.run for p in plan.partitions) if plan is not None else len(rows),
             "processes": processes,
+            "asked_instance": len(plan.asked) if plan is not None else 0,
         },
         "runs": [
             {"run_id": r.run_id, "job": r.job, "success": r.success, "error": r.error}

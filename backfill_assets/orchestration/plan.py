@@ -108,7 +108,7 @@ def make_plan(
             partitions.append(PartitionPlan(ref, n, 0, False, reason))
     if order is None:
         order = partition_keys(instance)
-    return Plan(partitions, pool(partitions, order))
+    return Plan(partitions, pool(partitions, order), asked=list(idle))
 
 
 def _fold(

@@ -68,6 +68,9 @@ class Plan:
 
     partitions: list[PartitionPlan] = field(default_factory=list)
     boxes: list[Box] = field(default_factory=list)
+    # Partitions with nothing pending whose state the instance was asked for: the store's
+    # marks did not settle them (a no-op with every partition marked asks about none).
+    asked: list[str] = field(default_factory=list)
 
     @property
     def skipped(self) -> list[PartitionPlan]:
