@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from backfill_assets.ingest.importer import import_path
-from backfill_assets.orchestration.resources import engine_for
+from backfill_assets.orchestration.engines import engine_for
 from backfill_assets.providersim import SimConfig, Simulator
 from backfill_assets.store.posts import ImportSummary
 
@@ -132,7 +132,7 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 
 def dispose_engine(url: str) -> None:
     """Close the pooled connections of a test store before dropping it."""
-    from backfill_assets.orchestration.resources import dispose_engine as dispose
+    from backfill_assets.orchestration.engines import dispose_engine as dispose
 
     dispose(url)
 

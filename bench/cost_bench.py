@@ -31,7 +31,7 @@ from backfill_assets.core.rubric import TASK_VERSION, Rubric
 from backfill_assets.dispatch.batch_options import BatchOptions
 from backfill_assets.dispatch.pipeline import PartitionRef, RunOptions, run_partitions
 from backfill_assets.ingest.importer import import_path
-from backfill_assets.orchestration.resources import engine_for
+from backfill_assets.orchestration.engines import engine_for
 from backfill_assets.providers.batch_client import BatchEndpoint
 from backfill_assets.providers.models.openai_http import OpenAIHttpModel
 from backfill_assets.providers.models.rules import count_tokens

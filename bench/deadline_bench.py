@@ -36,7 +36,7 @@ from typing import Any
 from backfill_assets.core.money import usd_text
 from backfill_assets.core.prices import PriceTable, Tier
 from backfill_assets.ingest.importer import import_path
-from backfill_assets.orchestration.resources import engine_for
+from backfill_assets.orchestration.engines import engine_for
 from backfill_assets.providersim import SimConfig, Simulator
 from bench.common import ROOT, drop_store, new_store
 

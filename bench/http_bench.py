@@ -42,7 +42,8 @@ from backfill_assets.core.rubric import MAX_OUTPUT_TOKENS, TASK_VERSION, Rubric
 from backfill_assets.demo.generate import write_export
 from backfill_assets.dispatch.pipeline import PartitionRef, RunOptions, run_partitions
 from backfill_assets.ingest.importer import import_path
-from backfill_assets.orchestration.resources import OpenAIModelResource, engine_for
+from backfill_assets.orchestration.engines import engine_for
+from backfill_assets.orchestration.model_resources import OpenAIModelResource
 from backfill_assets.providers.models.base import ModelRequest, ModelResponse
 from backfill_assets.providers.models.openai_http import OpenAIHttpModel
 from backfill_assets.providers.ratelimit import (

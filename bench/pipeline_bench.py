@@ -31,7 +31,7 @@ def _work(mode: str, url: str, export: str, concurrency: int) -> None:
     from backfill_assets.core.rubric import TASK_VERSION, Rubric
     from backfill_assets.dispatch.pipeline import PartitionRef, RunOptions, run_partitions
     from backfill_assets.ingest.importer import import_path
-    from backfill_assets.orchestration.resources import engine_for
+    from backfill_assets.orchestration.engines import engine_for
     from backfill_assets.providers.models.fake import FakeModel
 
     engine = engine_for(url)

@@ -465,7 +465,7 @@ def many_tenants_bench(stores: list[str], tenants: int, per_tenant: int) -> dict
 def usage_report(store_url: str) -> dict[str, float]:
     """The usage report (``usage``, ``tenant_usage``) read from the rollup vs the ledger
     aggregate it replaced (sql/008): medians of 5, in ms."""
-    from backfill_assets.orchestration.resources import engine_for
+    from backfill_assets.orchestration.engines import engine_for
     from backfill_assets.store.usage import usage_by_day
 
     engine = engine_for(store_url)

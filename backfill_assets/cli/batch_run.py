@@ -25,8 +25,8 @@ from backfill_assets.cli.inputs import known_tenants
 from backfill_assets.core.keys import SLICE_KEYS
 from backfill_assets.dispatch.partition_run import PartitionRef, RunStopped
 from backfill_assets.dispatch.pipeline import run_partitions
+from backfill_assets.orchestration.model_resources import versions_for
 from backfill_assets.orchestration.partitions import partition_key_for
-from backfill_assets.orchestration.resources import versions_for
 from backfill_assets.orchestration.settings import Settings, SettingsError
 from backfill_assets.store import submissions
 from backfill_assets.store.engine import read_tx

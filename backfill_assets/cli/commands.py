@@ -30,13 +30,13 @@ from backfill_assets.demo.generate import write_export
 from backfill_assets.dispatch.partition_run import RunStopped
 from backfill_assets.orchestration.canary import run_sample
 from backfill_assets.orchestration.estimate import estimate_pending
+from backfill_assets.orchestration.model_resources import versions_for
 from backfill_assets.orchestration.orchestrate import (
     refresh,
 )
 from backfill_assets.orchestration.partitions import ensure_partitions
 from backfill_assets.orchestration.plan import make_plan
 from backfill_assets.orchestration.pooling import pool_by_region
-from backfill_assets.orchestration.resources import versions_for
 from backfill_assets.orchestration.settings import Settings
 from backfill_assets.orchestration.usage import REPRICE_COLUMNS, USAGE_COLUMNS, reprice, usage_csv
 from backfill_assets.orchestration.wiring import (

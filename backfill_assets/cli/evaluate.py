@@ -19,6 +19,7 @@ from backfill_assets.core.rubric import Rubric
 from backfill_assets.dispatch.partition_run import RunStopped
 from backfill_assets.ingest.gold import GoldError, read_gold
 from backfill_assets.orchestration.asset_keys import POLICY_EVALUATION
+from backfill_assets.orchestration.engines import engine_for
 from backfill_assets.orchestration.evaluation import (
     DEFAULT_TENANT,
     comparison,
@@ -29,7 +30,6 @@ from backfill_assets.orchestration.evaluation import (
     gold_sha256,
     store_gold,
 )
-from backfill_assets.orchestration.resources import engine_for
 from backfill_assets.orchestration.settings import Settings
 from backfill_assets.store.evaluations import CustomerTenant
 

@@ -6,7 +6,7 @@ to ``BACKFILL_RUN_PROCESSES`` processes (default: the cores, at most 4; ``sharin
 this process runs the first share and forks a helper for each other one. Helpers are forked
 once the plan is made, after the output check's pandas and pandera are loaded, so they start
 with every module imported and their job in memory; the store engines they inherit are dropped
-unclosed in the child (``resources._forget_engines``) and each helper opens its own instance
+unclosed in the child (``engines._forget_engines``) and each helper opens its own instance
 and engine. A small or no-op run forks nothing.
 
 Every process runs ``orchestrate.run_boxes`` on its boxes exactly as a single process would:

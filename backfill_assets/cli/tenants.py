@@ -13,7 +13,7 @@ from backfill_assets.cli.inputs import UserError, known_tenants
 from backfill_assets.cli.tables import table
 from backfill_assets.core.money import nanos_of_usd
 from backfill_assets.core.regions import InvalidRegion, base_url_var, validate_region
-from backfill_assets.orchestration.resources import OpenAIModelResource
+from backfill_assets.orchestration.model_resources import OpenAIModelResource
 from backfill_assets.orchestration.settings import Settings
 from backfill_assets.store.budget import budget_status, set_caps, tenant_caps
 from backfill_assets.store.engine import read_tx, write_tx

@@ -17,12 +17,9 @@ from backfill_assets.orchestration.asset_keys import APPLIED, BLOCKING_GROUPS, L
 from backfill_assets.orchestration.checks import loaded_code_version, verdicts_for
 from backfill_assets.orchestration.checks_config import ChecksResource
 from backfill_assets.orchestration.metadata import add_partition_metadata
+from backfill_assets.orchestration.model_resources import ModelResource, run_versions
 from backfill_assets.orchestration.partitions import moderation_partitions, run_refs
-from backfill_assets.orchestration.resources import (
-    ModelResource,
-    StoreResource,
-    run_versions,
-)
+from backfill_assets.orchestration.resources import StoreResource
 from backfill_assets.store import partition_marks
 from backfill_assets.store.apply import ApplyReport, apply_partitions, newer_versions
 from backfill_assets.store.engine import read_tx, write_tx

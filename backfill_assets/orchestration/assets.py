@@ -11,13 +11,9 @@ from backfill_assets.dispatch.pipeline import run_partitions, with_levels
 from backfill_assets.orchestration.asset_keys import LABELS, POSTS
 from backfill_assets.orchestration.evaluation import gate_verdict
 from backfill_assets.orchestration.metadata import add_partition_metadata, partition_metadata
+from backfill_assets.orchestration.model_resources import ModelResource, run_versions
 from backfill_assets.orchestration.partitions import moderation_partitions, run_refs
-from backfill_assets.orchestration.resources import (
-    ModelResource,
-    RunSettings,
-    StoreResource,
-    run_versions,
-)
+from backfill_assets.orchestration.resources import RunSettings, StoreResource
 from backfill_assets.store import partition_marks
 from backfill_assets.store.engine import read_tx, write_tx
 from backfill_assets.store.locks import LockLost

@@ -16,11 +16,8 @@ from backfill_assets.core.money import usd_text
 from backfill_assets.core.rubric import Rubric
 from backfill_assets.orchestration.asset_keys import POSTS
 from backfill_assets.orchestration.estimate import TenantEstimate, estimate_pending
-from backfill_assets.orchestration.resources import (
-    ModelResource,
-    StoreResource,
-    versions_for,
-)
+from backfill_assets.orchestration.model_resources import ModelResource, versions_for
+from backfill_assets.orchestration.resources import StoreResource
 from backfill_assets.orchestration.sensors import refresh_condition
 from backfill_assets.store.deadline_plans import StoredPlan, open_plan
 from backfill_assets.store.engine import read_tx

@@ -22,8 +22,8 @@ from backfill_assets.core.keys import SLICE_KEYS, Versions, work_key
 from backfill_assets.core.rubric import Rubric
 from backfill_assets.dispatch.partition_run import PartitionRef, RunOptions
 from backfill_assets.dispatch.pipeline import run_partitions, with_levels
+from backfill_assets.orchestration.model_resources import ModelResource, versions_for
 from backfill_assets.orchestration.partitions import partition_key_for
-from backfill_assets.orchestration.resources import ModelResource, versions_for
 from backfill_assets.store.apply import rubric_version
 from backfill_assets.store.engine import read_tx
 from backfill_assets.store.evaluations import answers

@@ -32,12 +32,9 @@ from backfill_assets.dispatch.pipeline import with_levels
 from backfill_assets.orchestration.asset_keys import CHECK_KEYS, LABELS
 from backfill_assets.orchestration.checks_config import ChecksResource
 from backfill_assets.orchestration.dagster_private import TargetMaterialization
+from backfill_assets.orchestration.model_resources import ModelResource, run_versions
 from backfill_assets.orchestration.partitions import moderation_partitions, run_refs
-from backfill_assets.orchestration.resources import (
-    ModelResource,
-    StoreResource,
-    run_versions,
-)
+from backfill_assets.orchestration.resources import StoreResource
 from backfill_assets.store import audit_pool
 from backfill_assets.store.apply import rubric_version
 from backfill_assets.store.engine import read_tx

@@ -15,7 +15,7 @@ from backfill_assets.core.deadline import DeadlinePlan, Rates, Work, make_plan
 from backfill_assets.core.money import usd
 from backfill_assets.core.prices import Tier
 from backfill_assets.orchestration.estimate import TenantEstimate, estimate_pending
-from backfill_assets.orchestration.resources import versions_for
+from backfill_assets.orchestration.model_resources import versions_for
 from backfill_assets.orchestration.settings import Settings
 from backfill_assets.store.budget import budget_status
 from backfill_assets.store.deadline_plans import flex_history

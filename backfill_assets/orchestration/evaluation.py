@@ -30,8 +30,9 @@ from backfill_assets.dispatch.partition_run import PartitionRef, RunOptions
 from backfill_assets.dispatch.pipeline import run_partitions, with_levels
 from backfill_assets.ingest.gold import GoldSet
 from backfill_assets.orchestration.asset_keys import POLICY_EVALUATION
+from backfill_assets.orchestration.model_resources import ModelResource, versions_for
 from backfill_assets.orchestration.partitions import partition_key_for
-from backfill_assets.orchestration.resources import ModelResource, StoreResource, versions_for
+from backfill_assets.orchestration.resources import StoreResource
 from backfill_assets.store import evaluations as evals
 from backfill_assets.store.engine import read_tx, write_tx
 from backfill_assets.store.posts import ImportSummary, raise_slice_levels, write_batch

@@ -49,16 +49,15 @@ from backfill_assets.orchestration.checks_config import (
     parse_baseline,
     unknown_labels,
 )
-from backfill_assets.orchestration.posts_asset import ENV_SOURCE_NAME
-from backfill_assets.orchestration.resources import (
+from backfill_assets.orchestration.engines import engine_for
+from backfill_assets.orchestration.model_resources import (
     FakeModelResource,
     ModelResource,
     OpenAIModelResource,
-    RunSettings,
-    StoreResource,
-    engine_for,
     versions_for,
 )
+from backfill_assets.orchestration.posts_asset import ENV_SOURCE_NAME
+from backfill_assets.orchestration.resources import RunSettings, StoreResource
 from backfill_assets.store.dead_peer import DEFAULT_DEAD_PEER_SECONDS
 from backfill_assets.store.sink import DEFAULT_BATCH as DEFAULT_SINK_BATCH
 from backfill_assets.store.sink import DEFAULT_TABLE as DEFAULT_SINK_TABLE

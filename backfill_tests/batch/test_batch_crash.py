@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from backfill_assets.orchestration.resources import engine_for
+from backfill_assets.orchestration.engines import engine_for
 from backfill_assets.store.verification import verify_store
 from backfill_tests.batch.conftest import API_KEY, RUBRIC, VERSIONS, StartSim, records, rows
 from backfill_tests.cli_runs import clean_env, last_json

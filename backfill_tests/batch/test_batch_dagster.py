@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from backfill_assets.orchestration.resources import engine_for
+from backfill_assets.orchestration.engines import engine_for
 from backfill_tests.batch.conftest import API_KEY, StartSim, records, rows
 from backfill_tests.cli_runs import clean_env, last_json, run_cli
 from backfill_tests.conftest import write_jsonl

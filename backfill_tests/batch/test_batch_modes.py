@@ -26,8 +26,8 @@ from backfill_assets.dispatch.pipeline import (
     RunOptions,
     run_partitions,
 )
+from backfill_assets.orchestration.engines import engine_for
 from backfill_assets.orchestration.partitions import partition_key_for
-from backfill_assets.orchestration.resources import engine_for
 from backfill_assets.providers.models.openai_http import OpenAIHttpModel
 from backfill_assets.providers.ratelimit import LimiterConfig, LimiterRegistry
 from backfill_assets.store.verification import verify_store

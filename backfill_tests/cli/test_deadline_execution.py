@@ -13,7 +13,7 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from backfill_assets.orchestration.resources import engine_for
+from backfill_assets.orchestration.engines import engine_for
 from backfill_assets.providersim.runner import Simulator
 from backfill_tests.cli_runs import clean_env, last_json, run_cli
 from backfill_tests.conftest import StartSim, import_records

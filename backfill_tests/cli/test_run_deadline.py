@@ -11,7 +11,7 @@ import pytest
 import sqlalchemy as sa
 
 from backfill_assets.cli import main
-from backfill_assets.orchestration.resources import engine_for
+from backfill_assets.orchestration.engines import engine_for
 from backfill_assets.store import deadline_plans, tables
 from backfill_assets.store.tables import batch_submissions
 from backfill_tests.cli_runs import last_json

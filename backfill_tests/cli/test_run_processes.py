@@ -31,10 +31,10 @@ from backfill_assets.cli.instance import instance
 from backfill_assets.cli.run_processes import run_plan
 from backfill_assets.core.keys import MAX_LEVEL
 from backfill_assets.dispatch.pipeline import PartitionRef
+from backfill_assets.orchestration.engines import engine_for
 from backfill_assets.orchestration.partitions import ensure_partitions
 from backfill_assets.orchestration.plan import make_plan
 from backfill_assets.orchestration.pooling import Box, PartitionPlan, Plan
-from backfill_assets.orchestration.resources import engine_for
 from backfill_assets.orchestration.settings import Settings
 from backfill_assets.orchestration.sharing import box_weight, halve, partition_weights, share_out
 from backfill_assets.orchestration.wiring import build_definitions

@@ -14,7 +14,7 @@ import dagster as dg
 import pytest
 import sqlalchemy as sa
 
-from backfill_assets.orchestration.resources import engine_for
+from backfill_assets.orchestration.engines import engine_for
 from backfill_tests.cli_runs import clean_env
 from backfill_tests.conftest import import_records
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from backfill_assets.orchestration.resources import engine_for
+from backfill_assets.orchestration.engines import engine_for
 from backfill_tests.cli_runs import clean_env, last_json
 from backfill_tests.conftest import StartSim, import_records
 

@@ -14,7 +14,7 @@ from sqlalchemy.engine import Engine
 
 from backfill_assets.core.outcomes import RetryPolicy
 from backfill_assets.dispatch.pipeline import PartitionReport, RunOptions, run_partitions
-from backfill_assets.orchestration.resources import engine_for
+from backfill_assets.orchestration.engines import engine_for
 from backfill_tests.cli_runs import clean_env, last_json, run_cli
 from backfill_tests.conftest import import_records
 from backfill_tests.http.conftest import API_KEY, RUBRIC, VERSIONS, AdapterFactory, StartSim

@@ -9,7 +9,7 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from backfill_assets.demo.generate import demo_posts, write_export
-from backfill_assets.orchestration.resources import engine_for
+from backfill_assets.orchestration.engines import engine_for
 from backfill_tests.cli_runs import clean_env, last_json, run_cli
 from backfill_tests.http.conftest import API_KEY, StartSim
 

@@ -17,7 +17,7 @@ from backfill_assets.core.keys import content_hash, work_key
 from backfill_assets.core.outcomes import RetryPolicy
 from backfill_assets.demo.generate import demo_posts
 from backfill_assets.dispatch.pipeline import PartitionReport, RunOptions, run_partitions
-from backfill_assets.orchestration.resources import engine_for
+from backfill_assets.orchestration.engines import engine_for
 from backfill_assets.providers.models.base import ModelAdapter
 from backfill_assets.providersim import FaultRule, MeterSnapshot
 from backfill_assets.providersim.faults import rule_fires

@@ -21,7 +21,8 @@ from sqlalchemy.engine import Engine
 from backfill_assets.core.keys import SLICE_KEYS, Versions, content_hash, work_key
 from backfill_assets.core.rubric import TASK_VERSION, Rubric
 from backfill_assets.dispatch.pipeline import RegionUnavailable, RunOptions, run_partitions
-from backfill_assets.orchestration.resources import OpenAIModelResource, engine_for
+from backfill_assets.orchestration.engines import engine_for
+from backfill_assets.orchestration.model_resources import OpenAIModelResource
 from backfill_assets.providersim import Simulator
 from backfill_tests.cli_runs import clean_env, last_json, run_cli
 from backfill_tests.conftest import import_records

@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from backfill_assets.orchestration.resources import engine_for
+from backfill_assets.orchestration.engines import engine_for
 from backfill_tests.cli_runs import last_json
 from backfill_tests.conftest import StartSim, import_records
 from bench.common import ROOT

@@ -11,13 +11,13 @@ import sqlalchemy as sa
 from backfill_assets.cli.provider_sim import sim_parser
 from backfill_assets.core.keys import MAX_LEVEL, slice_of
 from backfill_assets.definitions import BACKFILL_JOB, build_definitions
-from backfill_assets.orchestration.partitions import ensure_partitions, partition_key_for
-from backfill_assets.orchestration.resources import (
+from backfill_assets.orchestration.engines import engine_for
+from backfill_assets.orchestration.model_resources import (
     FakeModelResource,
     ModelResource,
     OpenAIModelResource,
-    engine_for,
 )
+from backfill_assets.orchestration.partitions import ensure_partitions, partition_key_for
 from backfill_assets.orchestration.settings import Settings, SettingsError
 from backfill_assets.providersim import SimConfig, config_from_args
 from backfill_tests.conftest import import_records

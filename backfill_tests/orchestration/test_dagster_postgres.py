@@ -9,8 +9,8 @@ import dagster as dg
 import pytest
 
 from backfill_assets.definitions import BACKFILL_JOB, build_definitions
+from backfill_assets.orchestration.engines import engine_for
 from backfill_assets.orchestration.orchestrate import materialize
-from backfill_assets.orchestration.resources import engine_for
 from backfill_tests.cli_runs import ROOT
 from backfill_tests.conftest import (
     dispose_engine,

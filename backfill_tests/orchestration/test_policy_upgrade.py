@@ -20,8 +20,8 @@ import dagster as dg
 import pytest
 import sqlalchemy as sa
 
+from backfill_assets.orchestration.engines import engine_for
 from backfill_assets.orchestration.plan import make_plan
-from backfill_assets.orchestration.resources import engine_for
 from backfill_assets.orchestration.settings import Settings
 from backfill_tests.cli_runs import ROOT
 from backfill_tests.conftest import dispose_engine, drop_pg_database, make_pg_database, write_jsonl

@@ -25,7 +25,7 @@ import pytest
 import sqlalchemy as sa
 
 from backfill_assets.cli import build_parser
-from backfill_assets.orchestration.resources import engine_for
+from backfill_assets.orchestration.engines import engine_for
 from backfill_assets.orchestration.settings import Settings
 from backfill_assets.providersim import SimConfig, Simulator
 from backfill_tests.cli_runs import ROOT, clean_env

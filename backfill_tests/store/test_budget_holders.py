@@ -25,7 +25,7 @@ from backfill_tests.pipeline_helpers import FAST_RETRY, RUBRIC, VERSIONS, refs_f
 
 _HOLDER = """
 import sys, time
-from backfill_assets.orchestration.resources import engine_for
+from backfill_assets.orchestration.engines import engine_for
 from backfill_assets.core.budgets import Spend
 from backfill_assets.store.budget import HolderLost, StoreBudgetLedger
 ledger = StoreBudgetLedger(engine_for(sys.argv[1]), holder="doomed-run")

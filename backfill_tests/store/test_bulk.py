@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
-from backfill_assets.orchestration.resources import engine_for
+from backfill_assets.orchestration.engines import engine_for
 from backfill_assets.store.bulk import insert_rows, select_rows
 from backfill_assets.store.tables import dead_letters, ledger_events, results, utcnow
 from backfill_assets.store.writer import DEAD_COLUMNS, DEAD_UPSERT, EVENT_COLUMNS, RESULT_COLUMNS

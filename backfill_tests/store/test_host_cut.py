@@ -41,7 +41,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from backfill_assets.ingest.importer import import_path
-from backfill_assets.orchestration.resources import dispose_engine, engine_for
+from backfill_assets.orchestration.engines import dispose_engine, engine_for
 from backfill_assets.providersim import MeterSnapshot, SimConfig, Simulator
 from backfill_assets.store.locks import pg_lock_id
 from backfill_tests.cli_runs import clean_env, last_json

@@ -18,12 +18,12 @@ from backfill_assets.core.regions import (
 )
 from backfill_assets.dispatch.pipeline import PartitionRef
 from backfill_assets.dispatch.routing import Lanes, route_partitions
-from backfill_assets.orchestration.pooling import PartitionPlan, Plan, pool, pool_by_region
-from backfill_assets.orchestration.resources import (
+from backfill_assets.orchestration.model_resources import (
     FakeModelResource,
     ModelResource,
     OpenAIModelResource,
 )
+from backfill_assets.orchestration.pooling import PartitionPlan, Plan, pool, pool_by_region
 from backfill_assets.orchestration.settings import Settings, SettingsError, region_base_urls
 from backfill_assets.providers.batch_client import BatchEndpoint
 from backfill_assets.providers.models.fake import FakeModel
