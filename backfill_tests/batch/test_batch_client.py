@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 import httpx
 import pytest
 
+from backfill_assets.core.outcomes import RetryPolicy
 from backfill_assets.providers.batch_client import (
     BatchClient,
     BatchEndpoint,
@@ -122,11 +123,15 @@ def test_retry_waits_out_429s_and_gives_up_after_its_attempts() -> None:
         return "ok"
 
     async def never() -> str:
+        calls.append("down")
         raise Unsure("down")
 
-    assert asyncio.run(retry(flaky, what="t", base_s=0.001)) == "ok" and len(calls) == 3
+    quick = RetryPolicy(max_attempts=8, base_delay_s=0.001)
+    assert asyncio.run(retry(flaky, what="t", policy=quick)) == "ok" and len(calls) == 3
+    calls.clear()
     with pytest.raises(Unsure):
-        asyncio.run(retry(never, what="t", attempts=3, base_s=0.001))
+        asyncio.run(retry(never, what="t", policy=RetryPolicy(max_attempts=3, base_delay_s=0.001)))
+    assert len(calls) == 3
 
 
 def test_find_pages_newest_first_and_stops_at_batches_older_than_the_intent() -> None:
