@@ -65,6 +65,7 @@ file_bytes
 requests_completed
 requests_failed
 finished_at
+booked_at
 
 # Used by the tests only (vulture does not scan backfill_tests):
 materialize  # orchestrate: the in-process runner the Dagster tests drive

@@ -1,4 +1,4 @@
-"""Apply the numbered DDL files in ``sql/`` once each, in order, recorded in schema_migrations.
+"""Run the numbered DDL files in ``sql/`` once each, in order, recorded in schema_migrations.
 
 The files ship inside the package (``backfill_assets/migrations`` is ``sql/`` in a checkout and
 package data in a wheel), so an installed package migrates its store like a checkout does.
@@ -34,7 +34,7 @@ class Migration:
 
     @property
     def checksum(self) -> str:
-        """Detects a file edited after it was applied."""
+        """Detects a file edited after it was run."""
         return hashlib.sha256(self.sql.encode("utf-8")).hexdigest()[:16]
 
 
@@ -68,7 +68,14 @@ def statements(sql: str, dialect: str) -> list[str]:
     day = "date(at)" if dialect == "sqlite" else "to_char(at, 'YYYY-MM-DD')"
     body = body.replace("{utc_day_of_at}", day)
     # A literal ';' is written {semicolon}: statements are split on ';' first.
-    return [s.strip().replace("{semicolon}", ";") for s in body.split(";") if s.strip()]
+    out: list[str] = []
+    for stmt in (s.strip().replace("{semicolon}", ";") for s in body.split(";")):
+        # "@sqlite ..." / "@postgresql ...": a statement for that store only (a change one
+        # store makes in place and the other by rebuilding, sql/019).
+        only, _, rest = stmt.partition(" ") if stmt.startswith("@") else ("", "", stmt)
+        if stmt and (not only or only[1:] == dialect):
+            out.append(rest.strip())
+    return out
 
 
 def _ensure_table(conn: Connection) -> None:
@@ -80,8 +87,8 @@ def _ensure_table(conn: Connection) -> None:
 
 
 def migrate(engine: Engine, sql_dir: Traversable = SQL_DIR) -> list[int]:
-    """Apply pending migrations; returns the versions applied now. Idempotent, concurrent-safe."""
-    applied_now: list[int] = []
+    """Run pending migrations; returns the versions run now. Idempotent, concurrent-safe."""
+    ran_now: list[int] = []
     with write_tx(engine) as conn:
         if not is_sqlite(engine):
             conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_LOCK_ID})
@@ -94,11 +101,14 @@ def migrate(engine: Engine, sql_dir: Traversable = SQL_DIR) -> list[int]:
             if mig.version in done:
                 if done[mig.version] != mig.checksum:
                     raise MigrationError(
-                        f"sql/{mig.version:03d}_{mig.name}.sql changed after it was applied; "
-                        "add a new migration instead of editing an applied one"
+                        f"sql/{mig.version:03d}_{mig.name}.sql changed after it was run; "
+                        "add a new migration instead of editing one already run"
                     )
                 continue
             for stmt in statements(mig.sql, engine.dialect.name):
+                if "{next_schema_version}" in stmt:  # SQLite, after editing a definition
+                    now = int(conn.exec_driver_sql("PRAGMA schema_version").scalar_one())
+                    stmt = stmt.replace("{next_schema_version}", str(now + 1))
                 conn.exec_driver_sql(stmt)
             conn.execute(
                 sa.text(
@@ -107,11 +117,11 @@ def migrate(engine: Engine, sql_dir: Traversable = SQL_DIR) -> list[int]:
                 ),
                 {"v": mig.version, "n": mig.name, "c": mig.checksum, "at": utcnow()},
             )
-            applied_now.append(mig.version)
-    return applied_now
+            ran_now.append(mig.version)
+    return ran_now
 
 
 def schema_versions(conn: Connection) -> list[int]:
-    """The migrations recorded as applied, in order."""
+    """The migrations recorded as run, in order."""
     rows = conn.execute(sa.text("SELECT version FROM schema_migrations ORDER BY version"))
     return [int(v) for v in rows.scalars()]

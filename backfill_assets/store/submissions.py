@@ -35,7 +35,7 @@ class ChunkState(enum.StrEnum):
     UPLOADED = "uploaded"  # the input file is at the provider
     SUBMITTED = "submitted"  # the batch exists at the provider
     ENDED = "ended"  # the batch reached a terminal status; its lines are not booked yet
-    APPLIED = "applied"  # its lines are booked: results, dead letters, usage
+    BOOKED = "booked"  # its lines are booked: results, dead letters, usage (sql/019)
     FAILED = "failed"  # the provider refused the batch (validation): reported, keys kept
     REQUEUED = "requeued"  # never ran (enqueued-token limit): its keys go into a new chunk
     ABANDONED = "abandoned"  # never ran, and never will (a stale file, a stopped tenant)
@@ -95,7 +95,7 @@ class Submission:
     errors: str | None = None
     submitted_at: datetime | None = None
     finished_at: datetime | None = None
-    applied_at: datetime | None = None
+    booked_at: datetime | None = None
     create_sent_at: datetime | None = None
 
     @classmethod
@@ -270,7 +270,7 @@ def batch_durations(conn: Connection, model: str, newest: int = 200) -> list[flo
         sa.select(c.submitted_at, c.finished_at)
         .where(
             c.model == model,
-            c.state.in_((ChunkState.ENDED, ChunkState.APPLIED)),
+            c.state.in_((ChunkState.ENDED, ChunkState.BOOKED)),
             c.provider_status == "completed",
             c.submitted_at.is_not(None),
             c.finished_at.is_not(None),

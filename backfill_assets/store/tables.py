@@ -176,7 +176,7 @@ batch_submissions = sa.Table(
     sa.Column("intent_at", sa.DateTime, nullable=False),
     sa.Column("submitted_at", sa.DateTime),
     sa.Column("finished_at", sa.DateTime),
-    sa.Column("applied_at", sa.DateTime),
+    sa.Column("booked_at", sa.DateTime),
     # sql/005: a create was sent whose outcome may be unknown (no second create until found
     # or the lookup window passed); reserved_tokens is the chunk's live reservation.
     sa.Column("create_sent_at", sa.DateTime),

@@ -78,7 +78,7 @@ def test_sigkill_at_each_step_never_creates_a_second_batch(
     elif point == "create":  # created, but the batch id was never stored
         assert (states.get("uploaded"), uploads, creates) == (1, 1, 1)
     elif point == "poll":
-        assert states.get("submitted", 0) >= 1 and "applied" not in states
+        assert states.get("submitted", 0) >= 1 and "booked" not in states
     else:
         assert states.get("ended") == 1
     # Each recorded chunk's lines got their attempt events with the intent, before any upload.
@@ -92,7 +92,7 @@ def test_sigkill_at_each_step_never_creates_a_second_batch(
     meter = sim.meter.snapshot()
     chunks = {r.chunk_id for r in rows(engine, "SELECT chunk_id FROM batch_submissions")}
     assert meter.batch_creates_by_chunk == dict.fromkeys(chunks, 1)
-    assert doc["chunks"] == {"applied": len(chunks)}
+    assert doc["chunks"] == {"booked": len(chunks)}
     per_key = Counter(call.correlation_id for call in meter.billed.values())
     assert len(per_key) == POSTS and set(per_key.values()) == {1}
     if point == "create":

@@ -45,7 +45,7 @@ def test_cli_run_in_batch_mode_materialises_checks_and_applies(
     assert meter.responses_by_status == {}  # not one synchronous call
     assert len(meter.billed) == POSTS and set(meter.batch_creates_by_chunk.values()) == {1}
     engine = engine_for(url)
-    assert {r.state for r in rows(engine, "SELECT state FROM batch_submissions")} == {"applied"}
+    assert {r.state for r in rows(engine, "SELECT state FROM batch_submissions")} == {"booked"}
 
     verify = run_cli(["verify", "--require-complete", "--json"], env)
     report = last_json(verify.stdout)
@@ -89,5 +89,5 @@ def test_a_wrong_key_fails_the_dagster_run_and_a_good_key_completes_it(
         ["run", "--tenant", "acme", "--json"], {**env, "BACKFILL_MODEL_API_KEY": API_KEY}
     )
     assert fixed.returncode == 0, fixed.stderr[-3000:]
-    assert {r.state for r in rows(engine, "SELECT state FROM batch_submissions")} == {"applied"}
+    assert {r.state for r in rows(engine, "SELECT state FROM batch_submissions")} == {"booked"}
     assert len(sim.meter.snapshot().billed) == len(data)

@@ -73,7 +73,7 @@ def test_a_create_refused_for_the_token_limit_waits_with_back_off(
     ]
     assert len(waits) >= len(refused) and waits == sorted(waits) and waits[-1] >= 4 * waits[0]
     # Submitted later: every chunk once, every key done once.
-    assert set(_states(engine)) == {"applied"}
+    assert set(_states(engine)) == {"booked"}
     _complete(engine, proxy, len(data))
 
 
@@ -119,7 +119,7 @@ def test_run_level_refusals_stop_the_run_and_leave_every_chunk_open(
     assert rows(engine, "SELECT * FROM dead_letters") == []
     assert rows(engine, "SELECT * FROM ledger_events WHERE type = 'error'") == []
     run_batch(engine, ["acme"], opts)
-    assert set(_states(engine)) == {"applied"}
+    assert set(_states(engine)) == {"booked"}
     _complete(engine, proxy, len(data) + len(more))
     assert {r.attempt_no for r in rows(engine, "SELECT attempt_no FROM batch_lines")} == {1}
 
@@ -204,7 +204,7 @@ def test_provider_error_texts_never_store_the_post(
     run_batch(engine, ["acme"], opts, logs.append)
 
     states = _states(engine)
-    assert states["failed"] >= 2 and states["applied"]  # the refused create, the failed batch
+    assert states["failed"] >= 2 and states["booked"]  # the refused create, the failed batch
     dump = []
     for (table,) in rows(
         engine,

@@ -187,7 +187,7 @@ def test_a_wrong_key_stops_the_batch_run_and_leaves_every_chunk_open(
 
     resumed = _batch_run(env)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert {r.state for r in rows(engine, "SELECT state FROM batch_submissions")} == {"applied"}
+    assert {r.state for r in rows(engine, "SELECT state FROM batch_submissions")} == {"booked"}
     assert {r.attempt_no for r in rows(engine, "SELECT attempt_no FROM batch_lines")} == {1}
     _billed_once(sim.meter.snapshot(), {key_of(r) for r in data})
 
@@ -216,7 +216,7 @@ def test_a_partition_of_several_stored_slices_is_booked_once_per_key(
     )
     _billed_once(sim.meter.snapshot(), {key_of(r) for r in data})
     subs = rows(engine, "SELECT slice, state FROM batch_submissions")
-    assert {s.state for s in subs} == {"applied"} and {s.slice for s in subs} < set(
+    assert {s.state for s in subs} == {"booked"} and {s.slice for s in subs} < set(
         range(SLICE_COUNT)
     )
     doc = verify_store(engine, VERSIONS).as_dict(require_complete=True)

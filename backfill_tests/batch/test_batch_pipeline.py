@@ -115,7 +115,7 @@ def test_batch_mode_gives_the_sync_labels_at_half_the_price(
 
     # Chunks: at most 3 lines, one partition each, one create per chunk, custom_id = key.
     subs = rows(engine, "SELECT chunk_id, tenant_id, slice, lines, state FROM batch_submissions")
-    assert {s.state for s in subs} == {"applied"} and max(s.lines for s in subs) <= 3
+    assert {s.state for s in subs} == {"booked"} and max(s.lines for s in subs) <= 3
     assert batch_meter.batch_creates_by_chunk == {s.chunk_id: 1 for s in subs}
     mixed = rows(
         engine,
@@ -321,7 +321,7 @@ def test_an_interrupted_apply_is_finished_without_booking_twice(
     run_batch(engine, ["acme"], batch_options(sim))
     created = sim.meter.snapshot().batch_creates_total
     before = rows(engine, "SELECT count(*), sum(tokens_in + tokens_out) FROM ledger_events")
-    # As if the process died after some lines of a chunk were committed, before 'applied'.
+    # As if the process died after some lines of a chunk were committed, before 'booked'.
     [chunk] = rows(engine, "SELECT chunk_id FROM batch_submissions ORDER BY lines DESC LIMIT 1")
     with engine.begin() as conn:
         conn.execute(
@@ -335,7 +335,7 @@ def test_an_interrupted_apply_is_finished_without_booking_twice(
     [(state,)] = rows(
         engine, "SELECT state FROM batch_submissions WHERE chunk_id = :c", c=chunk.chunk_id
     )
-    assert state == "applied"
+    assert state == "booked"
     assert any(f"chunk {chunk.chunk_id}" in line and "resuming at 'ended'" in line for line in logs)
     assert sim.meter.snapshot().batch_creates_total == created  # done keys: no new batch
 

@@ -632,7 +632,7 @@ def _batch_chunks_reattached_never_created_twice(drill: Drill) -> None:
     assert chunks and set(drill.meter.batch_creates_by_chunk) == set(chunks)
     assert set(drill.meter.batch_creates_by_chunk.values()) == {1}
     assert drill.meter.batch_creates_total == len(chunks)
-    assert {state for _run, state in chunks.values()} == {"applied"}
+    assert {state for _run, state in chunks.values()} == {"booked"}
     assert drill.b_run["globex"] not in {run for run, _state in chunks.values()}
     # B booked every line (A was cut before any batch ended).
     assert drill.results_by_run["globex"] == {drill.b_run["globex"]: POSTS["globex"]}

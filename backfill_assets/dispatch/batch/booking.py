@@ -3,7 +3,7 @@
 Each line gets its usage or error event (with the attempt id written at intent) and its
 outcome through a ``LedgerWriter``, as in sync mode. A process that dies halfway through
 leaves the chunk ``ended``; the next run downloads the files again and skips the lines whose
-events are already committed, so nothing is booked twice. Only then is the chunk ``applied``.
+events are already committed, so nothing is booked twice. Only then is the chunk ``booked``.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ async def close_unrun(ctx: BatchContext, job: ChunkJob, message: str, state: Chu
                 writer.stage_event(rows.error(line, None, message), chunk=_release(job, line))
     finally:
         await writer.close()
-    await ctx.db(store.update, ctx.fence, job.sub, state=state, applied_at=utcnow())
+    await ctx.db(store.update, ctx.fence, job.sub, state=state, booked_at=utcnow())
 
 
 def _closed(ctx: BatchContext, job: ChunkJob) -> set[int]:
@@ -172,8 +172,8 @@ async def book(ctx: BatchContext, job: ChunkJob) -> ChunkState:
             _stage(ctx, job, rows, writer, line, triaged)
     finally:
         await writer.close()
-    await ctx.db(store.update, ctx.fence, sub, state=ChunkState.APPLIED, applied_at=utcnow())
-    return ChunkState.APPLIED
+    await ctx.db(store.update, ctx.fence, sub, state=ChunkState.BOOKED, booked_at=utcnow())
+    return ChunkState.BOOKED
 
 
 def _stage(

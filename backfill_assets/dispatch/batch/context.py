@@ -27,7 +27,7 @@ T = TypeVar("T")
 
 @dataclass
 class ChunkJob:
-    """A chunk this run is driving, from intent to applied."""
+    """A chunk this run is driving, from intent to booked."""
 
     sub: Submission
     lines: list[LineRow]

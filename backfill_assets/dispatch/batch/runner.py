@@ -344,7 +344,7 @@ class BatchRunner:
     def _ended(self, job: ChunkJob, ending: ChunkState) -> None:
         self.jobs.pop(job.sub.chunk_id, None)
         self.dirty.add(job.partition)  # retriable, expired or requeued keys are pending again
-        if ending is ChunkState.APPLIED:
+        if ending is ChunkState.BOOKED:
             # A batch left the queue: capacity under the enqueued-token limit is back.
             self.gate.reopen()
         elif ending is ChunkState.REQUEUED:
