@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from backfill_assets.core.budgets import Reservation, Spend, TenantBudgets, over_bound
-from backfill_assets.core.caps import REASON_CHARS, REQUEST_ID_CHARS
+from backfill_assets.core.caps import ERROR_MESSAGE_CHARS, REASON_CHARS, REQUEST_ID_CHARS
 from backfill_assets.core.events import EventKind
 from backfill_assets.core.keys import Versions
 from backfill_assets.core.outcomes import Outcome, RetryPolicy
@@ -42,8 +42,6 @@ from backfill_assets.providers.models.base import (
 )
 from backfill_assets.store.rows import event_row, key_row
 from backfill_assets.store.writer import FlushReport, LedgerWriter
-
-_MESSAGE_CHARS = 300
 
 
 @dataclass(frozen=True, slots=True)
@@ -364,7 +362,7 @@ class Dispatcher:
         event.update(
             status=exc.status,
             request_id=(exc.request_id or None),
-            message=f"{type(exc).__name__}: {str(exc)[:_MESSAGE_CHARS]}",
+            message=f"{type(exc).__name__}: {str(exc)[:ERROR_MESSAGE_CHARS]}",
         )
         self.writer.stage_event(event)
         if isinstance(exc, RunFatalError):
@@ -398,12 +396,12 @@ class Dispatcher:
                         "(BACKFILL_RETRY_AFTER_MAX_SECONDS)"
                     )
         if isinstance(exc, TransportRejected):
-            reason = f"HTTP {exc.status}: {str(exc)[:_MESSAGE_CHARS]}"
+            reason = f"HTTP {exc.status}: {str(exc)[:ERROR_MESSAGE_CHARS]}"
             self.writer.stage_dead(self._dead(item, Outcome.TRANSPORT_REJECTED, reason, attempt))
             st.outcomes[Outcome.TRANSPORT_REJECTED] += 1
             return True
         if self.cfg.retry.exhausted(attempt):
-            reason = f"{attempt} attempts; last: {str(exc)[:_MESSAGE_CHARS]}"
+            reason = f"{attempt} attempts; last: {str(exc)[:ERROR_MESSAGE_CHARS]}"
             self.writer.stage_dead(self._dead(item, Outcome.RETRY_EXHAUSTED, reason, attempt))
             st.outcomes[Outcome.RETRY_EXHAUSTED] += 1
             return True

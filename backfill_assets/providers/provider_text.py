@@ -5,8 +5,8 @@ and response ids, batch and file ids and content types. Any of them may echo the
 tenant's post) or the API key, or be megabytes long. Nothing of it leaves the adapter without
 passing through here:
 
-- messages are cut to ``MESSAGE_CHARS``, quoted values and key-like tokens masked, and withheld
-  whole if they still echo the request or hold a run of a secret;
+- messages are cut to ``caps.PROVIDER_MESSAGE_CHARS``, quoted values and key-like tokens
+  masked, and withheld whole if they still echo the request or hold a run of a secret;
 - ids are kept only if they look like ids (a short run of id characters), else dropped;
 - content types are kept only if they look like a media type, else named as unrecognised.
 
@@ -24,11 +24,11 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BeforeValidator
 
+from backfill_assets.core.caps import PROVIDER_ID_CHARS, PROVIDER_MESSAGE_CHARS
+
 # What is stored instead of a provider message that cannot be checked for an echo.
 UNCHECKED = "(message withheld: the request text is not known to check it)"
 
-MESSAGE_CHARS = 160
-ID_CHARS = 128
 # A run of this many normalised characters shared with the request means the provider echoed it.
 ECHO_WINDOW = 16
 # A run of this many characters of a secret counts as the secret.
@@ -41,7 +41,7 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]+")
 _SPACE = re.compile(r"\s+")
 # Key-like tokens, masked or not ("Incorrect API key provided: sk-te****1234"): never stored.
 _KEY_LIKE = re.compile(r"\b(?:sk|pk|rk|key|api[_-]?key)[-_][A-Za-z0-9*._-]{2,}", re.IGNORECASE)
-_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:=+/-]{0," + str(ID_CHARS - 1) + "}")
+_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:=+/-]{0," + str(PROVIDER_ID_CHARS - 1) + "}")
 _MEDIA_TYPE = re.compile(r"[a-z0-9][a-z0-9!#$&^_.+-]{0,63}/[a-z0-9][a-z0-9!#$&^_.+-]{0,127}")
 _QUOTES = str.maketrans(
     dict.fromkeys('"`\u2018\u2019\u201a\u201b\u201c\u201d\u201e\u00ab\u00bb', "'")
@@ -107,7 +107,7 @@ def scrub(message: str, echoes_of: Sequence[str], secrets: Sequence[str]) -> str
     text = _SPACE.sub(" ", _CONTROL.sub(" ", message)).strip()
     text = _QUOTED.sub("'…'", text)
     text = _KEY_LIKE.sub("<key>", text)
-    return text[:MESSAGE_CHARS]
+    return text[:PROVIDER_MESSAGE_CHARS]
 
 
 def safe_id(value: object, secrets: Sequence[str] = ()) -> str | None:

@@ -8,11 +8,10 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from backfill_assets.core.caps import REASON_CHARS
 from backfill_assets.core.records import Rejection
 from backfill_assets.store.dialect import insert_for
 from backfill_assets.store.tables import rejected_records, utcnow
-
-MAX_REASON_CHARS = 500
 
 
 @dataclass(frozen=True)
@@ -52,7 +51,7 @@ def record_rejects(conn: Connection, source: str, rejects: Sequence[Rejection]) 
             {
                 "source": source,
                 "line": r.line,
-                "reason": r.reason[:MAX_REASON_CHARS],
+                "reason": r.reason[:REASON_CHARS],
                 "tenant_given": r.tenant_given,
                 "locator": r.locator,
                 "at": now,

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 from sqlalchemy.engine import Engine
 
+from backfill_assets.core.caps import PROVIDER_MESSAGE_CHARS
 from backfill_assets.core.records import Rejection, parse_line
 from backfill_assets.core.rubric import MAX_OUTPUT_TOKENS, Rubric
 from backfill_assets.dispatch.pipeline import RunOptions, run_partitions
@@ -33,7 +34,6 @@ from backfill_assets.providers.models.base import (
 )
 from backfill_assets.providers.models.openai_http import OpenAIHttpModel
 from backfill_assets.providers.provider_text import (
-    MESSAGE_CHARS,
     UNRECOGNISED_TYPE,
     WITHHELD,
     safe_content_type,
@@ -142,7 +142,7 @@ def test_type_code_and_message_are_scrubbed_and_capped() -> None:
 
     exc = _call(handler)
     assert isinstance(exc, TransportRejected) and exc.request_id == "req_ok-1"
-    assert len(str(exc)) < 3 * MESSAGE_CHARS
+    assert len(str(exc)) < 3 * PROVIDER_MESSAGE_CHARS
     _clean(exc)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from backfill_assets.core.caps import REASON_CHARS, REQUEST_ID_CHARS
+from backfill_assets.core.caps import ERROR_MESSAGE_CHARS, REASON_CHARS, REQUEST_ID_CHARS
 from backfill_assets.core.events import EventKind
 from backfill_assets.core.keys import Versions
 from backfill_assets.core.outcomes import Outcome
@@ -19,7 +19,6 @@ from backfill_assets.store.rows import event_row, key_row
 from backfill_assets.store.submissions import LineRow, attempt_id
 
 Row = dict[str, Any]
-_MESSAGE_CHARS = 300
 
 
 @dataclass(frozen=True)
@@ -78,7 +77,7 @@ class LineRows:
     def error(self, line: LineRow, status: int | None, message: str) -> Row:
         """A line that produced no billed answer (closes its attempt)."""
         row = self._event(line, EventKind.ERROR)
-        row.update(status=status, message=message[:_MESSAGE_CHARS])
+        row.update(status=status, message=message[:ERROR_MESSAGE_CHARS])
         return row
 
     def _base(self, line: LineRow) -> Row:
