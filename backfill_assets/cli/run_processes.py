@@ -179,6 +179,9 @@ def _fork(
     if pid == 0:  # the helper: never returns into the caller's code
         code = 1
         try:
+            drill = settings.faults().at_point()
+            if drill is not None:
+                drill("helper")
             code = _serve(settings, boxes, regions, out)
         except BaseException:  # its last word; the parent reports a helper without records
             with contextlib.suppress(Exception):

@@ -3,9 +3,10 @@
 ``BACKFILL_KILL_AFTER_USAGE=N`` SIGKILLs the process right after the commit that makes the Nth
 usage event durable; ``BACKFILL_KILL_AT=<point>`` SIGKILLs a batch-mode run the first time it
 reaches ``intent``, ``upload``, ``create``, ``poll``, ``fetch`` or (a deadline plan's
-switch-over) ``cancel``. Both are off by default. They are deliberately not resource config: a
-field in the launchpad that kills the process would be a production knob. Only tests and
-drills set these variables.
+switch-over) ``cancel``, or (``helper``) each helper process of a ``run`` over several
+processes as soon as it is forked. Both are off by default. They are deliberately not resource
+config: a field in the launchpad that kills the process would be a production knob. Only tests
+and drills set these variables.
 
 The product holds no kill switch: the writer and the batch runner call the hooks built here
 (``after_usage``, ``at_point``), which are None unless a drill asked for one.
@@ -19,12 +20,12 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-# Where a batch-mode run may be killed, in the order a chunk passes them.
-KILL_POINTS = ("intent", "upload", "create", "poll", "fetch", "cancel")
+# Where a batch-mode run may be killed, in the order a chunk passes them; and a run's helper.
+KILL_POINTS = ("intent", "upload", "create", "poll", "fetch", "cancel", "helper")
 
 # Called with the usage events committed so far, after each commit.
 UsageHook = Callable[[int], None]
-# Called with the name of each drill point a batch-mode run reaches.
+# Called with the name of each drill point a run reaches.
 PointHook = Callable[[str], None]
 
 

@@ -186,7 +186,7 @@ class Settings(BaseSettings):
         "BACKFILL_EXECUTOR", default="in_process"
     )
     # Crash drills only: never resource config (see faults.py).
-    kill_at: Literal["", "intent", "upload", "create", "poll", "fetch", "cancel"] = _var(
+    kill_at: Literal["", "intent", "upload", "create", "poll", "fetch", "cancel", "helper"] = _var(
         "BACKFILL_KILL_AT", default=""
     )
     kill_after_usage: int = _var("BACKFILL_KILL_AFTER_USAGE", default=0, ge=0)

@@ -385,24 +385,18 @@ def _zombie(pid: int) -> bool:
         return True
 
 
-def test_a_helper_that_dies_costs_a_rerun_not_a_result(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_helper_that_dies_costs_a_rerun_not_a_result(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'store.db'}"
     engine = engine_for(url)
     import_records(engine, tmp_path, _records(5), slice_target=1000)
-    s = Settings.from_env({"DAGSTER_HOME": str(tmp_path / "home"), "BACKFILL_DATABASE_URL": url})
+    env = {"DAGSTER_HOME": str(tmp_path / "home"), "BACKFILL_DATABASE_URL": url}
+    s = Settings.from_env(env)
     inst = instance(s)
     ensure_partitions(inst, dict.fromkeys(TENANTS, MAX_LEVEL))
-
-    def killed(*_args: Any) -> int:  # what the helper runs after the fork: it dies at once
-        os.kill(os.getpid(), signal.SIGKILL)
-        return 0
-
-    monkeypatch.setattr(run_processes, "_serve", killed)
+    # The drill hook: each helper is SIGKILLed as soon as it is forked.
+    drill = Settings.from_env({**env, "BACKFILL_KILL_AT": "helper"})
     plan = make_plan(engine, inst, s.versions())
-    shared = run_plan(s, build_definitions(s), inst, plan, {}, processes=2, min_share=0)
-    monkeypatch.undo()
+    shared = run_plan(drill, build_definitions(s), inst, plan, {}, processes=2, min_share=0)
     assert shared.processes == 2 and not shared.interrupted
     lost = [r for r in shared.records if not r.success]
     assert len(lost) == 1 and lost[0].error is not None
