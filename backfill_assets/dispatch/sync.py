@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from backfill_assets.core.budgets import Reservation, Spend, TenantBudgets, over_bound
-from backfill_assets.core.caps import ERROR_MESSAGE_CHARS, REASON_CHARS, REQUEST_ID_CHARS
+from backfill_assets.core.caps import ERROR_MESSAGE_CHARS, REQUEST_ID_CHARS
 from backfill_assets.core.events import EventKind
 from backfill_assets.core.keys import Versions
 from backfill_assets.core.outcomes import Outcome, RetryPolicy
@@ -40,7 +40,7 @@ from backfill_assets.providers.models.base import (
     RunFatalError,
     TransportRejected,
 )
-from backfill_assets.store.rows import event_row, key_row
+from backfill_assets.store.rows import dead_row, event_row, key_row, result_row
 from backfill_assets.store.writer import FlushReport, LedgerWriter
 
 
@@ -277,16 +277,7 @@ class Dispatcher:
             self.writer.stage_dead(self._dead(item, Outcome.SCHEMA_REJECTED, str(exc), attempt))
             st.outcomes[Outcome.SCHEMA_REJECTED] += 1
             return True
-        row = self._base(item)
-        row.update(
-            label=out.label,
-            rule_ids=",".join(out.rule_ids),
-            confidence=out.confidence,
-            correlation_id=out.correlation_id,
-            schema_version=out.schema_version,
-            partition=item.partition,
-            had_dead_letter=item.had_dead_letter,
-        )
+        row = result_row(self._base(item), out, item.partition, item.had_dead_letter)
         self.writer.stage_result(row)
         st.outcomes[Outcome.ACCEPTED] += 1
         st.labels[out.label] += 1
@@ -437,6 +428,4 @@ class Dispatcher:
         )
 
     def _dead(self, item: WorkItem, outcome: Outcome, reason: str, attempts: int) -> dict[str, Any]:
-        row = self._base(item)
-        row.update(outcome=str(outcome), reason=reason[:REASON_CHARS], attempts=attempts)
-        return row
+        return dead_row(self._base(item), outcome, reason, attempts)

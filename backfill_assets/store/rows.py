@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from backfill_assets.core.caps import REASON_CHARS
 from backfill_assets.core.events import EventKind
 from backfill_assets.core.keys import Versions
+from backfill_assets.core.outcomes import Outcome
+from backfill_assets.core.rubric import ModerationOutput
 
 Row = dict[str, Any]
 
@@ -78,3 +81,24 @@ def event_row(
         "cost_unknown": 0,
         "tokens_reasoning": 0,
     }
+
+
+def result_row(key: Row, out: ModerationOutput, partition: str, had_dead_letter: bool) -> Row:
+    """An accepted label on its key's row (``key_row``); the writer validates it again as a
+    frame. ``had_dead_letter``: the key may have an earlier retry_exhausted dead letter to
+    clear."""
+    return {
+        **key,
+        "label": out.label,
+        "rule_ids": ",".join(out.rule_ids),
+        "confidence": out.confidence,
+        "correlation_id": out.correlation_id,
+        "schema_version": out.schema_version,
+        "partition": partition,
+        "had_dead_letter": had_dead_letter,
+    }
+
+
+def dead_row(key: Row, outcome: Outcome, reason: str, attempts: int) -> Row:
+    """A dead letter on its key's row (replaces any earlier one for the key)."""
+    return {**key, "outcome": str(outcome), "reason": reason[:REASON_CHARS], "attempts": attempts}

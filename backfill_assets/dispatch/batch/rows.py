@@ -10,12 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from backfill_assets.core.caps import ERROR_MESSAGE_CHARS, REASON_CHARS, REQUEST_ID_CHARS
+from backfill_assets.core.caps import ERROR_MESSAGE_CHARS, REQUEST_ID_CHARS
 from backfill_assets.core.events import EventKind
 from backfill_assets.core.keys import Versions
 from backfill_assets.core.outcomes import Outcome
 from backfill_assets.core.rubric import ModerationOutput
-from backfill_assets.store.rows import event_row, key_row
+from backfill_assets.store.rows import dead_row, event_row, key_row, result_row
 from backfill_assets.store.submissions import LineRow, attempt_id
 
 Row = dict[str, Any]
@@ -93,21 +93,9 @@ class LineRows:
 
     def result(self, line: LineRow, out: ModerationOutput) -> Row:
         """An accepted label (the writer validates it again as a frame)."""
-        row = self._base(line)
-        row.update(
-            label=out.label,
-            rule_ids=",".join(out.rule_ids),
-            confidence=out.confidence,
-            correlation_id=out.correlation_id,
-            schema_version=out.schema_version,
-            partition=self.partition,
-            # Clears an earlier retry_exhausted dead letter of the key, if any.
-            had_dead_letter=True,
-        )
-        return row
+        # Clears an earlier retry_exhausted dead letter of the key, if any.
+        return result_row(self._base(line), out, self.partition, had_dead_letter=True)
 
     def dead(self, line: LineRow, outcome: Outcome, reason: str) -> Row:
         """A dead letter (replaces any earlier one for the key)."""
-        row = self._base(line)
-        row.update(outcome=str(outcome), reason=reason[:REASON_CHARS], attempts=line.attempt_no)
-        return row
+        return dead_row(self._base(line), outcome, reason, line.attempt_no)
