@@ -25,6 +25,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
     EnvSettingsSource,
@@ -34,13 +35,12 @@ from pydantic_settings import (
 from sqlalchemy.engine import Engine
 
 from backfill_assets.core.faults import KILL_POINTS, FaultHooks
-from backfill_assets.core.keys import DEFAULT_SLICE_TARGET, Versions
+from backfill_assets.core.keys import Versions
 from backfill_assets.core.policy import PolicyInvalid, builtin_policy, load_policy
 from backfill_assets.core.prices import PriceError, PriceTable
 from backfill_assets.core.regions import API_KEY_VAR, BASE_URL_VAR, InvalidRegion, region_of_suffix
 from backfill_assets.core.rubric import Rubric
 from backfill_assets.core.urls import redact_url
-from backfill_assets.dispatch.batch_options import PROVIDER_MAX_LINES
 from backfill_assets.ingest.sql_import import SqlSource
 from backfill_assets.orchestration.checks_config import (
     LIVE_BASELINE,
@@ -97,6 +97,12 @@ def _var(name: str, **kw: Any) -> Any:
     return Field(validation_alias=name, **kw)
 
 
+def _run_var(name: str, field: str) -> Any:
+    """A field of the ``settings`` resource (``RunSettings``), read from the variable ``name``:
+    its default, bounds and description are declared once, on the resource."""
+    return FieldInfo.merge_field_infos(RunSettings.model_fields[field], validation_alias=name)
+
+
 _MAX_PRICES_BYTES = 1 << 20
 
 
@@ -137,14 +143,16 @@ class Settings(BaseSettings):
     pg_dead_peer_seconds: float = _var(
         "BACKFILL_PG_DEAD_PEER_SECONDS", default=DEFAULT_DEAD_PEER_SECONDS, ge=2.0, le=86400.0
     )
-    # Run behaviour (the ``settings`` resource).
-    concurrency: int = _var("BACKFILL_CONCURRENCY", default=8, ge=1, le=1024)
-    tenant_budget_tokens: int = _var("BACKFILL_TENANT_BUDGET_TOKENS", default=0, ge=0)
-    max_attempts: int = _var("BACKFILL_MAX_ATTEMPTS", default=5, ge=1, le=20)
-    retry_base_seconds: float = _var("BACKFILL_RETRY_BASE_SECONDS", default=0.5, ge=0.0)
-    retry_max_seconds: float = _var("BACKFILL_RETRY_MAX_SECONDS", default=30.0, ge=0.0)
-    retry_after_max_seconds: float = _var("BACKFILL_RETRY_AFTER_MAX_SECONDS", default=900.0, gt=0.0)
-    flush_ms: float = _var("BACKFILL_FLUSH_MS", default=100.0, gt=0.0, le=1000.0)
+    # Run behaviour: the ``settings`` resource's fields, declared there (``_run_var``).
+    concurrency: int = _run_var("BACKFILL_CONCURRENCY", "concurrency")
+    tenant_budget_tokens: int = _run_var("BACKFILL_TENANT_BUDGET_TOKENS", "tenant_budget_tokens")
+    max_attempts: int = _run_var("BACKFILL_MAX_ATTEMPTS", "max_attempts")
+    retry_base_seconds: float = _run_var("BACKFILL_RETRY_BASE_SECONDS", "retry_base_seconds")
+    retry_max_seconds: float = _run_var("BACKFILL_RETRY_MAX_SECONDS", "retry_max_seconds")
+    retry_after_max_seconds: float = _run_var(
+        "BACKFILL_RETRY_AFTER_MAX_SECONDS", "retry_after_max_seconds"
+    )
+    flush_ms: float = _run_var("BACKFILL_FLUSH_MS", "flush_ms")
     # The moderation policy file (docs/policies.md); blank: the built-in policy. Read here, by
     # the process that runs the work, never from run config.
     policy_path: str = _var("BACKFILL_POLICY_PATH", default="")
@@ -154,19 +162,14 @@ class Settings(BaseSettings):
     )
     # Replaced by BACKFILL_POLICY_PATH: setting it is an error, never silently ignored.
     prompt_path: str = _var("BACKFILL_PROMPT_PATH", default="")
-    import_dir: str = _var("BACKFILL_IMPORT_DIR", default="")
-    slice_target_posts: int = _var(
-        "BACKFILL_SLICE_TARGET_POSTS", default=DEFAULT_SLICE_TARGET, ge=0
+    import_dir: str = _run_var("BACKFILL_IMPORT_DIR", "import_dir")
+    slice_target_posts: int = _run_var("BACKFILL_SLICE_TARGET_POSTS", "slice_target_posts")
+    dispatch: Literal["sync", "batch"] = _run_var("BACKFILL_DISPATCH", "dispatch")
+    batch_max_lines: int = _run_var("BACKFILL_BATCH_MAX_LINES", "batch_max_lines")
+    batch_max_output_bytes: int = _run_var(
+        "BACKFILL_BATCH_MAX_OUTPUT_BYTES", "batch_max_output_bytes"
     )
-    dispatch: Literal["sync", "batch"] = _var("BACKFILL_DISPATCH", default="sync")
-    batch_max_lines: int = _var(
-        "BACKFILL_BATCH_MAX_LINES", default=PROVIDER_MAX_LINES, ge=1, le=PROVIDER_MAX_LINES
-    )
-    # The largest batch output or error file read (streamed to disk, never held whole).
-    batch_max_output_bytes: int = _var(
-        "BACKFILL_BATCH_MAX_OUTPUT_BYTES", default=512 * 1024 * 1024, ge=1024
-    )
-    batch_poll_seconds: float = _var("BACKFILL_BATCH_POLL_SECONDS", default=30.0, gt=0.0)
+    batch_poll_seconds: float = _run_var("BACKFILL_BATCH_POLL_SECONDS", "batch_poll_seconds")
     # What a deadline plan assumes a batch takes before this store has a history: the whole
     # 24 h completion window, the pessimistic reading of the provider's promise.
     batch_prior_seconds: float = _var("BACKFILL_BATCH_PRIOR_SECONDS", default=86_400.0, gt=0.0)
@@ -175,8 +178,8 @@ class Settings(BaseSettings):
     flex_unavailable_prior: float = _var(
         "BACKFILL_FLEX_UNAVAILABLE_PRIOR", default=0.25, ge=0.0, le=1.0
     )
-    batch_create_lookup_seconds: float = _var(
-        "BACKFILL_BATCH_CREATE_LOOKUP_SECONDS", default=600.0, ge=0.0
+    batch_create_lookup_seconds: float = _run_var(
+        "BACKFILL_BATCH_CREATE_LOOKUP_SECONDS", "batch_create_lookup_seconds"
     )
     # Orchestration.
     partitions_per_run: int = _var("BACKFILL_PARTITIONS_PER_RUN", default=16, ge=1)
@@ -428,22 +431,7 @@ class Settings(BaseSettings):
 
     def run_settings(self) -> RunSettings:
         """The ``settings`` resource: how a run behaves."""
-        return RunSettings(
-            concurrency=self.concurrency,
-            tenant_budget_tokens=self.tenant_budget_tokens,
-            max_attempts=self.max_attempts,
-            retry_base_seconds=self.retry_base_seconds,
-            retry_max_seconds=self.retry_max_seconds,
-            retry_after_max_seconds=self.retry_after_max_seconds,
-            flush_ms=self.flush_ms,
-            import_dir=self.import_dir,
-            slice_target_posts=self.slice_target_posts,
-            dispatch=self.dispatch,
-            batch_max_lines=self.batch_max_lines,
-            batch_max_output_bytes=self.batch_max_output_bytes,
-            batch_poll_seconds=self.batch_poll_seconds,
-            batch_create_lookup_seconds=self.batch_create_lookup_seconds,
-        )
+        return RunSettings(**{name: getattr(self, name) for name in RunSettings.model_fields})
 
     def faults(self) -> FaultHooks:
         """``BACKFILL_KILL_AFTER_USAGE`` and ``BACKFILL_KILL_AT`` (crash drills only)."""
