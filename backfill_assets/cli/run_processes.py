@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import json
 import math
 import os
@@ -148,7 +149,7 @@ def run_plan(
             for h in busy:
                 _reap(h)
             raise
-    cut = Plan(plan.partitions, [b for s in shares for b in s])
+    cut = dataclasses.replace(plan, boxes=[b for s in shares for b in s])
     return SharedRun(cut, records, len(shares), stopped)
 
 

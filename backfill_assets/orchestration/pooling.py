@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from backfill_assets.dispatch.partition_run import PartitionRef
 from backfill_assets.orchestration.partitions import tenant_of
@@ -154,4 +154,4 @@ def pool_by_region(
         boxes += pool(chosen, key_order)
     at = {k: i for i, k in enumerate(key_order)}
     boxes.sort(key=lambda b: at.get(b.start, len(at)))  # in the instance's order
-    return Plan(plan.partitions, boxes)
+    return replace(plan, boxes=boxes)
