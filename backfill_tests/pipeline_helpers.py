@@ -19,7 +19,7 @@ from backfill_assets.dispatch.pipeline import (
 )
 from backfill_assets.providers.models.base import ModelAdapter
 from backfill_assets.providers.models.fake import FakeModel
-from backfill_assets.store.verification import VerifyOutcome, verify_store
+from backfill_assets.store.verification import VerifyReport, verify_store
 
 RUBRIC = Rubric()
 VERSIONS = Versions(TASK_VERSION, RUBRIC.prompt_version, "fake-moderator-1")
@@ -82,7 +82,7 @@ def calls(reports: list[PartitionReport]) -> int:
     return sum(r.stats.calls for r in reports)
 
 
-def verify(engine: Engine, versions: Versions = VERSIONS) -> VerifyOutcome:
+def verify(engine: Engine, versions: Versions = VERSIONS) -> VerifyReport:
     """Run the verifier."""
     return verify_store(engine, versions)
 

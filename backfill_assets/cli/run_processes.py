@@ -44,7 +44,7 @@ import dagster as dg
 from backfill_assets.cli.instance import instance
 from backfill_assets.cli.process import freeze_heap
 from backfill_assets.core.validation import warm_up as warm_up_validation
-from backfill_assets.orchestration.orchestrate import CheckOutcome, RunRecord, run_boxes
+from backfill_assets.orchestration.orchestrate import RecordedCheck, RunRecord, run_boxes
 from backfill_assets.orchestration.pooling import Box, Plan
 from backfill_assets.orchestration.settings import Settings
 from backfill_assets.orchestration.sharing import partition_weights, share_out
@@ -242,7 +242,7 @@ def _collect(h: _Helper) -> list[RunRecord]:
 
 
 def _record(d: Mapping[str, Any]) -> RunRecord:
-    checks = {pk: [CheckOutcome(**c) for c in cs] for pk, cs in d["checks"].items()}
+    checks = {pk: [RecordedCheck(**c) for c in cs] for pk, cs in d["checks"].items()}
     return RunRecord(**{**d, "checks": checks})
 
 

@@ -29,7 +29,7 @@ RANGE_END = "dagster/asset_partition_range_end"
 
 
 @dataclass(frozen=True)
-class CheckOutcome:
+class RecordedCheck:
     """One check's evaluation of one partition in one run."""
 
     name: str
@@ -52,7 +52,7 @@ class RunRecord:
     partitions: list[str]
     metadata: dict[str, dict[str, Any]] = field(default_factory=dict)
     error: str | None = None
-    checks: dict[str, list[CheckOutcome]] = field(default_factory=dict)
+    checks: dict[str, list[RecordedCheck]] = field(default_factory=dict)
     applied: list[str] = field(default_factory=list)
     job: str = ""
     # SIGTERM/SIGINT stopped the run (it is recorded as canceled, not failed).
@@ -99,7 +99,7 @@ def _metadata_value(value: Any) -> Any:
     return getattr(value, "value", value)
 
 
-def _members(evaluation: dg.AssetCheckEvaluation) -> list[CheckOutcome]:
+def _members(evaluation: dg.AssetCheckEvaluation) -> list[RecordedCheck]:
     """A group evaluation's member checks, from the JSON list in its metadata."""
     raw = _metadata_value(evaluation.metadata.get("checks_json"))
     try:
@@ -107,7 +107,7 @@ def _members(evaluation: dg.AssetCheckEvaluation) -> list[CheckOutcome]:
     except json.JSONDecodeError:
         members = []
     return [
-        CheckOutcome(
+        RecordedCheck(
             name=str(m["name"]),
             passed=bool(m["passed"]),
             blocking=bool(m["blocking"]),

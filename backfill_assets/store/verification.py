@@ -26,7 +26,7 @@ from backfill_assets.store.usage import rollup_totals
 
 
 @dataclass
-class VerifyOutcome:
+class VerifyReport:
     """Everything ``verify`` reports."""
 
     reports: list[ScopeReport]
@@ -89,7 +89,7 @@ def verify_store(
     versions: Versions,
     tenant_filter: Sequence[str] | None = None,
     sink: Sink | None = None,
-) -> VerifyOutcome:
+) -> VerifyReport:
     """Verify every tenant that has posts or claims rows (and, with ``sink``, which of their
     partitions are applied in the store but not yet written back)."""
     reports: list[ScopeReport] = []
@@ -123,7 +123,7 @@ def verify_store(
                 conn, sink.sink_id, versions.prompt_version, tenant_filter or None
             )
             pending = sorted((t, slice_key(n)) for t, n, _level in found)
-    return VerifyOutcome(
+    return VerifyReport(
         reports=reports,
         problems=problems,
         sink=None if sink is None else sink.name,
