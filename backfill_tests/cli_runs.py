@@ -26,6 +26,13 @@ def clean_env(**values: str) -> dict[str, str]:
     return env
 
 
+def clear_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Drop every ``BACKFILL_*`` and ``DAGSTER_*`` variable from this process's environment
+    for the test (for code that reads ``os.environ`` itself: in-process CLI, servers)."""
+    for name in [k for k in os.environ if k.startswith(("BACKFILL_", "DAGSTER_"))]:
+        monkeypatch.delenv(name)
+
+
 def last_json(stdout: str) -> Any:
     """The ``--json`` document: the last line of standard output (progress lines come before)."""
     return json.loads(stdout.strip().splitlines()[-1])

@@ -20,6 +20,14 @@ PG_BASE = os.environ.get(
 )
 
 
+def clean_env(**values: str) -> dict[str, str]:
+    """This process's environment without any ``BACKFILL_*`` or ``DAGSTER_*`` setting (none of
+    the caller's leaks into a measured command), plus ``values``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("BACKFILL_", "DAGSTER_"))}
+    env.update(values)
+    return env
+
+
 def new_store(kind: str, workdir: Path, prefix: str = "bf_bench_") -> str:
     """A fresh, empty store URL (a PostgreSQL database named ``prefix`` + a random tail)."""
     if kind == "sqlite":

@@ -23,7 +23,6 @@ import argparse
 import dataclasses
 import datetime as dt
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -38,7 +37,7 @@ from backfill_assets.core.prices import PriceTable, Tier
 from backfill_assets.ingest.importer import import_path
 from backfill_assets.orchestration.engines import engine_for
 from backfill_assets.providersim import SimConfig, Simulator
-from bench.common import ROOT, drop_store, new_store
+from bench.common import ROOT, clean_env, drop_store, new_store
 
 
 @dataclass(frozen=True)
@@ -112,9 +111,7 @@ def run(scenario: Scenario, args: argparse.Namespace, workdir: Path) -> dict[str
         _posts(jsonl, args.posts, args.tenants)
         import_path(engine_for(url), jsonl)
         with Simulator(SimConfig(seed=11, **scenario.sim)) as sim:
-            base = {
-                k: v for k, v in os.environ.items() if not k.startswith(("BACKFILL_", "DAGSTER_"))
-            }
+            base = clean_env()
             env = {
                 **base,
                 "DAGSTER_HOME": str(workdir / f"home-{scenario.name}"),

@@ -53,7 +53,7 @@ from backfill_assets.core.keys import partition_of
 from backfill_assets.demo.generate import write_export
 from backfill_assets.providersim import Meter, MeterSnapshot, SimConfig, Simulator
 from backfill_assets.store.submissions import OPEN_STATES
-from bench.common import ROOT, drop_store, new_store
+from bench.common import ROOT, clean_env, drop_store, new_store
 
 TENANTS = ("acme", "globex", "initech", "umbrella", "hooli", "soylent")
 BATCH_LINES = 4
@@ -255,8 +255,7 @@ class Fuzz:
     # -- set-up ------------------------------------------------------------------------------
     def env(self, mode: str = "sync") -> dict[str, str]:
         """The run's environment: HTTP path against the simulator, this store."""
-        env = {k: v for k, v in os.environ.items() if not k.startswith("BACKFILL_")}
-        env.update(
+        env = clean_env(
             DAGSTER_HOME=str(self.work / f"home-{self.store}"),
             BACKFILL_DATABASE_URL=self.url,
             BACKFILL_MODEL_BACKEND="openai",

@@ -25,7 +25,7 @@ from typing import Any
 
 import httpx
 
-from bench.common import ROOT
+from bench.common import ROOT, clean_env
 
 DEMO = ROOT / "backfill_assets" / "demo" / "posts.jsonl"
 TENANTS = ["acme", "globex", "initech"]
@@ -50,8 +50,7 @@ TERMINAL = {"COMPLETED", "COMPLETED_SUCCESS", "COMPLETED_FAILED", "FAILED", "CAN
 
 
 def _env(home: Path, extra: dict[str, str]) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BACKFILL_")}
-    env.update(
+    env = clean_env(
         DAGSTER_HOME=str(home),
         BACKFILL_DATABASE_URL=f"sqlite:///{home / 'backfill.db'}",
         # One post a partition before splitting: the demo's 200 posts a tenant use all 16.

@@ -36,7 +36,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from bench.common import ROOT, drop_store, fmt, machine_speed, median, new_store
+from bench.common import ROOT, clean_env, drop_store, fmt, machine_speed, median, new_store
 
 PREFIX = "scale_"  # PostgreSQL bench databases
 _TEXTS = (
@@ -99,8 +99,7 @@ _DAGSTER_ENV: dict[str, str] = {}
 
 def cli_env(home: Path, store_url: str, **extra: str) -> dict[str, str]:
     """A clean environment: no BACKFILL_/DAGSTER_ settings leak in from the caller."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("BACKFILL_", "DAGSTER_"))}
-    env.update(
+    env = clean_env(
         DAGSTER_HOME=str(home), BACKFILL_DATABASE_URL=store_url, BACKFILL_FAKE_LATENCY_MS="0"
     )
     env.update(_RUN_PROCESSES)

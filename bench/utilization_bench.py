@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -24,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from bench.common import ROOT
+from bench.common import ROOT, clean_env
 from bench.shared_limit_bench import _start_sim
 
 
@@ -56,8 +55,7 @@ def main() -> None:
         work = Path(tmp)
         sim, base = _start_sim(args.rpm, args.latency_ms)
         try:
-            env = {k: v for k, v in os.environ.items() if not k.startswith("BACKFILL_")}
-            env.update(
+            env = clean_env(
                 DAGSTER_HOME=str(work / "home"),
                 BACKFILL_DATABASE_URL=f"sqlite:///{work / 'store.db'}",
                 BACKFILL_MODEL_BACKEND="openai",

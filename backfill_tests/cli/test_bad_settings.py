@@ -6,7 +6,6 @@ once by the entry point, before any command (or the Dagster definitions) is buil
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from backfill_assets.orchestration.settings import Settings, SettingsError
+from backfill_tests.cli_runs import clean_env
 
 COMMANDS = [
     ["run"],
@@ -25,8 +25,7 @@ COMMANDS = [
 
 
 def _cli(args: list[str], tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    base = {k: v for k, v in os.environ.items() if not k.startswith("BACKFILL_")}
-    base |= {
+    base = clean_env() | {
         "DAGSTER_HOME": str(tmp_path / "home"),
         "BACKFILL_DATABASE_URL": f"sqlite:///{tmp_path / 'store.db'}",
     }

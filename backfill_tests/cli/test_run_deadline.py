@@ -14,7 +14,7 @@ from backfill_assets.cli import main
 from backfill_assets.orchestration.engines import engine_for
 from backfill_assets.store import deadline_plans, tables
 from backfill_assets.store.tables import batch_submissions
-from backfill_tests.cli_runs import last_json
+from backfill_tests.cli_runs import clear_settings, last_json
 from backfill_tests.conftest import StartSim, import_records
 
 TENANTS = ("acme", "globex")
@@ -35,9 +35,7 @@ def cli(
             for i in range(PER_TENANT)
         ],
     )
-    for name in list(__import__("os").environ):
-        if name.startswith(("BACKFILL_", "DAGSTER_")):
-            monkeypatch.delenv(name)
+    clear_settings(monkeypatch)
     env = {
         "DAGSTER_HOME": str(tmp_path / "home"),
         "BACKFILL_DATABASE_URL": store_url,
@@ -111,7 +109,7 @@ def test_this_stores_batch_history_replaces_the_prior(
                     "file_sha256": "0" * 64,
                     "file_bytes": 1,
                     "batch_id": f"batch_{i}",
-                    "state": "applied",
+                    "state": "booked",
                     "provider_status": "completed",
                     "run_id": "r",
                     "intent_at": t0,

@@ -7,7 +7,6 @@ script calls), and one through a real subprocess.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -21,6 +20,7 @@ from sqlalchemy.engine import Engine
 
 from backfill_assets.cli import batch_run, main
 from backfill_assets.core.keys import SLICE_KEYS
+from backfill_tests.cli_runs import clean_env
 from backfill_tests.conftest import import_records
 from backfill_tests.moderation_helpers import records
 
@@ -176,7 +176,7 @@ def test_batch_run_refuses_an_unknown_tenant(
 
 
 def test_a_real_process_exits_2_for_an_unknown_tenant(cli_env: dict[str, str]) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BACKFILL_")} | cli_env
+    env = clean_env(**cli_env)
     out = subprocess.run(
         [sys.executable, "-m", "backfill_assets.cli", "check", "--tenant", "acmee"],
         env=env,

@@ -10,7 +10,6 @@ code version is unchanged), runs the pipeline (0 calls), verifies and applies.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -23,7 +22,7 @@ import sqlalchemy as sa
 from backfill_assets.orchestration.engines import engine_for
 from backfill_assets.orchestration.plan import make_plan
 from backfill_assets.orchestration.settings import Settings
-from backfill_tests.cli_runs import ROOT
+from backfill_tests.cli_runs import ROOT, clean_env
 from backfill_tests.conftest import dispose_engine, drop_pg_database, make_pg_database, write_jsonl
 from backfill_tests.pipeline_helpers import RUBRIC, VERSIONS, calls, count, run, verify
 
@@ -79,8 +78,7 @@ def filled(
     stores = {"sqlite": (f"sqlite:///{tmp / 'store.db'}", tmp / "home-sqlite")}
     if pg_available:
         stores["pg"] = (make_pg_database(), tmp / "home-pg")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BACKFILL_")}
-    env.update(PYTHONPATH=str(old), BACKFILL_SLICE_TARGET_POSTS="0")
+    env = clean_env(PYTHONPATH=str(old), BACKFILL_SLICE_TARGET_POSTS="0")
     export = write_jsonl(tmp / "posts.jsonl", POSTS)
     pairs = json.dumps([(url, str(home)) for url, home in stores.values()])
     try:

@@ -26,7 +26,7 @@ import httpx
 import pytest
 
 from backfill_assets.cli import main as cli_main
-from backfill_tests.cli_runs import ROOT, clean_env, last_json
+from backfill_tests.cli_runs import ROOT, clean_env, clear_settings, last_json
 from backfill_tests.conftest import dispose_engine, drop_pg_database, make_pg_database
 
 # One worker runs the tests that start servers or time a stop, one after another (bin/test).
@@ -191,8 +191,7 @@ def test_prod_daemon_backfill_on_postgres(
     base_url = f"http://127.0.0.1:{port}"
     env = prod_env(instance_url, store_url, home, port)
     # The in-process CLI calls below see the same settings as the servers.
-    for k in [k for k in os.environ if k.startswith(("BACKFILL_", "DAGSTER_"))]:
-        monkeypatch.delenv(k)
+    clear_settings(monkeypatch)
     for k in ("DAGSTER_PG_URL", "BACKFILL_DATABASE_URL", "DAGSTER_HOME"):
         monkeypatch.setenv(k, env[k])
     timings: dict[str, float] = {}
