@@ -15,7 +15,8 @@ from backfill_assets.definitions import APPLY_JOB, BACKFILL_JOB, build_definitio
 from backfill_assets.dispatch.pipeline import PartitionRef
 from backfill_assets.orchestration.checks import verdicts_for
 from backfill_assets.orchestration.checks_config import ChecksResource
-from backfill_assets.orchestration.orchestrate import RunRecord, materialize
+from backfill_assets.orchestration.orchestrate import materialize
+from backfill_assets.orchestration.run_records import RunRecord
 from backfill_tests.conftest import import_records
 from backfill_tests.pipeline_helpers import RUBRIC, VERSIONS
 

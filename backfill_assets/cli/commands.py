@@ -31,9 +31,7 @@ from backfill_assets.dispatch.partition_run import RunStopped
 from backfill_assets.orchestration.canary import run_sample
 from backfill_assets.orchestration.estimate import estimate_pending
 from backfill_assets.orchestration.model_resources import versions_for
-from backfill_assets.orchestration.orchestrate import (
-    refresh,
-)
+from backfill_assets.orchestration.orchestrate import refresh
 from backfill_assets.orchestration.partitions import ensure_partitions
 from backfill_assets.orchestration.plan import make_plan
 from backfill_assets.orchestration.pooling import pool_by_region

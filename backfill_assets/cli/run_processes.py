@@ -44,8 +44,9 @@ import dagster as dg
 from backfill_assets.cli.instance import instance
 from backfill_assets.cli.process import freeze_heap
 from backfill_assets.core.validation import warm_up as warm_up_validation
-from backfill_assets.orchestration.orchestrate import RecordedCheck, RunRecord, run_boxes
+from backfill_assets.orchestration.orchestrate import run_boxes
 from backfill_assets.orchestration.pooling import Box, Plan
+from backfill_assets.orchestration.run_records import RecordedCheck, RunRecord
 from backfill_assets.orchestration.settings import Settings
 from backfill_assets.orchestration.sharing import partition_weights, share_out
 from backfill_assets.orchestration.wiring import APPLY_JOB, BACKFILL_JOB, build_definitions

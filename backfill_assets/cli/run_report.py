@@ -6,8 +6,8 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from backfill_assets.orchestration.orchestrate import RunRecord
 from backfill_assets.orchestration.pooling import Plan
+from backfill_assets.orchestration.run_records import RunRecord
 
 TOTAL_KEYS = (
     "posts",

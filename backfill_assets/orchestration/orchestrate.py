@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import dagster as dg
 
 from backfill_assets.audit.check_rules import BLOCKING_CHECKS
 from backfill_assets.core.regions import run_tags as region_tags
-from backfill_assets.orchestration.asset_keys import APPLIED, LABELS, POSTS
+from backfill_assets.orchestration.asset_keys import POSTS
 from backfill_assets.orchestration.partitions import (
     partition_key_for,
     partition_keys,
@@ -21,51 +19,12 @@ from backfill_assets.orchestration.partitions import (
     tenant_of,
 )
 from backfill_assets.orchestration.pooling import Box
+from backfill_assets.orchestration.run_records import RunRecord, record_of
 from backfill_assets.store.posts import ImportSummary
 
 # The tags that make one run cover a range of partitions.
 RANGE_START = "dagster/asset_partition_range_start"
 RANGE_END = "dagster/asset_partition_range_end"
-
-
-@dataclass(frozen=True)
-class RecordedCheck:
-    """One check's evaluation of one partition in one run."""
-
-    name: str
-    passed: bool
-    blocking: bool
-    severity: str
-    summary: str | None
-
-
-@dataclass
-class RunRecord:
-    """One in-process Dagster run and what it materialised.
-
-    ``partitions`` and ``metadata`` are moderation_labels'; ``applied`` lists the partitions
-    applied_labels materialised, ``checks`` each partition's check outcomes.
-    """
-
-    run_id: str
-    success: bool
-    partitions: list[str]
-    metadata: dict[str, dict[str, Any]] = field(default_factory=dict)
-    error: str | None = None
-    checks: dict[str, list[RecordedCheck]] = field(default_factory=dict)
-    applied: list[str] = field(default_factory=list)
-    job: str = ""
-    # SIGTERM/SIGINT stopped the run (it is recorded as canceled, not failed).
-    interrupted: bool = False
-
-    def blocked(self) -> dict[str, list[str]]:
-        """Partitions with failed blocking checks, and which."""
-        out: dict[str, list[str]] = {}
-        for pk, outcomes in self.checks.items():
-            names = [c.name for c in outcomes if c.blocking and not c.passed]
-            if names:
-                out[pk] = names
-        return out
 
 
 def record_import(instance: dg.DagsterInstance, source: str, summary: ImportSummary) -> None:
@@ -95,75 +54,17 @@ def refresh(defs: dg.Definitions, instance: dg.DagsterInstance, job_name: str) -
     return bool(result.success)
 
 
-def _metadata_value(value: Any) -> Any:
-    return getattr(value, "value", value)
-
-
-def _members(evaluation: dg.AssetCheckEvaluation) -> list[RecordedCheck]:
-    """A group evaluation's member checks, from the JSON list in its metadata."""
-    raw = _metadata_value(evaluation.metadata.get("checks_json"))
-    try:
-        members = json.loads(raw) if isinstance(raw, str) else []
-    except json.JSONDecodeError:
-        members = []
-    return [
-        RecordedCheck(
-            name=str(m["name"]),
-            passed=bool(m["passed"]),
-            blocking=bool(m["blocking"]),
-            severity="WARN" if m.get("warn") else "ERROR",
-            summary=evaluation.description if not m["passed"] else None,
-        )
-        for m in members
-    ]
-
-
-def _record(result: dg.ExecuteInProcessResult, job_name: str) -> RunRecord:
-    rec = RunRecord(run_id=result.run_id, success=result.success, partitions=[], job=job_name)
-    for ev in result.get_asset_materialization_events():
-        mat = ev.event_specific_data.materialization  # type: ignore[union-attr]
-        if mat is None or mat.partition is None:
-            continue
-        pk = str(mat.partition)
-        if mat.asset_key == APPLIED:
-            rec.applied.append(pk)
-        elif mat.asset_key == LABELS:
-            rec.partitions.append(pk)
-            rec.metadata[pk] = {k: _metadata_value(v) for k, v in mat.metadata.items()}
-    for evaluation in result.get_asset_check_evaluations():
-        if evaluation.partition is None:
-            continue
-        rec.checks.setdefault(evaluation.partition, []).extend(_members(evaluation))
-    if not result.success:
-        failures = [e for e in result.all_events if e.is_failure]
-        rec.error = _failure_text(failures[0]) if failures else "run failed"
-        rec.interrupted = any(_INTERRUPTED in str(e.event_specific_data) for e in failures)
-    return rec
-
-
-def _failure_text(event: dg.DagsterEvent) -> str:
-    """The step's failure message plus the asset's ``dg.Failure`` description, which says why
-    (e.g. the region without an endpoint); the message alone only names the step."""
-    user = getattr(event.event_specific_data, "user_failure_data", None)
-    description = getattr(user, "description", None)
-    message = event.message or "run failed"
-    return f"{message} {description}" if description else message
-
-
 # Dagster writes one "planned" event per partition and asset at run start unless told to write
 # one per asset with the partition subset: a run over 100 partitions then starts with 2 events
 # instead of 200 (each a commit). The price: a failed run's partitions show as missing, not
 # failed, in the UI; the CLI reports the failure and its next ``run`` plans them again.
 _PLANNED_SUBSET = "DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS"
 # On PostgreSQL, Dagster writes a step's materialisations in batches of this many rows instead
-# of one commit each: 2,000 one-partition tenants ran in 33.3 s instead of 68.6 s (`bench/run
-# scale --many-tenants --tenants 2000 --stores pg --event-batch-size 0|1000`). The price: a
+# of one commit each (half the run of many small partitions: docs/benchmarks.md). The price: a
 # process killed mid-step loses that step's unwritten events (not the store's work), and the
 # next ``run`` plans the partitions again. An operator's own value is kept.
 _EVENT_BATCH = "DAGSTER_EVENT_BATCH_SIZE"
 _EVENT_BATCH_DEFAULT = "1000"
-# Dagster raises this inside a step when the process gets SIGTERM or SIGINT.
-_INTERRUPTED = "DagsterExecutionInterruptedError"
 
 
 @contextlib.contextmanager
@@ -206,7 +107,7 @@ def _execute(
         tags={**run_tags, **(tags or {})},
         raise_on_error=False,
     )
-    rec = _record(result, job_name)
+    rec = record_of(result, job_name)
     if rec.interrupted:
         # Dagster turns SIGTERM/SIGINT inside a step into a failure; for the operator (and the
         # UI) the run was stopped on purpose. What had finished is committed (the pipeline's
