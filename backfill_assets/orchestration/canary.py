@@ -106,7 +106,7 @@ def run_sample(
         )
         with read_tx(engine) as conn:
             got = answers(conn, tenant, chosen, versions)
-            live = live_label_counts(conn, tenant, rubric_version(versions))
+            live = live_label_counts(conn, [tenant], rubric_version(versions))[tenant]
         labels: dict[str, int] = {}
         for answer in got.values():
             if answer.label is not None:

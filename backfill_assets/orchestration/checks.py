@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import dagster as dg
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Engine
 
 from backfill_assets.audit.check_rules import (
     CHECK_GROUPS,
@@ -87,9 +87,14 @@ def verdicts_for_many(
     partitions = [Partition(r.key, r.tenant_id, r.slice, r.slices) for r in refs]
     baselines: dict[str, Baseline] = {}
     if "label_drift" in names:
-        with read_tx(engine) as conn:
-            for tenant_id in sorted({r.tenant_id for r in refs}):
-                baselines[tenant_id] = _baseline(conn, tenant_id, versions, rubric, checks)
+        tenants = sorted({r.tenant_id for r in refs})
+        configured = checks.configured_baseline(rubric.policy)
+        if configured is not None:
+            baselines = {t: (dict(configured), "configured") for t in tenants}
+        else:
+            with read_tx(engine) as conn:
+                live = live_label_counts(conn, tenants, rubric_version(versions))
+            baselines = {t: _live_baseline(live[t]) for t in tenants}
     judging = Judging(
         versions,
         rubric.contract,
@@ -107,14 +112,8 @@ def verdicts_for_many(
     return judge_partitions(engine, partitions, judging)
 
 
-def _baseline(
-    conn: Connection, tenant_id: str, versions: Versions, rubric: Rubric, checks: ChecksResource
-) -> tuple[dict[str, float] | None, str]:
-    """The drift baseline of a tenant: configured, or the live labels' shares."""
-    configured = checks.configured_baseline(rubric.policy)
-    if configured is not None:
-        return dict(configured), "configured"
-    live = live_label_counts(conn, tenant_id, rubric_version(versions))
+def _live_baseline(live: Mapping[str, int]) -> Baseline:
+    """A tenant's drift baseline from its live labels' shares (no configured baseline)."""
     total = sum(live.values())
     if not total:
         return None, "live: no live labels yet"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
@@ -51,23 +53,28 @@ def partition_spend(conn: Connection, owners: Owners) -> dict[str, dict[str, int
 
 
 def live_label_counts(
-    conn: Connection, tenant_id: str, exclude_rubric_version: str | None = None
-) -> dict[str, int]:
-    """Labels in the posts' live column for a tenant (the live moderation's judgement).
+    conn: Connection, tenants: Sequence[str], exclude_rubric_version: str | None = None
+) -> dict[str, dict[str, int]]:
+    """Labels in the posts' live column per tenant of ``tenants`` (the live moderation's
+    judgement), in one grouped query per 5,000 tenants; a tenant with none maps to {}.
 
     Labels this rubric version wrote itself (after the live switch) are left out, or the
     baseline would drift towards the thing it is checking.
     """
-    stmt = sa.select(posts.c.moderation_label, sa.func.count()).where(
-        posts.c.tenant_id == tenant_id, posts.c.moderation_label.is_not(None)
-    )
-    if exclude_rubric_version is not None:
-        stmt = stmt.where(
-            sa.or_(
-                posts.c.moderation_rubric_version.is_(None),
-                posts.c.moderation_rubric_version != exclude_rubric_version,
-            )
+    out: dict[str, dict[str, int]] = {t: {} for t in tenants}
+    wanted = sorted(out)
+    for i in range(0, len(wanted), 5_000):
+        stmt = sa.select(posts.c.tenant_id, posts.c.moderation_label, sa.func.count()).where(
+            posts.c.tenant_id.in_(wanted[i : i + 5_000]), posts.c.moderation_label.is_not(None)
         )
-    return {
-        str(label): int(n) for label, n in conn.execute(stmt.group_by(posts.c.moderation_label))
-    }
+        if exclude_rubric_version is not None:
+            stmt = stmt.where(
+                sa.or_(
+                    posts.c.moderation_rubric_version.is_(None),
+                    posts.c.moderation_rubric_version != exclude_rubric_version,
+                )
+            )
+        grouped = stmt.group_by(posts.c.tenant_id, posts.c.moderation_label)
+        for tenant, label, n in conn.execute(grouped):
+            out[str(tenant)][str(label)] = int(n)
+    return out

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
+import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from backfill_assets.audit.check_rules import CHECK_NAMES, DriftRule, drifted_labels
@@ -168,6 +169,20 @@ def test_label_drift_against_the_live_labels(labelled: Engine) -> None:
     execute(labelled, "UPDATE posts SET moderation_label = 'ok' WHERE tenant_id = :t", t=ACME)
     drifted = verdicts(labelled, ref, drift_min_count=1)["label_drift"]
     assert not drifted.passed and "live" in drifted.summary
+
+
+def test_live_labels_of_many_tenants_are_each_tenants_own(labelled: Engine) -> None:
+    # One grouped query for a run's tenants: each gets its own live labels, none others'.
+    from backfill_assets.store.reports import live_label_counts
+
+    execute(labelled, "UPDATE posts SET moderation_label = 'ok' WHERE tenant_id = :t", t=ACME)
+    with labelled.connect() as conn:
+        posts = dict(
+            conn.execute(sa.text("SELECT tenant_id, count(*) FROM posts GROUP BY 1")).all()
+        )
+        got = live_label_counts(conn, [ACME, *(t for t in posts if t != ACME), "nobody"])
+    assert got[ACME] == {"ok": posts[ACME]}
+    assert all(got[t] == {} for t in got if t != ACME)
 
 
 def test_drift_rule_is_pure_and_needs_a_minimum_count() -> None:
