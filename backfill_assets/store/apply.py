@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -86,10 +87,15 @@ def newer_versions(conn: Connection, policy: Policy) -> list[str]:
 
 
 def _upsert(
-    conn: Connection, match: sa.ColumnElement[bool], policy: Policy, newer: list[str]
-) -> list[tuple[str, str]]:
-    """Write this version's labels into ``applied_labels``; returns the (tenant, post) rows
-    written (inserted or changed: an upsert whose WHERE refuses the update returns nothing)."""
+    conn: Connection,
+    match: sa.ColumnElement[bool],
+    policy: Policy,
+    newer: list[str],
+    *returning: sa.ColumnElement[Any],
+) -> sa.CursorResult[*tuple[Any, ...]]:
+    """Write this version's labels into ``applied_labels``. Its row count, or the rows it
+    ``returning``, are the rows written: inserted or changed (an upsert whose WHERE refuses
+    the update counts and returns nothing)."""
     al = applied_labels
     source = sa.select(
         results.c.tenant_id,
@@ -134,7 +140,7 @@ def _upsert(
         set_={**{c: excluded[c] for c in replace}, "applied_at": excluded.applied_at},
         where=sa.and_(differs, al.c.key_version.not_in(newer)) if newer else differs,
     )
-    return [(str(t), str(p)) for t, p in conn.execute(stmt.returning(al.c.tenant_id, al.c.post_id))]
+    return conn.execute(stmt.returning(*returning) if returning else stmt)
 
 
 def apply_partitions(
@@ -162,17 +168,10 @@ def apply_partitions(
     eligible, changed, newer_kept = [0] * len(parts), [0] * len(parts), [0] * len(parts)
     if owners:
         match = _accepted(owners, versions)
-        # The partition of each eligible post, to count what the upsert returns by partition.
-        held: dict[tuple[str, str], int] = {}
-        for t, p, s in conn.execute(
-            sa.select(posts.c.tenant_id, posts.c.post_id, posts.c.slice).where(match)
-        ):
-            part = owners.get((str(t), int(s)))
-            if part is not None:
-                held[(str(t), str(p))] = part
-                eligible[part] += 1
-        for written in _upsert(conn, match, policy, newer):
-            changed[held[written]] += 1
+        for i, n in _per_part(conn, posts, match, owners).items():
+            eligible[i] = n
+        for i, n in _written(conn, match, policy, newer, parts, owners).items():
+            changed[i] = n
         if newer:
             al = applied_labels
             held_by_newer = sa.and_(
@@ -181,9 +180,8 @@ def apply_partitions(
                 al.c.policy_id == policy.policy_id,
                 al.c.key_version.in_(newer),
             )
-            kept = sa.select(posts.c.tenant_id, posts.c.post_id).where(match, held_by_newer)
-            for t, p in conn.execute(kept):
-                newer_kept[held[(str(t), str(p))]] += 1
+            for i, n in _per_part(conn, posts, sa.and_(match, held_by_newer), owners).items():
+                newer_kept[i] = n
         _posts_columns(conn, match, versions, policy, live)
     return [
         ApplyReport(
@@ -196,6 +194,59 @@ def apply_partitions(
         )
         for i in range(len(parts))
     ]
+
+
+def _per_part(
+    conn: Connection, table: sa.Table, where: sa.ColumnElement[bool], owners: Mapping[Any, int]
+) -> dict[int, int]:
+    """Rows of ``table`` matching ``where``, counted per partition (grouped in SQL)."""
+    stmt = (
+        sa.select(table.c.tenant_id, table.c.slice, sa.func.count())
+        .where(where)
+        .group_by(table.c.tenant_id, table.c.slice)
+    )
+    out: dict[int, int] = {}
+    for tenant, slice_no, n in conn.execute(stmt):
+        part = owners.get((str(tenant), int(slice_no)))
+        if part is not None:
+            out[part] = out.get(part, 0) + int(n)
+    return out
+
+
+def _written(
+    conn: Connection,
+    match: sa.ColumnElement[bool],
+    policy: Policy,
+    newer: list[str],
+    parts: Sequence[tuple[str, Sequence[int]]],
+    owners: Mapping[Any, int],
+) -> dict[int, int]:
+    """Upsert the labels; the rows written per partition. One partition: the statement's row
+    count. One partition per tenant: the tenants the upsert returns. Otherwise each written
+    post is placed by its slice (read only then: a big tenant's partitions are alone in
+    their group, so that read is of small ones)."""
+    tenants = [t for t, _s in parts]
+    if len(parts) == 1:
+        return {0: int(_upsert(conn, match, policy, newer).rowcount or 0)}
+    al = applied_labels
+    if len(set(tenants)) == len(tenants):
+        part_of = {t: i for i, t in enumerate(tenants)}
+        out: dict[int, int] = {}
+        for row in _upsert(conn, match, policy, newer, al.c.tenant_id):
+            part = part_of[str(row[0])]
+            out[part] = out.get(part, 0) + 1
+        return out
+    held = {
+        (str(t), str(p)): owners[(str(t), int(s))]
+        for t, p, s in conn.execute(
+            sa.select(posts.c.tenant_id, posts.c.post_id, posts.c.slice).where(match)
+        )
+    }
+    out = {}
+    for row in _upsert(conn, match, policy, newer, al.c.tenant_id, al.c.post_id):
+        part = held[(str(row[0]), str(row[1]))]
+        out[part] = out.get(part, 0) + 1
+    return out
 
 
 def _posts_columns(

@@ -189,6 +189,9 @@ def test_a_group_applies_exactly_its_partitions_and_counts_each(
     assert [(r.eligible, r.changed) for r in reps] == [(n, n) for n in posts_in.values()]
     assert shadow_labels(engine) == posts_in["a"] < 80  # acme's high slices were not in it
     assert shadow_labels(engine, "initech") == posts_in["i"] < 30
+    # Two partitions of one tenant in a group: each written post is counted by its slice.
     with engine.begin() as conn:
-        again = apply_partitions(conn, [(ACME, low + high)], VERSIONS, RUBRIC.policy)
-    assert [(r.eligible, r.changed) for r in again] == [(80, 80 - posts_in["a"])]
+        again = apply_partitions(conn, [(ACME, low), (ACME, high)], VERSIONS, RUBRIC.policy)
+    rest = 80 - posts_in["a"]
+    assert [(r.eligible, r.changed) for r in again] == [(posts_in["a"], 0), (rest, rest)]
+    assert shadow_labels(engine) == 80
