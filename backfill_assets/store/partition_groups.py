@@ -63,7 +63,9 @@ def claims(owners: Mapping[tuple[str, int], object]) -> list[tuple[list[str], li
 
 
 def claimed_by(table: sa.Table, owners: Mapping[tuple[str, int], object]) -> sa.ColumnElement[bool]:
-    """Rows of ``table`` whose (tenant, slice) is one of ``owners``'."""
+    """Rows of ``table`` whose (tenant, slice) is one of ``owners``' (none if it is empty)."""
+    if not owners:
+        return sa.false()
     terms = [
         sa.and_(_one_of(table.c.tenant_id, tenants), _one_of(table.c.slice, slices))
         for tenants, slices in claims(owners)

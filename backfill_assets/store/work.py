@@ -155,7 +155,7 @@ def pending_posts(
     conn: Connection, tenant_id: str, slices: Sequence[int], versions: Versions
 ) -> list[PendingPost]:
     """One partition's remaining work (bounded by one partition)."""
-    return pending_by_partition(conn, owners_of(tenant_id, slices), versions)[""]
+    return pending_by_partition(conn, owners_of(tenant_id, slices), versions).get("", [])
 
 
 def sendable_count(conn: Connection, tenants: Sequence[str], versions: Versions) -> int:

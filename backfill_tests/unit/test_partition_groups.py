@@ -45,3 +45,13 @@ def test_claims_cover_exactly_the_owned_pairs(owners: dict[tuple[str, int], str]
 def test_small_tenants_are_one_claim() -> None:
     owners = {(t, s): f"s00|{t}" for t in ("a", "b", "c") for s in range(16)}
     assert claims(owners) == [(["a", "b", "c"], list(range(16)))]
+
+
+def test_no_owners_claim_no_row() -> None:
+    import sqlalchemy as sa
+
+    from backfill_assets.store.partition_groups import claimed_by
+    from backfill_assets.store.tables import posts
+
+    assert claims({}) == []
+    assert str(claimed_by(posts, {})) == str(sa.false())
