@@ -128,7 +128,8 @@ def _applied_asset(
     ) -> dg.MaterializeResult[None]:
         """Keyed upsert of accepted labels (label, rule ids, policy version) per (tenant,
         post, policy id), and onto the posts' shadow columns (live ones when switched)."""
-        refs = run_refs(context.partition_keys)
+        run_keys = context.partition_keys
+        refs = run_refs(run_keys)
         versions = run_versions(model, rubric, loaded_code_version(context.job_def))
         engine = store.engine()
         refs = with_levels(engine, refs)
@@ -189,7 +190,7 @@ def _applied_asset(
         # Done at this code version: a no-op `run` skips these without asking the instance.
         with write_tx(engine) as conn:
             partition_marks.mark(conn, [r.mark for r in refs], versions.code_version)
-        add_partition_metadata(context, applied)
+        add_partition_metadata(context, applied, run_keys)
         return dg.MaterializeResult()
 
     return applied_labels

@@ -65,7 +65,8 @@ def _labels_asset(
         settings: RunSettings,
     ) -> dg.MaterializeResult[None]:
         """LLM moderation labels per tenant slice; re-runs only send unfinished keys."""
-        refs = run_refs(context.partition_keys)
+        run_keys = context.partition_keys
+        refs = run_refs(run_keys)
         # The policy the definitions loaded: the keys and the requests use the same text.
         versions = run_versions(model, rubric, code_version)
         if min_macro_f1 is not None:
@@ -105,6 +106,7 @@ def _labels_asset(
         add_partition_metadata(
             context,
             {r.ref.key: partition_metadata(r, versions, rubric, spend[r.ref.key]) for r in reports},
+            run_keys,
         )
         if stopped is not None:
             # A run-level error (wrong key, permission, model, URL): nothing more was sent and

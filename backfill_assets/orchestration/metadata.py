@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import dagster as dg
@@ -73,7 +73,9 @@ def partition_metadata(
 
 
 def add_partition_metadata(
-    context: dg.AssetExecutionContext, by_partition: Mapping[str, Mapping[str, Any]]
+    context: dg.AssetExecutionContext,
+    by_partition: Mapping[str, Mapping[str, Any]],
+    run_keys: Collection[str] | None = None,
 ) -> None:
     """Attach each partition's metadata to its materialisation in a (range) run.
 
@@ -83,8 +85,12 @@ def add_partition_metadata(
     once against the run's partition keys instead and handed to the step's metadata
     accumulator, which is what that method does after its check (Dagster 1.13.27); if those
     internals are not there, the public method is used.
+
+    ``run_keys``: the run's partition keys, when the step has read them already (each read of
+    ``context.partition_keys`` lists every dynamic partition of the instance again).
     """
-    unknown = sorted(set(by_partition) - set(context.partition_keys))
+    known = set(context.partition_keys if run_keys is None else run_keys)
+    unknown = sorted(set(by_partition) - known)
     if unknown:
         raise dg.DagsterInvariantViolationError(
             f"metadata for partition(s) this run does not target: {', '.join(unknown[:5])}"
