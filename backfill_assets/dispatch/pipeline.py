@@ -34,8 +34,13 @@ from backfill_assets.store import limiter_members
 from backfill_assets.store.budget import StoreBudgetLedger, may_bind
 from backfill_assets.store.engine import read_tx, refresh_planner_stats
 from backfill_assets.store.locks import PartitionBusy, WriterLocks, while_held
-from backfill_assets.store.partition_counts import PartitionCounts, partition_counts, post_counts
-from backfill_assets.store.partition_groups import grouped
+from backfill_assets.store.partition_counts import (
+    PartitionCounts,
+    held_posts,
+    partition_counts,
+    post_counts,
+)
+from backfill_assets.store.partition_groups import grouped, owners_of_all
 from backfill_assets.store.policies import contract_lookup, register_policy
 from backfill_assets.store.posts import slice_levels
 from backfill_assets.store.tenants import tenant_regions
@@ -162,8 +167,8 @@ def _work(
         sizes = post_counts(conn, tenants)
         batching = tenants_with_open_batches(conn, tenants, versions)
     used = [r for r in refs if r.slices]  # others: too few posts to split this far
-    for group in grouped(used, lambda r: sum(sizes.get((r.tenant_id, s), 0) for s in r.slices)):
-        owners = {(r.tenant_id, s): r.key for r in group for s in r.slices}
+    for group in grouped(used, lambda r: held_posts(sizes, r.tenant_id, r.slices)):
+        owners = owners_of_all(group)
         with read_tx(engine) as conn:
             pending = pending_by_partition(conn, owners, versions)
             waiting = {
@@ -198,7 +203,7 @@ def _items(
     if only_posts is not None:
         pending = [p for p in pending if p.post_id in only_posts]
     rep = reports[ref.key]
-    rep.posts = sum(sizes.get((ref.tenant_id, s), 0) for s in ref.slices)
+    rep.posts = held_posts(sizes, ref.tenant_id, ref.slices)
     rep.pending = len(pending)
     rep.in_open_batch = waiting
     if waiting:

@@ -17,7 +17,7 @@ from backfill_assets.orchestration.resources import RunSettings, StoreResource
 from backfill_assets.store import partition_marks
 from backfill_assets.store.engine import read_tx, write_tx
 from backfill_assets.store.locks import LockLost
-from backfill_assets.store.partition_groups import grouped
+from backfill_assets.store.partition_groups import grouped, owners_of_all
 from backfill_assets.store.reports import partition_spend
 
 
@@ -101,8 +101,7 @@ def _labels_asset(
         spend = {r.ref.key: {"billed_tokens": 0, "rebilled_tokens": 0} for r in reports}
         with read_tx(store.engine()) as conn:
             for group in grouped(reports, lambda r: r.posts):
-                owners = {(r.ref.tenant_id, s): r.ref.key for r in group for s in r.ref.slices}
-                spend.update(partition_spend(conn, owners))
+                spend.update(partition_spend(conn, owners_of_all(r.ref for r in group)))
         add_partition_metadata(
             context,
             {r.ref.key: partition_metadata(r, versions, rubric, spend[r.ref.key]) for r in reports},

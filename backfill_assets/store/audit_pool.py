@@ -34,7 +34,7 @@ from backfill_assets.store.dead_peer import DeadPeer
 from backfill_assets.store.engine import engine_dead_peer, make_engine, read_tx
 from backfill_assets.store.evidence import Partition
 from backfill_assets.store.judging import Baseline, Judging, judge_partitions
-from backfill_assets.store.partition_counts import post_counts
+from backfill_assets.store.partition_counts import held_posts, post_counts
 
 _MAX_WORKERS = 4
 
@@ -68,7 +68,7 @@ def plan(
         return None
     with read_tx(engine) as conn:
         counts = post_counts(conn, sorted({s.tenant_id for s in partitions}))
-    sizes = [sum(counts.get((s.tenant_id, n), 0) for n in s.slices) for s in partitions]
+    sizes = [held_posts(counts, s.tenant_id, s.slices) for s in partitions]
     total = sum(sizes)
     if total < pooling.min_posts:
         return None

@@ -16,7 +16,7 @@ from backfill_assets.audit.verify import Row
 from backfill_assets.core.keys import Versions, work_key
 from backfill_assets.store.bulk import driver_rows, select_rows
 from backfill_assets.store.engine import is_sqlite
-from backfill_assets.store.partition_groups import Owners, claimed_by, claims
+from backfill_assets.store.partition_groups import Owners, claimed_by, claims, owners_of_all
 from backfill_assets.store.tables import dead_letters, ledger_events, posts, results
 
 # Bound on bind parameters per IN (...) list: SQLite allows 32,766, PostgreSQL 65,535.
@@ -179,7 +179,7 @@ def evidence_of(
     ``schema_problems`` is left empty: the caller validates many partitions' results in one
     frame (``stored_result_problems`` has a fixed cost per call).
     """
-    owners = {(part.tenant_id, s): part.key for part in partitions for s in part.slices}
+    owners = owners_of_all(partitions)
     if not owners:
         return {part.key: _no_evidence(part, versions) for part in partitions}
     slice_posts: dict[str, dict[str, str]] = {part.key: {} for part in partitions}

@@ -14,7 +14,7 @@ from backfill_assets.core.rubric import OutputContract
 from backfill_assets.core.validation import stored_result_problems
 from backfill_assets.store.engine import read_tx
 from backfill_assets.store.evidence import Partition, evidence_of
-from backfill_assets.store.partition_counts import post_counts
+from backfill_assets.store.partition_counts import held_posts, post_counts
 from backfill_assets.store.partition_groups import grouped
 
 Baseline = tuple[dict[str, float] | None, str]
@@ -55,7 +55,7 @@ def judge_partitions(
     def judge() -> None:
         nonlocal batch, held
         if "output_schema" in names:
-            _validate_stored([ev for _scope, ev in batch], judging)
+            _validate_stored([ev for _part, ev in batch], judging)
         for part, ev in batch:
             if part.tenant_id in judging.baselines:
                 ev.baseline, ev.baseline_source = judging.baselines[part.tenant_id]
@@ -66,7 +66,7 @@ def judge_partitions(
     with read_tx(engine) as conn:
         sizes = post_counts(conn, sorted({part.tenant_id for part in partitions}))
         for group in grouped(
-            partitions, lambda part: sum(sizes.get((part.tenant_id, s), 0) for s in part.slices)
+            partitions, lambda part: held_posts(sizes, part.tenant_id, part.slices)
         ):
             found = evidence_of(conn, group, judging.versions)
             for part in group:

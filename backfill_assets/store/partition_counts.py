@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import sqlalchemy as sa
@@ -40,6 +40,12 @@ def post_counts(conn: Connection, tenants: Sequence[str]) -> dict[tuple[str, int
         .group_by(posts.c.tenant_id, posts.c.slice)
     )
     return {(str(t), int(s)): int(n) for t, s, n in conn.execute(stmt)}
+
+
+def held_posts(sizes: Mapping[tuple[str, int], int], tenant_id: str, slices: Iterable[int]) -> int:
+    """Posts a partition holds: its tenant's posts in its stored slices (``sizes`` from
+    ``post_counts``)."""
+    return sum(sizes.get((tenant_id, s), 0) for s in slices)
 
 
 def partition_counts(

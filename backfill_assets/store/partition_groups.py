@@ -9,8 +9,8 @@ group, or by one partition larger than the bound.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Protocol, TypeVar
 
 import sqlalchemy as sa
 
@@ -51,14 +51,12 @@ def claims(owners: Mapping[tuple[str, int], object]) -> list[tuple[list[str], li
     """``owners`` as few (tenants, slices) pairs whose products are exactly its (tenant,
     slice) pairs: the tenants of each set of slices (small tenants all hold every slice in one
     partition, so a group of them is one pair)."""
-    by_owner: dict[object, set[int]] = {}
-    tenant_of: dict[object, str] = {}
+    by_owner: dict[tuple[str, object], set[int]] = {}
     for (tenant, slice_no), owner in owners.items():
         by_owner.setdefault((tenant, owner), set()).add(slice_no)
-        tenant_of[(tenant, owner)] = tenant
     by_slices: dict[tuple[int, ...], set[str]] = {}
-    for ident, chosen in by_owner.items():
-        by_slices.setdefault(tuple(sorted(chosen)), set()).add(tenant_of[ident])
+    for (tenant, _owner), chosen in by_owner.items():
+        by_slices.setdefault(tuple(sorted(chosen)), set()).add(tenant)
     return [(sorted(tenants), list(slices)) for slices, tenants in sorted(by_slices.items())]
 
 
@@ -73,9 +71,25 @@ def claimed_by(table: sa.Table, owners: Mapping[tuple[str, int], object]) -> sa.
     return terms[0] if len(terms) == 1 else sa.or_(*terms)
 
 
+class Held(Protocol):
+    """A partition as the groups see it: its key, tenant and stored slices."""
+
+    @property
+    def key(self) -> str: ...
+    @property
+    def tenant_id(self) -> str: ...
+    @property
+    def slices(self) -> Sequence[int]: ...
+
+
 def owners_of(tenant_id: str, slices: Sequence[int], key: str = "") -> dict[tuple[str, int], str]:
     """The owners of one partition."""
     return {(tenant_id, s): key for s in slices}
+
+
+def owners_of_all(parts: Iterable[Held]) -> dict[tuple[str, int], str]:
+    """The owners of every partition of ``parts``."""
+    return {(p.tenant_id, s): p.key for p in parts for s in p.slices}
 
 
 def _one_of(column: sa.Column[Any], values: Sequence[Any]) -> sa.ColumnElement[bool]:

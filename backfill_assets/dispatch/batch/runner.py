@@ -30,7 +30,7 @@ from backfill_assets.providers.batch_wire import BatchObject
 from backfill_assets.providers.models.base import RunFatalError
 from backfill_assets.store import submissions as store
 from backfill_assets.store.engine import read_tx
-from backfill_assets.store.partition_counts import post_counts
+from backfill_assets.store.partition_counts import held_posts, post_counts
 from backfill_assets.store.submissions import ChunkState
 from backfill_assets.store.tables import utcnow
 from backfill_assets.store.work import PendingPost, in_open_batch, pending_posts
@@ -109,7 +109,7 @@ class BatchRunner:
         versions = self.ctx.versions
         with read_tx(self.ctx.engine) as conn:
             sizes = post_counts(conn, [ref.tenant_id])
-            size = sum(sizes.get((ref.tenant_id, s), 0) for s in ref.slices)
+            size = held_posts(sizes, ref.tenant_id, ref.slices)
             waiting = in_open_batch(conn, ref.tenant_id, ref.slices, versions)
             return size, waiting, pending_posts(conn, ref.tenant_id, ref.slices, versions)
 
