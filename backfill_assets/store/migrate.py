@@ -70,8 +70,9 @@ def statements(sql: str, dialect: str) -> list[str]:
     # A literal ';' is written {semicolon}: statements are split on ';' first.
     out: list[str] = []
     for stmt in (s.strip().replace("{semicolon}", ";") for s in body.split(";")):
-        # "@sqlite ..." / "@postgresql ...": a statement for that store only (a change one
-        # store makes in place and the other by rebuilding, sql/019).
+        # "@sqlite ..." / "@postgresql ...": a statement for that store only (a change the
+        # two stores make differently: sql/019 swaps a CHECK on one, edits the table's
+        # definition on the other).
         only, _, rest = stmt.partition(" ") if stmt.startswith("@") else ("", "", stmt)
         if stmt and (not only or only[1:] == dialect):
             out.append(rest.strip())
