@@ -27,6 +27,7 @@ _policy_id  # policy.PolicyDoc
 _version  # policy.PolicyDoc
 _instructions  # policy.PolicyDoc
 _cron_parses  # settings.Settings
+_kill_point_known  # settings.Settings
 _source_is_whole  # settings.Settings
 _sink_table_is_a_name  # settings.Settings
 
