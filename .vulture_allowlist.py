@@ -109,3 +109,6 @@ labelled_at
 
 # Settings field read by its variable name before validation (_read_prices_file).
 prices_path
+
+# Used by the test that the page has a table for every section.
+sections_on

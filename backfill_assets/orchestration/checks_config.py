@@ -24,34 +24,51 @@ class ChecksConfigError(ValueError):
 class ChecksResource(dg.ConfigurableResource):  # type: ignore[type-arg]
     """Check bounds, the drift baseline and the apply target."""
 
+    # The descriptions are the reference: docs/configuration.md is generated from them.
     max_rebilled_share: float = Field(
-        default=0.05, ge=0.0, description="spend: rebilled tokens / billed tokens allowed."
+        default=0.05,
+        ge=0.0,
+        description="`spend`: rebilled tokens allowed, as a share of the partition's billed "
+        "tokens.",
     )
     max_orphan_attempts: int = Field(
-        default=16, ge=0, description="spend: attempts with no answer booked (crash window)."
+        default=16,
+        ge=0,
+        description="`spend`: attempts with no usage/error booked (the crash window).",
     )
     max_tokens_per_key: int = Field(
-        default=0, ge=0, description="spend: billed tokens per expected key; 0 = no bound."
+        default=0, ge=0, description="`spend`: billed tokens per expected key (0: no bound)."
     )
     max_over_bound_calls: int = Field(
         default=0,
         ge=0,
-        description="billed_within_bound: calls billed past their reserved bound allowed.",
+        description="`billed_within_bound` (blocking): calls billed past the bound reserved "
+        "for them a partition may hold and still have its labels applied. Raise it only after "
+        "looking at the provider's bill.",
     )
     drift_baseline: str = Field(
         default=LIVE_BASELINE,
-        description='label_drift baseline: "live" (the live column\'s shares) or a JSON '
-        'object of label shares, e.g. {"ok": 0.8, "spam": 0.1, "abuse": 0.05}.',
+        description="`label_drift` baseline: `live` (label shares in the posts' live "
+        "`moderation_label` column, excluding labels this rubric wrote) or a JSON object of "
+        'shares over the policy\'s labels, e.g. `{"ok": 0.8, "spam": 0.1, "abuse": 0.05}`.',
     )
     drift_labels: str = Field(
         default="",
-        description="Labels watched for drift, comma-separated; empty: the policy's labels "
-        "whose action is not none.",
+        description="Labels watched for drift, comma-separated; each must be a label of the "
+        "policy. Empty: the policy's labels whose action is not `none`.",
     )
-    drift_factor: float = Field(default=5.0, gt=1.0, description="Flag at this x the baseline.")
-    drift_min_count: int = Field(default=5, ge=1, description="Ignore labels seen fewer times.")
+    drift_factor: float = Field(
+        default=5.0,
+        gt=1.0,
+        description="A watched label warns when its share reaches this x the baseline.",
+    )
+    drift_min_count: int = Field(
+        default=5, ge=1, description="... and it was seen at least this many times."
+    )
     apply_live: bool = Field(
-        default=False, description="applied_labels also writes the live label column."
+        default=False,
+        description="Off: `applied_labels` writes the shadow columns only; on also writes the "
+        "live `moderation_label` columns.",
     )
 
     def bounds(self, policy: Policy) -> CheckBounds:

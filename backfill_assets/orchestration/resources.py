@@ -43,46 +43,95 @@ class RunSettings(dg.ConfigurableResource):  # type: ignore[type-arg]
     loads the definitions and closed over by the assets, never run config a UI user can set.
     """
 
-    concurrency: int = Field(default=8, ge=1, le=1024, description="Model calls in flight.")
-    tenant_budget_tokens: int = Field(default=0, ge=0, description="Per-tenant cap; 0 = none.")
-    max_attempts: int = Field(default=5, ge=1, le=20)
-    retry_base_seconds: float = Field(default=0.5, ge=0.0)
-    retry_max_seconds: float = Field(default=30.0, ge=0.0)
+    # The descriptions are the reference: docs/configuration.md is generated from them.
+    concurrency: int = Field(
+        default=8,
+        ge=1,
+        le=1024,
+        description="Model calls in flight per run (1..1024). With a real provider, at least "
+        "RPM/60 x p99 latency (64 for 3,000 RPM at 200 ms): the limiter, not the concurrency, "
+        "should hold the rate.",
+    )
+    tenant_budget_tokens: int = Field(
+        default=0,
+        ge=0,
+        description="Strict per-tenant token cap (0: none): billed + reserved never exceeds "
+        "it; keys that do not fit are `deferred`. A tenant's own cap (`tenant set-budget TENANT "
+        "--tokens N`) replaces it; dollar caps are per tenant only (`--usd`), kept in the "
+        "store, never in the environment or run config.",
+    )
+    max_attempts: int = Field(
+        default=5, ge=1, le=20, description="Attempts per key before `retry_exhausted` (1..20)."
+    )
+    retry_base_seconds: float = Field(
+        default=0.5, ge=0.0, description="Exponential back-off base, full jitter."
+    )
+    retry_max_seconds: float = Field(
+        default=30.0,
+        ge=0.0,
+        description="Back-off ceiling (a provider's Retry-After wins over the back-off).",
+    )
     retry_after_max_seconds: float = Field(
         default=900.0,
         gt=0.0,
-        description="Longest Retry-After honoured; a provider asking for more waits this long.",
+        description="Longest Retry-After honoured, for a key and for the endpoint's pause; a "
+        "provider asking for more is waited this long, once logged, and counted "
+        "(`retry_after_capped`).",
     )
-    flush_ms: float = Field(default=100.0, gt=0.0, le=1000.0, description="Max group-commit delay.")
+    flush_ms: float = Field(
+        default=100.0,
+        gt=0.0,
+        le=1000.0,
+        description="Longest a finished call waits before its usage and outcome are committed "
+        "(the group commit).",
+    )
     import_dir: str = Field(
-        default="", description="The only directory the posts asset reads (empty: the demo's)."
+        default="",
+        description="The only directory the `posts` asset reads when it is materialised from "
+        "Dagster (the UI, GraphQL): its `path` config is relative to it, and a path (or a "
+        "symbolic link) leading outside it fails the run. Absolute path; empty: the bundled "
+        "demo export's directory. The CLI's `import PATH` is not limited by it.",
     )
     slice_target_posts: int = Field(
         default=DEFAULT_SLICE_TARGET,
         ge=0,
-        description="Posts per partition before a tenant's partitions split (0: always 16).",
+        description="Slices fill by volume: a tenant uses 1, 2, 4, 8 or 16 of its partitions, "
+        "the fewest that keep each at or below this many posts; `import` raises a tenant's "
+        "level as it grows (never lowers it). 0: always 16. Changing it changes which partition "
+        "a post maps to (from the next import on), but results are keyed by content, not by "
+        "partition, so nothing is re-sent or re-paid.",
     )
     dispatch: str = Field(
         default="sync",
         pattern="^(sync|batch)$",
-        description="sync (one call per key) or batch (the provider's Batch API, half price).",
+        description="`sync` (one call per key) or `batch` (the provider's Batch API, about "
+        "half price, 24 h window; needs `BACKFILL_MODEL_BACKEND=openai`).",
     )
     batch_max_lines: int = Field(
-        default=50_000, ge=1, le=50_000, description="Batch mode: requests per batch file."
+        default=50_000,
+        ge=1,
+        le=50_000,
+        description="Requests per batch file (1..50,000; files are also split at the "
+        "provider's 200 MB).",
     )
     batch_max_output_bytes: int = Field(
         default=512 * 1024 * 1024,
         ge=1024,
-        description="Batch mode: the largest output or error file read (streamed to disk).",
+        description="The largest batch output or error file read back (streamed to an unnamed "
+        "temporary file, never held whole). Past it the chunk fails, reported, and its keys "
+        "stay pending.",
     )
     batch_poll_seconds: float = Field(
-        default=30.0, gt=0.0, description="Batch mode: first poll interval (grows to 10 min)."
+        default=30.0,
+        gt=0.0,
+        description="First status poll after a create; each poll waits 1.5x longer, up to 10 "
+        "minutes.",
     )
     batch_create_lookup_seconds: float = Field(
         default=600.0,
         ge=0.0,
-        description="Batch mode: after a create with no answer, how long to look for its "
-        "batch in the provider's list (which may lag) before creating it again.",
+        description="After a create that got no answer: how long to look for its batch in the "
+        "provider's list (which may lag) before creating it again.",
     )
 
     def import_root(self) -> Path:

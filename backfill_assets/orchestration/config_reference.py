@@ -1,0 +1,117 @@
+"""docs/configuration.md's tables, generated from the variables' declarations.
+
+The page keeps its prose; each table sits between ``<!-- BEGIN variables SECTION -->`` and
+``<!-- END variables -->`` and is rewritten from ``Variables`` and ``ELSEWHERE``, so a new
+setting is documented where it is declared, and the page cannot drift from the code:
+
+    python -m backfill_assets.orchestration.config_reference docs/configuration.md
+
+rewrites the page in place; ``--check`` only says whether it is current (exit 1 if not).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from pydantic.fields import FieldInfo
+
+from backfill_assets.orchestration.variables import ELSEWHERE, SECTIONS, Documented, Variables
+
+_BLOCK = re.compile(
+    r"(<!-- BEGIN variables (?P<section>[a-z]+) -->\n).*?(<!-- END variables -->)", re.S
+)
+# The table of variables read by bin/* and the tests: it has a "used by" column.
+PROCESSES = "processes"
+
+
+def _shown(value: Any) -> str:
+    """A default as the docs say it."""
+    if value is None or value == "":
+        return "none"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    if isinstance(value, int | float):
+        return str(value)
+    return f"`{value}`"
+
+
+def _default(info: FieldInfo) -> str:
+    extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+    if extra.get("shown"):
+        return str(extra["shown"])
+    if "resource_default" in extra:
+        return _shown(extra["resource_default"])
+    return _shown(info.default)
+
+
+def _name(name: str) -> str:
+    return name if name.startswith("`") else f"`{name}`"
+
+
+def rows(section: str) -> list[Documented]:
+    """The variables documented in ``section``: declared fields first, in declaration order."""
+    out: list[Documented] = []
+    for info in Variables.model_fields.values():
+        extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+        if extra.get("section") == section and isinstance(info.validation_alias, str):
+            out.append(
+                Documented(info.validation_alias, section, _default(info), info.description or "")
+            )
+    return out + [d for d in ELSEWHERE if d.section == section]
+
+
+def table(section: str) -> str:
+    """One section's markdown table."""
+    if section == PROCESSES:
+        lines = ["| variable | default | used by | meaning |", "|---|---|---|---|"]
+        lines += [
+            f"| {_name(d.name)} | {d.default} | {d.used_by} | {d.meaning} |" for d in rows(section)
+        ]
+    else:
+        lines = ["| variable | default | meaning |", "|---|---|---|"]
+        lines += [f"| {_name(d.name)} | {d.default} | {d.meaning} |" for d in rows(section)]
+    return "\n".join(lines) + "\n"
+
+
+def render(page: str) -> str:
+    """``page`` with every marked table rewritten; an unknown section is an error."""
+
+    def one(m: re.Match[str]) -> str:
+        section = m["section"]
+        if section not in SECTIONS and section != PROCESSES:
+            raise ValueError(f"docs/configuration.md: no variables section {section!r}")
+        return m.group(1) + table(section) + m.group(3)
+
+    return _BLOCK.sub(one, page)
+
+
+def sections_on(page: str) -> list[str]:
+    """The sections ``page`` has a table for, in order."""
+    return [m["section"] for m in _BLOCK.finditer(page)]
+
+
+def main(argv: list[str]) -> int:
+    check = "--check" in argv
+    paths = [a for a in argv if a != "--check"]
+    if len(paths) != 1:
+        sys.stderr.write(__doc__ or "")
+        return 2
+    path = Path(paths[0])
+    page = path.read_text("utf-8")
+    current = render(page)
+    if check:
+        if current != page:
+            sys.stderr.write(f"{path} is out of date: run without --check to rewrite it\n")
+            return 1
+        return 0
+    path.write_text(current, "utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
