@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import functools
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import pandas as pd
 import pandera.pandas as pa
@@ -23,6 +23,9 @@ from backfill_assets.core.rubric import SCHEMA_VERSION, OutputContract
 
 # Rule ids as stored: comma-joined ids ("" for none).
 RULE_IDS_RE = rf"^({ITEM_ID_RE.pattern[1:-1]}(,{ITEM_ID_RE.pattern[1:-1]})*)?$"
+
+# A row to validate: its type is kept, so a typed row comes back typed.
+R = TypeVar("R", bound=Mapping[str, Any])
 
 
 def split_rule_ids(stored: str) -> tuple[str, ...]:
@@ -147,9 +150,7 @@ def _what(case: Any) -> str:
     return str(case.column)
 
 
-def split_valid(
-    rows: list[dict[str, Any]], contract: OutputContract
-) -> tuple[list[dict[str, Any]], list[tuple[dict[str, Any], str]]]:
+def split_valid(rows: list[R], contract: OutputContract) -> tuple[list[R], list[tuple[R, str]]]:
     """Validate a batch; returns (valid rows, [(invalid row, reason)])."""
     if not rows:
         return [], []

@@ -7,15 +7,16 @@ fifth of the CLI's start-up, and a no-op ``run``, ``dry-run`` or ``usage`` never
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from backfill_assets.core.keys import Versions
 from backfill_assets.core.rubric import OutputContract
 
+# A row to validate: its type is kept, so a typed row comes back typed.
+R = TypeVar("R", bound=Mapping[str, Any])
 
-def split_valid(
-    rows: list[dict[str, Any]], contract: OutputContract
-) -> tuple[list[dict[str, Any]], list[tuple[dict[str, Any], str]]]:
+
+def split_valid(rows: list[R], contract: OutputContract) -> tuple[list[R], list[tuple[R, str]]]:
     """Validate a batch under a policy's contract; returns (valid rows, [(invalid row, reason)])."""
     if not rows:
         return [], []

@@ -15,7 +15,6 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 from backfill_assets.core.budgets import Reservation, Spend, TenantBudgets, over_bound
 from backfill_assets.core.caps import ERROR_MESSAGE_CHARS, REQUEST_ID_CHARS
@@ -40,7 +39,15 @@ from backfill_assets.providers.models.base import (
     RunFatalError,
     TransportRejected,
 )
-from backfill_assets.store.rows import dead_row, event_row, key_row, result_row
+from backfill_assets.store.rows import (
+    DeadRow,
+    EventRow,
+    KeyRow,
+    dead_row,
+    event_row,
+    key_row,
+    result_row,
+)
 from backfill_assets.store.writer import FlushReport, LedgerWriter
 
 
@@ -301,19 +308,21 @@ class Dispatcher:
         billed = response.tokens_in + response.tokens_out
         usage = self._event(item, attempt, attempt_id, EventKind.USAGE)
         usage.update(
-            tokens_in=response.tokens_in,
-            tokens_out=response.tokens_out,
-            cost_nanos=cost,
-            tokens_cached=response.tokens_cached,
-            tokens_cache_written=response.tokens_cache_written,
-            tokens_reasoning=response.tokens_reasoning,
-            service_tier=response.service_tier,
-            price_booked=response.price_booked or None,
-            cost_unknown=int(response.cost_unknown),
-            request_id=response.request_id[:REQUEST_ID_CHARS],
-            status=200,
-            usage_shape=response.usage_shape,
-            bound_tokens=reservation.tokens,
+            {
+                "tokens_in": response.tokens_in,
+                "tokens_out": response.tokens_out,
+                "cost_nanos": cost,
+                "tokens_cached": response.tokens_cached,
+                "tokens_cache_written": response.tokens_cache_written,
+                "tokens_reasoning": response.tokens_reasoning,
+                "service_tier": response.service_tier,
+                "price_booked": response.price_booked or None,
+                "cost_unknown": int(response.cost_unknown),
+                "request_id": response.request_id[:REQUEST_ID_CHARS],
+                "status": 200,
+                "usage_shape": response.usage_shape,
+                "bound_tokens": reservation.tokens,
+            }
         )
         if response.usage_shape == "missing":
             usage["message"] = "usage_missing: the provider reported no usage; booked the bound"
@@ -325,9 +334,9 @@ class Dispatcher:
             usage["message"] = over
             st.over_bound += 1
             if item.tenant_id not in self.stopped_tenants:
-                self.stopped_tenants[item.tenant_id] = usage["message"]
+                self.stopped_tenants[item.tenant_id] = over
                 self.cfg.log(
-                    f"ERROR: tenant {item.tenant_id}: provider {usage['message']}; "
+                    f"ERROR: tenant {item.tenant_id}: provider {over}; "
                     "stopping this tenant (see the spend check and verify)"
                 )
         self.writer.stage_event(usage, reservation.reservation_id)
@@ -351,9 +360,11 @@ class Dispatcher:
         self.budgets.settle(reservation, Spend())
         event = self._event(item, attempt, attempt_id, EventKind.ERROR)
         event.update(
-            status=exc.status,
-            request_id=(exc.request_id or None),
-            message=f"{type(exc).__name__}: {str(exc)[:ERROR_MESSAGE_CHARS]}",
+            {
+                "status": exc.status,
+                "request_id": (exc.request_id or None),
+                "message": f"{type(exc).__name__}: {str(exc)[:ERROR_MESSAGE_CHARS]}",
+            }
         )
         self.writer.stage_event(event)
         if isinstance(exc, RunFatalError):
@@ -402,7 +413,7 @@ class Dispatcher:
         )
         return False
 
-    def _base(self, item: WorkItem) -> dict[str, Any]:
+    def _base(self, item: WorkItem) -> KeyRow:
         return key_row(
             self.cfg.versions,
             self.cfg.run_id,
@@ -413,7 +424,7 @@ class Dispatcher:
             content_hash=item.content_hash,
         )
 
-    def _event(self, item: WorkItem, attempt: int, attempt_id: str, kind: str) -> dict[str, Any]:
+    def _event(self, item: WorkItem, attempt: int, attempt_id: str, kind: str) -> EventRow:
         return event_row(
             self.cfg.versions,
             self.cfg.run_id,
@@ -427,5 +438,5 @@ class Dispatcher:
             content_hash=item.content_hash,
         )
 
-    def _dead(self, item: WorkItem, outcome: Outcome, reason: str, attempts: int) -> dict[str, Any]:
+    def _dead(self, item: WorkItem, outcome: Outcome, reason: str, attempts: int) -> DeadRow:
         return dead_row(self._base(item), outcome, reason, attempts)

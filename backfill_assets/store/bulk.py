@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import io
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from operator import itemgetter
 from typing import Any
@@ -46,7 +46,7 @@ def insert_rows(
 
 
 def row_values(
-    table: sa.Table, columns: Sequence[str], rows: Sequence[dict[str, Any]]
+    table: sa.Table, columns: Sequence[str], rows: Sequence[Mapping[str, Any]]
 ) -> list[tuple[Any, ...]]:
     """The parameter tuples of ``rows`` for ``insert_values`` (built before a write lock)."""
     unknown = [c for c in columns if c not in table.c]

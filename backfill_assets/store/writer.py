@@ -30,11 +30,13 @@ from sqlalchemy.engine import Connection, Engine
 from backfill_assets.core.budgets import Spend
 from backfill_assets.core.events import EventKind
 from backfill_assets.core.faults import UsageHook
+from backfill_assets.core.outcomes import Outcome
 from backfill_assets.core.rubric import OutputContract
 from backfill_assets.core.validation import split_valid
 from backfill_assets.store.bulk import db_time, insert_values, row_values
 from backfill_assets.store.engine import is_sqlite
 from backfill_assets.store.locks import Fence, LockLost
+from backfill_assets.store.rows import DeadRow, EventRow, ResultRow, dead_row
 from backfill_assets.store.tables import (
     batch_submissions,
     budget_reservations,
@@ -46,8 +48,6 @@ from backfill_assets.store.tables import (
 )
 from backfill_assets.store.usage import add_usage
 
-Row = dict[str, Any]
-
 EVENT_COLUMNS = tuple(c.name for c in ledger_events.c if c.name != "id")
 RESULT_COLUMNS = tuple(c.name for c in results.c)
 DEAD_COLUMNS = tuple(c.name for c in dead_letters.c)
@@ -58,9 +58,9 @@ DEAD_UPSERT = "ON CONFLICT (key) DO UPDATE SET " + ", ".join(
 
 @dataclass
 class _Staged:
-    events: list[Row] = field(default_factory=list)
-    results: list[Row] = field(default_factory=list)
-    dead: list[Row] = field(default_factory=list)
+    events: list[EventRow] = field(default_factory=list)
+    results: list[ResultRow] = field(default_factory=list)
+    dead: list[DeadRow] = field(default_factory=list)
     # reservation id -> billed tokens and nanos to take off it (they now count as spent).
     unreserve: dict[str, Spend] = field(default_factory=lambda: defaultdict(Spend))
     billed: dict[str, Spend] = field(default_factory=lambda: defaultdict(Spend))
@@ -81,7 +81,7 @@ class _Staged:
 class FlushReport:
     """What one outcome flush made durable; ``rejected`` rows failed the frame check."""
 
-    rejected: list[tuple[Row, str]]
+    rejected: list[tuple[ResultRow, str]]
 
 
 class _Channel:
@@ -196,7 +196,7 @@ class LedgerWriter:
         # A crash drill's hook (core/faults.py), called after each outcome commit; else None.
         self._after_usage = after_usage
         self._on_flush = on_flush
-        self._attempts: list[Row] = []
+        self._attempts: list[EventRow] = []
         self._waiters: list[asyncio.Future[None]] = []
         self._staged = _Staged()
         self._attempt_wake = asyncio.Event()
@@ -214,7 +214,7 @@ class LedgerWriter:
             loop.create_task(self._outcome_loop(), name="ledger-outcomes"),
         ]
 
-    async def record_attempt(self, row: Row) -> None:
+    async def record_attempt(self, row: EventRow) -> None:
         """Write an attempt event and return once it is committed."""
         if self._failure is not None:
             # The outcome channel is down: no new call may start whose result could not be kept.
@@ -228,7 +228,10 @@ class LedgerWriter:
         await fut
 
     def stage_event(
-        self, row: Row, reservation_id: str | None = None, chunk: tuple[str, Spend] | None = None
+        self,
+        row: EventRow,
+        reservation_id: str | None = None,
+        chunk: tuple[str, Spend] | None = None,
     ) -> None:
         """Stage a usage or error event (booked with the outcome that follows it).
 
@@ -256,12 +259,12 @@ class LedgerWriter:
                     self._staged.unreserve[reservation_id] += spent
         self._mark()
 
-    def stage_result(self, row: Row) -> None:
+    def stage_result(self, row: ResultRow) -> None:
         """Stage an accepted result (validated again as a frame before commit)."""
         self._staged.results.append(row)
         self._mark()
 
-    def stage_dead(self, row: Row) -> None:
+    def stage_dead(self, row: DeadRow) -> None:
         """Stage a dead letter (replaces any earlier one for the key)."""
         self._staged.dead.append(row)
         self._mark()
@@ -344,7 +347,7 @@ class LedgerWriter:
             if self._on_flush is not None:
                 self._on_flush(report)
 
-    def _write_attempts(self, rows: list[Row]) -> None:
+    def _write_attempts(self, rows: list[EventRow]) -> None:
         # Parameters are built before the write lock: the other channel waits only for the insert.
         now = db_time(self._dialect, utcnow())
         for row in rows:
@@ -357,19 +360,21 @@ class LedgerWriter:
         # Validate and build every parameter outside the transaction: the write lock (which
         # the attempt commits on the event loop wait for) is held only for the inserts.
         good, bad = self._frame_check(s.results)
-        dead = list(s.dead) + [_as_dead(row, reason) for row, reason in bad]
+        dead = list(s.dead) + [
+            dead_row(row, Outcome.SCHEMA_REJECTED, reason, 1) for row, reason in bad
+        ]
         stamp = utcnow()
         now = db_time(self._dialect, stamp)
-        for row in s.events:
-            row["at"] = now
+        for event in s.events:
+            event["at"] = now
         event_values = row_values(ledger_events, EVENT_COLUMNS, s.events)
-        for row in good:
-            row["created_at"] = now
+        for result in good:
+            result["created_at"] = now
         result_values = row_values(results, RESULT_COLUMNS, good)
-        cleared = [r["key"] for r in good if r.get("had_dead_letter", True)]
+        cleared = [r["key"] for r in good if r["had_dead_letter"]]
         latest = list({r["key"]: r for r in dead}.values())
-        for row in latest:
-            row["at"] = now
+        for letter in latest:
+            letter["at"] = now
         dead_values = row_values(dead_letters, DEAD_COLUMNS, latest)
         with self._outcome_channel.tx() as conn:
             insert_values(conn, ledger_events, EVENT_COLUMNS, event_values)
@@ -383,13 +388,15 @@ class LedgerWriter:
             self._after_usage(self.usage_committed)
         return FlushReport(rejected=bad)
 
-    def _frame_check(self, rows: list[Row]) -> tuple[list[Row], list[tuple[Row, str]]]:
+    def _frame_check(
+        self, rows: list[ResultRow]
+    ) -> tuple[list[ResultRow], list[tuple[ResultRow, str]]]:
         """Each policy version's rows against its own contract (one frame per version)."""
-        by_version: dict[str, list[Row]] = defaultdict(list)
+        by_version: dict[str, list[ResultRow]] = defaultdict(list)
         for row in rows:
             by_version[str(row["prompt_version"])].append(row)
-        good: list[Row] = []
-        bad: list[tuple[Row, str]] = []
+        good: list[ResultRow] = []
+        bad: list[tuple[ResultRow, str]] = []
         for version, group in by_version.items():
             contract = self._contract_for(version)
             if contract is None:
@@ -437,20 +444,3 @@ class LedgerWriter:
                     reserved_nanos=batch_submissions.c.reserved_nanos - bound.nanos,
                 )
             )
-
-
-def _as_dead(row: Row, reason: str) -> Row:
-    return {
-        "key": row["key"],
-        "tenant_id": row["tenant_id"],
-        "post_id": row["post_id"],
-        "slice": row["slice"],
-        "content_hash": row["content_hash"],
-        "model": row["model"],
-        "prompt_version": row["prompt_version"],
-        "task_version": row["task_version"],
-        "outcome": "schema_rejected",
-        "reason": reason[:500],
-        "attempts": int(row.get("attempts", 1)),
-        "run_id": row["run_id"],
-    }

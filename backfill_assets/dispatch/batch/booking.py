@@ -18,7 +18,7 @@ from backfill_assets.core.outcomes import Outcome
 from backfill_assets.core.prices import Tier, event_cost
 from backfill_assets.core.rubric import MAX_OUTPUT_TOKENS, OutputRejected, parse_output
 from backfill_assets.dispatch.batch.context import BatchContext, ChunkJob
-from backfill_assets.dispatch.batch.rows import LineRows, Row
+from backfill_assets.dispatch.batch.rows import LineRows
 from backfill_assets.dispatch.batch.texts import line_echoes
 from backfill_assets.dispatch.batch.triage import Disposition, TriagedLine, triage
 from backfill_assets.providers.batch_client import retry
@@ -27,6 +27,7 @@ from backfill_assets.providers.bounded_body import BadBody
 from backfill_assets.providers.models.base import RunFatalError
 from backfill_assets.providers.models.errors import Scope, classify
 from backfill_assets.store import submissions as store
+from backfill_assets.store.rows import EventRow
 from backfill_assets.store.submissions import ChunkState
 from backfill_assets.store.tables import utcnow
 from backfill_assets.store.writer import FlushReport, LedgerWriter
@@ -238,7 +239,7 @@ def _usage(
     line: store.LineRow,
     triaged: TriagedLine,
     reserved: Spend,
-) -> Row:
+) -> EventRow:
     """The line's usage event, booked like sync mode's (``dispatch._book_usage``)."""
     bound = reserved.tokens
     shape, tokens_in, tokens_out = triaged.usage_shape, triaged.tokens_in, triaged.tokens_out
@@ -255,12 +256,14 @@ def _usage(
     usage = rows.usage(line, tokens_in, tokens_out, cost, request_id, shape, bound)
     booked = ctx.prices.booked(job.sub.model, Tier.BATCH)
     usage.update(
-        tokens_cached=cached,
-        tokens_cache_written=written,
-        tokens_reasoning=0 if shape == "missing" else triaged.tokens_reasoning,
-        service_tier=Tier.BATCH.value,
-        price_booked=None if booked is None else booked.to_json(),
-        cost_unknown=int(booked is None),
+        {
+            "tokens_cached": cached,
+            "tokens_cache_written": written,
+            "tokens_reasoning": 0 if shape == "missing" else triaged.tokens_reasoning,
+            "service_tier": Tier.BATCH.value,
+            "price_booked": None if booked is None else booked.to_json(),
+            "cost_unknown": int(booked is None),
+        }
     )
     if shape == "missing":
         usage["message"] = "usage_missing: the provider reported no usage; booked the bound"
@@ -278,9 +281,9 @@ def _usage(
         usage["message"] = over
         tenant = job.sub.tenant_id
         if tenant not in ctx.stopped_tenants:
-            ctx.stopped_tenants[tenant] = usage["message"]
+            ctx.stopped_tenants[tenant] = over
             ctx.log(
-                f"ERROR: tenant {tenant}: provider {usage['message']}; stopping this tenant "
+                f"ERROR: tenant {tenant}: provider {over}; stopping this tenant "
                 "(see the spend check and verify)"
             )
     return usage

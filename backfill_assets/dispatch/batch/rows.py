@@ -8,17 +8,23 @@ same attempt id, committed together with the key's outcome.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from backfill_assets.core.caps import ERROR_MESSAGE_CHARS, REQUEST_ID_CHARS
 from backfill_assets.core.events import EventKind
 from backfill_assets.core.keys import Versions
 from backfill_assets.core.outcomes import Outcome
 from backfill_assets.core.rubric import ModerationOutput
-from backfill_assets.store.rows import dead_row, event_row, key_row, result_row
+from backfill_assets.store.rows import (
+    DeadRow,
+    EventRow,
+    KeyRow,
+    ResultRow,
+    dead_row,
+    event_row,
+    key_row,
+    result_row,
+)
 from backfill_assets.store.submissions import LineRow, attempt_id
-
-Row = dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -32,7 +38,7 @@ class LineRows:
     partition: str
     chunk_id: str
 
-    def _event(self, line: LineRow, kind: str) -> Row:
+    def _event(self, line: LineRow, kind: str) -> EventRow:
         return event_row(
             self.versions,
             self.run_id,
@@ -46,7 +52,7 @@ class LineRows:
             content_hash=line.content_hash,
         )
 
-    def attempt(self, line: LineRow) -> Row:
+    def attempt(self, line: LineRow) -> EventRow:
         """Written with the chunk's intent, before the upload."""
         return self._event(line, EventKind.ATTEMPT)
 
@@ -59,28 +65,24 @@ class LineRows:
         request_id: str,
         usage_shape: str = "split",
         bound: int | None = None,
-    ) -> Row:
+    ) -> EventRow:
         """What the provider billed for the line (at the batch price), in the shape it was
         reported (sql/004), with the bound reserved for it."""
         row = self._event(line, EventKind.USAGE)
-        row.update(
-            tokens_in=tokens_in,
-            tokens_out=tokens_out,
-            cost_nanos=cost_nanos,
-            request_id=request_id[:REQUEST_ID_CHARS],
-            status=200,
-            usage_shape=usage_shape,
-            bound_tokens=bound,
-        )
+        row["tokens_in"], row["tokens_out"], row["cost_nanos"] = tokens_in, tokens_out, cost_nanos
+        row["request_id"] = request_id[:REQUEST_ID_CHARS]
+        row["status"] = 200
+        row["usage_shape"] = usage_shape
+        row["bound_tokens"] = bound
         return row
 
-    def error(self, line: LineRow, status: int | None, message: str) -> Row:
+    def error(self, line: LineRow, status: int | None, message: str) -> EventRow:
         """A line that produced no billed answer (closes its attempt)."""
         row = self._event(line, EventKind.ERROR)
-        row.update(status=status, message=message[:ERROR_MESSAGE_CHARS])
+        row["status"], row["message"] = status, message[:ERROR_MESSAGE_CHARS]
         return row
 
-    def _base(self, line: LineRow) -> Row:
+    def _base(self, line: LineRow) -> KeyRow:
         return key_row(
             self.versions,
             self.run_id,
@@ -91,11 +93,11 @@ class LineRows:
             content_hash=line.content_hash,
         )
 
-    def result(self, line: LineRow, out: ModerationOutput) -> Row:
+    def result(self, line: LineRow, out: ModerationOutput) -> ResultRow:
         """An accepted label (the writer validates it again as a frame)."""
         # Clears an earlier retry_exhausted dead letter of the key, if any.
         return result_row(self._base(line), out, self.partition, had_dead_letter=True)
 
-    def dead(self, line: LineRow, outcome: Outcome, reason: str) -> Row:
+    def dead(self, line: LineRow, outcome: Outcome, reason: str) -> DeadRow:
         """A dead letter (replaces any earlier one for the key)."""
         return dead_row(self._base(line), outcome, reason, line.attempt_no)
