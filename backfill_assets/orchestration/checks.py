@@ -40,6 +40,7 @@ from backfill_assets.store.apply import rubric_version
 from backfill_assets.store.engine import read_tx
 from backfill_assets.store.evidence import Partition
 from backfill_assets.store.judging import Baseline, Judging, judge_partitions
+from backfill_assets.store.partition_counts import post_counts
 from backfill_assets.store.reports import live_label_counts
 
 CHECKS_NAME = "moderation_label_checks"
@@ -85,16 +86,17 @@ def verdicts_for_many(
     idle. The stored results of ``versions`` are judged by ``rubric``'s labels and rules."""
     pooling = pooling or audit_pool.Pooling()
     partitions = [Partition(r.key, r.tenant_id, r.slice, r.slices) for r in refs]
+    tenants = sorted({r.tenant_id for r in refs})
     baselines: dict[str, Baseline] = {}
-    if "label_drift" in names:
-        tenants = sorted({r.tenant_id for r in refs})
-        configured = checks.configured_baseline(rubric.policy)
-        if configured is not None:
-            baselines = {t: (dict(configured), "configured") for t in tenants}
-        else:
-            with read_tx(engine) as conn:
-                live = live_label_counts(conn, tenants, rubric_version(versions))
+    configured = checks.configured_baseline(rubric.policy)
+    with read_tx(engine) as conn:
+        # Read once: both the worker plan and the judging group partitions by their posts.
+        counts = post_counts(conn, tenants)
+        if "label_drift" in names and configured is None:
+            live = live_label_counts(conn, tenants, rubric_version(versions))
             baselines = {t: _live_baseline(live[t]) for t in tenants}
+    if "label_drift" in names and configured is not None:
+        baselines = {t: (dict(configured), "configured") for t in tenants}
     judging = Judging(
         versions,
         rubric.contract,
@@ -104,12 +106,12 @@ def verdicts_for_many(
         dict(deferred or {}),
         sample,
     )
-    chunks = audit_pool.plan(engine, partitions, pooling)
+    chunks = audit_pool.plan(partitions, counts, pooling)
     if chunks is not None:
         procs = min(pooling.workers, len(chunks))
         log(f"judging {len(refs)} partition(s) in {procs} worker processes")
         return audit_pool.judge(engine, chunks, judging, log=log, pooling=pooling)
-    return judge_partitions(engine, partitions, judging)
+    return judge_partitions(engine, partitions, judging, counts)
 
 
 def _live_baseline(live: Mapping[str, int]) -> Baseline:

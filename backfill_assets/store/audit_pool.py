@@ -31,10 +31,10 @@ from backfill_assets.audit.check_rules import CheckBounds, DriftRule, Verdict
 from backfill_assets.core.keys import Versions
 from backfill_assets.core.rubric import OutputContract
 from backfill_assets.store.dead_peer import DeadPeer
-from backfill_assets.store.engine import engine_dead_peer, make_engine, read_tx
+from backfill_assets.store.engine import engine_dead_peer, make_engine
 from backfill_assets.store.evidence import Partition
 from backfill_assets.store.judging import Baseline, Judging, judge_partitions
-from backfill_assets.store.partition_counts import held_posts, post_counts
+from backfill_assets.store.partition_counts import held_posts
 
 _MAX_WORKERS = 4
 
@@ -60,14 +60,15 @@ class Pooling:
 
 
 def plan(
-    engine: Engine, partitions: Sequence[Partition], pooling: Pooling | None = None
+    partitions: Sequence[Partition],
+    counts: Mapping[tuple[str, int], int],
+    pooling: Pooling | None = None,
 ) -> list[list[Partition]] | None:
-    """Chunks of partitions for the workers, or None when the run is judged in-process."""
+    """Chunks of partitions for the workers, or None when the run is judged in-process;
+    ``counts``: posts per (tenant, slice) of their tenants (``post_counts``)."""
     pooling = pooling or Pooling()
     if pooling.workers < 2 or len(partitions) < 2:
         return None
-    with read_tx(engine) as conn:
-        counts = post_counts(conn, sorted({s.tenant_id for s in partitions}))
     sizes = [held_posts(counts, s.tenant_id, s.slices) for s in partitions]
     total = sum(sizes)
     if total < pooling.min_posts:

@@ -39,10 +39,14 @@ class Judging:
 
 
 def judge_partitions(
-    engine: Engine, partitions: Sequence[Partition], judging: Judging
+    engine: Engine,
+    partitions: Sequence[Partition],
+    judging: Judging,
+    counts: Mapping[tuple[str, int], int] | None = None,
 ) -> dict[str, list[Verdict]]:
     """Each partition's verdicts: rows read for a group of partitions at once
     (``partition_groups``), the stored-result schema validated in one frame per batch.
+    ``counts``: posts per (tenant, slice) of their tenants, if the caller has read them.
 
     Memory is bounded by one batch (``_BATCH_ROWS`` rows, or one partition if larger), not by
     the run: a batch is judged and dropped before the next is read.
@@ -64,7 +68,9 @@ def judge_partitions(
         batch, held = [], 0
 
     with read_tx(engine) as conn:
-        sizes = post_counts(conn, sorted({part.tenant_id for part in partitions}))
+        sizes = counts
+        if sizes is None:
+            sizes = post_counts(conn, sorted({part.tenant_id for part in partitions}))
         for group in grouped(
             partitions, lambda part: held_posts(sizes, part.tenant_id, part.slices)
         ):

@@ -73,9 +73,12 @@ def test_a_failing_worker_falls_back_to_this_process(tampered: Engine) -> None:
 def test_small_runs_stay_in_process(tampered: Engine) -> None:
     refs = with_levels(tampered, refs_for(TENANTS))
     from backfill_assets.store.evidence import Partition
+    from backfill_assets.store.partition_counts import post_counts
 
     partitions = [Partition(r.key, r.tenant_id, r.slice, r.slices) for r in refs]
-    assert audit_pool.plan(tampered, partitions) is None  # 600 posts: not worth a process
+    with tampered.connect() as conn:
+        counts = post_counts(conn, sorted({r.tenant_id for r in refs}))
+    assert audit_pool.plan(partitions, counts) is None  # 600 posts: not worth a process
 
 
 def test_the_checks_read_every_row_as_stored(tampered: Engine) -> None:
