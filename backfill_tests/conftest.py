@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import uuid
@@ -114,6 +115,18 @@ def drop_pg_database(url: str) -> None:
         conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}"'))
 
 
+@contextlib.contextmanager
+def pg_database(prefix: str = "bf_test") -> Iterator[str]:
+    """A fresh database for the block; afterwards its pooled engines are closed and it is
+    dropped, leftover sessions included."""
+    url = make_pg_database(prefix)
+    try:
+        yield url
+    finally:
+        dispose_engine(url)
+        drop_pg_database(url)
+
+
 @pytest.fixture(params=["sqlite", pytest.param("pg", marks=pytest.mark.pg)])
 def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A fresh, empty store on each backend."""
@@ -122,12 +135,8 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
         return
     if not request.getfixturevalue("pg_available"):
         pytest.skip("PostgreSQL not available (set BACKFILL_TEST_PG_URL)")
-    url = make_pg_database()
-    try:
+    with pg_database() as url:
         yield url
-    finally:
-        dispose_engine(url)
-        drop_pg_database(url)
 
 
 def dispose_engine(url: str) -> None:

@@ -118,10 +118,9 @@ def test_a_driverless_instance_url_is_pinned_to_psycopg2(
     SQLAlchemy picked psycopg (v3), not installed, and the command died with a traceback."""
     if not pg_available:
         pytest.skip("PostgreSQL not available")
-    from backfill_tests.conftest import drop_pg_database, make_pg_database
+    from backfill_tests.conftest import pg_database
 
-    url = make_pg_database("bf_inst")
-    try:
+    with pg_database("bf_inst") as url:
         _pg_home(tmp_path)
         (tmp_path / "posts.jsonl").write_text(
             '{"tenant_id": "acme", "post_id": "p1", "text": "hi"}\n'
@@ -130,8 +129,6 @@ def test_a_driverless_instance_url_is_pinned_to_psycopg2(
         got = _cli(["import", "posts.jsonl"], tmp_path, DAGSTER_PG_URL=driverless)
         assert got.returncode == 0, got.stderr
         assert "Traceback" not in got.stderr
-    finally:
-        drop_pg_database(url)
 
 
 def test_an_unreachable_instance_exits_2_without_its_password(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from sqlalchemy.engine import Engine
 
 from backfill_assets.ingest.importer import import_path
 from backfill_assets.orchestration.engines import engine_for
-from backfill_tests.conftest import dispose_engine, drop_pg_database, make_pg_database
+from backfill_tests.conftest import pg_database
 from backfill_tests.ingest.exports import RECORDS, counts, rejects, stored, write_jsonl
 
 # Every table an import writes, emptied before each test.
@@ -30,12 +30,8 @@ def module_store(
         return
     if not request.getfixturevalue("pg_available"):
         pytest.skip("PostgreSQL not available (set BACKFILL_TEST_PG_URL)")
-    url = make_pg_database()
-    try:
+    with pg_database() as url:
         yield url
-    finally:
-        dispose_engine(url)
-        drop_pg_database(url)
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from backfill_assets.ingest.sql_import import SqlImport, SqlSource, import_sql
 from backfill_assets.store.dead_peer import DeadPeer
 from backfill_assets.store.platform_db import platform_engine
 from backfill_assets.store.posts import ImportSummary
-from backfill_tests.conftest import drop_pg_database, make_pg_database
+from backfill_tests.conftest import pg_database
 from backfill_tests.ingest.exports import RECORDS, SECRET, counts, rejects, stored
 
 T1 = dt.datetime(2026, 1, 1, 12, 0, 0)
@@ -37,14 +37,12 @@ def source_url(
 ) -> Iterator[str]:
     """The platform's database: a table of posts under its own column names."""
     if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path_factory.mktemp('source') / 'app.db'}"
-    else:
-        if not request.getfixturevalue("pg_available"):
-            pytest.skip("PostgreSQL not available (set BACKFILL_TEST_PG_URL)")
-        url = make_pg_database("bf_source")
-    yield url
-    if request.param == "pg":
-        drop_pg_database(url)
+        yield f"sqlite:///{tmp_path_factory.mktemp('source') / 'app.db'}"
+        return
+    if not request.getfixturevalue("pg_available"):
+        pytest.skip("PostgreSQL not available (set BACKFILL_TEST_PG_URL)")
+    with pg_database("bf_source") as url:
+        yield url
 
 
 @pytest.fixture

@@ -12,12 +12,7 @@ from backfill_assets.definitions import BACKFILL_JOB, build_definitions
 from backfill_assets.orchestration.engines import engine_for
 from backfill_assets.orchestration.orchestrate import materialize
 from backfill_tests.cli_runs import ROOT
-from backfill_tests.conftest import (
-    dispose_engine,
-    drop_pg_database,
-    import_records,
-    make_pg_database,
-)
+from backfill_tests.conftest import import_records, pg_database
 from backfill_tests.pipeline_helpers import verify
 
 
@@ -25,12 +20,8 @@ from backfill_tests.pipeline_helpers import verify
 def pg_store(pg_available: bool) -> Iterator[str]:
     if not pg_available:
         pytest.skip("PostgreSQL not available (set BACKFILL_TEST_PG_URL)")
-    url = make_pg_database()
-    try:
+    with pg_database() as url:
         yield url
-    finally:
-        dispose_engine(url)
-        drop_pg_database(url)
 
 
 @pytest.mark.pg
@@ -44,13 +35,12 @@ def test_backfill_on_a_postgres_instance(
         tmp_path,
         [{"tenant_id": "acme", "post_id": f"p{i}", "text": f"t{i}"} for i in range(40)],
     )
-    instance_url = make_pg_database("bf_dagster")
     home = tmp_path / "home"
     home.mkdir()
     # The shipped production config, unchanged.
     (home / "dagster.yaml").write_text((ROOT / "deploy" / "dagster.postgres.yaml").read_text())
-    monkeypatch.setenv("DAGSTER_PG_URL", instance_url)
-    try:
+    with pg_database("bf_dagster") as instance_url:
+        monkeypatch.setenv("DAGSTER_PG_URL", instance_url)
         with dg.DagsterInstance.from_config(str(home)) as instance:
             defs = build_definitions({"BACKFILL_DATABASE_URL": store_url})
             slices = [f"s{i:02d}" for i in range(16)]
@@ -62,5 +52,3 @@ def test_backfill_on_a_postgres_instance(
             done = instance.get_materialized_partitions(dg.AssetKey("moderation_labels"))
             assert len(done) == 16
         assert verify(engine).as_dict(require_complete=True)["ok"]
-    finally:
-        drop_pg_database(instance_url)

@@ -9,6 +9,7 @@ code version is unchanged), runs the pipeline (0 calls), verifies and applies.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -23,7 +24,7 @@ from backfill_assets.orchestration.engines import engine_for
 from backfill_assets.orchestration.plan import make_plan
 from backfill_assets.orchestration.settings import Settings
 from backfill_tests.cli_runs import ROOT, clean_env
-from backfill_tests.conftest import dispose_engine, drop_pg_database, make_pg_database, write_jsonl
+from backfill_tests.conftest import pg_database, write_jsonl
 from backfill_tests.pipeline_helpers import RUBRIC, VERSIONS, calls, count, run, verify
 
 # The last commit before policy files (its store layout, keys and code version are today's).
@@ -76,12 +77,12 @@ def filled(
     tmp = tmp_path_factory.mktemp("upgrade")
     old = _old_code(tmp)
     stores = {"sqlite": (f"sqlite:///{tmp / 'store.db'}", tmp / "home-sqlite")}
-    if pg_available:
-        stores["pg"] = (make_pg_database(), tmp / "home-pg")
-    env = clean_env(PYTHONPATH=str(old), BACKFILL_SLICE_TARGET_POSTS="0")
-    export = write_jsonl(tmp / "posts.jsonl", POSTS)
-    pairs = json.dumps([(url, str(home)) for url, home in stores.values()])
-    try:
+    with contextlib.ExitStack() as stack:
+        if pg_available:
+            stores["pg"] = (stack.enter_context(pg_database()), tmp / "home-pg")
+        env = clean_env(PYTHONPATH=str(old), BACKFILL_SLICE_TARGET_POSTS="0")
+        export = write_jsonl(tmp / "posts.jsonl", POSTS)
+        pairs = json.dumps([(url, str(home)) for url, home in stores.values()])
         done = subprocess.run(
             [sys.executable, "-c", FILL, str(export), pairs],
             cwd=old,
@@ -94,10 +95,6 @@ def filled(
         runs = [json.loads(ln) for ln in done.stdout.splitlines() if ln.startswith("{")]
         assert [r["totals"]["model_calls"] for r in runs] == [len(POSTS)] * len(stores)
         yield stores
-    finally:
-        if "pg" in stores:
-            dispose_engine(stores["pg"][0])
-            drop_pg_database(stores["pg"][0])
 
 
 @pytest.mark.parametrize("store", ["sqlite", pytest.param("pg", marks=pytest.mark.pg)])

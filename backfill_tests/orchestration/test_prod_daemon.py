@@ -27,7 +27,7 @@ import pytest
 
 from backfill_assets.cli import main as cli_main
 from backfill_tests.cli_runs import ROOT, clean_env, clear_settings, last_json
-from backfill_tests.conftest import dispose_engine, drop_pg_database, make_pg_database
+from backfill_tests.conftest import dispose_engine, pg_database
 
 # One worker runs the tests that start servers or time a stop, one after another (bin/test).
 pytestmark = pytest.mark.xdist_group("servers")
@@ -156,14 +156,12 @@ def pg_pair(pg_available: bool) -> Iterator[tuple[str, str]]:
     """A fresh instance database (psycopg2 URL) and store database (plain postgresql:// URL)."""
     if not pg_available:
         pytest.skip("PostgreSQL not available (set BACKFILL_TEST_PG_URL)")
-    instance_url = make_pg_database("bf_dagster")
-    store_url = make_pg_database("bf_store").replace("postgresql+psycopg2://", "postgresql://", 1)
-    try:
-        yield instance_url, store_url
-    finally:
-        dispose_engine(store_url)
-        drop_pg_database(instance_url)
-        drop_pg_database(store_url)
+    with pg_database("bf_dagster") as instance_url, pg_database("bf_store") as store:
+        store_url = store.replace("postgresql+psycopg2://", "postgresql://", 1)
+        try:
+            yield instance_url, store_url
+        finally:
+            dispose_engine(store_url)
 
 
 def _timeline(instance: dg.DagsterInstance, records: Sequence[dg.RunRecord], epoch: float) -> str:

@@ -29,7 +29,7 @@ from backfill_assets.orchestration.engines import engine_for
 from backfill_assets.orchestration.settings import Settings
 from backfill_assets.providersim import SimConfig, Simulator
 from backfill_tests.cli_runs import ROOT, clean_env
-from backfill_tests.conftest import dispose_engine, drop_pg_database, make_pg_database, write_jsonl
+from backfill_tests.conftest import dispose_engine, pg_database, write_jsonl
 from backfill_tests.orchestration.test_prod_daemon import kill_sessions
 from backfill_tests.security.scan import store_leaks, text_leaks, tree_leaks
 
@@ -180,7 +180,11 @@ def server(pg_available: bool, tmp_path_factory: pytest.TempPathFactory) -> Iter
     if not pg_available:
         pytest.skip("PostgreSQL not available (set BACKFILL_TEST_PG_URL)")
     tmp = tmp_path_factory.mktemp("webserver")
-    bare = make_pg_database("bf_sec")
+    with pg_database("bf_sec") as bare:
+        yield from _serve(tmp, bare)
+
+
+def _serve(tmp: Path, bare: str) -> Iterator[Server]:
     store_url = sa.engine.make_url(bare).set(password=PASSWORD).render_as_string(False)
     home, imports = tmp / "home", tmp / "imports"
     home.mkdir()
@@ -233,7 +237,6 @@ def server(pg_available: bool, tmp_path_factory: pytest.TempPathFactory) -> Iter
         provider.stop()
         decoy.stop()
         dispose_engine(store_url)
-        drop_pg_database(bare)
 
 
 def _overrides(server: Server) -> list[tuple[str, str, Any]]:

@@ -6,6 +6,7 @@ names the gap, and the next run completes the write-back."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 from collections.abc import Iterator
@@ -18,7 +19,7 @@ from sqlalchemy.engine import Engine
 
 from backfill_assets.cli import main
 from backfill_assets.store.sink import Sink, ddl, sink_table, upsert
-from backfill_tests.conftest import drop_pg_database, import_records, make_pg_database
+from backfill_tests.conftest import import_records, pg_database
 
 TENANTS = ["acme", "globex"]
 POSTS = 40
@@ -29,19 +30,18 @@ PASSWORD = "sink-pw-7f3a9c"
 def sink_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """The platform's database, its own (never the store's), with the table created from
     `sink ddl` as an operator would."""
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'platform.db'}"
-    else:
-        if not request.getfixturevalue("pg_available"):
-            pytest.skip("PostgreSQL not available")
-        url = make_pg_database("bf_sink")
-    engine = sa.create_engine(url)
-    with engine.begin() as conn:
-        conn.exec_driver_sql(ddl("moderation_labels", engine.dialect.name))
-    engine.dispose()
-    yield url
-    if request.param == "pg":
-        drop_pg_database(url)
+    with contextlib.ExitStack() as stack:
+        if request.param == "sqlite":
+            url = f"sqlite:///{tmp_path / 'platform.db'}"
+        else:
+            if not request.getfixturevalue("pg_available"):
+                pytest.skip("PostgreSQL not available")
+            url = stack.enter_context(pg_database("bf_sink"))
+        engine = sa.create_engine(url)
+        with engine.begin() as conn:
+            conn.exec_driver_sql(ddl("moderation_labels", engine.dialect.name))
+        engine.dispose()
+        yield url
 
 
 def with_password(url: str) -> str:

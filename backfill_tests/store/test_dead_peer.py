@@ -18,7 +18,7 @@ from dagster_postgres import PostgresRunStorage
 from backfill_assets.orchestration.settings import Settings, SettingsError
 from backfill_assets.store.dead_peer import DeadPeer
 from backfill_assets.store.engine import engine_dead_peer, make_engine
-from backfill_tests.conftest import drop_pg_database, make_pg_database
+from backfill_tests.conftest import pg_database
 
 SERVER = ("tcp_keepalives_idle", "tcp_keepalives_interval", "tcp_keepalives_count")
 
@@ -96,11 +96,8 @@ def test_a_url_gets_what_it_lacks_and_keeps_what_it_has() -> None:
 def pg_url(pg_available: bool) -> Iterator[str]:
     if not pg_available:
         pytest.skip("PostgreSQL not available (set BACKFILL_TEST_PG_URL)")
-    url = make_pg_database("bf_peer")
-    try:
+    with pg_database("bf_peer") as url:
         yield url
-    finally:
-        drop_pg_database(url)
 
 
 def _session(conn: sa.Connection) -> dict[str, str]:
