@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from backfill_assets.core.keys import Versions
-from backfill_assets.core.policy import Policy, load_policy
+from backfill_assets.core.policy import Policy
+from backfill_assets.core.policy_file import load_policy
 from backfill_assets.core.rubric import TASK_VERSION, Rubric
 
 DOCS_POLICIES = Path(__file__).resolve().parents[1] / "docs" / "policies"

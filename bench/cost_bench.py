@@ -25,7 +25,7 @@ import yaml
 from backfill_assets.core.keys import SLICE_COUNT, Versions
 from backfill_assets.core.money import cached_share, usd_text
 from backfill_assets.core.outcomes import RetryPolicy
-from backfill_assets.core.policy import builtin_policy_text, load_policy
+from backfill_assets.core.policy_file import builtin_policy_text, load_policy
 from backfill_assets.core.prices import PriceTable, Tier
 from backfill_assets.core.rubric import TASK_VERSION, Rubric
 from backfill_assets.dispatch.batch_options import BatchOptions

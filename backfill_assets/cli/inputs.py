@@ -13,7 +13,8 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 
 from backfill_assets.core.keys import SLICE_COUNT, SLICE_KEYS, InvalidTenantId, validate_tenant_id
-from backfill_assets.core.policy import Policy, PolicyInvalid, load_policy
+from backfill_assets.core.policy import Policy
+from backfill_assets.core.policy_file import PolicyInvalid, load_policy
 from backfill_assets.orchestration.engines import engine_for
 from backfill_assets.orchestration.evaluation import gate_verdict
 from backfill_assets.orchestration.settings import Settings

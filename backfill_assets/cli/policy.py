@@ -9,7 +9,9 @@ from typing import Any
 
 from backfill_assets.cli.commands import emit
 from backfill_assets.cli.tables import table
-from backfill_assets.core.policy import Policy, PolicyInvalid, diff_policies, load_policy
+from backfill_assets.core.policy import Policy
+from backfill_assets.core.policy_diff import diff_policies
+from backfill_assets.core.policy_file import PolicyInvalid, load_policy
 from backfill_assets.core.rubric import Rubric
 from backfill_assets.orchestration.settings import Settings
 

@@ -1,26 +1,20 @@
-"""The moderation policy: the user's labels, rules and instructions as a versioned YAML file.
+"""The moderation policy: the user's labels, rules and instructions, and its identity.
 
-A policy is data, not code: ``BACKFILL_POLICY_PATH`` names the file (the default is the
-built-in ``policies/default.yaml``), ``load_policy`` checks it and reports every problem with
-its line and column, and ``Policy`` gives its identity: its id, its human version and a hash of
+A policy is data, not code: ``BACKFILL_POLICY_PATH`` names the file (read and checked by
+``policy_file.py``), and ``Policy`` gives its identity: its id, its human version and a hash of
 its canonical content (comments and key order do not count; every word does). That identity
 names the work: it is part of every key and of the labels asset's code version.
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import re
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from importlib import resources
-from pathlib import Path
+from collections.abc import Mapping
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from backfill_assets.core.keys import TENANT_ID_RE
 
@@ -29,13 +23,10 @@ ITEM_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,31}$")
 VERSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,39}$")
 ACTIONS = ("none", "review", "hide")
 Action = Literal["none", "review", "hide"]
-# Far above any real policy; bounds the parse (and the prompt every call pays for).
-MAX_POLICY_BYTES = 1 << 20
-_MAX_NODES = 100_000
+# Far above any real policy; bounds a text field (and the prompt every call pays for).
 _MAX_TEXT = 100_000
 _SHOWN = 40
 
-BUILTIN_POLICY_FILE = "default.yaml"
 # The built-in policy, exactly as shipped, keys its work with the prompt version today's
 # results were stored under before policies were files (the sha256 of that prompt), so an
 # upgraded store re-pays nothing. Any other content, an edited copy included, keys by its own
@@ -92,7 +83,7 @@ class LabelDef(_Item):
     @classmethod
     def _severity(cls, value: int | str | None) -> int | str | None:
         if isinstance(value, str) and not VERSION_RE.fullmatch(value):
-            raise ValueError(f"severity {_show(value)} must match {VERSION_RE.pattern}")
+            raise ValueError(f"severity {quoted(value)} must match {VERSION_RE.pattern}")
         return value
 
 
@@ -128,7 +119,7 @@ class PolicyDoc(_Item):
     @classmethod
     def _policy_id(cls, value: str) -> str:
         if not TENANT_ID_RE.fullmatch(value):
-            raise ValueError(f"bad id {_show(value)}: must match {TENANT_ID_RE.pattern}")
+            raise ValueError(f"bad id {quoted(value)}: must match {TENANT_ID_RE.pattern}")
         return value
 
     @field_validator("version", mode="before")
@@ -138,7 +129,7 @@ class PolicyDoc(_Item):
         if isinstance(value, int) and not isinstance(value, bool):
             value = str(value)
         if isinstance(value, str) and not VERSION_RE.fullmatch(value):
-            raise ValueError(f"bad version {_show(value)}: must match {VERSION_RE.pattern}")
+            raise ValueError(f"bad version {quoted(value)}: must match {VERSION_RE.pattern}")
         if not isinstance(value, str):
             raise ValueError('version must be text such as "5" (quote it)')
         return value
@@ -149,37 +140,15 @@ class PolicyDoc(_Item):
         return _text(value)
 
 
-def _show(value: str) -> str:
+def quoted(value: str) -> str:
+    """A user's value in a message: quoted, and cut short."""
     return repr(value[:_SHOWN] + ("..." if len(value) > _SHOWN else ""))
 
 
 def _item_id(value: str) -> str:
     if not ITEM_ID_RE.fullmatch(value):
-        raise ValueError(f"bad id {_show(value)}: must match {ITEM_ID_RE.pattern}")
+        raise ValueError(f"bad id {quoted(value)}: must match {ITEM_ID_RE.pattern}")
     return value
-
-
-@dataclass(frozen=True, slots=True)
-class PolicyProblem:
-    """One thing wrong with a policy file, where it is (1-based line and column)."""
-
-    line: int
-    column: int
-    message: str
-
-    def render(self, source: str) -> str:
-        """``FILE:LINE:COLUMN: message``, as compilers print it."""
-        return f"{source}:{self.line}:{self.column}: {self.message}"
-
-
-class PolicyInvalid(ValueError):
-    """A policy file with problems; ``problems`` lists every one of them."""
-
-    def __init__(self, source: str, problems: Sequence[PolicyProblem]) -> None:
-        self.source = source
-        self.problems = list(problems)
-        lines = [p.render(source) for p in self.problems]
-        super().__init__(f"{len(lines)} problem(s) in policy {source}:\n" + "\n".join(lines))
 
 
 class Policy:
@@ -251,305 +220,3 @@ def canonical_json(doc: PolicyDoc) -> str:
     return json.dumps(
         doc.model_dump(mode="json"), sort_keys=True, separators=(",", ":"), ensure_ascii=False
     )
-
-
-# ---------------------------------------------------------------------------- YAML, with marks
-
-Path_ = tuple[int | str, ...]
-
-
-class _Tree:
-    """A YAML document as plain values, with the position of every value and every key."""
-
-    def __init__(self, loader: yaml.SafeLoader) -> None:
-        self._loader = loader
-        self.at: dict[Path_, tuple[int, int]] = {}
-        self.key_at: dict[Path_, tuple[int, int]] = {}
-        self.problems: list[PolicyProblem] = []
-        self._nodes = 0
-
-    def value(self, node: yaml.Node, path: Path_) -> Any:
-        self._nodes += 1
-        if self._nodes > _MAX_NODES:
-            raise _TooBig
-        self.at[path] = _mark(node)
-        if isinstance(node, yaml.MappingNode):
-            out: dict[str, Any] = {}
-            for key_node, value_node in node.value:
-                key = self._loader.construct_object(key_node)
-                if not isinstance(key, str):
-                    line, col = _mark(key_node)
-                    self.problems.append(PolicyProblem(line, col, "a key that is not text"))
-                    continue
-                if key in out:
-                    line, col = _mark(key_node)
-                    self.problems.append(
-                        PolicyProblem(line, col, f"duplicate key {_show(key)} in {_where(path)}")
-                    )
-                    continue
-                self.key_at[(*path, key)] = _mark(key_node)
-                out[key] = self.value(value_node, (*path, key))
-            return out
-        if isinstance(node, yaml.SequenceNode):
-            return [self.value(item, (*path, i)) for i, item in enumerate(node.value)]
-        return self._loader.construct_object(node)
-
-    def where(self, path: Path_, key: bool = False) -> tuple[int, int]:
-        """The position of ``path`` (of its key with ``key``), else of its nearest parent."""
-        if key and path in self.key_at:
-            return self.key_at[path]
-        while path and path not in self.at:
-            path = path[:-1]
-        return self.at.get(path, (1, 1))
-
-
-class _TooBig(Exception):
-    pass
-
-
-def _mark(node: yaml.Node) -> tuple[int, int]:
-    mark = node.start_mark
-    return (mark.line + 1, mark.column + 1)
-
-
-def _where(path: Path_) -> str:
-    out = ""
-    for part in path:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out or "the policy"
-
-
-def _parse_yaml(text: str) -> tuple[Any, _Tree] | PolicyProblem:
-    loader = yaml.SafeLoader(text)
-    try:
-        node = loader.get_single_node()
-        tree = _Tree(loader)
-        if node is None:
-            return PolicyProblem(1, 1, "the file is empty: a policy needs id, version, ...")
-        return tree.value(node, ()), tree
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line, col = (mark.line + 1, mark.column + 1) if mark is not None else (1, 1)
-        return PolicyProblem(line, col, f"YAML syntax: {exc.problem or exc.context}")
-    except yaml.YAMLError as exc:
-        return PolicyProblem(1, 1, f"YAML: {type(exc).__name__}")
-    except (_TooBig, RecursionError):
-        return PolicyProblem(1, 1, f"more than {_MAX_NODES} YAML nodes")
-    finally:
-        loader.dispose()
-
-
-# ------------------------------------------------------------------------------------ checking
-
-_MESSAGES = {
-    "missing": "missing field",
-    "extra_forbidden": "unknown field",
-    "literal_error": f"must be one of {', '.join(ACTIONS)}",
-    "string_type": "must be text",
-    "list_type": "must be a list",
-    "model_type": "must be a mapping of fields",
-    "dict_type": "must be a mapping of fields",
-    "too_long": "too many items",
-}
-
-
-def _pydantic_problems(exc: ValidationError, tree: _Tree) -> Iterator[PolicyProblem]:
-    for err in exc.errors():
-        loc = tuple(err["loc"])
-        kind = err["type"]
-        # A union's members each report; the first says enough (severity: int | str).
-        if kind in ("int_type", "string_type") and loc and loc[-1] in ("int", "str"):
-            loc = loc[:-1]
-            kind = "severity_type"
-        name = _where(loc)
-        if kind == "missing":
-            line, col = tree.where(loc[:-1])
-            msg = f"{_where(loc[:-1])}: missing field {loc[-1]!r}"
-        elif kind == "extra_forbidden":
-            line, col = tree.where(loc, key=True)
-            msg = f"{_where(loc[:-1])}: unknown field {_show(str(loc[-1]))}"
-        elif kind == "severity_type":
-            line, col = tree.where(loc)
-            msg = f"{name}: must be a number or a short word"
-        else:
-            line, col = tree.where(loc)
-            text = _MESSAGES.get(kind) or str(err.get("msg", kind)).removeprefix("Value error, ")
-            msg = f"{name}: {text}"
-        yield PolicyProblem(line, col, msg)
-
-
-def _items(data: Any, name: str) -> list[tuple[int, dict[str, Any]]]:
-    got = data.get(name) if isinstance(data, dict) else None
-    if not isinstance(got, list):
-        return []
-    return [(i, item) for i, item in enumerate(got) if isinstance(item, dict)]
-
-
-def _semantic_problems(data: Any, tree: _Tree) -> Iterator[PolicyProblem]:
-    """Problems of the whole: duplicates, rules to unknown labels, the one ``none`` label.
-
-    Read from the raw values, so they are reported beside any field error in the same run.
-    """
-    labels = _items(data, "labels")
-    raw_labels = data.get("labels") if isinstance(data, dict) else None
-    if isinstance(raw_labels, list) and not raw_labels:
-        line, col = tree.where(("labels",))
-        yield PolicyProblem(line, col, "labels: empty; a policy needs at least one label")
-    first_label: dict[str, tuple[int, int]] = {}
-    nones: list[tuple[int, str]] = []
-    for i, label in labels:
-        lid = label.get("id")
-        if isinstance(lid, str):
-            if lid in first_label:
-                line, col = tree.where(("labels", i, "id"))
-                yield PolicyProblem(
-                    line,
-                    col,
-                    f"duplicate label id {_show(lid)} (first at line {first_label[lid][0]})",
-                )
-            else:
-                first_label[lid] = tree.where(("labels", i, "id"))
-        if label.get("action") == "none":
-            nones.append((i, str(lid)))
-    if labels and not nones:
-        line, col = tree.where(("labels",))
-        yield PolicyProblem(
-            line, col, "labels: no label has action none (exactly one says nothing applies)"
-        )
-    for i, lid in nones[1:]:
-        line, col = tree.where(("labels", i, "action"))
-        yield PolicyProblem(
-            line,
-            col,
-            f"labels[{i}]: a second label with action none ({_show(lid)}; the first is "
-            f"{_show(nones[0][1])}): exactly one label says nothing applies",
-        )
-    first_rule: dict[str, int] = {}
-    for i, rule in _items(data, "rules"):
-        rid = rule.get("id")
-        if isinstance(rid, str):
-            if rid in first_rule:
-                line, col = tree.where(("rules", i, "id"))
-                yield PolicyProblem(
-                    line, col, f"duplicate rule id {_show(rid)} (first at line {first_rule[rid]})"
-                )
-            else:
-                first_rule[rid] = tree.where(("rules", i, "id"))[0]
-        target = rule.get("label")
-        if isinstance(target, str) and labels and target not in first_label:
-            line, col = tree.where(("rules", i, "label"))
-            yield PolicyProblem(line, col, f"rules[{i}]: leads to unknown label {_show(target)}")
-
-
-def parse_policy(text: str, source: str = "<policy>") -> Policy:
-    """Check a policy's YAML text; ``PolicyInvalid`` lists every problem with line and column."""
-    if len(text.encode("utf-8", "surrogatepass")) > MAX_POLICY_BYTES:
-        raise PolicyInvalid(source, [PolicyProblem(1, 1, f"larger than {MAX_POLICY_BYTES} bytes")])
-    parsed = _parse_yaml(text)
-    if isinstance(parsed, PolicyProblem):
-        raise PolicyInvalid(source, [parsed])
-    data, tree = parsed
-    problems = list(tree.problems)
-    if not isinstance(data, dict):
-        line, col = tree.where(())
-        raise PolicyInvalid(
-            source, [*problems, PolicyProblem(line, col, "a policy is a mapping of fields")]
-        )
-    doc: PolicyDoc | None = None
-    try:
-        doc = PolicyDoc.model_validate(data)
-    except ValidationError as exc:
-        problems.extend(_pydantic_problems(exc, tree))
-    problems.extend(_semantic_problems(data, tree))
-    if problems or doc is None:
-        problems.sort(key=lambda p: (p.line, p.column))
-        raise PolicyInvalid(source, problems)
-    return Policy(doc)
-
-
-def load_policy(path: str | Path) -> Policy:
-    """Read and check a policy file (``PolicyInvalid`` when it cannot be used)."""
-    source = str(path)
-    try:
-        raw = Path(path).read_bytes()
-    except OSError as exc:
-        problem = PolicyProblem(1, 1, f"cannot read: {exc.strerror or exc}")
-        raise PolicyInvalid(source, [problem]) from None
-    if len(raw) > MAX_POLICY_BYTES:
-        raise PolicyInvalid(source, [PolicyProblem(1, 1, f"larger than {MAX_POLICY_BYTES} bytes")])
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = raw[: exc.start].count(b"\n") + 1
-        raise PolicyInvalid(source, [PolicyProblem(line, 1, "not valid UTF-8")]) from None
-    return parse_policy(text.removeprefix("\ufeff"), source)
-
-
-def builtin_policy_text() -> str:
-    """The built-in policy file's text (shipped inside the package)."""
-    return (resources.files("backfill_assets") / "policies" / BUILTIN_POLICY_FILE).read_text(
-        "utf-8"
-    )
-
-
-@functools.cache
-def builtin_policy() -> Policy:
-    """The built-in policy: today's four labels, ``ok`` when nothing applies."""
-    return parse_policy(builtin_policy_text(), f"<built-in {BUILTIN_POLICY_FILE}>")
-
-
-# ----------------------------------------------------------------------------------- ordering
-
-
-def version_order(version: str) -> tuple[tuple[int, int, str], ...]:
-    """A sort key of human versions: numbers by value (``9`` < ``10``), words by text."""
-    return tuple(
-        (0, int(part), "") if part.isdigit() else (1, 0, part)
-        for part in re.findall(r"\d+|[^\d]+", version)
-    )
-
-
-# ---------------------------------------------------------------------------------------- diff
-
-
-@dataclass(frozen=True, slots=True)
-class Change:
-    """One difference between two policies: ``added``, ``removed`` or ``changed``."""
-
-    kind: Literal["label", "rule", "policy"]
-    item: str
-    change: Literal["added", "removed", "changed"]
-    fields: tuple[str, ...] = ()
-
-
-def diff_policies(a: Policy, b: Policy) -> list[Change]:
-    """Labels and rules added, removed or changed from ``a`` to ``b`` (and the policy's fields)."""
-    out: list[Change] = []
-    top = [f for f in ("id", "version", "instructions") if getattr(a.doc, f) != getattr(b.doc, f)]
-    for what, old_items, new_items in (
-        ("label order", a.doc.labels, b.doc.labels),
-        ("rule order", a.doc.rules, b.doc.rules),
-    ):
-        # The order the model reads them in, of the items both have (adding one is no move).
-        both = {x.id for x in old_items} & {x.id for x in new_items}
-        if [x.id for x in old_items if x.id in both] != [x.id for x in new_items if x.id in both]:
-            top.append(what)
-    if top:
-        out.append(Change("policy", a.doc.id, "changed", tuple(top)))
-    for kind, old, new in (
-        ("label", a.doc.labels, b.doc.labels),
-        ("rule", a.doc.rules, b.doc.rules),
-    ):
-        olds = {x.id: x.model_dump(mode="json") for x in old}
-        news = {x.id: x.model_dump(mode="json") for x in new}
-        for item in news:
-            if item not in olds:
-                out.append(Change(kind, item, "added"))  # type: ignore[arg-type]
-        for item, before in olds.items():
-            after = news.get(item)
-            if after is None:
-                out.append(Change(kind, item, "removed"))  # type: ignore[arg-type]
-            elif after != before:
-                changed = tuple(f for f in after if after[f] != before.get(f))
-                out.append(Change(kind, item, "changed", changed))  # type: ignore[arg-type]
-    return out

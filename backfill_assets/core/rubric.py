@@ -15,7 +15,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
-from backfill_assets.core.policy import Policy, builtin_policy
+from backfill_assets.core.policy import Policy
+from backfill_assets.core.policy_file import builtin_policy
 
 TASK_VERSION = "moderation-2026.1"
 SCHEMA_VERSION = 1

@@ -21,7 +21,7 @@ from sqlalchemy.engine import Engine
 
 from backfill_assets.core.faults import FaultHooks
 from backfill_assets.core.keys import Versions
-from backfill_assets.core.policy import PolicyInvalid, builtin_policy, load_policy
+from backfill_assets.core.policy_file import PolicyInvalid, builtin_policy, load_policy
 from backfill_assets.core.prices import PriceError, PriceTable
 from backfill_assets.core.regions import API_KEY_VAR, BASE_URL_VAR, InvalidRegion, region_of_suffix
 from backfill_assets.core.rubric import Rubric

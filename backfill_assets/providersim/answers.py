@@ -6,7 +6,7 @@ import hashlib
 import json
 from typing import Any
 
-from backfill_assets.core.policy import builtin_policy
+from backfill_assets.core.policy_file import builtin_policy
 from backfill_assets.core.rubric import OutputContract, contract_from_schema
 from backfill_assets.providers.models.rules import judge
 from backfill_assets.providersim.config import FaultKind

@@ -187,7 +187,7 @@ def test_prompt_or_model_change_gives_a_full_new_key_set(engine: Engine, tmp_pat
     new_model = Versions(VERSIONS.task_version, VERSIONS.prompt_version, "fake-moderator-2")
     reports, _ = run(engine, ["acme"], versions=new_model)
     assert calls(reports) == 30
-    from backfill_assets.core.policy import builtin_policy_text, parse_policy
+    from backfill_assets.core.policy_file import builtin_policy_text, parse_policy
     from backfill_assets.core.rubric import Rubric
 
     stricter = builtin_policy_text().replace("under this policy.", "under this policy. Be strict.")

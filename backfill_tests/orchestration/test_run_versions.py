@@ -17,7 +17,7 @@ import pytest
 from sqlalchemy.engine import Engine
 
 from backfill_assets.core.keys import MAX_LEVEL, slice_of
-from backfill_assets.core.policy import load_policy
+from backfill_assets.core.policy_file import load_policy
 from backfill_assets.core.rubric import Rubric
 from backfill_assets.definitions import BACKFILL_JOB, build_definitions
 from backfill_assets.orchestration.partitions import ensure_partitions, partition_key_for

@@ -8,7 +8,7 @@ import socket
 
 import httpx
 
-from backfill_assets.core.policy import builtin_policy
+from backfill_assets.core.policy_file import builtin_policy
 from backfill_assets.core.rubric import OutputContract
 from backfill_assets.providers.models.rules import count_tokens, judge
 from backfill_assets.providersim import MeterSnapshot

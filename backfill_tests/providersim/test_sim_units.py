@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from backfill_assets.core.policy import builtin_policy
+from backfill_assets.core.policy_file import builtin_policy
 from backfill_assets.core.rubric import OutputContract, OutputRejected, Rubric, parse_output
 from backfill_assets.providers.models.rules import count_tokens, judge
 from backfill_assets.providersim import FaultRule, SimConfig
@@ -221,7 +221,7 @@ def test_wrong_key_is_a_well_formed_different_key() -> None:
 
 
 def test_the_simulator_answers_within_any_policys_schema() -> None:
-    from backfill_assets.core.policy import load_policy
+    from backfill_assets.core.policy_file import load_policy
     from backfill_tests.policy_helpers import COURSE_V5
 
     course = Rubric(load_policy(COURSE_V5))

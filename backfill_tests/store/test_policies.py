@@ -17,7 +17,7 @@ from dagster._utils.test.data_versions import get_stale_status_resolver
 from sqlalchemy.engine import Engine
 
 from backfill_assets.cli import build_parser
-from backfill_assets.core.policy import load_policy, parse_policy
+from backfill_assets.core.policy_file import load_policy, parse_policy
 from backfill_assets.core.rubric import Rubric
 from backfill_assets.definitions import APPLY_JOB, BACKFILL_JOB, build_definitions
 from backfill_assets.dispatch.partition_run import PartitionRef

@@ -8,16 +8,14 @@ from pathlib import Path
 import pytest
 
 from backfill_assets.core.keys import Versions, content_hash, work_key
-from backfill_assets.core.policy import (
-    BUILTIN_CONTENT_HASH,
-    LEGACY_KEY_VERSIONS,
+from backfill_assets.core.policy import BUILTIN_CONTENT_HASH, LEGACY_KEY_VERSIONS
+from backfill_assets.core.policy_diff import diff_policies, version_order
+from backfill_assets.core.policy_file import (
     PolicyInvalid,
     builtin_policy,
     builtin_policy_text,
-    diff_policies,
     load_policy,
     parse_policy,
-    version_order,
 )
 from backfill_assets.core.rubric import TASK_VERSION, Rubric
 from backfill_tests.policy_helpers import COURSE_V4, COURSE_V5

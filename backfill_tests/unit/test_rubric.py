@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from backfill_assets.core.policy import load_policy, parse_policy
+from backfill_assets.core.policy_file import load_policy, parse_policy
 from backfill_assets.core.rubric import (
     OutputContract,
     OutputRejected,
