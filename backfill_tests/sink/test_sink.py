@@ -18,7 +18,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from backfill_assets.cli import main
-from backfill_assets.store.sink import Sink, ddl, sink_table, upsert
+from backfill_assets.store.sink import Sink, ddl, sink_table
+from backfill_assets.store.sink_upsert import upsert, upsert_portable
 from backfill_tests.conftest import import_records, pg_database
 
 TENANTS = ["acme", "globex"]
@@ -194,7 +195,7 @@ def test_a_sink_that_refuses_a_batch_loses_nothing_and_the_next_run_completes_it
 
 @pytest.mark.parametrize("portable", [False, True])
 def test_an_older_version_never_replaces_a_newer_one_in_the_sink(
-    sink_url: str, portable: bool, monkeypatch: pytest.MonkeyPatch
+    sink_url: str, portable: bool
 ) -> None:
     """A run of version 1 that read its labels before version 2 was applied, and writes
     after: the sink keeps version 2's labels; an identical replay changes nothing."""
@@ -218,17 +219,16 @@ def test_an_older_version_never_replaces_a_newer_one_in_the_sink(
         }
         return tuple(values[c.name] for c in table.columns)
 
-    if portable:
-        # A database without ON CONFLICT takes the read-then-write path.
-        monkeypatch.setattr("backfill_assets.store.sink._NATIVE_UPSERT", frozenset())
+    # A database without ON CONFLICT takes the read-then-write path.
+    write = upsert_portable if portable else upsert
     with engine.begin() as conn:
-        assert upsert(conn, table, [row("p1", "2", "spam"), row("p2", "2", "ok")], ["kv3"]) == 2
+        assert write(conn, table, [row("p1", "2", "spam"), row("p2", "2", "ok")], ["kv3"]) == 2
     with engine.begin() as conn:
         # Version 1 is older than 2: 2 is among its newer versions.
-        changed = upsert(conn, table, [row("p1", "1", "ok"), row("p3", "1", "ok")], ["kv2"])
+        changed = write(conn, table, [row("p1", "1", "ok"), row("p3", "1", "ok")], ["kv2"])
         assert changed == 1  # p3 is new; p1 stays version 2's
     with engine.begin() as conn:
-        assert upsert(conn, table, [row("p1", "2", "spam"), row("p2", "2", "ok")], ["kv3"]) == 0
+        assert write(conn, table, [row("p1", "2", "spam"), row("p2", "2", "ok")], ["kv3"]) == 0
     got = {k[1]: (v["policy_version"], v["label"]) for k, v in sink_rows(sink_url).items()}
     assert got == {"p1": ("2", "spam"), "p2": ("2", "ok"), "p3": ("1", "ok")}
     engine.dispose()
