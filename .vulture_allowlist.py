@@ -112,3 +112,6 @@ prices_path
 
 # Used by the test that the page has a table for every section.
 sections_on
+
+# Read by the test that the event log keeps its open shards bounded.
+open_engines

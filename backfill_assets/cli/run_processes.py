@@ -126,7 +126,7 @@ def run_plan(
     own = build_definitions(mine)
     records: list[RunRecord] = []
     stopped = False
-    _sweep_stale_records()
+    sweep_stale_records()
     with tempfile.TemporaryDirectory(prefix=f"{_RECORDS_PREFIX}{os.getpid()}-") as tmp:
         busy = [
             _fork(mine, share, regions, Path(tmp) / f"{i}.json")
@@ -154,7 +154,7 @@ def run_plan(
     return SharedRun(cut, records, len(shares), stopped)
 
 
-def _sweep_stale_records(root: str | None = None) -> None:
+def sweep_stale_records(root: str | None = None) -> None:
     """Remove the records directories of ``run`` processes that died without cleaning up
     (SIGKILL): each is named after its process, and one whose process is gone is left over.
     (Were a temporary directory shared with another PID namespace, a live run's could go too:

@@ -100,6 +100,11 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
         own names its class, not ``cls``."""
         return cls(str(config_value["base_dir"]), inst_data=inst_data)
 
+    @property
+    def open_engines(self) -> int:
+        """Shards with an engine open in this process (at most ``open_shards``)."""
+        return len(self._engines)
+
     def _engine(self, shard: str) -> Engine:
         engine = self._engines.get(shard)
         if engine is not None:

@@ -10,7 +10,7 @@ What an error answer means comes from the one taxonomy both dispatch modes share
 - ``Refused`` (other 4xx): the request itself is wrong.
 - ``RunFatalError`` (401, 403, 404, a redirect, no quota): nothing will work with this
   configuration; the run stops and every chunk stays as it is for the next run.
-Messages are the scrubbed summaries of ``models._openai_wire``: never the key, never a post
+Messages are the scrubbed summaries of ``models.openai_wire``: never the key, never a post
 (``echoes``: the texts a call carries, withheld if the provider quotes them back).
 """
 
@@ -37,14 +37,14 @@ from backfill_assets.providers.bounded_body import (
     read_head,
     stream_to,
 )
-from backfill_assets.providers.models._openai_wire import (
+from backfill_assets.providers.models.base import RunFatalError
+from backfill_assets.providers.models.errors import Scope, classify, run_fatal_hint
+from backfill_assets.providers.models.openai_wire import (
     error_code,
     error_summary,
     loads_or_none,
     retry_after_seconds,
 )
-from backfill_assets.providers.models.base import RunFatalError
-from backfill_assets.providers.models.errors import Scope, classify, run_fatal_hint
 from backfill_assets.providers.provider_text import UNCHECKED, safe_id
 
 T = TypeVar("T")

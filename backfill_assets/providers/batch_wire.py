@@ -1,6 +1,6 @@
 """Batch API wire format: input lines, the batch object and output lines (pure, pydantic).
 
-Request bodies are the synchronous adapter's (``models._openai_wire.request_body``), so a key
+Request bodies are the synchronous adapter's (``models.openai_wire.request_body``), so a key
 costs the same prompt in both modes; answers are parsed with the same envelope model.
 """
 
@@ -12,8 +12,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from backfill_assets.providers.models._openai_wire import request_body
 from backfill_assets.providers.models.base import ModelRequest
+from backfill_assets.providers.models.openai_wire import request_body
 from backfill_assets.providers.provider_text import ProviderId, RecordedId
 
 ENDPOINT = "/v1/chat/completions"

@@ -433,7 +433,7 @@ def test_only_the_records_of_dead_runs_are_swept(tmp_path: Path) -> None:
         for d in dirs.values():
             d.mkdir()
             (d / "1.json").write_text("[]")
-        run_processes._sweep_stale_records(str(tmp_path))
+        run_processes.sweep_stale_records(str(tmp_path))
         assert {k for k, d in dirs.items() if d.exists()} == {"alive", "mine", "old_name", "other"}
     finally:
         alive.kill()

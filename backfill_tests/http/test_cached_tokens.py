@@ -13,7 +13,7 @@ from sqlalchemy.engine import Engine
 
 from backfill_assets.core.prices import PriceTable, Tier
 from backfill_assets.dispatch.pipeline import RunOptions, run_partitions
-from backfill_assets.providers.models._openai_wire import billed_usage
+from backfill_assets.providers.models.openai_wire import billed_usage
 from backfill_tests.conftest import import_records
 from backfill_tests.http.conftest import RUBRIC, VERSIONS, AdapterFactory, StartSim
 from backfill_tests.pipeline_helpers import refs_for

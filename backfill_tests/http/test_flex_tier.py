@@ -16,8 +16,8 @@ from backfill_assets.core.outcomes import RetryPolicy
 from backfill_assets.core.prices import PriceTable, Tier, tier_served
 from backfill_assets.dispatch.partition_run import PartitionReport
 from backfill_assets.dispatch.pipeline import RunOptions
-from backfill_assets.providers.models._openai_wire import error_code, parse_completion
 from backfill_assets.providers.models.errors import Scope, classify
+from backfill_assets.providers.models.openai_wire import error_code, parse_completion
 from backfill_assets.providers.ratelimit import EndpointLimiter, LimiterConfig
 from backfill_assets.providersim import Simulator
 from backfill_tests.conftest import import_records

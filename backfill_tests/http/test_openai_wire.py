@@ -12,7 +12,9 @@ import pytest
 
 from backfill_assets.core.prices import PriceError, PriceTable
 from backfill_assets.core.rubric import MAX_OUTPUT_TOKENS, ModerationOutput
-from backfill_assets.providers.models._openai_wire import (
+from backfill_assets.providers.models.base import ModelRequest, TransportRejected
+from backfill_assets.providers.models.openai_http import OpenAIHttpModel
+from backfill_assets.providers.models.openai_wire import (
     NotACompletion,
     advertised_limits,
     error_summary,
@@ -22,8 +24,6 @@ from backfill_assets.providers.models._openai_wire import (
     retry_after_seconds,
     scrub,
 )
-from backfill_assets.providers.models.base import ModelRequest, TransportRejected
-from backfill_assets.providers.models.openai_http import OpenAIHttpModel
 from backfill_assets.providers.ratelimit import AdvertisedLimits, EndpointLimiter, LimiterConfig
 from backfill_tests.http.conftest import RUBRIC
 

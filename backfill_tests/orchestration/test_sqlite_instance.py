@@ -112,7 +112,7 @@ def test_engines_stay_bounded_and_wipe_closes_them_first(tmp_path: Path) -> None
     runs = [str(uuid.uuid4()) for _ in range(6)]
     for run_id in runs:
         storage.store_event(_entry(run_id, "hello"))
-    assert len(storage._engines) == 3  # the least recently used were closed
+    assert storage.open_engines == 3  # the least recently used were closed
     assert len(storage.get_logs_for_run(runs[0])) == 1  # and reopen on demand
     storage.wipe()
     assert not list(base.glob("*-*-*.db"))
@@ -133,7 +133,7 @@ def test_a_forked_child_opens_its_own_connections(tmp_path: Path) -> None:
     if pid == 0:  # the child: the inherited connection is forgotten, a new one is opened
         code = 1
         try:
-            code = 0 if not storage._engines else 3
+            code = 0 if not storage.open_engines else 3
             storage.store_event(_entry(run_id, "child"))
         finally:
             os._exit(code)

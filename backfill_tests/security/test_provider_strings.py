@@ -24,7 +24,6 @@ from backfill_assets.core.rubric import MAX_OUTPUT_TOKENS, Rubric
 from backfill_assets.dispatch.pipeline import RunOptions, run_partitions
 from backfill_assets.ingest.importer import import_path
 from backfill_assets.providers.batch_wire import BatchObject, OutputLine
-from backfill_assets.providers.models._openai_wire import error_summary
 from backfill_assets.providers.models.base import (
     ModelRequest,
     ModelResponse,
@@ -33,6 +32,7 @@ from backfill_assets.providers.models.base import (
     TransportRejected,
 )
 from backfill_assets.providers.models.openai_http import OpenAIHttpModel
+from backfill_assets.providers.models.openai_wire import error_summary
 from backfill_assets.providers.provider_text import (
     UNRECOGNISED_TYPE,
     WITHHELD,

@@ -23,13 +23,13 @@ from dataclasses import dataclass
 
 from backfill_assets.core.caps import ERROR_CODE_CHARS
 from backfill_assets.providers.batch_wire import OutputLine
-from backfill_assets.providers.models._openai_wire import (
+from backfill_assets.providers.models.errors import Scope, classify
+from backfill_assets.providers.models.openai_wire import (
     NotACompletion,
     error_code,
     error_summary,
     parse_completion,
 )
-from backfill_assets.providers.models.errors import Scope, classify
 from backfill_assets.providers.provider_text import UNCHECKED, safe_id, scrub
 
 

@@ -36,16 +36,6 @@ from backfill_assets.providers.bounded_body import (
     read_capped,
     read_head,
 )
-from backfill_assets.providers.models._openai_wire import (
-    NotACompletion,
-    advertised_limits,
-    error_code,
-    error_summary,
-    loads_or_none,
-    parse_completion,
-    request_body,
-    retry_after_seconds,
-)
 from backfill_assets.providers.models.base import (
     CapacityUnavailable,
     ModelAdapter,
@@ -56,6 +46,16 @@ from backfill_assets.providers.models.base import (
     TransportRejected,
 )
 from backfill_assets.providers.models.errors import Scope, classify, run_fatal_hint
+from backfill_assets.providers.models.openai_wire import (
+    NotACompletion,
+    advertised_limits,
+    error_code,
+    error_summary,
+    loads_or_none,
+    parse_completion,
+    request_body,
+    retry_after_seconds,
+)
 from backfill_assets.providers.provider_text import safe_id
 from backfill_assets.providers.ratelimit import EndpointLimiter, Permit
 
