@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from backfill_assets.cli.commands import emit
+from backfill_assets.cli.parsers import command_group
 from backfill_assets.cli.tables import table
 from backfill_assets.core.policy import Policy
 from backfill_assets.core.policy_diff import diff_policies
@@ -21,18 +22,9 @@ INVALID = 2
 
 def add_policy_commands(add: Callable[[str, str], argparse.ArgumentParser]) -> None:
     """Register the ``policy`` group: ``check`` and ``diff``."""
-    group = add("policy", "Moderation policy files: check one, diff two.")
-    sub = group.add_subparsers(dest="policy_command", required=True, metavar="SUBCOMMAND")
-
-    def child(name: str, help_: str) -> argparse.ArgumentParser:
-        sp = sub.add_parser(name, help=help_, description=help_)
-        sp.add_argument(
-            "--json",
-            action="store_true",
-            default=argparse.SUPPRESS,
-            help="print JSON instead of a table",
-        )
-        return sp
+    child = command_group(
+        add, "policy", "Moderation policy files: check one, diff two.", "policy_command"
+    )
 
     sp = child(
         "check",

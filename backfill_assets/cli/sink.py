@@ -11,6 +11,7 @@ import sqlalchemy as sa
 
 from backfill_assets.cli.commands import emit
 from backfill_assets.cli.inputs import UserError, known_tenants
+from backfill_assets.cli.parsers import command_group
 from backfill_assets.core.keys import slice_key
 from backfill_assets.dispatch.partition_run import PartitionRef
 from backfill_assets.orchestration.applied import write_back
@@ -23,13 +24,12 @@ from backfill_assets.store.sink import SinkError, check, ddl, gap_partitions
 
 def add_sink_commands(add: Callable[[str, str], argparse.ArgumentParser]) -> None:
     """Register the ``sink`` group: ``ddl``, ``check`` and ``write``."""
-    group = add("sink", "The platform table labels are written back into: ddl, check, write.")
-    sub = group.add_subparsers(dest="sink_command", required=True, metavar="SUBCOMMAND")
-
-    def child(name: str, help_: str) -> argparse.ArgumentParser:
-        sp = sub.add_parser(name, help=help_, description=help_)
-        sp.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON")
-        return sp
+    child = command_group(
+        add,
+        "sink",
+        "The platform table labels are written back into: ddl, check, write.",
+        "sink_command",
+    )
 
     sp = child(
         "ddl",

@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from backfill_assets.cli.commands import emit
 from backfill_assets.cli.inputs import UserError, known_tenants
+from backfill_assets.cli.parsers import command_group
 from backfill_assets.cli.tables import table
 from backfill_assets.core.money import nanos_of_usd
 from backfill_assets.core.regions import InvalidRegion, base_url_var, validate_region
@@ -34,19 +35,12 @@ TENANT_COLUMNS = [
 
 def add_tenant_commands(add: Callable[[str, str], argparse.ArgumentParser]) -> None:
     """Register the ``tenant`` group: ``set-region``, ``set-budget`` and ``list``."""
-    group = add("tenant", "Tenants' regions and budgets: set-region, set-budget, list.")
-    sub = group.add_subparsers(dest="tenant_command", required=True, metavar="SUBCOMMAND")
-
-    def child(name: str, help_: str) -> argparse.ArgumentParser:
-        sp = sub.add_parser(name, help=help_, description=help_)
-        # SUPPRESS: a --json given before the subcommand (``tenant --json list``) still counts.
-        sp.add_argument(
-            "--json",
-            action="store_true",
-            default=argparse.SUPPRESS,
-            help="print JSON instead of a table",
-        )
-        return sp
+    child = command_group(
+        add,
+        "tenant",
+        "Tenants' regions and budgets: set-region, set-budget, list.",
+        "tenant_command",
+    )
 
     sp = child(
         "set-region",
