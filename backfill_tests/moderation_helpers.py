@@ -9,7 +9,7 @@ import dagster as dg
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from backfill_assets.audit.check_rules import Verdict
+from backfill_assets.audit.check_defs import Verdict
 from backfill_assets.core.keys import SLICE_KEYS
 from backfill_assets.definitions import APPLY_JOB, BACKFILL_JOB, build_definitions
 from backfill_assets.dispatch.pipeline import PartitionRef

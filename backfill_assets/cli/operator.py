@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from backfill_assets.audit.check_rules import CHECK_GROUPS, CHECK_NAMES, Verdict
+from backfill_assets.audit.check_defs import CHECK_GROUPS, CHECK_NAMES, Verdict
 from backfill_assets.cli.commands import emit, store_tenants
 from backfill_assets.cli.inputs import UserError, choice, known_tenants, require_gate, slice_key
 from backfill_assets.cli.instance import instance

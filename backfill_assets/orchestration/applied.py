@@ -8,7 +8,7 @@ import dagster as dg
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from backfill_assets.audit.check_rules import BLOCKING_CHECKS, blocking_failures
+from backfill_assets.audit.check_defs import BLOCKING_CHECKS, blocking_failures
 from backfill_assets.core.policy import Policy
 from backfill_assets.core.rubric import Rubric
 from backfill_assets.dispatch.partition_run import PartitionRef

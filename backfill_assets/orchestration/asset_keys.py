@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dagster as dg
 
-from backfill_assets.audit.check_rules import CHECK_GROUPS
+from backfill_assets.audit.check_defs import CHECK_GROUPS
 
 POSTS = dg.AssetKey("posts")
 LABELS = dg.AssetKey("moderation_labels")

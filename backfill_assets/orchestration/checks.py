@@ -18,7 +18,7 @@ from typing import Any
 import dagster as dg
 from sqlalchemy.engine import Engine
 
-from backfill_assets.audit.check_rules import (
+from backfill_assets.audit.check_defs import (
     CHECK_GROUPS,
     CHECK_NAMES,
     GroupVerdict,

@@ -9,7 +9,7 @@ from typing import Any
 
 import dagster as dg
 
-from backfill_assets.audit.check_rules import BLOCKING_CHECKS
+from backfill_assets.audit.check_defs import BLOCKING_CHECKS
 from backfill_assets.core.regions import run_tags as region_tags
 from backfill_assets.orchestration.asset_keys import POSTS
 from backfill_assets.orchestration.partitions import (

@@ -27,7 +27,8 @@ from typing import IO, Any
 
 from sqlalchemy.engine import Engine
 
-from backfill_assets.audit.check_rules import CheckBounds, DriftRule, Verdict
+from backfill_assets.audit.check_defs import Verdict
+from backfill_assets.audit.check_rules import CheckBounds, DriftRule
 from backfill_assets.core.keys import Versions
 from backfill_assets.core.rubric import OutputContract
 from backfill_assets.store.dead_peer import DeadPeer

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 from sqlalchemy.engine import Engine
 
-from backfill_assets.audit.check_rules import CheckBounds, PartitionEvidence, Verdict, evaluate
+from backfill_assets.audit.check_defs import Verdict
+from backfill_assets.audit.check_rules import CheckBounds, PartitionEvidence, evaluate
 from backfill_assets.core.keys import Versions
 from backfill_assets.core.rubric import OutputContract
 from backfill_assets.core.validation import stored_result_problems

@@ -10,7 +10,8 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from backfill_assets.audit.check_rules import CHECK_NAMES, DriftRule, drifted_labels
+from backfill_assets.audit.check_defs import CHECK_NAMES
+from backfill_assets.audit.check_rules import DriftRule, drifted_labels
 from backfill_assets.orchestration.checks_config import parse_baseline
 from backfill_assets.orchestration.settings import Settings, SettingsError
 from backfill_tests.moderation_helpers import busiest, execute, load, one_key, run_job, verdicts

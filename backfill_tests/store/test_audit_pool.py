@@ -11,7 +11,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from backfill_assets.audit.check_rules import Verdict
+from backfill_assets.audit.check_defs import Verdict
 from backfill_assets.dispatch.pipeline import with_levels
 from backfill_assets.orchestration.checks import verdicts_for_many
 from backfill_assets.orchestration.checks_config import ChecksResource
