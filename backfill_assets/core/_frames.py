@@ -18,8 +18,8 @@ from pandera.engines import pandas_engine
 from pandera.typing import Series
 
 from backfill_assets.core.keys import TENANT_ID_RE, Versions
+from backfill_assets.core.output_gate import SCHEMA_VERSION, OutputContract
 from backfill_assets.core.policy import ITEM_ID_RE
-from backfill_assets.core.rubric import SCHEMA_VERSION, OutputContract
 
 # Rule ids as stored: comma-joined ids ("" for none).
 RULE_IDS_RE = rf"^({ITEM_ID_RE.pattern[1:-1]}(,{ITEM_ID_RE.pattern[1:-1]})*)?$"

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 from backfill_assets.core.keys import Versions
-from backfill_assets.core.rubric import OutputContract
+from backfill_assets.core.output_gate import OutputContract
 
 # A row to validate: its type is kept, so a typed row comes back typed.
 R = TypeVar("R", bound=Mapping[str, Any])

@@ -21,9 +21,9 @@ from backfill_assets.core.caps import ERROR_MESSAGE_CHARS, REQUEST_ID_CHARS
 from backfill_assets.core.events import EventKind
 from backfill_assets.core.keys import Versions
 from backfill_assets.core.outcomes import Outcome, RetryPolicy
+from backfill_assets.core.output_gate import OutputRejected
 from backfill_assets.core.rubric import (
     MAX_OUTPUT_TOKENS,
-    OutputRejected,
     Rubric,
     estimate_prompt_tokens,
     messages_token_bound,

@@ -30,7 +30,7 @@ from sqlalchemy.engine import Engine
 from backfill_assets.audit.check_defs import Verdict
 from backfill_assets.audit.check_rules import CheckBounds, DriftRule
 from backfill_assets.core.keys import Versions
-from backfill_assets.core.rubric import OutputContract
+from backfill_assets.core.output_gate import OutputContract
 from backfill_assets.store.dead_peer import DeadPeer
 from backfill_assets.store.engine import engine_dead_peer, make_engine
 from backfill_assets.store.evidence import Partition

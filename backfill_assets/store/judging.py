@@ -11,7 +11,7 @@ from sqlalchemy.engine import Engine
 from backfill_assets.audit.check_defs import Verdict
 from backfill_assets.audit.check_rules import CheckBounds, PartitionEvidence, evaluate
 from backfill_assets.core.keys import Versions
-from backfill_assets.core.rubric import OutputContract
+from backfill_assets.core.output_gate import OutputContract
 from backfill_assets.core.validation import stored_result_problems
 from backfill_assets.store.engine import read_tx
 from backfill_assets.store.evidence import Partition, evidence_of

@@ -16,10 +16,11 @@ import sqlalchemy as sa
 from pydantic import ValidationError
 from sqlalchemy.engine import Connection, Engine
 
+from backfill_assets.core.output_gate import OutputContract
 from backfill_assets.core.policy import LEGACY_KEY_VERSIONS, Policy, PolicyDoc, canonical_json
 from backfill_assets.core.policy_diff import version_order
 from backfill_assets.core.policy_file import builtin_policy
-from backfill_assets.core.rubric import OutputContract, Rubric
+from backfill_assets.core.rubric import Rubric
 from backfill_assets.store.dialect import insert_for
 from backfill_assets.store.engine import read_tx, write_tx
 from backfill_assets.store.tables import policy_versions, utcnow

@@ -11,7 +11,7 @@ from backfill_assets.core.caps import REASON_CHARS
 from backfill_assets.core.events import EventKind
 from backfill_assets.core.keys import Versions
 from backfill_assets.core.outcomes import Outcome
-from backfill_assets.core.rubric import ModerationOutput
+from backfill_assets.core.output_gate import ModerationOutput
 
 
 class KeyRow(TypedDict):

@@ -31,7 +31,7 @@ from backfill_assets.core.budgets import Spend
 from backfill_assets.core.events import EventKind
 from backfill_assets.core.faults import UsageHook
 from backfill_assets.core.outcomes import Outcome
-from backfill_assets.core.rubric import OutputContract
+from backfill_assets.core.output_gate import OutputContract
 from backfill_assets.core.validation import split_valid
 from backfill_assets.store.bulk import db_time, insert_values, row_values
 from backfill_assets.store.engine import is_sqlite

@@ -10,7 +10,8 @@ from collections.abc import Callable
 import pytest
 
 from backfill_assets.core.keys import content_hash, work_key
-from backfill_assets.core.rubric import MAX_OUTPUT_TOKENS, estimate_prompt_tokens, parse_output
+from backfill_assets.core.output_gate import parse_output
+from backfill_assets.core.rubric import MAX_OUTPUT_TOKENS, estimate_prompt_tokens
 from backfill_assets.providers.models.base import (
     ModelRequest,
     ModelResponse,

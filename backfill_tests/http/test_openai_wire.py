@@ -10,8 +10,9 @@ from email.utils import format_datetime
 import httpx
 import pytest
 
+from backfill_assets.core.output_gate import ModerationOutput
 from backfill_assets.core.prices import PriceError, PriceTable
-from backfill_assets.core.rubric import MAX_OUTPUT_TOKENS, ModerationOutput
+from backfill_assets.core.rubric import MAX_OUTPUT_TOKENS
 from backfill_assets.providers.models.base import ModelRequest, TransportRejected
 from backfill_assets.providers.models.openai_http import OpenAIHttpModel
 from backfill_assets.providers.models.openai_wire import (

@@ -6,8 +6,9 @@ import json
 
 import pytest
 
+from backfill_assets.core.output_gate import OutputContract, OutputRejected, parse_output
 from backfill_assets.core.policy_file import builtin_policy
-from backfill_assets.core.rubric import OutputContract, OutputRejected, Rubric, parse_output
+from backfill_assets.core.rubric import Rubric
 from backfill_assets.providers.models.rules import count_tokens, judge
 from backfill_assets.providersim import FaultRule, SimConfig
 from backfill_assets.providersim.answers import answer_content, other_key

@@ -6,7 +6,7 @@ from __future__ import annotations
 from backfill_assets.core.caps import REASON_CHARS
 from backfill_assets.core.events import EventKind
 from backfill_assets.core.outcomes import Outcome
-from backfill_assets.core.rubric import ModerationOutput
+from backfill_assets.core.output_gate import ModerationOutput
 from backfill_assets.store.rows import dead_row, event_row, key_row, result_row
 from backfill_assets.store.tables import dead_letters, ledger_events, results
 from backfill_tests.pipeline_helpers import VERSIONS

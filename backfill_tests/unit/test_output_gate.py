@@ -18,7 +18,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from backfill_assets.core.keys import Versions
-from backfill_assets.core.rubric import ModerationOutput, OutputRejected, Rubric, parse_output
+from backfill_assets.core.output_gate import ModerationOutput, OutputRejected, parse_output
+from backfill_assets.core.rubric import Rubric
 from backfill_assets.core.validation import split_valid, stored_result_problems
 
 RUBRIC = Rubric()

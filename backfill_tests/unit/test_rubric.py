@@ -2,14 +2,14 @@ import json
 
 import pytest
 
-from backfill_assets.core.policy_file import load_policy, parse_policy
-from backfill_assets.core.rubric import (
+from backfill_assets.core.output_gate import (
     OutputContract,
     OutputRejected,
-    Rubric,
     contract_from_schema,
     parse_output,
 )
+from backfill_assets.core.policy_file import load_policy, parse_policy
+from backfill_assets.core.rubric import Rubric
 from backfill_assets.providers.models.rules import judge
 from backfill_tests.policy_helpers import COURSE_V5
 

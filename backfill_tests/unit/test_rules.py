@@ -6,8 +6,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
+from backfill_assets.core.output_gate import OutputContract
 from backfill_assets.core.policy_file import builtin_policy
-from backfill_assets.core.rubric import OutputContract
 from backfill_assets.providers.models.rules import judge
 
 BUILTIN = OutputContract.of(builtin_policy())

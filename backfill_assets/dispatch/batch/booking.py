@@ -15,8 +15,9 @@ import tempfile
 from backfill_assets.core.budgets import Reservation, Spend, over_bound
 from backfill_assets.core.keys import Versions
 from backfill_assets.core.outcomes import Outcome
+from backfill_assets.core.output_gate import OutputRejected, parse_output
 from backfill_assets.core.prices import Tier, event_cost
-from backfill_assets.core.rubric import MAX_OUTPUT_TOKENS, OutputRejected, parse_output
+from backfill_assets.core.rubric import MAX_OUTPUT_TOKENS
 from backfill_assets.dispatch.batch.context import BatchContext, ChunkJob
 from backfill_assets.dispatch.batch.rows import LineRows
 from backfill_assets.dispatch.batch.texts import line_echoes

@@ -12,8 +12,9 @@ from sqlalchemy.engine import Engine
 
 from backfill_assets.core.keys import Versions
 from backfill_assets.core.outcomes import RetryPolicy
+from backfill_assets.core.output_gate import OutputContract
 from backfill_assets.core.prices import PriceTable
-from backfill_assets.core.rubric import OutputContract, Rubric
+from backfill_assets.core.rubric import Rubric
 from backfill_assets.dispatch.batch_options import BatchOptions
 from backfill_assets.dispatch.sync import PartitionStats
 from backfill_assets.providers.batch_client import BatchClient

@@ -13,7 +13,7 @@ from backfill_assets.core.caps import ERROR_MESSAGE_CHARS, REQUEST_ID_CHARS
 from backfill_assets.core.events import EventKind
 from backfill_assets.core.keys import Versions
 from backfill_assets.core.outcomes import Outcome
-from backfill_assets.core.rubric import ModerationOutput
+from backfill_assets.core.output_gate import ModerationOutput
 from backfill_assets.store.rows import (
     DeadRow,
     EventRow,
