@@ -19,7 +19,8 @@ from backfill_assets.core.budgets import Spend, TenantBudgets
 from backfill_assets.core.rubric import call_token_bound
 from backfill_assets.dispatch.pipeline import PartitionReport, RunOptions, run_partitions
 from backfill_assets.providers.models.fake import FakeModel
-from backfill_assets.store.budget import HolderLost, StoreBudgetLedger
+from backfill_assets.store.budget import StoreBudgetLedger
+from backfill_assets.store.budget_holders import HolderLost
 from backfill_tests.conftest import import_records
 from backfill_tests.pipeline_helpers import FAST_RETRY, RUBRIC, VERSIONS, refs_for
 
@@ -27,7 +28,8 @@ _HOLDER = """
 import sys, time
 from backfill_assets.orchestration.engines import engine_for
 from backfill_assets.core.budgets import Spend
-from backfill_assets.store.budget import HolderLost, StoreBudgetLedger
+from backfill_assets.store.budget_holders import HolderLost
+from backfill_assets.store.budget import StoreBudgetLedger
 ledger = StoreBudgetLedger(engine_for(sys.argv[1]), holder="doomed-run")
 ledger.grant("acme", "r-doomed", Spend(1000), Spend(1000), 3000)
 print("granted", flush=True)
