@@ -11,7 +11,7 @@ from typing import NoReturn
 
 import sqlalchemy as sa
 
-from backfill_assets.cli import commands
+from backfill_assets.cli import commands, run_command
 from backfill_assets.cli.deadline import margin_share
 from backfill_assets.cli.evaluate import add_evaluate_command
 from backfill_assets.cli.export import FORMATS, cmd_export
@@ -102,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --deadline: replace an unfinished plan (by default it is resumed, with "
         "the deadline it was made for)",
     )
-    sp.set_defaults(func=commands.cmd_run)
+    sp.set_defaults(func=run_command.cmd_run)
 
     sp = add("export", "Write accepted labels to files, one per tenant, with a manifest.")
     sp.add_argument("--format", choices=FORMATS, default="parquet", help="file format")

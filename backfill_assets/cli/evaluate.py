@@ -9,10 +9,9 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from backfill_assets.cli.commands import emit
 from backfill_assets.cli.inputs import UserError, load_user_policy
 from backfill_assets.cli.instance import instance
-from backfill_assets.cli.tables import Human, table
+from backfill_assets.cli.tables import Human, emit, table
 from backfill_assets.core.evaluation import NO_LABEL
 from backfill_assets.core.keys import InvalidTenantId, validate_tenant_id
 from backfill_assets.core.rubric import Rubric

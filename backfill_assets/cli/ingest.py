@@ -9,11 +9,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from backfill_assets.cli.commands import emit
 from backfill_assets.cli.inputs import UserError, choice, known_value
 from backfill_assets.cli.instance import instance
 from backfill_assets.cli.progress import ProgressDisplay, wanted
-from backfill_assets.cli.tables import Human, table
+from backfill_assets.cli.tables import Human, emit, table
 from backfill_assets.core.columns import ColumnMap, ColumnMapError
 from backfill_assets.core.keys import InvalidTenantId, validate_tenant_id
 from backfill_assets.ingest.formats import FORMATS, Format

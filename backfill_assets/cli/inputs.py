@@ -12,12 +12,16 @@ import difflib
 import re
 from collections.abc import Callable, Iterable, Sequence
 
+import sqlalchemy as sa
+
 from backfill_assets.core.keys import SLICE_COUNT, SLICE_KEYS, InvalidTenantId, validate_tenant_id
 from backfill_assets.core.policy import Policy
 from backfill_assets.core.policy_file import PolicyInvalid, load_policy
 from backfill_assets.orchestration.engines import engine_for
 from backfill_assets.orchestration.evaluation import gate_verdict
 from backfill_assets.orchestration.settings import Settings
+from backfill_assets.store.engine import read_tx
+from backfill_assets.store.reports import tenant_ids
 
 _SLICE_RE = re.compile(r"s?(\d{1,3})")
 
@@ -109,3 +113,10 @@ def load_user_policy(path: str) -> Policy:
         return load_policy(path)
     except PolicyInvalid as exc:
         raise UserError(f"argument --policy: {exc}") from None
+
+
+def store_tenants(engine: sa.Engine, values: list[str]) -> list[str]:
+    """The ``--tenant`` values, each known to the store; all tenants when none is given."""
+    with read_tx(engine) as conn:
+        known = tenant_ids(conn)
+    return known_tenants(values, known) or known

@@ -9,10 +9,16 @@ from collections.abc import Callable
 from typing import Any
 
 from backfill_assets.audit.check_defs import CHECK_GROUPS, CHECK_NAMES, Verdict
-from backfill_assets.cli.commands import emit, store_tenants
-from backfill_assets.cli.inputs import UserError, choice, known_tenants, require_gate, slice_key
+from backfill_assets.cli.inputs import (
+    UserError,
+    choice,
+    known_tenants,
+    require_gate,
+    slice_key,
+    store_tenants,
+)
 from backfill_assets.cli.instance import instance
-from backfill_assets.cli.tables import Human, table
+from backfill_assets.cli.tables import Human, emit, table
 from backfill_assets.core.keys import SLICE_KEYS
 from backfill_assets.core.regions import run_tags
 from backfill_assets.dispatch.pipeline import with_levels

@@ -7,9 +7,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from backfill_assets.cli.commands import emit
 from backfill_assets.cli.parsers import command_group
-from backfill_assets.cli.tables import table
+from backfill_assets.cli.tables import emit, table
 from backfill_assets.core.policy import Policy
 from backfill_assets.core.policy_diff import diff_policies
 from backfill_assets.core.policy_file import PolicyInvalid, load_policy

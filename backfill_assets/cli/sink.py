@@ -9,9 +9,9 @@ from collections.abc import Callable
 
 import sqlalchemy as sa
 
-from backfill_assets.cli.commands import emit
 from backfill_assets.cli.inputs import UserError, known_tenants
 from backfill_assets.cli.parsers import command_group
+from backfill_assets.cli.tables import emit
 from backfill_assets.core.keys import slice_key
 from backfill_assets.dispatch.partition_run import PartitionRef
 from backfill_assets.orchestration.applied import write_back

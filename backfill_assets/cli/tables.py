@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import io
+import json
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -68,3 +70,11 @@ def _cell(value: Any) -> Text:
     if isinstance(value, float):
         return Text(f"{value:.6g}")
     return Text(str(value))
+
+
+def emit(args: argparse.Namespace, doc: Any, *human: Human) -> None:
+    """Print ``doc`` as JSON with ``--json``, else the human parts (tables and lines)."""
+    if args.json:
+        print(json.dumps(doc, sort_keys=True, default=str), flush=True)
+    else:
+        show(*human)

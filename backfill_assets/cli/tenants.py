@@ -8,10 +8,9 @@ import dataclasses
 import sys
 from collections.abc import Callable
 
-from backfill_assets.cli.commands import emit
 from backfill_assets.cli.inputs import UserError, known_tenants
 from backfill_assets.cli.parsers import command_group
-from backfill_assets.cli.tables import table
+from backfill_assets.cli.tables import emit, table
 from backfill_assets.core.money import nanos_of_usd
 from backfill_assets.core.regions import InvalidRegion, base_url_var, validate_region
 from backfill_assets.orchestration.model_resources import OpenAIModelResource
