@@ -40,8 +40,13 @@ def _shown(value: Any) -> str:
     return f"`{value}`"
 
 
+def _extra(info: FieldInfo) -> dict[str, Any]:
+    """What ``variables._var`` put beside the field: its section and how its default reads."""
+    return info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+
+
 def _default(info: FieldInfo) -> str:
-    extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+    extra = _extra(info)
     if extra.get("shown"):
         return str(extra["shown"])
     if "resource_default" in extra:
@@ -57,8 +62,7 @@ def rows(section: str) -> list[Documented]:
     """The variables documented in ``section``: declared fields first, in declaration order."""
     out: list[Documented] = []
     for info in Variables.model_fields.values():
-        extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
-        if extra.get("section") == section and isinstance(info.validation_alias, str):
+        if _extra(info).get("section") == section and isinstance(info.validation_alias, str):
             out.append(
                 Documented(info.validation_alias, section, _default(info), info.description or "")
             )

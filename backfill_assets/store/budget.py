@@ -217,7 +217,7 @@ class StoreBudgetLedger:
         minimum: Spend,
         default_tokens: int | None,
     ) -> Grant:
-        """Grow ``reservation_id`` by ``limits.grant_spend`` (at least ``minimum``, or nothing)."""
+        """Grow ``reservation_id`` by ``budgets.grant_spend`` (at least ``minimum``, or nothing)."""
         self._lock.acquire()  # before any row of ours exists, so it is never taken for dead
         with write_tx(self._engine) as conn:
             status = settled_status(self._engine, conn, tenant_id, default_tokens, self.holder)

@@ -1,7 +1,7 @@
 """What each line of a finished batch means for its key (pure).
 
 - ``answered``: a 200 with a completion; booked (usage) before its content is parsed, exactly
-  like a synchronous answer, then accepted or ``schema_rejected`` by the rubric.
+  like a synchronous answer, then accepted or ``schema_rejected`` by the output gate.
 - ``rejected``: the provider refused the request itself (``invalid_request``, other 4xx);
   dead-lettered as ``transport_rejected``, never resubmitted.
 - ``retry``: 429/408/409/5xx, a 200 that is no completion, a line the batch never ran

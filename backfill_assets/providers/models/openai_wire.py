@@ -217,7 +217,7 @@ def loads_or_none(body: bytes | str) -> Any:
 
 
 def parse_completion(body: bytes) -> ChatCompletion:
-    """The envelope of a 2xx answer; the model's content is parsed later, by the rubric."""
+    """The envelope of a 2xx answer; the model's content is parsed later, by the output gate."""
     data = loads_or_none(body)
     if data is None:
         raise NotACompletion("2xx body is not JSON")
