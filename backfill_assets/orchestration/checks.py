@@ -87,16 +87,17 @@ def verdicts_for_many(
     pooling = pooling or audit_pool.Pooling()
     partitions = [Partition(r.key, r.tenant_id, r.slice, r.slices) for r in refs]
     tenants = sorted({r.tenant_id for r in refs})
+    drift = "label_drift" in names
+    configured = checks.configured_baseline(rubric.policy) if drift else None
     baselines: dict[str, Baseline] = {}
-    configured = checks.configured_baseline(rubric.policy)
+    if configured is not None:
+        baselines = {t: (dict(configured), "configured") for t in tenants}
     with read_tx(engine) as conn:
         # Read once: both the worker plan and the judging group partitions by their posts.
         counts = post_counts(conn, tenants)
-        if "label_drift" in names and configured is None:
+        if drift and configured is None:
             live = live_label_counts(conn, tenants, rubric_version(versions))
             baselines = {t: _live_baseline(live[t]) for t in tenants}
-    if "label_drift" in names and configured is not None:
-        baselines = {t: (dict(configured), "configured") for t in tenants}
     judging = Judging(
         versions,
         rubric.contract,
