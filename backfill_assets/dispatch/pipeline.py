@@ -40,7 +40,7 @@ from backfill_assets.store.partition_counts import (
     partition_counts,
     post_counts,
 )
-from backfill_assets.store.partition_groups import grouped, owners_of_all
+from backfill_assets.store.partition_groups import grouped_by_posts, owners_of_all
 from backfill_assets.store.policies import contract_lookup, register_policy
 from backfill_assets.store.posts import slice_levels
 from backfill_assets.store.tenants import tenant_regions
@@ -167,7 +167,7 @@ def _work(
         sizes = post_counts(conn, tenants)
         batching = tenants_with_open_batches(conn, tenants, versions)
     used = [r for r in refs if r.slices]  # others: too few posts to split this far
-    for group in grouped(used, lambda r: held_posts(sizes, r.tenant_id, r.slices)):
+    for group in grouped_by_posts(used, sizes):
         owners = owners_of_all(group)
         with read_tx(engine) as conn:
             pending = pending_by_partition(conn, owners, versions)

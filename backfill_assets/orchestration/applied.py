@@ -23,8 +23,8 @@ from backfill_assets.orchestration.resources import StoreResource
 from backfill_assets.store import partition_marks
 from backfill_assets.store.apply import ApplyReport, apply_partitions, newer_versions
 from backfill_assets.store.engine import read_tx, write_tx
-from backfill_assets.store.partition_counts import held_posts, post_counts
-from backfill_assets.store.partition_groups import grouped
+from backfill_assets.store.partition_counts import post_counts
+from backfill_assets.store.partition_groups import grouped_by_posts
 from backfill_assets.store.sink import Sink, SinkError, SinkReport, gaps, write_partition
 
 
@@ -159,7 +159,7 @@ def _applied_asset(
         # tenant's apply, and a group of few posts holds the write lock briefly.
         with read_tx(engine) as conn:
             sizes = post_counts(conn, sorted({r.tenant_id for r in refs}))
-        for group in grouped(refs, lambda r: held_posts(sizes, r.tenant_id, r.slices)):
+        for group in grouped_by_posts(refs, sizes):
             with write_tx(engine) as conn:
                 reps = apply_partitions(
                     conn,

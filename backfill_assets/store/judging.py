@@ -15,8 +15,8 @@ from backfill_assets.core.output_gate import OutputContract
 from backfill_assets.core.validation import stored_result_problems
 from backfill_assets.store.engine import read_tx
 from backfill_assets.store.evidence import Partition, evidence_of
-from backfill_assets.store.partition_counts import held_posts, post_counts
-from backfill_assets.store.partition_groups import grouped
+from backfill_assets.store.partition_counts import post_counts
+from backfill_assets.store.partition_groups import grouped_by_posts
 
 Baseline = tuple[dict[str, float] | None, str]
 # Rows (results + ledger) held for one schema frame: pandera's fixed cost per frame spread
@@ -72,9 +72,7 @@ def judge_partitions(
         sizes = counts
         if sizes is None:
             sizes = post_counts(conn, sorted({part.tenant_id for part in partitions}))
-        for group in grouped(
-            partitions, lambda part: held_posts(sizes, part.tenant_id, part.slices)
-        ):
+        for group in grouped_by_posts(partitions, sizes):
             found = evidence_of(conn, group, judging.versions)
             for part in group:
                 ev = found[part.key]

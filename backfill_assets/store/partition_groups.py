@@ -14,6 +14,8 @@ from typing import Any, Protocol, TypeVar
 
 import sqlalchemy as sa
 
+from backfill_assets.store.partition_counts import held_posts
+
 # (tenant, stored slice) -> the key of the partition that holds it.
 Owners = Mapping[tuple[str, int], str]
 
@@ -80,6 +82,14 @@ class Held(Protocol):
     def tenant_id(self) -> str: ...
     @property
     def slices(self) -> Sequence[int]: ...
+
+
+H = TypeVar("H", bound=Held)
+
+
+def grouped_by_posts(parts: Sequence[H], sizes: Mapping[tuple[str, int], int]) -> list[list[H]]:
+    """``grouped`` by the posts each partition holds (``sizes`` from ``post_counts``)."""
+    return grouped(parts, lambda part: held_posts(sizes, part.tenant_id, part.slices))
 
 
 def owners_of(tenant_id: str, slices: Sequence[int], key: str = "") -> dict[tuple[str, int], str]:
