@@ -115,3 +115,4 @@ sections_on
 
 # Read by the test that the event log keeps its open shards bounded.
 open_engines
+_store_asset_check_evaluation_planned  # sqlite_instance: Dagster's SqlEventLogStorage calls the override

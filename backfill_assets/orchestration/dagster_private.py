@@ -21,25 +21,28 @@ from dagster._core.definitions.data_version import CODE_VERSION_TAG
 # its event-log shards' connections open: these are the classes and constants it extends.
 from dagster._core.instance.ref import InstanceRef
 from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
+from dagster._core.storage.event_log.schema import AssetCheckExecutionsTable
 from dagster._core.storage.event_log.sqlite.sqlite_event_log import (
     INDEX_SHARD_NAME,
     SqliteEventLogStorage,
 )
 from dagster._core.storage.sqlite import SQLITE_BUSY_TIMEOUT_SECONDS
 from dagster._core.storage.sqlite_storage import DagsterSqliteStorage, _event_logs_directory
-from dagster._serdes import ConfigurableClassData
+from dagster._serdes import ConfigurableClassData, serialize_value
 
 __all__ = [
     "CODE_VERSION_TAG",
     "INDEX_SHARD_NAME",
     "SQLITE_BUSY_TIMEOUT_SECONDS",
     "AssetCheckExecutionRecordStatus",
+    "AssetCheckExecutionsTable",
     "ConfigurableClassData",
     "DagsterSqliteStorage",
     "InstanceRef",
     "SqliteEventLogStorage",
     "TargetMaterialization",
     "event_logs_directory",
+    "serialize_value",
 ]
 
 event_logs_directory = _event_logs_directory

@@ -38,6 +38,7 @@ import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 import dagster as dg
@@ -49,11 +50,14 @@ from sqlalchemy.pool import NullPool
 from backfill_assets.orchestration.dagster_private import (
     INDEX_SHARD_NAME,
     SQLITE_BUSY_TIMEOUT_SECONDS,
+    AssetCheckExecutionRecordStatus,
+    AssetCheckExecutionsTable,
     ConfigurableClassData,
     DagsterSqliteStorage,
     InstanceRef,
     SqliteEventLogStorage,
     event_logs_directory,
+    serialize_value,
 )
 
 # Shards whose engine stays open: the index, the runs being written, the runs the UI shows.
@@ -85,6 +89,9 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
         self._engines: OrderedDict[str, Engine] = OrderedDict()
         self._open_shards = max(1, open_shards)
         self._tables: set[str] = set()  # tables seen in the index shard (they stay)
+        self._index_cols = False  # the asset table's index columns, once seen (they stay)
+        # Events of the batch being written whose asset-table row a later one overwrites.
+        self._superseded: set[int] = set()
         # While a batch is written: its thread and its open connection per shard.
         self._batch: dict[str, Connection] | None = None
         self._batch_thread: int | None = None
@@ -178,19 +185,54 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
             self._tables.add(table_name)
         return found
 
+    def _has_asset_key_index_cols_on_connection(self, conn: Connection) -> bool:
+        """Dagster inspects the asset table's columns before every asset event it indexes;
+        a migration adds them once and they stay."""
+        if not self._index_cols:
+            self._index_cols = super()._has_asset_key_index_cols_on_connection(conn)
+        return self._index_cols
+
+    def store_event(self, event: dg.EventLogEntry) -> None:
+        """A check evaluation's index row and its update of the planned execution row go in
+        one transaction (Dagster commits them apart); every other event as Dagster stores it."""
+        event_type = event.dagster_event_type
+        if event_type == dg.DagsterEventType.ASSET_CHECK_EVALUATION and self._batch is None:
+            self._in_one_transaction([event])
+        else:
+            super().store_event(event)
+
     def store_event_batch(self, events: Sequence[dg.EventLogEntry]) -> None:
         """Store the events in one transaction per shard, committed run shards first (as one
         event at a time, the index never names an event its run shard lacks). On an error
-        nothing of the batch is stored, and Dagster stores the events one by one."""
+        nothing of the batch is stored, and Dagster stores the events one by one.
+
+        An asset's row in the asset table holds what its latest event of each kind set (the
+        last materialisation, the last run): of a batch's events of one asset and kind only the
+        last one writes it, the row ending as it would one event at a time (Dagster's
+        PostgreSQL storage writes only a batch's last event there too)."""
         if len(events) < 2:
             super().store_event_batch(events)
             return
+        self._in_one_transaction(events)
+
+    def _in_one_transaction(self, events: Sequence[dg.EventLogEntry]) -> None:
+        last: dict[tuple[str, str], int] = {}
+        for event in events:
+            dagster_event = event.dagster_event
+            if dagster_event is not None and dagster_event.asset_key is not None:
+                last[(dagster_event.asset_key.to_string(), dagster_event.event_type_value)] = id(
+                    event
+                )
         with self._db_lock:
             held: dict[str, Connection] = {}
             self._batch, self._batch_thread = held, threading.get_ident()
+            kept = set(last.values())
+            self._superseded = {
+                id(e) for e in events if e.dagster_event is not None and id(e) not in kept
+            }
             try:
                 for event in events:
-                    self.store_event(event)
+                    super().store_event(event)
                 for shard in sorted(held, key=lambda name: name == INDEX_SHARD_NAME):
                     held[shard].commit()
                     if shard != INDEX_SHARD_NAME:
@@ -198,8 +240,44 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
                             os.utime(self.path_for_shard(shard))
             finally:
                 self._batch, self._batch_thread = None, None
+                self._superseded = set()
                 for conn in held.values():
                     conn.close()  # rolls back what was not committed
+
+    def _store_asset_event(self, conn: Connection, event: dg.EventLogEntry, event_id: int) -> None:
+        if id(event) in self._superseded:
+            return  # a later event of the batch writes the same columns of the same row
+        super()._store_asset_event(conn, event, event_id)
+
+    def _store_asset_check_evaluation_planned(
+        self, event: dg.EventLogEntry, event_id: int | None
+    ) -> None:
+        """Dagster's own, with the planned event serialised once for all its partitions' rows
+        (Dagster serialises it again for each: 500 times in a run of 500 partitions)."""
+        planned: Any = event.get_dagster_event().event_specific_data
+        subset = planned.partitions_subset
+        partition_keys = subset.get_partition_keys() if subset is not None else [None]
+        body = serialize_value(event)
+        # Dagster's ``_event_insert_timestamp``: UTC without a zone.
+        timestamp = datetime.fromtimestamp(event.timestamp, UTC).replace(tzinfo=None)
+        with self.index_connection() as conn:
+            conn.execute(
+                AssetCheckExecutionsTable.insert().values(
+                    [
+                        dict(
+                            asset_key=planned.asset_key.to_string(),
+                            check_name=planned.check_name,
+                            partition=partition_key,
+                            run_id=event.run_id,
+                            execution_status=AssetCheckExecutionRecordStatus.PLANNED.value,
+                            evaluation_event=body,
+                            evaluation_event_timestamp=timestamp,
+                            evaluation_event_storage_id=event_id,
+                        )
+                        for partition_key in partition_keys
+                    ]
+                )
+            )
 
     @contextlib.contextmanager
     def _connect(self, shard: str) -> Iterator[Connection]:

@@ -12,11 +12,17 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import dagster as dg
 import pytest
 import sqlalchemy as sa
-from dagster._core.events import DagsterEvent, DagsterEventType, StepMaterializationData
+from dagster._core.events import (
+    AssetCheckEvaluationPlanned,
+    DagsterEvent,
+    DagsterEventType,
+    StepMaterializationData,
+)
 from dagster._core.events.log import EventLogEntry
 from dagster._core.storage.event_log.sqlite.sqlite_event_log import SqliteEventLogStorage
 
@@ -228,6 +234,15 @@ def _stored(storage: SqliteEventLogStorage) -> tuple[set[str], int]:
 _LABELS = dg.AssetKey("labels")
 
 
+def _asset_row(storage: SqliteEventLogStorage) -> tuple[str | None, int, str | None]:
+    """The asset table's row of ``labels``: its last materialisation's partition and storage
+    id, and its last run."""
+    (record,) = storage.get_asset_records([_LABELS])
+    last = record.asset_entry.last_materialization_record
+    assert last is not None
+    return last.partition_key, last.storage_id, record.asset_entry.last_run_id
+
+
 def test_a_batch_is_one_transaction_a_shard_and_stores_what_one_by_one_does(
     tmp_path: Path,
 ) -> None:
@@ -255,6 +270,9 @@ def test_a_batch_is_one_transaction_a_shard_and_stores_what_one_by_one_does(
         assert batched.get_materialized_partitions(_LABELS) == one.get_materialized_partitions(
             _LABELS
         )
+        # The asset's row is written once for the batch, and ends as one event at a time left it.
+        assert _asset_row(batched) == _asset_row(one)
+        assert _asset_row(one)[0] == events[-1].dagster_event.partition  # type: ignore[union-attr]
         one.dispose()
         batched.dispose()
     finally:
@@ -296,3 +314,85 @@ def test_every_shard_commits_in_wal_mode_without_an_fsync_a_commit(tmp_path: Pat
             assert conn.exec_driver_sql("PRAGMA journal_mode").scalar_one() == "wal"
             assert conn.exec_driver_sql("PRAGMA synchronous").scalar_one() == 1  # NORMAL
     storage.dispose()
+
+
+def _check_event(run_id: str, data: Any) -> EventLogEntry:
+    kind = (
+        DagsterEventType.ASSET_CHECK_EVALUATION
+        if isinstance(data, dg.AssetCheckEvaluation)
+        else DagsterEventType.ASSET_CHECK_EVALUATION_PLANNED
+    )
+    event = DagsterEvent(event_type_value=kind.value, job_name="job", event_specific_data=data)
+    return EventLogEntry(
+        error_info=None,
+        level="INFO",
+        user_message="",
+        run_id=run_id,
+        timestamp=time.time(),
+        dagster_event=event,
+    )
+
+
+def _check_rows(storage: SqliteEventLogStorage) -> list[tuple[Any, ...]]:
+    with storage.index_connection() as conn:
+        rows = conn.exec_driver_sql(
+            "SELECT asset_key, check_name, partition, run_id, execution_status, evaluation_event,"
+            " evaluation_event_timestamp, evaluation_event_storage_id,"
+            " materialization_event_storage_id FROM asset_check_executions ORDER BY partition"
+        )
+        return [tuple(r) for r in rows]
+
+
+def test_check_rows_are_what_dagsters_own_storage_writes_in_fewer_commits(
+    tmp_path: Path,
+) -> None:
+    commits: list[str] = []
+
+    def count(conn: sa.Connection) -> None:
+        commits.append(str(conn.engine.url))
+
+    keys = [f"s00|t{i:03d}" for i in range(20)]
+    subset = dg.StaticPartitionsDefinition(keys).subset_with_partition_keys(keys)
+    run_id = str(uuid.uuid4())
+    planned = _check_event(
+        run_id,
+        AssetCheckEvaluationPlanned(
+            asset_key=_LABELS, check_name="integrity", partitions_subset=subset
+        ),
+    )
+    evaluations = [
+        _check_event(
+            run_id,
+            dg.AssetCheckEvaluation(
+                asset_key=_LABELS,
+                check_name="integrity",
+                passed=i % 3 != 0,
+                metadata={"n": i},
+                partition=pk,
+            ),
+        )
+        for i, pk in enumerate(keys)
+    ]
+    stock = SqliteEventLogStorage(str(tmp_path / "stock"))
+    pooled = PooledSqliteEventLogStorage(str(tmp_path / "pooled"))
+    spent: dict[str, int] = {}
+    sa.event.listen(sa.Engine, "commit", count)
+    try:
+        for name, storage in (("stock", stock), ("pooled", pooled)):
+            storage.store_event(_entry(run_id, "start"))
+            storage.store_event(planned)
+            commits.clear()
+            for event in evaluations:
+                storage.store_event(event)
+            spent[name] = len(commits)
+    finally:
+        sa.event.remove(sa.Engine, "commit", count)
+    rows = _check_rows(pooled)
+    assert rows == _check_rows(stock)
+    assert [r[2] for r in rows] == keys and {r[4] for r in rows} == {"SUCCEEDED", "FAILED"}
+    # Dagster commits an evaluation's run shard, index row and planned-row update apart.
+    assert spent == {"stock": 3 * len(keys), "pooled": 2 * len(keys)}
+    info = pooled.get_asset_check_partition_info([dg.AssetCheckKey(_LABELS, "integrity")])
+    assert {i.partition_key for i in info} == set(keys)
+    stock.dispose()
+    pooled.dispose()
