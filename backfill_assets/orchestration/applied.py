@@ -22,7 +22,7 @@ from backfill_assets.orchestration.partitions import moderation_partitions, run_
 from backfill_assets.orchestration.resources import StoreResource
 from backfill_assets.store import partition_marks
 from backfill_assets.store.apply import ApplyReport, apply_partitions, newer_versions
-from backfill_assets.store.engine import read_tx, write_tx
+from backfill_assets.store.engine import read_tx, refresh_planner_stats, write_tx
 from backfill_assets.store.partition_counts import post_counts
 from backfill_assets.store.partition_groups import grouped_by_posts
 from backfill_assets.store.sink import Sink, SinkError, SinkReport, gaps, write_partition
@@ -155,6 +155,10 @@ def _applied_asset(
             )
         changed = 0
         applied: dict[str, dict[str, Any]] = {}
+        # The apply joins posts, results and applied_labels. Without statistics for
+        # applied_labels, PostgreSQL estimates a handful of rows and scans the whole table for
+        # every group: 50 ms a group at 2,500 applied posts, 300 ms at 50,000.
+        refresh_planner_stats(engine, ("applied_labels",))
         # A transaction per group of partitions: a commit each cost more than a small
         # tenant's apply, and a group of few posts holds the write lock briefly.
         with read_tx(engine) as conn:
