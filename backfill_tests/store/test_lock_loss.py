@@ -156,3 +156,17 @@ def test_in_memory_locks_are_never_lost(url: str) -> None:
     with WriterLocks(sa.create_engine(url)) as locks:
         locks.acquire("acme", 0)
         assert locks.lost() == []
+
+
+def test_no_lock_is_taken_once_the_session_holding_ours_is_gone(engine: Engine) -> None:
+    if engine.dialect.name == "sqlite":
+        pytest.skip("a lock file cannot lose its session")
+    locks = WriterLocks(engine)
+    locks.acquire("acme", 0)
+    _drop_lock(engine, wait_for_calls=False)  # the server ends the session holding it
+    for slice_no in (1, 2):  # on the broken connection, then on the one it leaves behind
+        with pytest.raises(LockLost, match=r"acme\.s0"):
+            locks.acquire("acme", slice_no)
+    assert _lock_holder_pid(engine) is None  # nothing was taken on a new session either
+    assert locks.lost() == ["acme.s00"]
+    locks.release_all()
