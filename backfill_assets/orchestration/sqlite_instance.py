@@ -12,12 +12,14 @@ one, at the same paths under the instance's home (a default is the only place Da
 the home to a storage; an ``{env: DAGSTER_HOME}`` in the file would follow the environment,
 not the home being opened). A ``storage:`` section in the file (PostgreSQL) replaces them.
 
-Two more of Dagster's per-event costs go: ``has_table``, asked before each asset event's tags
-are written with yet another fresh engine, is remembered once a table is there; and a batch of
-events (``DAGSTER_EVENT_BATCH_SIZE``: a step's materialisations, planned events) is written in
-one transaction per shard instead of two or three commits an event, as Dagster's PostgreSQL
-storage batches them. A batch is all or nothing: a process killed mid-batch loses that batch's
-events (as on PostgreSQL), never half of one.
+More of Dagster's per-event costs go. ``has_table`` and the asset table's columns, asked
+before each asset event (the first with yet another fresh engine), are remembered once there.
+A batch of events (``DAGSTER_EVENT_BATCH_SIZE``: a step's materialisations, planned events) is
+written in one transaction per shard instead of two or three commits an event, and writes an
+asset's row once, as Dagster's PostgreSQL storage batches them. A batch is all or nothing: a
+process killed mid-batch loses that batch's events (as on PostgreSQL), never half of one. A
+run's planned check event is serialised once for all its partitions' rows, not once a row,
+and a check evaluation's index row and its planned row's update share one commit.
 
 Every other event is committed on its own, in WAL mode with ``synchronous=NORMAL`` like the
 store's (Dagster leaves SQLite's FULL): a commit survives a SIGKILL. What stays as it was:
