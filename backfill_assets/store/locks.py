@@ -168,8 +168,6 @@ class WriterLocks:
         lock_id = pg_lock_id(name)
         if self._conn is None:
             self._conn = self._engine.connect()
-            self._pg_pid = int(self._conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one())
-            self._conn.commit()
         elif self._pg_ids and (self._conn.invalidated or self._conn.closed):
             raise LockLost(f"writer locks lost before taking {name}")
         try:
@@ -178,8 +176,8 @@ class WriterLocks:
         except sa.exc.SQLAlchemyError as exc:
             raise LockLost(f"the lock connection failed while taking {name}: {exc}") from exc
         ok = bool(got.ok)
-        if int(got.pid) != self._pg_pid and not self._pg_ids:
-            self._pg_pid = int(got.pid)  # it held none of ours: the new session is the one
+        if not self._pg_ids:
+            self._pg_pid = int(got.pid)  # it holds none of ours yet: this session is the one
         elif int(got.pid) != self._pg_pid:
             # Never take new locks on a session that silently replaced the one holding ours
             # (a new backend holds none of them). Checked in the same statement: a check of
