@@ -11,6 +11,7 @@ import subprocess
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -203,15 +204,8 @@ def test_a_process_killed_placing_a_shard_leaves_nothing_for_long(tmp_path: Path
     assert names >= {*live, "notes.new", ".empty-shard.x.db", f"{run_id}.db"}
 
 
-def _materialisation(run_id: str, partition: str) -> EventLogEntry:
-    data = StepMaterializationData(
-        dg.AssetMaterialization(asset_key="labels", partition=partition, tags={"k": "v"})
-    )
-    event = DagsterEvent(
-        event_type_value=DagsterEventType.ASSET_MATERIALIZATION.value,
-        job_name="job",
-        event_specific_data=data,
-    )
+def _dagster_entry(run_id: str, kind: DagsterEventType, data: Any) -> EventLogEntry:
+    event = DagsterEvent(event_type_value=kind.value, job_name="job", event_specific_data=data)
     return EventLogEntry(
         error_info=None,
         level="INFO",
@@ -220,6 +214,28 @@ def _materialisation(run_id: str, partition: str) -> EventLogEntry:
         timestamp=time.time(),
         dagster_event=event,
     )
+
+
+def _materialisation(run_id: str, partition: str) -> EventLogEntry:
+    data = StepMaterializationData(
+        dg.AssetMaterialization(asset_key="labels", partition=partition, tags={"k": "v"})
+    )
+    return _dagster_entry(run_id, DagsterEventType.ASSET_MATERIALIZATION, data)
+
+
+@contextlib.contextmanager
+def _commits() -> Iterator[list[str]]:
+    """The URL of each engine's commit while the block runs, in order."""
+    commits: list[str] = []
+
+    def count(conn: sa.Connection) -> None:
+        commits.append(str(conn.engine.url))
+
+    sa.event.listen(sa.Engine, "commit", count)
+    try:
+        yield commits
+    finally:
+        sa.event.remove(sa.Engine, "commit", count)
 
 
 def _stored(storage: SqliteEventLogStorage) -> tuple[set[str], int]:
@@ -246,13 +262,7 @@ def _asset_row(storage: SqliteEventLogStorage) -> tuple[str | None, int, str | N
 def test_a_batch_is_one_transaction_a_shard_and_stores_what_one_by_one_does(
     tmp_path: Path,
 ) -> None:
-    commits: list[str] = []
-
-    def count(conn: sa.Connection) -> None:
-        commits.append(str(conn.engine.url))
-
-    sa.event.listen(sa.Engine, "commit", count)
-    try:
+    with _commits() as commits:
         one = PooledSqliteEventLogStorage(str(tmp_path / "one"))
         batched = PooledSqliteEventLogStorage(str(tmp_path / "batched"))
         run_id = str(uuid.uuid4())
@@ -275,8 +285,6 @@ def test_a_batch_is_one_transaction_a_shard_and_stores_what_one_by_one_does(
         assert _asset_row(one)[0] == events[-1].dagster_event.partition  # type: ignore[union-attr]
         one.dispose()
         batched.dispose()
-    finally:
-        sa.event.remove(sa.Engine, "commit", count)
 
 
 def test_a_batch_that_fails_midway_stores_none_of_its_events(
@@ -322,15 +330,7 @@ def _check_event(run_id: str, data: Any) -> EventLogEntry:
         if isinstance(data, dg.AssetCheckEvaluation)
         else DagsterEventType.ASSET_CHECK_EVALUATION_PLANNED
     )
-    event = DagsterEvent(event_type_value=kind.value, job_name="job", event_specific_data=data)
-    return EventLogEntry(
-        error_info=None,
-        level="INFO",
-        user_message="",
-        run_id=run_id,
-        timestamp=time.time(),
-        dagster_event=event,
-    )
+    return _dagster_entry(run_id, kind, data)
 
 
 def _check_rows(storage: SqliteEventLogStorage) -> list[tuple[Any, ...]]:
@@ -346,11 +346,6 @@ def _check_rows(storage: SqliteEventLogStorage) -> list[tuple[Any, ...]]:
 def test_check_rows_are_what_dagsters_own_storage_writes_in_fewer_commits(
     tmp_path: Path,
 ) -> None:
-    commits: list[str] = []
-
-    def count(conn: sa.Connection) -> None:
-        commits.append(str(conn.engine.url))
-
     keys = [f"s00|t{i:03d}" for i in range(20)]
     subset = dg.StaticPartitionsDefinition(keys).subset_with_partition_keys(keys)
     run_id = str(uuid.uuid4())
@@ -376,8 +371,7 @@ def test_check_rows_are_what_dagsters_own_storage_writes_in_fewer_commits(
     stock = SqliteEventLogStorage(str(tmp_path / "stock"))
     pooled = PooledSqliteEventLogStorage(str(tmp_path / "pooled"))
     spent: dict[str, int] = {}
-    sa.event.listen(sa.Engine, "commit", count)
-    try:
+    with _commits() as commits:
         for name, storage in (("stock", stock), ("pooled", pooled)):
             storage.store_event(_entry(run_id, "start"))
             storage.store_event(planned)
@@ -385,8 +379,6 @@ def test_check_rows_are_what_dagsters_own_storage_writes_in_fewer_commits(
             for event in evaluations:
                 storage.store_event(event)
             spent[name] = len(commits)
-    finally:
-        sa.event.remove(sa.Engine, "commit", count)
     rows = _check_rows(pooled)
     assert rows == _check_rows(stock)
     assert [r[2] for r in rows] == keys and {r[4] for r in rows} == {"SUCCEEDED", "FAILED"}
