@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,7 @@ from backfill_assets.orchestration.partitions import (
 )
 from backfill_assets.orchestration.resources import StoreResource
 from backfill_assets.orchestration.sensors import tenant_partitions_sensor
+from backfill_assets.store import locks as locks_module
 from backfill_assets.store.locks import PartitionBusy, WriterLocks
 from backfill_tests.conftest import import_records
 
@@ -196,15 +199,64 @@ def test_one_sqlite_file_is_one_lock_folder_whatever_its_url(
     assert not (tmp_path / "link.db.locks").exists()
 
 
-def test_a_replaced_lock_file_counts_as_lost(tmp_path: Path) -> None:
+@pytest.fixture(params=["one file", "file per partition"])
+def lock_files(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both ways a SQLite file's partitions are locked: byte ranges of one file (Linux) and a
+    file per partition (where OFD locks do not exist)."""
+    if request.param == "one file" and not locks_module._OFD:
+        pytest.skip("no F_OFD_SETLK on this platform")
+    monkeypatch.setattr(locks_module, "_OFD", request.param == "one file")
+    return str(request.param)
+
+
+def test_a_replaced_lock_file_counts_as_lost(tmp_path: Path, lock_files: str) -> None:
     engine = sa.create_engine(f"sqlite:///{tmp_path / 'store.db'}")
     with WriterLocks(engine) as locks:
         locks.acquire("acme", 1)
         locks.acquire("acme", 2)
         assert locks.lost() == []
         # Someone cleans up the lock folder; the next writer would lock a fresh file.
-        os.unlink(tmp_path / "store.db.locks" / "acme.s02.lock")
-        assert locks.lost() == ["acme.s02"]
+        if lock_files == "one file":
+            assert os.listdir(tmp_path / "store.db.locks") == ["partitions.lock"]
+            os.unlink(tmp_path / "store.db.locks" / "partitions.lock")
+            assert locks.lost() == ["acme.s01", "acme.s02"]
+        else:
+            os.unlink(tmp_path / "store.db.locks" / "acme.s02.lock")
+            assert locks.lost() == ["acme.s02"]
+
+
+_HOLD = """
+import sys, time
+import sqlalchemy as sa
+from backfill_assets.store import locks
+locks._OFD = sys.argv[2] == "one file"
+held = locks.WriterLocks(sa.create_engine(sys.argv[1]))
+held.acquire("acme", 1)
+print("held", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_partition_lock_holds_across_processes_until_its_holder_dies(
+    tmp_path: Path, lock_files: str
+) -> None:
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    with subprocess.Popen(
+        [sys.executable, "-c", _HOLD, url, lock_files], stdout=subprocess.PIPE, text=True
+    ) as holder:
+        try:
+            assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+            with WriterLocks(sa.create_engine(url)) as mine:
+                with pytest.raises(PartitionBusy, match="another process"):
+                    mine.acquire("acme", 1)
+                mine.acquire("acme", 2)  # another partition of the same file is free
+                mine.acquire("other", 1)
+            holder.kill()  # SIGKILL: the kernel drops the dead holder's locks
+            holder.wait()
+            with WriterLocks(sa.create_engine(url)) as mine:
+                mine.acquire("acme", 1)
+        finally:
+            holder.kill()
 
 
 @pytest.mark.parametrize("tenant", ["acme", "t0000", "a", "x" * 40, "9-to-5"])

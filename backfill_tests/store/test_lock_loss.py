@@ -21,7 +21,13 @@ from sqlalchemy.engine import Engine
 from backfill_assets.dispatch.pipeline import RunOptions
 from backfill_assets.providers.models.fake import FakeModel
 from backfill_assets.store.engine import write_tx
-from backfill_assets.store.locks import LOCK_CHECK_SECONDS, LockLost, WriterLocks, lock_dir
+from backfill_assets.store.locks import (
+    LOCK_CHECK_SECONDS,
+    RANGE_LOCK_FILE,
+    LockLost,
+    WriterLocks,
+    lock_dir,
+)
 from backfill_assets.store.tables import limiter_members
 from backfill_tests.conftest import import_records
 from backfill_tests.pipeline_helpers import FAST_RETRY, count, refs_for, run, verify
@@ -49,7 +55,9 @@ def _drop_lock(engine: Engine, wait_for_calls: bool = True) -> None:
     if engine.dialect.name == "sqlite":
         folder = lock_dir(str(engine.url.database))
         for _ in range(200):
-            files = list(folder.glob("acme.*.lock")) if folder.exists() else []
+            # One lock file for every partition (Linux), else one a partition.
+            names = ("acme.*.lock", RANGE_LOCK_FILE)
+            files = [f for n in names for f in folder.glob(n)] if folder.exists() else []
             if files:
                 for f in files:
                     os.unlink(f)
