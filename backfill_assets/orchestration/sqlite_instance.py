@@ -18,8 +18,11 @@ A batch of events (``DAGSTER_EVENT_BATCH_SIZE``: a step's materialisations, plan
 written in one transaction per shard instead of two or three commits an event, and writes an
 asset's row once, as Dagster's PostgreSQL storage batches them. A batch is all or nothing: a
 process killed mid-batch loses that batch's events (as on PostgreSQL), never half of one. A
-run's planned check event is serialised once for all its partitions' rows, not once a row,
-and a check evaluation's index row and its planned row's update share one commit.
+run's planned check event is serialised once for all its partitions' rows, not once a row.
+A step's check evaluations (a check step yields one a partition and check, then its outputs)
+wait for the step's next event and are written with it, in one transaction a shard, instead of
+three commits each; a process killed before that next event loses them with the step, whose
+rerun evaluates again.
 
 Every other event is committed on its own, in WAL mode with ``synchronous=NORMAL`` like the
 store's (Dagster leaves SQLite's FULL): a commit survives a SIGKILL. What stays as it was:
@@ -64,6 +67,8 @@ from backfill_assets.orchestration.dagster_private import (
 
 # Shards whose engine stays open: the index, the runs being written, the runs the UI shows.
 _OPEN_SHARDS = 16
+# Check evaluations held back at most (see ``store_event``).
+_HELD_CHECKS_MAX = 1000
 _LIVE: weakref.WeakSet[PooledSqliteEventLogStorage] = weakref.WeakSet()
 # An empty run shard as the installed Dagster makes it (``_place_new_shard``), once a process.
 _EMPTY_SHARD: bytes | None = None
@@ -98,6 +103,11 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
         self._batch: dict[str, Connection] | None = None
         self._batch_thread: int | None = None
         self._swept = False  # other processes' leftovers, looked for at the first new shard
+        # Check evaluations not yet written: they go with the next event (see ``store_event``).
+        self._held_checks: list[dg.EventLogEntry] = []
+        # Taken before ``_db_lock``, never after; reentrant: Dagster's one-event batch calls
+        # ``store_event``.
+        self._write_lock = threading.RLock()
         super().__init__(base_dir, inst_data)
         _LIVE.add(self)
 
@@ -195,12 +205,20 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
         return self._index_cols
 
     def store_event(self, event: dg.EventLogEntry) -> None:
-        """A check evaluation's index row and its update of the planned execution row go in
-        one transaction (Dagster commits them apart); every other event as Dagster stores it."""
-        event_type = event.dagster_event_type
-        if event_type == dg.DagsterEventType.ASSET_CHECK_EVALUATION and self._batch is None:
-            self._in_one_transaction([event])
-        else:
+        """A step's check evaluation waits for the next event (or 1,000 of them), to be
+        written with it in one transaction a shard: a check step yields one a partition and
+        check, then its outputs, so it shows when its step yields the next event, at the latest
+        when the step ends. Every other event as Dagster stores it, after those held; an
+        evaluation reported outside a step (the UI, a sensor) is written at once."""
+        with self._write_lock:
+            if self._holds(event):
+                self._held_checks.append(event)
+                if len(self._held_checks) >= _HELD_CHECKS_MAX:
+                    self._write_held([])
+                return
+            if self._held_checks:
+                self._write_held([event])
+                return
             super().store_event(event)
 
     def store_event_batch(self, events: Sequence[dg.EventLogEntry]) -> None:
@@ -212,9 +230,31 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
         last materialisation, the last run): of a batch's events of one asset and kind only the
         last one writes it, the row ending as it would one event at a time (Dagster's
         PostgreSQL storage writes only a batch's last event there too)."""
-        if len(events) < 2:
-            super().store_event_batch(events)
-            return
+        with self._write_lock:
+            if self._held_checks:
+                self._write_held(list(events))
+            elif len(events) < 2:
+                super().store_event_batch(events)
+            else:
+                self._in_one_transaction(events)
+
+    def _holds(self, event: dg.EventLogEntry) -> bool:
+        dagster_event = event.dagster_event
+        return (
+            dagster_event is not None
+            and dagster_event.event_type == dg.DagsterEventType.ASSET_CHECK_EVALUATION
+            and dagster_event.step_key is not None
+            and self._batch is None
+        )
+
+    def flush(self) -> None:
+        """Write the check evaluations held back (at dispose and exit too)."""
+        with self._write_lock:
+            if self._held_checks:
+                self._write_held([])
+
+    def _write_held(self, then: list[dg.EventLogEntry]) -> None:
+        events, self._held_checks = [*self._held_checks, *then], []
         self._in_one_transaction(events)
 
     def _in_one_transaction(self, events: Sequence[dg.EventLogEntry]) -> None:
@@ -324,6 +364,7 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
 
     def dispose(self) -> None:
         """Close every shard's connection, then Dagster's own clean-up."""
+        self.flush()
         self._close_all()
         super().dispose()
 
@@ -402,6 +443,7 @@ def close_event_logs() -> None:
     WAL into the .db file, as Dagster's own storage leaves it): at exit, and in a run helper
     before it leaves."""
     for storage in list(_LIVE):
+        storage.flush()
         storage._close_all()
 
 

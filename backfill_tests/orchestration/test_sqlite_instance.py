@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 import sqlite3
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -28,6 +30,7 @@ from dagster._core.events.log import EventLogEntry
 from dagster._core.storage.event_log.sqlite.sqlite_event_log import SqliteEventLogStorage
 
 from backfill_assets.cli.instance import INSTANCE_TEMPLATE
+from backfill_assets.orchestration import sqlite_instance
 from backfill_assets.orchestration.sqlite_instance import (
     EmbeddedInstance,
     PooledSqliteEventLogStorage,
@@ -204,8 +207,12 @@ def test_a_process_killed_placing_a_shard_leaves_nothing_for_long(tmp_path: Path
     assert names >= {*live, "notes.new", ".empty-shard.x.db", f"{run_id}.db"}
 
 
-def _dagster_entry(run_id: str, kind: DagsterEventType, data: Any) -> EventLogEntry:
-    event = DagsterEvent(event_type_value=kind.value, job_name="job", event_specific_data=data)
+def _dagster_entry(
+    run_id: str, kind: DagsterEventType, data: Any, step_key: str | None = None
+) -> EventLogEntry:
+    event = DagsterEvent(
+        event_type_value=kind.value, job_name="job", event_specific_data=data, step_key=step_key
+    )
     return EventLogEntry(
         error_info=None,
         level="INFO",
@@ -324,13 +331,13 @@ def test_every_shard_commits_in_wal_mode_without_an_fsync_a_commit(tmp_path: Pat
     storage.dispose()
 
 
-def _check_event(run_id: str, data: Any) -> EventLogEntry:
+def _check_event(run_id: str, data: Any, step_key: str | None = "checks") -> EventLogEntry:
     kind = (
         DagsterEventType.ASSET_CHECK_EVALUATION
         if isinstance(data, dg.AssetCheckEvaluation)
         else DagsterEventType.ASSET_CHECK_EVALUATION_PLANNED
     )
-    return _dagster_entry(run_id, kind, data)
+    return _dagster_entry(run_id, kind, data, step_key)
 
 
 def _check_rows(storage: SqliteEventLogStorage) -> list[tuple[Any, ...]]:
@@ -343,10 +350,9 @@ def _check_rows(storage: SqliteEventLogStorage) -> list[tuple[Any, ...]]:
         return [tuple(r) for r in rows]
 
 
-def test_check_rows_are_what_dagsters_own_storage_writes_in_fewer_commits(
-    tmp_path: Path,
-) -> None:
-    keys = [f"s00|t{i:03d}" for i in range(20)]
+def _check_run(n: int) -> tuple[str, EventLogEntry, list[EventLogEntry]]:
+    """A run's planned check event over ``n`` partitions and an evaluation of each."""
+    keys = [f"s00|t{i:03d}" for i in range(n)]
     subset = dg.StaticPartitionsDefinition(keys).subset_with_partition_keys(keys)
     run_id = str(uuid.uuid4())
     planned = _check_event(
@@ -368,8 +374,21 @@ def test_check_rows_are_what_dagsters_own_storage_writes_in_fewer_commits(
         )
         for i, pk in enumerate(keys)
     ]
+    return run_id, planned, evaluations
+
+
+def _run_log(storage: SqliteEventLogStorage, run_id: str) -> list[str]:
+    return [e.dagster_event_type or e.user_message for e in storage.get_logs_for_run(run_id)]
+
+
+def test_check_rows_are_what_dagsters_own_storage_writes_in_fewer_commits(
+    tmp_path: Path,
+) -> None:
+    run_id, planned, evaluations = _check_run(20)
+    keys = [e.get_dagster_event().event_specific_data.partition for e in evaluations]
     stock = SqliteEventLogStorage(str(tmp_path / "stock"))
     pooled = PooledSqliteEventLogStorage(str(tmp_path / "pooled"))
+    held: dict[str, int] = {}
     spent: dict[str, int] = {}
     with _commits() as commits:
         for name, storage in (("stock", stock), ("pooled", pooled)):
@@ -378,13 +397,70 @@ def test_check_rows_are_what_dagsters_own_storage_writes_in_fewer_commits(
             commits.clear()
             for event in evaluations:
                 storage.store_event(event)
+            held[name] = len(commits)
+            storage.store_event(_entry(run_id, "the step's next event"))
             spent[name] = len(commits)
     rows = _check_rows(pooled)
     assert rows == _check_rows(stock)
     assert [r[2] for r in rows] == keys and {r[4] for r in rows} == {"SUCCEEDED", "FAILED"}
-    # Dagster commits an evaluation's run shard, index row and planned-row update apart.
-    assert spent == {"stock": 3 * len(keys), "pooled": 2 * len(keys)}
+    # The run's log holds the same events in the same order: the evaluations before the event
+    # that wrote them.
+    assert _run_log(pooled, run_id) == _run_log(stock, run_id)
+    # Dagster commits an evaluation's run shard, index row and planned-row update apart; the
+    # pooled storage holds them for the next event and commits all in one transaction a shard.
+    assert held == {"stock": 3 * len(keys), "pooled": 0}
+    assert spent == {"stock": 3 * len(keys) + 1, "pooled": 2}
     info = pooled.get_asset_check_partition_info([dg.AssetCheckKey(_LABELS, "integrity")])
     assert {i.partition_key for i in info} == set(keys)
     stock.dispose()
+    pooled.dispose()
+
+
+def test_held_evaluations_are_written_at_the_cap_at_dispose_and_at_exit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sqlite_instance, "_HELD_CHECKS_MAX", 5)
+    _run_id, planned, evaluations = _check_run(12)
+    pooled = PooledSqliteEventLogStorage(str(tmp_path))
+    pooled.store_event(planned)
+    for event in evaluations:
+        pooled.store_event(event)
+    statuses = [r[4] for r in _check_rows(pooled)]
+    assert statuses.count("PLANNED") == 2  # two full rounds of 5 written, 2 held
+    pooled.dispose()
+    reader = SqliteEventLogStorage(str(tmp_path))
+    assert "PLANNED" not in [r[4] for r in _check_rows(reader)]
+    reader.dispose()
+    # At exit (``close_event_logs``, which the CLI runs before it leaves) in a process that
+    # never disposed of its storage.
+    _run_id, planned, evaluations = _check_run(3)
+    script = (
+        "import pickle, sys\n"
+        "from backfill_assets.orchestration.sqlite_instance import PooledSqliteEventLogStorage\n"
+        "from backfill_assets.orchestration.sqlite_instance import close_event_logs\n"
+        "storage = PooledSqliteEventLogStorage(sys.argv[1])\n"
+        "for event in pickle.load(sys.stdin.buffer):\n"
+        "    storage.store_event(event)\n"
+        "close_event_logs()\n"
+    )
+    other = tmp_path / "other"
+    subprocess.run(
+        [sys.executable, "-c", script, str(other)],
+        input=pickle.dumps([planned, *evaluations]),
+        check=True,
+    )
+    reader = SqliteEventLogStorage(str(other))
+    assert sorted(r[4] for r in _check_rows(reader)) == ["FAILED", "SUCCEEDED", "SUCCEEDED"]
+    reader.dispose()
+
+
+def test_an_evaluation_reported_outside_a_step_is_written_at_once(tmp_path: Path) -> None:
+    # The UI or a sensor reporting a check: no next event of its step is coming.
+    run_id, _planned, evaluations = _check_run(1)
+    data = evaluations[0].get_dagster_event().event_specific_data
+    pooled = PooledSqliteEventLogStorage(str(tmp_path))
+    pooled.store_event(_check_event(run_id, data, step_key=None))
+    reader = SqliteEventLogStorage(str(tmp_path))
+    assert [r[4] for r in _check_rows(reader)] == ["FAILED"]
+    reader.dispose()
     pooled.dispose()
