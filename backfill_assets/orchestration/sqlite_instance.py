@@ -22,7 +22,8 @@ run's planned check event is serialised once for all its partitions' rows, not o
 A step's check evaluations (a check step yields one a partition and check, then its outputs)
 wait for the step's next event and are written with it, in one transaction a shard, instead of
 three commits each; a process killed before that next event loses them with the step, whose
-rerun evaluates again.
+rerun evaluates again. Each evaluation's update of its planned row reuses the body its event
+row was written with and a statement built once (Dagster serialises and builds both again).
 
 Every other event is committed on its own, in WAL mode with ``synchronous=NORMAL`` like the
 store's (Dagster leaves SQLite's FULL): a commit survives a SIGKILL. What stays as it was:
@@ -69,6 +70,27 @@ from backfill_assets.orchestration.dagster_private import (
 _OPEN_SHARDS = 16
 # Check evaluations held back at most (see ``store_event``).
 _HELD_CHECKS_MAX = 1000
+# Dagster's update of a partition's planned check row by its evaluation, built once (Dagster
+# builds the expression again for every evaluation).
+_T = AssetCheckExecutionsTable.c
+_EVALUATED = (
+    AssetCheckExecutionsTable.update()
+    .where(
+        sa.and_(
+            _T.asset_key == sa.bindparam("b_asset_key"),
+            _T.check_name == sa.bindparam("b_check_name"),
+            _T.run_id == sa.bindparam("b_run_id"),
+            _T.partition == sa.bindparam("b_partition"),
+        )
+    )
+    .values(
+        execution_status=sa.bindparam("b_status"),
+        evaluation_event=sa.bindparam("b_body"),
+        evaluation_event_timestamp=sa.bindparam("b_timestamp"),
+        evaluation_event_storage_id=sa.bindparam("b_event_id"),
+        materialization_event_storage_id=sa.bindparam("b_target_id"),
+    )
+)
 _LIVE: weakref.WeakSet[PooledSqliteEventLogStorage] = weakref.WeakSet()
 # An empty run shard as the installed Dagster makes it (``_place_new_shard``), once a process.
 _EMPTY_SHARD: bytes | None = None
@@ -108,6 +130,9 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
         # Taken before ``_db_lock``, never after; reentrant: Dagster's one-event batch calls
         # ``store_event``.
         self._write_lock = threading.RLock()
+        # The last check evaluation serialised for its event row, and that body: its update of
+        # the planned row reuses it (Dagster serialises the event again).
+        self._body: tuple[dg.EventLogEntry, str] | None = None
         super().__init__(base_dir, inst_data)
         _LIVE.add(self)
 
@@ -300,8 +325,7 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
         subset = planned.partitions_subset
         partition_keys = subset.get_partition_keys() if subset is not None else [None]
         body = serialize_value(event)
-        # Dagster's ``_event_insert_timestamp``: UTC without a zone.
-        timestamp = datetime.fromtimestamp(event.timestamp, UTC).replace(tzinfo=None)
+        timestamp = _insert_timestamp(event)
         with self.index_connection() as conn:
             conn.execute(
                 AssetCheckExecutionsTable.insert().values(
@@ -320,6 +344,45 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
                     ]
                 )
             )
+
+    def _event_to_row(self, event: dg.EventLogEntry) -> dict[str, Any]:
+        row = super()._event_to_row(event)
+        if event.dagster_event_type == dg.DagsterEventType.ASSET_CHECK_EVALUATION:
+            self._body = (event, row["event"])
+        return row
+
+    def _update_asset_check_evaluation(self, event: dg.EventLogEntry, event_id: int | None) -> None:
+        """Dagster's, with the statement built once and the body the event row was written
+        with. Anything but one row updated (no planned row, or several) goes to Dagster's own,
+        which inserts the row or raises."""
+        evaluation: Any = event.get_dagster_event().event_specific_data
+        stashed, self._body = self._body, None
+        if evaluation.partition is None:
+            super()._update_asset_check_evaluation(event, event_id)
+            return
+        body = stashed[1] if stashed is not None and stashed[0] is event else None
+        target = evaluation.target_materialization_data
+        with self.index_connection() as conn:
+            updated = conn.execute(
+                _EVALUATED,
+                {
+                    "b_asset_key": evaluation.asset_key.to_string(),
+                    "b_check_name": evaluation.check_name,
+                    "b_run_id": event.run_id,
+                    "b_partition": evaluation.partition,
+                    "b_status": (
+                        AssetCheckExecutionRecordStatus.SUCCEEDED.value
+                        if evaluation.passed
+                        else AssetCheckExecutionRecordStatus.FAILED.value
+                    ),
+                    "b_body": body if body is not None else serialize_value(event),
+                    "b_timestamp": _insert_timestamp(event),
+                    "b_event_id": event_id,
+                    "b_target_id": target.storage_id if target else None,
+                },
+            ).rowcount
+        if updated != 1:
+            super()._update_asset_check_evaluation(event, event_id)
 
     @contextlib.contextmanager
     def _connect(self, shard: str) -> Iterator[Connection]:
@@ -367,6 +430,11 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
         self.flush()
         self._close_all()
         super().dispose()
+
+
+def _insert_timestamp(event: dg.EventLogEntry) -> datetime:
+    # Dagster's ``_event_insert_timestamp`` (untyped): UTC without a zone.
+    return datetime.fromtimestamp(event.timestamp, UTC).replace(tzinfo=None)
 
 
 # What a process SIGKILLed inside ``_place_new_shard`` leaves: ``<run>.db.<pid>.new`` and

@@ -464,3 +464,22 @@ def test_an_evaluation_reported_outside_a_step_is_written_at_once(tmp_path: Path
     assert [r[4] for r in _check_rows(reader)] == ["FAILED"]
     reader.dispose()
     pooled.dispose()
+
+
+def test_an_evaluation_without_a_planned_row_is_inserted_as_dagster_does(tmp_path: Path) -> None:
+    # No planned event (Dagster: a step launcher's run): the update finds no row, so Dagster's
+    # own path inserts it; an unpartitioned evaluation goes that way too.
+    run_id, _planned, evaluations = _check_run(3)
+    unpartitioned = dg.AssetCheckEvaluation(asset_key=_LABELS, check_name="integrity", passed=True)
+    events = [*evaluations, _check_event(run_id, unpartitioned)]
+    stock = SqliteEventLogStorage(str(tmp_path / "stock"))
+    pooled = PooledSqliteEventLogStorage(str(tmp_path / "pooled"))
+    for storage in (stock, pooled):
+        for event in events:
+            storage.store_event(event)
+        storage.store_event(_entry(run_id, "the step's next event"))
+    rows = _check_rows(pooled)
+    assert rows == _check_rows(stock)
+    assert len(rows) == 4
+    stock.dispose()
+    pooled.dispose()
