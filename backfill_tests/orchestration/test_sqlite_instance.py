@@ -294,6 +294,33 @@ def test_a_batch_is_one_transaction_a_shard_and_stores_what_one_by_one_does(
         batched.dispose()
 
 
+def test_a_batch_is_serialised_before_it_locks_a_shard(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Another run process waits for the index's write lock while a batch holds it: the
+    # events' serialisation, most of a batch's work, must not happen under it.
+    storage = PooledSqliteEventLogStorage(str(tmp_path))
+    run_id = str(uuid.uuid4())
+    storage.store_event(_entry(run_id, "start"))
+    real = SqliteEventLogStorage._event_to_row
+    open_shards: list[int] = []
+
+    def to_row(self: SqliteEventLogStorage, event: EventLogEntry) -> dict[str, Any]:
+        open_shards.append(len(storage._batch or {}))
+        return real(self, event)
+
+    monkeypatch.setattr(SqliteEventLogStorage, "_event_to_row", to_row)
+    events = [_materialisation(run_id, f"s00|t{i:03d}") for i in range(5)]
+    _run_id, _planned, evaluations = _check_run(3)
+    storage.store_event_batch(events)
+    for event in evaluations:
+        storage.store_event(event)
+    storage.store_event(_entry(run_id, "the step's next event"))
+    assert open_shards == [0] * (len(events) + len(evaluations) + 1)
+    assert _stored(storage) == ({f"s00|t{i:03d}" for i in range(5)}, 5)
+    storage.dispose()
+
+
 def test_a_batch_that_fails_midway_stores_none_of_its_events(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
