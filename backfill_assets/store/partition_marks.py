@@ -21,9 +21,14 @@ Mark = tuple[str, int, int]
 
 def clear(conn: Connection, partitions: Sequence[Mark]) -> None:
     """Forget the marks of partitions about to be materialised again."""
+    if not partitions:
+        return
     pm = partition_marks
-    for tenant, number, _level in partitions:
-        conn.execute(pm.delete().where(pm.c.tenant_id == tenant, pm.c.partition == number))
+    # executemany: one statement for a run's partitions, under the store's write lock.
+    stmt = pm.delete().where(
+        pm.c.tenant_id == sa.bindparam("b_tenant"), pm.c.partition == sa.bindparam("b_number")
+    )
+    conn.execute(stmt, [{"b_tenant": t, "b_number": n} for t, n, _level in partitions])
 
 
 def mark(conn: Connection, partitions: Sequence[Mark], code_version: str) -> None:
