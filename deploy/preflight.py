@@ -15,25 +15,24 @@ from typing import Any
 
 import dagster as dg
 from dagster._core.run_coordinator import QueuedRunCoordinator
+from dagster_postgres import PostgresEventLogStorage, PostgresRunStorage, PostgresScheduleStorage
 
 from backfill_assets.orchestration.settings import Settings
 
-POSTGRES_STORAGES = ("PostgresRunStorage", "PostgresEventLogStorage", "PostgresScheduleStorage")
+# Dagster's PostgreSQL storages, or ours built on them (the event log: pg_instance.py).
+POSTGRES_STORAGES = (PostgresRunStorage, PostgresEventLogStorage, PostgresScheduleStorage)
 
 
 def main() -> int:
     """Check the instance and migrate both schemas; print what runs where."""
     home = os.environ["DAGSTER_HOME"]
     with dg.DagsterInstance.from_config(home) as instance:
-        storages = (
-            type(instance.run_storage).__name__,
-            type(instance.event_log_storage).__name__,
-            type(instance.schedule_storage).__name__,
-        )
-        if storages != POSTGRES_STORAGES:
+        storages = (instance.run_storage, instance.event_log_storage, instance.schedule_storage)
+        if not all(isinstance(s, k) for s, k in zip(storages, POSTGRES_STORAGES, strict=True)):
+            found = ", ".join(type(s).__name__ for s in storages)
             _say(
                 f"bin/prod: {home}/dagster.yaml does not keep runs, events and schedules in"
-                f" PostgreSQL (found {', '.join(storages)}): replace it with"
+                f" PostgreSQL (found {found}): replace it with"
                 " deploy/dagster.postgres.yaml or give it `storage: postgres:`.",
             )
             return 2

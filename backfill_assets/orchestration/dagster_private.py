@@ -21,7 +21,10 @@ from dagster._core.definitions.data_version import CODE_VERSION_TAG
 # its event-log shards' connections open: these are the classes and constants it extends.
 from dagster._core.instance.ref import InstanceRef
 from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
-from dagster._core.storage.event_log.schema import AssetCheckExecutionsTable
+from dagster._core.storage.event_log.schema import (
+    AssetCheckExecutionsTable,
+    SqlEventLogStorageTable,
+)
 from dagster._core.storage.event_log.sqlite.sqlite_event_log import (
     INDEX_SHARD_NAME,
     SqliteEventLogStorage,
@@ -30,6 +33,11 @@ from dagster._core.storage.sqlite import SQLITE_BUSY_TIMEOUT_SECONDS
 from dagster._core.storage.sqlite_storage import DagsterSqliteStorage, _event_logs_directory
 from dagster._serdes import ConfigurableClassData, serialize_value
 
+# The production instance (``pg_instance.py``) subclasses Dagster's PostgreSQL storage the same
+# way: the stock classes, the event rows' table, and how the storage reads its config.
+from dagster_postgres import DagsterPostgresStorage, PostgresEventLogStorage
+from dagster_postgres.utils import get_token_provider_from_config, pg_url_from_config
+
 __all__ = [
     "CODE_VERSION_TAG",
     "INDEX_SHARD_NAME",
@@ -37,11 +45,16 @@ __all__ = [
     "AssetCheckExecutionRecordStatus",
     "AssetCheckExecutionsTable",
     "ConfigurableClassData",
+    "DagsterPostgresStorage",
     "DagsterSqliteStorage",
     "InstanceRef",
+    "PostgresEventLogStorage",
+    "SqlEventLogStorageTable",
     "SqliteEventLogStorage",
     "TargetMaterialization",
     "event_logs_directory",
+    "get_token_provider_from_config",
+    "pg_url_from_config",
     "serialize_value",
 ]
 

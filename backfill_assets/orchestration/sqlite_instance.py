@@ -22,11 +22,10 @@ the rows are inserted (serialising under it left them idle ~15% of a run). A bat
 or nothing: a process killed mid-batch loses that batch's events (as on PostgreSQL), never
 half of one. A run's planned check event is serialised once for all its partitions' rows,
 not once a row, and they are inserted with one statement compiled once. A step's check
-evaluations (a check step yields one a partition and check, then its outputs)
-wait for the step's next event and are written with it, in one transaction a shard, instead of
-three commits each; a process killed before that next event loses them with the step, whose
-rerun evaluates again. Each evaluation's update of its planned row reuses the body its event
-row was written with and a statement built once (Dagster serialises and builds both again).
+evaluations are held (``held_checks.py``) and written with its next event, in one
+transaction a shard, instead of three commits each. Each evaluation's update of its planned
+row reuses the body its event row was written with and a statement built once (Dagster
+serialises and builds both again).
 
 Every other event is committed on its own, in WAL mode with ``synchronous=NORMAL`` like the
 store's (Dagster leaves SQLite's FULL): a commit survives a SIGKILL. What stays as it was:
@@ -68,11 +67,10 @@ from backfill_assets.orchestration.dagster_private import (
     event_logs_directory,
     serialize_value,
 )
+from backfill_assets.orchestration.held_checks import HeldChecks
 
 # Shards whose engine stays open: the index, the runs being written, the runs the UI shows.
 _OPEN_SHARDS = 16
-# Check evaluations held back at most (see ``store_event``).
-_HELD_CHECKS_MAX = 1000
 # Dagster's update of a partition's planned check row by its evaluation, built once (Dagster
 # builds the expression again for every evaluation).
 _T = AssetCheckExecutionsTable.c
@@ -128,11 +126,9 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
         self._batch: dict[str, Connection] | None = None
         self._batch_thread: int | None = None
         self._swept = False  # other processes' leftovers, looked for at the first new shard
-        # Check evaluations not yet written: they go with the next event (see ``store_event``).
-        self._held_checks: list[dg.EventLogEntry] = []
-        # Taken before ``_db_lock``, never after; reentrant: Dagster's one-event batch calls
-        # ``store_event``.
-        self._write_lock = threading.RLock()
+        # A step's check evaluations, written with its next event; its lock is taken before
+        # ``_db_lock``, never after.
+        self._held = HeldChecks()
         # The last check evaluation serialised for its event row, and that body: its update of
         # the planned row reuses it (Dagster serialises the event again).
         self._body: tuple[dg.EventLogEntry, str] | None = None
@@ -235,21 +231,15 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
         return self._index_cols
 
     def store_event(self, event: dg.EventLogEntry) -> None:
-        """A step's check evaluation waits for the next event (or 1,000 of them), to be
-        written with it in one transaction a shard: a check step yields one a partition and
-        check, then its outputs, so it shows when its step yields the next event, at the latest
-        when the step ends. Every other event as Dagster stores it, after those held; an
-        evaluation reported outside a step (the UI, a sensor) is written at once."""
-        with self._write_lock:
-            if self._holds(event):
-                self._held_checks.append(event)
-                if len(self._held_checks) >= _HELD_CHECKS_MAX:
+        """A step's check evaluation is held (``held_checks.py``) and written with the next
+        event in one transaction a shard; every other event as Dagster stores it, after the
+        evaluations held."""
+        with self._held.lock:
+            if self._held.hold(event):
+                if self._held.full:
                     self._write_held([])
                 return
-            if self._held_checks:
-                self._write_held([event])
-                return
-            super().store_event(event)
+            self._write_held([event])
 
     def store_event_batch(self, events: Sequence[dg.EventLogEntry]) -> None:
         """Store the events in one transaction per shard, committed run shards first (as one
@@ -260,32 +250,30 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
         last materialisation, the last run): of a batch's events of one asset and kind only the
         last one writes it, the row ending as it would one event at a time (Dagster's
         PostgreSQL storage writes only a batch's last event there too)."""
-        with self._write_lock:
-            if self._held_checks:
-                self._write_held(list(events))
-            elif len(events) < 2:
+        with self._held.lock:
+            self._write_held([])  # apart: Dagster's fallback would store the batch again
+            if len(events) < 2:
                 super().store_event_batch(events)
             else:
                 self._in_one_transaction(events)
 
-    def _holds(self, event: dg.EventLogEntry) -> bool:
-        dagster_event = event.dagster_event
-        return (
-            dagster_event is not None
-            and dagster_event.event_type == dg.DagsterEventType.ASSET_CHECK_EVALUATION
-            and dagster_event.step_key is not None
-            and self._batch is None
-        )
-
     def flush(self) -> None:
         """Write the check evaluations held back (at dispose and exit too)."""
-        with self._write_lock:
-            if self._held_checks:
-                self._write_held([])
+        with self._held.lock:
+            self._write_held([])
 
     def _write_held(self, then: list[dg.EventLogEntry]) -> None:
-        events, self._held_checks = [*self._held_checks, *then], []
-        self._in_one_transaction(events)
+        events = [*self._held.take(), *then]
+        if len(events) < 2:
+            for event in events:
+                super().store_event(event)
+            return
+        try:
+            self._in_one_transaction(events)
+        except Exception:
+            # All or nothing failed: one at a time, as Dagster does after a failed batch.
+            for event in events:
+                super().store_event(event)
 
     def _in_one_transaction(self, events: Sequence[dg.EventLogEntry]) -> None:
         last: dict[tuple[str, str], int] = {}

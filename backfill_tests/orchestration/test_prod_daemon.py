@@ -230,7 +230,7 @@ def test_prod_daemon_backfill_on_postgres(
 
         with dg.DagsterInstance.from_config(str(home)) as instance:
             assert type(instance.run_storage).__name__ == "PostgresRunStorage"
-            assert type(instance.event_log_storage).__name__ == "PostgresEventLogStorage"
+            assert type(instance.event_log_storage).__name__ == "BatchingPostgresEventLogStorage"
             queue = instance.get_concurrency_config().run_queue_config
             assert queue is not None and queue.tag_concurrency_limits[0]["key"] == "tenant"
             records = instance.get_run_records()

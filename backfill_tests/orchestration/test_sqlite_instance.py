@@ -11,7 +11,6 @@ import sqlite3
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,8 +20,6 @@ import dagster as dg
 import pytest
 import sqlalchemy as sa
 from dagster._core.events import (
-    AssetCheckEvaluationPlanned,
-    DagsterEvent,
     DagsterEventType,
     StepMaterializationData,
 )
@@ -30,10 +27,19 @@ from dagster._core.events.log import EventLogEntry
 from dagster._core.storage.event_log.sqlite.sqlite_event_log import SqliteEventLogStorage
 
 from backfill_assets.cli.instance import INSTANCE_TEMPLATE
-from backfill_assets.orchestration import sqlite_instance
+from backfill_assets.orchestration import held_checks
 from backfill_assets.orchestration.sqlite_instance import (
     EmbeddedInstance,
     PooledSqliteEventLogStorage,
+)
+from backfill_tests.orchestration.event_entries import (
+    LABELS,
+    check_event,
+    check_rows,
+    check_run,
+    dagster_entry,
+    entry,
+    run_log,
 )
 
 
@@ -42,16 +48,6 @@ def _home(tmp_path: Path) -> Path:
     home.mkdir()
     (home / "dagster.yaml").write_bytes(INSTANCE_TEMPLATE.read_bytes())
     return home
-
-
-def _entry(run_id: str, message: str) -> EventLogEntry:
-    return EventLogEntry(
-        error_info=None,
-        level="INFO",
-        user_message=message,
-        run_id=run_id,
-        timestamp=time.time(),
-    )
 
 
 @dg.op
@@ -95,7 +91,7 @@ def test_a_watcher_elsewhere_sees_each_event_as_it_is_written(tmp_path: Path) ->
     writer = PooledSqliteEventLogStorage(base)
     reader = SqliteEventLogStorage(base)
     run_id = str(uuid.uuid4())
-    writer.store_event(_entry(run_id, "first"))  # the shard exists before the watch starts
+    writer.store_event(entry(run_id, "first"))  # the shard exists before the watch starts
     seen: list[str] = []
     arrived = threading.Event()
 
@@ -107,7 +103,7 @@ def test_a_watcher_elsewhere_sees_each_event_as_it_is_written(tmp_path: Path) ->
     try:
         for message in ("second", "third"):
             arrived.clear()
-            writer.store_event(_entry(run_id, message))
+            writer.store_event(entry(run_id, message))
             assert arrived.wait(10), f"the watcher never saw {message!r}: {seen}"
         assert seen[-1] == "third"
     finally:
@@ -121,14 +117,14 @@ def test_engines_stay_bounded_and_wipe_closes_them_first(tmp_path: Path) -> None
     storage = PooledSqliteEventLogStorage(str(base), open_shards=3)
     runs = [str(uuid.uuid4()) for _ in range(6)]
     for run_id in runs:
-        storage.store_event(_entry(run_id, "hello"))
+        storage.store_event(entry(run_id, "hello"))
     assert storage.open_engines == 3  # the least recently used were closed
     assert len(storage.get_logs_for_run(runs[0])) == 1  # and reopen on demand
     storage.wipe()
     assert not list(base.glob("*-*-*.db"))
     # runs[0]'s connection was open: kept across the wipe, it would write into the deleted
     # file. This event must land in a new one.
-    storage.store_event(_entry(runs[0], "after"))
+    storage.store_event(entry(runs[0], "after"))
     stock = SqliteEventLogStorage(str(base))
     assert [e.user_message for e in stock.get_logs_for_run(runs[0])] == ["after"]
 
@@ -138,18 +134,18 @@ def test_a_forked_child_opens_its_own_connections(tmp_path: Path) -> None:
     base = tmp_path / "runs"
     storage = PooledSqliteEventLogStorage(str(base))
     run_id = str(uuid.uuid4())
-    storage.store_event(_entry(run_id, "parent"))
+    storage.store_event(entry(run_id, "parent"))
     pid = os.fork()
     if pid == 0:  # the child: the inherited connection is forgotten, a new one is opened
         code = 1
         try:
             code = 0 if not storage.open_engines else 3
-            storage.store_event(_entry(run_id, "child"))
+            storage.store_event(entry(run_id, "child"))
         finally:
             os._exit(code)
     _pid, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
-    storage.store_event(_entry(run_id, "parent again"))  # the parent's connection still works
+    storage.store_event(entry(run_id, "parent again"))  # the parent's connection still works
     stock = SqliteEventLogStorage(str(base))
     messages = [e.user_message for e in stock.get_logs_for_run(run_id)]
     assert messages == ["parent", "child", "parent again"]
@@ -172,8 +168,8 @@ def test_a_new_run_shard_is_what_dagster_itself_makes(tmp_path: Path) -> None:
     stock = SqliteEventLogStorage(str(tmp_path / "stock"))
     for n in range(2):  # the second is a copy in any case
         run_id = str(uuid.uuid4())
-        pooled.store_event(_entry(run_id, "hello"))
-        stock.store_event(_entry(run_id, "hello"))
+        pooled.store_event(entry(run_id, "hello"))
+        stock.store_event(entry(run_id, "hello"))
         ours, theirs = Path(pooled.path_for_shard(run_id)), Path(stock.path_for_shard(run_id))
         pooled.dispose()  # closed, so the file alone holds the shard
         assert _schema(ours) == _schema(theirs), n
@@ -200,34 +196,18 @@ def test_a_process_killed_placing_a_shard_leaves_nothing_for_long(tmp_path: Path
         (base / name).write_bytes(b"partial")
     pooled = PooledSqliteEventLogStorage(str(base))
     run_id = str(uuid.uuid4())
-    pooled.store_event(_entry(run_id, "hello"))
+    pooled.store_event(entry(run_id, "hello"))
     pooled.dispose()
     names = {p.name for p in base.iterdir()}
     assert not names & set(left)
     assert names >= {*live, "notes.new", ".empty-shard.x.db", f"{run_id}.db"}
 
 
-def _dagster_entry(
-    run_id: str, kind: DagsterEventType, data: Any, step_key: str | None = None
-) -> EventLogEntry:
-    event = DagsterEvent(
-        event_type_value=kind.value, job_name="job", event_specific_data=data, step_key=step_key
-    )
-    return EventLogEntry(
-        error_info=None,
-        level="INFO",
-        user_message="",
-        run_id=run_id,
-        timestamp=time.time(),
-        dagster_event=event,
-    )
-
-
 def _materialisation(run_id: str, partition: str) -> EventLogEntry:
     data = StepMaterializationData(
         dg.AssetMaterialization(asset_key="labels", partition=partition, tags={"k": "v"})
     )
-    return _dagster_entry(run_id, DagsterEventType.ASSET_MATERIALIZATION, data)
+    return dagster_entry(run_id, DagsterEventType.ASSET_MATERIALIZATION, data)
 
 
 @contextlib.contextmanager
@@ -247,20 +227,17 @@ def _commits() -> Iterator[list[str]]:
 
 def _stored(storage: SqliteEventLogStorage) -> tuple[set[str], int]:
     records = storage.get_event_records(
-        dg.EventRecordsFilter(dg.DagsterEventType.ASSET_MATERIALIZATION, asset_key=_LABELS),
+        dg.EventRecordsFilter(dg.DagsterEventType.ASSET_MATERIALIZATION, asset_key=LABELS),
         limit=1000,
     )
     partitions = {r.partition_key for r in records if r.partition_key}
     return partitions, len(records)
 
 
-_LABELS = dg.AssetKey("labels")
-
-
 def _asset_row(storage: SqliteEventLogStorage) -> tuple[str | None, int, str | None]:
     """The asset table's row of ``labels``: its last materialisation's partition and storage
     id, and its last run."""
-    (record,) = storage.get_asset_records([_LABELS])
+    (record,) = storage.get_asset_records([LABELS])
     last = record.asset_entry.last_materialization_record
     assert last is not None
     return last.partition_key, last.storage_id, record.asset_entry.last_run_id
@@ -275,7 +252,7 @@ def test_a_batch_is_one_transaction_a_shard_and_stores_what_one_by_one_does(
         run_id = str(uuid.uuid4())
         events = [_materialisation(run_id, f"s00|t{i:03d}") for i in range(50)]
         for storage in (one, batched):
-            storage.store_event(_entry(run_id, "start"))  # shards and tables exist
+            storage.store_event(entry(run_id, "start"))  # shards and tables exist
         commits.clear()
         for event in events:
             one.store_event(event)
@@ -284,8 +261,8 @@ def test_a_batch_is_one_transaction_a_shard_and_stores_what_one_by_one_does(
         batched.store_event_batch(events)
         assert len(commits) == 2 and singly >= 100  # a run shard and the index vs. each event
         assert _stored(batched) == _stored(one) == ({f"s00|t{i:03d}" for i in range(50)}, 50)
-        assert batched.get_materialized_partitions(_LABELS) == one.get_materialized_partitions(
-            _LABELS
+        assert batched.get_materialized_partitions(LABELS) == one.get_materialized_partitions(
+            LABELS
         )
         # The asset's row is written once for the batch, and ends as one event at a time left it.
         assert _asset_row(batched) == _asset_row(one)
@@ -301,7 +278,7 @@ def test_a_batch_is_serialised_before_it_locks_a_shard(
     # events' serialisation, most of a batch's work, must not happen under it.
     storage = PooledSqliteEventLogStorage(str(tmp_path))
     run_id = str(uuid.uuid4())
-    storage.store_event(_entry(run_id, "start"))
+    storage.store_event(entry(run_id, "start"))
     real = SqliteEventLogStorage._event_to_row
     open_shards: list[int] = []
 
@@ -311,11 +288,11 @@ def test_a_batch_is_serialised_before_it_locks_a_shard(
 
     monkeypatch.setattr(SqliteEventLogStorage, "_event_to_row", to_row)
     events = [_materialisation(run_id, f"s00|t{i:03d}") for i in range(5)]
-    _run_id, _planned, evaluations = _check_run(3)
+    _run_id, _planned, evaluations = check_run(3)
     storage.store_event_batch(events)
     for event in evaluations:
         storage.store_event(event)
-    storage.store_event(_entry(run_id, "the step's next event"))
+    storage.store_event(entry(run_id, "the step's next event"))
     assert open_shards == [0] * (len(events) + len(evaluations) + 1)
     assert _stored(storage) == ({f"s00|t{i:03d}" for i in range(5)}, 5)
     storage.dispose()
@@ -326,7 +303,7 @@ def test_a_batch_that_fails_midway_stores_none_of_its_events(
 ) -> None:
     storage = PooledSqliteEventLogStorage(str(tmp_path / "runs"))
     run_id = str(uuid.uuid4())
-    storage.store_event(_entry(run_id, "start"))
+    storage.store_event(entry(run_id, "start"))
     real = SqliteEventLogStorage.store_event
     seen: list[int] = []
 
@@ -341,7 +318,7 @@ def test_a_batch_that_fails_midway_stores_none_of_its_events(
         storage.store_event_batch([_materialisation(run_id, f"p{i}") for i in range(5)])
     monkeypatch.setattr(SqliteEventLogStorage, "store_event", real)
     assert _stored(storage) == (set(), 0)  # all or nothing
-    storage.store_event(_entry(run_id, "the lock and the shards still work"))
+    storage.store_event(entry(run_id, "the lock and the shards still work"))
     storage.store_event_batch([_materialisation(run_id, f"p{i}") for i in range(5)])
     assert _stored(storage) == ({f"p{i}" for i in range(5)}, 5)
     storage.dispose()
@@ -350,7 +327,7 @@ def test_a_batch_that_fails_midway_stores_none_of_its_events(
 def test_every_shard_commits_in_wal_mode_without_an_fsync_a_commit(tmp_path: Path) -> None:
     storage = PooledSqliteEventLogStorage(str(tmp_path / "runs"))
     run_id = str(uuid.uuid4())
-    storage.store_event(_entry(run_id, "hello"))
+    storage.store_event(entry(run_id, "hello"))
     for shard in (run_id, "index"):
         with storage._connect(shard) as conn:
             assert conn.exec_driver_sql("PRAGMA journal_mode").scalar_one() == "wal"
@@ -358,60 +335,10 @@ def test_every_shard_commits_in_wal_mode_without_an_fsync_a_commit(tmp_path: Pat
     storage.dispose()
 
 
-def _check_event(run_id: str, data: Any, step_key: str | None = "checks") -> EventLogEntry:
-    kind = (
-        DagsterEventType.ASSET_CHECK_EVALUATION
-        if isinstance(data, dg.AssetCheckEvaluation)
-        else DagsterEventType.ASSET_CHECK_EVALUATION_PLANNED
-    )
-    return _dagster_entry(run_id, kind, data, step_key)
-
-
-def _check_rows(storage: SqliteEventLogStorage) -> list[tuple[Any, ...]]:
-    with storage.index_connection() as conn:
-        rows = conn.exec_driver_sql(
-            "SELECT asset_key, check_name, partition, run_id, execution_status, evaluation_event,"
-            " evaluation_event_timestamp, evaluation_event_storage_id,"
-            " materialization_event_storage_id FROM asset_check_executions ORDER BY partition"
-        )
-        return [tuple(r) for r in rows]
-
-
-def _check_run(n: int) -> tuple[str, EventLogEntry, list[EventLogEntry]]:
-    """A run's planned check event over ``n`` partitions and an evaluation of each."""
-    keys = [f"s00|t{i:03d}" for i in range(n)]
-    subset = dg.StaticPartitionsDefinition(keys).subset_with_partition_keys(keys)
-    run_id = str(uuid.uuid4())
-    planned = _check_event(
-        run_id,
-        AssetCheckEvaluationPlanned(
-            asset_key=_LABELS, check_name="integrity", partitions_subset=subset
-        ),
-    )
-    evaluations = [
-        _check_event(
-            run_id,
-            dg.AssetCheckEvaluation(
-                asset_key=_LABELS,
-                check_name="integrity",
-                passed=i % 3 != 0,
-                metadata={"n": i},
-                partition=pk,
-            ),
-        )
-        for i, pk in enumerate(keys)
-    ]
-    return run_id, planned, evaluations
-
-
-def _run_log(storage: SqliteEventLogStorage, run_id: str) -> list[str]:
-    return [e.dagster_event_type or e.user_message for e in storage.get_logs_for_run(run_id)]
-
-
 def test_check_rows_are_what_dagsters_own_storage_writes_in_fewer_commits(
     tmp_path: Path,
 ) -> None:
-    run_id, planned, evaluations = _check_run(20)
+    run_id, planned, evaluations = check_run(20)
     keys = [e.get_dagster_event().event_specific_data.partition for e in evaluations]
     stock = SqliteEventLogStorage(str(tmp_path / "stock"))
     pooled = PooledSqliteEventLogStorage(str(tmp_path / "pooled"))
@@ -419,25 +346,25 @@ def test_check_rows_are_what_dagsters_own_storage_writes_in_fewer_commits(
     spent: dict[str, int] = {}
     with _commits() as commits:
         for name, storage in (("stock", stock), ("pooled", pooled)):
-            storage.store_event(_entry(run_id, "start"))
+            storage.store_event(entry(run_id, "start"))
             storage.store_event(planned)
             commits.clear()
             for event in evaluations:
                 storage.store_event(event)
             held[name] = len(commits)
-            storage.store_event(_entry(run_id, "the step's next event"))
+            storage.store_event(entry(run_id, "the step's next event"))
             spent[name] = len(commits)
-    rows = _check_rows(pooled)
-    assert rows == _check_rows(stock)
+    rows = check_rows(pooled)
+    assert rows == check_rows(stock)
     assert [r[2] for r in rows] == keys and {r[4] for r in rows} == {"SUCCEEDED", "FAILED"}
     # The run's log holds the same events in the same order: the evaluations before the event
     # that wrote them.
-    assert _run_log(pooled, run_id) == _run_log(stock, run_id)
+    assert run_log(pooled, run_id) == run_log(stock, run_id)
     # Dagster commits an evaluation's run shard, index row and planned-row update apart; the
     # pooled storage holds them for the next event and commits all in one transaction a shard.
     assert held == {"stock": 3 * len(keys), "pooled": 0}
     assert spent == {"stock": 3 * len(keys) + 1, "pooled": 2}
-    info = pooled.get_asset_check_partition_info([dg.AssetCheckKey(_LABELS, "integrity")])
+    info = pooled.get_asset_check_partition_info([dg.AssetCheckKey(LABELS, "integrity")])
     assert {i.partition_key for i in info} == set(keys)
     stock.dispose()
     pooled.dispose()
@@ -446,21 +373,21 @@ def test_check_rows_are_what_dagsters_own_storage_writes_in_fewer_commits(
 def test_held_evaluations_are_written_at_the_cap_at_dispose_and_at_exit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(sqlite_instance, "_HELD_CHECKS_MAX", 5)
-    _run_id, planned, evaluations = _check_run(12)
+    monkeypatch.setattr(held_checks, "HELD_MAX", 5)
+    _run_id, planned, evaluations = check_run(12)
     pooled = PooledSqliteEventLogStorage(str(tmp_path))
     pooled.store_event(planned)
     for event in evaluations:
         pooled.store_event(event)
-    statuses = [r[4] for r in _check_rows(pooled)]
+    statuses = [r[4] for r in check_rows(pooled)]
     assert statuses.count("PLANNED") == 2  # two full rounds of 5 written, 2 held
     pooled.dispose()
     reader = SqliteEventLogStorage(str(tmp_path))
-    assert "PLANNED" not in [r[4] for r in _check_rows(reader)]
+    assert "PLANNED" not in [r[4] for r in check_rows(reader)]
     reader.dispose()
     # At exit (``close_event_logs``, which the CLI runs before it leaves) in a process that
     # never disposed of its storage.
-    _run_id, planned, evaluations = _check_run(3)
+    _run_id, planned, evaluations = check_run(3)
     script = (
         "import pickle, sys\n"
         "from backfill_assets.orchestration.sqlite_instance import PooledSqliteEventLogStorage\n"
@@ -477,18 +404,18 @@ def test_held_evaluations_are_written_at_the_cap_at_dispose_and_at_exit(
         check=True,
     )
     reader = SqliteEventLogStorage(str(other))
-    assert sorted(r[4] for r in _check_rows(reader)) == ["FAILED", "SUCCEEDED", "SUCCEEDED"]
+    assert sorted(r[4] for r in check_rows(reader)) == ["FAILED", "SUCCEEDED", "SUCCEEDED"]
     reader.dispose()
 
 
 def test_an_evaluation_reported_outside_a_step_is_written_at_once(tmp_path: Path) -> None:
     # The UI or a sensor reporting a check: no next event of its step is coming.
-    run_id, _planned, evaluations = _check_run(1)
+    run_id, _planned, evaluations = check_run(1)
     data = evaluations[0].get_dagster_event().event_specific_data
     pooled = PooledSqliteEventLogStorage(str(tmp_path))
-    pooled.store_event(_check_event(run_id, data, step_key=None))
+    pooled.store_event(check_event(run_id, data, step_key=None))
     reader = SqliteEventLogStorage(str(tmp_path))
-    assert [r[4] for r in _check_rows(reader)] == ["FAILED"]
+    assert [r[4] for r in check_rows(reader)] == ["FAILED"]
     reader.dispose()
     pooled.dispose()
 
@@ -496,17 +423,17 @@ def test_an_evaluation_reported_outside_a_step_is_written_at_once(tmp_path: Path
 def test_an_evaluation_without_a_planned_row_is_inserted_as_dagster_does(tmp_path: Path) -> None:
     # No planned event (Dagster: a step launcher's run): the update finds no row, so Dagster's
     # own path inserts it; an unpartitioned evaluation goes that way too.
-    run_id, _planned, evaluations = _check_run(3)
-    unpartitioned = dg.AssetCheckEvaluation(asset_key=_LABELS, check_name="integrity", passed=True)
-    events = [*evaluations, _check_event(run_id, unpartitioned)]
+    run_id, _planned, evaluations = check_run(3)
+    unpartitioned = dg.AssetCheckEvaluation(asset_key=LABELS, check_name="integrity", passed=True)
+    events = [*evaluations, check_event(run_id, unpartitioned)]
     stock = SqliteEventLogStorage(str(tmp_path / "stock"))
     pooled = PooledSqliteEventLogStorage(str(tmp_path / "pooled"))
     for storage in (stock, pooled):
         for event in events:
             storage.store_event(event)
-        storage.store_event(_entry(run_id, "the step's next event"))
-    rows = _check_rows(pooled)
-    assert rows == _check_rows(stock)
+        storage.store_event(entry(run_id, "the step's next event"))
+    rows = check_rows(pooled)
+    assert rows == check_rows(stock)
     assert len(rows) == 4
     stock.dispose()
     pooled.dispose()

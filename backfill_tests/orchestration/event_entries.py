@@ -1,0 +1,92 @@
+"""Dagster event-log entries built by hand, and what an event log stored of them: shared by
+the embedded (SQLite) and production (PostgreSQL) instance tests."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import dagster as dg
+from dagster._core.events import AssetCheckEvaluationPlanned, DagsterEvent, DagsterEventType
+from dagster._core.events.log import EventLogEntry
+from dagster._core.storage.event_log.sql_event_log import SqlEventLogStorage
+
+
+def entry(run_id: str, message: str) -> EventLogEntry:
+    return EventLogEntry(
+        error_info=None,
+        level="INFO",
+        user_message=message,
+        run_id=run_id,
+        timestamp=time.time(),
+    )
+
+
+def dagster_entry(
+    run_id: str, kind: DagsterEventType, data: Any, step_key: str | None = None
+) -> EventLogEntry:
+    event = DagsterEvent(
+        event_type_value=kind.value, job_name="job", event_specific_data=data, step_key=step_key
+    )
+    return EventLogEntry(
+        error_info=None,
+        level="INFO",
+        user_message="",
+        run_id=run_id,
+        timestamp=time.time(),
+        dagster_event=event,
+    )
+
+
+LABELS = dg.AssetKey("labels")
+
+
+def check_event(run_id: str, data: Any, step_key: str | None = "checks") -> EventLogEntry:
+    kind = (
+        DagsterEventType.ASSET_CHECK_EVALUATION
+        if isinstance(data, dg.AssetCheckEvaluation)
+        else DagsterEventType.ASSET_CHECK_EVALUATION_PLANNED
+    )
+    return dagster_entry(run_id, kind, data, step_key)
+
+
+def check_rows(storage: SqlEventLogStorage) -> list[tuple[Any, ...]]:
+    with storage.index_connection() as conn:
+        rows = conn.exec_driver_sql(
+            "SELECT asset_key, check_name, partition, run_id, execution_status, evaluation_event,"
+            " evaluation_event_timestamp, evaluation_event_storage_id,"
+            " materialization_event_storage_id FROM asset_check_executions ORDER BY partition"
+        )
+        return [tuple(r) for r in rows]
+
+
+def check_run(n: int) -> tuple[str, EventLogEntry, list[EventLogEntry]]:
+    """A run's planned check event over ``n`` partitions and an evaluation of each."""
+    keys = [f"s00|t{i:03d}" for i in range(n)]
+    subset = dg.StaticPartitionsDefinition(keys).subset_with_partition_keys(keys)
+    run_id = str(uuid.uuid4())
+    planned = check_event(
+        run_id,
+        AssetCheckEvaluationPlanned(
+            asset_key=LABELS, check_name="integrity", partitions_subset=subset
+        ),
+    )
+    evaluations = [
+        check_event(
+            run_id,
+            dg.AssetCheckEvaluation(
+                asset_key=LABELS,
+                check_name="integrity",
+                passed=i % 3 != 0,
+                metadata={"n": i},
+                partition=pk,
+            ),
+        )
+        for i, pk in enumerate(keys)
+    ]
+    return run_id, planned, evaluations
+
+
+def run_log(storage: SqlEventLogStorage, run_id: str) -> list[str]:
+    return [e.dagster_event_type or e.user_message for e in storage.get_logs_for_run(run_id)]

@@ -1,0 +1,145 @@
+"""The production instance's event log (``pg_instance.py``) against Dagster's own PostgreSQL
+event log: the same rows, far fewer connections, nothing held is lost."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import dagster as dg
+import pytest
+import sqlalchemy as sa
+from dagster_postgres import PostgresEventLogStorage
+
+from backfill_assets.orchestration import held_checks
+from backfill_assets.orchestration.pg_instance import BatchingPostgresEventLogStorage
+from backfill_tests.conftest import pg_database
+from backfill_tests.orchestration.event_entries import (
+    LABELS,
+    check_event,
+    check_rows,
+    check_run,
+    entry,
+    run_log,
+)
+
+pytestmark = pytest.mark.pg
+
+
+@pytest.fixture
+def two_instances(pg_available: bool) -> Iterator[tuple[str, str]]:
+    """Two empty instance databases: Dagster's storage in one, ours in the other."""
+    if not pg_available:
+        pytest.skip("PostgreSQL not available (set BACKFILL_TEST_PG_URL)")
+    with pg_database("bf_dagster") as stock, pg_database("bf_dagster") as ours:
+        yield stock, ours
+
+
+@contextlib.contextmanager
+def _connections() -> Iterator[list[str]]:
+    """Each new DBAPI connection any engine opens while the block runs."""
+    opened: list[str] = []
+
+    def count(_dbapi: object, _record: object) -> None:
+        opened.append("connect")
+
+    sa.event.listen(sa.pool.Pool, "connect", count)
+    try:
+        yield opened
+    finally:
+        sa.event.remove(sa.pool.Pool, "connect", count)
+
+
+def test_check_rows_are_what_dagsters_own_storage_writes_on_two_connections_a_batch(
+    two_instances: tuple[str, str],
+) -> None:
+    run_id, planned, evaluations = check_run(20)
+    stock = PostgresEventLogStorage(two_instances[0])
+    ours = BatchingPostgresEventLogStorage(two_instances[1])
+    held: dict[str, int] = {}
+    spent: dict[str, int] = {}
+    with _connections() as opened:
+        for name, storage in (("stock", stock), ("ours", ours)):
+            storage.store_event(entry(run_id, "start"))
+            storage.store_event(planned)
+            opened.clear()
+            for event in evaluations:
+                storage.store_event(event)
+            held[name] = len(opened)
+            storage.store_event(entry(run_id, "the step's next event"))
+            spent[name] = len(opened)
+    rows = check_rows(ours)
+    # Storage ids differ between the databases only if the order did.
+    assert rows == check_rows(stock)
+    assert {r[4] for r in rows} == {"SUCCEEDED", "FAILED"} and len(rows) == 20
+    assert run_log(ours, run_id) == run_log(stock, run_id)
+    # Dagster opens three connections an evaluation (its event row, a schema check, its
+    # planned row); ours holds them, then writes them on two and the next event on its own.
+    assert held == {"stock": 3 * len(evaluations), "ours": 0}
+    assert spent == {"stock": 3 * len(evaluations) + 1, "ours": 3}
+    info = ours.get_asset_check_partition_info([dg.AssetCheckKey(LABELS, "integrity")])
+    assert {i.partition_key for i in info} == {f"s00|t{i:03d}" for i in range(20)}
+    stock.dispose()
+    ours.dispose()
+
+
+def test_an_evaluation_without_a_planned_row_is_inserted_as_dagster_does(
+    two_instances: tuple[str, str],
+) -> None:
+    # No planned event (Dagster: a step launcher's run): the batched update misses, Dagster's
+    # own path inserts the rows; an unpartitioned evaluation goes Dagster's way from the start.
+    run_id, _planned, evaluations = check_run(3)
+    unpartitioned = dg.AssetCheckEvaluation(asset_key=LABELS, check_name="integrity", passed=True)
+    events = [*evaluations, check_event(run_id, unpartitioned)]
+    stock = PostgresEventLogStorage(two_instances[0])
+    ours = BatchingPostgresEventLogStorage(two_instances[1])
+    for storage in (stock, ours):
+        for event in events:
+            storage.store_event(event)
+        storage.store_event(entry(run_id, "the step's next event"))
+    rows = check_rows(ours)
+    assert rows == check_rows(stock) and len(rows) == 4
+    stock.dispose()
+    ours.dispose()
+
+
+def test_held_evaluations_are_written_at_the_cap_at_dispose_and_outside_a_step_at_once(
+    two_instances: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(held_checks, "HELD_MAX", 5)
+    _run_id, planned, evaluations = check_run(12)
+    ours = BatchingPostgresEventLogStorage(two_instances[1])
+    reader = PostgresEventLogStorage(two_instances[1])
+    ours.store_event(planned)
+    for event in evaluations:
+        ours.store_event(event)
+    assert [r[4] for r in check_rows(reader)].count("PLANNED") == 2  # 2 rounds of 5 written
+    ours.dispose()
+    assert "PLANNED" not in [r[4] for r in check_rows(reader)]
+    # Reported outside a step (the UI, a sensor): no next event of its step is coming.
+    run_id, _planned, (first, *_rest) = check_run(1)
+    data = first.get_dagster_event().event_specific_data
+    ours = BatchingPostgresEventLogStorage(two_instances[1])
+    ours.store_event(check_event(run_id, data, step_key=None))
+    assert sum(r[3] == run_id for r in check_rows(reader)) == 1  # before any other event
+    ours.dispose()
+    reader.dispose()
+
+
+def test_a_failed_batch_stores_the_evaluations_one_at_a_time(
+    two_instances: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run_id, planned, evaluations = check_run(4)
+    ours = BatchingPostgresEventLogStorage(two_instances[1])
+    ours.store_event(planned)
+
+    def broken(_events: object) -> None:
+        raise sa.exc.OperationalError("INSERT", {}, Exception("server closed the connection"))
+
+    monkeypatch.setattr(ours, "_write_evaluations", broken)
+    for event in evaluations:
+        ours.store_event(event)
+    ours.store_event(entry(run_id, "the step's next event"))
+    assert sorted(r[4] for r in check_rows(ours)) == ["FAILED", "FAILED", "SUCCEEDED", "SUCCEEDED"]
+    assert run_log(ours, run_id).count(dg.DagsterEventType.ASSET_CHECK_EVALUATION) == 4
+    ours.dispose()
