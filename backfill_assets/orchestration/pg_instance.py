@@ -19,11 +19,15 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import dagster as dg
-import sqlalchemy as sa
 
+from backfill_assets.orchestration.check_executions import (
+    EVALUATED,
+    PLANNED,
+    batchable,
+    evaluated_params,
+    planned_rows,
+)
 from backfill_assets.orchestration.dagster_private import (
-    AssetCheckExecutionRecordStatus,
-    AssetCheckExecutionsTable,
     ConfigurableClassData,
     DagsterPostgresStorage,
     PostgresEventLogStorage,
@@ -32,27 +36,6 @@ from backfill_assets.orchestration.dagster_private import (
     pg_url_from_config,
 )
 from backfill_assets.orchestration.held_checks import HeldChecks
-
-_T = AssetCheckExecutionsTable.c
-# The update Dagster runs for each evaluation, built once and run for a batch (executemany).
-_EVALUATED = (
-    AssetCheckExecutionsTable.update()
-    .where(
-        sa.and_(
-            _T.asset_key == sa.bindparam("b_asset_key"),
-            _T.check_name == sa.bindparam("b_check_name"),
-            _T.run_id == sa.bindparam("b_run_id"),
-            _T.partition == sa.bindparam("b_partition"),
-        )
-    )
-    .values(
-        execution_status=sa.bindparam("b_status"),
-        evaluation_event=sa.bindparam("b_body"),
-        evaluation_event_timestamp=sa.bindparam("b_timestamp"),
-        evaluation_event_storage_id=sa.bindparam("b_event_id"),
-        materialization_event_storage_id=sa.bindparam("b_target_id"),
-    )
-)
 
 
 class BatchingPostgresEventLogStorage(PostgresEventLogStorage):
@@ -89,6 +72,13 @@ class BatchingPostgresEventLogStorage(PostgresEventLogStorage):
         self.flush()
         super().dispose()
 
+    def _store_asset_check_evaluation_planned(
+        self, event: dg.EventLogEntry, event_id: int | None
+    ) -> None:
+        """Dagster's rows, the event serialised once (``check_executions.py``)."""
+        with self.index_connection() as conn:
+            conn.execute(PLANNED, planned_rows(event, event_id))
+
     def _write_held(self) -> None:
         events = self._held.take()
         if not events:
@@ -112,39 +102,21 @@ class BatchingPostgresEventLogStorage(PostgresEventLogStorage):
             ids = [int(row[0]) for row in result.fetchall()]
         assert len(ids) == len(events)
         updates: list[dict[str, Any]] = []
-        partitioned: list[tuple[dg.EventLogEntry, int]] = []
+        batched: list[tuple[dg.EventLogEntry, int]] = []
         for event, row, event_id in zip(events, rows, ids, strict=True):
-            evaluation: Any = event.get_dagster_event().event_specific_data
-            if evaluation.partition is None or not event.run_id:
+            if not batchable(event):
                 self.store_asset_check_event(event, event_id)  # Dagster's way
                 continue
-            target = evaluation.target_materialization_data
-            partitioned.append((event, event_id))
-            updates.append(
-                {
-                    "b_asset_key": evaluation.asset_key.to_string(),
-                    "b_check_name": evaluation.check_name,
-                    "b_run_id": event.run_id,
-                    "b_partition": evaluation.partition,
-                    "b_status": (
-                        AssetCheckExecutionRecordStatus.SUCCEEDED.value
-                        if evaluation.passed
-                        else AssetCheckExecutionRecordStatus.FAILED.value
-                    ),
-                    "b_body": row["event"],
-                    "b_timestamp": row["timestamp"],
-                    "b_event_id": event_id,
-                    "b_target_id": target.storage_id if target else None,
-                }
-            )
+            batched.append((event, event_id))
+            updates.append(evaluated_params(event, row["event"], event_id))
         if not updates:
             return
         with self.index_transaction() as conn:
-            updated = conn.execute(_EVALUATED, updates).rowcount
+            updated = conn.execute(EVALUATED, updates).rowcount
         if updated != len(updates):
             # Some partition had no planned row (or several): Dagster's own update inserts the
             # row or raises; rerunning it for those updated already writes the same values.
-            for event, event_id in partitioned:
+            for event, event_id in batched:
                 self._update_asset_check_evaluation(event, event_id)
 
 

@@ -46,7 +46,6 @@ import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
-from datetime import UTC, datetime
 from typing import Any
 
 import dagster as dg
@@ -55,11 +54,16 @@ import yaml
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.pool import NullPool
 
+from backfill_assets.orchestration.check_executions import (
+    EVALUATED,
+    PLANNED,
+    batchable,
+    evaluated_params,
+    planned_rows,
+)
 from backfill_assets.orchestration.dagster_private import (
     INDEX_SHARD_NAME,
     SQLITE_BUSY_TIMEOUT_SECONDS,
-    AssetCheckExecutionRecordStatus,
-    AssetCheckExecutionsTable,
     ConfigurableClassData,
     DagsterSqliteStorage,
     InstanceRef,
@@ -71,27 +75,6 @@ from backfill_assets.orchestration.held_checks import HeldChecks
 
 # Shards whose engine stays open: the index, the runs being written, the runs the UI shows.
 _OPEN_SHARDS = 16
-# Dagster's update of a partition's planned check row by its evaluation, built once (Dagster
-# builds the expression again for every evaluation).
-_T = AssetCheckExecutionsTable.c
-_EVALUATED = (
-    AssetCheckExecutionsTable.update()
-    .where(
-        sa.and_(
-            _T.asset_key == sa.bindparam("b_asset_key"),
-            _T.check_name == sa.bindparam("b_check_name"),
-            _T.run_id == sa.bindparam("b_run_id"),
-            _T.partition == sa.bindparam("b_partition"),
-        )
-    )
-    .values(
-        execution_status=sa.bindparam("b_status"),
-        evaluation_event=sa.bindparam("b_body"),
-        evaluation_event_timestamp=sa.bindparam("b_timestamp"),
-        evaluation_event_storage_id=sa.bindparam("b_event_id"),
-        materialization_event_storage_id=sa.bindparam("b_target_id"),
-    )
-)
 _LIVE: weakref.WeakSet[PooledSqliteEventLogStorage] = weakref.WeakSet()
 # An empty run shard as the installed Dagster makes it (``_place_new_shard``), once a process.
 _EMPTY_SHARD: bytes | None = None
@@ -316,32 +299,9 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
     def _store_asset_check_evaluation_planned(
         self, event: dg.EventLogEntry, event_id: int | None
     ) -> None:
-        """Dagster's own, with the planned event serialised once for all its partitions' rows
-        (Dagster serialises it again for each: 500 times in a run of 500 partitions)."""
-        planned: Any = event.get_dagster_event().event_specific_data
-        subset = planned.partitions_subset
-        partition_keys = subset.get_partition_keys() if subset is not None else [None]
-        body = serialize_value(event)
-        timestamp = _insert_timestamp(event)
+        """Dagster's rows, the event serialised once (``check_executions.py``)."""
         with self.index_connection() as conn:
-            # executemany: one statement compiled once (a multi-row VALUES of 500 partitions
-            # is compiled anew, every run).
-            conn.execute(
-                AssetCheckExecutionsTable.insert(),
-                [
-                    dict(
-                        asset_key=planned.asset_key.to_string(),
-                        check_name=planned.check_name,
-                        partition=partition_key,
-                        run_id=event.run_id,
-                        execution_status=AssetCheckExecutionRecordStatus.PLANNED.value,
-                        evaluation_event=body,
-                        evaluation_event_timestamp=timestamp,
-                        evaluation_event_storage_id=event_id,
-                    )
-                    for partition_key in partition_keys
-                ],
-            )
+            conn.execute(PLANNED, planned_rows(event, event_id))
 
     def _event_to_row(self, event: dg.EventLogEntry) -> dict[str, Any]:
         ready = self._rows.get(id(event))
@@ -354,32 +314,14 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
         """Dagster's, with the statement built once and the body the event row was written
         with. Anything but one row updated (no planned row, or several) goes to Dagster's own,
         which inserts the row or raises."""
-        evaluation: Any = event.get_dagster_event().event_specific_data
         stashed, self._body = self._body, None
-        if evaluation.partition is None:
+        if not batchable(event):
             super()._update_asset_check_evaluation(event, event_id)
             return
         body = stashed[1] if stashed is not None and stashed[0] is event else None
-        target = evaluation.target_materialization_data
+        params = evaluated_params(event, body or serialize_value(event), event_id)
         with self.index_connection() as conn:
-            updated = conn.execute(
-                _EVALUATED,
-                {
-                    "b_asset_key": evaluation.asset_key.to_string(),
-                    "b_check_name": evaluation.check_name,
-                    "b_run_id": event.run_id,
-                    "b_partition": evaluation.partition,
-                    "b_status": (
-                        AssetCheckExecutionRecordStatus.SUCCEEDED.value
-                        if evaluation.passed
-                        else AssetCheckExecutionRecordStatus.FAILED.value
-                    ),
-                    "b_body": body if body is not None else serialize_value(event),
-                    "b_timestamp": _insert_timestamp(event),
-                    "b_event_id": event_id,
-                    "b_target_id": target.storage_id if target else None,
-                },
-            ).rowcount
+            updated = conn.execute(EVALUATED, params).rowcount
         if updated != 1:
             super()._update_asset_check_evaluation(event, event_id)
 
@@ -429,11 +371,6 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
         self.flush()
         self._close_all()
         super().dispose()
-
-
-def _insert_timestamp(event: dg.EventLogEntry) -> datetime:
-    # Dagster's ``_event_insert_timestamp`` (untyped): UTC without a zone.
-    return datetime.fromtimestamp(event.timestamp, UTC).replace(tzinfo=None)
 
 
 # What a process SIGKILLed inside ``_place_new_shard`` leaves: ``<run>.db.<pid>.new`` and

@@ -145,19 +145,31 @@ def refresh_planner_stats(engine: Engine, tables: tuple[str, ...]) -> None:
 
 
 def _stale_pg_tables(conn: Connection, tables: tuple[str, ...]) -> list[str]:
-    # ANALYZE samples 30,000 rows a table: worth it after bulk changes, wasted on a resume
-    # that changed nothing. Never-analysed or >10% modified tables are refreshed.
+    # ANALYZE samples 30,000 rows a table: worth it when the planner's row count is off by
+    # more than half (a never-analysed table it guesses at a few dozen rows, and scans), not
+    # for every 10% of rows updated in place: a run's label updates of `posts` and the steady
+    # growth of `results` re-analysed them every group, ~5% of the database's time in a run of
+    # 10,000 small tenants. Drift within 2x is left to autovacuum.
     rows = conn.execute(
         sa.text(
-            "SELECT relname, n_live_tup, n_mod_since_analyze,"
-            " coalesce(last_analyze, last_autoanalyze) IS NULL AS never"
-            " FROM pg_stat_user_tables WHERE relname = ANY(:names)"
+            "SELECT s.relname, s.n_live_tup, c.reltuples,"
+            " coalesce(s.last_analyze, s.last_autoanalyze) IS NULL AS never"
+            " FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid"
+            " WHERE s.relname = ANY(:names)"
         ),
         {"names": list(tables)},
     ).all()
     seen = {r.relname for r in rows}
     stale = [t for t in tables if t not in seen]
     for r in rows:
-        if r.never or r.n_mod_since_analyze > max(1000, 0.1 * r.n_live_tup):
+        if r.never or _drifted(int(r.n_live_tup), float(r.reltuples)):
             stale.append(str(r.relname))
     return stale
+
+
+def _drifted(live: int, planned: float) -> bool:
+    """The planner's row count (``reltuples``, -1 before any ANALYZE) is off by over 2x,
+    beyond the first thousand rows."""
+    if planned < 0:
+        return True
+    return live > max(1000.0, 2 * planned) or (planned > 1000 and live < planned / 2)

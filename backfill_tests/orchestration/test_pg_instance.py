@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Any
 
 import dagster as dg
 import pytest
@@ -57,17 +58,21 @@ def test_check_rows_are_what_dagsters_own_storage_writes_on_two_connections_a_ba
     stock = PostgresEventLogStorage(two_instances[0])
     ours = BatchingPostgresEventLogStorage(two_instances[1])
     held: dict[str, int] = {}
+    planned_rows: dict[str, list[tuple[Any, ...]]] = {}
     spent: dict[str, int] = {}
     with _connections() as opened:
         for name, storage in (("stock", stock), ("ours", ours)):
             storage.store_event(entry(run_id, "start"))
             storage.store_event(planned)
+            planned_rows[name] = check_rows(storage)
             opened.clear()
             for event in evaluations:
                 storage.store_event(event)
             held[name] = len(opened)
             storage.store_event(entry(run_id, "the step's next event"))
             spent[name] = len(opened)
+    # The planned rows (one a partition, the event serialised once) as Dagster's own.
+    assert planned_rows["ours"] == planned_rows["stock"]
     rows = check_rows(ours)
     # Storage ids differ between the databases only if the order did.
     assert rows == check_rows(stock)

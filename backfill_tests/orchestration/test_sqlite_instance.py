@@ -343,17 +343,21 @@ def test_check_rows_are_what_dagsters_own_storage_writes_in_fewer_commits(
     stock = SqliteEventLogStorage(str(tmp_path / "stock"))
     pooled = PooledSqliteEventLogStorage(str(tmp_path / "pooled"))
     held: dict[str, int] = {}
+    planned_rows: dict[str, list[tuple[Any, ...]]] = {}
     spent: dict[str, int] = {}
     with _commits() as commits:
         for name, storage in (("stock", stock), ("pooled", pooled)):
             storage.store_event(entry(run_id, "start"))
             storage.store_event(planned)
+            planned_rows[name] = check_rows(storage)
             commits.clear()
             for event in evaluations:
                 storage.store_event(event)
             held[name] = len(commits)
             storage.store_event(entry(run_id, "the step's next event"))
             spent[name] = len(commits)
+    # The planned rows (one a partition, the event serialised once) as Dagster's own.
+    assert planned_rows["pooled"] == planned_rows["stock"]
     rows = check_rows(pooled)
     assert rows == check_rows(stock)
     assert [r[2] for r in rows] == keys and {r[4] for r in rows} == {"SUCCEEDED", "FAILED"}

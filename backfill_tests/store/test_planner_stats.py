@@ -1,0 +1,73 @@
+"""When the store refreshes PostgreSQL's planner statistics: a table the planner has never
+measured, or whose row count moved past 2x, not one whose rows were updated in place."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from backfill_assets.store.engine import _drifted, refresh_planner_stats
+from backfill_tests.conftest import pg_database
+
+
+@pytest.mark.parametrize(
+    ("live", "planned", "stale"),
+    [
+        (0, -1.0, True),  # never analysed
+        (900, 0.0, False),  # the first thousand rows are not worth a sample
+        (5000, 0.0, True),
+        (5000, 2600.0, False),
+        (5300, 2600.0, True),
+        (1200, 2600.0, True),  # shrunk past half
+        (2600, 2600.0, False),
+    ],
+)
+def test_a_table_is_stale_once_its_row_count_is_off_by_2x(
+    live: int, planned: float, stale: bool
+) -> None:
+    assert _drifted(live, planned) is stale
+
+
+@pytest.fixture
+def pg_engine(pg_available: bool) -> Iterator[Engine]:
+    if not pg_available:
+        pytest.skip("PostgreSQL not available (set BACKFILL_TEST_PG_URL)")
+    with pg_database() as url:
+        engine = sa.create_engine(url)
+        yield engine
+        engine.dispose()
+
+
+def _write(engine: Engine, sql: str) -> None:
+    with engine.begin() as conn:
+        conn.exec_driver_sql(sql)
+        conn.exec_driver_sql("SELECT pg_stat_force_next_flush()")  # counters at commit
+
+
+def _analysed(engine: Engine) -> int:
+    with engine.connect() as conn:
+        return int(
+            conn.exec_driver_sql(
+                "SELECT analyze_count FROM pg_stat_user_tables WHERE relname = 't'"
+            ).scalar_one()
+        )
+
+
+@pytest.mark.pg
+def test_updates_in_place_do_not_reanalyse_but_growth_does(pg_engine: Engine) -> None:
+    _write(pg_engine, "CREATE TABLE t (id int PRIMARY KEY, label text)")
+    _write(pg_engine, "INSERT INTO t SELECT g, 'a' FROM generate_series(1, 3000) g")
+    refresh_planner_stats(pg_engine, ("t",))
+    assert _analysed(pg_engine) == 1  # never analysed
+    _write(pg_engine, "UPDATE t SET label = 'b'")  # every row modified, none added
+    refresh_planner_stats(pg_engine, ("t",))
+    assert _analysed(pg_engine) == 1
+    _write(pg_engine, "INSERT INTO t SELECT g, 'a' FROM generate_series(3001, 5000) g")
+    refresh_planner_stats(pg_engine, ("t",))
+    assert _analysed(pg_engine) == 1  # 5,000 rows where it planned 3,000: within 2x
+    _write(pg_engine, "INSERT INTO t SELECT g, 'a' FROM generate_series(5001, 7000) g")
+    refresh_planner_stats(pg_engine, ("t",))
+    assert _analysed(pg_engine) == 2
