@@ -83,24 +83,17 @@ class BatchingPostgresEventLogStorage(PostgresEventLogStorage):
         events = self._held.take()
         if not events:
             return
+        rows = [self._event_to_row(e) for e in events]
         try:
-            self._write_evaluations(events)
+            ids = self._insert_rows(rows)
         except Exception:
-            # Nothing was stored (one statement for the event rows, fails whole): one at a
-            # time, as Dagster does after a failed batch.
+            # One statement, so nothing was stored: one at a time, as Dagster does after a
+            # failed batch. (A failure after it raises: the rows are in.)
             for event in events:
                 super().store_event(event)
-
-    def _write_evaluations(self, events: list[dg.EventLogEntry]) -> None:
-        rows = [self._event_to_row(e) for e in events]
-        with self._connect() as conn:
-            result = conn.execute(
-                SqlEventLogStorageTable.insert()
-                .values(rows)
-                .returning(SqlEventLogStorageTable.c.id)
-            )
-            ids = [int(row[0]) for row in result.fetchall()]
-        assert len(ids) == len(events)
+            return
+        if len(ids) != len(events):
+            raise RuntimeError(f"{len(events)} event rows inserted, {len(ids)} ids returned")
         updates: list[dict[str, Any]] = []
         batched: list[tuple[dg.EventLogEntry, int]] = []
         for event, row, event_id in zip(events, rows, ids, strict=True):
@@ -118,6 +111,16 @@ class BatchingPostgresEventLogStorage(PostgresEventLogStorage):
             # row or raises; rerunning it for those updated already writes the same values.
             for event, event_id in batched:
                 self._update_asset_check_evaluation(event, event_id)
+
+    def _insert_rows(self, rows: list[dict[str, Any]]) -> list[int]:
+        """The event rows in one statement (as Dagster's own batch), their ids in order."""
+        with self._connect() as conn:
+            result = conn.execute(
+                SqlEventLogStorageTable.insert()
+                .values(rows)
+                .returning(SqlEventLogStorageTable.c.id)
+            )
+            return [int(row[0]) for row in result.fetchall()]
 
 
 class BatchingPostgresStorage(DagsterPostgresStorage):

@@ -141,7 +141,7 @@ def test_a_failed_batch_stores_the_evaluations_one_at_a_time(
     def broken(_events: object) -> None:
         raise sa.exc.OperationalError("INSERT", {}, Exception("server closed the connection"))
 
-    monkeypatch.setattr(ours, "_write_evaluations", broken)
+    monkeypatch.setattr(ours, "_insert_rows", broken)
     for event in evaluations:
         ours.store_event(event)
     ours.store_event(entry(run_id, "the step's next event"))
