@@ -112,10 +112,8 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
         # A step's check evaluations, written with its next event; its lock is taken before
         # ``_db_lock``, never after.
         self._held = HeldChecks()
-        # The last check evaluation serialised for its event row, and that body: its update of
-        # the planned row reuses it (Dagster serialises the event again).
-        self._body: tuple[dg.EventLogEntry, str] | None = None
-        # The rows of the batch being written, serialised before it took any lock.
+        # The rows of the batch being written, serialised before it took any lock (an
+        # evaluation's update of its planned row reuses its body: Dagster serialises again).
         self._rows: dict[int, tuple[dg.EventLogEntry, dict[str, Any]]] = {}
         super().__init__(base_dir, inst_data)
         _LIVE.add(self)
@@ -304,22 +302,22 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
             conn.execute(PLANNED, planned_rows(event, event_id))
 
     def _event_to_row(self, event: dg.EventLogEntry) -> dict[str, Any]:
+        return self._ready_row(event) or super()._event_to_row(event)
+
+    def _ready_row(self, event: dg.EventLogEntry) -> dict[str, Any] | None:
+        """``event``'s row if the batch being written serialised it already."""
         ready = self._rows.get(id(event))
-        row = ready[1] if ready is not None and ready[0] is event else super()._event_to_row(event)
-        if event.dagster_event_type == dg.DagsterEventType.ASSET_CHECK_EVALUATION:
-            self._body = (event, row["event"])
-        return row
+        return ready[1] if ready is not None and ready[0] is event else None
 
     def _update_asset_check_evaluation(self, event: dg.EventLogEntry, event_id: int | None) -> None:
         """Dagster's, with the statement built once and the body the event row was written
         with. Anything but one row updated (no planned row, or several) goes to Dagster's own,
         which inserts the row or raises."""
-        stashed, self._body = self._body, None
         if not batchable(event):
             super()._update_asset_check_evaluation(event, event_id)
             return
-        body = stashed[1] if stashed is not None and stashed[0] is event else None
-        params = evaluated_params(event, body or serialize_value(event), event_id)
+        row = self._ready_row(event)  # held evaluations are written in batches
+        params = evaluated_params(event, row["event"] if row else serialize_value(event), event_id)
         with self.index_connection() as conn:
             updated = conn.execute(EVALUATED, params).rowcount
         if updated != 1:
