@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 import dagster as dg
@@ -90,3 +91,33 @@ def check_run(n: int) -> tuple[str, EventLogEntry, list[EventLogEntry]]:
 
 def run_log(storage: SqlEventLogStorage, run_id: str) -> list[str]:
     return [e.dagster_event_type or e.user_message for e in storage.get_logs_for_run(run_id)]
+
+
+@dataclass(frozen=True)
+class StoredCheckRun:
+    """What a check step's events left: the planned rows, and how many commits or connections
+    (whatever ``counted`` collects) its evaluations took before the next event and with it."""
+
+    planned_rows: list[tuple[Any, ...]]
+    held: int
+    spent: int
+
+
+def store_check_run(
+    storage: SqlEventLogStorage,
+    run_id: str,
+    planned: EventLogEntry,
+    evaluations: list[EventLogEntry],
+    counted: list[str],
+) -> StoredCheckRun:
+    """Store a run's start, its planned check event, the evaluations and the step's next event,
+    one at a time as Dagster sends them."""
+    storage.store_event(entry(run_id, "start"))
+    storage.store_event(planned)
+    planned_rows = check_rows(storage)
+    counted.clear()
+    for event in evaluations:
+        storage.store_event(event)
+    held = len(counted)
+    storage.store_event(entry(run_id, "the step's next event"))
+    return StoredCheckRun(planned_rows, held, len(counted))

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
 
 import dagster as dg
 import pytest
@@ -22,6 +21,7 @@ from backfill_tests.orchestration.event_entries import (
     check_run,
     entry,
     run_log,
+    store_check_run,
 )
 
 pytestmark = pytest.mark.pg
@@ -57,20 +57,14 @@ def test_check_rows_are_what_dagsters_own_storage_writes_on_two_connections_a_ba
     run_id, planned, evaluations = check_run(20)
     stock = PostgresEventLogStorage(two_instances[0])
     ours = BatchingPostgresEventLogStorage(two_instances[1])
-    held: dict[str, int] = {}
-    planned_rows: dict[str, list[tuple[Any, ...]]] = {}
-    spent: dict[str, int] = {}
     with _connections() as opened:
-        for name, storage in (("stock", stock), ("ours", ours)):
-            storage.store_event(entry(run_id, "start"))
-            storage.store_event(planned)
-            planned_rows[name] = check_rows(storage)
-            opened.clear()
-            for event in evaluations:
-                storage.store_event(event)
-            held[name] = len(opened)
-            storage.store_event(entry(run_id, "the step's next event"))
-            spent[name] = len(opened)
+        runs = {
+            name: store_check_run(storage, run_id, planned, evaluations, opened)
+            for name, storage in (("stock", stock), ("ours", ours))
+        }
+    planned_rows = {name: r.planned_rows for name, r in runs.items()}
+    held = {name: r.held for name, r in runs.items()}
+    spent = {name: r.spent for name, r in runs.items()}
     # The planned rows (one a partition, the event serialised once) as Dagster's own.
     assert planned_rows["ours"] == planned_rows["stock"]
     rows = check_rows(ours)

@@ -40,6 +40,7 @@ from backfill_tests.orchestration.event_entries import (
     dagster_entry,
     entry,
     run_log,
+    store_check_run,
 )
 
 
@@ -342,20 +343,14 @@ def test_check_rows_are_what_dagsters_own_storage_writes_in_fewer_commits(
     keys = [e.get_dagster_event().event_specific_data.partition for e in evaluations]
     stock = SqliteEventLogStorage(str(tmp_path / "stock"))
     pooled = PooledSqliteEventLogStorage(str(tmp_path / "pooled"))
-    held: dict[str, int] = {}
-    planned_rows: dict[str, list[tuple[Any, ...]]] = {}
-    spent: dict[str, int] = {}
     with _commits() as commits:
-        for name, storage in (("stock", stock), ("pooled", pooled)):
-            storage.store_event(entry(run_id, "start"))
-            storage.store_event(planned)
-            planned_rows[name] = check_rows(storage)
-            commits.clear()
-            for event in evaluations:
-                storage.store_event(event)
-            held[name] = len(commits)
-            storage.store_event(entry(run_id, "the step's next event"))
-            spent[name] = len(commits)
+        runs = {
+            name: store_check_run(storage, run_id, planned, evaluations, commits)
+            for name, storage in (("stock", stock), ("pooled", pooled))
+        }
+    planned_rows = {name: r.planned_rows for name, r in runs.items()}
+    held = {name: r.held for name, r in runs.items()}
+    spent = {name: r.spent for name, r in runs.items()}
     # The planned rows (one a partition, the event serialised once) as Dagster's own.
     assert planned_rows["pooled"] == planned_rows["stock"]
     rows = check_rows(pooled)
