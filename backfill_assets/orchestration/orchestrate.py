@@ -13,6 +13,7 @@ from backfill_assets.audit.check_defs import BLOCKING_CHECKS
 from backfill_assets.core.regions import run_tags as region_tags
 from backfill_assets.orchestration.asset_keys import POSTS
 from backfill_assets.orchestration.partitions import (
+    listed_once,
     partition_key_for,
     partition_keys,
     register,
@@ -101,12 +102,13 @@ def _execute(
         run_tags["tenants"] = str(len(box.tenants))
     # The run queue's per-region limit (regions.py; a box of pooling.pool_by_region has one).
     run_tags.update(region_tags((regions or {}).get(t) for t in box.tenants))
-    result = defs.resolve_job_def(job_name).execute_in_process(
-        instance=instance,
-        run_config={"loggers": {"console": {"config": {"log_level": log_level}}}},
-        tags={**run_tags, **(tags or {})},
-        raise_on_error=False,
-    )
+    with listed_once(instance):
+        result = defs.resolve_job_def(job_name).execute_in_process(
+            instance=instance,
+            run_config={"loggers": {"console": {"config": {"log_level": log_level}}}},
+            tags={**run_tags, **(tags or {})},
+            raise_on_error=False,
+        )
     rec = record_of(result, job_name)
     if rec.interrupted:
         # Dagster turns SIGTERM/SIGINT inside a step into a failure; for the operator (and the

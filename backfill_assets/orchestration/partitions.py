@@ -14,7 +14,8 @@ tenant id reaches a path, a lock or a query.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import contextlib
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import dagster as dg
 import sqlalchemy as sa
@@ -100,6 +101,55 @@ def partition_key_for(tenant_id: str, slice_name: str) -> str:
 def partition_keys(instance: dg.DagsterInstance) -> list[str]:
     """Every registered partition, in the instance's order (a run's range is a stretch of it)."""
     return list(instance.get_dynamic_partitions(PARTITIONS_NAME))
+
+
+@contextlib.contextmanager
+def listed_once(instance: dg.DagsterInstance) -> Iterator[None]:
+    """While one in-process run executes, ``instance`` lists a dynamic partition set once.
+
+    Dagster resolves a range run's keys from the whole list of dynamic partitions, again at
+    each step's start, output and ``context.partition_keys``: about ten reads of every
+    registered key a run, so 20 runs over 10,000 tenants read 2 million rows (6% of their
+    CPU), and the cost per run grew with the tenant count. A run's range is fixed when it
+    starts, so one read serves it. Adding or deleting a key through ``instance`` drops the
+    copy. Keys another process adds come after every key already listed (Dagster orders
+    them by insertion), so they never fall inside the range; a key another process deletes
+    stays in the run's range until the run ends (unread, Dagster would fail the run's next
+    step). Nested uses share the outer.
+    """
+    if "get_dynamic_partitions" in vars(instance):
+        yield
+        return
+    read = instance.get_dynamic_partitions
+    add = instance.add_dynamic_partitions
+    delete = instance.delete_dynamic_partition
+    listed: dict[str, list[str]] = {}
+
+    def get_dynamic_partitions(partitions_def_name: str) -> Sequence[str]:
+        if partitions_def_name not in listed:
+            listed[partitions_def_name] = list(read(partitions_def_name))
+        return list(listed[partitions_def_name])  # a copy: callers may change theirs
+
+    def add_dynamic_partitions(partitions_def_name: str, partition_keys: Sequence[str]) -> None:
+        listed.pop(partitions_def_name, None)
+        add(partitions_def_name, partition_keys)
+
+    def delete_dynamic_partition(partitions_def_name: str, partition_key: str) -> None:
+        listed.pop(partitions_def_name, None)
+        delete(partitions_def_name, partition_key)
+
+    patched = {
+        "get_dynamic_partitions": get_dynamic_partitions,
+        "add_dynamic_partitions": add_dynamic_partitions,
+        "delete_dynamic_partition": delete_dynamic_partition,
+    }
+    for name, fn in patched.items():
+        setattr(instance, name, fn)
+    try:
+        yield
+    finally:
+        for name in patched:
+            delattr(instance, name)
 
 
 def ensure_partitions(instance: dg.DagsterInstance, levels: Mapping[str, int]) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import dagster as dg
@@ -11,8 +12,20 @@ from sqlalchemy.engine import Engine
 from backfill_assets.core.keys import MAX_LEVEL, slice_of
 from backfill_assets.definitions import BACKFILL_JOB, build_definitions
 from backfill_assets.orchestration.metadata import add_partition_metadata
-from backfill_assets.orchestration.orchestrate import RANGE_END, RANGE_START, materialize, stretches
-from backfill_assets.orchestration.partitions import ensure_partitions, partition_key_for
+from backfill_assets.orchestration.orchestrate import (
+    RANGE_END,
+    RANGE_START,
+    materialize,
+    run_boxes,
+    stretches,
+)
+from backfill_assets.orchestration.partitions import (
+    PARTITIONS_NAME,
+    ensure_partitions,
+    listed_once,
+    partition_key_for,
+    partition_keys,
+)
 from backfill_assets.orchestration.pooling import Box
 from backfill_tests.conftest import import_records
 from backfill_tests.pipeline_helpers import count, verify
@@ -151,3 +164,48 @@ def test_stretches_are_runs_of_consecutive_partitions_of_one_tenant() -> None:
         Box(("s07|a",)),  # registered later, after b: its own run
         Box(("s09|c",)),  # not registered: alone
     ]
+
+
+def test_a_range_run_lists_the_dynamic_partitions_once(
+    engine: Engine, store_url: str, tmp_path: Path
+) -> None:
+    # Dagster resolves a range run's keys from every registered key, about ten times a run:
+    # the cost of a run grew with the tenant count (docs/benchmarks.md, ten thousand tenants).
+    tenants = [f"t{i:02d}" for i in range(12)]
+    recs = [{"tenant_id": t, "post_id": "p1", "text": "post"} for t in tenants]
+    import_records(engine, tmp_path, recs)
+    instance = dg.DagsterInstance.ephemeral(tempdir=str(tmp_path / "dagster"))
+    defs = build_definitions(env_for(store_url))
+    ensure_partitions(instance, dict.fromkeys(tenants, 0))
+    storage = instance.event_log_storage
+    reads: list[str] = []
+    stock = storage.get_dynamic_partitions
+
+    def counted(partitions_def_name: str) -> Sequence[str]:
+        reads.append(partitions_def_name)
+        return stock(partitions_def_name)
+
+    storage.get_dynamic_partitions = counted  # type: ignore[method-assign]
+    box = Box(tuple(partition_key_for(t, "s00") for t in tenants))
+    (rec,) = run_boxes(defs, instance, BACKFILL_JOB, [box], log_level="WARNING")
+    assert rec.success and len(rec.partitions) == 12
+    assert len(reads) == 1, reads
+    # Outside a run the instance reads afresh, and sees a key added since.
+    assert "get_dynamic_partitions" not in vars(instance)
+    instance.add_dynamic_partitions(PARTITIONS_NAME, ["s00|late"])
+    assert partition_keys(instance)[-1] == "s00|late" and len(reads) == 2
+
+
+def test_a_key_added_during_a_run_is_listed_after_it(tmp_path: Path) -> None:
+    instance = dg.DagsterInstance.ephemeral(tempdir=str(tmp_path / "dagster"))
+    instance.add_dynamic_partitions(PARTITIONS_NAME, ["s00|a", "s00|b"])
+    with listed_once(instance), listed_once(instance):
+        assert partition_keys(instance) == ["s00|a", "s00|b"]
+        keys = instance.get_dynamic_partitions(PARTITIONS_NAME)
+        assert isinstance(keys, list)
+        keys.append("mutated")  # a caller's copy, not the run's list
+        instance.add_dynamic_partitions(PARTITIONS_NAME, ["s00|c"])  # through the instance
+        assert partition_keys(instance) == ["s00|a", "s00|b", "s00|c"]
+        instance.delete_dynamic_partition(PARTITIONS_NAME, "s00|a")
+        assert partition_keys(instance) == ["s00|b", "s00|c"]
+    assert not {"get_dynamic_partitions", "add_dynamic_partitions"} & set(vars(instance))
