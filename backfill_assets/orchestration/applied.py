@@ -14,8 +14,10 @@ from backfill_assets.core.rubric import Rubric
 from backfill_assets.dispatch.partition_run import PartitionRef
 from backfill_assets.dispatch.pipeline import with_levels
 from backfill_assets.orchestration.asset_keys import APPLIED, BLOCKING_GROUPS, LABELS
+from backfill_assets.orchestration.check_executions import succeeded_in_run
 from backfill_assets.orchestration.checks import loaded_code_version, verdicts_for
 from backfill_assets.orchestration.checks_config import ChecksResource
+from backfill_assets.orchestration.dagster_private import SqlEventLogStorage
 from backfill_assets.orchestration.metadata import add_partition_metadata
 from backfill_assets.orchestration.model_resources import ModelResource, run_versions
 from backfill_assets.orchestration.partitions import moderation_partitions, run_refs
@@ -43,16 +45,11 @@ def apply_metadata(rep: ApplyReport) -> dict[str, Any]:
 
 def passed_in_run(context: dg.AssetExecutionContext) -> set[str]:
     """Partitions whose blocking checks all passed earlier in this run."""
-    records = context.instance.get_records_for_run(
-        context.run.run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION
-    ).records
-    seen: dict[str, dict[str, bool]] = {}
-    for rec in records:
-        event = rec.event_log_entry.dagster_event
-        ev = event.event_specific_data if event is not None else None
-        if isinstance(ev, dg.AssetCheckEvaluation) and ev.partition is not None:
-            seen.setdefault(ev.partition, {})[ev.check_name] = ev.passed
-    return {pk for pk, c in seen.items() if all(c.get(n, False) for n in BLOCKING_GROUPS)}
+    storage = context.instance.event_log_storage
+    if not isinstance(storage, SqlEventLogStorage):  # Dagster's own storages all are
+        raise TypeError(f"expected a SQL event log storage, not {type(storage).__name__}")
+    passed = succeeded_in_run(storage, LABELS, BLOCKING_GROUPS, context.run.run_id)
+    return {pk for pk, names in passed.items() if names >= set(BLOCKING_GROUPS)}
 
 
 def write_back(

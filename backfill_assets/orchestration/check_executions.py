@@ -8,10 +8,16 @@ built again. Both instance event logs (``sqlite_instance.py``, ``pg_instance.py`
 same rows through these: the planned event serialised once and inserted with one statement
 compiled once, the update built once and given the body the evaluation's event row was
 written with.
+
+The apply reads which checks passed in its own run from these rows (``succeeded_in_run``): one
+indexed query, where loading the run's evaluation events deserialised 1,000 of them a run, and
+Dagster's per-partition check status joins each partition's latest materialisation (0.7 s a
+query on PostgreSQL at 10,000 partitions).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -21,6 +27,7 @@ import sqlalchemy as sa
 from backfill_assets.orchestration.dagster_private import (
     AssetCheckExecutionRecordStatus,
     AssetCheckExecutionsTable,
+    SqlEventLogStorage,
     serialize_value,
 )
 
@@ -102,3 +109,22 @@ def evaluated_params(event: dg.EventLogEntry, body: str, event_id: int | None) -
         "b_event_id": event_id,
         "b_target_id": target.storage_id if target else None,
     }
+
+
+def succeeded_in_run(
+    storage: SqlEventLogStorage, asset_key: dg.AssetKey, check_names: Sequence[str], run_id: str
+) -> dict[str, set[str]]:
+    """Each partition's checks of ``check_names`` whose evaluation in ``run_id`` passed (the
+    rows' unique index is asset, check, run, partition)."""
+    query = sa.select(_T.partition, _T.check_name).where(
+        _T.asset_key == asset_key.to_string(),
+        _T.check_name.in_(list(check_names)),
+        _T.run_id == run_id,
+        _T.partition.isnot(None),
+        _T.execution_status == AssetCheckExecutionRecordStatus.SUCCEEDED.value,
+    )
+    out: dict[str, set[str]] = {}
+    with storage.index_connection() as conn:
+        for partition, check_name in conn.execute(query):
+            out.setdefault(partition, set()).add(check_name)
+    return out

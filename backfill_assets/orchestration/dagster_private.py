@@ -25,6 +25,10 @@ from dagster._core.storage.event_log.schema import (
     AssetCheckExecutionsTable,
     SqlEventLogStorageTable,
 )
+
+# Every Dagster event log here is SQL; the apply reads which checks passed in its run from the
+# check-execution rows through its connection (``check_executions.succeeded_in_run``).
+from dagster._core.storage.event_log.sql_event_log import SqlEventLogStorage
 from dagster._core.storage.event_log.sqlite.sqlite_event_log import (
     INDEX_SHARD_NAME,
     SqliteEventLogStorage,
@@ -49,6 +53,7 @@ __all__ = [
     "DagsterSqliteStorage",
     "InstanceRef",
     "PostgresEventLogStorage",
+    "SqlEventLogStorage",
     "SqlEventLogStorageTable",
     "SqliteEventLogStorage",
     "TargetMaterialization",

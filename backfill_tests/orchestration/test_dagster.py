@@ -4,13 +4,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import dagster as dg
+import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from backfill_assets.core.keys import MAX_LEVEL, slice_of
-from backfill_assets.definitions import BACKFILL_JOB, build_definitions
+from backfill_assets.definitions import APPLY_JOB, BACKFILL_JOB, build_definitions
+from backfill_assets.dispatch.partition_run import PartitionRef
+from backfill_assets.orchestration import applied as applied_module
 from backfill_assets.orchestration.metadata import add_partition_metadata
 from backfill_assets.orchestration.orchestrate import (
     RANGE_END,
@@ -209,3 +213,32 @@ def test_a_key_added_during_a_run_is_listed_after_it(tmp_path: Path) -> None:
         instance.delete_dynamic_partition(PARTITIONS_NAME, "s00|a")
         assert partition_keys(instance) == ["s00|b", "s00|c"]
     assert not {"get_dynamic_partitions", "add_dynamic_partitions"} & set(vars(instance))
+
+
+def test_the_apply_re_judges_only_what_its_run_did_not_check(
+    engine: Engine, store_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tenants = ["acme", "globex", "initech"]
+    recs = [{"tenant_id": t, "post_id": f"p{i}", "text": "post"} for t in tenants for i in range(3)]
+    import_records(engine, tmp_path, recs)
+    instance = dg.DagsterInstance.ephemeral(tempdir=str(tmp_path / "dagster"))
+    defs = build_definitions(env_for(store_url))
+    judged: list[str] = []
+    stock = applied_module.verdicts_for
+
+    def counted(engine: Engine, ref: PartitionRef, *args: Any, **kwargs: Any) -> Any:
+        judged.append(ref.key)
+        return stock(engine, ref, *args, **kwargs)
+
+    monkeypatch.setattr(applied_module, "verdicts_for", counted)
+    # Checked in the same run: the apply takes the run's passed evaluations.
+    records = materialize(defs, instance, BACKFILL_JOB, tenants, ["s00"], log_level="WARNING")
+    assert all(r.success for r in records) and {pk for r in records for pk in r.applied} == {
+        partition_key_for(t, "s00") for t in tenants
+    }
+    assert judged == []
+    # Applied on its own, a later run: the earlier run's passes do not count; each partition is
+    # judged again before anything is written.
+    again = materialize(defs, instance, APPLY_JOB, tenants, ["s00"], log_level="WARNING")
+    assert all(r.success for r in again)
+    assert sorted(judged) == sorted(partition_key_for(t, "s00") for t in tenants)
