@@ -46,6 +46,12 @@ def make_engine(url: str, dead_peer: DeadPeer | None = None) -> Engine:
     if "application_name" not in query:
         # Who holds a writer lock, in pg_stat_activity and in a takeover's message.
         connect_args["application_name"] = f"backfill-moderation {socket.gethostname()}"[:63]
+    driver: dict[str, Any] = {}
+    if sa.engine.make_url(url).get_driver_name() == "psycopg2":
+        # An executemany of UPDATEs or DELETEs (a flush's tenant totals, a run's partition
+        # marks) goes 100 statements a round trip, not one: a fifth of the time at 1,000
+        # rows here. No executemany of ours reads its rowcount, which this mode leaves unset.
+        driver["executemany_mode"] = "values_plus_batch"
     engine = sa.create_engine(
         url,
         pool_pre_ping=True,
@@ -53,6 +59,7 @@ def make_engine(url: str, dead_peer: DeadPeer | None = None) -> Engine:
         max_overflow=8,
         connect_args=connect_args,
         execution_options={_DEAD_PEER_OPTION: peer.seconds},
+        **driver,
     )
     _configure_pg_session(engine, peer, str(query.get("options", "")))
     return engine
