@@ -33,7 +33,7 @@ from backfill_assets.providers.ratelimit.shared import SHARED_LIMITS
 from backfill_assets.store import limiter_members
 from backfill_assets.store.budget import StoreBudgetLedger, may_bind
 from backfill_assets.store.engine import read_tx, refresh_planner_stats
-from backfill_assets.store.locks import PartitionBusy, WriterLocks, while_held
+from backfill_assets.store.locks import WriterLocks, while_held
 from backfill_assets.store.partition_counts import (
     PartitionCounts,
     held_posts,
@@ -100,14 +100,15 @@ def run_partitions(
     for region, keys in routing.unroutable.items():
         log(f"ERROR: not dispatching {len(keys)} partition(s) of region {region!r}: no endpoint")
     with WriterLocks(engine) as locks:
+        busy = locks.acquire_many([(r.tenant_id, r.slice) for r in routing.routed])
         owned: list[PartitionRef] = []
         for ref in routing.routed:
-            try:
-                locks.acquire(ref.tenant_id, ref.slice)
+            why = busy.get((ref.tenant_id, ref.slice))
+            if why is None:
                 owned.append(ref)
-            except PartitionBusy as exc:
+            else:
                 reports[ref.key].busy = True
-                log(f"skipping {ref.key}: {exc}")
+                log(f"skipping {ref.key}: {why}")
         stopped: Exception | None = None
         job = DispatchJob(engine, locks, versions, rubric, run_id, options, log)
         if options.dispatch_mode == "batch":

@@ -68,14 +68,21 @@ def _accepted(
     )
 
 
-def _lock(conn: Connection, tenant_id: str, policy_id: str) -> None:
-    """Serialise applies of one policy for one tenant (SQLite: the write transaction is)."""
-    if is_sqlite(conn.engine):
+def _lock(conn: Connection, tenant_ids: Sequence[str], policy_id: str) -> None:
+    """Serialise applies of one policy for each of ``tenant_ids`` (SQLite: the write
+    transaction is). One statement takes them in the order given (a function scan yields
+    the array in order): one a tenant was a round trip each, 10,000 for small tenants."""
+    if is_sqlite(conn.engine) or not tenant_ids:
         return
-    digest = hashlib.sha256(f"apply|{tenant_id}|{policy_id}".encode()).digest()
+    keys = [
+        int.from_bytes(
+            hashlib.sha256(f"apply|{t}|{policy_id}".encode()).digest()[:8], "big", signed=True
+        )
+        for t in tenant_ids
+    ]
     conn.execute(
-        sa.text("SELECT pg_advisory_xact_lock(:k)"),
-        {"k": int.from_bytes(digest[:8], "big", signed=True)},
+        sa.text("SELECT pg_advisory_xact_lock(k) FROM unnest(CAST(:keys AS bigint[])) AS k"),
+        {"keys": keys},
     )
 
 
@@ -160,8 +167,7 @@ def apply_partitions(
     if versions.prompt_version != policy.key_version:
         raise ValueError("the versions name another policy than the one applied")
     # In one order, so two transactions over overlapping tenants never wait on each other.
-    for tenant_id in sorted({t for t, _s in parts}):
-        _lock(conn, tenant_id, policy.policy_id)
+    _lock(conn, sorted({t for t, _s in parts}), policy.policy_id)
     register(conn, policy)
     newer = newer_versions(conn, policy)
     owners = {(t, s): i for i, (t, slices) in enumerate(parts) for s in slices}
