@@ -7,10 +7,11 @@ check step over 500 partitions yields 1,000 evaluations, so 2,000 connections a 
 Dagster serialises each evaluation twice. ``BatchingPostgresEventLogStorage`` holds a step's
 evaluations (``held_checks.py``) and writes them with the step's next event: their event rows
 in one multi-row ``INSERT ... RETURNING`` (as Dagster's own materialisation batch), the
-planned rows' updates in one transaction, each body serialised once. The rows are those
-Dagster writes; an evaluation with no planned row, or none of a partition, goes Dagster's own
-way. ``deploy/dagster.postgres.yaml`` names ``BatchingPostgresStorage`` under
-``storage: custom:``; everything else is Dagster's ``DagsterPostgresStorage``.
+planned rows' updates in one statement (``check_executions.evaluated_all``), each body
+serialised once. The rows are those Dagster writes; an evaluation with no planned row, or none
+of a partition, goes Dagster's own way. ``deploy/dagster.postgres.yaml`` names
+``BatchingPostgresStorage`` under ``storage: custom:``; everything else is Dagster's
+``DagsterPostgresStorage``.
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ from typing import Any
 import dagster as dg
 
 from backfill_assets.orchestration.check_executions import (
-    EVALUATED,
     PLANNED,
     batchable,
+    evaluated_all,
     evaluated_params,
     planned_rows,
 )
@@ -105,7 +106,7 @@ class BatchingPostgresEventLogStorage(PostgresEventLogStorage):
         if not updates:
             return
         with self.index_transaction() as conn:
-            updated = conn.execute(EVALUATED, updates).rowcount
+            updated = conn.execute(evaluated_all(updates)).rowcount
         if updated != len(updates):
             # Some partition had no planned row (or several): Dagster's own update inserts the
             # row or raises; rerunning it for those updated already writes the same values.
