@@ -31,7 +31,11 @@ from backfill_assets.dispatch.partition_run import PartitionRef
 from backfill_assets.dispatch.pipeline import with_levels
 from backfill_assets.orchestration.asset_keys import CHECK_KEYS, LABELS
 from backfill_assets.orchestration.checks_config import ChecksResource
-from backfill_assets.orchestration.dagster_private import TargetMaterialization
+from backfill_assets.orchestration.dagster_private import (
+    SqlEventLogStorage,
+    TargetMaterialization,
+)
+from backfill_assets.orchestration.event_rows import Materialized, materializations
 from backfill_assets.orchestration.model_resources import ModelResource, run_versions
 from backfill_assets.orchestration.partitions import moderation_partitions, run_refs
 from backfill_assets.orchestration.resources import StoreResource
@@ -159,36 +163,41 @@ def _latest_materializations(
     instance: dg.DagsterInstance, partition_keys: Sequence[str]
 ) -> dict[str, tuple[TargetMaterialization | None, int | None]]:
     """Each partition's latest materialisation (checks point at it) and its deferred count,
-    in two queries for the whole run."""
+    in two queries for the whole run; their rows parsed directly (``event_rows.py``), any
+    row that does not parse read Dagster's way."""
     storage = instance.event_log_storage
     latest = storage.get_latest_storage_id_by_partition(
         LABELS, dg.DagsterEventType.ASSET_MATERIALIZATION, set(partition_keys)
     )
-    records = (
-        storage.get_event_records(
+    found: dict[int, Materialized] = {}
+    if isinstance(storage, SqlEventLogStorage):
+        found = materializations(storage, list(latest.values()))
+    rest = [i for i in latest.values() if i not in found]
+    if rest:
+        records = storage.get_event_records(
             dg.EventRecordsFilter(
-                dg.DagsterEventType.ASSET_MATERIALIZATION,
-                asset_key=LABELS,
-                storage_ids=list(latest.values()),
+                dg.DagsterEventType.ASSET_MATERIALIZATION, asset_key=LABELS, storage_ids=rest
             ),
-            limit=len(latest),
+            limit=len(rest),
         )
-        if latest
-        else []
-    )
-    by_id = {rec.storage_id: rec for rec in records}
+        for rec in records:
+            mat = rec.event_log_entry.asset_materialization
+            ints = {
+                k: v.value
+                for k, v in (mat.metadata if mat else {}).items()
+                if isinstance(v, dg.IntMetadataValue) and isinstance(v.value, int)
+            }
+            found[rec.storage_id] = Materialized(rec.storage_id, rec.run_id, rec.timestamp, ints)
     out: dict[str, tuple[TargetMaterialization | None, int | None]] = {}
     for pk in partition_keys:
-        rec = by_id.get(latest.get(pk, -1))
-        if rec is None:
+        got = found.get(latest.get(pk, -1))
+        if got is None:
             out[pk] = (None, None)
             continue
-        mat = rec.event_log_entry.asset_materialization
-        deferred = getattr(mat.metadata.get("outcome_deferred") if mat else None, "value", None)
         target = TargetMaterialization(
-            storage_id=rec.storage_id, run_id=rec.run_id, timestamp=rec.timestamp
+            storage_id=got.storage_id, run_id=got.run_id, timestamp=got.timestamp
         )
-        out[pk] = (target, int(deferred) if isinstance(deferred, int) else None)
+        out[pk] = (target, got.ints.get("outcome_deferred"))
     return out
 
 

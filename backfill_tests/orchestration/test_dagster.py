@@ -15,6 +15,9 @@ from backfill_assets.core.keys import MAX_LEVEL, slice_of
 from backfill_assets.definitions import APPLY_JOB, BACKFILL_JOB, build_definitions
 from backfill_assets.dispatch.partition_run import PartitionRef
 from backfill_assets.orchestration import applied as applied_module
+from backfill_assets.orchestration import checks as checks_module
+from backfill_assets.orchestration.dagster_private import SqlEventLogStorage
+from backfill_assets.orchestration.event_rows import materializations
 from backfill_assets.orchestration.metadata import add_partition_metadata
 from backfill_assets.orchestration.orchestrate import (
     RANGE_END,
@@ -242,3 +245,39 @@ def test_the_apply_re_judges_only_what_its_run_did_not_check(
     again = materialize(defs, instance, APPLY_JOB, tenants, ["s00"], log_level="WARNING")
     assert all(r.success for r in again)
     assert sorted(judged) == sorted(partition_key_for(t, "s00") for t in tenants)
+
+
+def test_check_targets_read_from_the_rows_match_dagsters_records(
+    engine: Engine, store_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tenants = ["acme", "globex"]
+    recs = [{"tenant_id": t, "post_id": f"p{i}", "text": "post"} for t in tenants for i in range(3)]
+    import_records(engine, tmp_path, recs)
+    instance = dg.DagsterInstance.ephemeral(tempdir=str(tmp_path / "dagster"))
+    defs = build_definitions(env_for(store_url))
+    for _ in range(2):  # twice: the latest of two materialisations a partition
+        records = materialize(defs, instance, BACKFILL_JOB, tenants, ["s00"], log_level="WARNING")
+        assert all(r.success for r in records)
+    keys = [partition_key_for(t, "s00") for t in tenants] + ["s00|never"]
+    fetched = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=dg.AssetKey("moderation_labels")), limit=100
+    ).records
+    storage = instance.event_log_storage
+    assert isinstance(storage, SqlEventLogStorage)
+    parsed = materializations(storage, [r.storage_id for r in fetched])
+    assert len(parsed) == len(fetched) == 4
+    for rec in fetched:
+        got = parsed[rec.storage_id]
+        mat = rec.asset_materialization
+        assert mat is not None
+        ints = {k: v.value for k, v in mat.metadata.items() if isinstance(v, dg.IntMetadataValue)}
+        assert (got.run_id, got.timestamp, got.ints) == (rec.run_id, rec.timestamp, ints)
+        assert "model_calls" in got.ints
+    direct = checks_module._latest_materializations(instance, keys)
+    # A row that does not parse (another Dagster's shape) is read Dagster's way, the same.
+    monkeypatch.setattr(checks_module, "materializations", lambda _s, _ids: {})
+    assert checks_module._latest_materializations(instance, keys) == direct
+    assert direct["s00|never"] == (None, None)
+    assert {t.storage_id for t, _d in (direct[k] for k in keys[:2]) if t} == {
+        max(r.storage_id for r in fetched if r.partition_key == k) for k in keys[:2]
+    }
