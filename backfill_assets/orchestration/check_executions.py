@@ -17,7 +17,7 @@ query on PostgreSQL at 10,000 partitions).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -52,44 +52,6 @@ EVALUATED = (
     )
 )
 PLANNED = AssetCheckExecutionsTable.insert()
-# ``EVALUATED``'s parameters as the columns of a VALUES list (``evaluated_all``).
-_PARAMS = (
-    "b_asset_key",
-    "b_check_name",
-    "b_run_id",
-    "b_partition",
-    "b_status",
-    "b_body",
-    "b_timestamp",
-    "b_event_id",
-    "b_target_id",
-)
-
-
-def evaluated_all(params: Sequence[Mapping[str, Any]]) -> sa.Update:
-    """``EVALUATED`` for many evaluations as one statement, an UPDATE joined to a VALUES
-    list: PostgreSQL's driver runs an executemany as a round trip a row, 1,000 for a check
-    step of 500 partitions. Its rowcount is the rows updated, as the executemany's."""
-    v = sa.values(*(sa.column(name) for name in _PARAMS), name="evaluated").data(
-        [tuple(p[name] for name in _PARAMS) for p in params]
-    )
-    return (
-        AssetCheckExecutionsTable.update()
-        .where(
-            _T.asset_key == v.c.b_asset_key,
-            _T.check_name == v.c.b_check_name,
-            _T.run_id == v.c.b_run_id,
-            _T.partition == v.c.b_partition,
-        )
-        .values(
-            execution_status=v.c.b_status,
-            evaluation_event=v.c.b_body,
-            # A column of NULLs in a VALUES list is text: cast to the table's types.
-            evaluation_event_timestamp=sa.cast(v.c.b_timestamp, sa.DateTime),
-            evaluation_event_storage_id=sa.cast(v.c.b_event_id, sa.BigInteger),
-            materialization_event_storage_id=sa.cast(v.c.b_target_id, sa.BigInteger),
-        )
-    )
 
 
 def insert_timestamp(event: dg.EventLogEntry) -> datetime:
