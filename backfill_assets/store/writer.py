@@ -25,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from backfill_assets.core.budgets import Spend
@@ -157,6 +158,17 @@ class _Channel:
 
         self.pool.submit(_close).result()
         self.pool.shutdown(wait=True)
+
+
+# A flush's billed tokens onto each tenant's total.
+_BILL = (
+    tenants.update()
+    .where(tenants.c.tenant_id == sa.bindparam("b_tenant"))
+    .values(
+        billed_tokens=tenants.c.billed_tokens + sa.bindparam("b_tokens"),
+        billed_nanos=tenants.c.billed_nanos + sa.bindparam("b_nanos"),
+    )
+)
 
 
 class LedgerWriter:
@@ -416,14 +428,15 @@ class LedgerWriter:
         # partitions) in different orders deadlocked on PostgreSQL, failing one run's step.
         if s.usage:
             add_usage(conn, day, sorted(s.usage.items()))
-        for tenant_id, spent in sorted(s.billed.items()):
+        if s.billed:
+            # One executemany, in that order (a statement built each tenant was 7% of a run
+            # of 10,000 small tenants; PostgreSQL sends them 100 a round trip, engine.py).
             conn.execute(
-                tenants.update()
-                .where(tenants.c.tenant_id == tenant_id)
-                .values(
-                    billed_tokens=tenants.c.billed_tokens + spent.tokens,
-                    billed_nanos=tenants.c.billed_nanos + spent.nanos,
-                )
+                _BILL,
+                [
+                    {"b_tenant": t, "b_tokens": spent.tokens, "b_nanos": spent.nanos}
+                    for t, spent in sorted(s.billed.items())
+                ],
             )
         for rid, spent in sorted(s.unreserve.items()):
             conn.execute(

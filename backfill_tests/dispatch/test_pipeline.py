@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
@@ -334,9 +335,12 @@ def test_a_flush_updates_tenant_totals_in_one_order(engine: Engine, tmp_path: Pa
     import_records(engine, tmp_path, corpus(names, 1))
     updated: list[str] = []
 
-    def seen(_conn: object, _cursor: object, statement: str, params: object, *_a: object) -> None:
+    def seen(
+        _conn: object, _cursor: object, statement: str, params: Any, _ctx: object, many: bool
+    ) -> None:
+        # One executemany whose rows are in that order, or one statement a tenant.
         if statement.lstrip().upper().startswith("UPDATE TENANTS"):
-            updated.append(repr(params))
+            updated.extend(repr(p) for p in (params if many else [params]))
 
     async def flush() -> None:
         writer = LedgerWriter(engine, contract_for=lambda _v: RUBRIC.contract)
