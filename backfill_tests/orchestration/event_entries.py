@@ -121,3 +121,41 @@ def store_check_run(
     held = len(counted)
     storage.store_event(entry(run_id, "the step's next event"))
     return StoredCheckRun(planned_rows, held, len(counted))
+
+
+@dataclass(frozen=True)
+class BesideStock:
+    """The same check run stored by Dagster's storage and ours: the check rows (equal in both)
+    and each storage's ``held`` and ``spent`` counts, keyed ``stock`` and ``ours``."""
+
+    rows: list[tuple[Any, ...]]
+    held: dict[str, int]
+    spent: dict[str, int]
+
+
+def store_beside_stock(
+    stock: SqlEventLogStorage,
+    ours: SqlEventLogStorage,
+    run: tuple[str, EventLogEntry, list[EventLogEntry]],
+    counted: list[str],
+) -> BesideStock:
+    """``store_check_run`` of ``run`` (``check_run``'s) on both storages; asserts ours wrote
+    Dagster's planned rows, check rows and run log."""
+    run_id, planned, evaluations = run
+    runs = {
+        name: store_check_run(storage, run_id, planned, evaluations, counted)
+        for name, storage in (("stock", stock), ("ours", ours))
+    }
+    # The planned rows (one a partition, the event serialised once) as Dagster's own.
+    assert runs["ours"].planned_rows == runs["stock"].planned_rows
+    rows = check_rows(ours)
+    # Storage ids differ between the databases only if the order did.
+    assert rows == check_rows(stock)
+    # The run's log holds the same events in the same order: the evaluations before the event
+    # that wrote them.
+    assert run_log(ours, run_id) == run_log(stock, run_id)
+    return BesideStock(
+        rows,
+        {name: r.held for name, r in runs.items()},
+        {name: r.spent for name, r in runs.items()},
+    )

@@ -21,7 +21,7 @@ from backfill_tests.orchestration.event_entries import (
     check_run,
     entry,
     run_log,
-    store_check_run,
+    store_beside_stock,
 )
 
 pytestmark = pytest.mark.pg
@@ -54,28 +54,17 @@ def _connections() -> Iterator[list[str]]:
 def test_check_rows_are_what_dagsters_own_storage_writes_on_two_connections_a_batch(
     two_instances: tuple[str, str],
 ) -> None:
-    run_id, planned, evaluations = check_run(20)
+    run = check_run(20)
+    evaluations = run[2]
     stock = PostgresEventLogStorage(two_instances[0])
     ours = BatchingPostgresEventLogStorage(two_instances[1])
     with _connections() as opened:
-        runs = {
-            name: store_check_run(storage, run_id, planned, evaluations, opened)
-            for name, storage in (("stock", stock), ("ours", ours))
-        }
-    planned_rows = {name: r.planned_rows for name, r in runs.items()}
-    held = {name: r.held for name, r in runs.items()}
-    spent = {name: r.spent for name, r in runs.items()}
-    # The planned rows (one a partition, the event serialised once) as Dagster's own.
-    assert planned_rows["ours"] == planned_rows["stock"]
-    rows = check_rows(ours)
-    # Storage ids differ between the databases only if the order did.
-    assert rows == check_rows(stock)
-    assert {r[4] for r in rows} == {"SUCCEEDED", "FAILED"} and len(rows) == 20
-    assert run_log(ours, run_id) == run_log(stock, run_id)
+        both = store_beside_stock(stock, ours, run, opened)
+    assert {r[4] for r in both.rows} == {"SUCCEEDED", "FAILED"} and len(both.rows) == 20
     # Dagster opens three connections an evaluation (its event row, a schema check, its
     # planned row); ours holds them, then writes them on two and the next event on its own.
-    assert held == {"stock": 3 * len(evaluations), "ours": 0}
-    assert spent == {"stock": 3 * len(evaluations) + 1, "ours": 3}
+    assert both.held == {"stock": 3 * len(evaluations), "ours": 0}
+    assert both.spent == {"stock": 3 * len(evaluations) + 1, "ours": 3}
     info = ours.get_asset_check_partition_info([dg.AssetCheckKey(LABELS, "integrity")])
     assert {i.partition_key for i in info} == {f"s00|t{i:03d}" for i in range(20)}
     stock.dispose()

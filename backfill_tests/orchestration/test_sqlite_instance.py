@@ -39,8 +39,7 @@ from backfill_tests.orchestration.event_entries import (
     check_run,
     dagster_entry,
     entry,
-    run_log,
-    store_check_run,
+    store_beside_stock,
 )
 
 
@@ -339,30 +338,18 @@ def test_every_shard_commits_in_wal_mode_without_an_fsync_a_commit(tmp_path: Pat
 def test_check_rows_are_what_dagsters_own_storage_writes_in_fewer_commits(
     tmp_path: Path,
 ) -> None:
-    run_id, planned, evaluations = check_run(20)
-    keys = [e.get_dagster_event().event_specific_data.partition for e in evaluations]
+    run = check_run(20)
+    keys = [e.get_dagster_event().event_specific_data.partition for e in run[2]]
     stock = SqliteEventLogStorage(str(tmp_path / "stock"))
     pooled = PooledSqliteEventLogStorage(str(tmp_path / "pooled"))
     with _commits() as commits:
-        runs = {
-            name: store_check_run(storage, run_id, planned, evaluations, commits)
-            for name, storage in (("stock", stock), ("pooled", pooled))
-        }
-    planned_rows = {name: r.planned_rows for name, r in runs.items()}
-    held = {name: r.held for name, r in runs.items()}
-    spent = {name: r.spent for name, r in runs.items()}
-    # The planned rows (one a partition, the event serialised once) as Dagster's own.
-    assert planned_rows["pooled"] == planned_rows["stock"]
-    rows = check_rows(pooled)
-    assert rows == check_rows(stock)
+        both = store_beside_stock(stock, pooled, run, commits)
+    rows = both.rows
     assert [r[2] for r in rows] == keys and {r[4] for r in rows} == {"SUCCEEDED", "FAILED"}
-    # The run's log holds the same events in the same order: the evaluations before the event
-    # that wrote them.
-    assert run_log(pooled, run_id) == run_log(stock, run_id)
     # Dagster commits an evaluation's run shard, index row and planned-row update apart; the
     # pooled storage holds them for the next event and commits all in one transaction a shard.
-    assert held == {"stock": 3 * len(keys), "pooled": 0}
-    assert spent == {"stock": 3 * len(keys) + 1, "pooled": 2}
+    assert both.held == {"stock": 3 * len(keys), "ours": 0}
+    assert both.spent == {"stock": 3 * len(keys) + 1, "ours": 2}
     info = pooled.get_asset_check_partition_info([dg.AssetCheckKey(LABELS, "integrity")])
     assert {i.partition_key for i in info} == set(keys)
     stock.dispose()
