@@ -6,8 +6,10 @@ row, 500 times in a run of 500 partitions, and compiles a multi-row ``VALUES`` a
 evaluation then updates its partition's row, with the event serialised again and the statement
 built again. Both instance event logs (``sqlite_instance.py``, ``pg_instance.py``) write the
 same rows through these: the planned event serialised once and inserted with one statement
-compiled once, the update built once and given the body the evaluation's event row was
-written with.
+compiled once, the update's parameters (``evaluated_params``) given the body the evaluation's
+event row was written with. SQLite runs ``EVALUATED`` with them as an executemany; PostgreSQL,
+whose driver runs an executemany a round trip a row, one UPDATE joined to a VALUES list of
+them, in ``EVALUATED_PARAMS`` order.
 
 The apply reads which checks passed in its own run from these rows (``succeeded_in_run``): one
 indexed query, where loading the run's evaluation events deserialised 1,000 of them a run, and
@@ -52,6 +54,18 @@ EVALUATED = (
     )
 )
 PLANNED = AssetCheckExecutionsTable.insert()
+# ``evaluated_params``' keys, in the order of a VALUES list of them (``pg_instance.py``).
+EVALUATED_PARAMS = (
+    "b_asset_key",
+    "b_check_name",
+    "b_run_id",
+    "b_partition",
+    "b_status",
+    "b_body",
+    "b_timestamp",
+    "b_event_id",
+    "b_target_id",
+)
 
 
 def insert_timestamp(event: dg.EventLogEntry) -> datetime:

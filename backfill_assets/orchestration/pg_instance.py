@@ -24,6 +24,7 @@ from psycopg2.extras import execute_values
 from sqlalchemy.engine import Connection
 
 from backfill_assets.orchestration.check_executions import (
+    EVALUATED_PARAMS,
     PLANNED,
     batchable,
     evaluated_params,
@@ -142,8 +143,8 @@ _EVENT_COLUMNS = (
     "partition",
 )
 # ``check_executions.EVALUATED`` for many evaluations: the UPDATE joined to a VALUES list (one
-# statement; psycopg2 runs an executemany as a round trip a row). A column of NULLs in a VALUES
-# list is text, hence the casts.
+# statement; psycopg2 runs an executemany as a round trip a row), its columns in
+# ``EVALUATED_PARAMS`` order. A column of NULLs in a VALUES list is text, hence the casts.
 _EVALUATED_ALL = (
     "UPDATE asset_check_executions AS t SET execution_status = v.status,"
     " evaluation_event = v.body, evaluation_event_timestamp = CAST(v.ts AS TIMESTAMP),"
@@ -153,17 +154,6 @@ _EVALUATED_ALL = (
     " event_id, target_id)"
     " WHERE t.asset_key = v.asset_key AND t.check_name = v.check_name"
     " AND t.run_id = v.run_id AND t.partition = v.partition"
-)
-_EVALUATED_PARAMS = (
-    "b_asset_key",
-    "b_check_name",
-    "b_run_id",
-    "b_partition",
-    "b_status",
-    "b_body",
-    "b_timestamp",
-    "b_event_id",
-    "b_target_id",
 )
 
 
@@ -181,7 +171,7 @@ def _update_evaluated(conn: Connection, updates: list[dict[str, Any]]) -> int:
         execute_values(
             cursor,
             _EVALUATED_ALL,
-            [tuple(u[k] for k in _EVALUATED_PARAMS) for u in updates],
+            [tuple(u[k] for k in EVALUATED_PARAMS) for u in updates],
             page_size=len(updates),  # one page: the rowcount is the statement's
         )
         return int(cursor.rowcount)
