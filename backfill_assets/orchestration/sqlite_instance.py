@@ -25,7 +25,10 @@ not once a row, and they are inserted with one statement compiled once. A step's
 evaluations are held (``held_checks.py``) and written with its next event, in one
 transaction a shard, instead of three commits each. Each evaluation's update of its planned
 row reuses the body its event row was written with and a statement built once (Dagster
-serialises and builds both again).
+serialises and builds both again). In a batch, the rows of a stretch of materialisations and
+evaluations are written a statement a table (``_store_rows``): Dagster compiles an INSERT for
+each event's row in each shard, and an UPDATE for each planned row, about a third of a run of
+10,000 one-partition tenants here.
 
 Every other event is committed on its own, in WAL mode with ``synchronous=NORMAL`` like the
 store's (Dagster leaves SQLite's FULL): a commit survives a SIGKILL. What stays as it was:
@@ -40,6 +43,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import itertools
 import os
 import re
 import threading
@@ -67,6 +71,7 @@ from backfill_assets.orchestration.dagster_private import (
     ConfigurableClassData,
     DagsterSqliteStorage,
     InstanceRef,
+    SqlEventLogStorageTable,
     SqliteEventLogStorage,
     event_logs_directory,
     serialize_value,
@@ -276,8 +281,14 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
                 id(e) for e in events if e.dagster_event is not None and id(e) not in kept
             }
             try:
-                for event in events:
-                    super().store_event(event)
+                # In order: a run shard's ids follow its events; the rows of a stretch of
+                # materialisations and evaluations go in with one statement a shard.
+                for insertable, stretch in itertools.groupby(events, key=_insertable):
+                    if insertable:
+                        self._store_rows(list(stretch))
+                    else:
+                        for event in stretch:
+                            super().store_event(event)
                 for shard in sorted(held, key=lambda name: name == INDEX_SHARD_NAME):
                     held[shard].commit()
                     if shard != INDEX_SHARD_NAME:
@@ -288,6 +299,43 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
                 self._superseded, self._rows = set(), {}
                 for conn in held.values():
                     conn.close()  # rolls back what was not committed
+
+    def _store_rows(self, events: list[dg.EventLogEntry]) -> None:
+        """What Dagster's ``store_event`` writes for each of ``events`` (``_insertable``, their
+        rows serialised), inside the batch's transaction, a statement a table: the run shards'
+        rows, the index's with their ids returned in order, the materialisations' indexed tags
+        and asset rows, the evaluations' updates of their planned rows. Dagster compiles a
+        statement for each row of each (~0.4 ms an event here)."""
+        rows = [self._rows[id(event)][1] for event in events]
+        runs: dict[str, list[dict[str, Any]]] = {}
+        for row in rows:
+            runs.setdefault(row["run_id"], []).append(row)
+        for run_id, run_rows in runs.items():
+            with self.run_connection(run_id) as conn:
+                conn.execute(_INSERT_EVENT, run_rows)
+        with self.index_connection() as conn:
+            ids = conn.execute(_INSERT_EVENT_IDS, rows).scalars().all()
+            materialised = [(e, i) for e, i in zip(events, ids, strict=True) if not _is_check(e)]
+            if materialised:
+                self._store_asset_event_tags(
+                    conn, [e for e, _ in materialised], [i for _, i in materialised]
+                )
+                for event, event_id in materialised:
+                    self._store_asset_event(conn, event, event_id)
+            checks = [
+                (event, row["event"], event_id)
+                for event, row, event_id in zip(events, rows, ids, strict=True)
+                if _is_check(event)
+            ]
+            if not checks:
+                return
+            updated = conn.execute(EVALUATED, [evaluated_params(*c) for c in checks]).rowcount
+        if updated != len(checks):
+            # A planned row missing (or, against the unique index, doubled): Dagster's own
+            # update, one at a time, inserts the row or raises; the rows updated already are
+            # updated again to the same values.
+            for event, _body, event_id in checks:
+                super()._update_asset_check_evaluation(event, event_id)
 
     def _store_asset_event(self, conn: Connection, event: dg.EventLogEntry, event_id: int) -> None:
         if id(event) in self._superseded:
@@ -369,6 +417,28 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
         self.flush()
         self._close_all()
         super().dispose()
+
+
+_INSERT_EVENT = SqlEventLogStorageTable.insert()
+_INSERT_EVENT_IDS = SqlEventLogStorageTable.insert().returning(
+    SqlEventLogStorageTable.c.id, sort_by_parameter_order=True
+)
+_MATERIALIZATION = dg.DagsterEventType.ASSET_MATERIALIZATION.value
+_CHECK_EVALUATION = dg.DagsterEventType.ASSET_CHECK_EVALUATION.value
+
+
+def _is_check(event: dg.EventLogEntry) -> bool:
+    return event.get_dagster_event().event_type_value == _CHECK_EVALUATION
+
+
+def _insertable(event: dg.EventLogEntry) -> bool:
+    """A materialisation, or an evaluation ``EVALUATED`` writes: ``_store_rows`` writes them
+    (every other event goes Dagster's way)."""
+    dagster_event = event.dagster_event
+    if dagster_event is None or not event.run_id:
+        return False
+    kind = dagster_event.event_type_value
+    return kind == _MATERIALIZATION or (kind == _CHECK_EVALUATION and batchable(event))
 
 
 # What a process SIGKILLed inside ``_place_new_shard`` leaves: ``<run>.db.<pid>.new`` and

@@ -19,6 +19,7 @@ from typing import Any
 import dagster as dg
 import pytest
 import sqlalchemy as sa
+from dagster._core.definitions.data_version import DATA_VERSION_TAG
 from dagster._core.events import (
     DagsterEventType,
     StepMaterializationData,
@@ -39,6 +40,7 @@ from backfill_tests.orchestration.event_entries import (
     check_run,
     dagster_entry,
     entry,
+    run_log,
     store_beside_stock,
 )
 
@@ -298,30 +300,94 @@ def test_a_batch_is_serialised_before_it_locks_a_shard(
     storage.dispose()
 
 
+@pytest.mark.parametrize("failing", ["store_event", "_store_asset_event_tags"])
 def test_a_batch_that_fails_midway_stores_none_of_its_events(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failing: str
 ) -> None:
+    # ``store_event``: an event Dagster stores, after rows of the batch were written;
+    # ``_store_asset_event_tags``: after a stretch's event rows were, in both shards.
     storage = PooledSqliteEventLogStorage(str(tmp_path / "runs"))
     run_id = str(uuid.uuid4())
     storage.store_event(entry(run_id, "start"))
-    real = SqliteEventLogStorage.store_event
-    seen: list[int] = []
+    real = getattr(SqliteEventLogStorage, failing)
 
-    def flaky(self: SqliteEventLogStorage, event: EventLogEntry) -> None:
-        seen.append(1)
-        if len(seen) == 3:
-            raise OSError("disk full")
-        real(self, event)
+    def flaky(self: SqliteEventLogStorage, *args: Any) -> None:
+        raise OSError("disk full")
 
-    monkeypatch.setattr(SqliteEventLogStorage, "store_event", flaky)
+    batch = [
+        *[_materialisation(run_id, f"p{i}") for i in range(3)],
+        entry(run_id, "a log line"),
+        *[_materialisation(run_id, f"p{i}") for i in range(3, 5)],
+    ]
+    monkeypatch.setattr(SqliteEventLogStorage, failing, flaky)
     with pytest.raises(OSError, match="disk full"):
-        storage.store_event_batch([_materialisation(run_id, f"p{i}") for i in range(5)])
-    monkeypatch.setattr(SqliteEventLogStorage, "store_event", real)
+        storage.store_event_batch(batch)
+    monkeypatch.setattr(SqliteEventLogStorage, failing, real)
     assert _stored(storage) == (set(), 0)  # all or nothing
+    assert run_log(storage, run_id) == ["start"]
     storage.store_event(entry(run_id, "the lock and the shards still work"))
-    storage.store_event_batch([_materialisation(run_id, f"p{i}") for i in range(5)])
+    storage.store_event_batch(batch)
     assert _stored(storage) == ({f"p{i}" for i in range(5)}, 5)
     storage.dispose()
+
+
+def _table(storage: SqliteEventLogStorage, shard: str, query: str) -> list[tuple[Any, ...]]:
+    with storage._connect(shard) as conn:
+        return [tuple(row) for row in conn.exec_driver_sql(query)]
+
+
+def test_a_batch_writes_every_table_as_dagster_writes_its_events_one_by_one(
+    tmp_path: Path,
+) -> None:
+    # A batch mixing materialisations (with an indexed tag, of two assets), evaluations and
+    # other events: the rows of both shards (ids included), the asset table, the indexed tags
+    # and the check rows, as Dagster's own storage leaves them storing the events one by one.
+    run_id, planned, evaluations = check_run(4)
+    other = dg.AssetKey("other")
+
+    def materialisation(key: dg.AssetKey, partition: str) -> EventLogEntry:
+        data = StepMaterializationData(
+            dg.AssetMaterialization(
+                asset_key=key, partition=partition, tags={DATA_VERSION_TAG: partition, "k": "v"}
+            )
+        )
+        return dagster_entry(run_id, DagsterEventType.ASSET_MATERIALIZATION, data, "labels")
+
+    batch = [
+        materialisation(LABELS, "s00|t000"),
+        materialisation(other, "x"),
+        materialisation(LABELS, "s00|t001"),
+        *evaluations[:2],
+        entry(run_id, "a log line"),
+        *evaluations[2:],
+        materialisation(LABELS, "s00|t002"),
+        entry(run_id, "the step's next event"),
+    ]
+    stock = SqliteEventLogStorage(str(tmp_path / "stock"))
+    pooled = PooledSqliteEventLogStorage(str(tmp_path / "pooled"))
+    start = entry(run_id, "start")
+    for storage in (stock, pooled):
+        storage.store_event(start)
+        storage.store_event(planned)
+    for event in batch:
+        stock.store_event(event)
+    pooled.store_event_batch(batch)
+    events = "SELECT * FROM event_logs ORDER BY id"
+    for shard in (run_id, "index"):
+        assert _table(pooled, shard, events) == _table(stock, shard, events)
+    tags = "SELECT * FROM asset_event_tags ORDER BY id"
+    assert _table(pooled, "index", tags) == _table(stock, "index", tags)
+    # An asset's row: written once a batch, by its last event, so the assets' rows may be
+    # created in another order (their ids, the first column, are not read).
+    assets = "SELECT * FROM asset_keys ORDER BY asset_key"
+    assert [r[1:] for r in _table(pooled, "index", assets)] == [
+        r[1:] for r in _table(stock, "index", assets)
+    ]
+    assert len(_table(pooled, "index", "SELECT * FROM asset_event_tags")) == 4
+    assert check_rows(pooled) == check_rows(stock)
+    assert {r[4] for r in check_rows(pooled)} == {"SUCCEEDED", "FAILED"}
+    stock.dispose()
+    pooled.dispose()
 
 
 def test_every_shard_commits_in_wal_mode_without_an_fsync_a_commit(tmp_path: Path) -> None:
