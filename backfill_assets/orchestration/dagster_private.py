@@ -17,6 +17,9 @@ from dagster._core.definitions.asset_checks.asset_check_evaluation import (
 # latest materialisations to find stale partitions without a per-partition status query.
 from dagster._core.definitions.data_version import CODE_VERSION_TAG
 
+# ``event_json.py`` writes the metadata field as Dagster's serde for it does (see below).
+from dagster._core.definitions.metadata import MetadataFieldSerializer
+
 # The embedded instance (``sqlite_instance.py``) subclasses Dagster's SQLite storage to keep
 # its event-log shards' connections open: these are the classes and constants it extends.
 from dagster._core.instance.ref import InstanceRef
@@ -43,16 +46,31 @@ from dagster._serdes import ConfigurableClassData, serialize_value
 from dagster_postgres import DagsterPostgresStorage, PostgresEventLogStorage
 from dagster_postgres.utils import get_token_provider_from_config, pg_url_from_config
 
+# ``event_json.py`` packs events as Dagster's serialiser does, faster: it reads each class's
+# serde from Dagster's whitelist, and a record's fields as Dagster's serde reads them.
+from dagster_shared.check.record import is_record
+from dagster_shared.record import _REMAPPING_FIELD as RECORD_REMAP_FIELD
+from dagster_shared.serdes.serdes import (
+    _WHITELIST_MAP,
+    EMPTY_VALUES_TO_SKIP,
+    NamedTupleSerializer,
+)
+
 __all__ = [
     "CODE_VERSION_TAG",
+    "EMPTY_VALUES_TO_SKIP",
     "INDEX_SHARD_NAME",
+    "RECORD_REMAP_FIELD",
     "SQLITE_BUSY_TIMEOUT_SECONDS",
+    "WHITELIST_MAP",
     "AssetCheckExecutionRecordStatus",
     "AssetCheckExecutionsTable",
     "ConfigurableClassData",
     "DagsterPostgresStorage",
     "DagsterSqliteStorage",
     "InstanceRef",
+    "MetadataFieldSerializer",
+    "NamedTupleSerializer",
     "PostgresEventLogStorage",
     "SqlEventLogStorage",
     "SqlEventLogStorageTable",
@@ -60,8 +78,10 @@ __all__ = [
     "TargetMaterialization",
     "event_logs_directory",
     "get_token_provider_from_config",
+    "is_record",
     "pg_url_from_config",
     "serialize_value",
 ]
 
 event_logs_directory = _event_logs_directory
+WHITELIST_MAP = _WHITELIST_MAP

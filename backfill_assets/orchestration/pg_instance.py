@@ -37,6 +37,7 @@ from backfill_assets.orchestration.dagster_private import (
     get_token_provider_from_config,
     pg_url_from_config,
 )
+from backfill_assets.orchestration.event_json import event_row
 from backfill_assets.orchestration.held_checks import HeldChecks
 
 
@@ -73,6 +74,10 @@ class BatchingPostgresEventLogStorage(PostgresEventLogStorage):
         """Write what is held, then Dagster's own clean-up."""
         self.flush()
         super().dispose()
+
+    def _event_to_row(self, event: dg.EventLogEntry) -> dict[str, Any]:
+        """Dagster's row of ``event``, serialised by ``event_json``."""
+        return event_row(event)
 
     def _store_asset_check_evaluation_planned(
         self, event: dg.EventLogEntry, event_id: int | None

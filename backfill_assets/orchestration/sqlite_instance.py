@@ -74,8 +74,8 @@ from backfill_assets.orchestration.dagster_private import (
     SqlEventLogStorageTable,
     SqliteEventLogStorage,
     event_logs_directory,
-    serialize_value,
 )
+from backfill_assets.orchestration.event_json import event_json, event_row
 from backfill_assets.orchestration.held_checks import HeldChecks
 
 # Shards whose engine stays open: the index, the runs being written, the runs the UI shows.
@@ -271,8 +271,7 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
                 )
         # Serialised before any shard is locked: the index's write lock, which the other run
         # processes wait for, is held for the inserts only.
-        to_row = super()._event_to_row
-        self._rows = {id(e): (e, to_row(e)) for e in events}
+        self._rows = {id(e): (e, event_row(e)) for e in events}
         with self._db_lock:
             held: dict[str, Connection] = {}
             self._batch, self._batch_thread = held, threading.get_ident()
@@ -350,7 +349,7 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
             conn.execute(PLANNED, planned_rows(event, event_id))
 
     def _event_to_row(self, event: dg.EventLogEntry) -> dict[str, Any]:
-        return self._ready_row(event) or super()._event_to_row(event)
+        return self._ready_row(event) or event_row(event)
 
     def _ready_row(self, event: dg.EventLogEntry) -> dict[str, Any] | None:
         """``event``'s row if the batch being written serialised it already."""
@@ -365,7 +364,7 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
             super()._update_asset_check_evaluation(event, event_id)
             return
         row = self._ready_row(event)  # held evaluations are written in batches
-        params = evaluated_params(event, row["event"] if row else serialize_value(event), event_id)
+        params = evaluated_params(event, row["event"] if row else event_json(event), event_id)
         with self.index_connection() as conn:
             updated = conn.execute(EVALUATED, params).rowcount
         if updated != 1:

@@ -28,7 +28,7 @@ from dagster._core.events.log import EventLogEntry
 from dagster._core.storage.event_log.sqlite.sqlite_event_log import SqliteEventLogStorage
 
 from backfill_assets.cli.instance import INSTANCE_TEMPLATE
-from backfill_assets.orchestration import held_checks
+from backfill_assets.orchestration import held_checks, sqlite_instance
 from backfill_assets.orchestration.sqlite_instance import (
     EmbeddedInstance,
     PooledSqliteEventLogStorage,
@@ -281,14 +281,14 @@ def test_a_batch_is_serialised_before_it_locks_a_shard(
     storage = PooledSqliteEventLogStorage(str(tmp_path))
     run_id = str(uuid.uuid4())
     storage.store_event(entry(run_id, "start"))
-    real = SqliteEventLogStorage._event_to_row
+    real = sqlite_instance.event_row
     open_shards: list[int] = []
 
-    def to_row(self: SqliteEventLogStorage, event: EventLogEntry) -> dict[str, Any]:
+    def to_row(event: EventLogEntry) -> dict[str, Any]:
         open_shards.append(len(storage._batch or {}))
-        return real(self, event)
+        return real(event)
 
-    monkeypatch.setattr(SqliteEventLogStorage, "_event_to_row", to_row)
+    monkeypatch.setattr(sqlite_instance, "event_row", to_row)
     events = [_materialisation(run_id, f"s00|t{i:03d}") for i in range(5)]
     _run_id, _planned, evaluations = check_run(3)
     storage.store_event_batch(events)

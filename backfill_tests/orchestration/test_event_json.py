@@ -1,0 +1,159 @@
+"""``event_json``: Dagster's serialisation of an event, the same text, and the event log's row of
+it, the same row, for events of a real Dagster run and generated metadata of every kind."""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from typing import Any
+
+import dagster as dg
+import pytest
+from dagster._core.events import DagsterEventType, StepMaterializationData
+from dagster._core.storage.event_log.sql_event_log import SqlEventLogStorage
+from dagster._serdes import serialize_value
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from backfill_assets.orchestration import event_json as module
+from backfill_assets.orchestration.event_json import event_json, event_row
+from backfill_tests.orchestration.event_entries import check_run, dagster_entry
+
+_TABLE = dg.TableSchema(
+    columns=[dg.TableColumn("tenant", "string", constraints=dg.TableColumnConstraints(False))]
+)
+# One value of each metadata kind a user or Dagster attaches.
+METADATA: dict[str, Any] = {
+    "int": 5,
+    "big": 2**70,
+    "float": 0.1,
+    "nan": math.nan,
+    "inf": -math.inf,
+    "text": 'é \u2028 "quoted" </script>',
+    "bool": True,
+    "none": dg.MetadataValue.null(),
+    "md": dg.MetadataValue.md("| a |\n|---|"),
+    "json": dg.MetadataValue.json({"b": [1, {"a": None}], "a": 2.5}),
+    "url": dg.MetadataValue.url("https://example.com/x?y=1"),
+    "path": dg.MetadataValue.path("/tmp/x"),
+    "notebook": dg.MetadataValue.notebook("/tmp/x.ipynb"),
+    "python": dg.MetadataValue.python_artifact(dg.AssetKey),
+    "asset": dg.MetadataValue.asset(dg.AssetKey(["a", "b"])),
+    "job": dg.MetadataValue.job("j", "loc"),
+    "run": dg.MetadataValue.dagster_run("0" * 36),
+    "timestamp": dg.MetadataValue.timestamp(dt.datetime(2026, 1, 2, tzinfo=dt.UTC)),
+    "schema": dg.MetadataValue.table_schema(_TABLE),
+    "table": dg.MetadataValue.table([dg.TableRecord({"tenant": "t1"})], schema=_TABLE),
+    "lineage": dg.TableColumnLineage(
+        {"tenant": [dg.TableColumnDep(dg.AssetKey("posts"), "tenant")]}
+    ),
+}
+# A value of a class whose serde this pass does not know: Dagster's serialiser writes it.
+CODE_REFS = dg.CodeReferencesMetadataValue(
+    code_references=[dg.LocalFileCodeReference(file_path="/x.py", line_number=3)]
+)
+
+
+@dg.asset(partitions_def=dg.StaticPartitionsDefinition(["t1", "t2"]), code_version="v1")
+def labels() -> dg.MaterializeResult:
+    return dg.MaterializeResult(metadata=METADATA, tags={"k": "v"})
+
+
+@dg.asset_check(asset=labels)
+def integrity() -> dg.AssetCheckResult:
+    return dg.AssetCheckResult(
+        passed=False, severity=dg.AssetCheckSeverity.WARN, metadata={"n": 1, "why": "x"}
+    )
+
+
+@pytest.fixture(scope="module")
+def run_events() -> list[dg.EventLogEntry]:
+    """Every event of a real run: run and step events, a planned and a stored
+    materialisation, a check evaluation, logs."""
+    instance = dg.DagsterInstance.ephemeral()
+    result = dg.materialize([labels, integrity], instance=instance, partition_key="t1")
+    assert result.success
+    events = instance.all_logs(result.run_id)
+    kinds = {e.dagster_event_type for e in events}
+    assert {
+        DagsterEventType.ASSET_MATERIALIZATION,
+        DagsterEventType.ASSET_MATERIALIZATION_PLANNED,
+        DagsterEventType.ASSET_CHECK_EVALUATION,
+        DagsterEventType.ASSET_CHECK_EVALUATION_PLANNED,
+        DagsterEventType.STEP_SUCCESS,
+    } <= kinds
+    return events
+
+
+def test_every_event_of_a_run_is_serialised_as_dagster_does(
+    run_events: list[dg.EventLogEntry],
+) -> None:
+    for event in run_events:
+        assert event_json(event) == serialize_value(event)
+
+
+def test_every_row_of_a_run_is_dagsters(run_events: list[dg.EventLogEntry]) -> None:
+    storage = dg.DagsterInstance.ephemeral().event_log_storage
+    assert isinstance(storage, SqlEventLogStorage)
+    for event in run_events:
+        assert event_row(event) == storage._event_to_row(event)
+
+
+def test_materialisations_and_evaluations_take_the_fast_pass(
+    run_events: list[dg.EventLogEntry],
+) -> None:
+    # The events a backfill writes by the thousand never go to Dagster's serialiser; a set
+    # (a planned check's partition subset) does.
+    fast = {DagsterEventType.ASSET_MATERIALIZATION, DagsterEventType.ASSET_CHECK_EVALUATION}
+    for event in run_events:
+        if event.dagster_event_type in fast:
+            module._pack(event)
+    _run_id, planned, evaluations = check_run(3)
+    module._pack(evaluations[0])
+    referenced = dagster_entry(
+        "run",
+        DagsterEventType.ASSET_MATERIALIZATION,
+        StepMaterializationData(dg.AssetMaterialization("x", metadata={"refs": CODE_REFS})),
+    )
+    for event in (planned, referenced):
+        with pytest.raises(module._Unpackable):
+            module._pack(event)
+        assert event_json(event) == serialize_value(event)
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
+    max_leaves=10,
+)
+_values = st.one_of(
+    st.integers(),
+    st.floats(),
+    st.text(),
+    st.booleans(),
+    st.builds(dg.MetadataValue.md, st.text()),
+    st.builds(dg.MetadataValue.json, st.dictionaries(st.text(), _json, max_size=3)),
+    st.builds(dg.MetadataValue.url, st.text()),
+    st.builds(dg.MetadataValue.path, st.text()),
+)
+
+
+_tag = st.from_regex(r"[a-z][a-z0-9_.-]{0,20}", fullmatch=True)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    metadata=st.dictionaries(st.text(), _values, max_size=6),
+    tags=st.dictionaries(_tag, _tag, max_size=3),
+    partition=st.none() | st.text(min_size=1),
+)
+def test_any_materialisation_is_serialised_as_dagster_does(
+    metadata: dict[str, Any], tags: dict[str, str], partition: str | None
+) -> None:
+    data = StepMaterializationData(
+        dg.AssetMaterialization(
+            asset_key=dg.AssetKey(["x", "y"]), metadata=metadata, tags=tags, partition=partition
+        )
+    )
+    event = dagster_entry("run", DagsterEventType.ASSET_MATERIALIZATION, data, "step")
+    assert event_json(event) == serialize_value(event)
