@@ -20,6 +20,10 @@ from dagster._core.definitions.data_version import CODE_VERSION_TAG
 # ``event_json.py`` writes the metadata field as Dagster's serde for it does (see below).
 from dagster._core.definitions.metadata import MetadataFieldSerializer
 
+# A range run's per-partition metadata goes straight to the step's accumulator, keyed by this
+# handle (``metadata.add_partition_metadata``): the public method lists the run's range a call.
+from dagster._core.execution.context.metadata_logging import AssetMetadataHandle
+
 # The embedded instance (``sqlite_instance.py``) subclasses Dagster's SQLite storage to keep
 # its event-log shards' connections open: these are the classes and constants it extends.
 from dagster._core.instance.ref import InstanceRef
@@ -65,6 +69,7 @@ __all__ = [
     "WHITELIST_MAP",
     "AssetCheckExecutionRecordStatus",
     "AssetCheckExecutionsTable",
+    "AssetMetadataHandle",
     "ConfigurableClassData",
     "DagsterPostgresStorage",
     "DagsterSqliteStorage",
