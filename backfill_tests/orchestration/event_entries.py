@@ -41,6 +41,12 @@ def dagster_entry(
 
 
 LABELS = dg.AssetKey("labels")
+# An asset's row in ``asset_keys`` as an event log writes it (not its id, nor the database's
+# clock at its creation).
+ASSET_ROW = (
+    "asset_key, last_materialization, last_run_id, asset_details, wipe_timestamp,"
+    " last_materialization_timestamp, tags, cached_status_data"
+)
 
 
 def check_event(run_id: str, data: Any, step_key: str | None = "checks") -> EventLogEntry:

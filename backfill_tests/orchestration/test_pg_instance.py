@@ -9,16 +9,21 @@ from collections.abc import Iterator
 import dagster as dg
 import pytest
 import sqlalchemy as sa
+from dagster._core.definitions.data_version import DATA_VERSION_TAG
+from dagster._core.events import DagsterEventType, StepMaterializationData
+from dagster._core.events.log import EventLogEntry
 from dagster_postgres import PostgresEventLogStorage
 
 from backfill_assets.orchestration import held_checks
 from backfill_assets.orchestration.pg_instance import BatchingPostgresEventLogStorage
 from backfill_tests.conftest import pg_database
 from backfill_tests.orchestration.event_entries import (
+    ASSET_ROW,
     LABELS,
     check_event,
     check_rows,
     check_run,
+    dagster_entry,
     entry,
     run_log,
     store_beside_stock,
@@ -130,4 +135,40 @@ def test_a_failed_batch_stores_the_evaluations_one_at_a_time(
     ours.store_event(entry(run_id, "the step's next event"))
     assert sorted(r[4] for r in check_rows(ours)) == ["FAILED", "FAILED", "SUCCEEDED", "SUCCEEDED"]
     assert run_log(ours, run_id).count(dg.DagsterEventType.ASSET_CHECK_EVALUATION) == 4
+    ours.dispose()
+
+
+def _table(storage: PostgresEventLogStorage, query: str) -> list[tuple[object, ...]]:
+    with storage.index_connection() as conn:
+        return [tuple(row) for row in conn.exec_driver_sql(query)]
+
+
+def test_a_batch_of_materialisations_is_stored_as_dagster_stores_it(
+    two_instances: tuple[str, str],
+) -> None:
+    # Ours inserts the rows through the driver (one statement); every table ends as Dagster's
+    # own batch leaves it: the event rows and their ids, the indexed tags, the asset's row.
+    run_id = check_run(1)[0]
+
+    def materialisation(partition: str) -> EventLogEntry:
+        data = StepMaterializationData(
+            dg.AssetMaterialization(
+                asset_key=LABELS, partition=partition, tags={DATA_VERSION_TAG: partition, "k": "v"}
+            )
+        )
+        return dagster_entry(run_id, DagsterEventType.ASSET_MATERIALIZATION, data, "labels")
+
+    batch = [materialisation(f"s00|t{i:03d}") for i in range(5)]
+    stock = PostgresEventLogStorage(two_instances[0])
+    ours = BatchingPostgresEventLogStorage(two_instances[1])
+    for storage in (stock, ours):
+        storage.store_event_batch(batch)
+    for query in (
+        "SELECT * FROM event_logs ORDER BY id",
+        "SELECT * FROM asset_event_tags ORDER BY id",
+        f"SELECT {ASSET_ROW} FROM asset_keys ORDER BY asset_key",
+    ):
+        assert _table(ours, query) == _table(stock, query)
+    assert len(_table(ours, "SELECT * FROM asset_event_tags")) == 5
+    stock.dispose()
     ours.dispose()
