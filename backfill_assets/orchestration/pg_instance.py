@@ -9,7 +9,9 @@ evaluations (``held_checks.py``) and writes them with the step's next event: the
 in one multi-row ``INSERT ... RETURNING`` (as Dagster's own materialisation batch), the
 planned rows' updates in one statement, each body serialised once and both statements built
 by the driver. The rows are those Dagster writes; an evaluation with no planned row, or none of
-a partition, goes Dagster's own way. ``deploy/dagster.postgres.yaml`` names
+a partition, goes Dagster's own way. A step's materialisations are written as Dagster's batch
+writes them, their rows inserted by the driver too. Its sessions compress long values with
+lz4 where the server offers it (``compress_with_lz4``). ``deploy/dagster.postgres.yaml`` names
 ``BatchingPostgresStorage`` under ``storage: custom:``; everything else is Dagster's
 ``DagsterPostgresStorage``.
 """
@@ -20,8 +22,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import dagster as dg
+import sqlalchemy as sa
 from psycopg2.extras import execute_values
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, Engine
 
 from backfill_assets.orchestration.check_executions import (
     EVALUATED_PARAMS,
@@ -47,6 +50,16 @@ class BatchingPostgresEventLogStorage(PostgresEventLogStorage):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._held = HeldChecks()
         super().__init__(*args, **kwargs)
+        self._lz4 = compress_with_lz4(self._engine)
+
+    def optimize_for_webserver(
+        self, statement_timeout: int, pool_recycle: int, max_overflow: int
+    ) -> None:
+        """Dagster's (a pooled engine in place of its own; the CLI and the webserver use it),
+        its sessions compressing with lz4 as the first engine's did."""
+        super().optimize_for_webserver(statement_timeout, pool_recycle, max_overflow)
+        if self._lz4:
+            sa.event.listen(self._engine, "do_connect", _with_lz4)
 
     def store_event(self, event: dg.EventLogEntry) -> None:
         """A step's check evaluation is held and written with the next event; every other
@@ -177,6 +190,32 @@ _EVALUATED_ALL = (
     " WHERE t.asset_key = v.asset_key AND t.check_name = v.check_name"
     " AND t.run_id = v.run_id AND t.partition = v.partition"
 )
+
+
+def compress_with_lz4(engine: Engine) -> bool:
+    """Have ``engine``'s sessions compress long values with lz4 rather than pglz, when the
+    server offers lz4 (PostgreSQL 14+, built with it) and its operator left the setting at
+    its default; whether they will.
+
+    Every event body (~4 KB) and check row Dagster writes is compressed on the server: pglz was
+    ~11% of the database's CPU in a run of 10,000 one-partition tenants, lz4 takes a fraction
+    of that. Readers need nothing: each value records its method. The setting travels in the
+    connection's startup packet (``options``), so it costs no statement."""
+    with engine.connect() as conn:
+        row = conn.execute(_TOAST_SETTING).first()
+    if row is None or row.source != "default" or "lz4" not in (row.enumvals or []):
+        return False
+    sa.event.listen(engine, "do_connect", _with_lz4)
+    return True
+
+
+_TOAST_SETTING = sa.text(
+    "SELECT source, enumvals FROM pg_settings WHERE name = 'default_toast_compression'"
+)
+
+
+def _with_lz4(_dialect: Any, _record: Any, _args: Any, params: dict[str, Any]) -> None:
+    params["options"] = f"{params.get('options', '')} -c default_toast_compression=lz4".strip()
 
 
 def _cursor(conn: Connection) -> Any:

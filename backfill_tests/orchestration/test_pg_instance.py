@@ -172,3 +172,46 @@ def test_a_batch_of_materialisations_is_stored_as_dagster_stores_it(
     assert len(_table(ours, "SELECT * FROM asset_event_tags")) == 5
     stock.dispose()
     ours.dispose()
+
+
+def _compression(storage: PostgresEventLogStorage) -> set[str | None]:
+    with storage.index_connection() as conn:
+        query = "SELECT DISTINCT pg_column_compression(event) FROM event_logs"
+        return {row[0] for row in conn.exec_driver_sql(query)}
+
+
+@pytest.mark.parametrize("pooled", [False, True])
+def test_event_bodies_are_compressed_with_lz4_unless_the_operator_chose_otherwise(
+    two_instances: tuple[str, str], pooled: bool
+) -> None:
+    chosen, default = two_instances
+    # An operator's own setting (here the database's) is kept; the server's default is not.
+    admin = sa.create_engine(chosen, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        name = conn.exec_driver_sql("SELECT current_database()").scalar_one()
+        conn.exec_driver_sql(f'ALTER DATABASE "{name}" SET default_toast_compression = pglz')
+        offered = conn.exec_driver_sql(
+            "SELECT 'lz4' = ANY(enumvals) FROM pg_settings WHERE name = 'default_toast_compression'"
+        ).scalar_one()
+    admin.dispose()
+    run_id = check_run(1)[0]
+    long_text = "moderation " * 1_000  # past the 2 kB at which PostgreSQL compresses a value
+    data = StepMaterializationData(
+        dg.AssetMaterialization(asset_key=LABELS, partition="p", metadata={"text": long_text})
+    )
+    batch = [dagster_entry(run_id, DagsterEventType.ASSET_MATERIALIZATION, data, "labels")] * 2
+    for url, expected in ((default, "lz4" if offered else "pglz"), (chosen, "pglz")):
+        storage = BatchingPostgresEventLogStorage(url)
+        if pooled:  # the CLI's and the webserver's: Dagster replaces the engine
+            storage.optimize_for_webserver(statement_timeout=0, pool_recycle=3600, max_overflow=8)
+        storage.store_event_batch(batch)
+        assert _compression(storage) == {expected}
+        assert (
+            storage.get_event_records(
+                dg.EventRecordsFilter(DagsterEventType.ASSET_MATERIALIZATION, asset_key=LABELS)
+            )[0]
+            .asset_materialization.metadata["text"]
+            .value
+            == long_text
+        )  # type: ignore[union-attr]
+        storage.dispose()
