@@ -200,9 +200,13 @@ def compress_with_lz4(engine: Engine) -> bool:
     Every event body (~4 KB) and check row Dagster writes is compressed on the server: pglz was
     ~11% of the database's CPU in a run of 10,000 one-partition tenants, lz4 takes a fraction
     of that. Readers need nothing: each value records its method. The setting travels in the
-    connection's startup packet (``options``), so it costs no statement."""
-    with engine.connect() as conn:
-        row = conn.execute(_TOAST_SETTING).first()
+    connection's startup packet (``options``), so it costs no statement. A server that cannot
+    be asked now (down, restarting) is left to Dagster's own retries, at its own default."""
+    try:
+        with engine.connect() as conn:
+            row = conn.execute(_TOAST_SETTING).first()
+    except sa.exc.DBAPIError:
+        return False
     if row is None or row.source != "default" or "lz4" not in (row.enumvals or []):
         return False
     sa.event.listen(engine, "do_connect", _with_lz4)

@@ -215,3 +215,11 @@ def test_event_bodies_are_compressed_with_lz4_unless_the_operator_chose_otherwis
             == long_text
         )  # type: ignore[union-attr]
         storage.dispose()
+
+
+def test_a_server_that_cannot_be_asked_is_left_to_dagster() -> None:
+    # As Dagster's own storage without table creation: made without a connection, no error.
+    down = "postgresql+psycopg2://nobody@127.0.0.1:1/nothing"
+    storage = BatchingPostgresEventLogStorage(down, should_autocreate_tables=False)
+    assert storage._lz4 is False
+    storage.dispose()
