@@ -48,7 +48,9 @@ def event_json(value: Any) -> str:
     """``serialize_value(value)``, the same text."""
     try:
         packed = _pack(value)
-    except _Unpackable:
+    except Exception:  # _Unpackable, or a shape this pass did not foresee
+        # Dagster's own serialiser is the reference: it writes the same text or raises its
+        # own error; an event is never lost to this shortcut.
         return serialize_value(value)
     return _ENCODER.encode(packed)
 

@@ -157,3 +157,18 @@ def test_any_materialisation_is_serialised_as_dagster_does(
     )
     event = dagster_entry("run", DagsterEventType.ASSET_MATERIALIZATION, data, "step")
     assert event_json(event) == serialize_value(event)
+
+
+def test_a_failure_of_the_pass_falls_back_to_dagsters_serialiser(
+    run_events: list[dg.EventLogEntry], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A shape the pass did not foresee (here: a packer that raises) never loses the event.
+    event = next(
+        e for e in run_events if e.dagster_event_type == DagsterEventType.ASSET_MATERIALIZATION
+    )
+
+    def broken(_value: object) -> object:
+        raise ValueError("unforeseen")
+
+    monkeypatch.setitem(module._PACKERS, dg.AssetKey, broken)
+    assert event_json(event) == serialize_value(event)
