@@ -57,6 +57,7 @@ from dagster_shared.record import _REMAPPING_FIELD as RECORD_REMAP_FIELD
 from dagster_shared.serdes.serdes import (
     _WHITELIST_MAP,
     EMPTY_VALUES_TO_SKIP,
+    EnumSerializer,
     NamedTupleSerializer,
 )
 
@@ -73,6 +74,7 @@ __all__ = [
     "ConfigurableClassData",
     "DagsterPostgresStorage",
     "DagsterSqliteStorage",
+    "EnumSerializer",
     "InstanceRef",
     "MetadataFieldSerializer",
     "NamedTupleSerializer",

@@ -27,6 +27,7 @@ from backfill_assets.orchestration.dagster_private import (
     EMPTY_VALUES_TO_SKIP,
     RECORD_REMAP_FIELD,
     WHITELIST_MAP,
+    EnumSerializer,
     MetadataFieldSerializer,
     NamedTupleSerializer,
     is_record,
@@ -108,7 +109,7 @@ def _packer_for(kind: type) -> _Packer:
     name = kind.__name__
     if issubclass(kind, Enum):
         enum_serde = WHITELIST_MAP.enum_serializers.get(name)
-        if enum_serde is None:
+        if enum_serde is None or type(enum_serde).pack is not EnumSerializer.pack:
             raise _Unpackable(name)
         storage = enum_serde.get_storage_name()
         return lambda value: {"__enum__": f"{storage}.{value.name}"}
