@@ -20,6 +20,23 @@ PG_BASE = os.environ.get(
 )
 
 
+# Dagster's UI skips its first-visit community dialog once the browser holds this key
+# (``CommunityNux``: Dagster's own record of a dismissal).
+_NO_COMMUNITY_DIALOG = "try { localStorage.setItem('communityNux', '\"1\"') } catch (e) {}"
+
+
+def keep_community_dialog_shut(page: Any) -> None:
+    """Keep Dagster's community dialog from opening on ``page`` (a Playwright page): it opens a
+    second after a page loads, over whatever is open (over a launch dialog its Skip button
+    cannot be clicked, and it covers what a bench times). The page is told it was dismissed
+    before any page loads; a handler clicks Skip should a Dagster record it elsewhere."""
+    page.add_init_script(_NO_COMMUNITY_DIALOG)
+    page.add_locator_handler(
+        page.get_by_text("Join the Dagster community"),
+        lambda _loc: page.get_by_role("button", name="Skip").click(),
+    )
+
+
 def clean_env(**values: str) -> dict[str, str]:
     """This process's environment without any ``BACKFILL_*`` or ``DAGSTER_*`` setting (none of
     the caller's leaks into a measured command), plus ``values``."""

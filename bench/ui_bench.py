@@ -34,12 +34,10 @@ from typing import Any
 
 import httpx
 
-from bench.common import ROOT, fmt, median
+from bench.common import ROOT, fmt, keep_community_dialog_shut, median
 from bench.scale_bench import cli, cli_env, tenant_names, write_export
 
 CHROMIUM = "/usr/bin/chromium"
-# Dagster's UI skips its community dialog once the browser has this key (``CommunityNux``).
-NO_COMMUNITY_DIALOG = "try { localStorage.setItem('communityNux', '\"1\"') } catch (e) {}"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"]
 PAGE = "/assets/moderation_labels?view=partitions"
 GROUP_VIEW = "/asset-groups~group%3A%22moderation%22/"
@@ -118,13 +116,7 @@ def _measure(base: str, loads: int, tenant: str) -> dict[str, Any]:
                     ctx = browser.new_context(viewport={"width": 1800, "height": 1000})
                     page = ctx.new_page()
                     page.set_default_timeout(120_000)
-                    # Dagster's first-visit dialog can cover what is being timed: the page is
-                    # told it was dismissed before it loads (the handler is the fallback).
-                    page.add_init_script(NO_COMMUNITY_DIALOG)
-                    page.add_locator_handler(
-                        page.get_by_text("Join the Dagster community"),
-                        lambda _loc, p=page: p.get_by_role("button", name="Skip").click(),
-                    )
+                    keep_community_dialog_shut(page)  # it would cover what is timed
                     if view == "page":
                         seconds, shown = _load(page, url)
                         out["cold"].append(seconds)

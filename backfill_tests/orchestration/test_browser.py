@@ -23,13 +23,12 @@ import sqlalchemy as sa
 from backfill_assets.cli import main as cli_main
 from backfill_tests.cli_runs import last_json
 from backfill_tests.dagster_dev import ROOT, DagsterDev, dagster_dev
+from bench.common import keep_community_dialog_shut
 
 # One worker runs the tests that start servers or time a stop, one after another (bin/test).
 pytestmark = [pytest.mark.browser, pytest.mark.xdist_group("servers")]
 
 CHROMIUM = Path("/usr/bin/chromium")
-# Dagster's UI skips its community dialog once the browser has this key (``CommunityNux``).
-NO_COMMUNITY_DIALOG = "try { localStorage.setItem('communityNux', '\"1\"') } catch (e) {}"
 CHROMIUM_ARGS = [
     "--headless",
     "--no-sandbox",
@@ -71,15 +70,7 @@ def page(dev: DagsterDev) -> Iterator[Any]:
         browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         pg = browser.new_page(viewport={"width": 1800, "height": 1000})
         pg.set_default_timeout(30_000)
-        # Dagster's first-visit community dialog opens a second after a page loads, over
-        # whatever is open: over a launch dialog its Skip button cannot be clicked. The page is
-        # told it was dismissed (Dagster's own record of a dismissal) before any page loads;
-        # the handler stays for a Dagster that records it elsewhere.
-        pg.add_init_script(NO_COMMUNITY_DIALOG)
-        pg.add_locator_handler(
-            pg.get_by_text("Join the Dagster community"),
-            lambda _: pg.get_by_role("button", name="Skip").click(),
-        )
+        keep_community_dialog_shut(pg)
         try:
             yield pg
         finally:
