@@ -35,9 +35,8 @@ import sys
 import tempfile
 import traceback
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import dagster as dg
 
@@ -46,7 +45,7 @@ from backfill_assets.cli.process import freeze_heap
 from backfill_assets.core.validation import warm_up as warm_up_validation
 from backfill_assets.orchestration.orchestrate import run_boxes
 from backfill_assets.orchestration.pooling import Box, Plan
-from backfill_assets.orchestration.run_records import RecordedCheck, RunRecord
+from backfill_assets.orchestration.run_records import RunRecord
 from backfill_assets.orchestration.settings import Settings
 from backfill_assets.orchestration.sharing import partition_weights, share_out
 from backfill_assets.orchestration.wiring import APPLY_JOB, BACKFILL_JOB, build_definitions
@@ -223,7 +222,7 @@ def _collect(h: _Helper) -> list[RunRecord]:
     """A helper's records once it exits."""
     code = _reap(h)
     try:
-        return [_record(d) for d in json.loads(h.out.read_text(encoding="utf-8"))]
+        return [RunRecord.from_doc(d) for d in json.loads(h.out.read_text(encoding="utf-8"))]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         keys = [k for b in h.boxes for k in b.keys]
         return [
@@ -242,11 +241,6 @@ def _collect(h: _Helper) -> list[RunRecord]:
         ]
 
 
-def _record(d: Mapping[str, Any]) -> RunRecord:
-    checks = {pk: [RecordedCheck(**c) for c in cs] for pk, cs in d["checks"].items()}
-    return RunRecord(**{**d, "checks": checks})
-
-
 def _serve(
     settings: Settings, boxes: Sequence[Box], regions: Mapping[str, str | None], out: Path
 ) -> int:
@@ -260,6 +254,6 @@ def _serve(
         return 130  # stopped before a run started: nothing of ours to report
     tmp = out.with_suffix(".tmp")
     # Metadata values are JSON already (numbers, text); anything else travels as its text.
-    tmp.write_text(json.dumps([asdict(r) for r in records], default=str), encoding="utf-8")
+    tmp.write_text(json.dumps([r.as_doc() for r in records], default=str), encoding="utf-8")
     tmp.replace(out)  # the parent never reads half a document
     return 0

@@ -4,6 +4,7 @@ materialised and applied, each partition's recorded checks, and why it failed.""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +46,21 @@ class RunRecord:
     job: str = ""
     # SIGTERM/SIGINT stopped the run (it is recorded as canceled, not failed).
     interrupted: bool = False
+
+    def as_doc(self) -> dict[str, Any]:
+        """The record as JSON values, for another process (``from_doc`` reads it back).
+
+        Built field by field: ``dataclasses.asdict`` deep-copies every value, ~0.2 ms a
+        partition, which a run helper paid for its 5,000 partitions after its last run."""
+        doc = dict(vars(self))
+        doc["checks"] = {pk: [vars(c) for c in cs] for pk, cs in self.checks.items()}
+        return doc
+
+    @classmethod
+    def from_doc(cls, doc: Mapping[str, Any]) -> RunRecord:
+        """The record ``as_doc`` wrote."""
+        checks = {pk: [RecordedCheck(**c) for c in cs] for pk, cs in doc["checks"].items()}
+        return cls(**{**doc, "checks": checks})
 
     def blocked(self) -> dict[str, list[str]]:
         """Partitions with failed blocking checks, and which."""

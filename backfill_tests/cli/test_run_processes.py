@@ -8,6 +8,7 @@ dies without reporting costs a rerun of its partitions, never a result.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -35,6 +36,7 @@ from backfill_assets.orchestration.engines import engine_for
 from backfill_assets.orchestration.partitions import ensure_partitions
 from backfill_assets.orchestration.plan import make_plan
 from backfill_assets.orchestration.pooling import Box, PartitionPlan, Plan
+from backfill_assets.orchestration.run_records import RecordedCheck, RunRecord
 from backfill_assets.orchestration.settings import Settings
 from backfill_assets.orchestration.sharing import box_weight, halve, partition_weights, share_out
 from backfill_assets.orchestration.wiring import build_definitions
@@ -151,6 +153,31 @@ def _cli(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
     )
     _STARTED.append(proc)
     return proc
+
+
+def test_a_helpers_records_reach_the_parent_whole() -> None:
+    """What a helper writes (``as_doc``, JSON) reads back as the same records."""
+    checks = [
+        RecordedCheck("coverage", False, True, "ERROR", "coverage: 2 missing"),
+        RecordedCheck("label_drift", True, False, "WARN", None),
+    ]
+    records = [
+        RunRecord(
+            run_id="r1",
+            success=False,
+            partitions=["s00|t1", "s01|t1"],
+            metadata={"s00|t1": {"posts": 5, "cost_usd": "0.000000120", "latency_p50_ms": 0.5}},
+            error="step failed",
+            checks={"s00|t1": checks, "s01|t1": checks[1:]},
+            applied=["s01|t1"],
+            job="moderation_backfill",
+            interrupted=True,
+        ),
+        RunRecord(run_id="r2", success=True, partitions=[]),
+    ]
+    sent = json.dumps([r.as_doc() for r in records], default=str)
+    assert [RunRecord.from_doc(d) for d in json.loads(sent)] == records
+    assert records[0].blocked() == {"s00|t1": ["coverage"]}
 
 
 def _doc(stdout: str) -> dict[str, Any]:
