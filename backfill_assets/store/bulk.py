@@ -68,7 +68,10 @@ def select_rows(conn: Connection, stmt: AnySelect, by_name: bool = False) -> lis
         result = conn.execute(stmt)
         return list(result.mappings().all() if by_name else result.all())
     compiled = stmt.compile(dialect=conn.dialect, compile_kwargs={"render_postcompile": True})
-    params = [compiled.params[name] for name in compiled.positiontup or ()]
+    # ``compiled.params`` builds the whole mapping on each access: read it once, not once a
+    # parameter (a group's IN list of 1,000 keys made that quadratic).
+    values = compiled.params
+    params = [values[name] for name in compiled.positiontup or ()]
     return driver_rows(conn, str(compiled), params, by_name)
 
 
