@@ -53,12 +53,18 @@ def claims(owners: Mapping[tuple[str, int], object]) -> list[tuple[list[str], li
     """``owners`` as few (tenants, slices) pairs whose products are exactly its (tenant,
     slice) pairs: the tenants of each set of slices (small tenants all hold every slice in one
     partition, so a group of them is one pair)."""
-    by_owner: dict[tuple[str, object], set[int]] = {}
+    # Called for each table a group reads, over 16 (tenant, slice) pairs a small tenant: no
+    # container is made for a key that has one already.
+    by_owner: dict[tuple[str, object], list[int]] = {}
     for (tenant, slice_no), owner in owners.items():
-        by_owner.setdefault((tenant, owner), set()).add(slice_no)
+        chosen = by_owner.get((tenant, owner))
+        if chosen is None:
+            by_owner[(tenant, owner)] = [slice_no]
+        else:
+            chosen.append(slice_no)
     by_slices: dict[tuple[int, ...], set[str]] = {}
-    for (tenant, _owner), chosen in by_owner.items():
-        by_slices.setdefault(tuple(sorted(chosen)), set()).add(tenant)
+    for (tenant, _owner), slices in by_owner.items():
+        by_slices.setdefault(tuple(sorted(set(slices))), set()).add(tenant)
     return [(sorted(tenants), list(slices)) for slices, tenants in sorted(by_slices.items())]
 
 
