@@ -10,6 +10,7 @@ the spec: a failed blocking evaluation still fails the step and keeps ``applied_
 the run (docs/architecture.md, "Checks in multi-partition runs").
 """
 
+import functools
 import json
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -36,6 +37,7 @@ from backfill_assets.orchestration.dagster_private import (
     TargetMaterialization,
 )
 from backfill_assets.orchestration.event_rows import Materialized, materializations
+from backfill_assets.orchestration.metadata import int_value, text_value
 from backfill_assets.orchestration.model_resources import ModelResource, run_versions
 from backfill_assets.orchestration.partitions import moderation_partitions, run_refs
 from backfill_assets.orchestration.resources import StoreResource
@@ -139,7 +141,7 @@ def group_metadata(gv: GroupVerdict) -> dict[str, Any]:
         result = "passed" if v.passed else ("warning" if v.warn else "FAILED")
         rows.append(f"| {v.name} | {'yes' if v.blocking else 'no'} | {result} | {v.summary} |")
         for name, value in v.counts.items():
-            md[f"{v.name}.{name}"] = value
+            md[f"{v.name}.{name}"] = int_value(value) if type(value) is int else value
         if not v.passed:
             if v.sample_keys:
                 md[f"{v.name}.offending_sample"] = dg.MetadataValue.text("\n".join(v.sample_keys))
@@ -147,16 +149,25 @@ def group_metadata(gv: GroupVerdict) -> dict[str, Any]:
                 md[f"{v.name}.table"] = dg.MetadataValue.md(v.table)
             md[f"{v.name}.inspect"] = dg.MetadataValue.text(v.inspect)
     md["checks"] = dg.MetadataValue.md("\n".join(rows))
-    md["failed"] = dg.MetadataValue.text(", ".join(v.name for v in gv.failed) or "-")
-    md["checks_json"] = dg.MetadataValue.text(
+    md["failed"] = text_value(", ".join(v.name for v in gv.failed) or "-")
+    md["checks_json"] = _members_json(
+        tuple((v.name, v.passed, v.blocking, v.warn) for v in gv.members)
+    )
+    return md
+
+
+@functools.lru_cache(maxsize=256)
+def _members_json(members: tuple[tuple[str, bool, bool, bool], ...]) -> dg.TextMetadataValue:
+    """``checks_json`` of a group's members (name, passed, blocking, warn): most partitions
+    share one, so it is written once."""
+    return dg.MetadataValue.text(
         json.dumps(
             [
-                {"name": v.name, "passed": v.passed, "blocking": v.blocking, "warn": v.warn}
-                for v in gv.members
+                {"name": name, "passed": passed, "blocking": blocking, "warn": warn}
+                for name, passed, blocking, warn in members
             ]
         )
     )
-    return md
 
 
 def _latest_materializations(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Collection, Mapping
 from typing import Any
 
@@ -11,6 +12,21 @@ from backfill_assets.core.keys import Versions
 from backfill_assets.core.rubric import Rubric
 from backfill_assets.dispatch.partition_run import PartitionReport
 from backfill_assets.orchestration.dagster_private import AssetMetadataHandle
+
+
+@functools.lru_cache(maxsize=4096, typed=True)
+def int_value(n: int) -> dg.IntMetadataValue:
+    """``MetadataValue.int(n)``, made once per value. Dagster's checked constructor (or its
+    normalising of a plain ``int``) is ~3 us, paid ~40 times a small partition; the values
+    are immutable, so events may share them."""
+    return dg.MetadataValue.int(n)
+
+
+@functools.lru_cache(maxsize=256)
+def text_value(text: str) -> dg.TextMetadataValue:
+    """``MetadataValue.text(text)``, made once per text: for the texts every partition of a
+    run repeats (versions, policy)."""
+    return dg.MetadataValue.text(text)
 
 
 def label_table(labels: dict[str, int]) -> str:
@@ -43,30 +59,30 @@ def partition_metadata(
     """Metadata of one partition's materialisation; ``spend`` is the partition's ledger view."""
     s = rep.summary()
     out: dict[str, Any] = {
-        "posts": dg.MetadataValue.int(s["posts"]),
-        "skipped_done": dg.MetadataValue.int(s["skipped"]),
-        "pending_at_start": dg.MetadataValue.int(s["pending"]),
-        "in_open_batch": dg.MetadataValue.int(s["in_open_batch"]),
-        "model_calls": dg.MetadataValue.int(s["calls"]),
-        "retries": dg.MetadataValue.int(s["retries"]),
-        "rate_limited_429": dg.MetadataValue.int(s["rate_limited"]),
-        "tokens_in": dg.MetadataValue.int(s["tokens_in"]),
-        "tokens_out": dg.MetadataValue.int(s["tokens_out"]),
+        "posts": int_value(s["posts"]),
+        "skipped_done": int_value(s["skipped"]),
+        "pending_at_start": int_value(s["pending"]),
+        "in_open_batch": int_value(s["in_open_batch"]),
+        "model_calls": int_value(s["calls"]),
+        "retries": int_value(s["retries"]),
+        "rate_limited_429": int_value(s["rate_limited"]),
+        "tokens_in": int_value(s["tokens_in"]),
+        "tokens_out": int_value(s["tokens_out"]),
         "cost_usd": dg.MetadataValue.text(str(s["cost_usd"])),
         "label_distribution": dg.MetadataValue.md(label_table(s["labels_total"])),
         "rule_distribution": dg.MetadataValue.md(rule_table(s["rules_total"], rubric)),
-        "task_version": versions.task_version,
-        "prompt_version": versions.prompt_version,
-        "model": versions.model,
-        "policy": dg.MetadataValue.text(rubric.policy.identity),
-        "policy_version": dg.MetadataValue.text(rubric.policy.version),
+        "task_version": text_value(versions.task_version),
+        "prompt_version": text_value(versions.prompt_version),
+        "model": text_value(versions.model),
+        "policy": text_value(rubric.policy.identity),
+        "policy_version": text_value(rubric.policy.version),
     }
     if spend is not None:
         # Over the partition's whole ledger, not just this run: what the tenant was billed.
-        out["billed_tokens_total"] = dg.MetadataValue.int(spend["billed_tokens"])
-        out["rebilled_tokens_total"] = dg.MetadataValue.int(spend["rebilled_tokens"])
+        out["billed_tokens_total"] = int_value(spend["billed_tokens"])
+        out["rebilled_tokens_total"] = int_value(spend["rebilled_tokens"])
     for outcome, n in s["outcomes"].items():
-        out[f"outcome_{outcome}"] = dg.MetadataValue.int(int(n))
+        out[f"outcome_{outcome}"] = int_value(int(n))
     if s["latency_p95_ms"] is not None:
         out["latency_p50_ms"] = dg.MetadataValue.float(float(s["latency_p50_ms"]))
         out["latency_p95_ms"] = dg.MetadataValue.float(float(s["latency_p95_ms"]))
