@@ -10,6 +10,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from backfill_assets.core.keys import Versions
+from backfill_assets.store.bulk import select_rows
 from backfill_assets.store.tables import dead_letters, posts, results
 
 
@@ -39,7 +40,7 @@ def post_counts(conn: Connection, tenants: Sequence[str]) -> dict[tuple[str, int
         .where(posts.c.tenant_id.in_(list(tenants)))
         .group_by(posts.c.tenant_id, posts.c.slice)
     )
-    return {(str(t), int(s)): int(n) for t, s, n in conn.execute(stmt)}
+    return {(str(t), int(s)): int(n) for t, s, n in select_rows(conn, stmt)}
 
 
 def held_posts(sizes: Mapping[tuple[str, int], int], tenant_id: str, slices: Iterable[int]) -> int:

@@ -10,7 +10,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from backfill_assets.core.keys import MAX_LEVEL, level_for
 from backfill_assets.core.records import Post, Rejection
-from backfill_assets.store.bulk import db_time, insert_rows
+from backfill_assets.store.bulk import db_time, insert_rows, select_rows
 from backfill_assets.store.dialect import insert_for
 from backfill_assets.store.engine import is_sqlite, write_tx
 from backfill_assets.store.rejects import record_rejects
@@ -119,7 +119,7 @@ def slice_levels(conn: Connection, tenant_ids: Iterable[str] | None) -> dict[str
         if not wanted:
             return {}
         stmt = stmt.where(tenants.c.tenant_id.in_(wanted))
-    rows = conn.execute(stmt).all()
+    rows = select_rows(conn, stmt)
     return {str(t): MAX_LEVEL if lvl is None else int(lvl) for t, lvl in rows}
 
 
