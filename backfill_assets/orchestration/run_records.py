@@ -3,6 +3,7 @@ materialised and applied, each partition's recorded checks, and why it failed.""
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -76,13 +77,19 @@ def _metadata_value(value: Any) -> Any:
     return getattr(value, "value", value)
 
 
+@functools.lru_cache(maxsize=256)
+def _parsed(raw: str) -> tuple[dict[str, Any], ...]:
+    """``checks_json`` parsed, once per text: a run's evaluations mostly share one."""
+    try:
+        return tuple(json.loads(raw))
+    except json.JSONDecodeError:
+        return ()
+
+
 def _members(evaluation: dg.AssetCheckEvaluation) -> list[RecordedCheck]:
     """A group evaluation's member checks, from the JSON list in its metadata."""
     raw = _metadata_value(evaluation.metadata.get("checks_json"))
-    try:
-        members = json.loads(raw) if isinstance(raw, str) else []
-    except json.JSONDecodeError:
-        members = []
+    members = _parsed(raw) if isinstance(raw, str) else ()
     return [
         RecordedCheck(
             name=str(m["name"]),
