@@ -174,22 +174,26 @@ def run_boxes(
     that job's asset re-verifies them before writing.
     """
     records: list[RunRecord] = []
-    for box in boxes:
-        with fewer_event_writes():
-            rec = _execute(defs, instance, job_name, box, tags, log_level, regions)
-        records.append(rec)
-        if rec.interrupted:
-            break  # stopped by a signal: start nothing more
-        blocked = rec.blocked()
-        if apply_job is None or rec.success or not blocked:
-            continue
-        clean = [
-            pk
-            for pk, outcomes in rec.checks.items()
-            if pk not in blocked
-            and pk not in rec.applied
-            and {c.name for c in outcomes} >= set(BLOCKING_CHECKS)
-        ]
-        for follow in stretches(clean, partition_keys(instance)) if clean else []:
-            records.append(_execute(defs, instance, apply_job, follow, tags, log_level, regions))
+    # The partitions these boxes were planned from are listed once for all their runs.
+    with listed_once(instance):
+        for box in boxes:
+            with fewer_event_writes():
+                rec = _execute(defs, instance, job_name, box, tags, log_level, regions)
+            records.append(rec)
+            if rec.interrupted:
+                break  # stopped by a signal: start nothing more
+            blocked = rec.blocked()
+            if apply_job is None or rec.success or not blocked:
+                continue
+            clean = [
+                pk
+                for pk, outcomes in rec.checks.items()
+                if pk not in blocked
+                and pk not in rec.applied
+                and {c.name for c in outcomes} >= set(BLOCKING_CHECKS)
+            ]
+            for follow in stretches(clean, partition_keys(instance)) if clean else []:
+                records.append(
+                    _execute(defs, instance, apply_job, follow, tags, log_level, regions)
+                )
     return records

@@ -105,17 +105,18 @@ def partition_keys(instance: dg.DagsterInstance) -> list[str]:
 
 @contextlib.contextmanager
 def listed_once(instance: dg.DagsterInstance) -> Iterator[None]:
-    """While one in-process run executes, ``instance`` lists a dynamic partition set once.
+    """While in-process runs execute, ``instance`` lists a dynamic partition set once.
 
-    Dagster resolves a range run's keys from the whole list of dynamic partitions, again at
-    each step's start, output and ``context.partition_keys``: about ten reads of every
-    registered key a run, so 20 runs over 10,000 tenants read 2 million rows (6% of their
-    CPU), and the cost per run grew with the tenant count. A run's range is fixed when it
-    starts, so one read serves it. Adding or deleting a key through ``instance`` drops the
-    copy. Keys another process adds come after every key already listed (Dagster orders
-    them by insertion), so they never fall inside the range; a key another process deletes
-    stays in the run's range until the run ends (unread, Dagster would fail the run's next
-    step). Nested uses share the outer.
+    Dagster resolves a range run's keys from the whole list of dynamic partitions when it
+    creates the run, and again at each step's start, output and ``context.partition_keys``:
+    about ten reads of every registered key a run, so 20 runs over 10,000 tenants read 2
+    million rows (6% of their CPU), and the cost per run grew with the tenant count. The runs
+    of one command (``run_boxes``) cover boxes planned from partitions registered before
+    the first run, so one read serves them all. Adding or deleting a key through
+    ``instance`` drops the copy. Keys another process adds come after every key already
+    listed (Dagster orders them by insertion), so they never fall inside a range; a key
+    another process deletes (this project never does) stays listed until the runs end.
+    Nested uses share the outer.
     """
     if "get_dynamic_partitions" in vars(instance):
         yield
