@@ -102,13 +102,12 @@ def _execute(
         run_tags["tenants"] = str(len(box.tenants))
     # The run queue's per-region limit (regions.py; a box of pooling.pool_by_region has one).
     run_tags.update(region_tags((regions or {}).get(t) for t in box.tenants))
-    with listed_once(instance):
-        result = defs.resolve_job_def(job_name).execute_in_process(
-            instance=instance,
-            run_config={"loggers": {"console": {"config": {"log_level": log_level}}}},
-            tags={**run_tags, **(tags or {})},
-            raise_on_error=False,
-        )
+    result = defs.resolve_job_def(job_name).execute_in_process(
+        instance=instance,
+        run_config={"loggers": {"console": {"config": {"log_level": log_level}}}},
+        tags={**run_tags, **(tags or {})},
+        raise_on_error=False,
+    )
     rec = record_of(result, job_name)
     if rec.interrupted:
         # Dagster turns SIGTERM/SIGINT inside a step into a failure; for the operator (and the
