@@ -14,7 +14,7 @@ from backfill_assets.core.rubric import Rubric
 from backfill_assets.dispatch.partition_run import PartitionRef
 from backfill_assets.dispatch.pipeline import with_levels
 from backfill_assets.orchestration.asset_keys import APPLIED, BLOCKING_GROUPS, LABELS
-from backfill_assets.orchestration.check_executions import succeeded_in_run
+from backfill_assets.orchestration.check_executions import unblocked_in_run
 from backfill_assets.orchestration.checks import loaded_code_version, verdicts_for
 from backfill_assets.orchestration.checks_config import ChecksResource
 from backfill_assets.orchestration.dagster_private import SqlEventLogStorage
@@ -44,11 +44,12 @@ def apply_metadata(rep: ApplyReport) -> dict[str, Any]:
 
 
 def passed_in_run(context: dg.AssetExecutionContext) -> set[str]:
-    """Partitions whose blocking checks all passed earlier in this run."""
+    """Partitions whose checks did not block earlier in this run (passed, or failed on
+    non-blocking members only)."""
     storage = context.instance.event_log_storage
     if not isinstance(storage, SqlEventLogStorage):  # Dagster's own storages all are
         raise TypeError(f"expected a SQL event log storage, not {type(storage).__name__}")
-    passed = succeeded_in_run(storage, LABELS, BLOCKING_GROUPS, context.run.run_id)
+    passed = unblocked_in_run(storage, LABELS, BLOCKING_GROUPS, context.run.run_id)
     return {pk for pk, names in passed.items() if names >= set(BLOCKING_GROUPS)}
 
 

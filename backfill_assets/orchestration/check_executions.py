@@ -11,10 +11,12 @@ event row was written with. SQLite runs ``EVALUATED`` with them as an executeman
 whose driver runs an executemany a round trip a row, one UPDATE joined to a VALUES list of
 them, in ``EVALUATED_PARAMS`` order.
 
-The apply reads which checks passed in its own run from these rows (``succeeded_in_run``): one
-indexed query, where loading the run's evaluation events deserialised 1,000 of them a run, and
-Dagster's per-partition check status joins each partition's latest materialisation (0.7 s a
-query on PostgreSQL at 10,000 partitions).
+The apply reads which checks did not block in its own run from these rows
+(``unblocked_in_run``): one indexed query, where loading the run's evaluation events
+deserialised 500 of them a run, and Dagster's per-partition check status joins each
+partition's latest materialisation (0.7 s a query on PostgreSQL at 10,000 partitions). Only a
+failed evaluation's body is read, to tell a blocking failure from a non-blocking one
+(``blocked``).
 """
 
 from __future__ import annotations
@@ -125,20 +127,67 @@ def evaluated_params(event: dg.EventLogEntry, body: str, event_id: int | None) -
     }
 
 
-def succeeded_in_run(
+def blocked(body: str | None) -> bool:
+    """Whether a failed evaluation, stored as ``body``, blocked ``applied_labels``: failed at
+    ERROR severity with ``blocking`` set (Dagster's gate). One group holds every check, so an
+    evaluation that failed only on spend or drift does not block (``check_defs.CheckGroup``);
+    one written before that kept its spec's ``blocking`` and does. A body that does not parse
+    counts as blocked."""
+    try:
+        entry = dg.deserialize_value(body or "", dg.EventLogEntry)
+        evaluation = entry.get_dagster_event().event_specific_data
+    except Exception:
+        return True
+    if not isinstance(evaluation, dg.AssetCheckEvaluation):
+        return True
+    return (
+        not evaluation.passed
+        and bool(evaluation.blocking)
+        and evaluation.severity == dg.AssetCheckSeverity.ERROR
+    )
+
+
+def unblocked_in_run(
     storage: SqlEventLogStorage, asset_key: dg.AssetKey, check_names: Sequence[str], run_id: str
 ) -> dict[str, set[str]]:
-    """Each partition's checks of ``check_names`` whose evaluation in ``run_id`` passed (the
-    rows' unique index is asset, check, run, partition)."""
-    query = sa.select(_T.partition, _T.check_name).where(
+    """Each partition's checks of ``check_names`` whose evaluation in ``run_id`` did not block:
+    passed, or failed on non-blocking members only (the rows' unique index is asset, check,
+    run, partition; only a failed row's body is read)."""
+    failed = AssetCheckExecutionRecordStatus.FAILED.value
+    query = sa.select(
+        _T.partition,
+        _T.check_name,
+        sa.case((_T.execution_status == failed, _T.evaluation_event), else_=None),
+    ).where(
         _T.asset_key == asset_key.to_string(),
         _T.check_name.in_(list(check_names)),
         _T.run_id == run_id,
         _T.partition.isnot(None),
-        _T.execution_status == AssetCheckExecutionRecordStatus.SUCCEEDED.value,
+        _T.execution_status.in_([AssetCheckExecutionRecordStatus.SUCCEEDED.value, failed]),
     )
     out: dict[str, set[str]] = {}
     with storage.index_connection() as conn:
-        for partition, check_name in conn.execute(query):
-            out.setdefault(partition, set()).add(check_name)
+        for partition, check_name, body in conn.execute(query):
+            if body is None or not blocked(body):
+                out.setdefault(partition, set()).add(check_name)
+    return out
+
+
+def unblocking_failures(
+    storage: SqlEventLogStorage, check_key: dg.AssetCheckKey, latest: Sequence[tuple[str, str]]
+) -> set[str]:
+    """Of ``latest`` (a partition's failed evaluation of ``check_key``, as (run id,
+    partition)), the partitions whose evaluation did not block; by the unique index, a
+    chunk of pairs a query."""
+    out: set[str] = set()
+    failed = AssetCheckExecutionRecordStatus.FAILED.value
+    with storage.index_connection() as conn:
+        for i in range(0, len(latest), 400):
+            query = sa.select(_T.partition, _T.evaluation_event).where(
+                _T.asset_key == check_key.asset_key.to_string(),
+                _T.check_name == check_key.name,
+                sa.tuple_(_T.run_id, _T.partition).in_(list(latest[i : i + 400])),
+                _T.execution_status == failed,
+            )
+            out |= {partition for partition, body in conn.execute(query) if not blocked(body)}
     return out

@@ -6,8 +6,9 @@ check fails the step ("returned an output multiple times"). The event it is conv
 ``AssetCheckEvaluation``, does carry ``partition``; a check function may yield it directly, and
 the event log then fills the per-partition rows that the run's "planned" event created. So the
 checks yield one ``AssetCheckEvaluation`` per partition and check, with ``blocking`` set from
-the spec: a failed blocking evaluation still fails the step and keeps ``applied_labels`` out of
-the run (docs/architecture.md, "Checks in multi-partition runs").
+the failed members: a failed blocking member still fails the step and keeps ``applied_labels``
+out of the run (docs/architecture.md, "Checks in multi-partition runs"); spend and drift alone
+do not.
 """
 
 import functools
@@ -31,6 +32,7 @@ from backfill_assets.core.rubric import Rubric
 from backfill_assets.dispatch.partition_run import PartitionRef
 from backfill_assets.dispatch.pipeline import with_levels
 from backfill_assets.orchestration.asset_keys import CHECK_KEYS, LABELS
+from backfill_assets.orchestration.check_executions import unblocking_failures
 from backfill_assets.orchestration.checks_config import ChecksResource
 from backfill_assets.orchestration.dagster_private import (
     SqlEventLogStorage,
@@ -217,8 +219,9 @@ def _evaluation(
     partition_key: str,
     target: TargetMaterialization | None,
 ) -> dg.AssetCheckEvaluation:
-    # Only an ERROR evaluation of a blocking check gates the downstream step; a group whose
-    # failed members are all warnings (drift) is reported as WARN.
+    # Dagster gates the downstream step on a failed ERROR evaluation with ``blocking`` set: it
+    # is set (as the spec says) unless the failed members are all non-blocking (spend, drift).
+    # A group whose failed members are all warnings (drift) is reported as WARN.
     severity = dg.AssetCheckSeverity.WARN if gv.warn_only else dg.AssetCheckSeverity.ERROR
     return dg.AssetCheckEvaluation(
         asset_key=LABELS,
@@ -228,13 +231,13 @@ def _evaluation(
         target_materialization_data=target,
         severity=severity,
         description=gv.summary,
-        blocking=gv.group.blocking,
+        blocking=gv.group.blocking and (gv.passed or gv.blocks),
         partition=partition_key,
     )
 
 
 def build_partition_checks(rubric: Rubric) -> dg.AssetChecksDefinition:
-    """The six checks in two groups (``check_rules.CHECK_GROUPS``), one multi-check: the
+    """The seven checks in one group (``check_defs.CHECK_GROUPS``), one multi-check: the
     partition's rows are read once for all of them. ``rubric``: the policy the definitions
     loaded (its labels and rules judge the stored results), closed over like the asset's."""
     with warnings.catch_warnings():
@@ -261,7 +264,7 @@ def _checks(specs: list[dg.AssetCheckSpec], rubric: Rubric) -> dg.AssetChecksDef
         model: ModelResource,
         checks: ChecksResource,
     ) -> Iterator[dg.AssetCheckEvaluation | dg.Output[None]]:
-        """Integrity (blocking) and spend and drift, one evaluation each per partition."""
+        """One evaluation per partition and group (``integrity``: every check)."""
         refs = run_refs(context.partition_keys)
         job = context.op_execution_context.job_def
         versions = run_versions(model, rubric, loaded_code_version(job))
@@ -302,27 +305,34 @@ def _checks(specs: list[dg.AssetCheckSpec], rubric: Rubric) -> dg.AssetChecksDef
 
 
 # What ``check --summary`` says of a check group on a partition.
-CHECK_STATES = ("passed", "failed", "older", "never ran")
+CHECK_STATES = ("passed", "failed", "failed, not blocking", "older", "never ran")
 
 
 def check_status(
     instance: dg.DagsterInstance, partition_keys: Sequence[str]
 ) -> dict[str, dict[str, str]]:
     """Each partition's check groups as the instance recorded them: ``passed``, ``failed``,
-    ``older`` (the latest evaluation is of an earlier materialisation) or ``never ran``."""
+    ``failed, not blocking`` (spend or drift only: the labels were applied), ``older`` (the
+    latest evaluation is of an earlier materialisation) or ``never ran``."""
     out = {pk: {g.name: "never ran" for g in CHECK_GROUPS} for pk in partition_keys}
-    keys = list(CHECK_KEYS)
     storage = instance.event_log_storage
-    for i in range(0, len(partition_keys), 900):
-        chunk = list(partition_keys[i : i + 900])
-        for info in storage.get_asset_check_partition_info(keys, partition_keys=chunk):
-            if info.partition_key not in out:
-                continue
-            status = info.latest_execution_status.value
-            state = {"SUCCEEDED": "passed", "FAILED": "failed"}.get(status)
-            if state is None:
-                continue  # planned or skipped: not evaluated
-            if not info.is_current:
-                state = "older"
-            out[info.partition_key][info.check_key.name] = state
+    for key in CHECK_KEYS:
+        failed: list[tuple[str, str]] = []
+        for i in range(0, len(partition_keys), 900):
+            chunk = list(partition_keys[i : i + 900])
+            for info in storage.get_asset_check_partition_info([key], partition_keys=chunk):
+                if info.partition_key not in out:
+                    continue
+                status = info.latest_execution_status.value
+                state = {"SUCCEEDED": "passed", "FAILED": "failed"}.get(status)
+                if state is None:
+                    continue  # planned or skipped: not evaluated
+                if not info.is_current:
+                    state = "older"
+                elif state == "failed":
+                    failed.append((info.latest_planned_run_id, info.partition_key))
+                out[info.partition_key][key.name] = state
+        if failed and isinstance(storage, SqlEventLogStorage):
+            for pk in unblocking_failures(storage, key, failed):
+                out[pk][key.name] = "failed, not blocking"
     return out

@@ -33,9 +33,10 @@ from dagster._core.storage.event_log.schema import (
     SqlEventLogStorageTable,
 )
 
-# Every Dagster event log here is SQL: the apply reads which checks passed in its run from the
-# check-execution rows (``check_executions.succeeded_in_run``), and the checks their target
-# materialisations from the event rows (``event_rows.py``), through its index connection.
+# Every Dagster event log here is SQL: the apply reads which checks did not block in its run
+# from the check-execution rows (``check_executions.unblocked_in_run``), and the checks their
+# target materialisations from the event rows (``event_rows.py``), through its index
+# connection.
 from dagster._core.storage.event_log.sql_event_log import SqlEventLogStorage
 from dagster._core.storage.event_log.sqlite.sqlite_event_log import (
     INDEX_SHARD_NAME,

@@ -1,7 +1,7 @@
 """A step's check evaluations, held back to be written with the step's next event.
 
 Dagster 1.13 stores each check evaluation on its own (they are not batchable), and a check
-step over a run of 500 partitions yields 1,000 of them in a row, then its outputs. Both
+step over a run of 500 partitions yields 500 of them in a row, then its outputs. Both
 instance event logs (``sqlite_instance.py``, ``pg_instance.py``) hold a step's evaluations here
 and write them with the next event, or at ``HELD_MAX``, in one go. An evaluation shows in the
 UI when its step yields the next event, at the latest when the step ends; one reported outside
@@ -15,7 +15,7 @@ import threading
 
 import dagster as dg
 
-# Evaluations held at most: a check step's whole run of 500 partitions, two groups each.
+# Evaluations held at most: a check step's whole run of 500 partitions (one group each), twice.
 HELD_MAX = 1000
 
 

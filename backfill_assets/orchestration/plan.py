@@ -6,7 +6,7 @@ Cost follows the work, not the bookkeeping:
    partition; the store's marks (``partition_marks``: set by the apply, cleared by the next
    materialisation) say which are done at the current code version, and for the rest the
    Dagster instance tells (in a few bulk queries) which partitions are materialised at it,
-   checked (``integrity`` passed on the latest materialisation) and applied since. A
+   checked (``integrity`` did not block the latest materialisation) and applied since. A
    partition with nothing pending that is all three is skipped: no run, no event. So is a
    partition its tenant does not use (it holds no posts).
 2. **Pool the rest into boxes** of consecutive keys, each one Dagster run (``pooling.py``).
@@ -24,9 +24,11 @@ from sqlalchemy.engine import Engine
 from backfill_assets.core.keys import SLICE_COUNT, Versions, partition_of
 from backfill_assets.dispatch.partition_run import PartitionRef
 from backfill_assets.orchestration.asset_keys import APPLIED, BLOCKING_CHECK_KEYS, LABELS
+from backfill_assets.orchestration.check_executions import unblocking_failures
 from backfill_assets.orchestration.dagster_private import (
     CODE_VERSION_TAG,
     AssetCheckExecutionRecordStatus,
+    SqlEventLogStorage,
 )
 from backfill_assets.orchestration.partitions import (
     partition_keys,
@@ -40,6 +42,8 @@ from backfill_assets.store.sink import gap_partitions
 from backfill_assets.store.work import pending_counts
 
 _CHUNK = 900  # partition keys per instance query (SQL parameter limits)
+SUCCEEDED = AssetCheckExecutionRecordStatus.SUCCEEDED
+FAILED = AssetCheckExecutionRecordStatus.FAILED
 
 
 def make_plan(
@@ -148,14 +152,22 @@ def _not_done_in_dagster(
             APPLIED, dg.DagsterEventType.ASSET_MATERIALIZATION, set(chunk)
         )
         checked: dict[str, bool] = {}
-        for info in storage.get_asset_check_partition_info(blocking, partition_keys=chunk):
-            if info.partition_key is None:
-                continue
-            ok = (
-                info.latest_execution_status == AssetCheckExecutionRecordStatus.SUCCEEDED
-                and info.is_current
-            )
-            checked[info.partition_key] = checked.get(info.partition_key, True) and ok
+        for check_key in blocking:
+            failed: list[tuple[str, str]] = []
+            ok: dict[str, bool] = {}
+            for info in storage.get_asset_check_partition_info([check_key], partition_keys=chunk):
+                if info.partition_key is None:
+                    continue
+                status = info.latest_execution_status
+                ok[info.partition_key] = info.is_current and status == SUCCEEDED
+                if info.is_current and status == FAILED:
+                    failed.append((info.latest_planned_run_id, info.partition_key))
+            # Failed on spend or drift only: done (the labels were applied), as when those
+            # were a check of their own.
+            if failed and isinstance(storage, SqlEventLogStorage):
+                ok.update(dict.fromkeys(unblocking_failures(storage, check_key, failed), True))
+            for pk, passed in ok.items():
+                checked[pk] = checked.get(pk, True) and passed
         for key in chunk:
             if key not in labels_at:
                 out[key] = "not materialised"

@@ -14,6 +14,8 @@ import pytest
 from sqlalchemy.engine import Engine
 
 from backfill_assets.cli import build_parser
+from backfill_assets.orchestration.check_executions import unblocked_in_run
+from backfill_assets.orchestration.dagster_private import SqlEventLogStorage
 from backfill_assets.orchestration.launch import (
     DagsterClient,
     GraphQLError,
@@ -88,6 +90,71 @@ def test_run_json_reports_checks_and_apply_per_partition(
     doc = json.loads(out)
     assert code == 1 and not doc["ok"]
     assert [c["check"] for c in doc["checks"] if not c["passed"]] == ["coverage"]
+
+
+def test_a_spend_failure_shows_but_neither_blocks_nor_reruns(
+    engine: Engine, env: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """spend shares the one evaluation with the blocking checks: its failure shows (a failed
+    ERROR evaluation) but keeps no label from the posts, and the next run does not redo the
+    partition; a blocking failure in the same evaluation still blocks."""
+    tight = {**env, "BACKFILL_CHECK_MAX_TOKENS_PER_KEY": "1"}
+    code, out = cli_here(["run", "--tenant", ACME, "--json"], tight, capsys)
+    doc = last_json(out)
+    assert code == 0 and doc["ok"] and doc["blocked_partitions"] == [], doc["runs"]
+    rows = doc["partitions"]
+    assert len(rows) == 16 and all(r["applied"] for r in rows)
+    failing = {r["partition"] for r in rows if any(not c["passed"] for c in r["checks"])}
+    assert all(
+        [c["name"] for c in r["checks"] if not c["passed"]] == ["spend"]
+        for r in rows
+        if r["partition"] in failing
+    )
+    # Every partition that billed a call is over one token per key.
+    assert failing == {r["partition"] for r in rows if r["model_calls"]} and len(failing) > 8
+    instance = dg.DagsterInstance.from_config(env["DAGSTER_HOME"])
+    key = dg.AssetCheckKey(dg.AssetKey("moderation_labels"), "integrity")
+    history = instance.event_log_storage.get_asset_check_execution_history(key, limit=100)
+    assert {h.partition for h in history if h.status.value == "FAILED"} == failing
+    for h in history:
+        evaluation = h.event.dagster_event.event_specific_data  # type: ignore[union-attr]
+        assert evaluation.blocking is (h.partition not in failing)
+        if h.partition in failing:
+            assert evaluation.severity == dg.AssetCheckSeverity.ERROR
+    # The apply's reading of its run: all of them went through unblocked.
+    (run_id,) = {r["run_id"] for r in rows}
+    storage = instance.event_log_storage
+    assert isinstance(storage, SqlEventLogStorage)
+    unblocked = unblocked_in_run(storage, key.asset_key, ["integrity"], run_id)
+    assert set(unblocked) == {r["partition"] for r in rows}
+    instance.dispose()
+    # Done as far as the plan goes: nothing pending, materialised, not blocked, applied; also
+    # as the instance tells it, without the store's marks (a store from before them).
+    code, out = cli_here(["run", "--tenant", ACME, "--json"], tight, capsys)
+    assert code == 0 and last_json(out)["runs"] == []
+    execute(engine, "DELETE FROM partition_marks")
+    code, out = cli_here(["run", "--tenant", ACME, "--json"], tight, capsys)
+    assert code == 0 and last_json(out)["runs"] == []
+    code, out = cli_here(["check", "--summary", "--tenant", ACME, "--json"], tight, capsys)
+    summary = json.loads(out)
+    assert code == 0
+    assert summary["counts"]["integrity"]["failed, not blocking"] == len(failing)
+    # A blocking member failing in the same evaluation blocks it.
+    ref = busiest(engine, ACME)
+    execute(
+        engine, "UPDATE results SET tenant_id = 'globex' WHERE key = :k", k=one_key(engine, ref)
+    )
+    code, out = cli_here(["run", "--tenant", ACME, "--json", "--force"], tight, capsys)
+    doc = last_json(out)
+    assert code == 1 and doc["blocked_partitions"] == [ref.key]
+    code, out = cli_here(["check", "--summary", "--tenant", ACME, "--json"], tight, capsys)
+    summary = json.loads(out)
+    assert code == 1
+    assert [r["partition"] for r in summary["partitions"] if r["integrity"] == "failed"] == [
+        ref.key
+    ]
+    code, out = cli_here(["run", "--tenant", ACME, "--json"], tight, capsys)
+    assert [r["partition"] for r in last_json(out)["partitions"]] == [ref.key]
 
 
 def test_usage_and_metadata_after_a_run(
@@ -197,7 +264,13 @@ def test_check_summary_shows_passed_failed_and_never_ran(
     assert code == 0 and len(by_pk) == 32  # both tenants' 16 partitions
     assert all(by_pk[f"s{s:02d}|{ACME}"]["integrity"] == "passed" for s in range(16))
     assert all(by_pk[f"s{s:02d}|globex"]["integrity"] == "never ran" for s in range(16))
-    assert doc["counts"]["integrity"] == {"passed": 16, "failed": 0, "older": 0, "never ran": 16}
+    assert doc["counts"]["integrity"] == {
+        "passed": 16,
+        "failed": 0,
+        "failed, not blocking": 0,
+        "older": 0,
+        "never ran": 16,
+    }
     ref = busiest(engine, ACME)
     execute(
         engine, "UPDATE results SET tenant_id = 'globex' WHERE key = :k", k=one_key(engine, ref)
