@@ -15,7 +15,8 @@ import threading
 
 import dagster as dg
 
-# Evaluations held at most: a check step's whole run of 500 partitions (one group each), twice.
+# Evaluations held at most: a check step's whole run of 500 partitions (one evaluation each)
+# twice over.
 HELD_MAX = 1000
 
 

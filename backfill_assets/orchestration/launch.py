@@ -201,6 +201,8 @@ class DagsterClient:
                     state.missing.add(pk)
         checks = self.query(_CHECKS_QUERY, {"assetKey": key})["assetNodeOrError"]
         for chk in checks["assetChecksOrError"].get("checks", []):
+            # Failed on spend or drift alone counts here too; ``launch`` leaves those out by the
+            # plan's rule (they are applied and done).
             if chk["name"] in BLOCKING_GROUPS and chk.get("partitionStatuses"):
                 state.check_failed |= set(chk["partitionStatuses"].get("failedPartitions") or [])
         return state
