@@ -3,7 +3,7 @@
 Dagster's PostgreSQL event log opens a new connection for every statement (``NullPool``, so an
 idle run worker holds none) and stores each check evaluation on its own: its event row on one
 connection, the update of its partition's planned row on a second, each committed alone. A
-check step over 500 partitions yields 1,000 evaluations, so 2,000 connections a run, and
+check step over 500 partitions yields 500 evaluations, so 1,000 connections a run, and
 Dagster serialises each evaluation twice. ``BatchingPostgresEventLogStorage`` holds a step's
 evaluations (``held_checks.py``) and writes them with the step's next event: their event rows
 in one multi-row ``INSERT ... RETURNING`` (as Dagster's own materialisation batch), the
