@@ -23,11 +23,8 @@ from backfill_assets.core.keys import SLICE_KEYS
 from backfill_assets.core.regions import run_tags
 from backfill_assets.dispatch.pipeline import with_levels
 from backfill_assets.orchestration.asset_keys import BLOCKING_GROUPS
-from backfill_assets.orchestration.checks import (
-    CHECK_STATES,
-    check_status,
-    verdicts_for,
-)
+from backfill_assets.orchestration.check_executions import CHECK_STATES
+from backfill_assets.orchestration.checks import check_status, verdicts_for
 from backfill_assets.orchestration.launch import (
     DONE_STATUSES,
     DagsterClient,

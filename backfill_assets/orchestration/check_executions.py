@@ -31,6 +31,7 @@ import sqlalchemy as sa
 from backfill_assets.orchestration.dagster_private import (
     AssetCheckExecutionRecordStatus,
     AssetCheckExecutionsTable,
+    EventLogStorage,
     SqlEventLogStorage,
     serialize_value,
 )
@@ -173,7 +174,41 @@ def unblocked_in_run(
     return out
 
 
-def unblocking_failures(
+# What a partition's latest evaluation of a check says (``check_states``; ``check --summary``).
+CHECK_STATES = ("passed", "failed", "failed, not blocking", "older", "never ran")
+# The states of a partition whose check does not hold it back.
+UNBLOCKED_STATES = frozenset({"passed", "failed, not blocking"})
+
+
+def check_states(
+    storage: EventLogStorage, check_key: dg.AssetCheckKey, partition_keys: Sequence[str]
+) -> dict[str, str]:
+    """Each of ``partition_keys`` that has a row for ``check_key``: its latest evaluation as
+    one of ``CHECK_STATES``. ``older``: of an earlier materialisation; ``never ran``: planned
+    or skipped, not evaluated; ``failed, not blocking``: failed on spend or drift alone (the
+    labels were applied). Partitions without a row are left out. Dagster's partition info a
+    chunk of keys, and the bodies of the current failures only."""
+    out: dict[str, str] = {}
+    failed: list[tuple[str, str]] = []
+    for i in range(0, len(partition_keys), 900):
+        chunk = list(partition_keys[i : i + 900])
+        for info in storage.get_asset_check_partition_info([check_key], partition_keys=chunk):
+            if info.partition_key is None:
+                continue
+            status = info.latest_execution_status.value
+            state = {"SUCCEEDED": "passed", "FAILED": "failed"}.get(status, "never ran")
+            if state != "never ran" and not info.is_current:
+                state = "older"
+            elif state == "failed":
+                failed.append((info.latest_planned_run_id, info.partition_key))
+            out[info.partition_key] = state
+    if failed and isinstance(storage, SqlEventLogStorage):
+        for pk in _unblocking_failures(storage, check_key, failed):
+            out[pk] = "failed, not blocking"
+    return out
+
+
+def _unblocking_failures(
     storage: SqlEventLogStorage, check_key: dg.AssetCheckKey, latest: Sequence[tuple[str, str]]
 ) -> set[str]:
     """Of ``latest`` (a partition's failed evaluation of ``check_key``, as (run id,

@@ -32,7 +32,7 @@ from backfill_assets.core.rubric import Rubric
 from backfill_assets.dispatch.partition_run import PartitionRef
 from backfill_assets.dispatch.pipeline import with_levels
 from backfill_assets.orchestration.asset_keys import CHECK_KEYS, LABELS
-from backfill_assets.orchestration.check_executions import unblocking_failures
+from backfill_assets.orchestration.check_executions import check_states
 from backfill_assets.orchestration.checks_config import ChecksResource
 from backfill_assets.orchestration.dagster_private import (
     SqlEventLogStorage,
@@ -304,35 +304,16 @@ def _checks(specs: list[dg.AssetCheckSpec], rubric: Rubric) -> dg.AssetChecksDef
     return moderation_label_checks
 
 
-# What ``check --summary`` says of a check group on a partition.
-CHECK_STATES = ("passed", "failed", "failed, not blocking", "older", "never ran")
-
-
 def check_status(
     instance: dg.DagsterInstance, partition_keys: Sequence[str]
 ) -> dict[str, dict[str, str]]:
-    """Each partition's check groups as the instance recorded them: ``passed``, ``failed``,
-    ``failed, not blocking`` (spend or drift only: the labels were applied), ``older`` (the
-    latest evaluation is of an earlier materialisation) or ``never ran``."""
+    """Each partition's check groups as the instance recorded them, one of ``CHECK_STATES``:
+    ``passed``, ``failed``, ``failed, not blocking`` (spend or drift only: the labels were
+    applied), ``older`` (the latest evaluation is of an earlier materialisation) or ``never
+    ran``."""
     out = {pk: {g.name: "never ran" for g in CHECK_GROUPS} for pk in partition_keys}
-    storage = instance.event_log_storage
     for key in CHECK_KEYS:
-        failed: list[tuple[str, str]] = []
-        for i in range(0, len(partition_keys), 900):
-            chunk = list(partition_keys[i : i + 900])
-            for info in storage.get_asset_check_partition_info([key], partition_keys=chunk):
-                if info.partition_key not in out:
-                    continue
-                status = info.latest_execution_status.value
-                state = {"SUCCEEDED": "passed", "FAILED": "failed"}.get(status)
-                if state is None:
-                    continue  # planned or skipped: not evaluated
-                if not info.is_current:
-                    state = "older"
-                elif state == "failed":
-                    failed.append((info.latest_planned_run_id, info.partition_key))
-                out[info.partition_key][key.name] = state
-        if failed and isinstance(storage, SqlEventLogStorage):
-            for pk in unblocking_failures(storage, key, failed):
-                out[pk][key.name] = "failed, not blocking"
+        for pk, state in check_states(instance.event_log_storage, key, partition_keys).items():
+            if pk in out:
+                out[pk][key.name] = state
     return out

@@ -28,6 +28,10 @@ from dagster._core.execution.context.metadata_logging import AssetMetadataHandle
 # its event-log shards' connections open: these are the classes and constants it extends.
 from dagster._core.instance.ref import InstanceRef
 from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
+
+# Any instance's event log (its type: ``check_executions.check_states`` reads its checks), and
+# the tables of Dagster's SQL ones.
+from dagster._core.storage.event_log.base import EventLogStorage
 from dagster._core.storage.event_log.schema import (
     AssetCheckExecutionsTable,
     SqlEventLogStorageTable,
@@ -76,6 +80,7 @@ __all__ = [
     "DagsterPostgresStorage",
     "DagsterSqliteStorage",
     "EnumSerializer",
+    "EventLogStorage",
     "InstanceRef",
     "MetadataFieldSerializer",
     "NamedTupleSerializer",

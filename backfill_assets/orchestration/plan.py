@@ -24,12 +24,8 @@ from sqlalchemy.engine import Engine
 from backfill_assets.core.keys import SLICE_COUNT, Versions, partition_of
 from backfill_assets.dispatch.partition_run import PartitionRef
 from backfill_assets.orchestration.asset_keys import APPLIED, BLOCKING_CHECK_KEYS, LABELS
-from backfill_assets.orchestration.check_executions import unblocking_failures
-from backfill_assets.orchestration.dagster_private import (
-    CODE_VERSION_TAG,
-    AssetCheckExecutionRecordStatus,
-    SqlEventLogStorage,
-)
+from backfill_assets.orchestration.check_executions import UNBLOCKED_STATES, check_states
+from backfill_assets.orchestration.dagster_private import CODE_VERSION_TAG
 from backfill_assets.orchestration.partitions import (
     partition_keys,
     tenant_partition_keys,
@@ -42,8 +38,6 @@ from backfill_assets.store.sink import gap_partitions
 from backfill_assets.store.work import pending_counts
 
 _CHUNK = 900  # partition keys per instance query (SQL parameter limits)
-SUCCEEDED = AssetCheckExecutionRecordStatus.SUCCEEDED
-FAILED = AssetCheckExecutionRecordStatus.FAILED
 
 
 def make_plan(
@@ -153,21 +147,10 @@ def _not_done_in_dagster(
         )
         checked: dict[str, bool] = {}
         for check_key in blocking:
-            failed: list[tuple[str, str]] = []
-            ok: dict[str, bool] = {}
-            for info in storage.get_asset_check_partition_info([check_key], partition_keys=chunk):
-                if info.partition_key is None:
-                    continue
-                status = info.latest_execution_status
-                ok[info.partition_key] = info.is_current and status == SUCCEEDED
-                if info.is_current and status == FAILED:
-                    failed.append((info.latest_planned_run_id, info.partition_key))
-            # Failed on spend or drift only: done (the labels were applied), as when those
-            # were a check of their own.
-            if failed and isinstance(storage, SqlEventLogStorage):
-                ok.update(dict.fromkeys(unblocking_failures(storage, check_key, failed), True))
-            for pk, passed in ok.items():
-                checked[pk] = checked.get(pk, True) and passed
+            # Failed on spend or drift only counts as checked (the labels were applied), as
+            # when those were a check of their own.
+            for pk, state in check_states(storage, check_key, chunk).items():
+                checked[pk] = checked.get(pk, True) and state in UNBLOCKED_STATES
         for key in chunk:
             if key not in labels_at:
                 out[key] = "not materialised"
