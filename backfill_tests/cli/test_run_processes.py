@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -377,6 +376,11 @@ def test_a_signal_while_waiting_for_a_helper_stops_it(tmp_path: Path, signum: in
 def test_a_killed_run_takes_its_helpers_down_and_loses_nothing(tmp_path: Path) -> None:
     # 300 ms a call: a helper left alone would run for ~30 s.
     engine, env, posts = _small_tenants(tmp_path, latency_ms=300)
+    # A temporary directory of its own: a `run` of another test sweeps the shared one of
+    # records directories whose process is gone, this killed run's among them.
+    records_root = tmp_path / "tmp"
+    records_root.mkdir()
+    env = {**env, "TMPDIR": str(records_root)}
     proc = _cli(["run"], env)
     deadline = time.monotonic() + 120
     helper: list[int] = []
@@ -393,7 +397,7 @@ def test_a_killed_run_takes_its_helpers_down_and_loses_nothing(tmp_path: Path) -
     while any(Path(f"/proc/{pid}").exists() and not _zombie(pid) for pid in helper):
         assert time.monotonic() < deadline, f"helper {helper} outlived its parent"
         time.sleep(0.2)
-    left = list(Path(tempfile.gettempdir()).glob(f"backfill-run-{proc.pid}-*"))
+    left = list(records_root.glob(f"backfill-run-{proc.pid}-*"))
     assert left  # the killed run could not remove its records directory
     assert _resumes(engine, env, posts) >= 20
     assert not any(p.exists() for p in left)  # the next run did
