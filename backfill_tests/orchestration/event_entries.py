@@ -12,6 +12,7 @@ import dagster as dg
 from dagster._core.events import AssetCheckEvaluationPlanned, DagsterEvent, DagsterEventType
 from dagster._core.events.log import EventLogEntry
 from dagster._core.storage.event_log.sql_event_log import SqlEventLogStorage
+from dagster._serdes import deserialize_value, serialize_value
 
 
 def entry(run_id: str, message: str) -> EventLogEntry:
@@ -58,6 +59,20 @@ def check_event(run_id: str, data: Any, step_key: str | None = "checks") -> Even
     return dagster_entry(run_id, kind, data, step_key)
 
 
+def as_dagster(value: Any) -> Any:
+    """A stored value as Dagster would have written it: an event body (ours is compact orjson,
+    Dagster's spaced ``json.dumps``) as Dagster serialises what it reads of it; anything else
+    as it is. Comparing tables through it compares what Dagster reads."""
+    if isinstance(value, str) and value.startswith('{"') and '"__class__"' in value:
+        return serialize_value(deserialize_value(value))
+    return value
+
+
+def dagster_rows(rows: Any) -> list[tuple[Any, ...]]:
+    """``rows`` with every value ``as_dagster``."""
+    return [tuple(as_dagster(v) for v in row) for row in rows]
+
+
 def check_rows(storage: SqlEventLogStorage) -> list[tuple[Any, ...]]:
     with storage.index_connection() as conn:
         rows = conn.exec_driver_sql(
@@ -65,7 +80,7 @@ def check_rows(storage: SqlEventLogStorage) -> list[tuple[Any, ...]]:
             " evaluation_event_timestamp, evaluation_event_storage_id,"
             " materialization_event_storage_id FROM asset_check_executions ORDER BY partition"
         )
-        return [tuple(r) for r in rows]
+        return dagster_rows(rows)
 
 
 def check_run(n: int) -> tuple[str, EventLogEntry, list[EventLogEntry]]:

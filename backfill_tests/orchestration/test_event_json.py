@@ -1,5 +1,6 @@
-"""``event_json``: Dagster's serialisation of an event, the same text, and the event log's row of
-it, the same row, for events of a real Dagster run and generated metadata of every kind."""
+"""``event_json``: Dagster's serialisation of an event, the same JSON value (Dagster reads it back
+to an event it serialises to its own text), and the event log's row of it, Dagster's row, for
+events of a real Dagster run and generated metadata of every kind."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import dagster as dg
 import pytest
 from dagster._core.events import DagsterEventType, StepMaterializationData
 from dagster._core.storage.event_log.sql_event_log import SqlEventLogStorage
-from dagster._serdes import serialize_value
+from dagster._serdes import deserialize_value, serialize_value
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -66,6 +67,15 @@ def integrity() -> dg.AssetCheckResult:
     )
 
 
+def assert_dagsters(event: dg.EventLogEntry) -> str:
+    """``event_json(event)`` is read by Dagster as the event it serialised: what it reads back
+    serialises to Dagster's own text of ``event``. Returns the text."""
+    ours = event_json(event)
+    theirs = serialize_value(event)
+    assert serialize_value(deserialize_value(ours, dg.EventLogEntry)) == theirs
+    return ours
+
+
 @pytest.fixture(scope="module")
 def run_events() -> list[dg.EventLogEntry]:
     """Every event of a real run: run and step events, a planned and a stored
@@ -89,14 +99,17 @@ def test_every_event_of_a_run_is_serialised_as_dagster_does(
     run_events: list[dg.EventLogEntry],
 ) -> None:
     for event in run_events:
-        assert event_json(event) == serialize_value(event)
+        assert_dagsters(event)
 
 
 def test_every_row_of_a_run_is_dagsters(run_events: list[dg.EventLogEntry]) -> None:
     storage = dg.DagsterInstance.ephemeral().event_log_storage
     assert isinstance(storage, SqlEventLogStorage)
     for event in run_events:
-        assert event_row(event) == storage._event_to_row(event)
+        ours, theirs = event_row(event), storage._event_to_row(event)
+        assert ours.pop("event") == assert_dagsters(event)
+        theirs.pop("event")
+        assert ours == theirs
 
 
 def test_materialisations_and_evaluations_take_the_fast_pass(
@@ -104,10 +117,17 @@ def test_materialisations_and_evaluations_take_the_fast_pass(
 ) -> None:
     # The events a backfill writes by the thousand never go to Dagster's serialiser; a set
     # (a planned check's partition subset) does.
-    fast = {DagsterEventType.ASSET_MATERIALIZATION, DagsterEventType.ASSET_CHECK_EVALUATION}
     for event in run_events:
-        if event.dagster_event_type in fast:
+        if event.dagster_event_type == DagsterEventType.ASSET_CHECK_EVALUATION:
             module._pack(event)
+    finite = {k: v for k, v in METADATA.items() if k not in ("nan", "inf")}
+    module._pack(
+        dagster_entry(
+            "run",
+            DagsterEventType.ASSET_MATERIALIZATION,
+            StepMaterializationData(dg.AssetMaterialization("x", metadata=finite)),
+        )
+    )
     _run_id, planned, evaluations = check_run(3)
     module._pack(evaluations[0])
     referenced = dagster_entry(
@@ -118,7 +138,7 @@ def test_materialisations_and_evaluations_take_the_fast_pass(
     for event in (planned, referenced):
         with pytest.raises(module._Unpackable):
             module._pack(event)
-        assert event_json(event) == serialize_value(event)
+        assert event_json(event) == serialize_value(event)  # Dagster's serialiser wrote it
 
 
 _json = st.recursive(
@@ -156,7 +176,7 @@ def test_any_materialisation_is_serialised_as_dagster_does(
         )
     )
     event = dagster_entry("run", DagsterEventType.ASSET_MATERIALIZATION, data, "step")
-    assert event_json(event) == serialize_value(event)
+    assert_dagsters(event)
 
 
 def test_a_failure_of_the_pass_falls_back_to_dagsters_serialiser(
@@ -172,3 +192,20 @@ def test_a_failure_of_the_pass_falls_back_to_dagsters_serialiser(
 
     monkeypatch.setitem(module._PACKERS, dg.AssetKey, broken)
     assert event_json(event) == serialize_value(event)
+
+
+def test_what_orjson_would_misread_goes_dagsters_way(run_events: list[dg.EventLogEntry]) -> None:
+    # orjson writes a float that is not finite as null, and refuses an integer past 64 bits:
+    # the first takes Dagster's serialiser, the second json.dumps as Dagster's, both its text.
+    for value in (math.nan, math.inf, -math.inf, 2**70):
+        data = StepMaterializationData(dg.AssetMaterialization("x", metadata={"v": value}))
+        event = dagster_entry("run", DagsterEventType.ASSET_MATERIALIZATION, data, "step")
+        assert event_json(event) == serialize_value(event)
+    small = dagster_entry(
+        "run",
+        DagsterEventType.ASSET_MATERIALIZATION,
+        StepMaterializationData(dg.AssetMaterialization("x", metadata={"v": 0.1, "t": "é"})),
+        "step",
+    )
+    text = assert_dagsters(small)
+    assert text != serialize_value(small) and "é" in text  # orjson wrote it: compact UTF-8

@@ -24,6 +24,7 @@ from backfill_tests.orchestration.event_entries import (
     check_rows,
     check_run,
     dagster_entry,
+    dagster_rows,
     entry,
     run_log,
     store_beside_stock,
@@ -140,7 +141,7 @@ def test_a_failed_batch_stores_the_evaluations_one_at_a_time(
 
 def _table(storage: PostgresEventLogStorage, query: str) -> list[tuple[object, ...]]:
     with storage.index_connection() as conn:
-        return [tuple(row) for row in conn.exec_driver_sql(query)]
+        return dagster_rows(conn.exec_driver_sql(query))
 
 
 def test_a_batch_of_materialisations_is_stored_as_dagster_stores_it(

@@ -40,6 +40,7 @@ from backfill_tests.orchestration.event_entries import (
     check_rows,
     check_run,
     dagster_entry,
+    dagster_rows,
     entry,
     run_log,
     store_beside_stock,
@@ -334,7 +335,7 @@ def test_a_batch_that_fails_midway_stores_none_of_its_events(
 
 def _table(storage: SqliteEventLogStorage, shard: str, query: str) -> list[tuple[Any, ...]]:
     with storage._connect(shard) as conn:
-        return [tuple(row) for row in conn.exec_driver_sql(query)]
+        return dagster_rows(conn.exec_driver_sql(query))
 
 
 def test_a_batch_writes_every_table_as_dagster_writes_its_events_one_by_one(
