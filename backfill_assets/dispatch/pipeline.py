@@ -143,7 +143,6 @@ def _fold(counts: dict[tuple[str, int], PartitionCounts], ref: PartitionRef) -> 
         got = counts.get((ref.tenant_id, s))
         if got is None:
             continue
-        out.posts += got.posts
         for label, n in got.labels.items():
             out.labels[label] = out.labels.get(label, 0) + n
         for rule, n in got.rules.items():

@@ -16,9 +16,8 @@ from backfill_assets.store.tables import dead_letters, posts, results
 
 @dataclass
 class PartitionCounts:
-    """Posts, accepted labels and dead letters of one partition (current versions)."""
+    """Accepted labels, their rules and dead letters of one partition (current versions)."""
 
-    posts: int = 0
     labels: dict[str, int] = field(default_factory=dict)
     # Accepted results per rule id (from the stored comma-joined ids).
     rules: dict[str, int] = field(default_factory=dict)
@@ -52,10 +51,9 @@ def held_posts(sizes: Mapping[tuple[str, int], int], tenant_id: str, slices: Ite
 def partition_counts(
     conn: Connection, tenants: Sequence[str], versions: Versions
 ) -> dict[tuple[str, int], PartitionCounts]:
-    """Counts for every partition of ``tenants`` that has posts or rows."""
+    """Counts for every partition of ``tenants`` that has results or dead letters (its posts
+    are ``post_counts``, read once where they are needed)."""
     out: dict[tuple[str, int], PartitionCounts] = defaultdict(PartitionCounts)
-    for ident, n in post_counts(conn, tenants).items():
-        out[ident].posts = n
     wanted = list(tenants)
     for table, column, attr in (
         (results, results.c.label, "labels"),
