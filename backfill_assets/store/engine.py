@@ -48,9 +48,11 @@ def make_engine(url: str, dead_peer: DeadPeer | None = None) -> Engine:
         connect_args["application_name"] = f"backfill-moderation {socket.gethostname()}"[:63]
     driver: dict[str, Any] = {}
     if sa.engine.make_url(url).get_driver_name() == "psycopg2":
-        # An executemany of UPDATEs or DELETEs (a flush's tenant totals, a run's partition
-        # marks) goes 100 statements a round trip, not one: a fifth of the time at 1,000
-        # rows here. No executemany of ours reads its rowcount, which this mode leaves unset.
+        # An executemany of UPDATEs or DELETEs goes 100 statements a round trip, not one: a
+        # fifth of the time at 1,000 rows here. Those a run sends per partition (tenant totals,
+        # partition marks) are one statement over arrays instead (writer.py,
+        # partition_marks.py). No executemany of ours reads its rowcount, which this mode
+        # leaves unset.
         driver["executemany_mode"] = "values_plus_batch"
     engine = sa.create_engine(
         url,

@@ -23,6 +23,18 @@ def clear(conn: Connection, partitions: Sequence[Mark]) -> None:
     """Forget the marks of partitions about to be materialised again."""
     if not partitions:
         return
+    if conn.dialect.name == "postgresql":
+        # One statement over arrays: psycopg2 sends an executemany as one statement a row (100
+        # a round trip), which the server parses and plans each: 0.55 s against 0.11 s of
+        # client and server CPU for a mark and a clear of 10,000 partitions.
+        conn.execute(
+            _CLEAR_PG,
+            {
+                "tenants": [t for t, _n, _lv in partitions],
+                "numbers": [n for _t, n, _lv in partitions],
+            },
+        )
+        return
     pm = partition_marks
     # executemany: one statement for a run's partitions, under the store's write lock.
     stmt = pm.delete().where(
@@ -35,6 +47,22 @@ def mark(conn: Connection, partitions: Sequence[Mark], code_version: str) -> Non
     """Partitions applied at ``code_version`` (after their blocking checks passed)."""
     if not partitions:
         return
+    now = utcnow()
+    if conn.dialect.name == "postgresql":
+        # A partition once (the last level given wins, as in an executemany): one INSERT may
+        # not update a row twice.
+        levels = {(t, n): level for t, n, level in partitions}
+        conn.execute(
+            _MARK_PG,
+            {
+                "tenants": [t for t, _n in levels],
+                "numbers": [n for _t, n in levels],
+                "levels": list(levels.values()),
+                "code_version": code_version,
+                "now": now,
+            },
+        )
+        return
     stmt = insert_for(conn, partition_marks)
     stmt = stmt.on_conflict_do_update(
         index_elements=["tenant_id", "partition"],
@@ -44,7 +72,6 @@ def mark(conn: Connection, partitions: Sequence[Mark], code_version: str) -> Non
             "marked_at": stmt.excluded.marked_at,
         },
     )
-    now = utcnow()
     conn.execute(
         stmt,
         [
@@ -58,6 +85,22 @@ def mark(conn: Connection, partitions: Sequence[Mark], code_version: str) -> Non
             for tenant, number, level in partitions
         ],
     )
+
+
+# PostgreSQL: a run's partitions in one statement each, over arrays of their columns.
+_CLEAR_PG = sa.text(
+    "DELETE FROM partition_marks AS pm"
+    " USING unnest(CAST(:tenants AS TEXT[]), CAST(:numbers AS INTEGER[])) AS u(tenant, number)"
+    " WHERE pm.tenant_id = u.tenant AND pm.partition = u.number"
+)
+_MARK_PG = sa.text(
+    "INSERT INTO partition_marks (tenant_id, partition, level, code_version, marked_at)"
+    " SELECT u.tenant, u.number, u.level, :code_version, :now"
+    " FROM unnest(CAST(:tenants AS TEXT[]), CAST(:numbers AS INTEGER[]),"
+    " CAST(:levels AS INTEGER[])) AS u(tenant, number, level)"
+    " ON CONFLICT (tenant_id, partition) DO UPDATE SET level = excluded.level,"
+    " code_version = excluded.code_version, marked_at = excluded.marked_at"
+)
 
 
 def marked(conn: Connection, code_version: str, tenants: Sequence[str] | None = None) -> set[Mark]:

@@ -169,6 +169,20 @@ _BILL = (
         billed_nanos=tenants.c.billed_nanos + sa.bindparam("b_nanos"),
     )
 )
+# PostgreSQL: the tenants' rows locked in sorted order first (ORDER BY sits below the row
+# locks), then one UPDATE over arrays. An executemany is a statement a row on the server,
+# parsed and planned each: 10,000 of them a run of 10,000 small tenants.
+_LOCK_BILLED_PG = sa.text(
+    "SELECT tenant_id FROM tenants WHERE tenant_id = ANY(CAST(:tenants AS TEXT[]))"
+    " ORDER BY tenant_id FOR UPDATE"
+)
+_BILL_PG = sa.text(
+    "UPDATE tenants SET billed_tokens = tenants.billed_tokens + u.tokens,"
+    " billed_nanos = tenants.billed_nanos + u.nanos"
+    " FROM unnest(CAST(:tenants AS TEXT[]), CAST(:tokens AS BIGINT[]),"
+    " CAST(:nanos AS BIGINT[])) AS u(tenant, tokens, nanos)"
+    " WHERE tenants.tenant_id = u.tenant"
+)
 
 
 class LedgerWriter:
@@ -429,15 +443,28 @@ class LedgerWriter:
         if s.usage:
             add_usage(conn, day, sorted(s.usage.items()))
         if s.billed:
-            # One executemany, in that order (a statement built each tenant was 7% of a run
-            # of 10,000 small tenants; PostgreSQL sends them 100 a round trip, engine.py).
-            conn.execute(
-                _BILL,
-                [
-                    {"b_tenant": t, "b_tokens": spent.tokens, "b_nanos": spent.nanos}
-                    for t, spent in sorted(s.billed.items())
-                ],
-            )
+            billed = sorted(s.billed.items())  # one entry a tenant: its flush's sum
+            if conn.dialect.name == "postgresql":
+                names = [t for t, _spent in billed]
+                conn.execute(_LOCK_BILLED_PG, {"tenants": names})
+                conn.execute(
+                    _BILL_PG,
+                    {
+                        "tenants": names,
+                        "tokens": [spent.tokens for _t, spent in billed],
+                        "nanos": [spent.nanos for _t, spent in billed],
+                    },
+                )
+            else:
+                # One executemany, in that order (a statement built each tenant was 7% of a
+                # run of 10,000 small tenants).
+                conn.execute(
+                    _BILL,
+                    [
+                        {"b_tenant": t, "b_tokens": spent.tokens, "b_nanos": spent.nanos}
+                        for t, spent in billed
+                    ],
+                )
         for rid, spent in sorted(s.unreserve.items()):
             conn.execute(
                 budget_reservations.update()

@@ -325,7 +325,9 @@ def test_hostile_lines_never_break_the_import(engine: Engine, tmp_path: Path) ->
 def test_a_flush_updates_tenant_totals_in_one_order(engine: Engine, tmp_path: Path) -> None:
     # Two runs flushing usage for the same tenants (different partitions) each update the
     # tenants' billed totals in their transaction: in different orders, they deadlocked on
-    # PostgreSQL and one run's step failed. Every flush takes the rows in sorted order.
+    # PostgreSQL and one run's step failed. Every flush takes the rows in sorted order: on
+    # SQLite an executemany in that order, on PostgreSQL a SELECT ... ORDER BY ... FOR UPDATE
+    # of them all before the one UPDATE over arrays.
     import asyncio
 
     from backfill_assets.store.rows import event_row
@@ -334,13 +336,20 @@ def test_a_flush_updates_tenant_totals_in_one_order(engine: Engine, tmp_path: Pa
     names = ["zeta", "acme", "mid"]
     import_records(engine, tmp_path, corpus(names, 1))
     updated: list[str] = []
+    statements: list[str] = []
 
     def seen(
         _conn: object, _cursor: object, statement: str, params: Any, _ctx: object, many: bool
     ) -> None:
-        # One executemany whose rows are in that order, or one statement a tenant.
-        if statement.lstrip().upper().startswith("UPDATE TENANTS"):
-            updated.extend(repr(p) for p in (params if many else [params]))
+        flat = " ".join(statement.split()).upper()
+        if "FROM TENANTS" in flat and "FOR UPDATE" in flat:
+            statements.append("lock")
+            assert "ORDER BY TENANT_ID FOR UPDATE" in flat, flat
+            updated.extend(params["tenants"])
+        elif flat.startswith("UPDATE TENANTS"):
+            statements.append("update")
+            if "UNNEST" not in flat:  # an executemany whose rows are in that order
+                updated.extend(repr(p) for p in (params if many else [params]))
 
     async def flush() -> None:
         writer = LedgerWriter(engine, contract_for=lambda _v: RUBRIC.contract)
@@ -369,6 +378,8 @@ def test_a_flush_updates_tenant_totals_in_one_order(engine: Engine, tmp_path: Pa
         sa.event.remove(engine, "before_cursor_execute", seen)
     order = [next(n for n in names if n in p) for p in updated]
     assert order == sorted(names)
+    pg = engine.dialect.name == "postgresql"
+    assert statements == (["lock", "update"] if pg else ["update"])
     with engine.connect() as conn:
         billed = dict(conn.execute(sa.text("SELECT tenant_id, billed_tokens FROM tenants")).all())
     assert billed == {"zeta": 11, "acme": 12, "mid": 13}
