@@ -6,7 +6,8 @@ row, 500 times in a run of 500 partitions, and compiles a multi-row ``VALUES`` a
 evaluation then updates its partition's row, with the event serialised again and the statement
 built again. Both instance event logs (``sqlite_instance.py``, ``pg_instance.py``) write the
 same rows through these: the planned event serialised once and inserted with one statement
-compiled once, the update's parameters (``evaluated_params``) given the body the evaluation's
+compiled once (on PostgreSQL, its body sent once for all the rows: ``planned_columns``), the
+update's parameters (``evaluated_params``) given the body the evaluation's
 event row was written with. SQLite runs ``EVALUATED`` with them as an executemany; PostgreSQL,
 whose driver runs an executemany a round trip a row, one UPDATE joined to a VALUES list of
 them, in ``EVALUATED_PARAMS`` order.
@@ -76,27 +77,31 @@ def insert_timestamp(event: dg.EventLogEntry) -> datetime:
     return datetime.fromtimestamp(event.timestamp, UTC).replace(tzinfo=None)
 
 
-def planned_rows(event: dg.EventLogEntry, event_id: int | None) -> list[dict[str, Any]]:
-    """The rows of a planned check event (one a partition, or one unpartitioned), for
-    ``PLANNED`` as an executemany."""
+def planned_columns(
+    event: dg.EventLogEntry, event_id: int | None
+) -> tuple[dict[str, Any], list[Any]]:
+    """A planned check event's rows as the columns they share (the body serialised once) and
+    the partition key of each row (``[None]``: one unpartitioned row)."""
     planned: Any = event.get_dagster_event().event_specific_data
     subset = planned.partitions_subset
     partition_keys = subset.get_partition_keys() if subset is not None else [None]
-    body = serialize_value(event)
-    timestamp = insert_timestamp(event)
-    return [
-        dict(
-            asset_key=planned.asset_key.to_string(),
-            check_name=planned.check_name,
-            partition=partition_key,
-            run_id=event.run_id,
-            execution_status=AssetCheckExecutionRecordStatus.PLANNED.value,
-            evaluation_event=body,
-            evaluation_event_timestamp=timestamp,
-            evaluation_event_storage_id=event_id,
-        )
-        for partition_key in partition_keys
-    ]
+    shared = dict(
+        asset_key=planned.asset_key.to_string(),
+        check_name=planned.check_name,
+        run_id=event.run_id,
+        execution_status=AssetCheckExecutionRecordStatus.PLANNED.value,
+        evaluation_event=serialize_value(event),
+        evaluation_event_timestamp=insert_timestamp(event),
+        evaluation_event_storage_id=event_id,
+    )
+    return shared, list(partition_keys)
+
+
+def planned_rows(event: dg.EventLogEntry, event_id: int | None) -> list[dict[str, Any]]:
+    """The rows of a planned check event (one a partition, or one unpartitioned), for
+    ``PLANNED`` as an executemany."""
+    shared, partition_keys = planned_columns(event, event_id)
+    return [dict(shared, partition=partition_key) for partition_key in partition_keys]
 
 
 def batchable(event: dg.EventLogEntry) -> bool:
