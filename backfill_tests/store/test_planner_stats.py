@@ -9,7 +9,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from backfill_assets.store.engine import _drifted, refresh_planner_stats
+from backfill_assets.store.engine import _drifted, make_engine, refresh_planner_stats
 from backfill_tests.conftest import pg_database
 
 
@@ -71,3 +71,27 @@ def test_updates_in_place_do_not_reanalyse_but_growth_does(pg_engine: Engine) ->
     _write(pg_engine, "INSERT INTO t SELECT g, 'a' FROM generate_series(5001, 7000) g")
     refresh_planner_stats(pg_engine, ("t",))
     assert _analysed(pg_engine) == 2
+
+
+def _page_cost(url: str) -> str:
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            return str(conn.exec_driver_sql("SHOW random_page_cost").scalar_one())
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.pg
+def test_store_sessions_price_pages_as_cached_unless_the_operator_did(
+    pg_engine: Engine,
+) -> None:
+    # 1.1 unless random_page_cost was set for the server, database or role, or in the URL.
+    url = pg_engine.url.render_as_string(hide_password=False)
+    assert _page_cost(url) == "1.1"
+    assert _page_cost(url + "?options=-c%20random_page_cost%3D3") == "3"
+    name = pg_engine.url.database
+    with pg_engine.connect() as conn:
+        conn.exec_driver_sql(f'ALTER DATABASE "{name}" SET random_page_cost = 2')
+        conn.commit()
+    assert _page_cost(url) == "2"
