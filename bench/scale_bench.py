@@ -414,11 +414,34 @@ def _many_once(work: Path, store: str, posts: int, tenants: int) -> dict[str, An
     home = work / f"home-{store}-{tenants}"
     with _store_and_instance(work, home, store) as (extra, store_url):
         env = cli_env(home, store_url, **extra)
-        steps = {"import": cli(["import", str(export)], env), "run": cli(["run"], env)}
+        steps = {"import": cli(["import", str(export)], env)}
+        scanned = _scanned_rows(store_url)
+        steps["run"] = cli(["run"], env)
+        scanned = _scanned_rows(store_url) - scanned
         steps["no-op run"] = cli(["run"], env)
         assert calls_of(steps["no-op run"]) == 0, steps["no-op run"].doc.get("totals")
         partitions = _partition_count(env)
-    return {"steps": steps, "partitions": partitions, "calls": calls_of(steps["run"])}
+    return {
+        "steps": steps,
+        "partitions": partitions,
+        "calls": calls_of(steps["run"]),
+        "scanned": scanned,
+    }
+
+
+def _scanned_rows(store_url: str) -> int:
+    """Rows PostgreSQL's sequential scans have read in the store's tables so far (-1 on
+    SQLite): around a run, what its queries read beyond the indexes."""
+    if not store_url.startswith("postgresql"):
+        return -1
+    engine = sa.create_engine(store_url)
+    try:
+        with engine.connect() as conn:
+            conn.exec_driver_sql("SELECT pg_stat_clear_snapshot()")
+            query = "SELECT coalesce(sum(seq_tup_read), 0) FROM pg_stat_user_tables"
+            return int(conn.exec_driver_sql(query).scalar_one())
+    finally:
+        engine.dispose()
 
 
 def many_tenants_bench(stores: list[str], tenants: int, per_tenant: int) -> dict[str, Any]:
@@ -458,6 +481,14 @@ def many_tenants_bench(stores: list[str], tenants: int, per_tenant: int) -> dict
                 "run_posts_s": rate,
                 "ratio_vs_10_tenants": ratio,
             }
+            if store == "pg":
+                print(
+                    f"[pg] rows read by sequential scans in the store during the run: "
+                    f"{many['scanned']:,} ({tenants:,} tenants), {few['scanned']:,} (10)",
+                    flush=True,
+                )
+                out[store]["run_seq_scan_rows"] = many["scanned"]
+                out[store]["run_seq_scan_rows_10_tenants"] = few["scanned"]
     return out
 
 

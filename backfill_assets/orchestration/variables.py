@@ -113,7 +113,10 @@ class Variables(BaseSettings):
         "BACKFILL_DATABASE_URL",
         "store",
         "The results/ledger store (SQLAlchemy URL). `postgresql://...` is pinned to psycopg2. "
-        "Every command migrates it on first use.",
+        "Every command migrates it on first use. On PostgreSQL each store session sets "
+        "`random_page_cost` to 1.1 (cached or SSD pages, so a run's group queries use the "
+        "tenant indexes) unless it is set for the server, database or role, or in the URL "
+        "(`?options=-c%20random_page_cost%3D4`).",
         shown="`sqlite:///$DAGSTER_HOME/backfill.db`",
         default="",
     )
