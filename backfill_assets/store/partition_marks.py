@@ -10,6 +10,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from backfill_assets.store.dialect import insert_for
+from backfill_assets.store.engine import is_sqlite
 from backfill_assets.store.tables import partition_marks, utcnow
 
 _CHUNK = 500  # tenants per statement (bound-parameter limits)
@@ -23,7 +24,7 @@ def clear(conn: Connection, partitions: Sequence[Mark]) -> None:
     """Forget the marks of partitions about to be materialised again."""
     if not partitions:
         return
-    if conn.dialect.name == "postgresql":
+    if not is_sqlite(conn.engine):
         # One statement over arrays: psycopg2 sends an executemany as one statement a row (100
         # a round trip), which the server parses and plans each: 0.55 s against 0.11 s of
         # client and server CPU for a mark and a clear of 10,000 partitions.
@@ -48,7 +49,7 @@ def mark(conn: Connection, partitions: Sequence[Mark], code_version: str) -> Non
     if not partitions:
         return
     now = utcnow()
-    if conn.dialect.name == "postgresql":
+    if not is_sqlite(conn.engine):
         # A partition once (the last level given wins, as in an executemany): one INSERT may
         # not update a row twice.
         levels = {(t, n): level for t, n, level in partitions}

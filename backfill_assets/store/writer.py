@@ -444,7 +444,7 @@ class LedgerWriter:
             add_usage(conn, day, sorted(s.usage.items()))
         if s.billed:
             billed = sorted(s.billed.items())  # one entry a tenant: its flush's sum
-            if conn.dialect.name == "postgresql":
+            if not is_sqlite(conn.engine):
                 names = [t for t, _spent in billed]
                 conn.execute(_LOCK_BILLED_PG, {"tenants": names})
                 conn.execute(
