@@ -46,13 +46,16 @@ from dagster._core.storage.event_log.sqlite.sqlite_event_log import (
     INDEX_SHARD_NAME,
     SqliteEventLogStorage,
 )
+
+# ``schema_facts.py`` remembers the SQL run storage's answers about its own schema.
+from dagster._core.storage.runs.sql_run_storage import SqlRunStorage
 from dagster._core.storage.sqlite import SQLITE_BUSY_TIMEOUT_SECONDS
 from dagster._core.storage.sqlite_storage import DagsterSqliteStorage, _event_logs_directory
 from dagster._serdes import ConfigurableClassData, serialize_value
 
 # The production instance (``pg_instance.py``) subclasses Dagster's PostgreSQL storage the same
 # way: the stock classes, the event rows' table, and how the storage reads its config.
-from dagster_postgres import DagsterPostgresStorage, PostgresEventLogStorage
+from dagster_postgres import DagsterPostgresStorage, PostgresEventLogStorage, PostgresRunStorage
 from dagster_postgres.utils import get_token_provider_from_config, pg_url_from_config
 
 # ``event_json.py`` packs events as Dagster's serialiser does, faster: it reads each class's
@@ -85,8 +88,10 @@ __all__ = [
     "MetadataFieldSerializer",
     "NamedTupleSerializer",
     "PostgresEventLogStorage",
+    "PostgresRunStorage",
     "SqlEventLogStorage",
     "SqlEventLogStorageTable",
+    "SqlRunStorage",
     "SqliteEventLogStorage",
     "TargetMaterialization",
     "event_logs_directory",

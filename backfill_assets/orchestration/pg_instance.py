@@ -36,15 +36,18 @@ from backfill_assets.orchestration.dagster_private import (
     ConfigurableClassData,
     DagsterPostgresStorage,
     PostgresEventLogStorage,
+    PostgresRunStorage,
     get_token_provider_from_config,
     pg_url_from_config,
 )
 from backfill_assets.orchestration.event_json import event_row
 from backfill_assets.orchestration.held_checks import HeldChecks
+from backfill_assets.orchestration.schema_facts import EventLogSchemaFacts, RunSchemaFacts
 
 
-class BatchingPostgresEventLogStorage(PostgresEventLogStorage):
-    """``PostgresEventLogStorage`` writing a step's check evaluations together."""
+class BatchingPostgresEventLogStorage(EventLogSchemaFacts, PostgresEventLogStorage):
+    """``PostgresEventLogStorage`` writing a step's check evaluations together (and its schema
+    questions answered once: ``schema_facts.py``)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._held = HeldChecks()
@@ -256,8 +259,13 @@ def _update_evaluated(conn: Connection, updates: list[dict[str, Any]]) -> int:
         cursor.close()
 
 
+class KnownSchemaPostgresRunStorage(RunSchemaFacts, PostgresRunStorage):
+    """``PostgresRunStorage``, its schema questions answered once (``schema_facts.py``)."""
+
+
 class BatchingPostgresStorage(DagsterPostgresStorage):
-    """``DagsterPostgresStorage`` (runs, schedules) with ``BatchingPostgresEventLogStorage``."""
+    """``DagsterPostgresStorage`` (schedules) with ``BatchingPostgresEventLogStorage`` and
+    ``KnownSchemaPostgresRunStorage``."""
 
     def __init__(
         self,
@@ -270,6 +278,10 @@ class BatchingPostgresStorage(DagsterPostgresStorage):
         # Dagster's constructor made the stock event log (it holds no connection): replace it.
         self._event_log_storage = BatchingPostgresEventLogStorage(
             postgres_url, should_autocreate_tables, token_provider=token_provider
+        )
+        # Likewise the run storage; the stock one has made its tables if it was to.
+        self._run_storage = KnownSchemaPostgresRunStorage(
+            postgres_url, should_autocreate_tables=False, token_provider=token_provider
         )
 
     @classmethod

@@ -13,7 +13,8 @@ the home to a storage; an ``{env: DAGSTER_HOME}`` in the file would follow the e
 not the home being opened). A ``storage:`` section in the file (PostgreSQL) replaces them.
 
 More of Dagster's per-event costs go. ``has_table`` and the asset table's columns, asked
-before each asset event (the first with yet another fresh engine), are remembered once there.
+before each asset event (the first with yet another fresh engine), are remembered once there
+(``schema_facts.py``, shared with the PostgreSQL storage).
 A batch of events (``DAGSTER_EVENT_BATCH_SIZE``: a step's materialisations, planned events) is
 written in one transaction per shard instead of two or three commits an event, and writes an
 asset's row once, as Dagster's PostgreSQL storage batches them. Its events are serialised
@@ -77,6 +78,7 @@ from backfill_assets.orchestration.dagster_private import (
 )
 from backfill_assets.orchestration.event_json import event_json, event_row
 from backfill_assets.orchestration.held_checks import HeldChecks
+from backfill_assets.orchestration.schema_facts import EventLogSchemaFacts
 
 # Shards whose engine stays open: the index, the runs being written, the runs the UI shows.
 _OPEN_SHARDS = 16
@@ -95,8 +97,9 @@ def _normal_sync(dbapi_conn: Any, _record: Any) -> None:
     cur.close()
 
 
-class PooledSqliteEventLogStorage(SqliteEventLogStorage):
-    """``SqliteEventLogStorage`` keeping an engine and a connection per recently used shard."""
+class PooledSqliteEventLogStorage(EventLogSchemaFacts, SqliteEventLogStorage):
+    """``SqliteEventLogStorage`` keeping an engine and a connection per recently used shard
+    (and its schema questions answered once: ``schema_facts.py``)."""
 
     def __init__(
         self,
@@ -106,8 +109,6 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
     ) -> None:
         self._engines: OrderedDict[str, Engine] = OrderedDict()
         self._open_shards = max(1, open_shards)
-        self._tables: set[str] = set()  # tables seen in the index shard (they stay)
-        self._index_cols = False  # the asset table's index columns, once seen (they stay)
         # Events of the batch being written whose asset-table row a later one overwrites.
         self._superseded: set[int] = set()
         # While a batch is written: its thread and its open connection per shard.
@@ -198,23 +199,6 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
             for suffix in ("", "-wal", "-shm"):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path + suffix)
-
-    def has_table(self, table_name: str) -> bool:
-        """Whether the index shard has the table; Dagster asks before every asset event's
-        tags, each time with a new engine. A table once there stays (``wipe`` recreates it)."""
-        if table_name in self._tables:
-            return True
-        found = super().has_table(table_name)
-        if found:
-            self._tables.add(table_name)
-        return found
-
-    def _has_asset_key_index_cols_on_connection(self, conn: Connection) -> bool:
-        """Dagster inspects the asset table's columns before every asset event it indexes;
-        a migration adds them once and they stay."""
-        if not self._index_cols:
-            self._index_cols = super()._has_asset_key_index_cols_on_connection(conn)
-        return self._index_cols
 
     def store_event(self, event: dg.EventLogEntry) -> None:
         """A step's check evaluation is held (``held_checks.py``) and written with the next
