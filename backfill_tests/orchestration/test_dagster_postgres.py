@@ -48,7 +48,7 @@ def test_backfill_on_a_postgres_instance(
                 defs, instance, BACKFILL_JOB, ["acme"], slices, log_level="WARNING"
             )
             assert [r.success for r in records] == [True]
-            assert type(instance.run_storage).__name__ == "PostgresRunStorage"
+            assert type(instance.run_storage).__name__ == "KnownSchemaPostgresRunStorage"
             assert type(instance.event_log_storage).__name__ == "BatchingPostgresEventLogStorage"
             done = instance.get_materialized_partitions(dg.AssetKey("moderation_labels"))
             assert len(done) == 16
