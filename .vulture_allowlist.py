@@ -98,6 +98,7 @@ config_schema
 from_config_value
 _connect
 _event_log_storage
+capture_logs  # a compute log manager's hook, called by Dagster's executor (compute_logs.py)
 _run_storage  # pg_instance.py: replaces the stock run storage as _event_log_storage does
 row_factory  # sqlite3: a cursor attribute the driver reads (store/bulk.py)
 

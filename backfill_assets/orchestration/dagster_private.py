@@ -20,14 +20,19 @@ from dagster._core.definitions.data_version import CODE_VERSION_TAG
 # ``event_json.py`` writes the metadata field as Dagster's serde for it does (see below).
 from dagster._core.definitions.metadata import MetadataFieldSerializer
 
+# ``compute_logs.py`` captures a run's output as Dagster's local compute log manager does,
+# into the same files, mirroring it with a thread instead of ``tail`` processes.
+from dagster._core.execution.compute_logs import redirect_to_file, should_disable_io_stream_redirect
+
 # A range run's per-partition metadata goes straight to the step's accumulator, keyed by this
 # handle (``metadata.add_partition_metadata``): the public method lists the run's range a call.
 from dagster._core.execution.context.metadata_logging import AssetMetadataHandle
 
 # The embedded instance (``sqlite_instance.py``) subclasses Dagster's SQLite storage to keep
 # its event-log shards' connections open: these are the classes and constants it extends.
-from dagster._core.instance.ref import InstanceRef
+from dagster._core.instance.ref import InstanceRef, compute_logs_directory
 from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
+from dagster._core.storage.compute_log_manager import CapturedLogContext, ComputeIOType
 
 # Any instance's event log (its type: ``check_executions.check_states`` reads its checks), and
 # the tables of Dagster's SQL ones.
@@ -46,12 +51,17 @@ from dagster._core.storage.event_log.sqlite.sqlite_event_log import (
     INDEX_SHARD_NAME,
     SqliteEventLogStorage,
 )
+from dagster._core.storage.local_compute_log_manager import (
+    IO_TYPE_EXTENSION,
+    LocalComputeLogManager,
+)
 
 # ``schema_facts.py`` remembers the SQL run storage's answers about its own schema.
 from dagster._core.storage.runs.sql_run_storage import SqlRunStorage
 from dagster._core.storage.sqlite import SQLITE_BUSY_TIMEOUT_SECONDS
 from dagster._core.storage.sqlite_storage import DagsterSqliteStorage, _event_logs_directory
 from dagster._serdes import ConfigurableClassData, serialize_value
+from dagster._utils import ensure_file, touch_file
 
 # The production instance (``pg_instance.py``) subclasses Dagster's PostgreSQL storage the same
 # way: the stock classes, the event rows' table, and how the storage reads its config.
@@ -73,18 +83,22 @@ __all__ = [
     "CODE_VERSION_TAG",
     "EMPTY_VALUES_TO_SKIP",
     "INDEX_SHARD_NAME",
+    "IO_TYPE_EXTENSION",
     "RECORD_REMAP_FIELD",
     "SQLITE_BUSY_TIMEOUT_SECONDS",
     "WHITELIST_MAP",
     "AssetCheckExecutionRecordStatus",
     "AssetCheckExecutionsTable",
     "AssetMetadataHandle",
+    "CapturedLogContext",
+    "ComputeIOType",
     "ConfigurableClassData",
     "DagsterPostgresStorage",
     "DagsterSqliteStorage",
     "EnumSerializer",
     "EventLogStorage",
     "InstanceRef",
+    "LocalComputeLogManager",
     "MetadataFieldSerializer",
     "NamedTupleSerializer",
     "PostgresEventLogStorage",
@@ -94,11 +108,16 @@ __all__ = [
     "SqlRunStorage",
     "SqliteEventLogStorage",
     "TargetMaterialization",
+    "compute_logs_directory",
+    "ensure_file",
     "event_logs_directory",
     "get_token_provider_from_config",
     "is_record",
     "pg_url_from_config",
+    "redirect_to_file",
     "serialize_value",
+    "should_disable_io_stream_redirect",
+    "touch_file",
 ]
 
 event_logs_directory = _event_logs_directory

@@ -7,8 +7,9 @@ removal of the ``-wal`` and ``-shm`` files. A run stores ~35 events and reads th
 dozens of times (dynamic partitions, check history), so that was about half of a small run's
 Dagster time here. ``PooledSqliteEventLogStorage`` keeps one engine, with one pooled
 connection, per recently used shard. ``dagster.yaml`` names ``EmbeddedInstance`` as its
-``instance_class``: its defaults are Dagster's own, with this event log in place of the stock
-one, at the same paths under the instance's home (a default is the only place Dagster passes
+``instance_class``: its defaults are the project's (``instance_class.py``: Dagster's own, the
+compute logs mirrored by a thread), with this event log in place of the stock one, at the same
+paths under the instance's home (a default is the only place Dagster passes
 the home to a storage; an ``{env: DAGSTER_HOME}`` in the file would follow the environment,
 not the home being opened). A ``storage:`` section in the file (PostgreSQL) replaces them.
 
@@ -55,7 +56,6 @@ from typing import Any
 
 import dagster as dg
 import sqlalchemy as sa
-import yaml
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.pool import NullPool
 
@@ -71,13 +71,13 @@ from backfill_assets.orchestration.dagster_private import (
     SQLITE_BUSY_TIMEOUT_SECONDS,
     ConfigurableClassData,
     DagsterSqliteStorage,
-    InstanceRef,
     SqlEventLogStorageTable,
     SqliteEventLogStorage,
     event_logs_directory,
 )
 from backfill_assets.orchestration.event_json import event_json, event_row
 from backfill_assets.orchestration.held_checks import HeldChecks
+from backfill_assets.orchestration.instance_class import BackfillInstance, class_data
 from backfill_assets.orchestration.schema_facts import EventLogSchemaFacts
 
 # Shards whose engine stays open: the index, the runs being written, the runs the UI shows.
@@ -467,30 +467,19 @@ class PooledSqliteStorage(DagsterSqliteStorage):
         return cls.from_local(str(config_value["base_dir"]), inst_data=inst_data)
 
 
-class EmbeddedInstance(dg.DagsterInstance):
-    """A Dagster instance whose default storage is ``PooledSqliteStorage`` (``dagster.yaml``:
-    ``instance_class``); everything else is Dagster's."""
-
-    @classmethod
-    def config_schema(cls) -> dict[str, Any]:
-        """No settings of its own."""
-        return {}
+class EmbeddedInstance(BackfillInstance):
+    """The project's instance (``instance_class.py``) whose default storage is
+    ``PooledSqliteStorage`` (``dagster.yaml``: ``instance_class``)."""
 
     @classmethod
     def config_defaults(cls, base_dir: str) -> Mapping[str, ConfigurableClassData | None]:
-        """Dagster's defaults for ``base_dir``, the storage replaced by the pooled one."""
-        defaults = dict(InstanceRef.config_defaults(base_dir))
-        defaults["storage"] = _class_data(PooledSqliteStorage, base_dir)
-        defaults["event_log_storage"] = _class_data(
+        """The project's defaults for ``base_dir``, the storage replaced by the pooled one."""
+        defaults = dict(super().config_defaults(base_dir))
+        defaults["storage"] = class_data(PooledSqliteStorage, base_dir)
+        defaults["event_log_storage"] = class_data(
             PooledSqliteEventLogStorage, event_logs_directory(base_dir)
         )
         return defaults
-
-
-def _class_data(cls: type, base_dir: str) -> ConfigurableClassData:
-    return ConfigurableClassData(
-        __name__, cls.__name__, yaml.dump({"base_dir": base_dir}, default_flow_style=False)
-    )
 
 
 def close_event_logs() -> None:

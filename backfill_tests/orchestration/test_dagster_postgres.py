@@ -50,6 +50,8 @@ def test_backfill_on_a_postgres_instance(
             assert [r.success for r in records] == [True]
             assert type(instance.run_storage).__name__ == "KnownSchemaPostgresRunStorage"
             assert type(instance.event_log_storage).__name__ == "BatchingPostgresEventLogStorage"
+            assert type(instance).__name__ == "BackfillInstance"
+            assert type(instance.compute_log_manager).__name__ == "MirroredComputeLogManager"
             done = instance.get_materialized_partitions(dg.AssetKey("moderation_labels"))
             assert len(done) == 16
         assert verify(engine).as_dict(require_complete=True)["ok"]
