@@ -415,9 +415,11 @@ def _many_once(work: Path, store: str, posts: int, tenants: int) -> dict[str, An
     with _store_and_instance(work, home, store) as (extra, store_url):
         env = cli_env(home, store_url, **extra)
         steps = {"import": cli(["import", str(export)], env)}
-        scanned = _scanned_rows(store_url)
+        databases = [u for u in (store_url, extra.get("DAGSTER_PG_URL")) if u]
+        scanned, sessions = _scanned_rows(store_url), _sessions(databases)
         steps["run"] = cli(["run"], env)
         scanned = _scanned_rows(store_url) - scanned
+        sessions = _sessions(databases) - sessions
         steps["no-op run"] = cli(["run"], env)
         assert calls_of(steps["no-op run"]) == 0, steps["no-op run"].doc.get("totals")
         partitions = _partition_count(env)
@@ -426,6 +428,7 @@ def _many_once(work: Path, store: str, posts: int, tenants: int) -> dict[str, An
         "partitions": partitions,
         "calls": calls_of(steps["run"]),
         "scanned": scanned,
+        "sessions": sessions,
     }
 
 
@@ -440,6 +443,25 @@ def _scanned_rows(store_url: str) -> int:
             conn.exec_driver_sql("SELECT pg_stat_clear_snapshot()")
             query = "SELECT coalesce(sum(seq_tup_read), 0) FROM pg_stat_user_tables"
             return int(conn.exec_driver_sql(query).scalar_one())
+    finally:
+        engine.dispose()
+
+
+def _sessions(urls: list[str]) -> int:
+    """Connections PostgreSQL has opened to these databases so far (-1 on SQLite): around a
+    run, how many it opened (each a new server process)."""
+    if not urls or not urls[0].startswith("postgresql"):
+        return -1
+    names = [sa.engine.make_url(u).database for u in urls]
+    engine = sa.create_engine(urls[0])
+    try:
+        with engine.connect() as conn:
+            conn.exec_driver_sql("SELECT pg_stat_clear_snapshot()")
+            query = sa.text(
+                "SELECT coalesce(sum(sessions), 0) FROM pg_stat_database WHERE datname = ANY(:n)"
+            )
+            # This connection counts too: it is the one opened to read.
+            return int(conn.execute(query, {"n": names}).scalar_one()) - 1
     finally:
         engine.dispose()
 
@@ -475,8 +497,15 @@ def many_tenants_bench(stores: list[str], tenants: int, per_tenant: int) -> dict
                 f"{tenants:,} tenants take {ratio:.2f}x (target <= 2x)",
                 flush=True,
             )
+            print(
+                f"[{store}] CPU of the run (the command and its children): {run.cpu:.1f} s "
+                f"({tenants:,} tenants), {few['steps']['run'].cpu:.1f} s (10)",
+                flush=True,
+            )
             out[store] = {
                 **{k: {"wall_s": m.wall, "rss_mb": m.rss_mb} for k, m in steps.items()},
+                "run_cpu_s": run.cpu,
+                "run_cpu_s_10_tenants": few["steps"]["run"].cpu,
                 "partitions": many["partitions"],
                 "run_posts_s": rate,
                 "ratio_vs_10_tenants": ratio,
@@ -487,8 +516,15 @@ def many_tenants_bench(stores: list[str], tenants: int, per_tenant: int) -> dict
                     f"{many['scanned']:,} ({tenants:,} tenants), {few['scanned']:,} (10)",
                     flush=True,
                 )
+                print(
+                    f"[pg] connections opened to the store and instance during the run: "
+                    f"{many['sessions']:,} ({tenants:,} tenants), {few['sessions']:,} (10)",
+                    flush=True,
+                )
                 out[store]["run_seq_scan_rows"] = many["scanned"]
                 out[store]["run_seq_scan_rows_10_tenants"] = few["scanned"]
+                out[store]["run_sessions"] = many["sessions"]
+                out[store]["run_sessions_10_tenants"] = few["sessions"]
     return out
 
 
