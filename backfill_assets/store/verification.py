@@ -18,7 +18,7 @@ from backfill_assets.audit.verify import (
     verify_scope,
 )
 from backfill_assets.core.keys import Versions, slice_key
-from backfill_assets.store.engine import read_tx
+from backfill_assets.store.engine import whole_table_read_tx
 from backfill_assets.store.evidence import scope_rows
 from backfill_assets.store.sink import Sink, gap_partitions
 from backfill_assets.store.tables import dead_letters, ledger_events, results, tenants, usage_daily
@@ -94,7 +94,7 @@ def verify_store(
     partitions are applied in the store but not yet written back)."""
     reports: list[ScopeReport] = []
     problems: list[Problem] = []
-    with read_tx(engine) as conn:
+    with whole_table_read_tx(engine) as conn:
         names: set[str] = set()
         for table in (tenants, results, dead_letters, ledger_events, usage_daily):
             names.update(

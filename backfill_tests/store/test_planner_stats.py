@@ -9,7 +9,16 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from backfill_assets.store.engine import _drifted, make_engine, refresh_planner_stats
+from backfill_assets.core.keys import Versions
+from backfill_assets.store.engine import (
+    _drifted,
+    make_engine,
+    read_tx,
+    refresh_planner_stats,
+    whole_table_read_tx,
+)
+from backfill_assets.store.migrate import migrate
+from backfill_assets.store.verification import verify_store
 from backfill_tests.conftest import pg_database
 
 
@@ -95,3 +104,30 @@ def test_store_sessions_price_pages_as_cached_unless_the_operator_did(
         conn.exec_driver_sql(f'ALTER DATABASE "{name}" SET random_page_cost = 2')
         conn.commit()
     assert _page_cost(url) == "2"
+
+
+@pytest.mark.pg
+def test_verify_reads_whole_tables_at_the_servers_page_cost(pg_engine: Engine) -> None:
+    # verify reads every row: at the sessions' 1.1 PostgreSQL read them through the indexes,
+    # slower than scanning. Its transaction prices pages as the server (or operator) does.
+    url = pg_engine.url.render_as_string(hide_password=False)
+    sent: list[str] = []
+
+    def seen(_conn: object, _cursor: object, statement: str, *_rest: object) -> None:
+        sent.append(statement)
+
+    for options, inside in (("", "4"), ("?options=-c%20random_page_cost%3D3", "3")):
+        engine = make_engine(url + options)
+        try:
+            with whole_table_read_tx(engine) as conn:
+                assert conn.exec_driver_sql("SHOW random_page_cost").scalar_one() == inside
+            with read_tx(engine) as conn:  # the next transaction on the same session
+                after = conn.exec_driver_sql("SHOW random_page_cost").scalar_one()
+            assert after == ("1.1" if not options else "3")
+            migrate(engine)
+            sent.clear()
+            sa.event.listen(engine, "before_cursor_execute", seen)
+            verify_store(engine, Versions("t", "p", "m"))
+            assert sent[0] == "SET LOCAL random_page_cost TO DEFAULT"
+        finally:
+            engine.dispose()
