@@ -229,7 +229,7 @@ def test_prod_daemon_backfill_on_postgres(
         assert {b["status"] for b in backfills.values()} == {"COMPLETED_SUCCESS"}
 
         with dg.DagsterInstance.from_config(str(home)) as instance:
-            assert type(instance.run_storage).__name__ == "PostgresRunStorage"
+            assert type(instance.run_storage).__name__ == "KnownSchemaPostgresRunStorage"
             assert type(instance.event_log_storage).__name__ == "BatchingPostgresEventLogStorage"
             queue = instance.get_concurrency_config().run_queue_config
             assert queue is not None and queue.tag_concurrency_limits[0]["key"] == "tenant"
