@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -10,12 +11,31 @@ import sqlalchemy as sa
 
 from backfill_assets.demo.generate import demo_posts, write_export
 from backfill_assets.orchestration.engines import engine_for
+from backfill_assets.providersim.meter import MeterSnapshot
+from backfill_assets.providersim.runner import Simulator
 from backfill_tests.cli_runs import clean_env, last_json, run_cli
 from backfill_tests.http.conftest import API_KEY, StartSim
 
 CONCURRENCY = 8
 POSTS = 160
 KILL_AFTER = 60
+
+
+def _settled(sim: Simulator, quiet_s: float = 0.5, timeout_s: float = 15.0) -> MeterSnapshot:
+    """The meter once the killed run's last calls are answered. The simulator, like a
+    provider, bills a call when it has answered it, even if the client is gone: a snapshot
+    taken right after the kill can miss calls in flight that are billed a moment later."""
+    last = sim.meter.snapshot()
+    quiet_since = deadline = time.monotonic()
+    deadline += timeout_s
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        now = sim.meter.snapshot()
+        if (len(now.billed), now.requests_total) != (len(last.billed), last.requests_total):
+            last, quiet_since = now, time.monotonic()
+        elif time.monotonic() - quiet_since >= quiet_s:
+            return now
+    raise AssertionError(f"the simulator was still answering after {timeout_s} s")
 
 
 def test_sigkill_mid_run_over_http_then_resume(tmp_path: Path, start_sim: StartSim) -> None:
@@ -55,7 +75,7 @@ def test_sigkill_mid_run_over_http_then_resume(tmp_path: Path, start_sim: StartS
                 " AND e.type <> 'attempt')"
             )
         ).scalar_one()
-    killed = sim.meter.snapshot()
+    killed = _settled(sim)
     assert KILL_AFTER <= len(booked) < POSTS
     # Paid by the provider but never made durable: the only re-spend window.
     lost = set(killed.billed) - booked
