@@ -36,9 +36,9 @@ from backfill_assets.orchestration.dagster_private import (
     SqlEventLogStorage,
     serialize_value,
 )
+from backfill_assets.orchestration.event_rows import VALUES_PER_QUERY
 
 _T = AssetCheckExecutionsTable.c
-_KEYS_PER_QUERY = 900  # SQLite builds before 3.32 take at most 999 bound values
 # Dagster's update of a partition's planned row by its evaluation.
 EVALUATED = (
     AssetCheckExecutionsTable.update()
@@ -196,8 +196,8 @@ def check_states(
     chunk of keys, and the bodies of the current failures only."""
     out: dict[str, str] = {}
     failed: list[tuple[str, str]] = []
-    for i in range(0, len(partition_keys), _KEYS_PER_QUERY):
-        chunk = list(partition_keys[i : i + _KEYS_PER_QUERY])
+    for i in range(0, len(partition_keys), VALUES_PER_QUERY):
+        chunk = list(partition_keys[i : i + VALUES_PER_QUERY])
         for info in storage.get_asset_check_partition_info([check_key], partition_keys=chunk):
             if info.partition_key is None:
                 continue

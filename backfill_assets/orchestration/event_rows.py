@@ -22,7 +22,9 @@ from backfill_assets.orchestration.dagster_private import (
     SqlEventLogStorageTable,
 )
 
-_IDS_PER_QUERY = 900  # SQLite builds before 3.32 take at most 999 bound values
+# Values bound in one query of an instance's tables (ids, partition keys): SQLite builds before
+# 3.32 take at most 999. Every chunked instance query here uses it.
+VALUES_PER_QUERY = 900
 _T = SqlEventLogStorageTable.c
 
 
@@ -43,9 +45,9 @@ def materializations(
     out: dict[int, Materialized] = {}
     ids = list(storage_ids)
     with storage.index_connection() as conn:
-        for i in range(0, len(ids), _IDS_PER_QUERY):
+        for i in range(0, len(ids), VALUES_PER_QUERY):
             query = sa.select(_T.id, _T.run_id, _T.event).where(
-                _T.id.in_(ids[i : i + _IDS_PER_QUERY])
+                _T.id.in_(ids[i : i + VALUES_PER_QUERY])
             )
             for storage_id, run_id, body in conn.execute(query):
                 parsed = _parse(body)

@@ -26,6 +26,7 @@ from backfill_assets.dispatch.partition_run import PartitionRef
 from backfill_assets.orchestration.asset_keys import APPLIED, BLOCKING_CHECK_KEYS, LABELS
 from backfill_assets.orchestration.check_executions import UNBLOCKED_STATES, check_states
 from backfill_assets.orchestration.dagster_private import CODE_VERSION_TAG
+from backfill_assets.orchestration.event_rows import VALUES_PER_QUERY
 from backfill_assets.orchestration.partitions import (
     partition_keys,
     tenant_partition_keys,
@@ -36,8 +37,6 @@ from backfill_assets.store.partition_marks import mark, marked
 from backfill_assets.store.posts import slice_levels
 from backfill_assets.store.sink import gap_partitions
 from backfill_assets.store.work import pending_counts
-
-_CHUNK = 900  # partition keys per instance query (SQL parameter limits)
 
 
 def make_plan(
@@ -136,8 +135,8 @@ def _not_done_in_dagster(
     storage = instance.event_log_storage
     blocking = list(BLOCKING_CHECK_KEYS)
     out: dict[str, str] = {}
-    for i in range(0, len(keys), _CHUNK):
-        chunk = list(keys[i : i + _CHUNK])
+    for i in range(0, len(keys), VALUES_PER_QUERY):
+        chunk = list(keys[i : i + VALUES_PER_QUERY])
         labels_at = storage.get_latest_storage_id_by_partition(
             LABELS, dg.DagsterEventType.ASSET_MATERIALIZATION, set(chunk)
         )
