@@ -415,11 +415,12 @@ def _many_once(work: Path, store: str, posts: int, tenants: int) -> dict[str, An
     with _store_and_instance(work, home, store) as (extra, store_url):
         env = cli_env(home, store_url, **extra)
         steps = {"import": cli(["import", str(export)], env)}
-        databases = [u for u in (store_url, extra.get("DAGSTER_PG_URL")) if u]
-        scanned, sessions = _scanned_rows(store_url), _sessions(databases)
+        instance_url = extra.get("DAGSTER_PG_URL")
+        before = _pg_counters(store_url, instance_url)
         steps["run"] = cli(["run"], env)
-        scanned = _scanned_rows(store_url) - scanned
-        sessions = _sessions(databases) - sessions
+        after = _pg_counters(store_url, instance_url)
+        # The first reading's own connection is counted by the second.
+        scanned, sessions = after[0] - before[0], after[1] - before[1] - 1
         steps["no-op run"] = cli(["run"], env)
         assert calls_of(steps["no-op run"]) == 0, steps["no-op run"].doc.get("totals")
         partitions = _partition_count(env)
@@ -432,36 +433,29 @@ def _many_once(work: Path, store: str, posts: int, tenants: int) -> dict[str, An
     }
 
 
-def _scanned_rows(store_url: str) -> int:
-    """Rows PostgreSQL's sequential scans have read in the store's tables so far (-1 on
-    SQLite): around a run, what its queries read beyond the indexes."""
+def _pg_counters(store_url: str, instance_url: str | None) -> tuple[int, int]:
+    """On PostgreSQL (-1, -1 on SQLite), through one connection to the store: the rows
+    sequential scans have read in the store's tables so far (around a run, what its queries
+    read beyond the indexes), and the connections opened so far to the store and the
+    instance. A connection is counted once it has ended, so a reading's own is not in it."""
     if not store_url.startswith("postgresql"):
-        return -1
+        return -1, -1
+    names = [sa.engine.make_url(u).database for u in (store_url, instance_url) if u]
     engine = sa.create_engine(store_url)
     try:
         with engine.connect() as conn:
             conn.exec_driver_sql("SELECT pg_stat_clear_snapshot()")
-            query = "SELECT coalesce(sum(seq_tup_read), 0) FROM pg_stat_user_tables"
-            return int(conn.exec_driver_sql(query).scalar_one())
-    finally:
-        engine.dispose()
-
-
-def _sessions(urls: list[str]) -> int:
-    """Connections PostgreSQL has opened to these databases so far (-1 on SQLite): around a
-    run, how many it opened (each a new server process)."""
-    if not urls or not urls[0].startswith("postgresql"):
-        return -1
-    names = [sa.engine.make_url(u).database for u in urls]
-    engine = sa.create_engine(urls[0])
-    try:
-        with engine.connect() as conn:
-            conn.exec_driver_sql("SELECT pg_stat_clear_snapshot()")
-            query = sa.text(
-                "SELECT coalesce(sum(sessions), 0) FROM pg_stat_database WHERE datname = ANY(:n)"
-            )
-            # This connection counts too: it is the one opened to read.
-            return int(conn.execute(query, {"n": names}).scalar_one()) - 1
+            scanned = conn.exec_driver_sql(
+                "SELECT coalesce(sum(seq_tup_read), 0) FROM pg_stat_user_tables"
+            ).scalar_one()
+            sessions = conn.execute(
+                sa.text(
+                    "SELECT coalesce(sum(sessions), 0) FROM pg_stat_database"
+                    " WHERE datname = ANY(:n)"
+                ),
+                {"n": names},
+            ).scalar_one()
+            return int(scanned), int(sessions)
     finally:
         engine.dispose()
 
