@@ -38,7 +38,8 @@ dotenv_settings
 file_secret_settings
 _load_env_vars  # settings._MappingSource
 
-# pandera: DataFrameModel checks and Config fields (validation.py).
+# pandera: DataFrameModel checks, its inner Config class and its fields (validation.py).
+Config
 correlation_matches
 strict
 coerce

@@ -21,7 +21,15 @@ _BOM = b"\xef\xbb\xbf"
 
 class ImportInputError(ValueError):
     """An input that cannot be imported: missing, unreadable, empty directory, corrupt gzip,
-    a header or schema without the needed columns."""
+    a header or schema without the needed columns.
+
+    ``reason`` is the message without the path, for callers that must not echo the path back
+    (a path a launch supplied).
+    """
+
+    def __init__(self, message: str, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason or message
 
 
 @contextmanager

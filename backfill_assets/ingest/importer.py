@@ -72,13 +72,13 @@ def export_files(path: Path) -> list[Path]:
         files = sorted({f for pat in EXPORT_PATTERNS for f in path.glob(pat)}, key=lambda f: f.name)
         if not files:
             patterns = ", ".join(EXPORT_PATTERNS)
-            raise ImportInputError(f"{path}: directory has no export files ({patterns})")
+            raise _unusable(path, f"directory has no export files ({patterns})")
     elif path.exists():
         files = [path]
     elif path.is_symlink():
-        raise ImportInputError(f"{path}: broken symbolic link")
+        raise _unusable(path, "broken symbolic link")
     else:
-        raise ImportInputError(f"{path}: no such file or directory")
+        raise _unusable(path, "no such file or directory")
     for f in files:
         # Checked before anything is imported, so a bad file in a directory stops the whole
         # import rather than leaving it half done.
@@ -86,8 +86,12 @@ def export_files(path: Path) -> list[Path]:
             with f.open("rb"):
                 pass
         except OSError as exc:
-            raise ImportInputError(f"{f}: cannot read: {exc.strerror or exc}") from None
+            raise _unusable(f, f"cannot read: {exc.strerror or exc}") from None
     return files
+
+
+def _unusable(path: Path, reason: str) -> ImportInputError:
+    return ImportInputError(f"{path}: {reason}", reason)
 
 
 def files_within(path: str, root: Path) -> list[Path]:
@@ -95,16 +99,22 @@ def files_within(path: str, root: Path) -> list[Path]:
 
     ``path`` is relative to ``root`` (or absolute inside it). What the UI imports comes from
     here only: a launch naming ``../`` or a link out of the directory is refused, so run config
-    cannot plant another file's lines into a tenant.
+    cannot plant another file's lines into a tenant. A refusal names the reason, never the
+    path: what a launch supplied is not echoed into the run's events and logs.
     """
     base = root.resolve()
     given = Path(path)
     target = given if given.is_absolute() else base / given
-    files = export_files(target) if _inside(target, base) else []
-    outside = [f for f in files if not _inside(f, base)] if files else [target]
-    if outside:
+    where = f"the import directory {base} (BACKFILL_IMPORT_DIR)"
+    try:
+        files = export_files(target) if _inside(target, base) else []
+    except ImportInputError as exc:
         raise ImportInputError(
-            f"{path}: outside the import directory {base} (BACKFILL_IMPORT_DIR); "
+            f"the import path (not repeated here) was refused inside {where}: {exc.reason}"
+        ) from None
+    if not files or any(not _inside(f, base) for f in files):
+        raise ImportInputError(
+            f"the import path (not repeated here) is outside {where}; "
             "imports launched from Dagster read only from there"
         )
     return files

@@ -22,6 +22,7 @@ from backfill_assets.orchestration.metadata import add_partition_metadata
 from backfill_assets.orchestration.model_resources import ModelResource, run_versions
 from backfill_assets.orchestration.partitions import moderation_partitions, run_refs
 from backfill_assets.orchestration.resources import StoreResource
+from backfill_assets.orchestration.sealing import NO_CONFIG
 from backfill_assets.store import partition_marks
 from backfill_assets.store.apply import ApplyReport, apply_partitions, newer_versions
 from backfill_assets.store.engine import read_tx, refresh_planner_stats, write_tx
@@ -108,6 +109,7 @@ def _applied_asset(
     rubric: Rubric, partitions_per_run: int, sink: Sink | None
 ) -> dg.AssetsDefinition:
     @dg.asset(
+        config_schema=NO_CONFIG,
         key=APPLIED,
         partitions_def=moderation_partitions,
         # Same policy as moderation_labels, so a backfill puts both in the same runs and the

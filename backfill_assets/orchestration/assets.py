@@ -14,6 +14,7 @@ from backfill_assets.orchestration.metadata import add_partition_metadata, parti
 from backfill_assets.orchestration.model_resources import ModelResource, run_versions
 from backfill_assets.orchestration.partitions import moderation_partitions, run_refs
 from backfill_assets.orchestration.resources import RunSettings, StoreResource
+from backfill_assets.orchestration.sealing import NO_CONFIG
 from backfill_assets.store import partition_marks
 from backfill_assets.store.engine import read_tx, write_tx
 from backfill_assets.store.locks import LockLost
@@ -49,6 +50,7 @@ def _labels_asset(
     min_macro_f1: float | None,
 ) -> dg.AssetsDefinition:
     @dg.asset(
+        config_schema=NO_CONFIG,
         key=LABELS,
         partitions_def=moderation_partitions,
         code_version=code_version,

@@ -18,6 +18,7 @@ from backfill_assets.orchestration.asset_keys import POSTS
 from backfill_assets.orchestration.estimate import TenantEstimate, estimate_pending
 from backfill_assets.orchestration.model_resources import ModelResource, versions_for
 from backfill_assets.orchestration.resources import StoreResource
+from backfill_assets.orchestration.sealing import NO_CONFIG
 from backfill_assets.orchestration.sensors import refresh_condition
 from backfill_assets.store.deadline_plans import StoredPlan, open_plan
 from backfill_assets.store.engine import read_tx
@@ -51,6 +52,7 @@ def build_backfill_plan(rubric: Rubric) -> dg.AssetsDefinition:
     """The plan asset for the policy the definitions loaded (closed over, as the labels')."""
 
     @dg.asset(
+        config_schema=NO_CONFIG,
         name="backfill_plan",
         group_name="reporting",
         deps=[POSTS],

@@ -43,6 +43,7 @@ from backfill_assets.orchestration.metadata import int_value, text_value
 from backfill_assets.orchestration.model_resources import ModelResource, run_versions
 from backfill_assets.orchestration.partitions import moderation_partitions, run_refs
 from backfill_assets.orchestration.resources import StoreResource
+from backfill_assets.orchestration.sealing import NO_CONFIG
 from backfill_assets.store import audit_pool
 from backfill_assets.store.apply import rubric_version
 from backfill_assets.store.engine import read_tx, refresh_planner_stats
@@ -262,7 +263,7 @@ def build_partition_checks(rubric: Rubric) -> dg.AssetChecksDefinition:
 
 
 def _checks(specs: list[dg.AssetCheckSpec], rubric: Rubric) -> dg.AssetChecksDefinition:
-    @dg.multi_asset_check(specs=specs, can_subset=True, name=CHECKS_NAME)
+    @dg.multi_asset_check(specs=specs, can_subset=True, name=CHECKS_NAME, config_schema=NO_CONFIG)
     def moderation_label_checks(
         context: dg.AssetCheckExecutionContext,
         store: StoreResource,

@@ -33,6 +33,7 @@ from backfill_assets.orchestration.asset_keys import POLICY_EVALUATION
 from backfill_assets.orchestration.model_resources import ModelResource, versions_for
 from backfill_assets.orchestration.partitions import partition_key_for
 from backfill_assets.orchestration.resources import StoreResource
+from backfill_assets.orchestration.sealing import NO_CONFIG
 from backfill_assets.store import evaluations as evals
 from backfill_assets.store.engine import read_tx, write_tx
 from backfill_assets.store.posts import ImportSummary, raise_slice_levels, write_batch
@@ -313,6 +314,7 @@ def build_policy_evaluation(rubric: Rubric, minimum: float | None) -> dg.AssetsD
     loaded (closed over, as the labels asset's) and ``BACKFILL_POLICY_MIN_MACRO_F1``."""
 
     @dg.asset(
+        config_schema=NO_CONFIG,
         key=POLICY_EVALUATION,
         group_name="reporting",
         kinds={"sql"},

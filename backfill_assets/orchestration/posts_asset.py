@@ -7,16 +7,17 @@ launch cannot point the import at another database, and the URL (a secret) is in
 Dagster stores or shows.
 """
 
+from pathlib import Path
 from typing import Any
 
 import dagster as dg
-from pydantic import Field
 
 from backfill_assets.ingest.importer import ImportInputError, files_within, import_files
 from backfill_assets.ingest.sql_import import SqlSource, import_sql
 from backfill_assets.orchestration.asset_keys import POSTS
 from backfill_assets.orchestration.partitions import ensure_partitions
 from backfill_assets.orchestration.resources import RunSettings, StoreResource
+from backfill_assets.orchestration.sealing import launch_field
 from backfill_assets.store.engine import read_tx
 from backfill_assets.store.posts import ImportSummary, slice_levels
 
@@ -27,24 +28,24 @@ INCREMENTAL_SCHEDULE = "incremental_import"
 ENV_SOURCE_NAME = "posts_asset"
 
 
-class PostsImportConfig(dg.Config):
-    """Which export to import: a file or directory inside the import directory (not used
-    when the environment names a database source)."""
-
-    path: str = Field(
-        default=".",
-        description="Relative to BACKFILL_IMPORT_DIR (default: the bundled demo export's "
-        "directory), or absolute inside it; nothing outside it is read.",
+# The one field a launch may set: a literal string (never {"env": ...}), see sealing.py.
+PATH_FIELD = "path"
+POSTS_CONFIG = {
+    PATH_FIELD: launch_field(
+        ".",
+        "Which export to import: a file or directory relative to BACKFILL_IMPORT_DIR (default: "
+        "the bundled demo export's directory), or absolute inside it; nothing outside it is "
+        "read. Not used when the environment names a database source.",
     )
+}
 
 
 def build_posts(source: SqlSource | None) -> dg.AssetsDefinition:
     """The posts asset; with ``source`` it imports from that database instead of a file."""
 
-    @dg.asset(key=POSTS, group_name="ingest", kinds={"sql"})
+    @dg.asset(key=POSTS, group_name="ingest", kinds={"sql"}, config_schema=POSTS_CONFIG)
     def posts(
         context: dg.AssetExecutionContext,
-        config: PostsImportConfig,
         store: StoreResource,
         settings: RunSettings,
     ) -> dg.MaterializeResult[None]:
@@ -61,7 +62,7 @@ def build_posts(source: SqlSource | None) -> dg.AssetsDefinition:
                 if mark is not None:
                     extra["high_water"] = dg.MetadataValue.json(mark)
             else:
-                files = files_within(config.path, settings.import_root())
+                files = _launch_files(context, settings)
                 summary = ImportSummary()
                 for _f, one in import_files(store.engine(), files, slice_target=target):
                     summary.add(one)
@@ -80,6 +81,15 @@ def build_posts(source: SqlSource | None) -> dg.AssetsDefinition:
         return dg.MaterializeResult(metadata=metadata)
 
     return posts
+
+
+def _launch_files(context: dg.AssetExecutionContext, settings: RunSettings) -> list[Path]:
+    """The files the launch's ``path`` names inside the import directory; a refusal names the
+    field and the reason (``files_within`` never repeats the value)."""
+    try:
+        return files_within(context.op_config[PATH_FIELD], settings.import_root())
+    except ImportInputError as exc:
+        raise ImportInputError(f"ops.posts.config.{PATH_FIELD}: {exc}") from None
 
 
 def _register_partitions(

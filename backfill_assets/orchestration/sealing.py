@@ -10,6 +10,12 @@ So each resource is wrapped in a definition whose config schema is an empty stri
 Dagster refuses any ``resources.<name>.config`` entry at launch, naming it, before a run
 exists. The values come from the ``Settings`` the code location was loaded with, i.e. from
 the environment of the process that runs the step (a run worker loads the definitions itself).
+
+Ops are sealed the same way. An op without a config schema takes ``Any`` config, stored with
+the run; a field typed ``str`` in a ``dg.Config`` class is a ``StringSource``, which resolves
+``{"env": "NAME"}`` in the run worker, so a launch could read any variable of the worker's
+environment. Every op here takes ``NO_CONFIG``, or plain ``dg.String`` fields built with
+``launch_field``, which accept literal values only.
 """
 
 from __future__ import annotations
@@ -23,6 +29,15 @@ import dagster as dg
 # config, a directory chosen from the UI that a step would write into. No asset here returns a
 # value, so nothing is ever stored; the sealed one keeps that path closed anyway.
 IO_MANAGER = "io_manager"
+
+# An op's config schema when it takes none: a strict empty shape, so config a launch sends for
+# it is refused at launch, naming it, instead of being stored with the run and ignored.
+NO_CONFIG: dict[str, Any] = {}
+
+
+def launch_field(default: str, description: str) -> dg.Field:
+    """A config field a launch may set: a literal string, never a source (``{"env": ...}``)."""
+    return dg.Field(dg.String, default_value=default, is_required=False, description=description)
 
 
 def seal(resource: Any, description: str | None = None) -> dg.ResourceDefinition:

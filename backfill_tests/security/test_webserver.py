@@ -31,6 +31,7 @@ from backfill_assets.providersim import SimConfig, Simulator
 from backfill_tests.cli_runs import ROOT, clean_env
 from backfill_tests.conftest import dispose_engine, pg_database, write_jsonl
 from backfill_tests.orchestration.test_prod_daemon import kill_sessions
+from backfill_tests.security.config_fields import job_config_leaves, nested
 from backfill_tests.security.scan import store_leaks, text_leaks, tree_leaks
 
 pytestmark = [pytest.mark.pg, pytest.mark.xdist_group("servers")]
@@ -39,6 +40,9 @@ WEBSERVER = Path(sys.executable).parent / "dagster-webserver"
 API_KEY = "sk-proj-websrv-Q2hhbmdlTWUtc2VjcmV0LWtleQ"
 PASSWORD = "pw-Zm9yLXRoZS1zdG9yZS1vbmx5"
 MARKER = "mrk-7d1e-only-in-posts"
+# A variable of the run worker's environment that nothing but a leak would ever show.
+PROBE_VAR = "BACKFILL_LEAK_PROBE"
+PROBE = "probe-e3b0c442-only-in-the-worker-env"
 PARTITION = "s00|acme"
 LOCATION = {"repositoryLocationName": "backfill_assets", "repositoryName": "__repository__"}
 # Runs start from the webserver itself: no daemon, no queue.
@@ -204,6 +208,7 @@ def _serve(tmp: Path, bare: str) -> Iterator[Server]:
         BACKFILL_MODEL_BASE_URL=provider.base_url,
         BACKFILL_MODEL_API_KEY=API_KEY,
         BACKFILL_MAX_ATTEMPTS="2",
+        **{PROBE_VAR: PROBE},
     )
     log = tmp / "webserver.log"
     srv = Server(
@@ -368,5 +373,36 @@ def test_no_secret_or_post_in_dagster_storage_or_graphql(server: Server) -> None
     assert all(not r["configFields"] and not r["configuredValues"] for r in resources)
     assert text_leaks("graphql", served, needles) == []
     assert tree_leaks(server.home, needles) == []
+    assert text_leaks("webserver log", server.log.read_text(errors="replace"), needles) == []
+    assert store_leaks(engine_for(server.store_url), needles) == []
+
+
+def test_no_launch_config_field_reads_the_worker_environment(server: Server) -> None:
+    """Every leaf field of every job's run config, enumerated from the definitions, tried with
+    ``{"env": NAME}`` for a probe variable, the model key's and the store URL's: each launch
+    is refused naming the field, and no value reaches storage, logs or GraphQL."""
+    leaves = job_config_leaves(Settings.from_env(server.env))
+    assert {j.name for j, _p, _k in leaves} >= {"moderation_backfill", "import_posts"}
+    assert any(p == ("ops", "posts", "config", "path") for _j, p, _k in leaves)
+    launches: list[tuple[str, tuple[str, ...], dict[str, Any]]] = []
+    for job, path, _kind in leaves:
+        for var in (PROBE_VAR, "BACKFILL_MODEL_API_KEY", "BACKFILL_DATABASE_URL"):
+            params = {
+                "selector": {**LOCATION, "jobName": job.name},
+                "runConfigData": json.dumps(nested(path, {"env": var})),
+            }
+            launches.append((job.name, path, params))
+    before = server.run_count()
+    answers = server.launch([params for _j, _p, params in launches])
+    for (job_name, path, _params), answer in zip(launches, answers, strict=True):
+        assert answer["__typename"] == "RunConfigValidationInvalid", (job_name, path, answer)
+        messages = " ".join(e["message"] for e in answer["errors"])
+        assert path[-1] in messages, (job_name, path, messages)
+    assert server.run_count() == before
+    runs = server.gql("{ runsOrError { ... on Runs { results { runId runConfigYaml } } } }")
+    served = json.dumps([answers, runs])
+    needles = [PROBE, API_KEY, PASSWORD]
+    assert text_leaks("graphql", served, needles) == []
+    assert tree_leaks(server.home, needles) == []  # the instance's storage and compute logs
     assert text_leaks("webserver log", server.log.read_text(errors="replace"), needles) == []
     assert store_leaks(engine_for(server.store_url), needles) == []
