@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 
 from backfill_assets.cli.inputs import UserError
 from backfill_assets.cli.tables import show, table
+from backfill_assets.core.csv_cells import csv_row
 from backfill_assets.orchestration.settings import Settings
 from backfill_assets.store.engine import read_tx
 from backfill_assets.store.label_export import LabelRow, tenant_labels
@@ -87,8 +88,9 @@ def _write_csv(rows: Iterable[LabelRow], out: IO[bytes]) -> int:
     writer.writeheader()
     n = 0
     for row in rows:
-        # Rule ids are joined with ',' in CSV (a rule id never holds one).
-        writer.writerow({**asdict(row), "rule_ids": ",".join(row.rule_ids)})
+        # Rule ids are joined with ',' in CSV (a rule id never holds one); text cells that a
+        # spreadsheet would run as a formula are quoted (core/csv_cells.py).
+        writer.writerow(csv_row({**asdict(row), "rule_ids": ",".join(row.rule_ids)}))
         n += 1
     text.flush()
     text.detach()

@@ -9,12 +9,12 @@ from typing import Any
 import dagster as dg
 from sqlalchemy.engine import Connection
 
+from backfill_assets.core.csv_cells import csv_row
 from backfill_assets.core.money import cached_share, cost_text, usd_rounded, usd_text
 from backfill_assets.core.prices import PriceTable, Tier, event_cost
 from backfill_assets.core.rubric import MAX_OUTPUT_TOKENS
 from backfill_assets.orchestration.asset_keys import LABELS
 from backfill_assets.orchestration.resources import StoreResource
-from backfill_assets.orchestration.sealing import NO_CONFIG
 from backfill_assets.orchestration.sensors import refresh_condition
 from backfill_assets.store.engine import read_tx
 from backfill_assets.store.usage import usage_by_day, usage_events
@@ -41,7 +41,8 @@ def usage_csv(rows: Sequence[dict[str, Any]], columns: Sequence[str] = USAGE_COL
     ``cost_usd`` is in dollars with six decimals (rounded half up from the exact amount) and
     ``cost_nanos`` is the exact amount. After the rows, one ``TOTAL`` row per tenant (``model``
     is ``TOTAL``): its calls and tokens summed, and its ``cost_usd`` the exact sum of its
-    nano-dollars rounded once to the cent, half up, never the sum of rounded rows."""
+    nano-dollars rounded once to the cent, half up, never the sum of rounded rows. Text cells
+    that a spreadsheet would run as a formula are quoted (``core/csv_cells.py``)."""
     fields = [*columns, "cost_nanos"] if "cost_usd" in columns else list(columns)
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore")
@@ -51,7 +52,7 @@ def usage_csv(rows: Sequence[dict[str, Any]], columns: Sequence[str] = USAGE_COL
     for r in rows:
         nanos = int(r["cost_nanos"])
         cost = _csv_cost(nanos, int(r.get("calls_cost_unknown") or 0), 6)
-        writer.writerow({**r, "cost_usd": cost, "cost_nanos": nanos})
+        writer.writerow(csv_row({**r, "cost_usd": cost, "cost_nanos": nanos}))
         t = sums[str(r["tenant"])]
         for name in (*figures, "calls_cost_unknown"):
             t[name] += int(r.get(name) or 0)
@@ -59,7 +60,7 @@ def usage_csv(rows: Sequence[dict[str, Any]], columns: Sequence[str] = USAGE_COL
         share = cached_share(t["tokens_cached"], t["tokens_in"])
         total = {**t, "tenant": tenant, "model": "TOTAL", "cached_share": share}
         cost = _csv_cost(t["cost_nanos"], t["calls_cost_unknown"], 2)
-        writer.writerow({**total, "cost_usd": cost})
+        writer.writerow(csv_row({**total, "cost_usd": cost}))
     return buf.getvalue()
 
 
@@ -131,7 +132,6 @@ def reprice(conn: Connection, table: PriceTable) -> list[dict[str, Any]]:
 
 
 @dg.asset(
-    config_schema=NO_CONFIG,
     group_name="reporting",
     deps=[LABELS],
     kinds={"sql"},
