@@ -9,7 +9,6 @@ the strict JSON schema sent as ``response_format``. The gate every answer passes
 from __future__ import annotations
 
 import json
-import re
 
 from backfill_assets.core.output_gate import (
     SCHEMA_VERSION,
@@ -19,10 +18,9 @@ from backfill_assets.core.output_gate import (
 )
 from backfill_assets.core.policy import Policy
 from backfill_assets.core.policy_file import builtin_policy
+from backfill_assets.core.post_frame import framed
 
 TASK_VERSION = "moderation-2026.1"
-# The post's delimiters: one inside a post is escaped, so a post cannot close its own frame.
-_DELIMITER = re.compile(r"<\s*/?\s*post\s*>", re.IGNORECASE)
 # Output is a tiny JSON object; a hard cap bounds both cost and the budget reservation.
 MAX_OUTPUT_TOKENS = 64
 
@@ -100,11 +98,9 @@ class Rubric:
         return self.policy.key_version
 
     def user_message(self, key: str, text: str) -> str:
-        """The post as delimited data with its correlation id (the only part that varies)."""
-        # Neutralise delimiter look-alikes (any case, any spacing) so a post cannot close or
-        # reopen its own data block: their "<" becomes "&lt;".
-        safe = _DELIMITER.sub(lambda m: "&lt;" + m.group(0)[1:], text)
-        return f"correlation_id: {key}\n<post>\n{safe}\n</post>"
+        """The post as delimited data with its correlation id (the only part that varies),
+        encoded so it cannot close or reopen its frame (``post_frame.py``)."""
+        return framed(key, text)
 
     def messages(self, key: str, text: str) -> list[dict[str, str]]:
         """Chat messages for one post: the stable prefix first, the post last."""

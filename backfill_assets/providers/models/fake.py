@@ -7,6 +7,7 @@ import hashlib
 import math
 from json.encoder import encode_basestring_ascii as _string
 
+from backfill_assets.core.post_frame import decode_post, framed_post
 from backfill_assets.providers.models.base import (
     ModelAdapter,
     ModelRequest,
@@ -16,15 +17,13 @@ from backfill_assets.providers.models.base import (
 from backfill_assets.providers.models.rules import count_tokens, judge
 
 USAGE_SHAPES = ("split", "total", "missing")
-_POST_OPEN = "<post>\n"
-_POST_CLOSE = "\n</post>"
 
 
 def _post_text(request: ModelRequest) -> str:
+    """The post as its author wrote it (the frame's encoding undone), as a model reads it."""
     user = request.messages[-1]["content"]
-    start = user.find(_POST_OPEN)
-    end = user.rfind(_POST_CLOSE)
-    return user[start + len(_POST_OPEN) : end] if 0 <= start < end else user
+    inner = framed_post(user)
+    return user if inner is None else decode_post(inner)
 
 
 # The answer as ``json.dumps(..., separators=(",", ":"))`` writes it, without building an

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import httpx
 
 from backfill_assets import __version__
+from backfill_assets.core.post_frame import decode_post, framed_post
 from backfill_assets.core.prices import PriceTable, Tier, event_cost
 from backfill_assets.providers.bounded_body import (
     ACCEPT_ENCODING,
@@ -85,9 +86,9 @@ class HttpTimeouts:
 def _post_text(request: ModelRequest) -> list[str]:
     """Texts a provider might echo back: the user message and the post inside it."""
     user = request.messages[-1]["content"] if request.messages else ""
-    start, end = user.find("<post>\n"), user.rfind("\n</post>")
-    inner = user[start + len("<post>\n") : end] if 0 <= start < end else ""
-    return [t for t in (user, inner) if t]
+    inner = framed_post(user) or ""
+    # As sent (encoded) and as written: a provider may echo either.
+    return [t for t in dict.fromkeys((user, inner, decode_post(inner))) if t]
 
 
 class OpenAIHttpModel(ModelAdapter):
