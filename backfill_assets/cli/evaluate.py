@@ -151,9 +151,10 @@ def cmd_evaluate(args: argparse.Namespace, settings: Settings) -> int:
         human += [f"agreement {cmp['agreement']:.1%}, Cohen's kappa {kappa}", _transitions(cmp)]
     # The UI shows it beside the backfill: policy_evaluation's metadata and its gate check.
     current = settings.rubric()
-    verdict = gate_verdict(engine, current, model.model, settings.policy_min_macro_f1)
+    gate = settings.policy_gate()
+    verdict = gate_verdict(engine, current, model.model, gate)
     doc["gate"] = {"passed": verdict.passed, "summary": verdict.summary}
-    if settings.policy_min_macro_f1 is not None:
+    if gate is not None:
         human.append(f"gate: {'passed' if verdict.passed else 'FAILED'}: {verdict.summary}")
     _record_in_dagster(settings, engine, current, model.model, verdict)
     emit(args, doc, *human)

@@ -98,11 +98,12 @@ def slice_key(value: str) -> str:
 def require_gate(settings: Settings) -> None:
     """``BACKFILL_POLICY_MIN_MACRO_F1``: the policy in force (with the model) must have a
     passing evaluation, or the command stops here (exit 2, naming the gate)."""
-    if settings.policy_min_macro_f1 is None:
+    gate = settings.policy_gate()
+    if gate is None:
         return
     engine = engine_for(settings.store_url)
     model = settings.model_resource().model
-    verdict = gate_verdict(engine, settings.rubric(), model, settings.policy_min_macro_f1)
+    verdict = gate_verdict(engine, settings.rubric(), model, gate)
     if not verdict.passed:
         raise UserError(verdict.summary)
 

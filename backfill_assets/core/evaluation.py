@@ -31,6 +31,26 @@ def wilson(successes: int, n: int, z: float = Z95) -> tuple[float, float] | None
 
 
 @dataclass(frozen=True)
+class Gate:
+    """The evaluation gate (``BACKFILL_POLICY_MIN_MACRO_F1``, ``BACKFILL_POLICY_MIN_SUPPORT``):
+    a policy version is swept only when its latest macro-F1 reaches ``min_macro_f1`` on a gold
+    set holding at least ``min_support`` rows of every label of the policy."""
+
+    min_macro_f1: float
+    min_support: int
+
+    def thin_labels(
+        self, policy_labels: Sequence[str], support: Mapping[str, int]
+    ) -> list[tuple[str, int]]:
+        """(label, gold rows) of each policy label with fewer rows than ``min_support``."""
+        return [
+            (label, support.get(label, 0))
+            for label in policy_labels
+            if support.get(label, 0) < self.min_support
+        ]
+
+
+@dataclass(frozen=True)
 class LabelFigures:
     """One label's figures; precision and recall are None when undefined (nothing to divide)."""
 

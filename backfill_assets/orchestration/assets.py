@@ -4,6 +4,7 @@ import warnings
 
 import dagster as dg
 
+from backfill_assets.core.evaluation import Gate
 from backfill_assets.core.faults import NO_FAULTS, FaultHooks
 from backfill_assets.core.rubric import Rubric
 from backfill_assets.dispatch.partition_run import RunStopped
@@ -27,19 +28,19 @@ def build_moderation_labels(
     code_version: str,
     partitions_per_run: int,
     faults: FaultHooks = NO_FAULTS,
-    min_macro_f1: float | None = None,
+    gate: Gate | None = None,
 ) -> dg.AssetsDefinition:
     """The labels asset; its code version names the task, the policy and the model.
 
     The policy (``rubric``) and ``faults`` (crash drills) come from the environment and are
-    closed over here, so no launchpad config can change them. ``min_macro_f1``
+    closed over here, so no launchpad config can change them. ``gate``
     (``BACKFILL_POLICY_MIN_MACRO_F1``): a step under a policy without a passing evaluation
     fails before it sends anything, however it was launched.
     """
     with warnings.catch_warnings():
         # BackfillPolicy is "beta" in Dagster 1.13; the warning is noise on every CLI call.
         warnings.simplefilter("ignore", dg.BetaWarning)
-        return _labels_asset(rubric, code_version, partitions_per_run, faults, min_macro_f1)
+        return _labels_asset(rubric, code_version, partitions_per_run, faults, gate)
 
 
 def _labels_asset(
@@ -47,7 +48,7 @@ def _labels_asset(
     code_version: str,
     partitions_per_run: int,
     faults: FaultHooks,
-    min_macro_f1: float | None,
+    gate: Gate | None,
 ) -> dg.AssetsDefinition:
     @dg.asset(
         config_schema=NO_CONFIG,
@@ -71,10 +72,10 @@ def _labels_asset(
         refs = run_refs(run_keys)
         # The policy the definitions loaded: the keys and the requests use the same text.
         versions = run_versions(model, rubric, code_version)
-        if min_macro_f1 is not None:
-            gate = gate_verdict(store.engine(), rubric, versions.model, min_macro_f1)
-            if not gate.passed:
-                raise dg.Failure(description=gate.summary, allow_retries=False)
+        if gate is not None:
+            verdict = gate_verdict(store.engine(), rubric, versions.model, gate)
+            if not verdict.passed:
+                raise dg.Failure(description=verdict.summary, allow_retries=False)
         # Which stored slices each partition holds depends on its tenant's slice level.
         refs = with_levels(store.engine(), refs)
         context.log.info(f"{len(refs)} partition(s), {versions.code_version}")

@@ -21,7 +21,7 @@ from typing import Any
 import dagster as dg
 from sqlalchemy.engine import Engine
 
-from backfill_assets.core.evaluation import NO_LABEL, Comparison, compare, figures
+from backfill_assets.core.evaluation import NO_LABEL, Comparison, Gate, compare, figures
 from backfill_assets.core.keys import SLICE_KEYS, Versions, work_key
 from backfill_assets.core.money import usd_text, whole_nanos
 from backfill_assets.core.records import Post, Rejection
@@ -191,32 +191,41 @@ class GateVerdict:
     macro_f1: float | None
 
 
-def gate_verdict(engine: Engine, rubric: Rubric, model: str, minimum: float | None) -> GateVerdict:
-    """The gate for ``rubric`` with ``model``: its latest evaluation's macro-F1 reaches the
-    minimum (no minimum set: always passes)."""
+def gate_verdict(engine: Engine, rubric: Rubric, model: str, gate: Gate | None) -> GateVerdict:
+    """The gate for ``rubric`` with ``model``: its latest evaluation has enough gold rows of
+    every label and its macro-F1 reaches the minimum (no gate set: always passes)."""
     with read_tx(engine) as conn:
         latest = evals.latest_evaluation(conn, rubric.prompt_version, model)
     f1 = latest.macro_f1 if latest is not None else None
     who = f"policy {rubric.policy.identity} with model {model}"
-    if minimum is None:
+    if gate is None:
         return GateVerdict(True, "no gate (BACKFILL_POLICY_MIN_MACRO_F1 is not set)", f1)
+    bar = f"BACKFILL_POLICY_MIN_MACRO_F1={gate.min_macro_f1:g}"
     if latest is None:
         return GateVerdict(
             False,
-            f"BACKFILL_POLICY_MIN_MACRO_F1={minimum:g}: {who} has no evaluation; run "
-            "`backfill-moderation evaluate GOLD` first",
+            f"{bar}: {who} has no evaluation; run `backfill-moderation evaluate GOLD` first",
             None,
         )
-    if latest.macro_f1 < minimum:
+    gold = f"{Path(latest.gold_source).name} ({latest.gold_rows} rows)"
+    support = {str(x["label"]): int(x["support"]) for x in latest.report.get("labels", [])}
+    thin = gate.thin_labels(rubric.policy.label_ids, support)
+    if thin:
+        listed = ", ".join(f"{label} {n}" for label, n in thin)
         return GateVerdict(
             False,
-            f"BACKFILL_POLICY_MIN_MACRO_F1={minimum:g}: {who} has macro-F1 "
-            f"{latest.macro_f1:.3f} on {Path(latest.gold_source).name} ({latest.gold_rows} rows)",
+            f"{bar}: not enough gold data for {who} in {gold}: gold rows per label {listed}; "
+            f"the gate needs BACKFILL_POLICY_MIN_SUPPORT={gate.min_support} of every label",
             latest.macro_f1,
+        )
+    if latest.macro_f1 < gate.min_macro_f1:
+        return GateVerdict(
+            False, f"{bar}: {who} has macro-F1 {latest.macro_f1:.3f} on {gold}", latest.macro_f1
         )
     return GateVerdict(
         True,
-        f"macro-F1 {latest.macro_f1:.3f} >= {minimum:g} on {Path(latest.gold_source).name}",
+        f"macro-F1 {latest.macro_f1:.3f} >= {gate.min_macro_f1:g} on {gold}, "
+        f"at least {gate.min_support} gold rows of every label",
         latest.macro_f1,
     )
 
@@ -309,7 +318,7 @@ def gate_evaluation(verdict: GateVerdict) -> dg.AssetCheckEvaluation:
     )
 
 
-def build_policy_evaluation(rubric: Rubric, minimum: float | None) -> dg.AssetsDefinition:
+def build_policy_evaluation(rubric: Rubric, gate: Gate | None) -> dg.AssetsDefinition:
     """The ``policy_evaluation`` asset and its gate check, for the policy the definitions
     loaded (closed over, as the labels asset's) and ``BACKFILL_POLICY_MIN_MACRO_F1``."""
 
@@ -330,7 +339,7 @@ def build_policy_evaluation(rubric: Rubric, minimum: float | None) -> dg.AssetsD
     def policy_evaluation(store: StoreResource, model: ModelResource) -> dg.MaterializeResult:  # type: ignore[type-arg]
         """Each policy version's latest gold-set evaluation (`backfill-moderation evaluate`)."""
         engine = store.engine()
-        verdict = gate_verdict(engine, rubric, model.model, minimum)
+        verdict = gate_verdict(engine, rubric, model.model, gate)
         check = gate_evaluation(verdict)
         return dg.MaterializeResult(
             metadata=evaluation_metadata(engine, rubric, model.model),

@@ -19,6 +19,7 @@ from pydantic import Field, PrivateAttr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, EnvSettingsSource
 from sqlalchemy.engine import Engine
 
+from backfill_assets.core.evaluation import Gate
 from backfill_assets.core.faults import FaultHooks
 from backfill_assets.core.keys import Versions
 from backfill_assets.core.policy_file import PolicyInvalid, builtin_policy, load_policy
@@ -198,6 +199,12 @@ class Settings(Variables):
     def run_settings(self) -> RunSettings:
         """The ``settings`` resource: how a run behaves."""
         return RunSettings(**{name: getattr(self, name) for name in RunSettings.model_fields})
+
+    def policy_gate(self) -> Gate | None:
+        """The evaluation gate (None: ``BACKFILL_POLICY_MIN_MACRO_F1`` is not set)."""
+        if self.policy_min_macro_f1 is None:
+            return None
+        return Gate(self.policy_min_macro_f1, self.policy_min_support)
 
     def faults(self) -> FaultHooks:
         """``BACKFILL_KILL_AFTER_USAGE`` and ``BACKFILL_KILL_AT`` (crash drills only)."""

@@ -214,6 +214,18 @@ class Variables(BaseSettings):
         ge=0.0,
         le=1.0,
     )
+    policy_min_support: int = _var(
+        "BACKFILL_POLICY_MIN_SUPPORT",
+        "model",
+        "The evaluation gate's minimum gold rows per label: with `BACKFILL_POLICY_MIN_MACRO_F1` "
+        'set, the gate fails with "not enough gold data" unless the evaluated gold set holds '
+        "at least this many rows of every label of the policy. Below five, a perfect score "
+        "cannot tell a good policy from a lucky one; raise it for a gate that means more (at "
+        "20 rows a perfect recall's 95% lower bound is 0.84).",
+        default=5,
+        ge=1,
+        le=1_000_000,
+    )
     prompt_path: str = _var(
         "BACKFILL_PROMPT_PATH",
         "model",

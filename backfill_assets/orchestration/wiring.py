@@ -36,12 +36,12 @@ def build_definitions(settings: Settings | Mapping[str, str]) -> dg.Definitions:
     rubric = settings.rubric()
     code_version = settings.versions().code_version
     labels = build_moderation_labels(
-        rubric, code_version, per_run, settings.faults(), settings.policy_min_macro_f1
+        rubric, code_version, per_run, settings.faults(), settings.policy_gate()
     )
     applied = build_applied_labels(rubric, per_run, settings.sink())
     checks = build_partition_checks(rubric)
     backfill_plan = build_backfill_plan(rubric)
-    evaluation = build_policy_evaluation(rubric, settings.policy_min_macro_f1)
+    evaluation = build_policy_evaluation(rubric, settings.policy_gate())
     backfill_job = dg.define_asset_job(
         BACKFILL_JOB,
         # Selecting the assets selects their checks too: labels, the seven checks, then the

@@ -219,6 +219,36 @@ def test_the_gate_refuses_run_and_launch_and_its_check_fails(
     assert code == 0 and doc["totals"]["model_calls"] == 10
 
 
+def test_a_gold_set_too_small_for_a_label_never_passes_the_gate(
+    engine: Engine,
+    env: dict[str, str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One gold row scores macro-F1 1.0 on the labels it holds; the gate wants every label of
+    the policy BACKFILL_POLICY_MIN_SUPPORT times (default 5) and says why it refuses."""
+    load(engine, tmp_path, {"acme": 3})
+    one = tmp_path / "one.csv"
+    one.write_text("id,text,label,rule\ng1,just a question about loops,ok,\n")
+    monkeypatch.setenv("BACKFILL_POLICY_MIN_MACRO_F1", "0.99")
+    code, doc, _ = _cli(["evaluate", str(one), "--json"], capsys)
+    assert code == 0 and doc["policies"][0]["macro_f1"] == 1.0
+    assert doc["gate"]["passed"] is False
+    summary = doc["gate"]["summary"]
+    assert "not enough gold data" in summary and "BACKFILL_POLICY_MIN_SUPPORT=5" in summary
+    assert "ok 1" in summary and "spam 0" in summary
+    code, _, err = _cli(["run"], capsys)
+    assert code == 2 and "not enough gold data" in err
+    # The full course gold set holds at least 6 rows of every label: the default lets it
+    # through, a bar of 7 does not.
+    monkeypatch.setenv("BACKFILL_POLICY_MIN_MACRO_F1", "0.8")
+    assert _cli(["evaluate", str(GOLD), "--json"], capsys)[1]["gate"]["passed"] is True
+    monkeypatch.setenv("BACKFILL_POLICY_MIN_SUPPORT", "7")
+    code, doc, _ = _cli(["evaluate", str(GOLD), "--json"], capsys)
+    assert doc["gate"]["passed"] is False and "needs_review 6" in doc["gate"]["summary"]
+
+
 # SQLite only: CLI flows; the store queries behind them run on both stores above.
 @pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
 def test_run_sample_is_a_canary_the_full_run_does_not_pay_again(

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from backfill_assets.core.evaluation import NO_LABEL, compare, figures, wilson
+from backfill_assets.core.evaluation import NO_LABEL, Gate, compare, figures, wilson
 from backfill_assets.ingest.gold import GoldError, read_gold
 
 
@@ -105,3 +105,13 @@ def test_gold_sets_follow_the_rules_posts_follow(tmp_path: Path) -> None:
     with pytest.raises(GoldError, match="no usable rows"):
         (tmp_path / "empty.jsonl").write_text("\n")
         read_gold(tmp_path / "empty.jsonl", "eval")
+
+
+def test_the_gate_names_every_label_with_too_few_gold_rows() -> None:
+    gate = Gate(min_macro_f1=0.9, min_support=5)
+    support = {"spam": 9, "ok": 5, "abuse": 4}
+    assert gate.thin_labels(["spam", "abuse", "ok", "needs_review"], support) == [
+        ("abuse", 4),
+        ("needs_review", 0),
+    ]
+    assert Gate(0.9, 1).thin_labels(["spam"], {"spam": 1}) == []
