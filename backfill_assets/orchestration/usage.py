@@ -15,6 +15,7 @@ from backfill_assets.core.prices import PriceTable, Tier, event_cost
 from backfill_assets.core.rubric import MAX_OUTPUT_TOKENS
 from backfill_assets.orchestration.asset_keys import LABELS
 from backfill_assets.orchestration.resources import StoreResource
+from backfill_assets.orchestration.sealing import NO_CONFIG
 from backfill_assets.orchestration.sensors import refresh_condition
 from backfill_assets.store.engine import read_tx
 from backfill_assets.store.usage import usage_by_day, usage_events
@@ -132,6 +133,7 @@ def reprice(conn: Connection, table: PriceTable) -> list[dict[str, Any]]:
 
 
 @dg.asset(
+    config_schema=NO_CONFIG,
     group_name="reporting",
     deps=[LABELS],
     kinds={"sql"},
