@@ -18,6 +18,7 @@ from backfill_assets.ingest.importer import import_path
 from backfill_assets.orchestration.engines import engine_for
 from backfill_assets.providersim import SimConfig, Simulator
 from backfill_assets.store.posts import ImportSummary
+from backfill_tests.sessions import kill_leftovers
 
 PG_BASE_URL = os.environ.get(
     "BACKFILL_TEST_PG_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres"
@@ -74,6 +75,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if str(Path(str(item.path)).relative_to(root)) in DRILLS:
             item.add_marker(pytest.mark.slow)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """The backstop for servers a test started (``backfill_tests/sessions.py``): whatever a
+    teardown left running (an interrupted run, a teardown that failed) is killed here, so no
+    webserver or daemon outlives the suite. Each xdist worker sweeps its own."""
+    leftovers = kill_leftovers()
+    if leftovers:
+        print(f"\n[sessions] killed {len(leftovers)} process(es) a test left running")
 
 
 def _pg_admin() -> Engine:

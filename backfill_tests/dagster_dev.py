@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import subprocess
@@ -16,6 +15,7 @@ from typing import Any
 import httpx
 
 from backfill_tests.cli_runs import ROOT, clean_env
+from backfill_tests.sessions import kill_sessions, start_session
 
 DEMO = ROOT / "backfill_assets" / "demo" / "posts.jsonl"
 
@@ -83,16 +83,8 @@ def dagster_dev(
     env.update(extra_env or {})
     log = tmp / "dagster_dev.log"
     dev = DagsterDev(f"http://127.0.0.1:{port}", env, store, log)
-    with log.open("wb") as fh:
-        # Own session: every process bin/dev starts can be found (and killed) by this id.
-        proc = subprocess.Popen(
-            [str(ROOT / "bin" / "dev")],
-            env=env,
-            cwd=ROOT,
-            stdout=fh,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    # Own session: every process bin/dev starts can be found (and killed) by this id.
+    proc = start_session([str(ROOT / "bin" / "dev")], env, ROOT, log)
     try:
         _wait_ready(dev, proc, startup_timeout)
         yield dev
@@ -105,6 +97,6 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         proc.send_signal(signal.SIGTERM)
         with suppress(subprocess.TimeoutExpired):
             proc.wait(15)
-    with suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)  # the group we created; stragglers included
-    proc.wait(10)
+    # bin/dev's children are in process groups of their own: the whole session, stragglers
+    # included.
+    kill_sessions([proc])

@@ -3,12 +3,10 @@ and stops cleanly: SIGTERM ends it within 10 s with nothing left behind."""
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import subprocess
 import time
-from contextlib import suppress
 from pathlib import Path
 
 import httpx
@@ -16,6 +14,7 @@ import pytest
 
 from backfill_tests.cli_runs import clean_env
 from backfill_tests.dagster_dev import ROOT
+from backfill_tests.sessions import kill_sessions, session_pids, start_session
 
 # One worker runs the tests that start servers or time a stop, one after another (bin/test).
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("servers")]
@@ -38,15 +37,8 @@ def _free_port() -> int:
 
 
 def _start(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    with log.open("wb") as fh:
-        return subprocess.Popen(
-            [str(ROOT / "bin" / "dev")],
-            env=env,
-            cwd=ROOT,
-            stdout=fh,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # one group: webserver, daemon and code server included
-        )
+    # One session: webserver, daemon and code server included.
+    return start_session([str(ROOT / "bin" / "dev")], env, ROOT, log)
 
 
 def _wait_for(proc: subprocess.Popen[bytes], log: Path, ready: str, timeout: float) -> str:
@@ -77,12 +69,9 @@ def _kill(proc: subprocess.Popen[bytes]) -> None:
     # Everything in the session this test created, nothing else: bin/dev puts its children in
     # their own process groups, so killing bin/dev's group alone would leave a webserver
     # holding the port for the next start.
-    for pid in _session(proc.pid):
-        with suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    proc.wait(30)
+    kill_sessions([proc])
     deadline = time.monotonic() + 10
-    while _session(proc.pid) and time.monotonic() < deadline:
+    while session_pids(proc.pid) and time.monotonic() < deadline:
         time.sleep(0.1)
 
 
@@ -109,28 +98,15 @@ def test_bin_dev_starts_without_warnings_and_names_rejects_once(tmp_path: Path) 
     try:
         text = _wait_for(proc, again, f"Serving dagster-webserver on http://127.0.0.1:{port}", 240)
         time.sleep(3)  # the daemon and the code servers are up too
-        assert len(_session(proc.pid)) >= 3  # bin/dev, webserver, daemon (+ code servers)
+        assert len(session_pids(proc.pid)) >= 3  # bin/dev, webserver, daemon (+ code servers)
         sent = time.monotonic()
         proc.send_signal(signal.SIGTERM)  # to bin/dev only, as systemd or `timeout` would
         proc.wait(15)
         # Descendants bin/dev killed may take a moment to die after it exits.
-        while _session(proc.pid) and time.monotonic() - sent < 10:
+        while session_pids(proc.pid) and time.monotonic() - sent < 10:
             time.sleep(0.1)
         assert time.monotonic() - sent < 10
-        assert _session(proc.pid) == []  # no webserver, daemon or code server left
+        assert session_pids(proc.pid) == []  # no webserver, daemon or code server left
     finally:
         _kill(proc)
     assert "rejected" not in text, text
-
-
-def _session(sid: int) -> list[int]:
-    """Processes still running in the session ``bin/dev`` was started in (a zombie has ended;
-    it waits for PID 1, which in a container may never reap it)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with suppress(OSError):
-                state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-                if os.getsid(int(entry.name)) == sid and state != "Z":
-                    found.append(int(entry.name))
-    return found

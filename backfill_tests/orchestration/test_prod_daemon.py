@@ -10,7 +10,6 @@ look after its runs end, so this test takes start-up + ~60 s + stop.
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import socket
@@ -28,6 +27,7 @@ import pytest
 from backfill_assets.cli import main as cli_main
 from backfill_tests.cli_runs import ROOT, clean_env, clear_settings, last_json
 from backfill_tests.conftest import dispose_engine, pg_database
+from backfill_tests.sessions import kill_sessions, session_pids, start_session
 
 # One worker runs the tests that start servers or time a stop, one after another (bin/test).
 pytestmark = pytest.mark.xdist_group("servers")
@@ -45,19 +45,6 @@ def _free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
-
-
-def session_pids(sid: int) -> list[int]:
-    """Live processes of a session. ``bin/prod`` gives each child its own process group, so a
-    group kill of ``bin/prod`` would miss them; the session (one per Popen here) holds them all."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with suppress(ProcessLookupError, PermissionError, FileNotFoundError):
-                stat = (entry / "stat").read_text()
-                if os.getsid(int(entry.name)) == sid and stat.rsplit(")", 1)[1].split()[0] != "Z":
-                    found.append(int(entry.name))
-    return found
 
 
 def session_states(sid: int) -> str:
@@ -79,40 +66,9 @@ def session_states(sid: int) -> str:
     return "\n".join(lines)
 
 
-def kill_sessions(procs: Sequence[subprocess.Popen[bytes]]) -> None:
-    """Teardown backstop: SIGKILL every process group of the sessions this test started."""
-    for proc in procs:
-        groups = set()
-        for pid in session_pids(proc.pid):
-            with suppress(ProcessLookupError):
-                groups.add(os.getpgid(pid))
-        for pgid in groups:
-            with suppress(ProcessLookupError):
-                os.killpg(pgid, signal.SIGKILL)
-        with suppress(subprocess.TimeoutExpired):
-            proc.wait(5)
-
-
-def _clean_signals() -> None:
-    """In the child: the signal state a process manager gives, whatever this test process's
-    is (a signal ignored at a shell's start cannot be trapped, so `bin/prod` would not stop)."""
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
-        signal.signal(sig, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_SETMASK, [])
-
-
 def start(args: Sequence[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     """Start ``bin/prod ...`` in a session of its own, as a process manager would."""
-    with log.open("ab") as fh:
-        return subprocess.Popen(
-            [str(PROD), *args],
-            env=env,
-            cwd=ROOT,
-            stdout=fh,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=_clean_signals,
-        )
+    return start_session([str(PROD), *args], env, ROOT, log, append=True)
 
 
 def wait_ready(base_url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float) -> None:

@@ -30,9 +30,9 @@ from backfill_assets.orchestration.settings import Settings
 from backfill_assets.providersim import SimConfig, Simulator
 from backfill_tests.cli_runs import ROOT, clean_env
 from backfill_tests.conftest import dispose_engine, pg_database, write_jsonl
-from backfill_tests.orchestration.test_prod_daemon import kill_sessions
 from backfill_tests.security.config_fields import job_config_leaves, nested
 from backfill_tests.security.scan import store_leaks, text_leaks, tree_leaks
+from backfill_tests.sessions import kill_sessions, start_session
 
 pytestmark = [pytest.mark.pg, pytest.mark.xdist_group("servers")]
 
@@ -218,17 +218,7 @@ def _serve(tmp: Path, bare: str) -> Iterator[Server]:
     try:
         _import(env, imports / "acme.jsonl")
         argv = [str(WEBSERVER), "-w", str(ROOT / "workspace.yaml"), "-h", "127.0.0.1"]
-        with log.open("wb") as fh:
-            procs.append(
-                subprocess.Popen(
-                    [*argv, "-p", str(port)],
-                    env=env,
-                    cwd=home,
-                    stdout=fh,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-            )
+        procs.append(start_session([*argv, "-p", str(port)], env, home, log))
         _wait_ready(srv, procs[0], timeout=120)
         # The one run with the deployment's own configuration, which the tests compare with.
         (ok,) = srv.launch([labels_run()])
