@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import gzip
 import io
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal, get_args
@@ -22,6 +22,19 @@ _BOM = b"\xef\xbb\xbf"
 class ImportInputError(ValueError):
     """An input that cannot be imported: missing, unreadable, empty directory, corrupt gzip,
     a header or schema without the needed columns."""
+
+
+# A header or schema's column names -> the columns to read. Raises ``ImportInputError`` (its
+# message without the file's name) when the file cannot be read for want of a column.
+ColumnsFor = Callable[[list[str]], list[str]]
+
+
+def named_columns(where: str, columns_for: ColumnsFor, names: list[str]) -> list[str]:
+    """``columns_for(names)``, a refusal naming the file ``where``."""
+    try:
+        return columns_for(names)
+    except ImportInputError as exc:
+        raise ImportInputError(f"{where}: {exc}") from None
 
 
 @contextmanager

@@ -15,9 +15,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from backfill_assets.core.columns import ColumnMap
-from backfill_assets.core.records import Post, Rejection, validate_row
-from backfill_assets.ingest.formats import ImportInputError
+from backfill_assets.core.records import Record, Rejection
+from backfill_assets.ingest.formats import ColumnsFor, ImportInputError, named_columns
 from backfill_assets.ingest.lines import InputBroken
 
 # Read through a buffered stream, a column chunk at a time: the whole row group is never
@@ -46,17 +45,13 @@ def open_parquet(path: Path) -> Any:
         ) from None
 
 
-def parquet_rows(
-    path: Path, columns: ColumnMap, tenant: str | None, batch_rows: int
-) -> Iterator[Post | Rejection]:
-    """Validated rows of a Parquet export; a row's line is its number in the file (from 1)."""
+def parquet_records(
+    path: Path, columns_for: ColumnsFor, batch_rows: int
+) -> Iterator[Record | Rejection]:
+    """Rows of a Parquet export as named values; a row's line is its number in the file."""
     pf = open_parquet(path)
     schema = pf.schema_arrow
-    names = list(schema.names)
-    problem = columns.describe_missing(names, tenant is not None)
-    if problem:
-        raise ImportInputError(f"{path}: {problem}")
-    needed = columns.source_columns(names)
+    needed = named_columns(str(path), columns_for, list(schema.names))
     if len(set(needed)) != len(needed):
         raise ImportInputError(f"{path}: the Parquet schema names a column twice")
     for name in needed:
@@ -79,5 +74,4 @@ def parquet_rows(
         values = [batch.column(i).to_pylist() for i in range(len(needed))]
         for cells in zip(*values, strict=True):
             row_no += 1
-            row = dict(zip(needed, cells, strict=True))
-            yield validate_row(row, row_no, columns, tenant, locator=f"row {row_no}")
+            yield Record(row_no, dict(zip(needed, cells, strict=True)), f"row {row_no}")
