@@ -1,8 +1,9 @@
 """Stream exports (JSONL, CSV or Parquet; a file or a directory of them) into the store.
 
 Every format becomes the same stream of validated posts and rejections, written in batches of
-``BATCH_LINES``: memory follows a batch, never the file. What cannot be read on (a corrupt
-gzip, a broken CSV quote, an undecodable Parquet page) stops the file with an error that says
+``BATCH_LINES`` rows or ``BATCH_TEXT_CHARS`` of text: memory follows a batch, never the file.
+What cannot be read on (a corrupt gzip, a broken CSV quote, a Parquet page that cannot be
+decoded or is too large to) stops the file with an error that says
 the rows before it were imported; a header or schema that lacks a needed column refuses the
 file before anything is imported.
 """
@@ -42,6 +43,9 @@ __all__ = [
 ]
 
 BATCH_LINES = 2000
+# The text a batch holds, together, in characters (a Python string may take 4 bytes each): a
+# batch of long posts is written sooner, so memory follows bytes as well as rows.
+BATCH_TEXT_CHARS = 4 * 1024 * 1024
 
 # (what is being imported: a file name or a source, its counts so far)
 Progress = Callable[[str, ImportSummary], None]
@@ -218,14 +222,16 @@ def import_rows(
     """Write ``rows`` in batches. ``InputBroken`` from the reader: the batch so far is
     written with a rejection at the broken line, then it is raised again."""
     batch: list[Post | Rejection] = []
+    held = 0
     try:
         for item in rows:
             summary.read += 1
             summary.last_line = item.line
             batch.append(item)
-            if len(batch) >= batch_rows:
+            held += len(item.text) if isinstance(item, Post) else 0
+            if len(batch) >= batch_rows or held >= BATCH_TEXT_CHARS:
                 write_batch(engine, source, batch, summary, hook)
-                batch = []
+                batch, held = [], 0
                 if progress is not None:
                     progress(label, summary)
     except InputBroken as exc:
