@@ -240,29 +240,30 @@ def _posts_table(texts: list[str], **columns: list[object]) -> pa.Table:
 
 @pytest.mark.parametrize("dictionary", [True, False], ids=["dictionary", "plain"])
 def test_a_parquet_row_longer_than_a_jsonl_line_is_rejected_by_its_number(
-    lite: Engine, tmp_path: Path, dictionary: bool
+    engine: Engine, tmp_path: Path, dictionary: bool
 ) -> None:
     path = tmp_path / "long.parquet"
     long = "x" * (MAX_LINE_BYTES + 1)
     texts = ["one", long, "three", long, "five"]
     options = {"use_dictionary": dictionary, "write_batch_size": 1, "data_page_size": 1024}
     pq.write_table(_posts_table(texts), path, compression="zstd", **options)
-    got = import_path(lite, path)
+    got = import_path(engine, path)
     assert (got.imported, got.rejected) == (3, 2)
     reason = f"row longer than {MAX_LINE_BYTES} bytes"
-    assert rejects(lite) == [(2, reason, None), (4, reason, None)]
+    assert rejects(engine) == [(2, reason, None), (4, reason, None)]
 
 
 def test_a_parquet_page_over_the_limit_stops_the_file_at_its_row_group(
-    lite: Engine, tmp_path: Path
+    engine: Engine, tmp_path: Path
 ) -> None:
     path = tmp_path / "pages.parquet"
     texts = ["one", "two", "x" * (MAX_PAGE_BYTES + 1), "four"]
     pq.write_table(_posts_table(texts), path, row_group_size=2, compression="zstd")
     assert path.stat().st_size < 64 * 1024
     with pytest.raises(ImportInputError, match=r"line 3: row group 2: column text has a page of"):
-        import_path(lite, path)
-    assert [r[1] for r in stored(lite)] == ["p1", "p2"]
+        import_path(engine, path)
+    assert [r[1] for r in stored(engine)] == ["p1", "p2"]
+    assert rejects(engine)[-1][:1] == (3,)
 
 
 def test_parquet_metadata_over_the_limit_is_refused_before_anything(

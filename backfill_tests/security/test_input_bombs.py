@@ -27,8 +27,10 @@ PEAK_MIB = 300
 _MIB = 1 << 20
 
 
-def _run(argv: list[str], tmp_path: Path) -> tuple[int, str, str, float, str]:
-    store = f"sqlite:///{tmp_path / 'store.db'}"
+def _run(
+    argv: list[str], tmp_path: Path, store: str | None = None
+) -> tuple[int, str, str, float, str]:
+    store = store or f"sqlite:///{tmp_path / 'store.db'}"
     env = clean_env(BACKFILL_DATABASE_URL=store, DAGSTER_HOME=str(tmp_path / "home"))
     done, peak = run_cli_peak([*argv, "--json"], env)
     return done.returncode, done.stdout, done.stderr, peak, store
@@ -44,9 +46,11 @@ def test_a_2kb_parquet_file_of_400_mib_is_refused_at_its_page(tmp_path: Path) ->
     assert "Traceback" not in err
 
 
-def test_parquet_cells_too_long_are_rejected_by_row_before_they_are_read(tmp_path: Path) -> None:
+def test_parquet_cells_too_long_are_rejected_by_row_before_they_are_read(
+    tmp_path: Path, store_url: str
+) -> None:
     bomb = parquet_cells_bomb(tmp_path / "cells.parquet", normal=200, bombs=20)
-    code, out, err, peak, store = _run(["import", str(bomb)], tmp_path)
+    code, out, err, peak, store = _run(["import", str(bomb)], tmp_path, store_url)
     assert peak < PEAK_MIB, f"peak RSS {peak:.0f} MiB"
     assert code == 0, err
     assert last_json(out)["imported"] == 200
@@ -56,9 +60,9 @@ def test_parquet_cells_too_long_are_rejected_by_row_before_they_are_read(tmp_pat
     assert {reason for _, reason, _ in got} == {"row longer than 262144 bytes"}
 
 
-def test_a_csv_field_of_256_mib_is_skipped_in_chunks(tmp_path: Path) -> None:
+def test_a_csv_field_of_256_mib_is_skipped_in_chunks(tmp_path: Path, store_url: str) -> None:
     bomb = csv_field_bomb(tmp_path / "field.csv.gz", field_mib=256)
-    code, out, err, peak, store = _run(["import", str(bomb)], tmp_path)
+    code, out, err, peak, store = _run(["import", str(bomb)], tmp_path, store_url)
     assert peak < PEAK_MIB, f"peak RSS {peak:.0f} MiB"
     assert code == 0, err
     assert last_json(out)["imported"] == 2
