@@ -7,9 +7,9 @@ Parquet page too large to read) refuses the gold set: a measure of part of it wo
 from __future__ import annotations
 
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from backfill_assets.core.policy import ITEM_ID_RE
 from backfill_assets.core.records import Post, Record, Rejection, shown, validate_row
@@ -110,7 +110,7 @@ def read_gold(path: str | Path, tenant: str) -> GoldSet:
     return out
 
 
-def _collect(records: Any, path: Path, tenant: str, out: GoldSet) -> None:
+def _collect(records: Iterator[Record | Rejection], path: Path, tenant: str, out: GoldSet) -> None:
     seen: set[str] = set()
     text_bytes = 0
     for entry in records:
