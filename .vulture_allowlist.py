@@ -70,6 +70,7 @@ finished_at
 booked_at
 
 # Used by the tests only (vulture does not scan backfill_tests):
+parse_line  # records: one JSONL line to a post or a rejection, what the record tests drive
 materialize  # orchestrate: the in-process runner the Dagster tests drive
 refresh  # ratelimit.shared: heartbeat now (test_shared_limit)
 retry_after_capped  # dispatch.PartitionStats: asserted by the Retry-After tests

@@ -14,6 +14,7 @@ import pytest
 
 from backfill_assets.cli import build_parser, main
 from backfill_assets.orchestration.settings import Settings
+from bench.common import run_peak
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -50,6 +51,13 @@ def run_cli(
         text=True,
         timeout=timeout,
     )
+
+
+def run_cli_peak(
+    argv: list[str], env: dict[str, str], timeout: float = 300
+) -> tuple[subprocess.CompletedProcess[str], float]:
+    """``run_cli`` with the child's own peak RSS in MiB."""
+    return run_peak([sys.executable, "-m", "backfill_assets.cli", *argv], env, timeout)
 
 
 def cli_main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:

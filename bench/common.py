@@ -7,6 +7,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -82,6 +83,32 @@ def worker(module: str, args: Sequence[str], env: dict[str, str] | None = None) 
         raise RuntimeError(f"{module} {' '.join(args)} failed:\n{out.stderr[-4000:]}")
     doc: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     return doc
+
+
+# Runs a command and writes its peak RSS (KiB) to a file. A child's ``ru_maxrss`` starts from
+# its parent's peak at the fork, so a measured command is started by this small process, never
+# by a bench or test process that may have grown.
+_LAUNCHER = (
+    "import resource, subprocess, sys\n"
+    "code = subprocess.call(sys.argv[2:])\n"
+    "with open(sys.argv[1], 'w') as fh:\n"
+    "    fh.write(str(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss))\n"
+    "sys.exit(code)\n"
+)
+
+
+def run_peak(
+    argv: Sequence[str], env: dict[str, str], timeout: float = 300
+) -> tuple[subprocess.CompletedProcess[str], float]:
+    """``argv`` as a child process, its output captured, with its own peak RSS in MiB."""
+    with tempfile.TemporaryDirectory() as tmp:
+        peak = Path(tmp) / "peak"
+        launch = [sys.executable, "-c", _LAUNCHER, str(peak), *argv]
+        done = subprocess.run(
+            launch, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+        )
+        done.args = list(argv)
+        return done, int(peak.read_text()) / 1024
 
 
 def machine_speed() -> str:

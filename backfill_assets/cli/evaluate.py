@@ -39,10 +39,13 @@ def add_evaluate_command(add: Callable[[str, str], argparse.ArgumentParser]) -> 
     """Register ``evaluate``."""
     sp = add(
         "evaluate",
-        "Label a gold set (CSV or JSONL: id, text, label, optional rule) under a policy and "
-        "report precision, recall, F1, the confusion matrix and the cost; a rerun pays nothing.",
+        "Label a gold set (CSV, JSONL or Parquet: id, text, label, optional rule) under a policy "
+        "and report precision, recall, F1, the confusion matrix and the cost; a rerun pays "
+        "nothing.",
     )
-    sp.add_argument("gold", metavar="GOLD", help="the gold set (.csv, else JSON lines)")
+    sp.add_argument(
+        "gold", metavar="GOLD", help="the gold set (JSONL, CSV or Parquet, also gzip: by content)"
+    )
     sp.add_argument(
         "--policy", metavar="FILE", help="the policy to evaluate (default: BACKFILL_POLICY_PATH's)"
     )

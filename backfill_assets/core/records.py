@@ -1,5 +1,5 @@
 """Input records: one row of an export (a JSONL line, a CSV record, a Parquet or query row)
-becomes a validated post or a rejection (pure)."""
+becomes a ``Record`` of named values, then a validated post or a rejection (pure)."""
 
 from __future__ import annotations
 
@@ -43,6 +43,19 @@ class Rejection:
     locator: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One row of named values as its format gives it (a JSON object, a CSV record, a Parquet
+    row), before any field is validated."""
+
+    line: int
+    values: Mapping[str, Any]
+    locator: str | None = None
+    # Why the row cannot be read as named values (a CSV record with another number of cells
+    # than its header); ``values`` then holds what could be named.
+    problem: str | None = None
+
+
 def shown(raw: object, limit: int = 40) -> str:
     """Truncated, printable only: a hostile value is evidence, not something to replay."""
     return "".join(c for c in str(raw)[:limit] if c.isprintable())
@@ -66,6 +79,14 @@ def parse_line(
 
     ``tenant``: the tenant the import is bound to (``import --tenant``), see ``validate_row``.
     """
+    record = parse_object(raw, line_no)
+    if record is None or isinstance(record, Rejection):
+        return record
+    return validate_record(record, columns, tenant)
+
+
+def parse_object(raw: bytes, line_no: int) -> Record | Rejection | None:
+    """One JSONL line as a record of named values; ``None`` for a blank line."""
     if len(raw) > MAX_LINE_BYTES:
         return Rejection(line_no, f"line longer than {MAX_LINE_BYTES} bytes", None)
     try:
@@ -82,7 +103,20 @@ def parse_line(
         return Rejection(line_no, f"invalid JSON: {json_error(exc)}", None)
     if not isinstance(obj, dict):
         return Rejection(line_no, f"expected a JSON object, got {type(obj).__name__}", None)
-    return validate_row(obj, line_no, columns, tenant)
+    return Record(line_no, obj)
+
+
+def validate_record(
+    record: Record,
+    columns: ColumnMap = DEFAULT_COLUMNS,
+    tenant: str | None = None,
+    blank_is_null: bool = False,
+) -> Post | Rejection:
+    """A record of an export as a post (``validate_row``), or why it cannot be one."""
+    if record.problem is not None:
+        given = _tenant_given(record.values, columns)
+        return Rejection(record.line, record.problem, given, record.locator)
+    return validate_row(record.values, record.line, columns, tenant, record.locator, blank_is_null)
 
 
 def json_error(exc: Exception) -> str:

@@ -1,9 +1,10 @@
 """CSV exports (RFC 4180: a header line, comma-separated, double-quoted fields), row by row.
 
-Each row is validated like a JSONL line and rejected with the line it starts on. What the
-parser cannot get past with confidence ends the file at that line (``InputBroken``): a quote
-that does not close, a character after a closing quote, a record longer than the cap. Going
-on after a broken quote would read the text of posts as if it were columns.
+Each record becomes named values by its header and is rejected with the line it starts on.
+What the parser cannot get past with confidence ends the file at that line (``InputBroken``): a
+quote that does not close, a character after a closing quote, a record longer than the cap.
+Going on after a broken quote would read the text of posts as if it were columns. No line or
+field is ever held past the cap: a 2 GB field costs 64 KiB reads, not 2 GB.
 """
 
 from __future__ import annotations
@@ -12,9 +13,8 @@ import csv
 from collections.abc import Iterator
 from typing import Any
 
-from backfill_assets.core.columns import ColumnMap
-from backfill_assets.core.records import Post, Rejection, shown, validate_row
-from backfill_assets.ingest.formats import ImportInputError
+from backfill_assets.core.records import Record, Rejection, shown
+from backfill_assets.ingest.formats import ColumnsFor, ImportInputError, named_columns
 from backfill_assets.ingest.lines import InputBroken, LineSource, read_line
 
 # A record (its lines together) is at most this long; also below the csv module's field
@@ -73,18 +73,18 @@ class _Feed:
         )
 
 
-def csv_rows(
-    fh: LineSource, where: str, columns: ColumnMap, tenant: str | None
-) -> Iterator[Post | Rejection]:
-    """Validated rows of a CSV export; ``where`` names it in a refusal."""
+def csv_records(
+    fh: LineSource, where: str, columns_for: ColumnsFor
+) -> Iterator[Record | Rejection]:
+    """Records of a CSV export, named by its header; ``where`` names it in a refusal."""
     cap = min(MAX_RECORD_BYTES, csv.field_size_limit())
     feed = _Feed(fh, cap)
     reader = csv.reader(feed, strict=True)
-    header = _header(reader, feed, where, columns, tenant)
+    header = _header(reader, feed, where)
     if header is None:
         return
     width = len(header)
-    used = set(columns.source_columns(header))
+    used = set(named_columns(where, columns_for, header))
     wanted = [(i, name) for i, name in enumerate(header) if name in used]
     while True:
         feed.start_record()
@@ -102,20 +102,18 @@ def csv_rows(
         if not record:
             continue  # a blank line
         line = feed.record_start
+        values = {name: record[i] for i, name in wanted if i < len(record)}
         if feed.bad_utf8:
             yield Rejection(line, "line is not valid UTF-8", None)
         elif len(record) != width:
             reason = f"expected {width} columns as in the header, got {len(record)}"
-            yield Rejection(line, reason, _tenant_cell(record, header, columns))
+            yield Record(line, values, problem=reason)
         else:
-            row: dict[str, Any] = {name: record[i] for i, name in wanted}
-            yield validate_row(row, line, columns, tenant, blank_is_null=True)
+            yield Record(line, values)
 
 
-def _header(
-    reader: Any, feed: _Feed, where: str, columns: ColumnMap, tenant: str | None
-) -> list[str] | None:
-    """The header's column names, checked to hold every field; ``None`` for an empty file."""
+def _header(reader: Any, feed: _Feed, where: str) -> list[str] | None:
+    """The header's column names, each named once; ``None`` for an empty file."""
     feed.start_record()
     try:
         header = next(reader)
@@ -135,14 +133,4 @@ def _header(
     if len(set(names)) != len(names):
         twice = sorted({shown(n) for n in names if names.count(n) > 1})
         raise ImportInputError(f"{where}: the CSV header names column(s) twice: {', '.join(twice)}")
-    problem = columns.describe_missing(names, tenant is not None)
-    if problem:
-        raise ImportInputError(f"{where}: {problem}")
     return names
-
-
-def _tenant_cell(record: list[str], header: list[str], columns: ColumnMap) -> str | None:
-    for name in columns.names("tenant_id"):
-        if name in header and header.index(name) < len(record):
-            return shown(record[header.index(name)])
-    return None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import gzip
 import io
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal, get_args
@@ -30,6 +30,19 @@ class ImportInputError(ValueError):
     def __init__(self, message: str, reason: str | None = None) -> None:
         super().__init__(message)
         self.reason = reason or message
+
+
+# A header or schema's column names -> the columns to read. Raises ``ImportInputError`` (its
+# message without the file's name) when the file cannot be read for want of a column.
+ColumnsFor = Callable[[list[str]], list[str]]
+
+
+def named_columns(where: str, columns_for: ColumnsFor, names: list[str]) -> list[str]:
+    """``columns_for(names)``, a refusal naming the file ``where``."""
+    try:
+        return columns_for(names)
+    except ImportInputError as exc:
+        raise ImportInputError(f"{where}: {exc}") from None
 
 
 @contextmanager

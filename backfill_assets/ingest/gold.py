@@ -1,26 +1,31 @@
-"""Gold sets for ``evaluate``: CSV or JSONL rows of ``id``, ``text``, ``label`` and an
-optional ``rule``, held to the rules posts follow (``records``). A bad row is rejected with its
-line number and reason, never its text; the rest is evaluated."""
+"""Gold sets for ``evaluate``: rows of ``id``, ``text``, ``label`` and an optional ``rule``, read
+by the import's readers (JSONL, CSV, Parquet, gzip; the format decided by content) and held to
+the rules posts follow (``records``). A bad row is rejected with its line number and reason,
+never its text; the rest is evaluated. What stops an import (a quote that never closes, a
+Parquet page too large to read) refuses the gold set: a measure of part of it would mislead."""
 
 from __future__ import annotations
 
-import csv
-import io
-import json
+import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from backfill_assets.core.policy import ITEM_ID_RE
-from backfill_assets.core.records import MAX_LINE_BYTES, Post, Rejection, json_error, validate_row
+from backfill_assets.core.records import Post, Record, Rejection, shown, validate_row
+from backfill_assets.ingest.formats import ImportInputError, sniff_format
+from backfill_assets.ingest.lines import InputBroken
+from backfill_assets.ingest.readers import file_records
 
-# A gold set is read into memory: far above any set a person labels by hand.
+# A gold set is held in memory: far above any set a person labels by hand.
 MAX_GOLD_ROWS = 100_000
-MAX_GOLD_BYTES = 256 * 1024 * 1024
+MAX_GOLD_TEXT_BYTES = 16 * 1024 * 1024
+_COLUMNS = ("id", "text", "label", "rule")
+_REQUIRED = ("id", "text", "label")
 
 
 class GoldError(ValueError):
-    """A gold file that cannot be read at all (missing, not UTF-8, no rows, wrong columns)."""
+    """A gold file that cannot be read at all (missing, no rows, wrong columns, broken)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,21 +45,24 @@ class GoldSet:
     rejected: list[Rejection] = field(default_factory=list)
 
 
-def _row(raw: dict[str, Any], line: int, tenant: str, seen: set[str]) -> GoldRow | Rejection:
-    unknown = sorted(str(k) for k in raw if k not in ("id", "text", "label", "rule"))
+def _row(raw: Record, tenant: str, seen: set[str]) -> GoldRow | Rejection:
+    line, values = raw.line, raw.values
+    if raw.problem is not None:
+        return Rejection(line, raw.problem, None)
+    unknown = sorted(str(k) for k in values if k not in _COLUMNS)
     if unknown:
         return Rejection(line, f"unknown column(s): {', '.join(u[:40] for u in unknown[:5])}", None)
-    label, rule = raw.get("label"), raw.get("rule")
+    label, rule = values.get("label"), values.get("rule")
     if not isinstance(label, str) or not ITEM_ID_RE.fullmatch(label):
         return Rejection(line, f"label must be a label id ({ITEM_ID_RE.pattern})", None)
     if rule in ("", None):
         rule = None
     elif not isinstance(rule, str) or not ITEM_ID_RE.fullmatch(rule):
         return Rejection(line, f"rule must be a rule id ({ITEM_ID_RE.pattern})", None)
-    if "id" not in raw:
+    if "id" not in values:
         return Rejection(line, "missing field(s): id", None)
-    record = {"tenant_id": tenant, "post_id": raw["id"], "text": raw.get("text")}
-    if "text" not in raw:
+    record = {"tenant_id": tenant, "post_id": values["id"], "text": values.get("text")}
+    if "text" not in values:
         del record["text"]
     post = validate_row(record, line)
     if isinstance(post, Rejection):
@@ -65,71 +73,57 @@ def _row(raw: dict[str, Any], line: int, tenant: str, seen: set[str]) -> GoldRow
     return GoldRow(post, label, rule)
 
 
-def _jsonl(text: str) -> list[tuple[int, Any]]:
-    out: list[tuple[int, Any]] = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        if len(line.encode("utf-8")) > MAX_LINE_BYTES:
-            out.append(
-                (number, Rejection(number, f"line longer than {MAX_LINE_BYTES} bytes", None))
-            )
-            continue
-        try:
-            out.append((number, json.loads(line)))
-        except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
-            out.append((number, Rejection(number, f"invalid JSON: {json_error(exc)}", None)))
-    return out
-
-
-def _csv(text: str) -> list[tuple[int, Any]]:
-    reader = csv.DictReader(io.StringIO(text, newline=""))
-    if reader.fieldnames is None or not {"id", "text", "label"} <= set(reader.fieldnames):
-        raise GoldError("a CSV gold set needs a header with id, text and label (rule optional)")
-    out: list[tuple[int, Any]] = []
-    try:
-        for raw in reader:
-            if None in raw:  # more cells than the header names
-                out.append(
-                    (reader.line_num, Rejection(reader.line_num, "more cells than columns", None))
-                )
-                continue
-            out.append((reader.line_num, dict(raw)))
-    except csv.Error as exc:
-        raise GoldError(f"line {reader.line_num}: unreadable CSV ({exc})") from None
-    return out
+def _gold_columns(names: list[str]) -> list[str]:
+    """A gold set's header or schema: id, text and label, optionally rule, nothing else."""
+    missing = [n for n in _REQUIRED if n not in names]
+    if missing:
+        shown_names = ", ".join(shown(n) for n in names[:20]) or "none"
+        raise ImportInputError(
+            f"a gold set's header needs id, text and label (rule optional); no {', '.join(missing)}"
+            f" among its columns: {shown_names}"
+        )
+    unknown = [shown(n) for n in names if n not in _COLUMNS]
+    if unknown:
+        raise ImportInputError(f"unknown column(s) in a gold set: {', '.join(unknown[:5])}")
+    return list(names)
 
 
 def read_gold(path: str | Path, tenant: str) -> GoldSet:
-    """Read a gold set (``.csv``, else JSONL) as posts of ``tenant``."""
+    """Read a gold set as posts of ``tenant``."""
     p = Path(path)
-    try:
-        raw = p.read_bytes()
-    except OSError as exc:
-        raise GoldError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    if len(raw) > MAX_GOLD_BYTES:
-        raise GoldError(f"{path}: larger than {MAX_GOLD_BYTES} bytes")
-    try:
-        text = raw.decode("utf-8").removeprefix("\ufeff")
-    except UnicodeDecodeError as exc:
-        line = raw[: exc.start].count(b"\n") + 1
-        raise GoldError(f"{path}: line {line} is not valid UTF-8") from None
-    entries = _csv(text) if p.suffix.lower() == ".csv" else _jsonl(text)
     out = GoldSet()
-    seen: set[str] = set()
-    for number, entry in entries:
-        if isinstance(entry, Rejection):
-            out.rejected.append(entry)
-            continue
-        if not isinstance(entry, dict):
-            out.rejected.append(
-                Rejection(number, f"expected an object, got {type(entry).__name__}", None)
-            )
-            continue
-        got = _row(entry, number, tenant, seen)
-        (out.rows if isinstance(got, GoldRow) else out.rejected).append(got)  # type: ignore[arg-type]
-        if len(out.rows) > MAX_GOLD_ROWS:
-            raise GoldError(f"{path}: more than {MAX_GOLD_ROWS} rows")
+    try:
+        if p.is_dir():
+            raise GoldError(f"{path}: a directory, not a gold set file")
+        with file_records(p, sniff_format(p), _gold_columns) as records:
+            _collect(records, p, tenant, out)
+    except FileNotFoundError:
+        raise GoldError(f"{path}: no such file or directory") from None
+    except ImportInputError as exc:
+        raise GoldError(str(exc)) from None
+    except InputBroken as exc:
+        raise GoldError(f"{path}: line {exc.line}: {exc.reason}; nothing was evaluated") from None
+    except (OSError, EOFError, zlib.error) as exc:
+        raise GoldError(f"{path}: unreadable ({type(exc).__name__}: {exc})") from None
     if not out.rows:
         raise GoldError(f"{path}: no usable rows ({len(out.rejected)} rejected)")
     return out
+
+
+def _collect(records: Iterator[Record | Rejection], path: Path, tenant: str, out: GoldSet) -> None:
+    seen: set[str] = set()
+    text_bytes = 0
+    for entry in records:
+        got = entry if isinstance(entry, Rejection) else _row(entry, tenant, seen)
+        if isinstance(got, Rejection):
+            out.rejected.append(got)
+            continue
+        out.rows.append(got)
+        text_bytes += len(got.post.text.encode("utf-8"))
+        if len(out.rows) > MAX_GOLD_ROWS:
+            raise GoldError(f"{path}: more than {MAX_GOLD_ROWS} rows")
+        if text_bytes > MAX_GOLD_TEXT_BYTES:
+            raise GoldError(
+                f"{path}: more than {MAX_GOLD_TEXT_BYTES} bytes of text by line {got.post.line} "
+                "(a gold set is held in memory)"
+            )

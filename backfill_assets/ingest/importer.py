@@ -1,8 +1,9 @@
 """Stream exports (JSONL, CSV or Parquet; a file or a directory of them) into the store.
 
 Every format becomes the same stream of validated posts and rejections, written in batches of
-``BATCH_LINES``: memory follows a batch, never the file. What cannot be read on (a corrupt
-gzip, a broken CSV quote, an undecodable Parquet page) stops the file with an error that says
+``BATCH_LINES`` rows or ``BATCH_TEXT_CHARS`` of text: memory follows a batch, never the file.
+What cannot be read on (a corrupt gzip, a broken CSV quote, a Parquet page that cannot be
+decoded or is too large to) stops the file with an error that says
 the rows before it were imported; a header or schema that lacks a needed column refuses the
 file before anything is imported.
 """
@@ -19,17 +20,16 @@ from sqlalchemy.engine import Connection, Engine
 
 from backfill_assets.core.columns import DEFAULT_COLUMNS, ColumnMap
 from backfill_assets.core.keys import DEFAULT_SLICE_TARGET
-from backfill_assets.core.records import MAX_LINE_BYTES, Post, Rejection, parse_line
-from backfill_assets.ingest.csv_rows import csv_rows
+from backfill_assets.core.records import Post, Rejection, validate_record
 from backfill_assets.ingest.formats import (
     EXPORT_PATTERNS,
+    ColumnsFor,
     Format,
     ImportInputError,
-    open_bytes,
     sniff_format,
 )
-from backfill_assets.ingest.lines import InputBroken, LineSource, bounded_lines
-from backfill_assets.ingest.parquet_rows import parquet_rows
+from backfill_assets.ingest.lines import InputBroken
+from backfill_assets.ingest.readers import file_records
 from backfill_assets.store.engine import refresh_planner_stats
 from backfill_assets.store.posts import ImportSummary, raise_slice_levels, write_batch
 
@@ -43,6 +43,9 @@ __all__ = [
 ]
 
 BATCH_LINES = 2000
+# The text a batch holds, together, in characters (a Python string may take 4 bytes each): a
+# batch of long posts is written sooner, so memory follows bytes as well as rows.
+BATCH_TEXT_CHARS = 4 * 1024 * 1024
 
 # (what is being imported: a file name or a source, its counts so far)
 Progress = Callable[[str, ImportSummary], None]
@@ -160,17 +163,16 @@ def import_files(
     ]
 
 
-def jsonl_rows(
-    fh: LineSource, columns: ColumnMap, tenant: str | None
-) -> Iterator[Post | Rejection]:
-    """Validated lines of a JSONL export (blank lines skipped)."""
-    for line_no, raw in bounded_lines(fh, MAX_LINE_BYTES):
-        if raw is None:
-            yield Rejection(line_no, f"line longer than {MAX_LINE_BYTES} bytes", None)
-            continue
-        parsed = parse_line(raw, line_no, columns, tenant)
-        if parsed is not None:
-            yield parsed
+def _post_columns(columns: ColumnMap, tenant: str | None) -> ColumnsFor:
+    """What a header or schema must hold for posts, and the columns their fields are read from."""
+
+    def pick(names: list[str]) -> list[str]:
+        problem = columns.describe_missing(names, tenant is not None)
+        if problem:
+            raise ImportInputError(problem)
+        return columns.source_columns(names)
+
+    return pick
 
 
 @contextmanager
@@ -178,14 +180,14 @@ def _file_rows(
     path: Path, fmt: Format, options: ImportOptions
 ) -> Iterator[Iterator[Post | Rejection]]:
     columns, tenant = options.columns, options.tenant
-    if fmt == "parquet":
-        yield parquet_rows(path, columns, tenant, options.batch_rows)
-        return
-    with open_bytes(path) as fh:
-        if fmt == "csv":
-            yield csv_rows(fh, str(path), columns, tenant)
-        else:
-            yield jsonl_rows(fh, columns, tenant)
+    wanted = _post_columns(columns, tenant)
+    with file_records(path, fmt, wanted, options.batch_rows) as records:
+        yield (
+            item
+            if isinstance(item, Rejection)
+            else validate_record(item, columns, tenant, blank_is_null=fmt == "csv")
+            for item in records
+        )
 
 
 def _import_file(
@@ -230,14 +232,16 @@ def import_rows(
     """Write ``rows`` in batches. ``InputBroken`` from the reader: the batch so far is
     written with a rejection at the broken line, then it is raised again."""
     batch: list[Post | Rejection] = []
+    held = 0
     try:
         for item in rows:
             summary.read += 1
             summary.last_line = item.line
             batch.append(item)
-            if len(batch) >= batch_rows:
+            held += len(item.text) if isinstance(item, Post) else 0
+            if len(batch) >= batch_rows or held >= BATCH_TEXT_CHARS:
                 write_batch(engine, source, batch, summary, hook)
-                batch = []
+                batch, held = [], 0
                 if progress is not None:
                     progress(label, summary)
     except InputBroken as exc:

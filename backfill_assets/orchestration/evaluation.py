@@ -43,8 +43,10 @@ DEFAULT_TENANT = "eval"
 
 
 def gold_sha256(path: str | Path) -> str:
-    """sha256 of the gold file's bytes: which gold set an evaluation was made on."""
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    """sha256 of the gold file's bytes: which gold set an evaluation was made on (read in
+    chunks: a gold file may be large even when few of its rows are kept)."""
+    with Path(path).open("rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def store_gold(engine: Engine, gold: GoldSet, tenant: str, source: str, target: int) -> None:

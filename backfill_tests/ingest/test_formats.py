@@ -13,8 +13,15 @@ import pytest
 from sqlalchemy.engine import Engine
 
 from backfill_assets.core.columns import ColumnMap
+from backfill_assets.core.records import MAX_LINE_BYTES
 from backfill_assets.ingest.csv_rows import MAX_RECORD_BYTES
-from backfill_assets.ingest.importer import ImportInputError, ImportOptions, import_path
+from backfill_assets.ingest.importer import (
+    BATCH_TEXT_CHARS,
+    ImportInputError,
+    ImportOptions,
+    import_path,
+)
+from backfill_assets.ingest.parquet_rows import MAX_FOOTER_BYTES, MAX_PAGE_BYTES
 from backfill_tests.ingest.exports import (
     RECORDS,
     SECRET,
@@ -218,3 +225,75 @@ def test_a_bound_import_gives_its_tenant_to_rows_that_name_none(
         import_path(lite, path)
     got = import_path(lite, path, options=ImportOptions(tenant="acme"))
     assert got.imported == 2 and {r[0] for r in stored(lite)} == {"acme"}
+
+
+def _posts_table(texts: list[str], **columns: list[object]) -> pa.Table:
+    return pa.table(
+        {
+            **columns,
+            "tenant_id": ["acme"] * len(texts),
+            "post_id": [f"p{i + 1}" for i in range(len(texts))],
+            "text": texts,
+        }
+    )
+
+
+@pytest.mark.parametrize("dictionary", [True, False], ids=["dictionary", "plain"])
+def test_a_parquet_row_longer_than_a_jsonl_line_is_rejected_by_its_number(
+    engine: Engine, tmp_path: Path, dictionary: bool
+) -> None:
+    path = tmp_path / "long.parquet"
+    long = "x" * (MAX_LINE_BYTES + 1)
+    texts = ["one", long, "three", long, "five"]
+    options = {"use_dictionary": dictionary, "write_batch_size": 1, "data_page_size": 1024}
+    pq.write_table(_posts_table(texts), path, compression="zstd", **options)
+    got = import_path(engine, path)
+    assert (got.imported, got.rejected) == (3, 2)
+    reason = f"row longer than {MAX_LINE_BYTES} bytes"
+    assert rejects(engine) == [(2, reason, None), (4, reason, None)]
+
+
+def test_a_parquet_page_over_the_limit_stops_the_file_at_its_row_group(
+    engine: Engine, tmp_path: Path
+) -> None:
+    path = tmp_path / "pages.parquet"
+    texts = ["one", "two", "x" * (MAX_PAGE_BYTES + 1), "four"]
+    pq.write_table(_posts_table(texts), path, row_group_size=2, compression="zstd")
+    assert path.stat().st_size < 64 * 1024
+    with pytest.raises(ImportInputError, match=r"line 3: row group 2: column text has a page of"):
+        import_path(engine, path)
+    assert [r[1] for r in stored(engine)] == ["p1", "p2"]
+    assert rejects(engine)[-1][:1] == (3,)
+
+
+def test_parquet_metadata_over_the_limit_is_refused_before_anything(
+    lite: Engine, tmp_path: Path
+) -> None:
+    path = tmp_path / "footer.parquet"
+    table = _posts_table(["one"])
+    big = table.replace_schema_metadata({"note": "n" * (MAX_FOOTER_BYTES + 1)})
+    pq.write_table(big, path, compression="zstd")
+    with pytest.raises(ImportInputError, match=r"Parquet metadata is \d+ bytes, more than"):
+        import_path(lite, path)
+    assert stored(lite) == []
+
+
+def test_parquet_columns_are_found_past_nested_ones(lite: Engine, tmp_path: Path) -> None:
+    path = tmp_path / "nested.parquet"
+    extra = {"meta": [{"a": 1, "b": [1, 2]}, {"a": 2, "b": []}], "x.y": ["s", "t"]}
+    pq.write_table(_posts_table(["one", "two"], **extra), path)
+    assert import_path(lite, path).imported == 2
+    assert [r[4] for r in stored(lite)] == ["one", "two"]
+
+
+def test_long_posts_are_written_in_batches_of_bounded_text(lite: Engine, tmp_path: Path) -> None:
+    texts = [f"{i:05d}" + "x" * 30_000 for i in range(300)]
+    path = tmp_path / "long.parquet"
+    pq.write_table(_posts_table(texts), path)
+    batches: list[int] = []
+    got = import_path(lite, path, progress=lambda _name, summary: batches.append(summary.read))
+    assert got.imported == 300
+    # 300 x 30,005 characters: more than one batch of BATCH_TEXT_CHARS, each under it.
+    assert len(batches) > 2
+    widths = [b - a for a, b in zip([0, *batches], batches, strict=False)]
+    assert max(widths) * 30_005 < BATCH_TEXT_CHARS + 30_005
