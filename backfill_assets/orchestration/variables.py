@@ -503,7 +503,8 @@ class Variables(BaseSettings):
         "BACKFILL_SOURCE_URL",
         "data",
         "A database the `posts` asset imports from instead of a file (any SQLAlchemy URL; "
-        "`postgresql://` is pinned to psycopg2 and read through a server-side cursor).",
+        "`postgresql://` is pinned to psycopg2 and read through a server-side cursor; a SQLite "
+        "file is opened read-only).",
         default="",
         repr=False,
     )
@@ -511,7 +512,8 @@ class Variables(BaseSettings):
         "BACKFILL_SOURCE_QUERY",
         "data",
         "The `SELECT` that returns `tenant_id`, `post_id` and `text` (optionally `region` and "
-        "the cursor column).",
+        "the cursor column): one statement, run in a read-only transaction (what is enforced: "
+        "[data.md](data.md#what-a-source-query-can-do)).",
         shown="none (required with the URL)",
         default="",
     )
