@@ -520,8 +520,8 @@ class Variables(BaseSettings):
     source_cursor: str = _var(
         "BACKFILL_SOURCE_CURSOR",
         "data",
-        "A column of the query: each import reads only the rows after the last one's (cursor, "
-        "tenant, post) high-water mark, kept in the store as source `posts_asset`.",
+        "A column of the query: each import reads only the rows from the last one's high-water "
+        "mark's cursor value on (that value again), kept in the store as source `posts_asset`.",
         default="",
     )
     source_schedule: str = _var(

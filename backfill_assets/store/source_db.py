@@ -2,8 +2,8 @@
 ``import --sql``).
 
 The query is the operator's; it is wrapped, never edited: ``SELECT <needed columns> FROM
-(<query>) AS backfill_source``, with, for an incremental source, the rows after the high-water
-mark in (cursor, tenant, post) order.
+(<query>) AS backfill_source``, with, for an incremental source, the rows from the
+high-water mark's cursor value on (that value again), in (cursor, tenant, post) order.
 
 It is one statement that only reads, held so by the database where it can be. On PostgreSQL
 (psycopg2) the wrapped statement reaches the server as a string value, never as SQL, in a
@@ -243,20 +243,15 @@ def _cursor_rows(conn: sa.Connection, stmt: Any, batch_rows: int) -> tuple[list[
     return [str(k) for k in first.keys()], batches()  # noqa: SIM118 (a Result, not a dict)
 
 
-def _after(sub: Any, keys: KeyColumns, mark: CursorMark) -> sa.ColumnElement[bool]:
-    """Rows after ``mark`` in (cursor, tenant, post) order, spelled out so every database
-    reads it (no row-value comparison); rows with a NULL key are always read, to be rejected."""
-    c, p = sub.c[keys.cursor], sub.c[keys.post]
-    cv: Any = sa.bindparam("mark_cursor", mark.value)
-    pv: Any = sa.bindparam("mark_post", mark.post_id)
-    if keys.tenant is None or mark.tenant_id is None:
-        tail = p > pv
-        nulls = [c.is_(None), p.is_(None)]
-    else:
-        t, tv = sub.c[keys.tenant], sa.bindparam("mark_tenant", mark.tenant_id, type_=sa.Text)
-        tail = sa.or_(t > tv, sa.and_(t == tv, p > pv))
-        nulls = [c.is_(None), t.is_(None), p.is_(None)]
-    return sa.or_(c > cv, sa.and_(c == cv, tail), *nulls)
+def _from_mark(sub: Any, keys: KeyColumns, mark: CursorMark) -> sa.ColumnElement[bool]:
+    """Rows from ``mark``'s cursor value on, that value included: a row committed later with
+    the mark's own value (and a (tenant, post) before the mark's) is read, and the rows read
+    before count as unchanged by their content. Rows with a NULL key are always read, to be
+    rejected."""
+    nulls = [sub.c[keys.cursor].is_(None), sub.c[keys.post].is_(None)]
+    if keys.tenant is not None:
+        nulls.append(sub.c[keys.tenant].is_(None))
+    return sa.or_(sub.c[keys.cursor] >= sa.bindparam("mark_cursor", mark.value), *nulls)
 
 
 def stream_rows(
@@ -267,15 +262,15 @@ def stream_rows(
     keys: KeyColumns | None = None,
     mark: CursorMark | None = None,
 ) -> Generator[list[tuple[Any, ...]]]:
-    """The query's ``columns``, in chunks of ``batch_rows``; ordered by ``keys`` and after
-    ``mark`` for an incremental source."""
+    """The query's ``columns``, in chunks of ``batch_rows``; ordered by ``keys`` and from
+    ``mark``'s cursor value on for an incremental source."""
     sub = _subquery(query, columns)
     stmt = sa.select(*(sub.c[c] for c in columns))
     if keys is not None:
         tenant = [sub.c[keys.tenant]] if keys.tenant else []
         stmt = stmt.order_by(sub.c[keys.cursor], *tenant, sub.c[keys.post])
         if mark is not None:
-            stmt = stmt.where(_after(sub, keys, mark))
+            stmt = stmt.where(_from_mark(sub, keys, mark))
     with _source(url, query) as conn:
         _names, batches = _open_rows(conn, stmt, batch_rows)
         yield from batches
