@@ -24,7 +24,16 @@ from typing import Any
 
 from bench.common import ROOT, median
 
-_MODULES = {"pipeline", "orchestration", "http", "batch", "shared-limit", "utilization", "scale"}
+_MODULES = {
+    "pipeline",
+    "orchestration",
+    "http",
+    "batch",
+    "shared-limit",
+    "utilization",
+    "scale",
+    "io",
+}
 
 
 def _numbers(doc: Any, prefix: str = "") -> Iterator[tuple[str, float]]:

@@ -3,6 +3,7 @@ import of the same posts (wall and peak RSS of each command, in its own process)
 export of every label to Parquet and their write-back into a PostgreSQL sink.
 
     bench/run io [--posts 1000000] [--tenants 200] [--no-export]
+    bench/run io --incremental [--posts 1000000] [--repeat 5] [--boundaries 1,1000,10000]
 
 The store is PostgreSQL (a fresh database per import, so each starts from empty), and so is
 the source table. Figures: wall seconds, CPU seconds and peak RSS of the ``import`` command,
@@ -11,11 +12,19 @@ The export step labels the JSONL store with ``run`` (the fake model) and times `
 --format parquet`` of every label (target for the export: peak RSS <= 1.5 GiB, bounded by its
 batch, not by the labels), then ``sink write`` of every applied label into a fresh PostgreSQL
 database (target: at least 20,000 rows/s). ``uptime`` is printed first: the machine is shared.
+
+``--incremental`` measures what an incremental import with nothing new costs when it reads
+the mark's cursor value again: a PostgreSQL source of ``--posts`` rows, one ``updated_at``
+second each (indexed), imported once with ``--cursor updated_at``; then, for each boundary
+size B, the last B rows are stamped with the newest value (one import settles them) and
+``--repeat`` imports with nothing new are timed, each re-reading those B rows. Figures: the
+median wall and CPU of the ``import`` command and what it read (all unchanged).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import io
 import json
 import os
@@ -28,12 +37,23 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import sqlalchemy as sa
 
-from bench.common import drop_store, machine_speed, new_store
+from bench.common import drop_store, machine_speed, median, new_store
 from bench.scale_bench import Measured, cli, cli_env, records, write_export
 
 PREFIX = "bf_bench_io_"
 RSS_TARGET_MB = 1536
 _CHUNK = 100_000
+# The source's import: incremental by updated_at.
+SQL_IMPORT = [
+    "--source",
+    "app",
+    "--cursor",
+    "updated_at",
+    "--query",
+    "SELECT workspace, id, body, updated_at FROM app_posts",
+    "--map",
+    "tenant_id=workspace,post_id=id,text=body",
+]
 
 
 def write_parquet(path: Path, posts: int, tenants: int) -> Path:
@@ -54,8 +74,10 @@ def write_parquet(path: Path, posts: int, tenants: int) -> Path:
     return path
 
 
-def load_source(url: str, posts: int, tenants: int) -> None:
-    """The same records in a table of a PostgreSQL database, by COPY."""
+def load_source(url: str, posts: int, tenants: int, distinct: bool = False) -> None:
+    """The same records in a table of a PostgreSQL database, by COPY; all at one
+    ``updated_at``, or (``distinct``) one second apart."""
+    start = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
     engine = sa.create_engine(url)
     with engine.begin() as conn:
         conn.exec_driver_sql(
@@ -66,7 +88,8 @@ def load_source(url: str, posts: int, tenants: int) -> None:
         cur = raw.cursor()
         buf = io.StringIO()
         for n, rec in enumerate(records(posts, tenants), start=1):
-            buf.write(f"{rec['tenant_id']}\t{rec['post_id']}\t{rec['text']}\t2026-01-01\n")
+            at = (start + dt.timedelta(seconds=n)).isoformat() if distinct else "2026-01-01"
+            buf.write(f"{rec['tenant_id']}\t{rec['post_id']}\t{rec['text']}\t{at}\n")
             if n % _CHUNK == 0:
                 buf.seek(0)
                 cur.copy_expert("COPY app_posts FROM STDIN", buf)
@@ -155,18 +178,7 @@ def io_bench(posts: int, tenants: int, export: bool = True) -> dict[str, Any]:
                 "postgresql table": _import(
                     work,
                     "postgresql table",
-                    [
-                        "--sql",
-                        source,
-                        "--source",
-                        "app",
-                        "--cursor",
-                        "updated_at",
-                        "--query",
-                        "SELECT workspace, id, body, updated_at FROM app_posts",
-                        "--map",
-                        "tenant_id=workspace,post_id=id,text=body",
-                    ],
+                    ["--sql", source, *SQL_IMPORT],
                 ),
             }
         finally:
@@ -197,13 +209,87 @@ def io_bench(posts: int, tenants: int, export: bool = True) -> dict[str, Any]:
     return doc
 
 
+def _stamp_newest(source: str, rows: int) -> None:
+    """Give the ``rows`` newest rows the newest ``updated_at``: one cursor value of that many."""
+    engine = sa.create_engine(source)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            "UPDATE app_posts SET updated_at = (SELECT max(updated_at) FROM app_posts) WHERE id IN"
+            f" (SELECT id FROM app_posts ORDER BY updated_at DESC LIMIT {int(rows)})"
+        )
+    engine.dispose()
+
+
+def incremental_bench(
+    posts: int, tenants: int, repeat: int, boundaries: list[int]
+) -> dict[str, Any]:
+    """An incremental import with nothing new, re-reading boundaries of each size."""
+    print("# uptime:", subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
+    print(machine_speed())
+    print(f"# io --incremental: a {posts:,}-row PostgreSQL source, store PostgreSQL", flush=True)
+    doc: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-io-") as tmp:
+        work = Path(tmp)
+        source = new_store("pg", work, prefix=PREFIX)
+        store = new_store("pg", work, prefix=PREFIX)
+        try:
+            load_source(source, posts, tenants, distinct=True)
+            engine = sa.create_engine(source)
+            with engine.begin() as conn:
+                conn.exec_driver_sql("CREATE INDEX app_posts_updated_at ON app_posts (updated_at)")
+                conn.exec_driver_sql("ANALYZE app_posts")
+            engine.dispose()
+            env = cli_env(work / "home", store)
+            args = ["import", "--sql", source, *SQL_IMPORT]
+            full = cli(args, env)
+            print(
+                f"[full import] {full.wall:.1f} s wall, {full.cpu:.1f} s CPU, "
+                f"imported {full.doc.get('imported', 0):,}",
+                flush=True,
+            )
+            doc["full"] = {"wall_s": full.wall, "cpu_s": full.cpu}
+            for rows in boundaries:
+                _stamp_newest(source, rows)
+                cli(args, env)  # reads the restamped rows once (unchanged) and settles the mark
+                runs = [cli(args, env) for _ in range(repeat)]
+                wall, cpu = median([m.wall for m in runs]), median([m.cpu for m in runs])
+                read = int(runs[-1].doc.get("read", 0))
+                unchanged = int(runs[-1].doc.get("unchanged", 0))
+                print(
+                    f"[nothing new, {rows:,} rows at the mark's value] median {wall:.2f} s wall, "
+                    f"{cpu:.2f} s CPU ({repeat} runs); read {read:,}, unchanged {unchanged:,}",
+                    flush=True,
+                )
+                doc[f"boundary {rows}"] = {"wall_s": wall, "cpu_s": cpu, "read": read}
+        finally:
+            drop_store(store)
+            drop_store(source)
+    print(json.dumps(doc, sort_keys=True))
+    return doc
+
+
 def main() -> None:
     p = argparse.ArgumentParser(prog="bench/run io", description=__doc__.splitlines()[0])
     p.add_argument("--posts", type=int, default=1_000_000)
     p.add_argument("--tenants", type=int, default=200)
     p.add_argument("--no-export", action="store_true", help="skip labelling and the export")
+    p.add_argument(
+        "--incremental",
+        action="store_true",
+        help="only: incremental imports with nothing new, re-reading the mark's cursor value",
+    )
+    p.add_argument("--repeat", type=int, default=5, help="with --incremental: timed imports")
+    p.add_argument(
+        "--boundaries",
+        default="1,1000,10000",
+        help="with --incremental: rows at the mark's cursor value, comma-separated",
+    )
     a = p.parse_args()
-    io_bench(a.posts, a.tenants, export=not a.no_export)
+    if a.incremental:
+        sizes = [int(x) for x in a.boundaries.split(",")]
+        incremental_bench(a.posts, a.tenants, a.repeat, sizes)
+    else:
+        io_bench(a.posts, a.tenants, export=not a.no_export)
 
 
 if __name__ == "__main__":

@@ -74,7 +74,7 @@ def add_ingest_commands(add: Callable[[str, str], argparse.ArgumentParser]) -> N
         "--cursor",
         default=None,
         metavar="COLUMN",
-        help="with --sql: read only rows after the last import's (COLUMN, post) mark",
+        help="with --sql: read only rows from the last import's COLUMN value on (that value again)",
     )
     sp.set_defaults(func=cmd_import)
 

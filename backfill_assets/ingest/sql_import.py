@@ -1,11 +1,13 @@
 """``import --sql URL --query ... --source NAME [--cursor COL]``: posts straight from the
 platform's database, validated and written like any export's rows.
 
-With a cursor the import is incremental: it reads the rows after the source's high-water
-mark, (cursor, tenant, post) of the last row committed, in that order, and moves the mark in
-each batch's own transaction. Rows that share a cursor value are ordered by their post, so a
-tie is neither skipped nor read twice; an edited row has a newer cursor value and is read
-again, and its new text is new work.
+With a cursor the import is incremental: the source's high-water mark is (cursor, tenant,
+post) of the last row committed, moved in each batch's own transaction, and the next import
+reads the rows from the mark's cursor value on, that value included, in that order. A row can
+be committed after the mark with the mark's own cursor value (a batch job stamping one
+``updated_at``, a ``date`` cursor): reading the value again finds it, and the rows read before
+count as unchanged by their content keys (as dlt and Airbyte treat the boundary). An edited
+row has a newer cursor value and is read again, and its new text is new work.
 """
 
 from __future__ import annotations
@@ -171,7 +173,8 @@ def import_sql(
     slice_target: int = DEFAULT_SLICE_TARGET,
     options: ImportOptions = DEFAULT_OPTIONS,
 ) -> SqlImport:
-    """Import the query's rows (after the source's mark, with a cursor) into the store."""
+    """Import the query's rows (from the source's mark's cursor value on, with a cursor) into
+    the store."""
     if not SOURCE_NAME_RE.fullmatch(source.name):
         shown_name = shown(source.name)
         raise ImportInputError(f"--source {shown_name!r} must match {SOURCE_NAME_RE.pattern}")

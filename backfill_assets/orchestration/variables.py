@@ -515,7 +515,8 @@ class Variables(BaseSettings):
         "BACKFILL_SOURCE_URL",
         "data",
         "A database the `posts` asset imports from instead of a file (any SQLAlchemy URL; "
-        "`postgresql://` is pinned to psycopg2 and read through a server-side cursor).",
+        "`postgresql://` is pinned to psycopg2 and read through a server-side cursor; a SQLite "
+        "file is opened read-only).",
         default="",
         repr=False,
     )
@@ -523,15 +524,16 @@ class Variables(BaseSettings):
         "BACKFILL_SOURCE_QUERY",
         "data",
         "The `SELECT` that returns `tenant_id`, `post_id` and `text` (optionally `region` and "
-        "the cursor column).",
+        "the cursor column): one statement, run in a read-only transaction (what is enforced: "
+        "[data.md](data.md#what-a-source-query-can-do)).",
         shown="none (required with the URL)",
         default="",
     )
     source_cursor: str = _var(
         "BACKFILL_SOURCE_CURSOR",
         "data",
-        "A column of the query: each import reads only the rows after the last one's (cursor, "
-        "tenant, post) high-water mark, kept in the store as source `posts_asset`.",
+        "A column of the query: each import reads only the rows from the last one's high-water "
+        "mark's cursor value on (that value again), kept in the store as source `posts_asset`.",
         default="",
     )
     source_schedule: str = _var(

@@ -1,12 +1,13 @@
 """Posts straight from a database (PostgreSQL and SQLite sources, each in its own database):
-the same posts and rejects as the JSONL, incremental imports by a (cursor, post) mark that
-neither skips nor repeats a tie, edited rows as new work, and a URL that is never printed."""
+the same posts and rejects as the JSONL, incremental imports from the mark's cursor value on
+(a row committed later with that value is read, those read before count as unchanged), edited
+rows as new work, and a URL that is never printed."""
 
 from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from backfill_assets.ingest.sql_import import SqlImport, SqlSource, import_sql
 from backfill_assets.store.dead_peer import DeadPeer
 from backfill_assets.store.platform_db import platform_engine
 from backfill_assets.store.posts import ImportSummary
+from backfill_tests.cli_runs import clear_settings, cli_main
 from backfill_tests.conftest import pg_database
 from backfill_tests.ingest.exports import RECORDS, SECRET, counts, rejects, stored
 
@@ -152,11 +154,12 @@ def test_an_incremental_import_reads_each_row_once_per_change(
         # The rows come through a server-side cursor, a batch at a time.
         assert seen_fetch and seen_fetch[0].startswith("FETCH FORWARD ")
 
+    # The rest reads T1 again from its first row: the three imported count as unchanged.
     rest = run(engine, source_url)
-    assert (rest.summary.read, rest.summary.imported, rest.summary.unchanged) == (6, 6, 0)
+    assert (rest.summary.read, rest.summary.imported, rest.summary.unchanged) == (9, 6, 3)
     assert mark_of(rest) == (T2, "globex", "p9")
     nothing = run(engine, source_url)
-    assert (nothing.summary.read, nothing.summary.imported) == (0, 0)
+    assert (nothing.summary.read, nothing.summary.imported, nothing.summary.unchanged) == (2, 0, 2)
     assert len(stored(engine)) == 9
 
     with app.begin() as conn:
@@ -177,12 +180,82 @@ def test_an_incremental_import_reads_each_row_once_per_change(
     put(app, ("acme", "p10", "a10", T3))
     changed = run(engine, source_url)
     s = changed.summary
-    assert (s.read, s.imported, s.updated, s.unchanged, s.rejected) == (4, 1, 2, 1, 0)
+    # T2's two rows again, and T3's four: one new, two edits, one touched without a change.
+    assert (s.read, s.imported, s.updated, s.unchanged, s.rejected) == (6, 1, 2, 3, 0)
     with app.connect() as conn:
         truth = {
             (r.workspace, r.id): r.body for r in conn.execute(sa.text("SELECT * FROM app_posts"))
         }
     assert {(t, p): text for t, p, _, _, text in stored(engine)} == truth
+
+
+SUMMARY = ("read", "imported", "updated", "unchanged", "rejected")
+
+
+@pytest.fixture
+def import_json(
+    engine: Engine,
+    source_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> Callable[[str], tuple[int, ...]]:
+    """``import --sql ... --cursor COLUMN --json`` into the module's store: the summary's
+    read, imported, updated, unchanged and rejected."""
+    clear_settings(monkeypatch)
+    monkeypatch.setenv("BACKFILL_DATABASE_URL", engine.url.render_as_string(hide_password=False))
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
+
+    def run_import(query: str, cursor: str = "updated_at") -> tuple[int, ...]:
+        argv = ["import", "--sql", source_url, "--query", query, "--source", "app"]
+        argv += ["--cursor", cursor, "--map", "tenant_id=workspace,post_id=id,text=body"]
+        code, out, err = cli_main([*argv, "--json"], capsys)
+        assert code == 0, err
+        doc = json.loads(out.strip().splitlines()[-1])
+        return tuple(int(doc[k]) for k in SUMMARY)
+
+    return run_import
+
+
+def test_rows_that_arrive_later_with_the_marks_timestamp_are_read(
+    app: sa.Engine, import_json: Callable[[str], tuple[int, ...]]
+) -> None:
+    # The mark is (T1, globex, p4); ten rows committed afterwards at T1 sort before it.
+    put(app, *[("globex", f"p{i}", f"g{i}", T1) for i in range(5)])
+    assert import_json(MAPPED) == (5, 5, 0, 0, 0)
+    put(app, *[("acme", f"q{i}", f"a{i}", T1) for i in range(10)])
+    # The mark's whole cursor value is read again: the late rows are new, the rest unchanged.
+    assert import_json(MAPPED) == (15, 10, 0, 5, 0)
+    assert import_json(MAPPED) == (15, 0, 0, 15, 0)
+    put(app, ("acme", "q10", "a10", T2))
+    assert import_json(MAPPED) == (16, 1, 0, 15, 0)
+    assert import_json(MAPPED) == (1, 0, 0, 1, 0)  # the mark moved on to T2
+
+
+def test_rows_added_later_on_the_marks_day_are_read(
+    app: sa.Engine, import_json: Callable[[str], tuple[int, ...]]
+) -> None:
+    # A date cursor: every row added later on the mark's day whose (tenant, post) sorts before
+    # the mark's used to be lost.
+    with app.begin() as conn:
+        conn.execute(sa.text("DROP TABLE IF EXISTS app_days"))
+        conn.execute(
+            sa.text("CREATE TABLE app_days (workspace TEXT, id TEXT, body TEXT, day DATE)")
+        )
+    day = dt.date(2026, 1, 1)
+
+    def add(*rows: tuple[str, str]) -> None:
+        with app.begin() as conn:
+            conn.execute(
+                sa.text("INSERT INTO app_days VALUES (:w, :i, :b, :d)"),
+                [{"w": w, "i": i, "b": f"{w} {i}", "d": day} for w, i in rows],
+            )
+
+    query = "SELECT workspace, id, body, day FROM app_days"
+    add(("acme", "p1"), *[("globex", f"p{i}") for i in (1, 2, 3)])
+    assert import_json(query, "day") == (4, 4, 0, 0, 0)
+    add(("globex", "p0"), *[("acme", f"r{i}") for i in range(7)])
+    assert import_json(query, "day") == (12, 8, 0, 4, 0)
 
 
 def mark_of(done: SqlImport) -> tuple[dt.datetime, str | None, str | None]:
@@ -212,7 +285,8 @@ def test_rows_without_a_cursor_value_are_rejected_every_time(
     first = run(engine, source_url, batch=10)
     assert (first.summary.imported, first.summary.rejected) == (1, 1)
     again = run(engine, source_url, batch=10)
-    assert (again.summary.read, again.summary.imported, again.summary.rejected) == (1, 0, 1)
+    a = again.summary
+    assert (a.read, a.imported, a.unchanged, a.rejected) == (2, 0, 1, 1)
     reasons = {reason for _, reason, _ in rejects(engine)}
     assert reasons == {
         "updated_at is NULL: an incremental import needs a cursor value on every row"
