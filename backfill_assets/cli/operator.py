@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -18,7 +17,7 @@ from backfill_assets.cli.inputs import (
     store_tenants,
 )
 from backfill_assets.cli.instance import instance
-from backfill_assets.cli.tables import Human, emit, table
+from backfill_assets.cli.tables import Human, emit, table, tell
 from backfill_assets.core.keys import SLICE_KEYS
 from backfill_assets.core.regions import run_tags
 from backfill_assets.dispatch.pipeline import with_levels
@@ -246,5 +245,5 @@ def _wait(client: DagsterClient, launched: list[dict[str, Any]], seconds: float)
         statuses = {bid: client.backfill_status(bid) for bid in ids}
         if all(s in DONE_STATUSES for s in statuses.values()) or time.monotonic() > deadline:
             return statuses
-        print(f"... {statuses}", file=sys.stderr, flush=True)
+        tell(f"... {statuses}")
         time.sleep(2.0)
