@@ -47,6 +47,8 @@ MALFORMED = {"one slash", "no colon", "open bracket", "named port"}
 # What the driver reads as a NUL: refused like a URL that does not parse.
 NUL = "%00"
 SQL = "--sql"
+# The webserver's URL (a proxy's basic auth): read by httpx, which cuts it at the first '/'.
+WEBSERVER = "--url"
 # Every command that takes or prints a database URL, and where it reads it from.
 COMMANDS: list[tuple[list[str], str]] = [
     (["sink", "check"], "BACKFILL_SINK_URL"),
@@ -56,6 +58,7 @@ COMMANDS: list[tuple[list[str], str]] = [
     (["import", SQL, "--query", "SELECT 1 AS x", "--source", "platform"], SQL),
     (["tenant", "list"], "BACKFILL_DATABASE_URL"),
     (["tenant", "list"], "BACKFILL_SOURCE_URL"),
+    (["launch", "--stale", WEBSERVER], WEBSERVER),
 ]
 
 
@@ -120,12 +123,14 @@ def test_no_command_shows_logs_or_stores_a_password(place: Place) -> None:
         password: str, encoded: bool, shape: str, command: tuple[list[str], str], as_json: bool
     ) -> None:
         argv, where = command
-        if where == "BACKFILL_DATABASE_URL" and shape == "answers":
+        if where in ("BACKFILL_DATABASE_URL", WEBSERVER) and shape == "answers":
             shape = "refused"  # not a store: the command would migrate it
         url = place.url(shape, quote(password, safe="") if encoded else password)
         env = dict(place.env)
         if where == SQL:
             argv = [*argv[:2], url, *argv[2:]]
+        elif where == WEBSERVER:
+            argv = [*argv, url.replace("postgresql", "http", 1)]
         else:
             env[where] = url
         argv = [*argv, "--json"] if as_json else argv
@@ -138,7 +143,7 @@ def test_no_command_shows_logs_or_stores_a_password(place: Place) -> None:
         # it read.)
         plain = encoded or "@" not in password
         nul = not encoded and NUL in password
-        if plain and (shape in MALFORMED or nul):
+        if plain and (shape in MALFORMED or nul) and where != WEBSERVER:
             assert code == 2 and "is not a database URL" in err, (argv, url, err)
 
     one()
