@@ -148,7 +148,8 @@ def _secrets(url: str) -> set[str]:
             for group in ("ipv4host", "ipv6host", "port", "database"):
                 if m[group] is not None:
                     piece = url[max(m.start(group), tail[0]) : min(m.end(group), tail[1])]
-                    found |= {piece} if len(piece) >= _MIN_PIECE else set()
+                    if len(piece) >= _MIN_PIECE:
+                        found.add(piece)
         elif ":" in url[start:end]:
             found.add(url[start:end].partition(":")[2])  # user:password as typed
     found |= {url[s:e] for s, e in _param_spans(url)}
