@@ -13,6 +13,8 @@ _no_negative_zero  # rubric
 _prices_parse  # settings.Settings
 _model_url_plain  # settings.Settings
 _database_url_parses  # settings.Settings
+_platform_url_parses  # settings.Settings
+drivername  # urls.UrlParts: compared with make_url's by unit/test_urls.py
 _prompt_path_replaced  # settings.Settings
 prompt_path  # settings.Settings: BACKFILL_PROMPT_PATH, read only to refuse it
 _batch_needs_a_batch_api  # settings.Settings

@@ -3,6 +3,8 @@ and the ``--json`` document read from the last line of standard output."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -67,6 +69,23 @@ def cli_main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, 
     code = main(argv)
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def cli_with_env(argv: list[str], env: dict[str, str]) -> tuple[int, str, str]:
+    """``backfill-moderation ARGV`` in this process as ``main`` runs it, with ``env`` as its
+    only ``BACKFILL_*``/``DAGSTER_*`` settings for the call: the exit code, standard output
+    and standard error (captured here, so property tests can call it without fixtures)."""
+    saved, wanted = dict(os.environ), clean_env(**env)
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        os.environ.clear()
+        os.environ.update(wanted)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(argv)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    return code, out.getvalue(), err.getvalue()
 
 
 def cli_here(

@@ -1,7 +1,8 @@
 """Print a URL as it may be shown: ``python deploy/redact_url.py URL`` (``bin/dev``, ``bin/prod``).
 
-The one redactor (``core.urls.redact_url``): the password, wherever it sits (an ``@`` in it,
-an empty user name), and secret query parameters (``?password=``) become ``***``.
+The one redactor (``core.urls.redact_url``): the password, read as SQLAlchemy reads it (it may
+hold ``/``, ``?``, ``#`` or a raw ``@``; an empty user name), and secret query parameters
+(``?password=``) become ``***``.
 """
 
 from __future__ import annotations

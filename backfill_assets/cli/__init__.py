@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
@@ -23,6 +22,7 @@ from backfill_assets.cli.process import exit_process, freeze_heap
 from backfill_assets.cli.provider_sim import COMMAND as PROVIDER_SIM
 from backfill_assets.cli.provider_sim import add_provider_sim_command
 from backfill_assets.cli.sink import add_sink_commands
+from backfill_assets.cli.tables import tell
 from backfill_assets.cli.tenants import add_tenant_commands
 from backfill_assets.core.urls import redact_url, scrub
 from backfill_assets.orchestration.settings import Settings, SettingsError
@@ -217,21 +217,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (SettingsError, UserError) as exc:
         sub = getattr(args, "tenant_command", None) or getattr(args, "policy_command", None)
         name = " ".join(filter(None, (args.command, sub)))
-        print(f"backfill-moderation {name}: error: {exc}", file=sys.stderr)
+        tell(f"backfill-moderation {name}: error: {exc}")
         return 2
     except (sa.exc.OperationalError, sa.exc.InterfaceError) as exc:
         # The store cannot be reached (a wrong host, port or password, a server down): one
         # line naming the setting, never the password, never a traceback.
         url = settings.store_url if "settings" in locals() else ""
         first = (str(getattr(exc, "orig", None) or exc).strip().splitlines() or ["?"])[0]
-        print(
+        tell(
             f"backfill-moderation {args.command}: error: cannot use the store "
-            f"{redact_url(url)} (BACKFILL_DATABASE_URL): {scrub(first, url)[:300]}",
-            file=sys.stderr,
+            f"{redact_url(url)} (BACKFILL_DATABASE_URL): {scrub(first, url)[:300]}"
         )
         return 2
     except KeyboardInterrupt:
-        print(f"backfill-moderation {args.command}: interrupted", file=sys.stderr)
+        tell(f"backfill-moderation {args.command}: interrupted")
         return INTERRUPTED
     finally:
         signal.signal(signal.SIGTERM, previous)

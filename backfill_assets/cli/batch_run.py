@@ -14,7 +14,6 @@ has its errors) or a partition was busy, 2 on bad settings.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import uuid
@@ -22,6 +21,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from backfill_assets.cli.inputs import known_tenants
+from backfill_assets.cli.tables import show_json, tell
 from backfill_assets.core.keys import SLICE_KEYS
 from backfill_assets.dispatch.partition_run import PartitionRef, RunStopped
 from backfill_assets.dispatch.pipeline import run_partitions
@@ -46,7 +46,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             known = tenant_ids(conn)
         tenants = known_tenants(args.tenant, known) or known
     except (SettingsError, ValueError) as exc:  # UserError too: an unknown --tenant
-        print(f"error: {exc}", file=sys.stderr)
+        tell(f"error: {exc}")
         return 2
     refs = [
         PartitionRef(partition_key_for(t, s), t, i)
@@ -64,12 +64,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             env.rubric(),
             run_id,
             settings.run_options(model, faults),
-            log=lambda m: print(m, file=sys.stderr, flush=True),
+            log=tell,
         )
     except RunStopped as exc:
         # A run-level refusal (401/403/404 ...): every chunk stays for the next run.
         stopped, reports = exc, exc.reports
-        print(f"error: {exc}", file=sys.stderr, flush=True)
+        tell(f"error: {exc}")
     totals: Counter[str] = Counter()
     for rep in reports:
         for name, value in rep.summary().items():
@@ -91,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "busy": busy,
         "stopped": str(stopped) if stopped else None,
     }
-    print(json.dumps(doc, sort_keys=True), flush=True)
+    show_json(doc)
     # Stopped by a run-level refusal, chunks the provider refused (see the log for their
     # errors) or partitions left to others.
     return 1 if stopped or failed or busy else 0

@@ -15,7 +15,7 @@ from backfill_assets.cli.inputs import (
     load_user_policy,
     store_tenants,
 )
-from backfill_assets.cli.tables import emit, table
+from backfill_assets.cli.tables import emit, show_csv, table
 from backfill_assets.core.reconcile import ReportError, compare, read_report
 from backfill_assets.core.rubric import Rubric
 from backfill_assets.demo.generate import write_export
@@ -80,7 +80,7 @@ def cmd_usage(args: argparse.Namespace, settings: Settings) -> int:
         rows = usage_by_tenant_model(conn) if args.totals else usage_by_day(conn)
     cols = [c for c in USAGE_COLUMNS if not (args.totals and c == "day")]
     if args.csv:
-        print(usage_csv(rows, cols), end="", flush=True)
+        show_csv(usage_csv(rows, cols))
         return 0
     emit(args, {"usage": rows}, table(rows, cols))
     return 0

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import sys
 from collections.abc import Callable
 from typing import Any
 
 from backfill_assets.cli.inputs import UserError
-from backfill_assets.cli.tables import Human, table
+from backfill_assets.cli.tables import Human, table, tell
 from backfill_assets.core.deadline import DeadlineError, DeadlinePlan, parse_deadline
 from backfill_assets.core.money import usd
 from backfill_assets.core.prices import Tier
@@ -44,7 +43,7 @@ def margin_share(raw: str) -> float:
 
 
 def _log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+    tell(message)
 
 
 def cmd_run_deadline(

@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from backfill_assets.cli.inputs import UserError
-from backfill_assets.cli.tables import show, table
+from backfill_assets.cli.tables import show, show_json, table
 from backfill_assets.core.csv_cells import csv_row
 from backfill_assets.orchestration.settings import Settings
 from backfill_assets.store.engine import read_tx
@@ -167,7 +167,7 @@ def cmd_export(args: argparse.Namespace, settings: Settings) -> int:
     doc = {"out": str(out_dir), **manifest}
     total = sum(int(f["rows"]) for f in files)
     if args.json:
-        print(json.dumps(doc, sort_keys=True), flush=True)
+        show_json(doc)
     else:
         show(
             table(files, ["tenant", "file", "rows", "sha256"]),

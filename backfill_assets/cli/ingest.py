@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -12,7 +11,7 @@ from typing import Any
 from backfill_assets.cli.inputs import UserError, choice, known_value
 from backfill_assets.cli.instance import instance
 from backfill_assets.cli.progress import ProgressDisplay, wanted
-from backfill_assets.cli.tables import Human, emit, table
+from backfill_assets.cli.tables import Human, emit, table, tell
 from backfill_assets.core.columns import ColumnMap, ColumnMapError
 from backfill_assets.core.keys import InvalidTenantId, validate_tenant_id
 from backfill_assets.ingest.formats import FORMATS, Format
@@ -180,7 +179,7 @@ def cmd_import(args: argparse.Namespace, settings: Settings) -> int:
     if total.new_rejects and not args.json:
         # On stderr, and only for lines not recorded before: re-importing the same file
         # (as bin/dev does at every start) does not repeat it.
-        print(rejects_hint(total.new_rejects), file=sys.stderr, flush=True)
+        tell(rejects_hint(total.new_rejects))
     return 0
 
 

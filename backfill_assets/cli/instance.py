@@ -6,15 +6,15 @@ from __future__ import annotations
 import fcntl
 import importlib.resources
 import os
-import re
 from collections.abc import MutableMapping
 
 import dagster as dg
 
 from backfill_assets.cli.inputs import UserError
+from backfill_assets.core.urls import redact_url, redact_urls_in, scrub
 from backfill_assets.orchestration.settings import Settings
 from backfill_assets.store.dead_peer import DeadPeer
-from backfill_assets.store.engine import normalize_url
+from backfill_assets.store.engine import database_url, normalize_url
 
 # The project's dagster.yaml, shipped inside the package (a link to it in a checkout).
 INSTANCE_TEMPLATE = importlib.resources.files("backfill_assets") / "instance" / "dagster.yaml"
@@ -59,9 +59,14 @@ def _pin_instance_driver(env: MutableMapping[str, str], peer: DeadPeer) -> None:
     only way into dagster-postgres' connections (``DeadPeer.url_with_params``)."""
     url = env.get("DAGSTER_PG_URL")
     if url:
+        try:
+            database_url(url)
+        except ValueError as exc:
+            raise UserError(f"DAGSTER_PG_URL={redact_url(url)[:80]!r}: {exc}") from None
         env["DAGSTER_PG_URL"] = peer.url_with_params(normalize_url(url))
 
 
 def _redacted(text: str) -> str:
-    """Database errors can quote the URL: never print its password."""
-    return re.sub(r"(://[^:/@\s]+:)[^@\s]+@", r"\1***@", text)
+    """Database errors can quote the URL: never print its password (DAGSTER_PG_URL's, or one
+    written in dagster.yaml itself)."""
+    return scrub(redact_urls_in(text), os.environ.get("DAGSTER_PG_URL", ""))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -18,9 +17,10 @@ from backfill_assets.cli.inputs import (
     store_tenants,
 )
 from backfill_assets.cli.instance import instance
-from backfill_assets.cli.tables import Human, emit, table
+from backfill_assets.cli.tables import Human, emit, table, tell
 from backfill_assets.core.keys import SLICE_KEYS
 from backfill_assets.core.regions import run_tags
+from backfill_assets.core.urls import redact_url, scrub
 from backfill_assets.dispatch.pipeline import with_levels
 from backfill_assets.orchestration.asset_keys import BLOCKING_GROUPS
 from backfill_assets.orchestration.check_executions import CHECK_STATES
@@ -161,7 +161,7 @@ def cmd_launch(args: argparse.Namespace, settings: Settings) -> int:
     try:
         return _launch(args, client, _no_work(settings), _regions(settings))
     except GraphQLError as exc:
-        raise UserError(f"webserver: {exc}") from None
+        raise UserError(f"webserver: {scrub(str(exc), url)}") from None
     finally:
         client.close()
 
@@ -212,7 +212,7 @@ def _launch(
         if not args.dry_run:
             title = f"moderation {tenant}: {'+'.join(kinds)} ({len(pks)} partitions)"
             bid = client.launch_backfill(pks, title, tags)
-            entry.update(backfill_id=bid, url=client.backfill_url(bid))
+            entry.update(backfill_id=bid, url=redact_url(client.backfill_url(bid)))
         launched.append(entry)
     statuses = _wait(client, launched, args.wait) if args.wait and not args.dry_run else {}
     for entry in launched:
@@ -246,5 +246,5 @@ def _wait(client: DagsterClient, launched: list[dict[str, Any]], seconds: float)
         statuses = {bid: client.backfill_status(bid) for bid in ids}
         if all(s in DONE_STATUSES for s in statuses.values()) or time.monotonic() > deadline:
             return statuses
-        print(f"... {statuses}", file=sys.stderr, flush=True)
+        tell(f"... {statuses}")
         time.sleep(2.0)

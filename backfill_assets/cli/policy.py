@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Callable
 from typing import Any
 
 from backfill_assets.cli.parsers import command_group
-from backfill_assets.cli.tables import emit, table
+from backfill_assets.cli.tables import emit, table, tell
 from backfill_assets.core.policy import Policy
 from backfill_assets.core.policy_diff import diff_policies
 from backfill_assets.core.policy_file import PolicyInvalid, load_policy
@@ -50,10 +49,7 @@ def _load(args: argparse.Namespace, path: str) -> Policy | None:
         ]
         lines = [p.render(path) for p in exc.problems]
         emit(args, {"ok": False, "file": path, "problems": problems}, *lines)
-        print(
-            f"backfill-moderation policy {args.policy_command}: {len(lines)} problem(s) in {path}",
-            file=sys.stderr,
-        )
+        tell(f"backfill-moderation policy {args.policy_command}: {len(lines)} problem(s) in {path}")
         return None
 
 

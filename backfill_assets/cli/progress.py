@@ -10,8 +10,18 @@ import sys
 from types import TracebackType
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, ProgressColumn, Task, TaskID, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    Progress,
+    ProgressColumn,
+    Task,
+    TaskID,
+    TextColumn,
+    TimeRemainingColumn,
+)
 from rich.text import Text
+
+from backfill_assets.cli.tables import terminal_text
 
 Counter = int | float | str
 
@@ -51,9 +61,12 @@ class _Counters(ProgressColumn):
     def render(self, task: Task) -> Text:
         counters: dict[str, Counter] = task.fields.get("counters", {})
         return Text(
-            "  ".join(
-                f"{k} {_number(v) if isinstance(v, int | float) else v}"
-                for k, v in counters.items()
+            terminal_text(
+                "  ".join(
+                    f"{k} {_number(v) if isinstance(v, int | float) else v}"
+                    for k, v in counters.items()
+                ),
+                lines=False,
             )
         )
 
@@ -76,7 +89,8 @@ class ProgressDisplay:
     def _start(self) -> Progress:
         if self._progress is None:
             self._progress = Progress(
-                "[bold]{task.description}",
+                # A task is named by outside text (a file name): shown as text, not markup.
+                TextColumn("{task.description}", style="bold", markup=False),
                 BarColumn(),
                 _Count(self.unit),
                 _Rate(self.unit),
@@ -97,7 +111,8 @@ class ProgressDisplay:
             return
         progress = self._start()
         if task not in self._tasks:
-            self._tasks[task] = progress.add_task(task, total=total, counters=counters)
+            name = terminal_text(task, lines=False)
+            self._tasks[task] = progress.add_task(name, total=total, counters=counters)
         progress.update(self._tasks[task], completed=done, total=total, counters=counters)
 
     def close(self) -> None:

@@ -7,8 +7,6 @@ import argparse
 import time
 from collections.abc import Callable
 
-import sqlalchemy as sa
-
 from backfill_assets.cli.inputs import UserError, known_tenants
 from backfill_assets.cli.parsers import command_group
 from backfill_assets.cli.tables import emit
@@ -17,7 +15,7 @@ from backfill_assets.dispatch.partition_run import PartitionRef
 from backfill_assets.orchestration.applied import write_back
 from backfill_assets.orchestration.partitions import partition_key_for
 from backfill_assets.orchestration.settings import Settings
-from backfill_assets.store.engine import read_tx
+from backfill_assets.store.engine import database_url, read_tx
 from backfill_assets.store.reports import tenant_ids
 from backfill_assets.store.sink import SinkError, check, ddl, gap_partitions
 
@@ -67,9 +65,9 @@ def cmd_sink_ddl(args: argparse.Namespace, settings: Settings) -> int:
     dialect = args.dialect
     if dialect is None and settings.sink_url:
         try:
-            dialect = sa.engine.make_url(settings.sink_url).get_backend_name()
-        except sa.exc.ArgumentError:
-            raise UserError("BACKFILL_SINK_URL is not a database URL") from None
+            dialect = database_url(settings.sink_url).get_backend_name()
+        except ValueError as exc:
+            raise UserError(f"BACKFILL_SINK_URL {exc}") from None
     try:
         text = ddl(settings.sink_table, dialect or "postgresql")
     except ValueError as exc:

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
 from collections.abc import Callable
 
 from backfill_assets.cli.inputs import UserError, known_tenants
 from backfill_assets.cli.parsers import command_group
-from backfill_assets.cli.tables import emit, table
+from backfill_assets.cli.tables import emit, table, tell
 from backfill_assets.core.money import nanos_of_usd
 from backfill_assets.core.regions import InvalidRegion, base_url_var, validate_region
 from backfill_assets.orchestration.model_resources import OpenAIModelResource
@@ -90,11 +89,9 @@ def cmd_set_region(args: argparse.Namespace, settings: Settings) -> int:
     model = settings.model_resource()
     if isinstance(model, OpenAIModelResource) and region not in model.region_base_urls:
         # Not an error: endpoints belong to the process that dispatches, maybe not this one.
-        print(
+        tell(
             f"note: {base_url_var(region)} is not set here; a run in this environment sends "
-            f"nothing for {tenant} and fails its partitions",
-            file=sys.stderr,
-            flush=True,
+            f"nothing for {tenant} and fails its partitions"
         )
     return 0
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 
+from backfill_assets.core.urls import redact_url, scrub
 from backfill_assets.orchestration.asset_keys import APPLIED, BLOCKING_GROUPS, LABELS
 from backfill_assets.orchestration.partitions import InvalidPartitionKey, partition_ref
 
@@ -169,8 +170,13 @@ class DagsterClient:
                 f"{self.base_url}/graphql", json={"query": text, "variables": variables or {}}
             )
             resp.raise_for_status()
+        except httpx.InvalidURL:
+            # Its message quotes the part it could not read: maybe a piece of a password.
+            raise GraphQLError(f"{redact_url(self.base_url)}: is not a URL") from None
         except httpx.HTTPError as exc:
-            raise GraphQLError(f"{self.base_url}: {type(exc).__name__}: {exc}") from None
+            # The URL may carry a user and password (a proxy's basic auth): never echoed.
+            why = scrub(f"{type(exc).__name__}: {exc}", self.base_url)
+            raise GraphQLError(f"{redact_url(self.base_url)}: {why}") from None
         doc: dict[str, Any] = resp.json()
         if doc.get("errors"):
             raise GraphQLError("; ".join(str(e.get("message")) for e in doc["errors"])[:500])

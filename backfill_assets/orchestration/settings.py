@@ -322,8 +322,9 @@ def _describe(err: Any) -> str:
     if not loc:
         return msg
     name, raw = loc[0], err.get("input")
-    if isinstance(raw, str) and ("URL" in str(name) or "://" in raw):
-        raw = redact_url(raw)  # a URL may carry a password: never echoed
+    if isinstance(raw, str):
+        # A URL may carry a password, and a malformed one need not look like a URL.
+        raw = redact_url(raw)
     shown = repr(raw[:60] if isinstance(raw, str) else raw)
     if err.get("type") in _TYPE_WORDS:
         return f"{name}={shown} {_TYPE_WORDS[err['type']]}"

@@ -16,7 +16,6 @@ from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 import dagster as dg
-import sqlalchemy as sa
 from pydantic import BeforeValidator, Field, field_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
@@ -26,6 +25,7 @@ from backfill_assets.core.prices import PriceError, PriceTable
 from backfill_assets.orchestration.checks_config import ChecksResource
 from backfill_assets.orchestration.resources import RunSettings
 from backfill_assets.store.dead_peer import DEFAULT_DEAD_PEER_SECONDS
+from backfill_assets.store.engine import database_url
 from backfill_assets.store.sink import DEFAULT_BATCH as DEFAULT_SINK_BATCH
 from backfill_assets.store.sink import DEFAULT_TABLE as DEFAULT_SINK_TABLE
 from backfill_assets.store.sink import split_table_name
@@ -622,12 +622,17 @@ class Variables(BaseSettings):
     def _database_url_parses(cls, value: str) -> str:
         if not value:
             return value
-        try:
-            url = sa.engine.make_url(value)
-        except (sa.exc.ArgumentError, ValueError):
-            raise ValueError("is not a database URL (sqlite:///path or postgresql://...)") from None
+        url = database_url(value)
         if url.get_backend_name() not in ("sqlite", "postgresql"):
             raise ValueError(f"must be SQLite or PostgreSQL, not {url.get_backend_name()!r}")
+        return value
+
+    @field_validator("sink_url", "source_url")
+    @classmethod
+    def _platform_url_parses(cls, value: str) -> str:
+        # Refused at start, as the store's is, rather than in the step that first uses it.
+        if value:
+            database_url(value)
         return value
 
     @field_validator("prices_json")

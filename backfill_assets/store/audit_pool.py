@@ -31,6 +31,7 @@ from backfill_assets.audit.check_defs import Verdict
 from backfill_assets.audit.check_rules import CheckBounds, DriftRule
 from backfill_assets.core.keys import Versions
 from backfill_assets.core.output_gate import OutputContract
+from backfill_assets.core.urls import scrub
 from backfill_assets.store.dead_peer import DeadPeer
 from backfill_assets.store.engine import engine_dead_peer, make_engine
 from backfill_assets.store.evidence import Partition
@@ -147,10 +148,11 @@ def judge(
                     left.extend(chunk)
                 err.seek(0)
                 tail = err.read()[-500:].decode("utf-8", "replace").strip()
-                log(
+                message = (
                     f"WARNING: check worker {proc.pid} failed ({exc})"
                     f"{': ' + tail if tail else ''}; its partitions are judged in this process"
                 )
+                log(scrub(message, str(common["url"])))  # a driver's error may quote it
                 return  # this worker is done for; the others (or this process) take the rest
             with lock:
                 out.update(got)

@@ -22,7 +22,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, urlencode
+
+from backfill_assets.core.urls import parse_database_url
 
 DEFAULT_DEAD_PEER_SECONDS = 15.0
 # Probes after the idle time: three, so one lost probe is not a verdict.
@@ -98,12 +100,16 @@ class DeadPeer:
         """``url`` with the client parameters it lacks and, unless it has ``options``, the
         server settings as startup options. For Dagster's ``postgres_url``, which accepts no
         connect arguments or session hooks."""
-        parts = urlsplit(url)
-        query = dict(parse_qsl(parts.query, keep_blank_values=True))
+        # Where the query starts as SQLAlchemy reads the URL, not urlsplit: a password may
+        # hold '/', '?' or '#' (core/urls.py).
+        parts = parse_database_url(url)
+        if parts is None:
+            return url  # not a database URL: left for its reader to refuse
+        query = dict(parse_qsl(parts.query or "", keep_blank_values=True))
         added: dict[str, Any] = dict(self.missing_client_params(query))
         if "options" not in query:
             added["options"] = self.startup_options()
         if not added:
             return url
         extra = urlencode(added, quote_via=quote)
-        return urlunsplit(parts._replace(query=f"{parts.query}&{extra}" if parts.query else extra))
+        return url + ("?" if parts.query is None else "&" if parts.query else "") + extra

@@ -9,7 +9,7 @@ from sqlalchemy.pool import NullPool
 
 from backfill_assets.core.urls import redact_url, scrub
 from backfill_assets.store.dead_peer import DeadPeer
-from backfill_assets.store.engine import normalize_url
+from backfill_assets.store.engine import database_url, normalize_url
 
 
 class PlatformDbError(ValueError):
@@ -20,15 +20,17 @@ class PlatformDbError(ValueError):
 def platform_engine(url: str, error: type[PlatformDbError] = PlatformDbError) -> sa.Engine:
     """An engine on a platform database (no pool: one step holds one connection)."""
     try:
-        url = normalize_url(url)
+        parsed = database_url(normalize_url(url))
+    except ValueError as exc:
+        raise error(f"{redact_url(url)}: {exc}") from None
+    try:
         # A host that vanishes mid-read or mid-write must fail the step in seconds, not hang
         # it for the kernel's two hours: libpq's keepalives, as on the store (dead_peer.py).
         peer = DeadPeer()
-        query = dict(sa.engine.make_url(url).query)
-        pg = url.startswith("postgresql")
-        args = dict(peer.missing_client_params(query)) if pg else {}
-        return sa.create_engine(url, poolclass=NullPool, connect_args=args)
-    except Exception as exc:  # an unknown dialect or driver, a malformed URL
+        pg = parsed.get_backend_name() == "postgresql"
+        args = dict(peer.missing_client_params(dict(parsed.query))) if pg else {}
+        return sa.create_engine(parsed, poolclass=NullPool, connect_args=args)
+    except Exception as exc:  # an unknown dialect or driver
         raise error(f"{redact_url(url)}: {scrub(str(exc), url)}") from None
 
 
