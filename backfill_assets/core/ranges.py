@@ -18,6 +18,11 @@ from typing import TypeVar
 # BIGINT columns hold 2**63 - 1, so nine such values still add up inside one.
 MAX_TOKENS = 10**18
 MAX_NANOS = 10**18
+# Tokens a provider may report for one call; more is not a real provider's answer.
+MAX_CALL_TOKENS = 10**12
+# USD per million tokens (the dearest list price in 2025 is 600). At this price a call's
+# input and output, each at most MAX_CALL_TOKENS, cost at most 2 x 10^18 nano-dollars: a BIGINT.
+MAX_PRICE_PER_MILLION = Decimal(1000)
 
 # Longer text cannot be a number within any range here; it is refused before conversion.
 _MAX_CHARS = 64

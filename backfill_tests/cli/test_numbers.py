@@ -13,6 +13,7 @@ from sqlalchemy.engine import Engine
 
 from backfill_tests.cli_runs import cli_main
 from backfill_tests.conftest import import_records
+from backfill_tests.pipeline_helpers import run
 
 POSTS = [{"tenant_id": "acme", "post_id": f"p{i}", "text": f"post {i}"} for i in range(3)]
 
@@ -81,3 +82,30 @@ def test_the_largest_and_smallest_budgets_are_kept_exactly(
     assert code == 0, err
     got = json.loads(out)
     assert (got["budget_usd"], got["budget_tokens"]) == doc
+
+
+@pytest.mark.parametrize(
+    ("argv", "price", "says"),
+    [
+        (["dry-run"], "1e999999999", "less than or equal to 1000"),
+        (["usage", "--reprice"], "1e30", "less than or equal to 1000"),
+        (["usage", "--reprice"], "-1", "greater than or equal to 0"),
+        (["usage", "--reprice"], '"sNaN"', "finite number"),
+    ],
+)
+def test_a_price_out_of_range_exits_2_naming_the_variable(
+    store: Engine,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+    price: str,
+    says: str,
+) -> None:
+    if argv[0] == "usage":
+        run(store, ["acme"])  # usage events to price again (dry-run prices what is pending)
+    monkeypatch.setenv(
+        "BACKFILL_PRICES", f'{{"fake-moderator-1": {{"input": {price}, "output": 1}}}}'
+    )
+    code, _, err = cli_main(argv, capsys)
+    assert code == 2, err[-2000:]
+    assert "BACKFILL_PRICES=" in err and says in err and "Traceback" not in err

@@ -10,8 +10,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from backfill_assets.core.money import nanos_of_usd
+from backfill_assets.core.prices import Price
 from backfill_assets.core.ranges import (
+    MAX_CALL_TOKENS,
     MAX_NANOS,
+    MAX_PRICE_PER_MILLION,
     MAX_TOKENS,
     OutOfRange,
     bound_text,
@@ -32,6 +35,19 @@ numberish = st.one_of(
 
 def test_sums_of_a_few_maximal_values_fit_a_bigint() -> None:
     assert 9 * max(MAX_TOKENS, MAX_NANOS) <= BIGINT_MAX
+
+
+def test_the_largest_call_at_the_dearest_price_costs_a_bigint_at_most() -> None:
+    top = Price(
+        input=MAX_PRICE_PER_MILLION,
+        output=MAX_PRICE_PER_MILLION,
+        cached_input=MAX_PRICE_PER_MILLION,
+        cache_write=MAX_PRICE_PER_MILLION,
+    )
+    most = MAX_CALL_TOKENS - 1
+    assert top.cost(most, most, cached=most // 2, cache_written=most // 2) <= BIGINT_MAX
+    assert top.bound(most, most) <= BIGINT_MAX
+    assert top.halved().cost(most, most) <= BIGINT_MAX
 
 
 @given(numberish)
