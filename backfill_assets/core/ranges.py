@@ -23,6 +23,8 @@ MAX_CALL_TOKENS = 10**12
 # USD per million tokens (the dearest list price in 2025 is 600). At this price a call's
 # input and output, each at most MAX_CALL_TOKENS, cost at most 2 x 10^18 nano-dollars: a BIGINT.
 MAX_PRICE_PER_MILLION = Decimal(1000)
+# Unix seconds from 1970-01-01 to 9999-12-31T23:59:59Z (the last second Python dates hold).
+MAX_UNIX_SECONDS = 253_402_300_799
 
 # Longer text cannot be a number within any range here; it is refused before conversion.
 _MAX_CHARS = 64
