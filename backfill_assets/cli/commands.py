@@ -121,6 +121,7 @@ def _reconcile(args: argparse.Namespace, engine: sa.Engine) -> int:
 
 def cmd_dry_run(args: argparse.Namespace, settings: Settings) -> int:
     """Pending keys per tenant, with estimated tokens and cost and the reserved upper bound."""
+    settings.require_price()
     engine = settings.store_engine()
     rubric = settings.rubric()
     if args.policy:

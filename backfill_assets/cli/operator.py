@@ -169,6 +169,8 @@ def cmd_launch(args: argparse.Namespace, settings: Settings) -> int:
     if not (args.stale or args.missing or args.failed or args.check_failed):
         raise UserError("choose at least one of --stale, --missing, --failed, --check-failed")
     if not args.dry_run:
+        # The runs it launches send and book (the code location checks it too).
+        settings.require_price()
         require_gate(settings)
     url = args.url or settings.webserver_url
     client = DagsterClient(url)

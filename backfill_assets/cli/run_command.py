@@ -45,6 +45,7 @@ from backfill_assets.store.tenants import all_regions
 
 def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     """Materialise labels, checks and the gated apply in-process; exit 1 if a check blocked."""
+    settings.require_price()
     engine = settings.store_engine()
     tenants = store_tenants(engine, args.tenant)
     if args.deadline:

@@ -282,8 +282,10 @@ class Variables(BaseSettings):
         "Its usage events book cost *unknown* (`cost_unknown`, with `cost_nanos` 0), and every "
         "report says so instead of $0: `usage` shows `unknown (N calls unpriced)` (or `>= $X` "
         "when only some calls were unpriced), the CSV `unknown`, `tenant_usage` and partition "
-        "metadata the same. Off: such a model is refused at start-up, since every invoice of it "
-        "would read zero.",
+        "metadata the same. Off: such a model is refused (exit 2) by what prices or sends "
+        "(`run`, `dry-run`, `evaluate`, `launch`, the code location's runs), since every invoice "
+        "of it would read zero; commands that only read or write the store (`import`, `tenant`, "
+        "`usage`, `verify`, ...) do not ask.",
         default=False,
     )
 
