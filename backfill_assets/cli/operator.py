@@ -109,11 +109,11 @@ def _verdict_doc(pk: str, v: Verdict) -> dict[str, Any]:
 
 def cmd_check(args: argparse.Namespace, settings: Settings) -> int:
     """The same checks Dagster runs, for one tenant's partitions; exit 1 on blocking failures."""
+    if not args.summary and len(args.tenant) != 1:
+        raise UserError("check needs exactly one --tenant (or --summary for an overview)")
     engine = settings.store_engine()
     if args.summary:
         return _check_summary(args, settings, engine)
-    if len(args.tenant) != 1:
-        raise UserError("check needs exactly one --tenant (or --summary for an overview)")
     tenant = store_tenants(engine, args.tenant)[0]
     slices = args.slice or list(SLICE_KEYS)
     names = [n for n in CHECK_NAMES if n in args.name] or list(CHECK_NAMES)
