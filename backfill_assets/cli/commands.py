@@ -16,6 +16,7 @@ from backfill_assets.cli.inputs import (
     store_tenants,
 )
 from backfill_assets.cli.tables import emit, table
+from backfill_assets.core.ranges import PATH_SHOWN, shown
 from backfill_assets.core.reconcile import ProviderReport, ReportError, compare, read_report
 from backfill_assets.core.rubric import Rubric
 from backfill_assets.demo.generate import write_export
@@ -200,8 +201,12 @@ def cmd_demo_data(args: argparse.Namespace, settings: Settings) -> int:
     tenants = ["acme", "globex", "initech", "umbrella", "hooli", "wayne", "stark", "tyrell"]
     while len(tenants) < args.tenants:
         tenants.append(f"tenant-{len(tenants):04d}")
-    n = write_export(
-        Path(args.out), tenants[: args.tenants], args.posts, bad_lines=not args.no_bad_lines
-    )
+    try:
+        n = write_export(
+            Path(args.out), tenants[: args.tenants], args.posts, bad_lines=not args.no_bad_lines
+        )
+    except (OSError, UnicodeError) as exc:  # a directory, no permission, a name not UTF-8
+        where, why = shown(args.out, PATH_SHOWN), type(exc).__name__
+        raise UserError(f"argument --out: cannot write {where} ({why})") from None
     emit(args, {"path": args.out, "lines": n}, f"wrote {n} lines to {args.out}")
     return 0

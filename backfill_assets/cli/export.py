@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 
 from backfill_assets.cli.inputs import UserError, known_tenants
 from backfill_assets.cli.tables import show, table
+from backfill_assets.core.ranges import PATH_SHOWN, shown
 from backfill_assets.orchestration.settings import Settings
 from backfill_assets.store.engine import read_tx
 from backfill_assets.store.label_export import LabelRow, tenant_labels
@@ -148,7 +149,8 @@ def cmd_export(args: argparse.Namespace, settings: Settings) -> int:
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise UserError(f"--out {out_dir}: cannot create it ({type(exc).__name__})") from None
+        where = shown(str(out_dir), PATH_SHOWN)
+        raise UserError(f"argument --out: cannot create {where} ({type(exc).__name__})") from None
     write = _WRITERS[args.format]
     files = []
     for tenant in chosen:

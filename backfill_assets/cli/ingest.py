@@ -218,9 +218,13 @@ def _sources_for(given: str, sources: list[str]) -> list[str]:
     file nor a source with rejects is a typo (exit 2, with the closest file names).
     """
     path = Path(given)
-    exact = {given, str(path.resolve())}
+    try:
+        exact = {given, str(path.resolve())}
+        is_file = path.is_file()
+    except (OSError, ValueError):  # a name too long for the file system, a NUL
+        exact, is_file = {given}, False
     chosen = [s for s in sources if s in exact or Path(s).name == given]
-    if chosen or path.is_file():
+    if chosen or is_file:
         return chosen or [str(path.resolve())]
     names = sorted({Path(s).name for s in sources})
     known_value([path.name or given], names, "file", "--file")

@@ -140,7 +140,14 @@ def _where(path: Path_) -> str:
 
 
 def _parse_yaml(text: str) -> tuple[Any, _Tree] | PolicyProblem:
-    loader = yaml.SafeLoader(text)
+    try:
+        # The reader refuses control characters as it is built, before any mark exists.
+        loader = yaml.SafeLoader(text)
+    except yaml.reader.ReaderError as exc:
+        before = text[: exc.position]
+        line, col = before.count("\n") + 1, len(before) - before.rfind("\n")
+        char = exc.character if isinstance(exc.character, int) else ord(exc.character[:1] or "?")
+        return PolicyProblem(line, col, f"character U+{char:04X} is not allowed in YAML")
     try:
         node = loader.get_single_node()
         tree = _Tree(loader)

@@ -30,7 +30,10 @@ MAX_UNIX_SECONDS = 253_402_300_799
 _MAX_CHARS = 64
 _WHOLE = re.compile(r"[+-]?[0-9](?:_?[0-9])*")
 _DECIMAL = re.compile(r"[+-]?(?:[0-9](?:_?[0-9])*)?(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?")
-_SHOWN = 24
+# A value quoted in a message: enough for any id or number within range.
+_SHOWN = 40
+# A path quoted in a message: most of any real one.
+PATH_SHOWN = 300
 
 N = TypeVar("N", int, Decimal)
 
@@ -39,9 +42,10 @@ class OutOfRange(ValueError):
     """A number that cannot be read, or lies outside its range (the message says which)."""
 
 
-def shown(text: str) -> str:
-    """A user's value in a message: quoted (control characters escaped), and cut short."""
-    return repr(text[:_SHOWN] + ("..." if len(text) > _SHOWN else ""))
+def shown(text: str, limit: int = _SHOWN) -> str:
+    """A user's value in a message: quoted (control characters escaped), and cut short (a
+    path may be given a longer ``limit``)."""
+    return repr(text[:limit] + ("..." if len(text) > limit else ""))
 
 
 def bound_text(value: int | Decimal) -> str:

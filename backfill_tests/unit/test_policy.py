@@ -264,3 +264,11 @@ def test_a_quoted_version_is_text_whatever_it_looks_like() -> None:
     assert parse_policy(GOOD.replace('version: "2"', 'version: "2020-13-45"')).version == (
         "2020-13-45"
     )
+
+
+def test_a_control_character_yaml_refuses_is_a_problem_at_its_place() -> None:
+    assert one(GOOD.replace('version: "2"', 'version: "2\x1f"'), "U+001F") == (
+        2,
+        12,
+        "character U+001F is not allowed in YAML",
+    )

@@ -55,7 +55,7 @@ def test_a_whole_number_is_in_range_or_refused(text: str) -> None:
     try:
         value = whole_number(text, 0, MAX_TOKENS)
     except OutOfRange as exc:
-        assert len(str(exc)) < 120
+        assert len(str(exc)) < 500  # 40 characters, escaped
     else:
         assert 0 <= value <= MAX_TOKENS
 
@@ -65,7 +65,7 @@ def test_a_decimal_is_finite_and_in_range_or_refused(text: str) -> None:
     try:
         value = decimal_number(text, Decimal(-5), Decimal(10**9))
     except OutOfRange as exc:
-        assert len(str(exc)) < 120
+        assert len(str(exc)) < 500  # 40 characters, escaped
     else:
         assert value.is_finite() and -5 <= value <= 10**9
 
@@ -75,7 +75,7 @@ def test_a_dollar_amount_is_whole_nanos_within_a_billion_or_refused(text: str) -
     try:
         nanos = nanos_of_usd(text)
     except ValueError as exc:
-        assert len(str(exc)) < 120
+        assert len(str(exc)) < 500  # 40 characters, escaped
     else:
         assert 0 <= nanos <= MAX_NANOS
 
@@ -95,7 +95,7 @@ def test_ascii_digits_with_underscores_are_read(text: str, value: int) -> None:
         ("-1", "out of range"),
         ("\u0661\u0660", "is not a whole number"),
         ("1e3", "is not a whole number"),
-        ("9" * 5000, "'999999999999999999999999...' is not a whole number"),
+        ("9" * 5000, f"'{'9' * 40}...' is not a whole number"),
     ],
 )
 def test_what_is_refused_says_why(text: str, words: str) -> None:

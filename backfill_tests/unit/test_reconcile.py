@@ -44,7 +44,7 @@ def _costs(value: Any) -> str:
 def test_a_number_out_of_range_is_refused_naming_where(text: str, words: str) -> None:
     with pytest.raises(ReportError, match=words) as exc:
         read_report(text)
-    assert len(str(exc.value)) < 300
+    assert len(str(exc.value)) < 600
 
 
 def test_the_edges_of_the_ranges_are_read() -> None:
@@ -75,4 +75,4 @@ def test_any_values_in_a_report_read_or_are_refused(start: Any, tokens: Any, amo
     try:
         read_report(text)
     except ReportError as exc:
-        assert len(str(exc)) < 300
+        assert len(str(exc)) < 600  # values quoted are cut to 40 characters
