@@ -23,6 +23,8 @@ MAX_CALL_TOKENS = 10**12
 # USD per million tokens (the dearest list price in 2025 is 600). At this price a call's
 # input and output, each at most MAX_CALL_TOKENS, cost at most 2 x 10^18 nano-dollars: a BIGINT.
 MAX_PRICE_PER_MILLION = Decimal(1000)
+# Seconds a setting may make something wait (a timeout, a back-off, a poll): a day.
+MAX_SETTING_SECONDS = 86_400.0
 # Unix seconds from 1970-01-01 to 9999-12-31T23:59:59Z (the last second Python dates hold).
 MAX_UNIX_SECONDS = 253_402_300_799
 

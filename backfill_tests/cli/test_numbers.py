@@ -109,3 +109,25 @@ def test_a_price_out_of_range_exits_2_naming_the_variable(
     code, _, err = cli_main(argv, capsys)
     assert code == 2, err[-2000:]
     assert "BACKFILL_PRICES=" in err and says in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("BACKFILL_FAKE_OVERBILL_FACTOR", "1e300"),  # was: an int too large for the ledger
+        ("BACKFILL_TENANT_BUDGET_TOKENS", "1" + "0" * 23),
+        ("BACKFILL_FAKE_LATENCY_MS", "-1"),
+        ("BACKFILL_HTTP_READ_TIMEOUT_S", "inf"),
+        ("BACKFILL_RETRY_MAX_SECONDS", "1e400"),
+    ],
+)
+def test_a_variable_out_of_range_exits_2_naming_it(
+    store: Engine,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    name: str,
+    value: str,
+) -> None:
+    monkeypatch.setenv(name, value)
+    code, _, err = cli_main(["run", "--sample", "1"], capsys)
+    assert code == 2 and f"{name}=" in err and "Traceback" not in err, err[-2000:]

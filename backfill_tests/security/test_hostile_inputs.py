@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shutil
 from collections.abc import Iterator
 
@@ -24,9 +25,15 @@ from backfill_assets.cli import main
 from backfill_assets.cli.provider_sim import sim_options, sim_parser
 from backfill_assets.core.policy_file import builtin_policy_text
 from backfill_assets.ingest.importer import import_path
+from backfill_assets.orchestration import config_reference
+from backfill_assets.orchestration.config_reference import bounds, range_text
 from backfill_assets.orchestration.engines import engine_for
+from backfill_assets.orchestration.settings import Settings, SettingsError
+from backfill_assets.orchestration.variables import Variables
 from backfill_tests.cli_commands import SERVERS, Command, Files, commands, harmless_argv
-from backfill_tests.cli_runs import clear_settings
+from backfill_tests.cli_runs import ROOT, clear_settings
+
+CONFIGURATION = ROOT / "docs" / "configuration.md"
 
 # Values no argument should choke on: numbers past every range, in every notation, other
 # scripts' digits, control characters, paths that climb, and plenty of text.
@@ -297,3 +304,39 @@ def test_an_import_file_with_hostile_values(
     path = files.root / ("hostile.csv" if posts.startswith("tenant_id,") else "hostile.jsonl")
     path.write_text(posts, "utf-8")
     _holds(["import", str(path)], files, capsys)
+
+
+# ------------------------------------------------------------------ numbers from the environment
+
+
+def _numeric_variables() -> list[str]:
+    return [
+        name
+        for name, info in Variables.model_fields.items()
+        if any(t in str(info.annotation) for t in ("int", "float", "Decimal"))
+    ]
+
+
+def test_every_numeric_variable_has_a_documented_range() -> None:
+    for name in _numeric_variables():
+        info = Variables.model_fields[name]
+        assert range_text(info), f"{info.validation_alias}: give it ge/gt and le/lt"
+        assert range_text(info) in config_reference.render(CONFIGURATION.read_text("utf-8"))
+
+
+@pytest.mark.parametrize("name", _numeric_variables())
+@FAST
+@given(value=hostile)
+def test_a_numeric_variable_is_in_its_range_or_refused(name: str, value: str) -> None:
+    info = Variables.model_fields[name]
+    assert isinstance(info.validation_alias, str)
+    try:
+        found = getattr(Settings.from_env({info.validation_alias: value}, load_policy=False), name)
+    except SettingsError:
+        return
+    if found is None or found == info.default:
+        return  # blank: the default
+    limits = bounds(info)
+    assert math.isfinite(found)
+    assert found >= limits.get("ge", found) and found > limits.get("gt", found - 1)
+    assert found <= limits.get("le", found) and found < limits.get("lt", found + 1)
