@@ -16,6 +16,7 @@ from backfill_assets.cli.evaluate import add_evaluate_command
 from backfill_assets.cli.export import FORMATS, cmd_export
 from backfill_assets.cli.ingest import add_ingest_commands
 from backfill_assets.cli.inputs import UserError, choice, slice_key
+from backfill_assets.cli.numbers import count, deadline
 from backfill_assets.cli.operator import add_operator_commands
 from backfill_assets.cli.policy import add_policy_commands
 from backfill_assets.cli.process import exit_process, freeze_heap
@@ -56,10 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sp.add_argument(
         "--sample",
-        type=_positive,
+        type=count(1, 10**6),
         metavar="N",
-        help="canary: label N posts per tenant (chosen by key hash) and print their label "
-        "shares beside the live column's; the full run later re-pays none of them",
+        help="canary: label N posts per tenant (1 to 1,000,000, chosen by key hash) and print "
+        "their label shares beside the live column's; the full run later re-pays none of them",
     )
     sp.add_argument(
         "--tier",
@@ -69,9 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sp.add_argument(
         "--deadline",
+        type=deadline,
         metavar="WHEN",
         help="plan the least-cost mix of batch, flex and standard that ends by WHEN "
-        "(ISO time such as 2026-12-04T09:00Z, or a duration such as 36h)",
+        "(ISO time such as 2026-12-04T09:00Z, or a duration such as 36h; at most 366 days ahead)",
     )
     sp.add_argument(
         "--mode",
@@ -156,8 +158,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = add("demo-data", "Write a deterministic synthetic export.")
     sp.add_argument("--out", required=True)
-    sp.add_argument("--tenants", type=int, default=3)
-    sp.add_argument("--posts", type=int, default=200, help="posts per tenant")
+    sp.add_argument("--tenants", type=count(1, 100_000), default=3, help="tenants, 1 to 100,000")
+    sp.add_argument(
+        "--posts", type=count(0, 10**7), default=200, help="posts per tenant, 0 to 10,000,000"
+    )
     sp.add_argument("--no-bad-lines", action="store_true")
     sp.set_defaults(func=commands.cmd_demo_data)
 
@@ -168,17 +172,6 @@ def build_parser() -> argparse.ArgumentParser:
     add_evaluate_command(add)
     add_provider_sim_command(sub)
     return p
-
-
-def _positive(raw: str) -> int:
-    """An integer >= 1 (``--sample``)."""
-    try:
-        value = int(raw)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{raw!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{raw!r} must be at least 1")
-    return value
 
 
 # Exit code of a command stopped by SIGTERM or SIGINT (128 + SIGINT, the shell's convention).

@@ -40,6 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         env = Settings.from_env({**os.environ, "BACKFILL_DISPATCH": "batch"})
+        env.require_price()
         settings, model, faults = env.run_settings(), env.model_resource(), env.faults()
         engine = env.store_engine()
         with read_tx(engine) as conn:

@@ -16,7 +16,8 @@ from backfill_assets.cli.inputs import (
     store_tenants,
 )
 from backfill_assets.cli.tables import emit, show_csv, table
-from backfill_assets.core.reconcile import ReportError, compare, read_report
+from backfill_assets.core.ranges import PATH_SHOWN, shown
+from backfill_assets.core.reconcile import ProviderReport, ReportError, compare, read_report
 from backfill_assets.core.rubric import Rubric
 from backfill_assets.demo.generate import write_export
 from backfill_assets.orchestration.estimate import estimate_pending
@@ -68,9 +69,11 @@ def cmd_verify(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_usage(args: argparse.Namespace, settings: Settings) -> int:
     """Tokens, cost and calls per tenant, model and day (or per tenant and model)."""
-    engine = settings.store_engine()
     if args.reconcile:
-        return _reconcile(args, engine)
+        # The report is read, and refused if need be, before the store is opened.
+        report = _read_report(Path(args.reconcile))
+        return _reconcile(args, settings.store_engine(), report)
+    engine = settings.store_engine()
     if args.reprice:
         with read_tx(engine) as conn:
             repriced = reprice(conn, settings.prices())
@@ -90,19 +93,22 @@ def cmd_usage(args: argparse.Namespace, settings: Settings) -> int:
 _MAX_REPORT_BYTES = 64 << 20
 
 
-def _reconcile(args: argparse.Namespace, engine: sa.Engine) -> int:
-    """``usage --reconcile FILE``: the ledger against the provider's own report."""
-    path = Path(args.reconcile)
+def _read_report(path: Path) -> ProviderReport:
+    """The ``--reconcile`` file, read and checked (UserError naming what is wrong)."""
     try:
         if path.stat().st_size > _MAX_REPORT_BYTES:
             raise UserError(
                 f"--reconcile: {path} is over {_MAX_REPORT_BYTES >> 20} MiB: not a usage report"
             )
-        report = read_report(path.read_text("utf-8"))
+        return read_report(path.read_text("utf-8"))
     except (OSError, UnicodeDecodeError) as exc:
         raise UserError(f"--reconcile: cannot read {path}: {type(exc).__name__}") from None
     except ReportError as exc:
         raise UserError(f"--reconcile: {path}: {exc}") from None
+
+
+def _reconcile(args: argparse.Namespace, engine: sa.Engine, report: ProviderReport) -> int:
+    """``usage --reconcile FILE``: the ledger against the provider's own report."""
     with read_tx(engine) as conn:
         ledger = ledger_by_model_day(conn)
     diffs = compare(ledger, report)
@@ -121,11 +127,12 @@ def _reconcile(args: argparse.Namespace, engine: sa.Engine) -> int:
 
 def cmd_dry_run(args: argparse.Namespace, settings: Settings) -> int:
     """Pending keys per tenant, with estimated tokens and cost and the reserved upper bound."""
-    engine = settings.store_engine()
+    settings.require_price()
     rubric = settings.rubric()
     if args.policy:
         # What another policy would cost, before switching BACKFILL_POLICY_PATH to it.
         rubric = Rubric(load_user_policy(args.policy))
+    engine = settings.store_engine()
     versions = versions_for(settings.model_resource(), rubric)
     tenants = store_tenants(engine, args.tenant)
     default_tokens = settings.tenant_budget_tokens or None
@@ -194,8 +201,12 @@ def cmd_demo_data(args: argparse.Namespace, settings: Settings) -> int:
     tenants = ["acme", "globex", "initech", "umbrella", "hooli", "wayne", "stark", "tyrell"]
     while len(tenants) < args.tenants:
         tenants.append(f"tenant-{len(tenants):04d}")
-    n = write_export(
-        Path(args.out), tenants[: args.tenants], args.posts, bad_lines=not args.no_bad_lines
-    )
+    try:
+        n = write_export(
+            Path(args.out), tenants[: args.tenants], args.posts, bad_lines=not args.no_bad_lines
+        )
+    except (OSError, UnicodeError) as exc:  # a directory, no permission, a name not UTF-8
+        where, why = shown(args.out, PATH_SHOWN), type(exc).__name__
+        raise UserError(f"argument --out: cannot write {where} ({why})") from None
     emit(args, {"path": args.out, "lines": n}, f"wrote {n} lines to {args.out}")
     return 0

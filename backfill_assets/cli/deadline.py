@@ -19,6 +19,7 @@ from backfill_assets.cli.tables import Human, table, tell
 from backfill_assets.core.deadline import DeadlineError, DeadlinePlan, parse_deadline
 from backfill_assets.core.money import usd
 from backfill_assets.core.prices import Tier
+from backfill_assets.core.ranges import shown
 from backfill_assets.orchestration.deadline_plan import NoLimitKnown, plan_deadline
 from backfill_assets.orchestration.deadline_run import carry_out, utc
 from backfill_assets.orchestration.settings import Settings
@@ -36,9 +37,9 @@ def margin_share(raw: str) -> float:
     try:
         value = float(raw.strip().rstrip("%"))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{raw!r} is not a percentage") from None
+        raise argparse.ArgumentTypeError(f"{shown(raw)} is not a percentage") from None
     if not 0.0 <= value <= 90.0:
-        raise argparse.ArgumentTypeError(f"{raw!r} must be within 0 and 90 (percent)")
+        raise argparse.ArgumentTypeError(f"{shown(raw)} must be within 0 and 90 (percent)")
     return value / 100.0
 
 

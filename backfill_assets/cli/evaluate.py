@@ -114,6 +114,7 @@ def cmd_evaluate(args: argparse.Namespace, settings: Settings) -> int:
         tenant = validate_tenant_id(args.tenant)
     except InvalidTenantId as exc:
         raise UserError(f"argument --tenant: {exc}") from None
+    settings.require_price()
     policy = Rubric(load_user_policy(args.policy)) if args.policy else settings.rubric()
     rubrics = [policy]
     if args.against:

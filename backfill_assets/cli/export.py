@@ -26,9 +26,10 @@ from typing import IO, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from backfill_assets.cli.inputs import UserError
+from backfill_assets.cli.inputs import UserError, known_tenants
 from backfill_assets.cli.tables import show, show_json, table
 from backfill_assets.core.csv_cells import csv_row
+from backfill_assets.core.ranges import PATH_SHOWN, shown
 from backfill_assets.orchestration.settings import Settings
 from backfill_assets.store.engine import read_tx
 from backfill_assets.store.label_export import LabelRow, tenant_labels
@@ -141,18 +142,17 @@ def _atomic(path: Path, write: Any) -> Any:
 
 def cmd_export(args: argparse.Namespace, settings: Settings) -> int:
     """Write each tenant's accepted labels to ``DIR/<tenant>.<format>`` and a manifest."""
+    engine = settings.store_engine()
+    with read_tx(engine) as conn:
+        known = tenant_ids(conn)
+    # Every argument is checked before DIR is made: a refused export leaves nothing behind.
+    chosen = sorted(set(known_tenants(args.tenant, known))) or known
     out_dir = Path(args.out)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise UserError(f"--out {out_dir}: cannot create it ({type(exc).__name__})") from None
-    engine = settings.store_engine()
-    with read_tx(engine) as conn:
-        known = tenant_ids(conn)
-    unknown = [t for t in args.tenant if t not in known]
-    if unknown:
-        raise UserError(f"unknown tenant(s): {', '.join(unknown)}")
-    chosen = sorted(set(args.tenant)) if args.tenant else known
+        where = shown(str(out_dir), PATH_SHOWN)
+        raise UserError(f"argument --out: cannot create {where} ({type(exc).__name__})") from None
     write = _WRITERS[args.format]
     files = []
     for tenant in chosen:

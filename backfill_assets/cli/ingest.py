@@ -10,6 +10,7 @@ from typing import Any
 
 from backfill_assets.cli.inputs import UserError, choice, known_value
 from backfill_assets.cli.instance import instance
+from backfill_assets.cli.numbers import count
 from backfill_assets.cli.progress import ProgressDisplay, wanted
 from backfill_assets.cli.tables import Human, emit, table, tell
 from backfill_assets.core.columns import ColumnMap, ColumnMapError
@@ -80,7 +81,9 @@ def add_ingest_commands(add: Callable[[str, str], argparse.ArgumentParser]) -> N
     sp = add("rejects", "List rejected import lines: file, line, reason and when (never text).")
     sp.add_argument("--tenant", default=None, help="only lines that gave this tenant value")
     sp.add_argument("--file", default=None, help="only lines of this file (path or file name)")
-    sp.add_argument("--limit", type=int, default=1000, help="rows listed (0: all)")
+    sp.add_argument(
+        "--limit", type=count(0, 10**9), default=1000, help="rows listed, 0 to 10^9 (0: all)"
+    )
     sp.set_defaults(func=cmd_rejects)
 
 
@@ -196,7 +199,7 @@ def cmd_rejects(args: argparse.Namespace, settings: Settings) -> int:
             tenant_values = sorted({*tenant_ids(conn), *rejected_tenant_values(conn)})
             known_value([args.tenant], tenant_values, "tenant", "--tenant")
         chosen = _sources_for(args.file, sources) if args.file is not None else []
-        page = list_rejects(conn, args.tenant, chosen, limit=max(args.limit, 0))
+        page = list_rejects(conn, args.tenant, chosen, limit=args.limit)
     doc = {"rejects": page.rows, "total": page.total}
     human: list[Human] = [table(page.rows, REJECT_COLUMNS)]
     if page.total > len(page.rows):
@@ -214,9 +217,13 @@ def _sources_for(given: str, sources: list[str]) -> list[str]:
     file nor a source with rejects is a typo (exit 2, with the closest file names).
     """
     path = Path(given)
-    exact = {given, str(path.resolve())}
+    try:
+        exact = {given, str(path.resolve())}
+        is_file = path.is_file()
+    except (OSError, ValueError):  # a name too long for the file system, a NUL
+        exact, is_file = {given}, False
     chosen = [s for s in sources if s in exact or Path(s).name == given]
-    if chosen or path.is_file():
+    if chosen or is_file:
         return chosen or [str(path.resolve())]
     names = sorted({Path(s).name for s in sources})
     known_value([path.name or given], names, "file", "--file")

@@ -17,6 +17,7 @@ import sqlalchemy as sa
 from backfill_assets.core.keys import SLICE_COUNT, SLICE_KEYS, InvalidTenantId, validate_tenant_id
 from backfill_assets.core.policy import Policy
 from backfill_assets.core.policy_file import PolicyInvalid, load_policy
+from backfill_assets.core.ranges import shown
 from backfill_assets.orchestration.engines import engine_for
 from backfill_assets.orchestration.evaluation import gate_verdict
 from backfill_assets.orchestration.settings import Settings
@@ -42,11 +43,11 @@ def did_you_mean(value: str, known: Iterable[str]) -> str:
 def _unknown(what: str, value: str, known: Sequence[str]) -> str:
     hint = did_you_mean(value, known)
     if hint:
-        return f"unknown {what} {value!r}{hint}"
+        return f"unknown {what} {shown(value)}{hint}"
     if not known:
-        return f"unknown {what} {value!r}: there are none yet"
-    shown = ", ".join(known[:10]) + (f" and {len(known) - 10} more" if len(known) > 10 else "")
-    return f"unknown {what} {value!r}; known: {shown}"
+        return f"unknown {what} {shown(value)}: there are none yet"
+    listed = ", ".join(known[:10]) + (f" and {len(known) - 10} more" if len(known) > 10 else "")
+    return f"unknown {what} {shown(value)}; known: {listed}"
 
 
 def known_tenants(values: Sequence[str], known: Sequence[str], flag: str = "--tenant") -> list[str]:
@@ -92,7 +93,7 @@ def slice_key(value: str) -> str:
     # Numbers out of range have no useful "closest" slice: the range says it all.
     hint = "" if m else did_you_mean(value, SLICE_KEYS)
     expected = f"expected s00..s{SLICE_COUNT - 1:02d} or 0..{SLICE_COUNT - 1}"
-    raise argparse.ArgumentTypeError(f"unknown slice {value!r}{hint}; {expected}")
+    raise argparse.ArgumentTypeError(f"unknown slice {shown(value)}{hint}; {expected}")
 
 
 def require_gate(settings: Settings) -> None:

@@ -17,6 +17,7 @@ from backfill_assets.cli.inputs import (
     store_tenants,
 )
 from backfill_assets.cli.instance import instance
+from backfill_assets.cli.numbers import count, seconds
 from backfill_assets.cli.tables import Human, emit, table, tell
 from backfill_assets.core.keys import SLICE_KEYS
 from backfill_assets.core.regions import run_tags
@@ -37,6 +38,9 @@ from backfill_assets.orchestration.plan import make_plan
 from backfill_assets.orchestration.settings import Settings
 from backfill_assets.store.engine import read_tx
 from backfill_assets.store.tenants import all_regions
+
+# ``launch --wait``: longer than a week is not waiting on a backfill, it is forgetting one.
+MAX_WAIT_SECONDS = 7 * 86_400
 
 
 def add_operator_commands(add: Callable[[str, str], argparse.ArgumentParser]) -> None:
@@ -63,7 +67,12 @@ def add_operator_commands(add: Callable[[str, str], argparse.ArgumentParser]) ->
         type=choice("check", CHECK_NAMES),
         help=f"check (repeatable): {', '.join(CHECK_NAMES)}",
     )
-    sp.add_argument("--limit", type=int, default=50, help="offending keys listed per check")
+    sp.add_argument(
+        "--limit",
+        type=count(0, 10**6),
+        default=50,
+        help="offending keys listed per check, 0 to 1,000,000",
+    )
     sp.set_defaults(func=cmd_check)
 
     sp = add("launch", "Launch Dagster backfills of stale/missing/failed partitions (GraphQL).")
@@ -76,7 +85,12 @@ def add_operator_commands(add: Callable[[str, str], argparse.ArgumentParser]) ->
     sp.add_argument("--tenant", action="append", default=[], help="limit to tenant (repeatable)")
     sp.add_argument("--url", default="", help="webserver URL (default $DAGSTER_WEBSERVER_URL)")
     sp.add_argument("--dry-run", action="store_true", help="print the selection, launch nothing")
-    sp.add_argument("--wait", type=float, default=0.0, help="seconds to wait for completion")
+    sp.add_argument(
+        "--wait",
+        type=seconds(MAX_WAIT_SECONDS),
+        default=0.0,
+        help="seconds to wait for completion, 0 to 604,800 (a week)",
+    )
     sp.set_defaults(func=cmd_launch)
 
 
@@ -95,11 +109,11 @@ def _verdict_doc(pk: str, v: Verdict) -> dict[str, Any]:
 
 def cmd_check(args: argparse.Namespace, settings: Settings) -> int:
     """The same checks Dagster runs, for one tenant's partitions; exit 1 on blocking failures."""
+    if not args.summary and len(args.tenant) != 1:
+        raise UserError("check needs exactly one --tenant (or --summary for an overview)")
     engine = settings.store_engine()
     if args.summary:
         return _check_summary(args, settings, engine)
-    if len(args.tenant) != 1:
-        raise UserError("check needs exactly one --tenant (or --summary for an overview)")
     tenant = store_tenants(engine, args.tenant)[0]
     slices = args.slice or list(SLICE_KEYS)
     names = [n for n in CHECK_NAMES if n in args.name] or list(CHECK_NAMES)
@@ -155,6 +169,8 @@ def cmd_launch(args: argparse.Namespace, settings: Settings) -> int:
     if not (args.stale or args.missing or args.failed or args.check_failed):
         raise UserError("choose at least one of --stale, --missing, --failed, --check-failed")
     if not args.dry_run:
+        # The runs it launches send and book (the code location checks it too).
+        settings.require_price()
         require_gate(settings)
     url = args.url or settings.webserver_url
     client = DagsterClient(url)

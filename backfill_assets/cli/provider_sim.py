@@ -8,9 +8,13 @@ other command loads it.
 from __future__ import annotations
 
 import argparse
-from typing import Any
+import sys
+from typing import TYPE_CHECKING, Any
 
 from backfill_assets.orchestration.settings import Settings
+
+if TYPE_CHECKING:
+    from backfill_assets.providersim import SimConfig
 
 COMMAND = "provider-sim"
 HELP = "Serve the OpenAI-compatible provider simulator until SIGINT/SIGTERM."
@@ -33,13 +37,32 @@ def sim_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def cmd_provider_sim(args: argparse.Namespace, settings: Settings) -> int:
-    """Serve; prints ``provider-sim listening on <base_url>`` once the port accepts requests."""
-    from backfill_assets.providersim import config_from_args, run_forever
+def sim_options(argv: list[str]) -> tuple[SimConfig, str, int] | int:
+    """The simulator's options read and checked: its config, host and port, or the exit code
+    (0 after ``--help``, 2 after a bad option, the message printed)."""
+    from pydantic import ValidationError
+
+    from backfill_assets.providersim import config_from_args
 
     try:
-        ns = sim_parser().parse_args(args.sim_argv)
+        ns = sim_parser().parse_args(argv)
+        return config_from_args(ns), ns.host, ns.port
     except SystemExit as exc:  # --help (0) or a bad option (2), already printed
         return exc.code if isinstance(exc.code, int) else 0
-    run_forever(config_from_args(ns), host=ns.host, port=ns.port)
+    except ValidationError as exc:  # options that parse but do not make a simulator
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        print(f"backfill-moderation {COMMAND}: error: {where}: {first['msg']}", file=sys.stderr)
+        return 2
+
+
+def cmd_provider_sim(args: argparse.Namespace, settings: Settings) -> int:
+    """Serve; prints ``provider-sim listening on <base_url>`` once the port accepts requests."""
+    from backfill_assets.providersim import run_forever
+
+    options = sim_options(args.sim_argv)
+    if isinstance(options, int):
+        return options
+    config, host, port = options
+    run_forever(config, host=host, port=port)
     return 0

@@ -45,13 +45,11 @@ from backfill_assets.store.tenants import all_regions
 
 def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     """Materialise labels, checks and the gated apply in-process; exit 1 if a check blocked."""
+    _check_flags(args)
+    settings.require_price()
     engine = settings.store_engine()
     tenants = store_tenants(engine, args.tenant)
     if args.deadline:
-        if args.sample or args.slice or args.force:
-            raise UserError(
-                "--deadline plans every slice of the tenants: not with --sample, --slice or --force"
-            )
         if not args.dry_run:
             require_gate(settings)
         built: list[tuple[Any, Any]] = []
@@ -71,10 +69,6 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
         )
         emit(args, plan_doc, *plan_human)
         return code
-    if args.dry_run or args.best_effort or args.replan:
-        raise UserError(
-            "--dry-run, --best-effort and --replan go with --deadline (see `dry-run` for costs)"
-        )
     if args.sample:
         # The canary runs before any evaluation may exist: it is how one learns cheaply.
         return _run_sample(args, settings, engine, tenants)
@@ -82,6 +76,18 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     doc, human = dagster_run(args, settings, engine, tenants, restrict=bool(args.tenant))
     emit(args, doc, *human)
     return 0 if doc["ok"] else 1
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    """Flags that do not go together: refused before the store is opened."""
+    if args.deadline and (args.sample or args.slice or args.force):
+        raise UserError(
+            "--deadline plans every slice of the tenants: not with --sample, --slice or --force"
+        )
+    if not args.deadline and (args.dry_run or args.best_effort or args.replan):
+        raise UserError(
+            "--dry-run, --best-effort and --replan go with --deadline (see `dry-run` for costs)"
+        )
 
 
 def dagster_run(

@@ -8,9 +8,9 @@ import dataclasses
 from collections.abc import Callable
 
 from backfill_assets.cli.inputs import UserError, known_tenants
+from backfill_assets.cli.numbers import token_cap, usd_cap
 from backfill_assets.cli.parsers import command_group
 from backfill_assets.cli.tables import emit, table, tell
-from backfill_assets.core.money import nanos_of_usd
 from backfill_assets.core.regions import InvalidRegion, base_url_var, validate_region
 from backfill_assets.orchestration.model_resources import OpenAIModelResource
 from backfill_assets.orchestration.settings import Settings
@@ -56,14 +56,17 @@ def add_tenant_commands(add: Callable[[str, str], argparse.ArgumentParser]) -> N
     sp.add_argument("tenant", help="tenant id")
     sp.add_argument(
         "--usd",
+        type=usd_cap,
         metavar="AMOUNT",
-        help="dollar cap, e.g. 50 or 12.50 (up to 9 decimals); 'none' removes it",
+        help="dollar cap, e.g. 50 or 12.50 (up to 9 decimals, at most 1,000,000,000); "
+        "'none' removes it",
     )
     sp.add_argument(
         "--tokens",
+        type=token_cap,
         metavar="N",
-        help="token cap (instead of BACKFILL_TENANT_BUDGET_TOKENS for this tenant); "
-        "'none' removes it",
+        help="token cap, 0 to 10^18 (instead of BACKFILL_TENANT_BUDGET_TOKENS for this "
+        "tenant); 'none' removes it",
     )
     sp.set_defaults(func=cmd_set_budget)
 
@@ -96,34 +99,14 @@ def cmd_set_region(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def _cap(value: str, flag: str, parse: Callable[[str], int]) -> int | None:
-    """The cap a flag gives: an amount, or None (``none``: remove it)."""
-    if value.strip().lower() == "none":
-        return None
-    try:
-        return parse(value)
-    except ValueError as exc:
-        raise UserError(f"argument {flag}: {exc}") from None
-
-
-def _tokens(value: str) -> int:
-    try:
-        n = int(value.replace("_", ""))
-    except ValueError:
-        raise ValueError(f"{value!r} is not a whole number of tokens") from None
-    if n < 0:
-        raise ValueError(f"{value!r}: a budget is at least 0 tokens")
-    return n
-
-
 def cmd_set_budget(args: argparse.Namespace, settings: Settings) -> int:
     """Set or remove a tenant's dollar and token caps; exit 2 for bad amounts or tenants."""
     # Only the units given change; the other keeps its cap.
     given: dict[str, int | None] = {}
     if args.usd is not None:
-        given["nanos"] = _cap(args.usd, "--usd", nanos_of_usd)
+        given["nanos"] = args.usd.value
     if args.tokens is not None:
-        given["tokens"] = _cap(args.tokens, "--tokens", _tokens)
+        given["tokens"] = args.tokens.value
     if not given:
         raise UserError("give --usd AMOUNT and/or --tokens N (or 'none' to remove a cap)")
     engine = settings.store_engine()

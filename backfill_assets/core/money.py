@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from decimal import ROUND_HALF_EVEN, ROUND_HALF_UP, Decimal, InvalidOperation
 
+from backfill_assets.core.ranges import MAX_NANOS, shown
+
 NANOS_PER_USD = 10**9
+_ONE_NANO_IN_USD = Decimal("0.000000001")
 # A price is USD per million tokens: one token at that price is price x 1,000 nano-dollars.
 _NANOS_PER_TOKEN_AT_ONE_USD_PER_MILLION = Decimal(1000)
 
@@ -25,24 +28,30 @@ def whole_nanos(amount: Decimal) -> int:
 
 
 def nanos_of_usd(text: str) -> int:
-    """A dollar amount as typed (``50``, ``12.5``, ``$0.000001``) in whole nano-dollars;
-    ValueError for anything else, negative, or finer than a nano-dollar."""
+    """A dollar amount as typed (``50``, ``12.5``, ``$0.000001``) in whole nano-dollars, at most
+    ``MAX_NANOS`` ($1,000,000,000); ValueError for anything else, negative, or finer than a
+    nano-dollar."""
     raw = text.strip().removeprefix("$").replace("_", "")
     try:
+        # ASCII and short: Decimal() would take other scripts' digits and any length.
+        if not raw.isascii() or len(raw) > 64:
+            raise InvalidOperation
         amount = Decimal(raw)
     except InvalidOperation:
-        raise ValueError(f"{text!r} is not a dollar amount (e.g. 50 or 12.50)") from None
+        raise ValueError(f"{shown(text)} is not a dollar amount (e.g. 50 or 12.50)") from None
     if not amount.is_finite() or amount < 0:
-        raise ValueError(f"{text!r}: a budget is a finite amount of at least 0 dollars")
-    nanos = amount * NANOS_PER_USD
-    if nanos != nanos.to_integral_value():
-        raise ValueError(f"{text!r}: finer than a nano-dollar (at most 9 decimal places)")
-    return int(nanos)
+        raise ValueError(f"{shown(text)}: a budget is a finite amount of at least 0 dollars")
+    # Compared as dollars: 1e999999999 times a billion would overflow the decimal context.
+    if amount > MAX_NANOS // NANOS_PER_USD:
+        raise ValueError(f"{shown(text)}: a budget is at most ${MAX_NANOS // NANOS_PER_USD:,}")
+    if amount != amount.quantize(_ONE_NANO_IN_USD):
+        raise ValueError(f"{shown(text)}: finer than a nano-dollar (at most 9 decimal places)")
+    return int(amount * NANOS_PER_USD)
 
 
 def usd(nanos: int) -> Decimal:
     """Nano-dollars as dollars, exactly (nine decimal places)."""
-    return (Decimal(nanos) / NANOS_PER_USD).quantize(Decimal("0.000000001"))
+    return (Decimal(nanos) / NANOS_PER_USD).quantize(_ONE_NANO_IN_USD)
 
 
 def usd_rounded(nanos: int, places: int) -> Decimal:

@@ -22,6 +22,8 @@ from backfill_assets.core.keys import TENANT_ID_RE
 ITEM_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,31}$")
 VERSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,39}$")
 ACTIONS = ("none", "review", "hide")
+# A label's numeric severity: a rank the platform reads, not an amount.
+MAX_SEVERITY = 1_000_000
 Action = Literal["none", "review", "hide"]
 # Far above any real policy; bounds a text field (and the prompt every call pays for).
 _MAX_TEXT = 100_000
@@ -84,6 +86,8 @@ class LabelDef(_Item):
     def _severity(cls, value: int | str | None) -> int | str | None:
         if isinstance(value, str) and not VERSION_RE.fullmatch(value):
             raise ValueError(f"severity {quoted(value)} must match {VERSION_RE.pattern}")
+        if isinstance(value, int) and not -MAX_SEVERITY <= value <= MAX_SEVERITY:
+            raise ValueError(f"severity must be within -{MAX_SEVERITY:,} and {MAX_SEVERITY:,}")
         return value
 
 

@@ -60,6 +60,8 @@ class _Tree:
         self.at: dict[Path_, tuple[int, int]] = {}
         self.key_at: dict[Path_, tuple[int, int]] = {}
         self.problems: list[PolicyProblem] = []
+        # Scalars already reported as unreadable (their field's check says nothing more).
+        self.unreadable: set[Path_] = set()
         self._nodes = 0
 
     def value(self, node: yaml.Node, path: Path_) -> Any:
@@ -86,7 +88,24 @@ class _Tree:
             return out
         if isinstance(node, yaml.SequenceNode):
             return [self.value(item, (*path, i)) for i, item in enumerate(node.value)]
-        return self._loader.construct_object(node)
+        try:
+            return self._loader.construct_object(node)
+        except (ValueError, OverflowError):
+            # A plain scalar YAML resolves to a number or a date it cannot hold: 5,000 digits
+            # (Python's int() refuses over 4,300), 2020-13-45. Reported here, once, at its
+            # place; the field's own check then sees the text as written.
+            line, col = _mark(node)
+            kind = _SCALAR_KINDS.get(node.tag, "value")
+            self.problems.append(
+                PolicyProblem(
+                    line,
+                    col,
+                    f"{_where(path)}: {quoted(node.value)} is not a {kind} YAML can read "
+                    "(quote it to mean text)",
+                )
+            )
+            self.unreadable.add(path)
+            return node.value
 
     def where(self, path: Path_, key: bool = False) -> tuple[int, int]:
         """The position of ``path`` (of its key with ``key``), else of its nearest parent."""
@@ -99,6 +118,13 @@ class _Tree:
 
 class _TooBig(Exception):
     pass
+
+
+_SCALAR_KINDS = {
+    "tag:yaml.org,2002:int": "number",
+    "tag:yaml.org,2002:float": "number",
+    "tag:yaml.org,2002:timestamp": "date",
+}
 
 
 def _mark(node: yaml.Node) -> tuple[int, int]:
@@ -114,7 +140,14 @@ def _where(path: Path_) -> str:
 
 
 def _parse_yaml(text: str) -> tuple[Any, _Tree] | PolicyProblem:
-    loader = yaml.SafeLoader(text)
+    try:
+        # The reader refuses control characters as it is built, before any mark exists.
+        loader = yaml.SafeLoader(text)
+    except yaml.reader.ReaderError as exc:
+        before = text[: exc.position]
+        line, col = before.count("\n") + 1, len(before) - before.rfind("\n")
+        char = exc.character if isinstance(exc.character, int) else ord(exc.character[:1] or "?")
+        return PolicyProblem(line, col, f"character U+{char:04X} is not allowed in YAML")
     try:
         node = loader.get_single_node()
         tree = _Tree(loader)
@@ -151,6 +184,8 @@ def _pydantic_problems(exc: ValidationError, tree: _Tree) -> Iterator[PolicyProb
     for err in exc.errors():
         loc = tuple(err["loc"])
         kind = err["type"]
+        if loc in tree.unreadable or loc[:-1] in tree.unreadable:
+            continue
         # A union's members each report; the first says enough (severity: int | str).
         if kind in ("int_type", "string_type") and loc and loc[-1] in ("int", "str"):
             loc = loc[:-1]

@@ -21,6 +21,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from backfill_assets.core.money import nanos_for, whole_nanos
+from backfill_assets.core.ranges import MAX_PRICE_PER_MILLION
 
 _log = logging.getLogger(__name__)
 
@@ -50,14 +51,20 @@ class Price(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    input: Decimal = Field(ge=0, description="USD per 1M prompt tokens.")
-    output: Decimal = Field(ge=0, description="USD per 1M completion tokens.")
+    input: Decimal = Field(ge=0, le=MAX_PRICE_PER_MILLION, description="USD per 1M prompt tokens.")
+    output: Decimal = Field(
+        ge=0, le=MAX_PRICE_PER_MILLION, description="USD per 1M completion tokens."
+    )
     cached_input: Decimal | None = Field(
-        default=None, ge=0, description="USD per 1M prompt tokens read from cache (default: input)."
+        default=None,
+        ge=0,
+        le=MAX_PRICE_PER_MILLION,
+        description="USD per 1M prompt tokens read from cache (default: input).",
     )
     cache_write: Decimal | None = Field(
         default=None,
         ge=0,
+        le=MAX_PRICE_PER_MILLION,
         description="USD per 1M prompt tokens written to cache (default: input).",
     )
 

@@ -15,10 +15,19 @@ import json
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
+from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
-from backfill_assets.core.money import usd_rounded
+from backfill_assets.core.money import NANOS_PER_USD, usd_rounded
+from backfill_assets.core.ranges import (
+    MAX_NANOS,
+    MAX_TOKENS,
+    MAX_UNIX_SECONDS,
+    OutOfRange,
+    decimal_number,
+    in_range,
+    shown,
+)
 
 # The figures compared, as the ledger names them and as the report does.
 FIELDS: Mapping[str, str] = {
@@ -28,6 +37,8 @@ FIELDS: Mapping[str, str] = {
     "tokens_out": "output_tokens",
 }
 _CENT = Decimal("0.01")
+# A day's cost in a report, either way (a credit may be negative): the range of a budget.
+MAX_USD = Decimal(MAX_NANOS // NANOS_PER_USD)
 
 
 class ReportError(ValueError):
@@ -58,24 +69,41 @@ class ProviderReport:
     cost_by_day: dict[str, Decimal] | None
 
 
+def _whole(digits: str) -> int:
+    """A JSON integer, refused past 20 digits before Python's int() (which raises its own
+    ValueError past 4,300)."""
+    if len(digits.lstrip("-")) > 20:
+        raise ReportError(f"a number of {len(digits.lstrip('-'))} digits")
+    return int(digits)
+
+
+def _json(text: str) -> Any:
+    # Numbers as decimals (no float rounding), integers bounded.
+    return json.loads(text, parse_float=Decimal, parse_int=_whole)
+
+
 def _pages(text: str) -> list[Any]:
     """One page (a JSON object), a JSON list of pages, or JSON Lines of pages."""
     text = text.strip()
     if not text:
         raise ReportError("the report is empty")
     try:
-        data = json.loads(text, parse_float=Decimal)
+        data = _json(text)
         return data if isinstance(data, list) else [data]
-    except json.JSONDecodeError:
-        pass
+    except (json.JSONDecodeError, RecursionError):
+        pass  # JSON Lines, or not JSON: each line says which
     pages = []
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
-            pages.append(json.loads(line, parse_float=Decimal))
+            pages.append(_json(line))
         except json.JSONDecodeError as exc:
             raise ReportError(f"line {number}: not JSON ({exc.msg})") from None
+        except RecursionError:
+            raise ReportError(f"line {number}: nested deeper than a usage report is") from None
+        except ReportError as exc:
+            raise ReportError(f"line {number}: {exc}") from None
     return pages
 
 
@@ -84,15 +112,27 @@ def _count(result: Mapping[str, Any], name: str, where: str) -> int:
     if value is None:
         return 0
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ReportError(f"{where}: {name} is not a token count: {value!r}")
-    return value
+        raise ReportError(f"{where}: {name} is not a token count: {_shown(value)}")
+    try:
+        return in_range(value, 0, MAX_TOKENS, value)
+    except OutOfRange as exc:
+        raise ReportError(f"{where}: {name}: {exc}") from None
 
 
 def _day(bucket: Mapping[str, Any], where: str) -> str:
     start = bucket.get("start_time")
     if isinstance(start, bool) or not isinstance(start, int):
-        raise ReportError(f"{where}: start_time is not a Unix time: {start!r}")
+        raise ReportError(f"{where}: start_time is not a Unix time: {_shown(start)}")
+    try:
+        in_range(start, 0, MAX_UNIX_SECONDS, start)
+    except OutOfRange as exc:
+        raise ReportError(f"{where}: start_time: {exc} (1970 to 9999)") from None
     return dt.datetime.fromtimestamp(start, dt.UTC).date().isoformat()
+
+
+def _shown(value: object) -> str:
+    """A value from the report in a message: its repr (control characters escaped), cut."""
+    return shown(value) if isinstance(value, str) else shown(repr(value))
 
 
 def read_report(text: str) -> ProviderReport:
@@ -129,10 +169,12 @@ def read_report(text: str) -> ProviderReport:
 def _amount(result: Mapping[str, Any], where: str) -> Decimal:
     amount = result.get("amount")
     value = amount.get("value") if isinstance(amount, dict) else None
+    if isinstance(value, bool) or not isinstance(value, int | Decimal | str):
+        raise ReportError(f"{where}: amount.value is not a number: {_shown(value)}")
     try:
-        return Decimal(str(value))
-    except (InvalidOperation, ValueError):
-        raise ReportError(f"{where}: amount.value is not a number: {value!r}") from None
+        return decimal_number(str(value), -MAX_USD, MAX_USD, "an amount in USD")
+    except OutOfRange as exc:
+        raise ReportError(f"{where}: amount.value: {exc}") from None
 
 
 def compare(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 from collections.abc import Iterator
@@ -56,16 +57,26 @@ def demo_posts(
 def write_export(
     path: Path, tenants: list[str], posts_per_tenant: int, bad_lines: bool = True
 ) -> int:
-    """Write a JSONL export; with ``bad_lines`` a few invalid lines show how they are handled."""
+    """Write a JSONL export; with ``bad_lines`` a few invalid lines show how they are handled.
+    A write that fails (a name the file system refuses) leaves no directory it made behind."""
+    made = [p for p in path.parents if not p.exists()]
     path.parent.mkdir(parents=True, exist_ok=True)
     n = 0
-    with path.open("w", encoding="utf-8") as fh:
-        for rec in demo_posts(tenants, posts_per_tenant):
-            fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
-            n += 1
-        if bad_lines:
-            fh.write('{"tenant_id": "../evil", "post_id": "x1", "text": "path traversal tenant"}\n')
-            fh.write('{"tenant_id": "acme", "post_id": 17, "text": "numeric post id"}\n')
-            fh.write('{"tenant_id": "acme", "post_id": "broken", "text": \n')
-            n += 3
+    try:
+        with path.open("w", encoding="utf-8") as fh:
+            for rec in demo_posts(tenants, posts_per_tenant):
+                fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
+                n += 1
+            if bad_lines:
+                fh.write(
+                    '{"tenant_id": "../evil", "post_id": "x1", "text": "path traversal tenant"}\n'
+                )
+                fh.write('{"tenant_id": "acme", "post_id": 17, "text": "numeric post id"}\n')
+                fh.write('{"tenant_id": "acme", "post_id": "broken", "text": \n')
+                n += 3
+    except OSError:
+        for directory in made:  # deepest first: each is empty once its child is gone
+            with contextlib.suppress(OSError):
+                directory.rmdir()
+        raise
     return n

@@ -13,6 +13,7 @@ from pydantic import Field
 
 from backfill_assets.audit.check_rules import CheckBounds, DriftRule
 from backfill_assets.core.policy import Policy
+from backfill_assets.core.ranges import MAX_TOKENS
 
 LIVE_BASELINE = "live"
 
@@ -28,20 +29,26 @@ class ChecksResource(dg.ConfigurableResource):  # type: ignore[type-arg]
     max_rebilled_share: float = Field(
         default=0.05,
         ge=0.0,
+        le=1.0,
         description="`spend`: rebilled tokens allowed, as a share of the partition's billed "
         "tokens.",
     )
     max_orphan_attempts: int = Field(
         default=16,
         ge=0,
+        le=10**9,
         description="`spend`: attempts with no usage/error booked (the crash window).",
     )
     max_tokens_per_key: int = Field(
-        default=0, ge=0, description="`spend`: billed tokens per expected key (0: no bound)."
+        default=0,
+        ge=0,
+        le=MAX_TOKENS,
+        description="`spend`: billed tokens per expected key (0: no bound).",
     )
     max_over_bound_calls: int = Field(
         default=0,
         ge=0,
+        le=10**9,
         description="`billed_within_bound` (blocking): calls billed past the bound reserved "
         "for them a partition may hold and still have its labels applied. Raise it only after "
         "looking at the provider's bill.",
@@ -60,10 +67,11 @@ class ChecksResource(dg.ConfigurableResource):  # type: ignore[type-arg]
     drift_factor: float = Field(
         default=5.0,
         gt=1.0,
+        le=1000.0,
         description="A watched label warns when its share reaches this x the baseline.",
     )
     drift_min_count: int = Field(
-        default=5, ge=1, description="... and it was seen at least this many times."
+        default=5, ge=1, le=10**9, description="... and it was seen at least this many times."
     )
     apply_live: bool = Field(
         default=False,

@@ -18,6 +18,7 @@ from typing import Any
 
 from pydantic.fields import FieldInfo
 
+from backfill_assets.core.ranges import bound_text
 from backfill_assets.orchestration.variables import ELSEWHERE, SECTIONS, Documented, Variables
 
 _BLOCK = re.compile(
@@ -63,10 +64,36 @@ def rows(section: str) -> list[Documented]:
     out: list[Documented] = []
     for info in Variables.model_fields.values():
         if _extra(info).get("section") == section and isinstance(info.validation_alias, str):
-            out.append(
-                Documented(info.validation_alias, section, _default(info), info.description or "")
-            )
+            meaning = " ".join(filter(None, (info.description, range_text(info))))
+            out.append(Documented(info.validation_alias, section, _default(info), meaning))
     return out + [d for d in ELSEWHERE if d.section == section]
+
+
+def bounds(info: FieldInfo) -> dict[str, Any]:
+    """A field's numeric bounds, by pydantic's names: ``ge``, ``gt``, ``le``, ``lt``."""
+    return {
+        name: getattr(m, name)
+        for m in info.metadata
+        for name in ("ge", "gt", "le", "lt")
+        if getattr(m, name, None) is not None
+    }
+
+
+def range_text(info: FieldInfo) -> str:
+    """A number's range as the docs say it (``Range: 1 to 1,024.``); ``""`` for the rest."""
+    found = bounds(info)
+    if not ({"ge", "gt"} & found.keys() and {"le", "lt"} & found.keys()):
+        return ""
+    end = f"up to {_number(found['le'])}" if "le" in found else f"below {_number(found['lt'])}"
+    if "ge" in found:
+        return f"Range: {_number(found['ge'])} {end.removeprefix('up ')}."
+    return f"Range: above {_number(found['gt'])}, {end}."
+
+
+def _number(value: Any) -> str:
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return bound_text(value) if isinstance(value, int) else str(value)
 
 
 def table(section: str) -> str:

@@ -177,10 +177,20 @@ class DagsterClient:
             # The URL may carry a user and password (a proxy's basic auth): never echoed.
             why = scrub(f"{type(exc).__name__}: {exc}", self.base_url)
             raise GraphQLError(f"{redact_url(self.base_url)}: {why}") from None
-        doc: dict[str, Any] = resp.json()
+        try:
+            doc = resp.json()
+        except ValueError:  # --url names something that is not a Dagster webserver
+            doc = None
+        if not isinstance(doc, dict):
+            raise GraphQLError(f"{redact_url(self.base_url)}: the answer is not GraphQL's JSON")
         if doc.get("errors"):
-            raise GraphQLError("; ".join(str(e.get("message")) for e in doc["errors"])[:500])
-        data: dict[str, Any] = doc["data"]
+            errors = doc["errors"] if isinstance(doc["errors"], list) else [doc["errors"]]
+            raise GraphQLError(
+                "; ".join(str(e.get("message") if isinstance(e, dict) else e) for e in errors)[:500]
+            )
+        data = doc.get("data")
+        if not isinstance(data, dict):
+            raise GraphQLError(f"{redact_url(self.base_url)}: the answer is not GraphQL's JSON")
         return data
 
     def partition_state(self) -> PartitionState:

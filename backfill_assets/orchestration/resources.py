@@ -11,6 +11,7 @@ from sqlalchemy.engine import Engine
 from backfill_assets.core.faults import NO_FAULTS, FaultHooks
 from backfill_assets.core.keys import DEFAULT_SLICE_TARGET
 from backfill_assets.core.outcomes import RetryPolicy
+from backfill_assets.core.ranges import MAX_SETTING_SECONDS, MAX_TOKENS
 from backfill_assets.dispatch.batch_options import BatchOptions
 from backfill_assets.dispatch.partition_run import Lanes, RunOptions
 from backfill_assets.orchestration.engines import engine_for
@@ -55,6 +56,7 @@ class RunSettings(dg.ConfigurableResource):  # type: ignore[type-arg]
     tenant_budget_tokens: int = Field(
         default=0,
         ge=0,
+        le=MAX_TOKENS,
         description="Strict per-tenant token cap (0: none): billed + reserved never exceeds "
         "it; keys that do not fit are `deferred`. A tenant's own cap (`tenant set-budget TENANT "
         "--tokens N`) replaces it; dollar caps are per tenant only (`--usd`), kept in the "
@@ -64,16 +66,21 @@ class RunSettings(dg.ConfigurableResource):  # type: ignore[type-arg]
         default=5, ge=1, le=20, description="Attempts per key before `retry_exhausted` (1..20)."
     )
     retry_base_seconds: float = Field(
-        default=0.5, ge=0.0, description="Exponential back-off base, full jitter."
+        default=0.5,
+        ge=0.0,
+        le=MAX_SETTING_SECONDS,
+        description="Exponential back-off base, full jitter.",
     )
     retry_max_seconds: float = Field(
         default=30.0,
         ge=0.0,
+        le=MAX_SETTING_SECONDS,
         description="Back-off ceiling (a provider's Retry-After wins over the back-off).",
     )
     retry_after_max_seconds: float = Field(
         default=900.0,
         gt=0.0,
+        le=MAX_SETTING_SECONDS,
         description="Longest Retry-After honoured, for a key and for the endpoint's pause; a "
         "provider asking for more is waited this long, once logged, and counted "
         "(`retry_after_capped`).",
@@ -95,6 +102,7 @@ class RunSettings(dg.ConfigurableResource):  # type: ignore[type-arg]
     slice_target_posts: int = Field(
         default=DEFAULT_SLICE_TARGET,
         ge=0,
+        le=10**9,
         description="Slices fill by volume: a tenant uses 1, 2, 4, 8 or 16 of its partitions, "
         "the fewest that keep each at or below this many posts; `import` raises a tenant's "
         "level as it grows (never lowers it). 0: always 16. Changing it changes which partition "
@@ -117,6 +125,7 @@ class RunSettings(dg.ConfigurableResource):  # type: ignore[type-arg]
     batch_max_output_bytes: int = Field(
         default=512 * 1024 * 1024,
         ge=1024,
+        le=1 << 40,
         description="The largest batch output or error file read back (streamed to an unnamed "
         "temporary file, never held whole). Past it the chunk fails, reported, and its keys "
         "stay pending.",
@@ -124,12 +133,14 @@ class RunSettings(dg.ConfigurableResource):  # type: ignore[type-arg]
     batch_poll_seconds: float = Field(
         default=30.0,
         gt=0.0,
+        le=MAX_SETTING_SECONDS,
         description="First status poll after a create; each poll waits 1.5x longer, up to 10 "
         "minutes.",
     )
     batch_create_lookup_seconds: float = Field(
         default=600.0,
         ge=0.0,
+        le=MAX_SETTING_SECONDS,
         description="After a create that got no answer: how long to look for its batch in the "
         "provider's list (which may lag) before creating it again.",
     )

@@ -104,21 +104,6 @@ class Settings(Variables):
         return self
 
     @model_validator(mode="after")
-    def _model_is_priced(self) -> Settings:
-        # The fake model bills no one; a real provider's model must have a price to book.
-        if self.model_backend != "openai" or self.allow_unpriced:
-            return self
-        model = self.model or DEFAULT_OPENAI_MODEL
-        if PriceTable.from_json(self.prices_json).price_for(model) is None:
-            raise ValueError(
-                f"BACKFILL_MODEL {model!r} has no price: add it to BACKFILL_PRICES (or the file "
-                "BACKFILL_PRICES_PATH names) "
-                '({"model": {"input": usd_per_1M, "output": usd_per_1M}}), or set '
-                "BACKFILL_ALLOW_UNPRICED=1 to book its calls at $0"
-            )
-        return self
-
-    @model_validator(mode="after")
     def _batch_needs_a_batch_api(self) -> Settings:
         if self.dispatch == "batch" and self.model_backend != "openai":
             raise ValueError("BACKFILL_DISPATCH=batch needs BACKFILL_MODEL_BACKEND=openai")
@@ -146,6 +131,21 @@ class Settings(Variables):
         if load_policy:
             settings._check_policy()
         return settings
+
+    def require_price(self) -> None:
+        """For what prices or sends (``run``, ``dry-run``, ``evaluate``, ``launch``, the code
+        location's runs): a real provider's model has a price, or SettingsError naming it. The
+        fake model bills no one; commands that only read or write the store never ask."""
+        if self.model_backend != "openai" or self.allow_unpriced:
+            return
+        model = self.model or DEFAULT_OPENAI_MODEL
+        if self.prices().price_for(model) is None:
+            raise SettingsError(
+                f"BACKFILL_MODEL {model!r} has no price: add it to BACKFILL_PRICES (or the file "
+                "BACKFILL_PRICES_PATH names) "
+                '({"model": {"input": usd_per_1M, "output": usd_per_1M}}), or set '
+                "BACKFILL_ALLOW_UNPRICED=1 to book its calls at $0"
+            )
 
     def rubric(self) -> Rubric:
         """The moderation policy in force (``BACKFILL_POLICY_PATH``, else the built-in one),

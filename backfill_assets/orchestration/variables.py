@@ -22,6 +22,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from backfill_assets.core.faults import KILL_POINTS
 from backfill_assets.core.prices import PriceError, PriceTable
+from backfill_assets.core.ranges import MAX_SETTING_SECONDS
 from backfill_assets.orchestration.checks_config import ChecksResource
 from backfill_assets.orchestration.resources import RunSettings
 from backfill_assets.store.dead_peer import DEFAULT_DEAD_PEER_SECONDS
@@ -284,6 +285,7 @@ class Variables(BaseSettings):
         "How long flex may lack capacity before `BACKFILL_FLEX_FALLBACK=standard` gives up on it.",
         default=600.0,
         gt=0,
+        le=MAX_SETTING_SECONDS,
     )
     # A model with no price books $0: refused unless the operator says so, or an invoice for a
     # whole tenant can silently read zero.
@@ -294,8 +296,10 @@ class Variables(BaseSettings):
         "Its usage events book cost *unknown* (`cost_unknown`, with `cost_nanos` 0), and every "
         "report says so instead of $0: `usage` shows `unknown (N calls unpriced)` (or `>= $X` "
         "when only some calls were unpriced), the CSV `unknown`, `tenant_usage` and partition "
-        "metadata the same. Off: such a model is refused at start-up, since every invoice of it "
-        "would read zero.",
+        "metadata the same. Off: such a model is refused (exit 2) by what prices or sends "
+        "(`run`, `dry-run`, `evaluate`, `launch`, the code location's runs), since every invoice "
+        "of it would read zero; commands that only read or write the store (`import`, `tenant`, "
+        "`usage`, `verify`, ...) do not ask.",
         default=False,
     )
 
@@ -308,6 +312,7 @@ class Variables(BaseSettings):
         "reached.",
         default=0,
         ge=0,
+        le=10**9,
     )
     tpm: int = _var(
         "BACKFILL_TPM",
@@ -315,6 +320,7 @@ class Variables(BaseSettings):
         "The account's tokens per minute, as `BACKFILL_RPM`.",
         default=0,
         ge=0,
+        le=10**12,
     )
     share_limit: Flag = _var(
         "BACKFILL_SHARE_LIMIT",
@@ -339,10 +345,20 @@ class Variables(BaseSettings):
         default=True,
     )
     http_connect_timeout_s: float = _var(
-        "BACKFILL_HTTP_CONNECT_TIMEOUT_S", "http", "Connect timeout, seconds.", default=5.0, gt=0.0
+        "BACKFILL_HTTP_CONNECT_TIMEOUT_S",
+        "http",
+        "Connect timeout, seconds.",
+        default=5.0,
+        gt=0.0,
+        le=MAX_SETTING_SECONDS,
     )
     http_read_timeout_s: float = _var(
-        "BACKFILL_HTTP_READ_TIMEOUT_S", "http", "Between-bytes timeout.", default=60.0, gt=0.0
+        "BACKFILL_HTTP_READ_TIMEOUT_S",
+        "http",
+        "Between-bytes timeout.",
+        default=60.0,
+        gt=0.0,
+        le=MAX_SETTING_SECONDS,
     )
     http_total_timeout_s: float = _var(
         "BACKFILL_HTTP_TOTAL_TIMEOUT_S",
@@ -350,6 +366,7 @@ class Variables(BaseSettings):
         "Whole-call timeout (waiting for a pooled connection included).",
         default=120.0,
         gt=0.0,
+        le=MAX_SETTING_SECONDS,
     )
 
     # Run behaviour: the ``settings`` resource's fields.
@@ -379,6 +396,7 @@ class Variables(BaseSettings):
         "Partitions per run in a UI or `launch` backfill (`BackfillPolicy.multi_run`).",
         default=16,
         ge=1,
+        le=100_000,
     )
     run_processes: int = _var(
         "BACKFILL_RUN_PROCESSES",
@@ -420,6 +438,7 @@ class Variables(BaseSettings):
         "window.",
         default=86_400.0,
         gt=0.0,
+        le=7 * MAX_SETTING_SECONDS,
     )
     flex_unavailable_prior: float = _var(
         "BACKFILL_FLEX_UNAVAILABLE_PRIOR",
@@ -552,6 +571,7 @@ class Variables(BaseSettings):
         "(sync crash drills; 0: off).",
         default=0,
         ge=0,
+        le=10**9,
     )
     kill_at: str = _var(
         "BACKFILL_KILL_AT",
@@ -564,19 +584,28 @@ class Variables(BaseSettings):
         default="",
     )
     fake_latency_ms: float = _var(
-        "BACKFILL_FAKE_LATENCY_MS", "drills", "Fake model: added latency per call.", default=0.0
+        "BACKFILL_FAKE_LATENCY_MS",
+        "drills",
+        "Fake model: added latency per call.",
+        default=0.0,
+        ge=0.0,
+        le=600_000.0,
     )
     fake_failure_rate: float = _var(
         "BACKFILL_FAKE_FAILURE_RATE",
         "drills",
         "Fake model: share of calls failing retriably, decided by hash(key, attempt).",
         default=0.0,
+        ge=0.0,
+        le=1.0,
     )
     fake_malformed_rate: float = _var(
         "BACKFILL_FAKE_MALFORMED_RATE",
         "drills",
         "Fake model: share of keys answered malformed, decided by hash(key).",
         default=0.0,
+        ge=0.0,
+        le=1.0,
     )
     fake_overbill_factor: float = _var(
         "BACKFILL_FAKE_OVERBILL_FACTOR",
@@ -585,6 +614,7 @@ class Variables(BaseSettings):
         "exceed the reserved bound, which stops the tenant).",
         default=1.0,
         gt=0.0,
+        le=1000.0,
     )
     fake_usage_shape: Literal["split", "total", "missing"] = _var(
         "BACKFILL_FAKE_USAGE_SHAPE",

@@ -27,6 +27,8 @@ def build_definitions(settings: Settings | Mapping[str, str]) -> dg.Definitions:
     """Definitions wired from the settings (tests may hand in a plain variable mapping)."""
     if not isinstance(settings, Settings):
         settings = Settings.from_env(settings)
+    # The code location's runs send and book: its model needs a price.
+    settings.require_price()
     per_run = settings.partitions_per_run
     source = settings.source()
     posts = build_posts(source)

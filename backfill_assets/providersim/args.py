@@ -48,8 +48,15 @@ def _count(value: str) -> int:
 
 def _seconds(value: str) -> float:
     number = float(value)
-    if not number >= 0.0:  # also rejects nan
-        raise argparse.ArgumentTypeError(f"must be >= 0: {value!r}")
+    if not (number >= 0.0 and math.isfinite(number)):  # also rejects nan
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0: {value[:40]!r}")
+    return number
+
+
+def _port(value: str) -> int:
+    number = int(value)
+    if not 0 <= number <= 65_535:
+        raise argparse.ArgumentTypeError(f"must be a port, 0 to 65535: {value[:40]!r}")
     return number
 
 
@@ -170,7 +177,7 @@ def _add_hostile_arguments(parser: argparse.ArgumentParser) -> None:
     )
     hostile.add_argument(
         "--cached-prefix-tokens",
-        type=int,
+        type=_count,
         default=0,
         metavar="N",
         help="prompt caching: the first N prompt tokens of a call are read from cache "
@@ -181,7 +188,7 @@ def _add_hostile_arguments(parser: argparse.ArgumentParser) -> None:
 def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the simulator's options; ``--fault`` and ``--fault-sticky`` keep their given order."""
     parser.add_argument("--host", default="127.0.0.1", help="interface to bind")
-    parser.add_argument("--port", type=int, default=8799, help="port to bind (0: any free)")
+    parser.add_argument("--port", type=_port, default=8799, help="port to bind (0: any free)")
     parser.add_argument("--rpm", type=_count, default=0, help="requests per minute (0: unlimited)")
     parser.add_argument("--tpm", type=_count, default=0, help="tokens per minute (0: unlimited)")
     parser.add_argument(

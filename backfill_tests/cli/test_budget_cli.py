@@ -45,7 +45,7 @@ def _json(capsys: pytest.CaptureFixture[str], argv: list[str], code: int = 0) ->
         (["acme", "--usd", "5.0000000001"], "finer than a nano-dollar"),
         (["acme", "--usd", "lots"], "'lots' is not a dollar amount"),
         (["acme", "--tokens", "1.5"], "argument --tokens: '1.5' is not a whole number"),
-        (["acme", "--tokens", "-1"], "at least 0 tokens"),
+        (["acme", "--tokens", "-1"], "'-1' is out of range: 0 to 10^18"),
         (["nobody", "--usd", "5"], "argument TENANT: unknown tenant 'nobody'"),
         (["acme"], "give --usd AMOUNT and/or --tokens N"),
     ],

@@ -98,7 +98,7 @@ def test_tenant_and_policy_filters(
     assert main(["export", "--format", "jsonl", "--out", str(out), "--tenant", "globex"]) == 0
     assert sorted(p.name for p in out.iterdir()) == ["globex.jsonl", "manifest.json"]
     assert main(["export", "--format", "jsonl", "--out", str(out), "--tenant", "nobody"]) == 2
-    assert "unknown tenant(s): nobody" in capsys.readouterr().err
+    assert "argument --tenant: unknown tenant 'nobody'" in capsys.readouterr().err
     other = tmp_path / "other-policy"
     argv = ["export", "--format", "jsonl", "--out", str(other), "--policy", "course", "--json"]
     assert main(argv) == 0

@@ -40,7 +40,8 @@ def test_the_page_is_what_the_declarations_generate() -> None:
 def test_a_resource_field_is_described_once_and_its_default_shown() -> None:
     run = {d.name: d for d in ref.rows("run")}
     described = RunSettings.model_fields["concurrency"].description
-    assert run["BACKFILL_CONCURRENCY"].meaning == described
+    # The range follows the description, from the same declaration.
+    assert run["BACKFILL_CONCURRENCY"].meaning == f"{described} Range: 1 to 1,024."
     assert run["BACKFILL_CONCURRENCY"].default == str(RunSettings().concurrency)
     checks = {d.name: d for d in ref.rows("checks")}
     # The variable is unset by default (the resource keeps its own); the docs show the latter.

@@ -55,14 +55,16 @@ def test_dollars_are_shown_exactly() -> None:
 
 def test_an_unpriced_model_of_a_real_provider_is_refused_unless_allowed() -> None:
     env = {"BACKFILL_MODEL_BACKEND": "openai", "BACKFILL_MODEL": "my-llama"}
+    # Asked by what prices or sends (cli/test_priced_commands.py), not by reading the settings.
     with pytest.raises(SettingsError, match="BACKFILL_MODEL 'my-llama' has no price"):
-        Settings.from_env(env, load_policy=False)
-    Settings.from_env({**env, "BACKFILL_ALLOW_UNPRICED": "1"}, load_policy=False)
+        Settings.from_env(env, load_policy=False).require_price()
+    Settings.from_env({**env, "BACKFILL_ALLOW_UNPRICED": "1"}, load_policy=False).require_price()
     priced = '{"my-llama": {"input": 0.02, "output": 0.02}}'
     settings = Settings.from_env({**env, "BACKFILL_PRICES": priced}, load_policy=False)
+    settings.require_price()
     assert settings.prices().cost("my-llama", 1_000_000, 0) == 20_000_000
     # The fake model bills no one: no price needed.
-    Settings.from_env({"BACKFILL_MODEL": "fake-moderator-2"}, load_policy=False)
+    Settings.from_env({"BACKFILL_MODEL": "fake-moderator-2"}, load_policy=False).require_price()
 
 
 def test_the_invoice_csv_rounds_rows_to_6_places_and_totals_once_to_the_cent() -> None:

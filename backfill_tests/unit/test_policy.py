@@ -230,3 +230,45 @@ def test_the_documented_example_is_the_shipped_file() -> None:
     docs = (COURSE_V5.parents[1] / "policies.md").read_text("utf-8")
     block = docs.split("```yaml\n", 1)[1].split("```", 1)[0]
     assert block == COURSE_V5.read_text("utf-8")
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "line", "column", "words"),
+    [
+        # Plain scalars YAML reads as numbers or dates it cannot hold: one problem, at them.
+        ('version: "2"', "version: " + "9" * 5000, 2, 10, "is not a number YAML can read"),
+        ('version: "2"', "version: 2020-13-45", 2, 10, "'2020-13-45' is not a date YAML can"),
+        ('version: "2"', "version: 12:" + "9" * 5000, 2, 10, "version: "),
+        (
+            "    action: hide\n",
+            "    action: hide\n    severity: " + "9" * 5000 + "\n",
+            11,
+            15,
+            "labels[1].severity: '9999",
+        ),
+        # Numbers it can hold, out of their range.
+        ('version: "2"', "version: " + "9" * 41, 2, 10, "bad version"),
+        ("    action: hide\n", "    action: hide\n    severity: 1000001\n", 11, 15, "within"),
+    ],
+)
+def test_a_number_out_of_range_is_one_problem_at_its_place(
+    old: str, new: str, line: int, column: int, words: str
+) -> None:
+    found = problems(GOOD.replace(old, new))
+    assert len(found) == 1, found
+    assert found[0][:2] == (line, column) and words in found[0][2], found
+    assert len(found[0][2]) < 300
+
+
+def test_a_quoted_version_is_text_whatever_it_looks_like() -> None:
+    assert parse_policy(GOOD.replace('version: "2"', 'version: "2020-13-45"')).version == (
+        "2020-13-45"
+    )
+
+
+def test_a_control_character_yaml_refuses_is_a_problem_at_its_place() -> None:
+    assert one(GOOD.replace('version: "2"', 'version: "2\x1f"'), "U+001F") == (
+        2,
+        12,
+        "character U+001F is not allowed in YAML",
+    )

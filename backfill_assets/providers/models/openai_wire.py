@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from backfill_assets.core.caps import ERROR_CODE_CHARS
 from backfill_assets.core.output_gate import OutputContract
 from backfill_assets.core.prices import Tier, tier_served
+from backfill_assets.core.ranges import MAX_CALL_TOKENS
 from backfill_assets.providers.models.base import ModelRequest
 from backfill_assets.providers.provider_text import safe_content_type, scrub
 from backfill_assets.providers.ratelimit import AdvertisedLimits
@@ -65,10 +66,6 @@ def request_body(
     }
 
 
-# Larger token counts are not a real provider's: treat them as unreadable.
-_MAX_COUNT = 10**12
-
-
 @dataclass(frozen=True, slots=True)
 class BilledUsage:
     """What a provider billed for one call, in the shape it was reported.
@@ -99,7 +96,8 @@ def _count(value: object) -> int | None:
         return None  # JSON true is no token count
     if isinstance(value, float) and value.is_integer():
         value = int(value)
-    if isinstance(value, int) and 0 <= value < _MAX_COUNT:
+    # Larger token counts are not a real provider's: treat them as unreadable.
+    if isinstance(value, int) and 0 <= value < MAX_CALL_TOKENS:
         return value
     return None
 
