@@ -8,9 +8,9 @@ other command loads it.
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import TYPE_CHECKING, Any
 
+from backfill_assets.cli.tables import tell
 from backfill_assets.orchestration.settings import Settings
 
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ def sim_options(argv: list[str]) -> tuple[SimConfig, str, int] | int:
     except ValidationError as exc:  # options that parse but do not make a simulator
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
-        print(f"backfill-moderation {COMMAND}: error: {where}: {first['msg']}", file=sys.stderr)
+        tell(f"backfill-moderation {COMMAND}: error: {where}: {first['msg']}")
         return 2
 
 
