@@ -1,6 +1,7 @@
 """``run --deadline`` scenarios at 5,000 posts: what each costs and when it finishes.
 
     bench/run deadline [--posts 5000] [--tenants 10] [--store sqlite|pg] [--only NAME]
+                       [--cancel-seconds 45]
 
 Each scenario runs the whole CLI (``run --deadline ... --json``) against its own in-process
 simulator with batch timing controlled, on a fresh store, then reads the simulator's meter:
@@ -10,6 +11,10 @@ simulator with batch timing controlled, on a fresh store, then reads the simulat
 - ``stall``: batches that would take 2 minutes against a plan that assumes 1 s: the
   switch-over cancels them, books what they completed and sends the rest at standard;
 - ``kill``: ``stall`` with a SIGKILL right after the cancels, then the run resumed;
+- ``slow-cancel``: ``stall`` with cancels that stay ``cancelling`` ``--cancel-seconds``, as
+  the plan knows (``BACKFILL_BATCH_CANCEL_SECONDS``): it switches over that much earlier;
+- ``slow-cancel-unplanned``: the same cancels against a plan that allows 1 s: the run waits
+  for them (nothing paid twice) and misses the deadline by the overrun;
 - ``impossible``: a deadline the limit cannot meet: refused before any request.
 
 Per scenario: the keys billed per tier, what the simulator billed against the same billed
@@ -52,35 +57,58 @@ class Scenario:
     extra: list[str] = field(default_factory=list)
 
 
-# 200 keys/s (BACKFILL_RPM=12000), as the flex scenarios: see SCENARIOS.
+# 200 keys/s (BACKFILL_RPM=12000), as the flex scenarios: see scenarios(). The simulator's
+# cancels end within milliseconds: the plan allows none (and one status poll).
 STALL = Scenario(
     "stall",
     "60s",
     {"batch_processing_ms": 120_000.0},
-    {"BACKFILL_RPM": "12000", "BACKFILL_BATCH_PRIOR_SECONDS": "1"},
+    {
+        "BACKFILL_RPM": "12000",
+        "BACKFILL_BATCH_PRIOR_SECONDS": "1",
+        "BACKFILL_BATCH_CANCEL_SECONDS": "0",
+    },
     margin="30",
 )
 
-SCENARIOS = (
-    Scenario("long", "3d", {"batch_processing_ms": 2_000.0}, {"BACKFILL_RPM": "6000"}),
-    # 200 keys/s: what this machine's synchronous path sustains with room to spare (the plan
-    # trusts the configured limit, so a limit the client cannot reach would be a wrong input).
-    Scenario(
-        "flex",
-        "10m",
-        {"flex_unavailable_share": 0.3},
-        {"BACKFILL_RPM": "12000", "BACKFILL_SERVICE_TIER": "flex"},
-    ),
-    Scenario(
-        "flex-down",
-        "90s",
-        {"flex_unavailable_share": 1.0},
-        {"BACKFILL_RPM": "12000", "BACKFILL_SERVICE_TIER": "flex"},
-    ),
-    STALL,
-    dataclasses.replace(STALL, name="kill", kill=True),
-    Scenario("impossible", "5s", {}, {"BACKFILL_RPM": "600"}, expect_code=2),
-)
+
+def scenarios(cancel_s: float) -> tuple[Scenario, ...]:
+    """Every scenario; the slow cancels take ``cancel_s`` seconds."""
+    slow = dataclasses.replace(
+        STALL,
+        name="slow-cancel",
+        deadline="2m",
+        sim={**STALL.sim, "batch_cancel_ms": cancel_s * 1000.0},
+        env={**STALL.env, "BACKFILL_BATCH_CANCEL_SECONDS": f"{cancel_s:g}"},
+    )
+    return (
+        Scenario("long", "3d", {"batch_processing_ms": 2_000.0}, {"BACKFILL_RPM": "6000"}),
+        # 200 keys/s: what this machine's synchronous path sustains with room to spare (the
+        # plan trusts the configured limit, so a limit the client cannot reach would be a
+        # wrong input).
+        Scenario(
+            "flex",
+            "10m",
+            {"flex_unavailable_share": 0.3},
+            {"BACKFILL_RPM": "12000", "BACKFILL_SERVICE_TIER": "flex"},
+        ),
+        Scenario(
+            "flex-down",
+            "90s",
+            {"flex_unavailable_share": 1.0},
+            {"BACKFILL_RPM": "12000", "BACKFILL_SERVICE_TIER": "flex"},
+        ),
+        STALL,
+        dataclasses.replace(STALL, name="kill", kill=True),
+        slow,
+        dataclasses.replace(
+            slow,
+            name="slow-cancel-unplanned",
+            env={**slow.env, "BACKFILL_BATCH_CANCEL_SECONDS": "1"},
+            expect_code=1,
+        ),
+        Scenario("impossible", "5s", {}, {"BACKFILL_RPM": "600"}, expect_code=2),
+    )
 
 
 def _posts(path: Path, posts: int, tenants: int) -> None:
@@ -178,6 +206,14 @@ def run(scenario: Scenario, args: argparse.Namespace, workdir: Path) -> dict[str
             (deadline - dt.datetime.fromisoformat(plan["now"])).total_seconds(), 1
         )
         out["met"] = info["met"]
+        if info.get("switch_over"):
+            out["switch_s"] = round(
+                (
+                    dt.datetime.fromisoformat(info["switch_over"])
+                    - dt.datetime.fromisoformat(plan["now"])
+                ).total_seconds(),
+                1,
+            )
     return out
 
 
@@ -191,21 +227,28 @@ def main() -> None:
     parser.add_argument("--tenants", type=int, default=10)
     parser.add_argument("--store", choices=["sqlite", "pg"], default="sqlite")
     parser.add_argument("--only", action="append", default=[], help="scenario name(s)")
+    parser.add_argument(
+        "--cancel-seconds",
+        type=float,
+        default=45.0,
+        help="how long a cancel stays 'cancelling' in the slow-cancel scenarios",
+    )
     args = parser.parse_args()
-    chosen = [s for s in SCENARIOS if not args.only or s.name in args.only]
+    chosen = [s for s in scenarios(args.cancel_seconds) if not args.only or s.name in args.only]
     rows = []
     with tempfile.TemporaryDirectory(prefix="deadline-bench-") as tmp:
         for scenario in chosen:
             row = run(scenario, args, Path(tmp))
             rows.append(row)
             b = row["billed"]
+            switch = f"switch-over at {row['switch_s']} s  " if "switch_s" in row else ""
             print(
                 f"{row['scenario']:<10} billed batch/flex/standard {b['batch']}/{b['flex']}/"
                 f"{b['standard']}  ${row['billed_usd']} = "
                 f"{_ratio(row['billed_usd'], row['all_standard_usd'])}x all-standard, "
                 f"{_ratio(row['billed_usd'], row['all_batch_usd'])}x all-batch  "
                 + (
-                    f"labelled {row['slack_s']} s before a {row['deadline_s']} s deadline  "
+                    f"{switch}labelled {row['slack_s']} s before a {row['deadline_s']} s deadline  "
                     if "slack_s" in row
                     else f"exit {row['exit']}, {row['requests']} request(s)  "
                 )

@@ -177,7 +177,8 @@ def plan_lines(plan: DeadlinePlan) -> list[Human]:
         f" flex {r.flex_effective_per_s:.2f} keys/s"
         + (f" ({r.flex_unavailable:.0%} refused)" if r.flex_per_s else "")
         + (
-            f", a batch completes in {r.batch_completion_s / 3600:.2f} h"
+            f", a batch completes in {r.batch_completion_s / 3600:.2f} h and a cancel in"
+            f" {r.batch_cancel_s:.0f} s"
             if r.has_batch
             else ", no batch tier (BACKFILL_MODEL_BACKEND=openai has one)"
         ),
@@ -186,8 +187,14 @@ def plan_lines(plan: DeadlinePlan) -> list[Human]:
         lines.insert(1, f"... and {len(rows) - 48} more tenant(s) (--json has every one)")
     if plan.switch_over is not None:
         lines.append(
-            f"switch-over {plan.switch_over:%Y-%m-%d %H:%M:%S}Z: keys still waiting on batch"
-            " then go to the synchronous tiers, or the deadline is missed"
+            f"switch-over {plan.switch_over:%Y-%m-%d %H:%M:%S}Z: open batches are then"
+            " cancelled and, once the cancels have ended, keys still waiting on batch go to"
+            " the synchronous tiers, or the deadline is missed"
+        )
+    if plan.flex_until is not None:
+        lines.append(
+            f"flex until {plan.flex_until:%Y-%m-%d %H:%M:%S}Z: synchronous keys still unsent"
+            " then go at standard, or the deadline is missed"
         )
     lines += [f"note: {reason}" for reason in plan.reasons]
     return lines

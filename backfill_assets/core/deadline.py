@@ -1,10 +1,13 @@
 """A deadline plan: which keys go to batch, flex and standard so the backfill ends in time.
 
-Pure arithmetic; the caller measures the inputs (limiter rates, the store's batch history,
-prices) and executes the plan. The plan is robust rather than hopeful: a key is put on batch
-only if, should every batch stall, the synchronous tiers can still finish it between the
-switch-over time and the deadline less its margin. So a stalled batch costs money (the
-standard price for what it did not return), never the deadline.
+Pure arithmetic; the caller measures the inputs (limiter rates, the store's batch and cancel
+history, prices) and executes the plan. The plan is robust rather than hopeful: a key is put
+on batch only if, should every batch stall, the synchronous tiers can still finish it between
+the end of the cancels asked at the switch-over and the deadline less its margin; a key is put
+on flex only if standard could still take it should flex stop answering. So a stalled batch
+or a flex outage costs money (the standard price for what they did not do), never the
+deadline. ``sync_split`` is the one rule of the flex/standard split: the run that carries the
+plan out applies the same function, so the plan prices what the run pays.
 """
 
 from __future__ import annotations
@@ -61,20 +64,25 @@ def parse_deadline(text: str, now: dt.datetime) -> dt.datetime:
 class Rates:
     """What the tiers can do for this run, as measured or configured.
 
-    ``standard_per_s``: keys per second at the run's share of the provider limit.
-    ``flex_per_s``: keys per second flex answers when it answers (0: no flex).
+    ``standard_per_s``: keys per second at standard, the run's share of the provider limit.
+    ``flex_per_s``: keys per second flex answers when it answers (0: no flex). Flex and
+    standard share the limit: a second of it does either tier's keys, not both.
     ``flex_unavailable``: share of flex calls refused for capacity (history or prior), 0..1.
     ``batch_completion_s``: how long a submitted batch is assumed to take (history or prior;
     the pessimistic prior is the whole completion window; infinite: no batch tier here).
+    ``batch_cancel_s``: how long a cancelled batch is assumed to stay ``cancelling`` before
+    its keys are known (history or the documented bound): the switch-over comes that much
+    earlier.
     """
 
     standard_per_s: float
     flex_per_s: float
     flex_unavailable: float
     batch_completion_s: float
+    batch_cancel_s: float
 
     def __post_init__(self) -> None:
-        for name in ("standard_per_s", "flex_per_s", "batch_completion_s"):
+        for name in ("standard_per_s", "flex_per_s", "batch_completion_s", "batch_cancel_s"):
             value = getattr(self, name)
             endless = name == "batch_completion_s" and value == math.inf
             if not ((math.isfinite(value) or endless) and value >= 0):
@@ -88,13 +96,14 @@ class Rates:
 
     @property
     def flex_effective_per_s(self) -> float:
-        """Keys per second flex actually finishes: the refused share goes to standard."""
+        """Keys per second flex actually finishes: a refused call is sent again."""
         return self.flex_per_s * (1.0 - self.flex_unavailable)
 
     @property
     def sync_per_s(self) -> float:
-        """Both synchronous tiers together."""
-        return self.standard_per_s + self.flex_effective_per_s
+        """Keys per second the synchronous tiers can always do: standard's (flex only
+        makes them cheaper, and slower)."""
+        return self.standard_per_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +160,8 @@ class DeadlinePlan:
     expected_finish: dt.datetime
     # The moment by which keys still waiting on batch must go to a synchronous tier.
     switch_over: dt.datetime | None
+    # The moment from which every synchronous key still unsent goes at standard.
+    flex_until: dt.datetime | None
     feasible: bool
     cost_all_standard: Decimal
     cost_all_batch: Decimal
@@ -178,6 +189,7 @@ class DeadlinePlan:
             "cost_all_batch_usd": str(self.cost_all_batch),
             "expected_finish": self.expected_finish.isoformat(),
             "switch_over": self.switch_over.isoformat() if self.switch_over else None,
+            "flex_until": self.flex_until.isoformat() if self.flex_until else None,
             "rates": {
                 "standard_per_s": self.rates.standard_per_s,
                 "flex_per_s": self.rates.flex_per_s,
@@ -185,6 +197,7 @@ class DeadlinePlan:
                 "batch_completion_s": (
                     self.rates.batch_completion_s if self.rates.has_batch else None
                 ),
+                "batch_cancel_s": self.rates.batch_cancel_s,
             },
             "tenants": [
                 {
@@ -201,35 +214,93 @@ class DeadlinePlan:
         }
 
 
-def tier_counts(total: int, rates: Rates, usable_s: float) -> tuple[dict[Tier, int], float]:
-    """How many of ``total`` keys go to each tier within ``usable_s`` seconds, and how many
-    seconds before the end the switch-over lies (0 when nothing is on batch).
+@dataclass(frozen=True, slots=True)
+class SyncSplit:
+    """The synchronous keys of a plan: how many go at flex, and until when flex is tried."""
+
+    flex: int
+    standard: int
+    # Seconds from the start after which every synchronous key still unsent goes at standard
+    # (None: nothing goes at flex).
+    flex_until_s: float | None
+
+
+def sync_split(keys: int, rates: Rates, usable_s: float) -> SyncSplit:
+    """How many of ``keys`` synchronous keys go at flex within ``usable_s`` seconds: the one
+    rule of both the plan and the run that carries it out (``orchestration/deadline_run.py``).
+
+    Flex is robust, as batch is: the run sends ``flex`` keys at flex and the rest at standard,
+    side by side on the one limit, and from ``flex_until_s`` on every key still unsent goes
+    at standard, so should flex stop answering the deadline still holds. That needs, with
+    ``F`` keys on flex at ``f`` keys/s and standard at ``s`` keys/s: flex done by the
+    switch-over when flex answers as assumed (``F/f + (keys-F)/s <= until``) and standard able
+    to take the flex keys from there (``until + F/s <= usable_s``). So flex gets the time
+    standard does not need: ``F = f * (usable_s - keys/s)``, and ``until = usable_s - F/s``.
+    """
+    f, s = rates.flex_effective_per_s, rates.standard_per_s
+    if keys <= 0 or f <= 0:
+        return SyncSplit(0, max(keys, 0), None)
+    if s <= 0:
+        # Nothing synchronous but flex: it is the only way, rescue or not.
+        return SyncSplit(keys, 0, max(0.0, usable_s))
+    spare_s = usable_s - keys / s
+    flex = min(keys, max(0, math.floor(f * spare_s + 1e-9)))
+    if flex == 0:
+        return SyncSplit(0, keys, None)
+    return SyncSplit(flex, keys - flex, max(0.0, usable_s - flex / s))
+
+
+@dataclass(frozen=True, slots=True)
+class TierSplit:
+    """Keys per tier of a plan, and the moments the run acts on (seconds from the start)."""
+
+    keys: dict[Tier, int]
+    # When open batches are cancelled and the keys still on batch go synchronous (None:
+    # nothing on batch).
+    switch_s: float | None
+    # From when every synchronous key still unsent goes at standard (None: no flex keys).
+    flex_until_s: float | None
+
+
+def tier_counts(total: int, rates: Rates, usable_s: float) -> TierSplit:
+    """How many of ``total`` keys go to each tier within ``usable_s`` seconds, and when the
+    switch-over and the end of flex lie.
 
     Batch first, as far as the synchronous tiers could still rescue it after a stall: with
-    ``B`` keys on batch and the rest ``S`` sent synchronously from the start, a stall found at
-    the switch-over needs ``B / sync`` seconds, and the switch-over must not come before the
-    batch is expected back. The synchronous keys go to flex as far as flex finishes them in
-    time, the rest to standard. Counts may exceed what fits when the total cannot be done in
-    time at all; the caller reports that as infeasible.
+    ``B`` keys on batch and the rest sent synchronously from the start, a stall found at the
+    switch-over is cancelled, which takes ``batch_cancel_s`` (a line may still complete and
+    bill while the batch is ``cancelling``, so its keys wait for the end), and then needs
+    ``B / sync`` seconds; the switch-over must not come before the batch is expected back.
+    The synchronous keys are done by the switch-over (the run sends them first), split
+    between flex and standard by ``sync_split``. Counts may exceed what fits when the total
+    cannot be done in time at all; the caller reports that as infeasible.
     """
     sync = rates.sync_per_s
+    # A stalled batch's keys come back once its cancel has ended.
+    room_s = usable_s - rates.batch_cancel_s
     batch = 0
-    if usable_s >= rates.batch_completion_s:
+    if room_s >= rates.batch_completion_s:
         if sync <= 0:
             batch = total  # nothing synchronous: batch is the only way, rescue or not
         else:
-            # Hedged: the switch-over (usable_s - B / sync) comes after the batch is due back.
-            hedged = min(total, math.floor(sync * (usable_s - rates.batch_completion_s) + 1e-9))
-            capacity = math.floor(sync * usable_s + 1e-9)
+            # Hedged: the switch-over (room_s - B / sync) comes after the batch is due back.
+            hedged = min(total, math.floor(sync * (room_s - rates.batch_completion_s) + 1e-9))
+            capacity = math.floor(sync * room_s + 1e-9)
             # More keys than the synchronous tiers can do in time: the excess relies on batch
             # finishing as expected (the plan says so), since nothing else can take it.
             batch = hedged if total <= capacity else total - (capacity - hedged)
-    rest = total - batch
-    flex_capacity = math.floor(rates.flex_effective_per_s * usable_s + 1e-9)
-    flex = min(rest, flex_capacity)
-    standard = rest - flex
-    rescue_s = min(batch, math.floor(sync * usable_s)) / sync if (batch and sync > 0) else 0.0
-    return {Tier.BATCH: batch, Tier.FLEX: flex, Tier.STANDARD: standard}, rescue_s
+    switch_s: float | None = None
+    sync_window_s = usable_s
+    if batch:
+        rescue_s = min(batch, math.floor(sync * room_s)) / sync if sync > 0 else 0.0
+        switch_s = max(0.0, room_s - rescue_s)
+        sync_window_s = switch_s
+    split = sync_split(total - batch, rates, sync_window_s)
+    return TierSplit(
+        {Tier.BATCH: batch, Tier.FLEX: split.flex, Tier.STANDARD: split.standard},
+        switch_s,
+        split.flex_until_s,
+    )
 
 
 def _spread(counts: Mapping[Tier, int], work: Sequence[Work]) -> list[dict[Tier, int]]:
@@ -275,12 +346,12 @@ def make_plan(
     total = sum(w.keys for w in work)
     reasons: list[str] = []
     feasible = True
-    counts, rescue_s = tier_counts(total, rates, window_s)
-    finish_s = _finish_seconds(counts, rates)
+    split = tier_counts(total, rates, window_s)
+    finish_s = _finish_seconds(split.keys, rates)
     if finish_s > window_s:
         # The margin is a preference, the deadline is not: try without it.
-        counts, rescue_s = tier_counts(total, rates, left_s)
-        finish_s = _finish_seconds(counts, rates)
+        split = tier_counts(total, rates, left_s)
+        finish_s = _finish_seconds(split.keys, rates)
         if finish_s <= left_s:
             window_s = left_s
             reasons.append(f"the plan eats into the {margin:.0%} margin")
@@ -297,14 +368,14 @@ def make_plan(
                 f" {rates.sync_per_s:.2f} keys/s and {batch_text};"
                 f" the deadline is {_human(left_s)} away"
             )
+    counts = split.keys
     batch = counts[Tier.BATCH]
     hedged_s = batch / rates.sync_per_s if rates.sync_per_s > 0 else math.inf
-    if feasible and batch and window_s - hedged_s < rates.batch_completion_s:
+    if feasible and batch and window_s - rates.batch_cancel_s - hedged_s < rates.batch_completion_s:
         reasons.append(
             f"{batch} key(s) on batch rely on it finishing within "
             f"{_human(rates.batch_completion_s)}: the synchronous tiers could not take them all"
         )
-    switch = now + dt.timedelta(seconds=max(0.0, window_s - rescue_s)) if batch else None
     tenants: list[TenantPlan] = []
     for w, share in zip(work, _spread(counts, work), strict=True):
         cost = sum((w.cost(t, n) for t, n in share.items()), Decimal(0))
@@ -328,7 +399,8 @@ def make_plan(
         rates=rates,
         tenants=tenants,
         expected_finish=now + dt.timedelta(seconds=min(finish_s, 10 * 365 * 86_400.0)),
-        switch_over=switch,
+        switch_over=_at(now, split.switch_s),
+        flex_until=_at(now, split.flex_until_s),
         feasible=feasible,
         cost_all_standard=sum((w.cost(Tier.STANDARD, w.keys) for w in work), Decimal(0)),
         cost_all_batch=sum((w.cost(Tier.BATCH, w.keys) for w in work), Decimal(0)),
@@ -336,15 +408,20 @@ def make_plan(
     )
 
 
+def _at(now: dt.datetime, seconds: float | None) -> dt.datetime | None:
+    return None if seconds is None else now + dt.timedelta(seconds=seconds)
+
+
 def _finish_seconds(counts: Mapping[Tier, int], rates: Rates) -> float:
-    """When the planned work is expected done: batch back, and flex and standard side by side."""
+    """When the planned work is expected done: batch back, and flex and standard sharing the
+    one limit beside it."""
     flex, standard = counts[Tier.FLEX], counts[Tier.STANDARD]
     batch_s = rates.batch_completion_s if counts[Tier.BATCH] else 0.0
-    flex_s = flex / rates.flex_effective_per_s if flex else 0.0
-    if standard and rates.standard_per_s <= 0:
+    if (standard and rates.standard_per_s <= 0) or (flex and rates.flex_effective_per_s <= 0):
         return math.inf
+    flex_s = flex / rates.flex_effective_per_s if flex else 0.0
     std_s = standard / rates.standard_per_s if standard else 0.0
-    return max(batch_s, flex_s, std_s)
+    return max(batch_s, flex_s + std_s)
 
 
 def _human(seconds: float) -> str:

@@ -40,6 +40,9 @@ class BatchOptions:
     quota: Mapping[str, int] | None = None
     submit_only: bool = False
     switch_at: float | None = None
+    # How long the plan allows a cancel to take; one that takes longer is waited for all the
+    # same (a line may still complete and bill), and the log says so.
+    cancel_s: float | None = None
     # The httpx seam: tests pass an ``httpx.MockTransport``; never set from configuration.
     transport: httpx.AsyncBaseTransport | None = field(default=None, repr=False, compare=False)
 

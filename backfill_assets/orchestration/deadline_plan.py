@@ -1,12 +1,13 @@
 """The inputs of a deadline plan, measured here: pending work and its prices, the limit this
-run gets, and how fast this store's batches have completed (``core/deadline.py`` plans)."""
+run gets, and how fast this store's batches have completed and been cancelled
+(``core/deadline.py`` plans)."""
 
 from __future__ import annotations
 
 import datetime as dt
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from decimal import Decimal
 
 from sqlalchemy.engine import Connection
@@ -17,16 +18,20 @@ from backfill_assets.core.prices import Tier
 from backfill_assets.orchestration.estimate import TenantEstimate, estimate_pending
 from backfill_assets.orchestration.model_resources import versions_for
 from backfill_assets.orchestration.settings import Settings
+from backfill_assets.store.batch_cancels import cancel_durations, endpoint_id
 from backfill_assets.store.budget import budget_status
 from backfill_assets.store.deadline_plans import flex_history
 from backfill_assets.store.engine import read_tx
 from backfill_assets.store.limiter_members import live_members
 from backfill_assets.store.submissions import batch_durations
+from backfill_assets.store.tenants import tenant_regions
 
 # Batches of this store's history needed before it replaces the prior.
 MIN_BATCH_HISTORY = 3
 # Flex requests of this store's history needed before their refused share replaces the prior.
 MIN_FLEX_HISTORY = 100
+# Cancels of this store's history at an endpoint needed before they replace the setting.
+MIN_CANCEL_HISTORY = 3
 # Members heartbeat every second or so; one silent for this long has left the limit.
 _MEMBER_TTL_S = 5.0
 
@@ -43,6 +48,21 @@ def batch_completion_s(durations: Sequence[float], prior_s: float) -> float:
     return statistics.quantiles(durations, n=10, method="inclusive")[-1]
 
 
+def cancel_seconds(
+    history: Mapping[str, Sequence[float]], endpoints: Sequence[str], setting_s: float
+) -> float:
+    """What a plan assumes a batch cancel takes: per Batch API endpoint the plan's tenants
+    use, the longest of its newest cancels once there are a few (a cancel that overruns costs
+    the deadline, so the bound, not the typical), else the setting; the longest of those."""
+    return max(
+        (
+            max(seen) if len(seen := history.get(e, ())) >= MIN_CANCEL_HISTORY else setting_s
+            for e in endpoints
+        ),
+        default=setting_s,
+    )
+
+
 def flex_unavailable(calls: int, refused: int, prior: float) -> float:
     """The share of flex requests a plan assumes refused for capacity: this store's history
     under earlier plans once it holds enough requests, else the configured prior."""
@@ -57,19 +77,35 @@ def uses_flex(settings: Settings) -> bool:
 
 
 def plan_rates(
-    settings: Settings, sync_per_s: float, durations: Sequence[float], flex_seen: tuple[int, int]
+    settings: Settings,
+    sync_per_s: float,
+    durations: Sequence[float],
+    flex_seen: tuple[int, int],
+    cancel_s: float,
 ) -> Rates:
-    """The tiers' rates for a plan. Flex and standard share the provider's limit, so with flex
-    in use (``BACKFILL_SERVICE_TIER=flex``) flex gets the whole synchronous rate and standard
-    the share flex refuses: a synchronous key goes to flex unless flex turns it away."""
+    """The tiers' rates for a plan. Flex and standard share the provider's limit: each gets
+    the whole synchronous rate while it is sent, flex less the share it refuses (with flex in
+    use, ``BACKFILL_SERVICE_TIER=flex``). A cancel's end is seen at the next status poll, so
+    the plan allows one poll more than the cancel itself."""
     has_batch = settings.model_backend == "openai"
     completion = (
         batch_completion_s(durations, settings.batch_prior_seconds) if has_batch else math.inf
     )
+    cancel = cancel_s + settings.batch_poll_seconds if has_batch else 0.0
     if not uses_flex(settings):
-        return Rates(sync_per_s, 0.0, 0.0, completion)
+        return Rates(sync_per_s, 0.0, 0.0, completion, cancel)
     refused = flex_unavailable(*flex_seen, settings.flex_unavailable_prior)
-    return Rates(sync_per_s * refused, sync_per_s, refused, completion)
+    return Rates(sync_per_s, sync_per_s, refused, completion, cancel)
+
+
+def batch_endpoints(settings: Settings, regions: Mapping[str, str | None]) -> list[str]:
+    """The Batch API endpoints (as ``store/batch_cancels.py`` names them) the tenants of
+    ``regions`` use: the default one, or their region's (a region with none is not sent)."""
+    urls = {
+        settings.model_base_url if r is None else settings.region_base_urls.get(r)
+        for r in regions.values()
+    }
+    return sorted(endpoint_id(u) for u in urls if u)
 
 
 def sync_keys_per_s(settings: Settings, tokens_per_key: float, members: int) -> float:
@@ -137,12 +173,18 @@ def plan_deadline(
         estimates = estimate_pending(conn, tenants, versions, settings.rubric(), settings.prices())
         durations = batch_durations(conn, versions.model)
         flex_seen = flex_history(conn, versions.model)
+        endpoints = batch_endpoints(settings, tenant_regions(conn, [e.tenant for e in estimates]))
+        cancels = cancel_durations(conn, endpoints, versions.model)
         left = {e.tenant: _left(conn, e.tenant, cap or None) for e in estimates}
     keys = sum(e.keys for e in estimates)
     tokens_per_key = sum(e.estimated_tokens for e in estimates) / keys if keys else 0.0
     members = live_members(engine, _MEMBER_TTL_S)
     rates = plan_rates(
-        settings, sync_keys_per_s(settings, tokens_per_key, members), durations, flex_seen
+        settings,
+        sync_keys_per_s(settings, tokens_per_key, members),
+        durations,
+        flex_seen,
+        cancel_seconds(cancels, endpoints, settings.batch_cancel_seconds),
     )
     work = [_work(e, left[e.tenant]) for e in estimates if e.keys]
     return make_plan(work, rates, now, deadline, margin)

@@ -5,12 +5,17 @@ Each step is resumable, because the plan (with its deadline and switch-over) is 
 every key's state is in the store (``store/deadline_plans.py``):
 
 1. ``submit``: the plan's batch keys, per tenant, go into chunks at the provider.
-2. ``sync``: every other pending key (a key in an open chunk is not pending) is sent at flex,
-   or at standard. Flex that stays refused longer than the plan can spare falls back to
-   standard (``flex_fallback_after_s``), and from the plan's last moment for flex every key
-   goes at standard (``standard_from``): flex's unavailability costs money, not the deadline.
+2. ``sync``: every other pending key (a key in an open chunk is not pending) is sent: with
+   flex, each tenant's planned share of flex keys at flex and the rest at standard, the split
+   ``core/deadline.py``'s ``sync_split`` made for the plan (so the run pays what the plan
+   priced). Flex that stays refused longer than the plan can spare falls back to standard
+   (``flex_fallback_after_s``), and from the plan's ``flex_until`` every key goes at standard
+   (``standard_from``): flex's unavailability costs money, not the deadline.
 3. ``wait``: the batches are polled until they end or the switch-over comes. Then every open
-   batch is cancelled; what it completed is booked (and billed), the rest is pending again.
+   batch is cancelled, and waited for until it has ended: a line may still complete and bill
+   while it is ``cancelling`` (the plan allowed for that time; a cancel that takes longer is
+   still waited for, logged, and the deadline may be missed by the overrun). What a batch
+   completed is booked (and billed), the rest is pending again.
 4. ``rescue``: what is still pending goes at standard, the tier bounded by the limit alone.
 
 The caller then runs the usual Dagster run, which materialises, checks and applies every
@@ -22,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import math
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -30,6 +34,7 @@ from typing import Any
 
 from sqlalchemy.engine import Engine
 
+from backfill_assets.core.flex_quota import FlexQuota
 from backfill_assets.core.money import usd_text
 from backfill_assets.dispatch.partition_run import PartitionRef, PartitionReport, RunStopped
 from backfill_assets.dispatch.pipeline import run_partitions
@@ -94,30 +99,10 @@ def plan_refs(engine: Engine, tenants: Sequence[str]) -> list[PartitionRef]:
     ]
 
 
-def _flex_window(plan: StoredPlan, sync_keys: int, now: dt.datetime) -> tuple[float, float]:
-    """(seconds the window leaves beyond what standard needs for ``sync_keys``, that need)."""
-    doc = plan.plan
-    window_end = utc(plan.deadline) - (utc(plan.deadline) - utc(plan.created_at)) * float(
-        doc["margin"]
-    )
-    sync_rate = plan.sync_per_s
-    need_s = sync_keys / sync_rate if sync_rate > 0 else math.inf
-    return (window_end - now).total_seconds() - need_s, need_s
-
-
-def flex_patience_s(plan: StoredPlan, sync_keys: int, now: dt.datetime) -> float:
-    """How long flex may stay refused before the rest goes to standard: half of what the
-    plan's window leaves beyond the time standard needs for ``sync_keys``."""
-    spare_s, _ = _flex_window(plan, sync_keys, now)
-    return max(_MIN_FLEX_PATIENCE_S, spare_s / 2.0)
-
-
-def standard_from(plan: StoredPlan, sync_keys: int, now: dt.datetime) -> float:
-    """The epoch second from which every synchronous key goes at standard, whatever flex
-    does: the window's end less twice what standard needs for ``sync_keys`` (a flex that
-    answers, but slowly, must not eat that time either)."""
-    spare_s, need_s = _flex_window(plan, sync_keys, now)
-    return (now + dt.timedelta(seconds=max(0.0, spare_s - need_s))).timestamp()
+def flex_patience_s(flex_until: dt.datetime, now: dt.datetime) -> float:
+    """How long flex may stay refused before the rest goes to standard: half of the time the
+    plan leaves flex."""
+    return max(_MIN_FLEX_PATIENCE_S, (flex_until - now).total_seconds() / 2.0)
 
 
 def carry_out(
@@ -181,14 +166,16 @@ class _Steps:
     def sync(self) -> StepReport:
         step = StepReport("sync")
         settings = self.settings
-        pending = _pending(settings, self.plan.tenants())
-        if not pending:
+        if not _pending(settings, self.plan.tenants()):
             step.skipped = "nothing pending outside the batches"
             return step
-        flex = uses_flex(settings)
         update: dict[str, Any] = {"dispatch": "sync"}
+        flex_until = self.plan.flex_until
+        flex = uses_flex(settings) and flex_until is not None
+        quota: FlexQuota | None = None
         if flex:
-            patience = flex_patience_s(self.plan, pending, self.now())
+            assert flex_until is not None
+            patience = flex_patience_s(utc(flex_until), self.now())
             # Refused keys wait a growing back-off; bounded here so that once the rest goes
             # at standard they are not still asleep.
             pause = max(0.5, min(settings.retry_max_seconds, patience / 8))
@@ -198,8 +185,11 @@ class _Steps:
                 "retry_max_seconds": pause,
                 "retry_base_seconds": min(settings.retry_base_seconds, pause),
             }
-        until = standard_from(self.plan, pending, self.now()) if flex else None
-        made = _run(settings.model_copy(update=update), self.refs, step, self.log, until)
+            quota = FlexQuota(self._flex_left())
+        elif uses_flex(settings):
+            update["service_tier"] = "standard"  # the plan put no key on flex
+        until = utc(flex_until).timestamp() if flex and flex_until is not None else None
+        made = _run(settings.model_copy(update=update), self.refs, step, self.log, until, quota)
         if flex:
             calls = sum(a.stats.calls for a in made)
             refused = sum(a.stats.capacity_unavailable for a in made)
@@ -207,13 +197,27 @@ class _Steps:
                 deadline_plans.add_flex_calls(conn, self.plan.plan_id, calls, refused)
         return step
 
+    def _flex_left(self) -> dict[str, int]:
+        """The plan's flex keys per tenant less those a run of it already booked at flex."""
+        with read_tx(self.engine) as conn:
+            sent = deadline_plans.flex_booked(conn, self.plan, self.settings.versions().model)
+        return {t: max(0, n - sent.get(t, 0)) for t, n in self.plan.flex_quota().items()}
+
     def wait(self) -> StepReport:
         step = StepReport("wait")
         if not self.has_batch:
             step.skipped = "nothing on batch"
             return step
         # Nothing new is chunked: keys a batch returns unrun are left to the rescue.
-        _run(self.settings, self.refs, step, self.log, quota={}, switch_at=self.switch_at)
+        _run(
+            self.settings,
+            self.refs,
+            step,
+            self.log,
+            quota={},
+            switch_at=self.switch_at,
+            cancel_s=self.plan.rates().batch_cancel_s,
+        )
         if self._past_switch():
             with write_tx(self.engine) as conn:
                 deadline_plans.mark(conn, self.plan.plan_id, "switched")
@@ -240,10 +244,11 @@ def _run(
     step: StepReport,
     log: Callable[[str], None],
     flex_until: float | None = None,
+    flex_quota: FlexQuota | None = None,
     **batch: Any,
 ) -> list[ModelAdapter]:
-    """One step over ``refs``: batch mode with ``batch`` options, else sync mode (flex up to
-    ``flex_until``, an epoch second, when the tier is flex)."""
+    """One step over ``refs``: batch mode with ``batch`` options, else sync mode (when the
+    tier is flex: ``flex_quota``'s keys at flex up to ``flex_until``, an epoch second)."""
     if batch:
         settings = settings.model_copy(update={"dispatch": "batch"})
     model = settings.model_resource()
@@ -253,12 +258,26 @@ def _run(
         options = dataclasses.replace(options, batch=dataclasses.replace(options.batch, **batch))
     made: list[ModelAdapter] = []
 
-    def make_adapter() -> ModelAdapter:
-        adapter = model.build_adapter()
-        if isinstance(adapter, OpenAIHttpModel):
-            adapter.standard_from = flex_until
-        made.append(adapter)
-        return adapter
+    def planned(build: Callable[[], ModelAdapter]) -> Callable[[], ModelAdapter]:
+        # Every lane's adapter (the default and each region's) follows the plan's flex split.
+        def make() -> ModelAdapter:
+            adapter = build()
+            if isinstance(adapter, OpenAIHttpModel):
+                adapter.standard_from = flex_until
+                adapter.flex_quota = flex_quota
+            made.append(adapter)
+            return adapter
+
+        return make
+
+    make_adapter = planned(model.build_adapter)
+    lanes = options.lanes
+    options = dataclasses.replace(
+        options,
+        lanes=dataclasses.replace(
+            lanes, adapters={r: planned(build) for r, build in lanes.adapters.items()}
+        ),
+    )
 
     reports: list[PartitionReport]
     try:

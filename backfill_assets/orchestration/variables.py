@@ -440,13 +440,25 @@ class Variables(BaseSettings):
         gt=0.0,
         le=7 * MAX_SETTING_SECONDS,
     )
+    # OpenAI documents that a cancelled batch stays 'cancelling' for up to 10 minutes.
+    batch_cancel_seconds: float = _var(
+        "BACKFILL_BATCH_CANCEL_SECONDS",
+        "batch",
+        "What `run --deadline` assumes a batch cancel takes (from the cancel to `cancelled`, "
+        "while lines may still complete and bill) until this store has seen 3 cancels at the "
+        "endpoint for the model (then the longest of the newest 20). The plan switches over "
+        "that much earlier. The default is the documented bound, 10 minutes.",
+        default=600.0,
+        ge=0.0,
+        le=86_400.0,
+    )
     flex_unavailable_prior: float = _var(
         "BACKFILL_FLEX_UNAVAILABLE_PRIOR",
         "batch",
         "What `run --deadline` assumes of flex (with `BACKFILL_SERVICE_TIER=flex` or `--tier "
         "flex`) until this store has sent 100 flex requests under deadline plans: the share "
-        "refused for capacity. The synchronous keys a plan gives flex beyond that share go to "
-        "standard.",
+        "refused for capacity (a refused key is sent again, so flex finishes that share fewer "
+        "keys per second).",
         default=0.25,
         ge=0.0,
         le=1.0,

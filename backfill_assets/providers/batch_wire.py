@@ -71,6 +71,10 @@ class BatchObject(_Lenient):
     request_counts: RequestCounts = Field(default_factory=RequestCounts)
     metadata: dict[str, str] | None = None
     created_at: int | None = None
+    # Epoch seconds of a cancel: asked, and ended (how long a cancel takes, as the provider
+    # measured it).
+    cancelling_at: int | None = None
+    cancelled_at: int | None = None
 
     @property
     def terminal(self) -> bool:

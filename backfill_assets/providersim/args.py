@@ -225,6 +225,12 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
         "--batch-processing-ms", type=_seconds, default=50.0, help="time a batch is in_progress"
     )
     batch.add_argument(
+        "--batch-cancel-ms",
+        type=_seconds,
+        default=0.0,
+        help="extra time a cancelled batch stays 'cancelling' (0: as long as finalizing)",
+    )
+    batch.add_argument(
         "--batch-expire-count", type=_count, default=0, help="the first N batches expire"
     )
     batch.add_argument(
@@ -274,6 +280,7 @@ def config_from_args(ns: argparse.Namespace) -> SimConfig:
         hang_seconds=ns.hang_seconds,
         api_key=ns.api_key,
         batch_processing_ms=ns.batch_processing_ms,
+        batch_cancel_ms=ns.batch_cancel_ms,
         batch_expire_count=ns.batch_expire_count,
         batch_expire_finished_share=ns.batch_expire_finished_share,
         enqueued_token_limit=ns.enqueued_token_limit,

@@ -146,7 +146,9 @@ class BatchStore:
         batch.ran = self._progress(batch, now)
         batch.status = "cancelling"
         batch.times["cancelling_at"] = now
-        batch.next_at = now + self.config.batch_finalizing_ms / 1000.0
+        # The lines already run are billed when it ends, so they must not be sent again.
+        cfg = self.config
+        batch.next_at = now + (cfg.batch_finalizing_ms + cfg.batch_cancel_ms) / 1000.0
         return batch
 
     def advance(self) -> None:

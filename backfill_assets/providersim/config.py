@@ -152,6 +152,12 @@ class SimConfig(BaseModel):
         default=50.0, ge=0.0, description="Time in 'in_progress' for a whole batch file."
     )
     batch_finalizing_ms: float = Field(default=5.0, ge=0.0, description="Time in 'finalizing'.")
+    batch_cancel_ms: float = Field(
+        default=0.0,
+        ge=0.0,
+        description="Extra time a cancelled batch stays 'cancelling' (its requests in flight "
+        "finishing, up to 10 minutes at OpenAI); 0: as long as 'finalizing', inf: for ever.",
+    )
     batch_expire_count: int = Field(
         default=0, ge=0, description="The first N batches created expire before they finish."
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -11,7 +12,10 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from backfill_assets.store.tables import deadline_plans, utcnow
+from backfill_assets.core.deadline import Rates
+from backfill_assets.core.events import EventKind
+from backfill_assets.core.prices import Tier
+from backfill_assets.store.tables import deadline_plans, ledger_events, utcnow
 
 STEPS = ("submitted", "switched", "finished")
 
@@ -32,14 +36,43 @@ class StoredPlan:
 
     def batch_quota(self) -> dict[str, int]:
         """Keys per tenant the plan puts on batch."""
-        return {t["tenant"]: int(t["keys"]["batch"]) for t in self.plan["tenants"]}
+        return self._keys(Tier.BATCH)
+
+    def flex_quota(self) -> dict[str, int]:
+        """Keys per tenant the plan puts on flex."""
+        return self._keys(Tier.FLEX)
+
+    def _keys(self, tier: Tier) -> dict[str, int]:
+        return {t["tenant"]: int(t["keys"][tier.value]) for t in self.plan["tenants"]}
+
+    def rates(self) -> Rates:
+        """The rates the plan assumed."""
+        r = self.plan["rates"]
+        completion = r["batch_completion_s"]
+        standard = float(r["standard_per_s"])
+        if "batch_cancel_s" not in r:
+            # Stored before cancels were planned for: standard's rate was then the share flex
+            # refused, and the whole limit flex's.
+            standard = float(r["flex_per_s"]) or standard
+        return Rates(
+            standard_per_s=standard,
+            flex_per_s=float(r["flex_per_s"]),
+            flex_unavailable=float(r["flex_unavailable"]),
+            batch_completion_s=math.inf if completion is None else float(completion),
+            batch_cancel_s=float(r.get("batch_cancel_s", 0.0)),
+        )
 
     @property
     def sync_per_s(self) -> float:
-        """Keys per second the plan assumed of the synchronous tiers together: flex's rate
-        when it planned flex (standard then takes what flex refuses), else standard's."""
-        rates = self.plan["rates"]
-        return float(rates["flex_per_s"]) or float(rates["standard_per_s"])
+        """Keys per second the plan assumed the synchronous tiers can always do."""
+        return self.rates().sync_per_s
+
+    @property
+    def flex_until(self) -> datetime | None:
+        """From when every synchronous key still unsent goes at standard (None: the plan put
+        no key on flex, or was stored before it planned this)."""
+        when = self.plan.get("flex_until")
+        return None if when is None else naive_utc(datetime.fromisoformat(when))
 
     def tenants(self) -> list[str]:
         return [str(t["tenant"]) for t in self.plan["tenants"]]
@@ -129,6 +162,24 @@ def add_flex_calls(conn: Connection, plan_id: str, calls: int, refused: int) -> 
         .where(c.plan_id == plan_id)
         .values(flex_calls=c.flex_calls + calls, flex_refused=c.flex_refused + refused)
     )
+
+
+def flex_booked(conn: Connection, plan: StoredPlan, model: str) -> dict[str, int]:
+    """Keys per tenant of ``plan`` booked at flex since it was made (what a resumed run has
+    already sent of the plan's flex keys)."""
+    c = ledger_events.c
+    rows = conn.execute(
+        sa.select(c.tenant_id, sa.func.count(sa.distinct(c.key)))
+        .where(
+            c.tenant_id.in_(plan.tenants()),
+            c.type == EventKind.USAGE,
+            c.service_tier == Tier.FLEX.value,
+            c.model == model,
+            c.at >= plan.created_at,
+        )
+        .group_by(c.tenant_id)
+    ).all()
+    return {str(t): int(n) for t, n in rows}
 
 
 def flex_history(conn: Connection, model: str) -> tuple[int, int]:

@@ -330,3 +330,14 @@ deadline_plans = sa.Table(
     sa.Column("flex_calls", sa.BigInteger, nullable=False, server_default="0"),
     sa.Column("flex_refused", sa.BigInteger, nullable=False, server_default="0"),
 )
+
+# sql/020: how long each batch cancel took, per Batch API endpoint and model.
+batch_cancels = sa.Table(
+    "batch_cancels",
+    metadata,
+    sa.Column("batch_id", sa.Text, primary_key=True),
+    sa.Column("endpoint", sa.Text, nullable=False),
+    sa.Column("model", sa.Text, nullable=False),
+    sa.Column("seconds", sa.Float, nullable=False),
+    sa.Column("ended_at", sa.DateTime, nullable=False),
+)

@@ -12,7 +12,7 @@ import sqlalchemy as sa
 
 from backfill_assets.cli import main
 from backfill_assets.orchestration.engines import engine_for
-from backfill_assets.store import deadline_plans, tables
+from backfill_assets.store import batch_cancels, deadline_plans, tables
 from backfill_assets.store.tables import batch_submissions
 from backfill_tests.cli_runs import clear_settings, last_json
 from backfill_tests.conftest import StartSim, import_records
@@ -122,11 +122,51 @@ def test_this_stores_batch_history_replaces_the_prior(
     plan = doc["plan"]
     assert plan["rates"]["batch_completion_s"] == 600.0
     assert plan["keys"] == {"batch": 300, "flex": 0, "standard": 0}
-    # The switch-over leaves the synchronous tier the 300 s it needs to rescue a stall.
+    # The switch-over leaves the cancels their time (no history of them: the documented
+    # 10 minutes, and one 30 s status poll to see them end), then the synchronous tier the
+    # 300 s it needs to rescue a stall.
+    assert plan["rates"]["batch_cancel_s"] == 630.0
     switch = dt.datetime.fromisoformat(plan["switch_over"])
     deadline = dt.datetime.fromisoformat(plan["deadline"])
     now = dt.datetime.fromisoformat(plan["now"])
-    assert switch == now + (deadline - now) * 0.9 - dt.timedelta(seconds=300)
+    assert switch == now + (deadline - now) * 0.9 - dt.timedelta(seconds=630 + 300)
+
+
+def _cancels(store_url: str, endpoint: str, *seconds: float) -> None:
+    with engine_for(store_url).begin() as conn:
+        for s in seconds:
+            batch_cancels.record_cancel(
+                conn,
+                f"batch_{endpoint[-4:]}_{s}",
+                endpoint,
+                "gpt-4o-mini",
+                s,
+                dt.datetime(2026, 11, 1, 12, 0) + dt.timedelta(seconds=s),
+            )
+
+
+def test_the_time_a_cancel_takes_comes_from_this_stores_cancels_at_the_endpoint(
+    cli: Any, store_url: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("BACKFILL_BATCH_POLL_SECONDS", "5")
+    # The setting, until the endpoint has 3 cancels of the model.
+    monkeypatch.setenv("BACKFILL_BATCH_CANCEL_SECONDS", "120")
+    code, doc, _ = cli(["--deadline", "3d", "--dry-run"], capsys)
+    assert code == 0 and doc["plan"]["rates"]["batch_cancel_s"] == 125.0
+    here = batch_cancels.endpoint_id(cli.sim.base_url)
+    _cancels(store_url, "https://elsewhere.example/v1", 900.0, 900.0, 900.0)
+    _cancels(store_url, here, 40.0, 70.0)
+    code, doc, _ = cli(["--deadline", "3d", "--dry-run"], capsys)
+    assert code == 0 and doc["plan"]["rates"]["batch_cancel_s"] == 125.0
+    # Three of them: the longest, whatever the setting says.
+    _cancels(store_url, here, 55.0)
+    code, doc, _ = cli(["--deadline", "3d", "--dry-run"], capsys)
+    assert code == 0 and doc["plan"]["rates"]["batch_cancel_s"] == 75.0
+    plan = doc["plan"]
+    switch = dt.datetime.fromisoformat(plan["switch_over"])
+    deadline = dt.datetime.fromisoformat(plan["deadline"])
+    now = dt.datetime.fromisoformat(plan["now"])
+    assert switch == now + (deadline - now) * 0.9 - dt.timedelta(seconds=75 + 300)
 
 
 def test_an_impossible_deadline_is_refused_before_any_request(
@@ -163,9 +203,9 @@ def test_flex_plans_take_the_refused_share_from_this_stores_history(
     code, doc, _ = cli(["--deadline", "2h", "--dry-run"], capsys)
     assert code == 0
     rates = doc["plan"]["rates"]
-    # The prior: flex takes the whole limit, standard the 25% flex refuses.
+    # The prior: flex refuses 25%; flex and standard share the whole limit.
     assert rates["flex_unavailable"] == 0.25
-    assert rates["flex_per_s"] == 1.0 and rates["standard_per_s"] == 0.25
+    assert rates["flex_per_s"] == 1.0 and rates["standard_per_s"] == 1.0
     assert doc["plan"]["keys"] == {"batch": 0, "flex": 300, "standard": 0}
     # 200 flex requests under an earlier plan, 120 refused: the history replaces the prior.
     with engine_for(store_url).begin() as conn:

@@ -9,8 +9,10 @@ from collections.abc import Callable
 
 import pytest
 
+from backfill_assets.core.flex_quota import FlexQuota
 from backfill_assets.core.keys import content_hash, work_key
 from backfill_assets.core.output_gate import parse_output
+from backfill_assets.core.prices import Tier
 from backfill_assets.core.rubric import MAX_OUTPUT_TOKENS, estimate_prompt_tokens
 from backfill_assets.providers.models.base import (
     ModelRequest,
@@ -155,3 +157,24 @@ def test_connection_refused_is_retriable() -> None:
     )
     with pytest.raises(RetriableError, match="connection error"):
         _call(lambda: adapter, _request())
+
+
+def test_a_deadline_plans_flex_quota_decides_each_keys_tier(
+    start_sim: StartSim, adapter_for: AdapterFactory
+) -> None:
+    # The plan gave acme one flex key: the first key sent takes it (and keeps it when sent
+    # again, as after a refusal), every other key goes at standard.
+    sim = start_sim()
+    make = adapter_for(sim, tier=Tier.FLEX)
+
+    def planned() -> OpenAIHttpModel:
+        adapter = make()
+        adapter.flex_quota = quota
+        return adapter
+
+    quota = FlexQuota({"acme": 1, "globex": 0})
+    first, second = _request("p1"), _request("p2")
+    tiers = [_call(planned, r).service_tier for r in (first, second, first)]
+    assert tiers == ["flex", "standard", "flex"]
+    billed = sorted(c.service_tier or "" for c in sim.meter.snapshot().billed.values())
+    assert billed == ["default", "flex", "flex"]

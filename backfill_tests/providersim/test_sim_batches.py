@@ -201,6 +201,31 @@ def test_list_pages_newest_first_with_metadata_and_cancel(
     assert meter.batch_creates_total == 5 and meter.billed == {}
 
 
+def test_a_slow_cancel_stays_cancelling_and_bills_what_ran_when_it_ends(
+    start_sim: Callable[..., Simulator], chat_body: Callable[..., dict[str, Any]], key_for
+) -> None:
+    # Half of the lines have run when the cancel is asked; the cancel takes 400 ms more.
+    sim = start_sim(**{**FAST, "batch_processing_ms": 400, "batch_cancel_ms": 400})
+    keys = [key_for(f"s{i}") for i in range(20)]
+    with httpx.Client(base_url=sim.base_url, timeout=5) as client:
+        created = _submit(client, _lines(chat_body, keys), "slow")
+        time.sleep(0.2)
+        asked = time.monotonic()
+        cancelling = client.post(f"/batches/{created['id']}/cancel").json()
+        time.sleep(0.2)
+        still = client.get(f"/batches/{created['id']}").json()
+        billed_meanwhile = len(sim.meter.snapshot().billed)
+        final, _ = _wait(client, cancelling)
+        took = time.monotonic() - asked
+    assert cancelling["status"] == still["status"] == "cancelling" and billed_meanwhile == 0
+    assert final["status"] == "cancelled" and took >= 0.4
+    assert final["cancelled_at"] >= final["cancelling_at"]
+    ran = final["request_counts"]["completed"]
+    assert 0 < ran < len(keys) and final["request_counts"]["failed"] == len(keys) - ran
+    billed = sim.meter.snapshot().billed_by_correlation_id
+    assert len(billed) == ran and all(b.requests == 1 for b in billed.values())
+
+
 def test_cli_arguments_configure_the_batch_api() -> None:
     parser = argparse.ArgumentParser()
     add_cli_arguments(parser)
@@ -216,6 +241,8 @@ def test_cli_arguments_configure_the_batch_api() -> None:
             "90000",
             "--batch-poll-rpm",
             "120",
+            "--batch-cancel-ms",
+            "90000",
         ]
     )
     assert config_from_args(ns) == SimConfig(
@@ -224,4 +251,5 @@ def test_cli_arguments_configure_the_batch_api() -> None:
         batch_expire_finished_share=0.5,
         enqueued_token_limit=90000,
         batch_poll_rpm=120,
+        batch_cancel_ms=90000,
     )

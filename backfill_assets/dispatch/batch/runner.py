@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from backfill_assets.core.caps import REASON_CHARS
 from backfill_assets.core.keys import work_key
 from backfill_assets.core.outcomes import Outcome
-from backfill_assets.dispatch.batch import attach, submit
+from backfill_assets.dispatch.batch import attach, cancels, submit
 from backfill_assets.dispatch.batch.booking import book, close_unrun
 from backfill_assets.dispatch.batch.context import BatchContext, ChunkJob
 from backfill_assets.dispatch.batch.pacing import PollPacer, TokenGate
@@ -55,9 +55,11 @@ class BatchRunner:
         self.pacer = PollPacer(self.opts.max_poll_seconds)
         # A deadline plan's keys per tenant still to put into chunks (None: every key).
         self.quota = None if self.opts.quota is None else dict(self.opts.quota)
-        # Past the switch-over: nothing new is chunked and open batches are cancelled.
+        # Past the switch-over: nothing new is chunked and open batches are cancelled. When
+        # each cancel was sent (monotonic), and the chunks whose cancel overran the plan.
         self.switched = False
-        self.cancel_sent: set[str] = set()
+        self.cancel_sent: dict[str, float] = {}
+        self.overrun: set[str] = set()
 
     async def run(self) -> None:
         """Until every chunk of the run's partitions has ended (with ``submit_only``: until
@@ -190,7 +192,7 @@ class BatchRunner:
                 ctx.log(f"batch {sub.batch_id}: cancel refused ({exc})")
             else:
                 ctx.log(f"batch {sub.batch_id} ({job.partition}): cancel asked, {batch.status}")
-            self.cancel_sent.add(sub.chunk_id)
+            self.cancel_sent[sub.chunk_id] = time.monotonic()
             job.interval = self.opts.poll_seconds
             job.next_poll = time.monotonic()
             sent = True
@@ -327,9 +329,18 @@ class BatchRunner:
                 f"batch {sub.batch_id} ({job.partition}): {batch.status}, "
                 f"{counts.completed}/{counts.total} done, {counts.failed} failed"
             )
+            await cancels.note_ended(ctx, job, batch, self.cancel_sent.get(sub.chunk_id))
             self._ended(job, await book(ctx, job))
             return
-        job.interval = min(job.interval * 1.5, self.opts.max_poll_seconds)
+        asked = self.cancel_sent.get(sub.chunk_id)
+        if asked is not None and sub.chunk_id not in self.overrun:
+            late = cancels.overrun_message(job, asked, self.opts.cancel_s, time.monotonic())
+            if late:
+                self.overrun.add(sub.chunk_id)
+                ctx.log(late)
+        if sub.chunk_id not in self.cancel_sent:
+            # A cancel's end is what a deadline waits for: its polls do not back off.
+            job.interval = min(job.interval * 1.5, self.opts.max_poll_seconds)
         job.next_poll = time.monotonic() + job.interval
         if seen != job.last_seen:
             job.last_seen = seen

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import httpx
 
 from backfill_assets import __version__
+from backfill_assets.core.flex_quota import FlexQuota
 from backfill_assets.core.post_frame import decode_post, framed_post
 from backfill_assets.core.prices import PriceTable, Tier, event_cost
 from backfill_assets.providers.bounded_body import (
@@ -129,6 +130,9 @@ class OpenAIHttpModel(ModelAdapter):
         # goes at standard, refused or not, so a flex that answers slowly cannot eat the time
         # the rest needs at standard (orchestration/deadline_run.py). None: no such moment.
         self.standard_from: float | None = None
+        # A deadline plan's flex keys per tenant: a key beyond its tenant's share goes at
+        # standard, as the plan priced it. None: every key at this adapter's tier.
+        self.flex_quota: FlexQuota | None = None
         self._api_key = api_key
         self._prices = prices or PriceTable.from_json("")
         timeouts = timeouts or HttpTimeouts()
@@ -186,7 +190,15 @@ class OpenAIHttpModel(ModelAdapter):
         ):
             self.tier = Tier.STANDARD
             _log.warning("the deadline plan's time for flex is over: the rest goes at standard")
-        body = request_body(request, self._max_tokens_param, self.tier)
+        tier = self.tier
+        quota = self.flex_quota
+        if (
+            tier is Tier.FLEX
+            and quota is not None
+            and not quota.takes_flex(request.tenant_id, request.key)
+        ):
+            tier = Tier.STANDARD
+        body = request_body(request, self._max_tokens_param, tier)
         self.check_not_halted()
         permit = await self.limiter.acquire(request.estimated_tokens, request.tenant_id)
         try:
