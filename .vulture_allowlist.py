@@ -14,7 +14,7 @@ _prices_parse  # settings.Settings
 _model_url_plain  # settings.Settings
 _database_url_parses  # settings.Settings
 _platform_url_parses  # settings.Settings
-drivername  # urls.UrlParts: compared with make_url's by unit/test_urls.py
+drivername  # urls.UrlParts: compared with make_url's by domain/test_urls.py
 _prompt_path_replaced  # settings.Settings
 prompt_path  # settings.Settings: BACKFILL_PROMPT_PATH, read only to refuse it
 _batch_needs_a_batch_api  # settings.Settings
@@ -46,7 +46,7 @@ correlation_matches
 strict
 coerce
 
-# dagster: IOManager hooks (orchestration/sealing.py).
+# dagster: IOManager hooks (defs/sealing.py).
 handle_output
 load_input
 
@@ -59,7 +59,7 @@ exc_type
 tb
 
 # SQLAlchemy event listeners registered by decorator, and pysqlite's isolation_level
-# (store/engine.py).
+# (ledger/engine.py).
 _on_connect
 _on_begin
 isolation_level
@@ -104,12 +104,12 @@ _connect
 _event_log_storage
 capture_logs  # a compute log manager's hook, called by Dagster's executor (compute_logs.py)
 _run_storage  # pg_instance.py: replaces the stock run storage as _event_log_storage does
-row_factory  # sqlite3: a cursor attribute the driver reads (store/bulk.py)
+row_factory  # sqlite3: a cursor attribute the driver reads (ledger/bulk.py)
 
 # Tests close a store's engines before dropping its database (conftest.dispose_engine).
 dispose_engine  # resources
 
-# Export columns, read by name (asdict, getattr) in cli/export.py.
+# Export columns, read by name (asdict, getattr) in cli/commands/export.py.
 policy_identity
 labelled_at
 

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import os
 
-from backfill_assets.orchestration.settings import Settings
-from backfill_assets.orchestration.wiring import (
+from backfill_assets.config.settings import Settings
+from backfill_assets.ledger.private_files import private_umask
+from backfill_assets.wiring import (
     APPLY_JOB,
     BACKFILL_JOB,
     USAGE_JOB,
     build_definitions,
 )
-from backfill_assets.store.private_files import private_umask
 
 __all__ = ["APPLY_JOB", "BACKFILL_JOB", "USAGE_JOB", "build_definitions", "defs"]
 

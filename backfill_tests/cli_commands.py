@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from backfill_assets.cli import build_parser
-from backfill_assets.core.policy_file import builtin_policy_text
+from backfill_assets.domain.policy.file import builtin_policy_text
 from backfill_tests.conftest import write_jsonl
 
 # Commands that start a server: called with --help only, their options checked by parsing.

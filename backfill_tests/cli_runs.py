@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from backfill_assets.cli import build_parser, main
-from backfill_assets.orchestration.settings import Settings
+from backfill_assets.config.settings import Settings
 from bench.common import run_peak
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -15,9 +15,9 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from backfill_assets.ingest.importer import import_path
-from backfill_assets.orchestration.engines import engine_for
+from backfill_assets.ledger.engines import engine_for
+from backfill_assets.ledger.run.posts import ImportSummary
 from backfill_assets.providersim import SimConfig, Simulator
-from backfill_assets.store.posts import ImportSummary
 from backfill_tests.sessions import kill_leftovers
 
 PG_BASE_URL = os.environ.get(
@@ -31,41 +31,41 @@ IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 # the simulator. Marked slow here, in one list, so `bin/test -m "not slow"` is the fast loop;
 # CI runs everything.
 DRILLS = {
-    "backfill_tests/batch/test_batch_crash.py",
-    "backfill_tests/batch/test_batch_dagster.py",
-    "backfill_tests/batch/test_batch_hostile.py",
-    "backfill_tests/batch/test_batch_modes.py",
-    "backfill_tests/batch/test_batch_money.py",
-    "backfill_tests/batch/test_batch_pipeline.py",
-    "backfill_tests/batch/test_batch_sim_hostile.py",
+    "backfill_tests/drills/test_batch_crash.py",
+    "backfill_tests/dispatch/batch/test_batch_dagster.py",
+    "backfill_tests/dispatch/batch/test_batch_hostile.py",
+    "backfill_tests/dispatch/batch/test_batch_modes.py",
+    "backfill_tests/dispatch/batch/test_batch_money.py",
+    "backfill_tests/dispatch/batch/test_batch_pipeline.py",
+    "backfill_tests/dispatch/batch/test_batch_sim_hostile.py",
     "backfill_tests/cli/test_bad_settings.py",
     "backfill_tests/cli/test_bin_dev.py",
     "backfill_tests/cli/test_display.py",
     "backfill_tests/cli/test_process.py",
-    "backfill_tests/http/test_hostile_provider.py",
-    "backfill_tests/http/test_http_crash.py",
-    "backfill_tests/http/test_pipeline_sim.py",
-    "backfill_tests/http/test_regions_sim.py",
-    "backfill_tests/http/test_shared_limit_processes.py",
+    "backfill_tests/providers/test_hostile_provider.py",
+    "backfill_tests/drills/test_http_crash.py",
+    "backfill_tests/providers/test_pipeline_sim.py",
+    "backfill_tests/providers/test_regions_sim.py",
+    "backfill_tests/providers/test_shared_limit_processes.py",
     "backfill_tests/security/test_file_modes.py",
     "backfill_tests/security/test_operator_input.py",
     "backfill_tests/security/test_scan.py",
     "backfill_tests/security/test_webserver.py",
-    "backfill_tests/store/test_apply.py",
-    "backfill_tests/store/test_audit_pool.py",
-    "backfill_tests/orchestration/test_browser.py",
-    "backfill_tests/dispatch/test_concurrent_runs.py",
-    "backfill_tests/dispatch/test_crash.py",
-    "backfill_tests/orchestration/test_evaluate.py",
-    "backfill_tests/store/test_host_cut.py",
+    "backfill_tests/ledger/test_apply.py",
+    "backfill_tests/ledger/test_audit_pool.py",
+    "backfill_tests/browser/test_browser.py",
+    "backfill_tests/drills/test_concurrent_runs.py",
+    "backfill_tests/drills/test_crash.py",
+    "backfill_tests/defs/test_evaluate.py",
+    "backfill_tests/drills/test_host_cut.py",
     "backfill_tests/dispatch/test_money_path.py",
     "backfill_tests/cli/test_operator.py",
-    "backfill_tests/orchestration/test_plan.py",
-    "backfill_tests/orchestration/test_policy_upgrade.py",
-    "backfill_tests/orchestration/test_prod_daemon.py",
+    "backfill_tests/runner/test_plan.py",
+    "backfill_tests/runner/test_policy_upgrade.py",
+    "backfill_tests/drills/test_prod_daemon.py",
     "backfill_tests/test_readme.py",
-    "backfill_tests/cli/test_run_processes.py",
-    "backfill_tests/cli/test_signals.py",
+    "backfill_tests/runner/test_run_processes.py",
+    "backfill_tests/drills/test_signals.py",
     "backfill_tests/test_wheel.py",
 }
 
@@ -151,7 +151,7 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 
 def dispose_engine(url: str) -> None:
     """Close the pooled connections of a test store before dropping it."""
-    from backfill_assets.orchestration.engines import dispose_engine as dispose
+    from backfill_assets.ledger.engines import dispose_engine as dispose
 
     dispose(url)
 

@@ -9,14 +9,14 @@ import dagster as dg
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from backfill_assets.audit.check_defs import Verdict
-from backfill_assets.core.keys import SLICE_KEYS
 from backfill_assets.definitions import APPLY_JOB, BACKFILL_JOB, build_definitions
+from backfill_assets.defs.checks_config import ChecksResource
+from backfill_assets.defs.labels.checks import verdicts_for
 from backfill_assets.dispatch.pipeline import PartitionRef
-from backfill_assets.orchestration.checks import verdicts_for
-from backfill_assets.orchestration.checks_config import ChecksResource
-from backfill_assets.orchestration.orchestrate import materialize
-from backfill_assets.orchestration.run_records import RunRecord
+from backfill_assets.domain.checks.catalog import Verdict
+from backfill_assets.domain.work.keys import SLICE_KEYS
+from backfill_assets.runner.orchestrate import materialize
+from backfill_assets.runner.run_records import RunRecord
 from backfill_tests.conftest import import_records
 from backfill_tests.pipeline_helpers import RUBRIC, VERSIONS
 

@@ -8,18 +8,18 @@ from collections.abc import Iterable
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from backfill_assets.core.keys import SLICE_COUNT, Versions
-from backfill_assets.core.outcomes import RetryPolicy
-from backfill_assets.core.rubric import TASK_VERSION, Rubric
 from backfill_assets.dispatch.pipeline import (
     PartitionRef,
     PartitionReport,
     RunOptions,
     run_partitions,
 )
+from backfill_assets.domain.policy.rubric import TASK_VERSION, Rubric
+from backfill_assets.domain.work.keys import SLICE_COUNT, Versions
+from backfill_assets.domain.work.outcomes import RetryPolicy
 from backfill_assets.providers.models.base import ModelAdapter
 from backfill_assets.providers.models.fake import FakeModel
-from backfill_assets.store.verification import VerifyReport, verify_store
+from backfill_assets.runner.verification import VerifyReport, verify_store
 
 RUBRIC = Rubric()
 VERSIONS = Versions(TASK_VERSION, RUBRIC.prompt_version, "fake-moderator-1")

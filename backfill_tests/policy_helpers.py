@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from backfill_assets.core.keys import Versions
-from backfill_assets.core.policy import Policy
-from backfill_assets.core.policy_file import load_policy
-from backfill_assets.core.rubric import TASK_VERSION, Rubric
+from backfill_assets.domain.policy.document import Policy
+from backfill_assets.domain.policy.file import load_policy
+from backfill_assets.domain.policy.rubric import TASK_VERSION, Rubric
+from backfill_assets.domain.work.keys import Versions
 
 DOCS_POLICIES = Path(__file__).resolve().parents[1] / "docs" / "policies"
 COURSE_V4 = DOCS_POLICIES / "course-rubric-v4.yaml"

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from backfill_assets.cli import build_parser
-from backfill_assets.cli.provider_sim import sim_parser
+from backfill_assets.cli.commands.provider_sim import sim_parser
 from backfill_tests.cli_runs import ROOT, clean_env
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -253,3 +253,44 @@ def test_the_guarantee_table_names_modules_and_tests_that_exist() -> None:
             if not (ROOT / "backfill_tests" / name).exists():
                 missing.append(name)
     assert not missing, missing
+
+
+def _layout_modules() -> set[str]:
+    """The modules docs/architecture.md's Layout lists: paths rebuilt from its indentation."""
+    text = (ROOT / "docs" / "architecture.md").read_text("utf-8")
+    block = text.split("## Layout", 1)[1].split("```", 2)[1]
+    found: set[str] = set()
+    stack: list[str] = []
+    for line in block.splitlines():
+        if not line.strip() or not line.startswith(" "):
+            stack = [line.split()[0].rstrip("/")] if line.strip() else []
+            continue
+        depth = (len(line) - len(line.lstrip())) // 2
+        name = line.split()[0]
+        stack = stack[:depth]
+        if name.endswith("/"):
+            stack.append(name.rstrip("/"))
+        elif stack and stack[0] == "backfill_assets":
+            found.add("/".join([*stack[1:], name]))
+    return found
+
+
+def test_the_layout_lists_every_module_and_no_other() -> None:
+    package = ROOT / "backfill_assets"
+    modules = {
+        p.relative_to(package).as_posix()
+        for p in package.rglob("*.py")
+        if p.name != "__init__.py" or p.parent == package
+    }
+    listed = _layout_modules()
+    assert sorted(modules - listed) == [], "modules missing from docs/architecture.md's Layout"
+    assert sorted(listed - modules) == [], "Layout lists modules that do not exist"
+
+
+def test_no_folder_holds_more_than_fifteen_modules() -> None:
+    crowded = {
+        d.relative_to(ROOT).as_posix(): n
+        for d in (ROOT / "backfill_assets").rglob("*")
+        if d.is_dir() and (n := len(list(d.glob("*.py")))) > 15
+    }
+    assert crowded == {}

@@ -23,19 +23,19 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from backfill_assets.core.keys import SLICE_COUNT, Versions
-from backfill_assets.core.money import usd_text
-from backfill_assets.core.outcomes import RetryPolicy
-from backfill_assets.core.rubric import TASK_VERSION, Rubric
 from backfill_assets.dispatch.batch_options import BatchOptions
 from backfill_assets.dispatch.pipeline import PartitionRef, RunOptions, run_partitions
+from backfill_assets.domain.money.nanos import usd_text
+from backfill_assets.domain.policy.rubric import TASK_VERSION, Rubric
+from backfill_assets.domain.work.keys import SLICE_COUNT, Versions
+from backfill_assets.domain.work.outcomes import RetryPolicy
 from backfill_assets.ingest.importer import import_path
-from backfill_assets.orchestration.engines import engine_for
+from backfill_assets.ledger.engines import engine_for
+from backfill_assets.ledger.reports import tenant_ids
 from backfill_assets.providers.batch_client import BatchEndpoint
 from backfill_assets.providers.models.openai_http import OpenAIHttpModel
 from backfill_assets.providers.ratelimit import LimiterConfig, LimiterRegistry
 from backfill_assets.providersim import SimConfig, Simulator
-from backfill_assets.store.reports import tenant_ids
 from bench.common import ROOT
 
 DEMO = ROOT / "backfill_assets" / "demo" / "posts.jsonl"

@@ -19,7 +19,7 @@ import sys
 
 import httpx
 
-from backfill_assets.core.rubric import MAX_OUTPUT_TOKENS, Rubric
+from backfill_assets.domain.policy.rubric import MAX_OUTPUT_TOKENS, Rubric
 from backfill_assets.providers.models.base import ModelRequest
 from backfill_assets.providers.models.openai_http import HttpTimeouts, OpenAIHttpModel
 from backfill_assets.providers.ratelimit import EndpointLimiter, LimiterConfig

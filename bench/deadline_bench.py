@@ -37,10 +37,10 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from backfill_assets.core.money import usd_text
-from backfill_assets.core.prices import PriceTable, Tier
+from backfill_assets.domain.money.nanos import usd_text
+from backfill_assets.domain.money.prices import PriceTable, Tier
 from backfill_assets.ingest.importer import import_path
-from backfill_assets.orchestration.engines import engine_for
+from backfill_assets.ledger.engines import engine_for
 from backfill_assets.providersim import SimConfig, Simulator
 from bench.common import ROOT, clean_env, drop_store, new_store
 

@@ -22,8 +22,8 @@ import dagster as dg
 from dagster._core.events import DagsterEvent, DagsterEventType, StepMaterializationData
 from dagster._core.events.log import EventLogEntry
 
-from backfill_assets.orchestration.dagster_private import serialize_value
-from backfill_assets.orchestration.event_json import event_json
+from backfill_assets.accelerators.dagster_private import serialize_value
+from backfill_assets.accelerators.event_json import event_json
 from bench.common import machine_speed, median
 
 _TABLE = "| label | count | share |\n|---|---:|---:|\n| ok | 3 | 60.0% |\n| spam | 2 | 40.0% |"

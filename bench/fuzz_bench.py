@@ -49,10 +49,10 @@ import sqlalchemy as sa
 from rich.console import Console
 from rich.table import Table
 
-from backfill_assets.core.keys import partition_of
 from backfill_assets.demo.generate import write_export
+from backfill_assets.domain.work.keys import partition_of
+from backfill_assets.ledger.run.submissions import OPEN_STATES
 from backfill_assets.providersim import Meter, MeterSnapshot, SimConfig, Simulator
-from backfill_assets.store.submissions import OPEN_STATES
 from bench.common import ROOT, clean_env, drop_store, new_store
 
 TENANTS = ("acme", "globex", "initech", "umbrella", "hooli", "soylent")

@@ -36,14 +36,14 @@ from typing import Any
 
 import httpx
 
-from backfill_assets.core.keys import SLICE_COUNT, Versions
-from backfill_assets.core.outcomes import RetryPolicy
-from backfill_assets.core.rubric import MAX_OUTPUT_TOKENS, TASK_VERSION, Rubric
+from backfill_assets.defs.model_resources import OpenAIModelResource
 from backfill_assets.demo.generate import write_export
 from backfill_assets.dispatch.pipeline import PartitionRef, RunOptions, run_partitions
+from backfill_assets.domain.policy.rubric import MAX_OUTPUT_TOKENS, TASK_VERSION, Rubric
+from backfill_assets.domain.work.keys import SLICE_COUNT, Versions
+from backfill_assets.domain.work.outcomes import RetryPolicy
 from backfill_assets.ingest.importer import import_path
-from backfill_assets.orchestration.engines import engine_for
-from backfill_assets.orchestration.model_resources import OpenAIModelResource
+from backfill_assets.ledger.engines import engine_for
 from backfill_assets.providers.models.base import ModelRequest, ModelResponse
 from backfill_assets.providers.models.openai_http import OpenAIHttpModel
 from backfill_assets.providers.ratelimit import (

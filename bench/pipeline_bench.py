@@ -27,11 +27,11 @@ TENANTS = ["acme", "globex", "initech"]
 
 def _work(mode: str, url: str, export: str, concurrency: int) -> None:
     """Worker process: import (not timed), then time the pipeline of one run."""
-    from backfill_assets.core.keys import SLICE_COUNT, Versions
-    from backfill_assets.core.rubric import TASK_VERSION, Rubric
     from backfill_assets.dispatch.pipeline import PartitionRef, RunOptions, run_partitions
+    from backfill_assets.domain.policy.rubric import TASK_VERSION, Rubric
+    from backfill_assets.domain.work.keys import SLICE_COUNT, Versions
     from backfill_assets.ingest.importer import import_path
-    from backfill_assets.orchestration.engines import engine_for
+    from backfill_assets.ledger.engines import engine_for
     from backfill_assets.providers.models.fake import FakeModel
 
     engine = engine_for(url)
@@ -44,7 +44,7 @@ def _work(mode: str, url: str, export: str, concurrency: int) -> None:
     # The asset's first validation imports pandas and pandera (run_partitions does it before
     # its first call): timed on its own, so the rate below is the pipeline's, and the sum is
     # what the first run in a process costs.
-    from backfill_assets.core.validation import warm_up
+    from backfill_assets.domain.policy.validation import warm_up
 
     t0 = time.perf_counter()
     warm_up(rubric.contract)
@@ -89,8 +89,8 @@ def _fence_cost(engine: Any, refs: list[Any]) -> tuple[float, int]:
     """
     import sqlalchemy as sa
 
-    from backfill_assets.store.engine import is_sqlite, write_tx
-    from backfill_assets.store.locks import WriterLocks
+    from backfill_assets.ledger.engine import is_sqlite, write_tx
+    from backfill_assets.ledger.locks import WriterLocks
 
     def timed(tx: Any) -> float:
         samples = []

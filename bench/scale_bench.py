@@ -399,7 +399,7 @@ def _partition_count(env: dict[str, str]) -> int:
     """Partitions of ``moderation_labels`` in the instance of ``env``."""
     code = (
         "import dagster as dg\n"
-        "from backfill_assets.orchestration.partitions import moderation_partitions\n"
+        "from backfill_assets.defs.partitions import moderation_partitions\n"
         "inst = dg.DagsterInstance.get()\n"
         "print(len(moderation_partitions.get_partition_keys(dynamic_partitions_store=inst)))\n"
     )
@@ -525,8 +525,8 @@ def many_tenants_bench(stores: list[str], tenants: int, per_tenant: int) -> dict
 def usage_report(store_url: str) -> dict[str, float]:
     """The usage report (``usage``, ``tenant_usage``) read from the rollup vs the ledger
     aggregate it replaced (sql/008): medians of 5, in ms."""
-    from backfill_assets.orchestration.engines import engine_for
-    from backfill_assets.store.usage import usage_by_day
+    from backfill_assets.ledger.engines import engine_for
+    from backfill_assets.ledger.run.usage import usage_by_day
 
     engine = engine_for(store_url)
     day = "date(at)" if engine.dialect.name == "sqlite" else "to_char(at, 'YYYY-MM-DD')"

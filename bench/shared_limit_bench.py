@@ -40,12 +40,12 @@ TAIL_S = 5.0
 
 def _worker(args: argparse.Namespace) -> None:
     """One run in this process: every partition of ``--tenant`` through the HTTP adapter."""
-    from backfill_assets.core.keys import SLICE_COUNT, Versions
-    from backfill_assets.core.outcomes import RetryPolicy
-    from backfill_assets.core.rubric import TASK_VERSION, Rubric
+    from backfill_assets.defs.model_resources import OpenAIModelResource
     from backfill_assets.dispatch.pipeline import PartitionRef, RunOptions, run_partitions
-    from backfill_assets.orchestration.engines import engine_for
-    from backfill_assets.orchestration.model_resources import OpenAIModelResource
+    from backfill_assets.domain.policy.rubric import TASK_VERSION, Rubric
+    from backfill_assets.domain.work.keys import SLICE_COUNT, Versions
+    from backfill_assets.domain.work.outcomes import RetryPolicy
+    from backfill_assets.ledger.engines import engine_for
 
     engine = engine_for(args.url)
     resource = OpenAIModelResource(
@@ -107,7 +107,7 @@ def _start_sim(rpm: int, latency_ms: float) -> tuple[subprocess.Popen[str], str]
 
 def _import(url: str, counts: dict[str, int], work: Path) -> None:
     from backfill_assets.ingest.importer import import_path
-    from backfill_assets.orchestration.engines import engine_for
+    from backfill_assets.ledger.engines import engine_for
 
     path = work / f"posts-{uuid.uuid4().hex[:6]}.jsonl"
     with path.open("w") as fh:

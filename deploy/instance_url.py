@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 import sys
 
-from backfill_assets.orchestration.settings import Settings, SettingsError
-from backfill_assets.store.dead_peer import DeadPeer
+from backfill_assets.config.settings import Settings, SettingsError
+from backfill_assets.ledger.dead_peer import DeadPeer
 
 
 def main() -> int:

@@ -17,7 +17,7 @@ import dagster as dg
 from dagster._core.run_coordinator import QueuedRunCoordinator
 from dagster_postgres import PostgresEventLogStorage, PostgresRunStorage, PostgresScheduleStorage
 
-from backfill_assets.orchestration.settings import Settings
+from backfill_assets.config.settings import Settings
 
 # Dagster's PostgreSQL storages, or ours built on them (the event log: pg_instance.py).
 POSTGRES_STORAGES = (PostgresRunStorage, PostgresEventLogStorage, PostgresScheduleStorage)

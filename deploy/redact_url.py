@@ -12,7 +12,7 @@ from pathlib import Path
 
 # Runs before bin/prod has its virtualenv: the pure core needs nothing but the checkout.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from backfill_assets.core.urls import redact_url  # noqa: E402
+from backfill_assets.domain.urls import redact_url  # noqa: E402
 
 if __name__ == "__main__":
     print(redact_url(sys.argv[1] if len(sys.argv) > 1 else ""))

@@ -10,24 +10,26 @@ from typing import NoReturn
 
 import sqlalchemy as sa
 
-from backfill_assets.cli import commands, run_command
-from backfill_assets.cli.deadline import margin_share
-from backfill_assets.cli.evaluate import add_evaluate_command
-from backfill_assets.cli.export import FORMATS, cmd_export
-from backfill_assets.cli.ingest import add_ingest_commands
-from backfill_assets.cli.inputs import UserError, choice, slice_key
+from backfill_assets.cli.commands import run as run_command
+from backfill_assets.cli.commands import store as commands
+from backfill_assets.cli.commands.deadline import margin_share
+from backfill_assets.cli.commands.evaluate import add_evaluate_command
+from backfill_assets.cli.commands.export import FORMATS, cmd_export
+from backfill_assets.cli.commands.ingest import add_ingest_commands
+from backfill_assets.cli.commands.operator import add_operator_commands
+from backfill_assets.cli.commands.policy import add_policy_commands
+from backfill_assets.cli.commands.provider_sim import COMMAND as PROVIDER_SIM
+from backfill_assets.cli.commands.provider_sim import add_provider_sim_command
+from backfill_assets.cli.commands.sink import add_sink_commands
+from backfill_assets.cli.commands.tenants import add_tenant_commands
+from backfill_assets.cli.inputs import choice, slice_key
 from backfill_assets.cli.numbers import count, deadline
-from backfill_assets.cli.operator import add_operator_commands
-from backfill_assets.cli.policy import add_policy_commands
 from backfill_assets.cli.process import exit_process, freeze_heap
-from backfill_assets.cli.provider_sim import COMMAND as PROVIDER_SIM
-from backfill_assets.cli.provider_sim import add_provider_sim_command
-from backfill_assets.cli.sink import add_sink_commands
 from backfill_assets.cli.tables import tell
-from backfill_assets.cli.tenants import add_tenant_commands
-from backfill_assets.core.urls import redact_url, scrub
-from backfill_assets.orchestration.settings import Settings, SettingsError
-from backfill_assets.store.private_files import private_umask
+from backfill_assets.config.settings import Settings, SettingsError
+from backfill_assets.domain.errors import UserError
+from backfill_assets.domain.urls import redact_url, scrub
+from backfill_assets.ledger.private_files import private_umask
 
 
 def build_parser() -> argparse.ArgumentParser:

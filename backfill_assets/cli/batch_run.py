@@ -22,15 +22,15 @@ from collections.abc import Sequence
 
 from backfill_assets.cli.inputs import known_tenants
 from backfill_assets.cli.tables import show_json, tell
-from backfill_assets.core.keys import SLICE_KEYS
+from backfill_assets.config.settings import Settings, SettingsError
+from backfill_assets.defs.model_resources import versions_for
+from backfill_assets.defs.partitions import partition_key_for
 from backfill_assets.dispatch.partition_run import PartitionRef, RunStopped
 from backfill_assets.dispatch.pipeline import run_partitions
-from backfill_assets.orchestration.model_resources import versions_for
-from backfill_assets.orchestration.partitions import partition_key_for
-from backfill_assets.orchestration.settings import Settings, SettingsError
-from backfill_assets.store import submissions
-from backfill_assets.store.engine import read_tx
-from backfill_assets.store.reports import tenant_ids
+from backfill_assets.domain.work.keys import SLICE_KEYS
+from backfill_assets.ledger.engine import read_tx
+from backfill_assets.ledger.reports import tenant_ids
+from backfill_assets.ledger.run import submissions
 
 
 def main(argv: Sequence[str] | None = None) -> int:

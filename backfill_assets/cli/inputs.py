@@ -14,21 +14,23 @@ from collections.abc import Callable, Iterable, Sequence
 
 import sqlalchemy as sa
 
-from backfill_assets.core.keys import SLICE_COUNT, SLICE_KEYS, InvalidTenantId, validate_tenant_id
-from backfill_assets.core.policy import Policy
-from backfill_assets.core.policy_file import PolicyInvalid, load_policy
-from backfill_assets.core.ranges import shown
-from backfill_assets.orchestration.engines import engine_for
-from backfill_assets.orchestration.evaluation import gate_verdict
-from backfill_assets.orchestration.settings import Settings
-from backfill_assets.store.engine import read_tx
-from backfill_assets.store.reports import tenant_ids
+from backfill_assets.config.settings import Settings
+from backfill_assets.defs.reporting.evaluation import gate_verdict
+from backfill_assets.domain.errors import UserError
+from backfill_assets.domain.policy.document import Policy
+from backfill_assets.domain.policy.file import PolicyInvalid, load_policy
+from backfill_assets.domain.ranges import shown
+from backfill_assets.domain.work.keys import (
+    SLICE_COUNT,
+    SLICE_KEYS,
+    InvalidTenantId,
+    validate_tenant_id,
+)
+from backfill_assets.ledger.engine import read_tx
+from backfill_assets.ledger.engines import engine_for
+from backfill_assets.ledger.reports import tenant_ids
 
 _SLICE_RE = re.compile(r"s?(\d{1,3})")
-
-
-class UserError(ValueError):
-    """Bad input from the command line (exit 2)."""
 
 
 def did_you_mean(value: str, known: Iterable[str]) -> str:

@@ -13,9 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
 
-from backfill_assets.core.deadline import DeadlineError, parse_deadline
-from backfill_assets.core.money import nanos_of_usd
-from backfill_assets.core.ranges import (
+from backfill_assets.domain.money.deadline import DeadlineError, parse_deadline
+from backfill_assets.domain.money.nanos import nanos_of_usd
+from backfill_assets.domain.ranges import (
     MAX_TOKENS,
     OutOfRange,
     bound_text,
@@ -86,7 +86,7 @@ def token_cap(text: str) -> Cap:
 
 
 def deadline(text: str) -> str:
-    """``--deadline``: an ISO time or a duration (``core/deadline.py``) at most
+    """``--deadline``: an ISO time or a duration (``domain/money/deadline.py``) at most
     ``MAX_DEADLINE`` ahead. The text is kept: the command reads it against its own clock, and
     says then if it is past (a stored plan is resumed whatever the flag says)."""
     try:

@@ -28,7 +28,7 @@ import sys
 import threading
 from typing import NoReturn
 
-from backfill_assets.orchestration.engines import dispose_engines
+from backfill_assets.ledger.engines import dispose_engines
 
 
 def freeze_heap() -> None:

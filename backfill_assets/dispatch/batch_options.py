@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from backfill_assets.core.faults import PointHook
+from backfill_assets.domain.work.faults import PointHook
 from backfill_assets.providers.batch_client import BatchEndpoint
 
 # OpenAI's limits per batch input file.
@@ -30,9 +30,9 @@ class BatchOptions:
     # After a create with no answer, how long to keep looking for its batch in the provider's
     # list (which may lag behind creates) before creating the chunk's batch again.
     create_lookup_seconds: float = 600.0
-    # A crash drill's hook, called at each named point (core/faults.py); None outside drills.
+    # A crash drill's hook, called at each named point (domain/work/faults.py); None outside drills.
     at_point: PointHook | None = field(default=None, repr=False, compare=False)
-    # A deadline plan's share of the run (``orchestration/deadline_run.py``); unset, a batch
+    # A deadline plan's share of the run (``runner/deadline_run.py``); unset, a batch
     # run takes every pending key and waits for every batch. ``quota``: the most keys per
     # tenant put into new chunks. ``submit_only``: return once every chunk is at the
     # provider. ``switch_at``: at this epoch second, cancel what is still open, book what it

@@ -14,23 +14,23 @@ from typing import Any
 
 from sqlalchemy.engine import Engine
 
-from backfill_assets.core.faults import UsageHook
-from backfill_assets.core.keys import (
+from backfill_assets.dispatch.batch_options import BatchOptions
+from backfill_assets.dispatch.sync import PartitionStats
+from backfill_assets.domain.money.nanos import cached_share, cost_text
+from backfill_assets.domain.policy.rubric import Rubric
+from backfill_assets.domain.work.faults import UsageHook
+from backfill_assets.domain.work.keys import (
     MAX_LEVEL,
     SLICE_COUNT,
     Versions,
     partition_slices,
     validate_tenant_id,
 )
-from backfill_assets.core.money import cached_share, cost_text
-from backfill_assets.core.outcomes import Outcome, RetryPolicy
-from backfill_assets.core.regions import unavailable_message
-from backfill_assets.core.rubric import Rubric
-from backfill_assets.dispatch.batch_options import BatchOptions
-from backfill_assets.dispatch.sync import PartitionStats
+from backfill_assets.domain.work.outcomes import Outcome, RetryPolicy
+from backfill_assets.domain.work.regions import unavailable_message
+from backfill_assets.ledger.locks import Fence
 from backfill_assets.providers.batch_client import BatchEndpoint
 from backfill_assets.providers.models.base import ModelAdapter
-from backfill_assets.store.locks import Fence
 
 # Every outcome's name, in order: iterating the enum costs more than the rest of a summary.
 _OUTCOMES = tuple(str(o) for o in Outcome)
@@ -119,7 +119,7 @@ class RunOptions:
 
     concurrency: int = 8
     budget_tokens: int | None = None
-    # A crash drill's hooks (core/faults.py); None outside drills.
+    # A crash drill's hooks (domain/work/faults.py); None outside drills.
     after_usage: UsageHook | None = None
     flush_rows: int = 2048
     flush_interval_s: float = 0.1

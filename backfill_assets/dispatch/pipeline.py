@@ -8,15 +8,6 @@ from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 
 from sqlalchemy.engine import Engine
 
-from backfill_assets.core.budgets import TenantBudgets
-from backfill_assets.core.keys import (
-    MAX_LEVEL,
-    Versions,
-    work_key,
-)
-from backfill_assets.core.regions import unavailable_message
-from backfill_assets.core.rubric import Rubric
-from backfill_assets.core.validation import warm_up as warm_up_validation
 from backfill_assets.dispatch.batch.mode import batch_lanes
 from backfill_assets.dispatch.partition_run import (
     DispatchJob,
@@ -28,29 +19,38 @@ from backfill_assets.dispatch.partition_run import (
 )
 from backfill_assets.dispatch.routing import RegionRouter, lane_adapters, route_partitions
 from backfill_assets.dispatch.sync import DispatchConfig, Dispatcher, DispatchHalted, WorkItem
-from backfill_assets.providers.models.base import ModelAdapter
-from backfill_assets.providers.ratelimit.shared import SHARED_LIMITS
-from backfill_assets.store import limiter_members
-from backfill_assets.store.budget import StoreBudgetLedger, may_bind
-from backfill_assets.store.engine import read_tx, refresh_planner_stats
-from backfill_assets.store.locks import WriterLocks, while_held
-from backfill_assets.store.partition_counts import (
+from backfill_assets.domain.money.budgets import TenantBudgets
+from backfill_assets.domain.policy.rubric import Rubric
+from backfill_assets.domain.policy.validation import warm_up as warm_up_validation
+from backfill_assets.domain.work.keys import (
+    MAX_LEVEL,
+    Versions,
+    work_key,
+)
+from backfill_assets.domain.work.regions import unavailable_message
+from backfill_assets.ledger.engine import read_tx, refresh_planner_stats
+from backfill_assets.ledger.locks import WriterLocks, while_held
+from backfill_assets.ledger.policies import contract_lookup, register_policy
+from backfill_assets.ledger.run.partition_counts import (
     PartitionCounts,
     held_posts,
     partition_counts,
     post_counts,
 )
-from backfill_assets.store.partition_groups import grouped_by_posts, owners_of_all
-from backfill_assets.store.policies import contract_lookup, register_policy
-from backfill_assets.store.posts import slice_levels
-from backfill_assets.store.tenants import tenant_regions
-from backfill_assets.store.work import (
+from backfill_assets.ledger.run.partition_groups import grouped_by_posts, owners_of_all
+from backfill_assets.ledger.run.posts import slice_levels
+from backfill_assets.ledger.run.tenants import tenant_regions
+from backfill_assets.ledger.run.work import (
     PendingPost,
     in_open_batch,
     pending_by_partition,
     tenants_with_open_batches,
 )
-from backfill_assets.store.writer import LedgerWriter
+from backfill_assets.ledger.run.writer import LedgerWriter
+from backfill_assets.ledger.spend import limiter_members
+from backfill_assets.ledger.spend.budget import StoreBudgetLedger, may_bind
+from backfill_assets.providers.models.base import ModelAdapter
+from backfill_assets.providers.ratelimit.shared import SHARED_LIMITS
 
 # A member silent this long is taken for dead and its share of the limit goes to the others.
 _MEMBER_TTL_S = 5.0
@@ -316,7 +316,8 @@ def _shared_limit(adapter: ModelAdapter, engine: Engine) -> Iterator[None]:
 
 
 async def _progress(dispatcher: Dispatcher, log: Callable[[str], None]) -> None:
-    # Visible progress for long runs (budget reservations need no heartbeat: store/budget.py).
+    # Visible progress for long runs (budget reservations need no heartbeat:
+    # ledger/spend/budget.py).
     while True:
         await asyncio.sleep(10.0)
         done = sum(sum(s.outcomes.values()) for s in dispatcher.stats.values())

@@ -16,18 +16,28 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
-from backfill_assets.core.budgets import Reservation, Spend, TenantBudgets, over_bound
-from backfill_assets.core.caps import ERROR_MESSAGE_CHARS, REQUEST_ID_CHARS
-from backfill_assets.core.events import EventKind
-from backfill_assets.core.keys import Versions
-from backfill_assets.core.outcomes import Outcome, RetryPolicy
-from backfill_assets.core.output_gate import OutputRejected
-from backfill_assets.core.rubric import (
+from backfill_assets.domain.caps import ERROR_MESSAGE_CHARS, REQUEST_ID_CHARS
+from backfill_assets.domain.money.budgets import Reservation, Spend, TenantBudgets, over_bound
+from backfill_assets.domain.policy.output_gate import OutputRejected
+from backfill_assets.domain.policy.rubric import (
     MAX_OUTPUT_TOKENS,
     Rubric,
     estimate_prompt_tokens,
     messages_token_bound,
 )
+from backfill_assets.domain.work.events import EventKind
+from backfill_assets.domain.work.keys import Versions
+from backfill_assets.domain.work.outcomes import Outcome, RetryPolicy
+from backfill_assets.ledger.run.rows import (
+    DeadRow,
+    EventRow,
+    KeyRow,
+    dead_row,
+    event_row,
+    key_row,
+    result_row,
+)
+from backfill_assets.ledger.run.writer import FlushReport, LedgerWriter
 from backfill_assets.providers.models.base import (
     CapacityUnavailable,
     ModelAdapter,
@@ -39,16 +49,6 @@ from backfill_assets.providers.models.base import (
     RunFatalError,
     TransportRejected,
 )
-from backfill_assets.store.rows import (
-    DeadRow,
-    EventRow,
-    KeyRow,
-    dead_row,
-    event_row,
-    key_row,
-    result_row,
-)
-from backfill_assets.store.writer import FlushReport, LedgerWriter
 
 
 @dataclass(frozen=True, slots=True)

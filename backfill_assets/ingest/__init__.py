@@ -1,1 +1,2 @@
-"""Reading archives (JSONL, gz, directories) into the store."""
+"""Export files in (JSONL, CSV, Parquet, gzip, directories): one reader per format, for
+imports and gold sets alike."""

@@ -13,7 +13,7 @@ import csv
 from collections.abc import Iterator
 from typing import Any
 
-from backfill_assets.core.records import Record, Rejection, shown
+from backfill_assets.domain.work.records import Record, Rejection, shown
 from backfill_assets.ingest.formats import ColumnsFor, ImportInputError, named_columns
 from backfill_assets.ingest.lines import InputBroken, LineSource, read_line
 

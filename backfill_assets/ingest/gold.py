@@ -11,8 +11,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from backfill_assets.core.policy import ITEM_ID_RE
-from backfill_assets.core.records import Post, Record, Rejection, shown, validate_row
+from backfill_assets.domain.policy.document import ITEM_ID_RE
+from backfill_assets.domain.work.records import Post, Record, Rejection, shown, validate_row
 from backfill_assets.ingest.formats import ImportInputError, sniff_format
 from backfill_assets.ingest.lines import InputBroken
 from backfill_assets.ingest.readers import file_records

@@ -18,9 +18,9 @@ from pathlib import Path
 
 from sqlalchemy.engine import Connection, Engine
 
-from backfill_assets.core.columns import DEFAULT_COLUMNS, ColumnMap
-from backfill_assets.core.keys import DEFAULT_SLICE_TARGET
-from backfill_assets.core.records import Post, Rejection, validate_record
+from backfill_assets.domain.work.columns import DEFAULT_COLUMNS, ColumnMap
+from backfill_assets.domain.work.keys import DEFAULT_SLICE_TARGET
+from backfill_assets.domain.work.records import Post, Rejection, validate_record
 from backfill_assets.ingest.formats import (
     EXPORT_PATTERNS,
     ColumnsFor,
@@ -30,8 +30,8 @@ from backfill_assets.ingest.formats import (
 )
 from backfill_assets.ingest.lines import InputBroken
 from backfill_assets.ingest.readers import file_records
-from backfill_assets.store.engine import refresh_planner_stats
-from backfill_assets.store.posts import ImportSummary, raise_slice_levels, write_batch
+from backfill_assets.ledger.engine import refresh_planner_stats
+from backfill_assets.ledger.run.posts import ImportSummary, raise_slice_levels, write_batch
 
 __all__ = [
     "ImportInputError",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from backfill_assets.core.records import MAX_LINE_BYTES, Record, Rejection, parse_object
+from backfill_assets.domain.work.records import MAX_LINE_BYTES, Record, Rejection, parse_object
 from backfill_assets.ingest.lines import LineSource, bounded_lines
 
 

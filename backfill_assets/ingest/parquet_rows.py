@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from backfill_assets.core.records import MAX_LINE_BYTES, Record, Rejection
+from backfill_assets.domain.work.records import MAX_LINE_BYTES, Record, Rejection
 from backfill_assets.ingest.formats import ColumnsFor, ImportInputError, named_columns
 from backfill_assets.ingest.lines import InputBroken
 from backfill_assets.ingest.parquet_pages import (

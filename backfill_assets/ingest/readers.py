@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from backfill_assets.core.records import Record, Rejection
+from backfill_assets.domain.work.records import Record, Rejection
 from backfill_assets.ingest.csv_rows import csv_records
 from backfill_assets.ingest.formats import ColumnsFor, Format, open_bytes
 from backfill_assets.ingest.jsonl_rows import jsonl_records

@@ -28,7 +28,7 @@ import httpx
 from pydantic import ValidationError
 
 from backfill_assets import __version__
-from backfill_assets.core.outcomes import RetryPolicy
+from backfill_assets.domain.work.outcomes import RetryPolicy
 from backfill_assets.providers.batch_wire import ENDPOINT, BatchObject, BatchPage
 from backfill_assets.providers.bounded_body import (
     ACCEPT_ENCODING,

@@ -24,7 +24,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BeforeValidator
 
-from backfill_assets.core.caps import PROVIDER_ID_CHARS, PROVIDER_MESSAGE_CHARS
+from backfill_assets.domain.caps import PROVIDER_ID_CHARS, PROVIDER_MESSAGE_CHARS
 
 # What is stored instead of a provider message that cannot be checked for an echo.
 UNCHECKED = "(message withheld: the request text is not known to check it)"

@@ -13,6 +13,7 @@ refused, hung or lagging batch creates, and error messages that echo the request
 """
 
 from backfill_assets.providersim.args import add_cli_arguments, config_from_args
+from backfill_assets.providersim.billing.meter import BilledCall, KeyBill, Meter, MeterSnapshot
 from backfill_assets.providersim.config import (
     FAULT_KINDS,
     FORBID_MODES,
@@ -23,7 +24,6 @@ from backfill_assets.providersim.config import (
     SimConfig,
     UsageShape,
 )
-from backfill_assets.providersim.meter import BilledCall, KeyBill, Meter, MeterSnapshot
 from backfill_assets.providersim.runner import Simulator, run_forever
 
 __all__ = [

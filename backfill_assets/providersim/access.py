@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import hmac
 
+from backfill_assets.providersim.billing.meter import Meter
 from backfill_assets.providersim.config import FaultKind, ForbidMode, SimConfig
 from backfill_assets.providersim.http import Request
-from backfill_assets.providersim.meter import Meter
 from backfill_assets.providersim.wire import ApiError
 
 _KEY_HINT = "You can find your API key at https://platform.openai.com/account/api-keys."

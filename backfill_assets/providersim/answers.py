@@ -6,8 +6,8 @@ import hashlib
 import json
 from typing import Any
 
-from backfill_assets.core.output_gate import OutputContract, contract_from_schema
-from backfill_assets.core.policy_file import builtin_policy
+from backfill_assets.domain.policy.file import builtin_policy
+from backfill_assets.domain.policy.output_gate import OutputContract, contract_from_schema
 from backfill_assets.providers.models.rules import judge
 from backfill_assets.providersim.config import FaultKind
 from backfill_assets.providersim.wire import ApiError

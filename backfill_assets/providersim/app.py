@@ -27,7 +27,16 @@ from backfill_assets.providersim.answers import (
     answer_content,
     fault_error,
 )
-from backfill_assets.providersim.batch_api import BatchApi
+from backfill_assets.providersim.batch.api import BatchApi
+from backfill_assets.providersim.billing.meter import BilledCall, Meter, MeterSnapshot
+from backfill_assets.providersim.billing.org_usage import costs_page, usage_page
+from backfill_assets.providersim.billing.pricing import call_cost_nanos
+from backfill_assets.providersim.billing.usage import (
+    billed_prompt,
+    cached_tokens,
+    chat_usage_shape,
+    usage_body,
+)
 from backfill_assets.providersim.config import FaultKind, RetryAfterFormat, SimConfig
 from backfill_assets.providersim.faults import decide_fault, unit_draw
 from backfill_assets.providersim.http import Drop, Reply, Request, Response, Router
@@ -36,15 +45,6 @@ from backfill_assets.providersim.limits import (
     RateLimiter,
     exhausted_headers,
     retry_after_headers,
-)
-from backfill_assets.providersim.meter import BilledCall, Meter, MeterSnapshot
-from backfill_assets.providersim.org_usage import costs_page, usage_page
-from backfill_assets.providersim.pricing import call_cost_nanos
-from backfill_assets.providersim.usage import (
-    billed_prompt,
-    cached_tokens,
-    chat_usage_shape,
-    usage_body,
 )
 from backfill_assets.providersim.wire import (
     ApiError,

@@ -9,9 +9,9 @@ import threading
 from types import TracebackType
 
 from backfill_assets.providersim.app import SimApp
+from backfill_assets.providersim.billing.meter import Meter
 from backfill_assets.providersim.config import SimConfig
 from backfill_assets.providersim.http import HttpServer
-from backfill_assets.providersim.meter import Meter
 
 _log = logging.getLogger(__name__)
 _START_TIMEOUT_SECONDS = 10.0

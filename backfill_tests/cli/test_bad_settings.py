@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from backfill_assets.orchestration.settings import Settings, SettingsError
+from backfill_assets.config.settings import Settings, SettingsError
 from backfill_tests.cli_runs import clean_env
 
 COMMANDS = [

@@ -12,9 +12,9 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from backfill_assets.cli import main
-from backfill_assets.core.money import nanos_of_usd
+from backfill_assets.domain.money.nanos import nanos_of_usd
 from backfill_tests.conftest import import_records
-from backfill_tests.http.conftest import StartSim
+from backfill_tests.providers.conftest import StartSim
 
 POSTS = [
     {"tenant_id": t, "post_id": f"p{i}", "text": f"{t} post {i}"}

@@ -13,20 +13,20 @@ import httpx
 import pytest
 from sqlalchemy.engine import Engine
 
+from backfill_assets.accelerators.check_executions import unblocked_in_run
+from backfill_assets.accelerators.dagster_private import SqlEventLogStorage
 from backfill_assets.cli import build_parser
-from backfill_assets.orchestration.check_executions import unblocked_in_run
-from backfill_assets.orchestration.dagster_private import SqlEventLogStorage
-from backfill_assets.orchestration.launch import (
+from backfill_assets.config.settings import Settings
+from backfill_assets.defs.partitions import partition_key_for
+from backfill_assets.defs.reporting.usage import tenant_usage
+from backfill_assets.defs.resources import StoreResource
+from backfill_assets.runner.launch import (
     DagsterClient,
     GraphQLError,
     PartitionState,
     by_tenant,
     select_partitions,
 )
-from backfill_assets.orchestration.partitions import partition_key_for
-from backfill_assets.orchestration.resources import StoreResource
-from backfill_assets.orchestration.settings import Settings
-from backfill_assets.orchestration.usage import tenant_usage
 from backfill_tests.cli_runs import cli_here, last_json
 from backfill_tests.moderation_helpers import busiest, execute, load, one_key
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy.engine import Engine
 
+from backfill_assets.config.settings import Settings, SettingsError
 from backfill_assets.ingest.importer import import_path
-from backfill_assets.orchestration.settings import Settings, SettingsError
-from backfill_assets.orchestration.wiring import build_definitions
+from backfill_assets.wiring import build_definitions
 from backfill_tests.cli_commands import Command, Files, commands, harmless_argv
 from backfill_tests.cli_runs import clear_settings, cli_main
 

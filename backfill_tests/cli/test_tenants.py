@@ -15,10 +15,10 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from backfill_assets.cli import main
-from backfill_assets.core.keys import SLICE_KEYS
 from backfill_assets.dispatch.pipeline import RegionUnavailable, RunOptions
 from backfill_assets.dispatch.routing import Lanes
-from backfill_assets.store.tenants import tenant_regions
+from backfill_assets.domain.work.keys import SLICE_KEYS
+from backfill_assets.ledger.run.tenants import tenant_regions
 from backfill_tests.conftest import import_records
 from backfill_tests.pipeline_helpers import FAST_RETRY, run
 

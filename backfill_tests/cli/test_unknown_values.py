@@ -19,7 +19,7 @@ import pytest
 from sqlalchemy.engine import Engine
 
 from backfill_assets.cli import batch_run, main
-from backfill_assets.core.keys import SLICE_KEYS
+from backfill_assets.domain.work.keys import SLICE_KEYS
 from backfill_tests.cli_runs import clean_env
 from backfill_tests.conftest import import_records
 from backfill_tests.moderation_helpers import records

@@ -3,7 +3,7 @@ usage shape booked once and never as 0, a bill past the bound stops the tenant, 
 stop the run with every key pending, Retry-After bounded.
 
 The fake model and an ``httpx.MockTransport`` play the provider here; the simulator-based
-versions of the same guarantees live in ``backfill_tests/http/``.
+versions of the same guarantees live in ``backfill_tests/providers/``.
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ import pytest
 from sqlalchemy.engine import Engine
 
 from backfill_assets.cli import build_parser
-from backfill_assets.core.outcomes import RetryPolicy
+from backfill_assets.config.settings import Settings
+from backfill_assets.defs.checks_config import ChecksResource
+from backfill_assets.defs.labels.checks import verdicts_for
 from backfill_assets.dispatch.pipeline import RunOptions, RunStopped, run_partitions
 from backfill_assets.dispatch.sync import DispatchHalted
-from backfill_assets.orchestration.checks import verdicts_for
-from backfill_assets.orchestration.checks_config import ChecksResource
-from backfill_assets.orchestration.settings import Settings
+from backfill_assets.domain.work.outcomes import RetryPolicy
 from backfill_assets.providers.models.fake import FakeModel
 from backfill_assets.providers.models.openai_http import HttpTimeouts, OpenAIHttpModel
 from backfill_assets.providers.models.rules import count_tokens

@@ -9,10 +9,10 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from backfill_assets.core.keys import Versions
 from backfill_assets.dispatch.pipeline import RunOptions, run_partitions
+from backfill_assets.domain.work.keys import Versions
+from backfill_assets.ledger.locks import WriterLocks
 from backfill_assets.providers.models.fake import FakeModel
-from backfill_assets.store.locks import WriterLocks
 from backfill_tests.conftest import import_records
 from backfill_tests.pipeline_helpers import (
     FAST_RETRY,
@@ -188,8 +188,8 @@ def test_prompt_or_model_change_gives_a_full_new_key_set(engine: Engine, tmp_pat
     new_model = Versions(VERSIONS.task_version, VERSIONS.prompt_version, "fake-moderator-2")
     reports, _ = run(engine, ["acme"], versions=new_model)
     assert calls(reports) == 30
-    from backfill_assets.core.policy_file import builtin_policy_text, parse_policy
-    from backfill_assets.core.rubric import Rubric
+    from backfill_assets.domain.policy.file import builtin_policy_text, parse_policy
+    from backfill_assets.domain.policy.rubric import Rubric
 
     stricter = builtin_policy_text().replace("under this policy.", "under this policy. Be strict.")
     new_prompt_rubric = Rubric(parse_policy(stricter))
@@ -273,7 +273,7 @@ class _SabotagingModel(FakeModel):
 def test_a_failing_outcome_flush_stops_new_calls(engine: Engine, tmp_path: Path) -> None:
     import pytest
 
-    from backfill_assets.core.keys import slice_of
+    from backfill_assets.domain.work.keys import slice_of
 
     ids = [f"p{i}" for i in range(40_000) if slice_of("acme", f"p{i}") == 0][:2000]
     import_records(
@@ -330,8 +330,8 @@ def test_a_flush_updates_tenant_totals_in_one_order(engine: Engine, tmp_path: Pa
     # of them all before the one UPDATE over arrays.
     import asyncio
 
-    from backfill_assets.store.rows import event_row
-    from backfill_assets.store.writer import LedgerWriter
+    from backfill_assets.ledger.run.rows import event_row
+    from backfill_assets.ledger.run.writer import LedgerWriter
 
     names = ["zeta", "acme", "mid"]
     import_records(engine, tmp_path, corpus(names, 1))

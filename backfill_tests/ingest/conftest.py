@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from backfill_assets.ingest.importer import import_path
-from backfill_assets.orchestration.engines import engine_for
+from backfill_assets.ledger.engines import engine_for
 from backfill_tests.conftest import pg_database
 from backfill_tests.ingest.exports import RECORDS, counts, rejects, stored, write_jsonl
 

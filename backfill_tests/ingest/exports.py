@@ -15,8 +15,8 @@ import pyarrow.parquet as pq
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from backfill_assets.core.records import MAX_TEXT_BYTES
-from backfill_assets.store.posts import ImportSummary
+from backfill_assets.domain.work.records import MAX_TEXT_BYTES
+from backfill_assets.ledger.run.posts import ImportSummary
 
 SECRET = "SECRET-POST-TEXT-7781"
 COLUMNS = ("tenant_id", "post_id", "text", "region")

@@ -12,8 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 from sqlalchemy.engine import Engine
 
-from backfill_assets.core.columns import ColumnMap
-from backfill_assets.core.records import MAX_LINE_BYTES
+from backfill_assets.domain.work.columns import ColumnMap
+from backfill_assets.domain.work.records import MAX_LINE_BYTES
 from backfill_assets.ingest.csv_rows import MAX_RECORD_BYTES
 from backfill_assets.ingest.importer import (
     BATCH_TEXT_CHARS,

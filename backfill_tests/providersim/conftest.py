@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from backfill_assets.core.rubric import Rubric
+from backfill_assets.domain.policy.rubric import Rubric
 from backfill_tests.conftest import StartSim as StartSim  # re-exported for the tests
 
 

@@ -7,8 +7,8 @@ import json
 import httpx
 import pytest
 
-from backfill_assets.core.output_gate import OutputRejected, parse_output
-from backfill_assets.core.rubric import Rubric
+from backfill_assets.domain.policy.output_gate import OutputRejected, parse_output
+from backfill_assets.domain.policy.rubric import Rubric
 from backfill_assets.providersim import FaultRule
 
 

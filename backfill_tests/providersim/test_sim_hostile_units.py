@@ -10,8 +10,8 @@ import pytest
 
 from backfill_assets.providersim import SimConfig, add_cli_arguments, config_from_args
 from backfill_assets.providersim.access import masked_key
+from backfill_assets.providersim.billing.usage import billed_prompt, chat_usage_shape, usage_body
 from backfill_assets.providersim.limits import exhausted_headers, retry_after_headers
-from backfill_assets.providersim.usage import billed_prompt, chat_usage_shape, usage_body
 
 
 @pytest.mark.parametrize(

@@ -8,8 +8,8 @@ import socket
 
 import httpx
 
-from backfill_assets.core.output_gate import OutputContract
-from backfill_assets.core.policy_file import builtin_policy
+from backfill_assets.domain.policy.file import builtin_policy
+from backfill_assets.domain.policy.output_gate import OutputContract
 from backfill_assets.providers.models.rules import count_tokens, judge
 from backfill_assets.providersim import MeterSnapshot
 

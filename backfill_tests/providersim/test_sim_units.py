@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from backfill_assets.core.output_gate import OutputContract, OutputRejected, parse_output
-from backfill_assets.core.policy_file import builtin_policy
-from backfill_assets.core.post_frame import encode_post
-from backfill_assets.core.rubric import Rubric
+from backfill_assets.domain.policy.file import builtin_policy
+from backfill_assets.domain.policy.output_gate import OutputContract, OutputRejected, parse_output
+from backfill_assets.domain.policy.post_frame import encode_post
+from backfill_assets.domain.policy.rubric import Rubric
 from backfill_assets.providers.models.rules import count_tokens, judge
 from backfill_assets.providersim import FaultRule, SimConfig
 from backfill_assets.providersim.answers import answer_content, other_key
@@ -223,7 +223,7 @@ def test_wrong_key_is_a_well_formed_different_key() -> None:
 
 
 def test_the_simulator_answers_within_any_policys_schema() -> None:
-    from backfill_assets.core.policy_file import load_policy
+    from backfill_assets.domain.policy.file import load_policy
     from backfill_tests.policy_helpers import COURSE_V5
 
     course = Rubric(load_policy(COURSE_V5))

@@ -8,8 +8,8 @@ from typing import Any
 
 import dagster as dg
 
+from backfill_assets.config.settings import Settings
 from backfill_assets.definitions import build_definitions
-from backfill_assets.orchestration.settings import Settings
 
 
 def config_leaves(

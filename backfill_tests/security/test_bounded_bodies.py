@@ -11,7 +11,7 @@ import tracemalloc
 
 import pytest
 
-from backfill_assets.core.rubric import MAX_OUTPUT_TOKENS, Rubric
+from backfill_assets.domain.policy.rubric import MAX_OUTPUT_TOKENS, Rubric
 from backfill_assets.providers.batch_client import BatchClient, BatchEndpoint
 from backfill_assets.providers.bounded_body import CHAT_MAX_BYTES, BodyTooLarge
 from backfill_assets.providers.models.base import ModelRequest, TransportRejected

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from sqlalchemy.engine import Engine
 
 from backfill_assets.cli import main
-from backfill_assets.core.csv_cells import FORMULA_STARTS, QUOTE, csv_cell
-from backfill_assets.orchestration.usage import USAGE_COLUMNS, usage_csv
+from backfill_assets.defs.reporting.usage import USAGE_COLUMNS, usage_csv
+from backfill_assets.domain.csv_cells import FORMULA_STARTS, QUOTE, csv_cell
 from backfill_tests.conftest import import_records
 from backfill_tests.pipeline_helpers import run
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from backfill_assets.store.engine import make_engine
+from backfill_assets.ledger.engine import make_engine
 from backfill_tests.cli_runs import clean_env
 
 DEMO = Path(__file__).resolve().parents[2] / "backfill_assets" / "demo" / "posts.jsonl"

@@ -22,14 +22,14 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from backfill_assets.cli import main
-from backfill_assets.cli.provider_sim import sim_options, sim_parser
-from backfill_assets.core.policy_file import builtin_policy_text
+from backfill_assets.cli.commands.provider_sim import sim_options, sim_parser
+from backfill_assets.config import reference as config_reference
+from backfill_assets.config.reference import bounds, range_text
+from backfill_assets.config.settings import Settings, SettingsError
+from backfill_assets.config.variables import Variables
+from backfill_assets.domain.policy.file import builtin_policy_text
 from backfill_assets.ingest.importer import import_path
-from backfill_assets.orchestration import config_reference
-from backfill_assets.orchestration.config_reference import bounds, range_text
-from backfill_assets.orchestration.engines import engine_for
-from backfill_assets.orchestration.settings import Settings, SettingsError
-from backfill_assets.orchestration.variables import Variables
+from backfill_assets.ledger.engines import engine_for
 from backfill_tests.cli_commands import SERVERS, Command, Files, commands, harmless_argv
 from backfill_tests.cli_runs import ROOT, clear_settings
 

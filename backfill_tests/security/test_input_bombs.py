@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from backfill_assets.orchestration.engines import engine_for
+from backfill_assets.ledger.engines import engine_for
 from backfill_tests.cli_runs import clean_env, last_json, run_cli_peak
 from backfill_tests.ingest.exports import rejects
 from bench.bombs_bench import (

@@ -9,8 +9,8 @@ import unicodedata
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from backfill_assets.core.post_frame import POST_CLOSE, POST_OPEN, decode_post, encode_post
-from backfill_assets.core.rubric import Rubric
+from backfill_assets.domain.policy.post_frame import POST_CLOSE, POST_OPEN, decode_post, encode_post
+from backfill_assets.domain.policy.rubric import Rubric
 
 KEY = "ab" * 32
 RUBRIC = Rubric()

@@ -18,10 +18,10 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 from sqlalchemy.engine import Engine
 
-from backfill_assets.core.caps import PROVIDER_MESSAGE_CHARS
-from backfill_assets.core.records import Rejection, parse_line
-from backfill_assets.core.rubric import MAX_OUTPUT_TOKENS, Rubric
 from backfill_assets.dispatch.pipeline import RunOptions, run_partitions
+from backfill_assets.domain.caps import PROVIDER_MESSAGE_CHARS
+from backfill_assets.domain.policy.rubric import MAX_OUTPUT_TOKENS, Rubric
+from backfill_assets.domain.work.records import Rejection, parse_line
 from backfill_assets.ingest.importer import import_path
 from backfill_assets.providers.batch_wire import BatchObject, OutputLine
 from backfill_assets.providers.models.base import (

@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqlalchemy.engine import Engine
 
-from backfill_assets.store.sink import ddl
+from backfill_assets.platform_db.sink import ddl
 from backfill_tests.cli_runs import ROOT, clean_env, cli_with_env, run_cli
 from backfill_tests.conftest import import_records, pg_database
 from backfill_tests.security.scan import store_leaks, text_leaks, tree_leaks

@@ -9,9 +9,9 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
+from backfill_assets.config.settings import Settings, SettingsError
 from backfill_assets.definitions import build_definitions
 from backfill_assets.ingest.importer import ImportInputError, files_within
-from backfill_assets.orchestration.settings import Settings, SettingsError
 from backfill_tests.conftest import write_jsonl
 from backfill_tests.security.config_fields import job_config_leaves, nested
 

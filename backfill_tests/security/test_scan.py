@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from backfill_assets.orchestration.engines import engine_for
+from backfill_assets.ledger.engines import engine_for
 from backfill_assets.providersim.config import FaultRule
 from backfill_tests.cli_runs import clean_env
 from backfill_tests.conftest import StartSim, import_records

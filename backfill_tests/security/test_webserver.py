@@ -25,8 +25,8 @@ import pytest
 import sqlalchemy as sa
 
 from backfill_assets.cli import build_parser
-from backfill_assets.orchestration.engines import engine_for
-from backfill_assets.orchestration.settings import Settings
+from backfill_assets.config.settings import Settings
+from backfill_assets.ledger.engines import engine_for
 from backfill_assets.providersim import SimConfig, Simulator
 from backfill_tests.cli_runs import ROOT, clean_env
 from backfill_tests.conftest import dispose_engine, pg_database, write_jsonl
@@ -50,7 +50,7 @@ INSTANCE_YAML = """\
 telemetry:
   enabled: false
 instance_class:
-  module: backfill_assets.orchestration.sqlite_instance
+  module: backfill_assets.accelerators.sqlite_instance
   class: EmbeddedInstance
 run_coordinator:
   module: dagster._core.run_coordinator

@@ -13,11 +13,11 @@ import time
 
 from backfill_assets.dispatch.batch.context import BatchContext, ChunkJob
 from backfill_assets.dispatch.batch.texts import chunk_echoes
+from backfill_assets.ledger.run import submissions as store
+from backfill_assets.ledger.run.submissions import ChunkState
+from backfill_assets.ledger.tables import utcnow
 from backfill_assets.providers.batch_client import RateLimited, Refused, TokenLimited, Unsure
 from backfill_assets.providers.models.base import RunFatalError
-from backfill_assets.store import submissions as store
-from backfill_assets.store.submissions import ChunkState
-from backfill_assets.store.tables import utcnow
 
 # Lookups of an unsure create back off from the poll interval up to this.
 _MAX_LOOKUP_GAP_S = 60.0

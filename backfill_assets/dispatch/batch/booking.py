@@ -12,26 +12,26 @@ import functools
 import json
 import tempfile
 
-from backfill_assets.core.budgets import Reservation, Spend, over_bound
-from backfill_assets.core.keys import Versions
-from backfill_assets.core.outcomes import Outcome
-from backfill_assets.core.output_gate import OutputRejected, parse_output
-from backfill_assets.core.prices import Tier, event_cost
-from backfill_assets.core.rubric import MAX_OUTPUT_TOKENS
 from backfill_assets.dispatch.batch.context import BatchContext, ChunkJob
 from backfill_assets.dispatch.batch.rows import LineRows
 from backfill_assets.dispatch.batch.texts import line_echoes
 from backfill_assets.dispatch.batch.triage import Disposition, TriagedLine, triage
+from backfill_assets.domain.money.budgets import Reservation, Spend, over_bound
+from backfill_assets.domain.money.prices import Tier, event_cost
+from backfill_assets.domain.policy.output_gate import OutputRejected, parse_output
+from backfill_assets.domain.policy.rubric import MAX_OUTPUT_TOKENS
+from backfill_assets.domain.work.keys import Versions
+from backfill_assets.domain.work.outcomes import Outcome
+from backfill_assets.ledger.run import submissions as store
+from backfill_assets.ledger.run.rows import EventRow
+from backfill_assets.ledger.run.submissions import ChunkState
+from backfill_assets.ledger.run.writer import FlushReport, LedgerWriter
+from backfill_assets.ledger.tables import utcnow
 from backfill_assets.providers.batch_client import retry
 from backfill_assets.providers.batch_wire import OutputLine, output_lines
 from backfill_assets.providers.bounded_body import BadBody
 from backfill_assets.providers.models.base import RunFatalError
 from backfill_assets.providers.models.errors import Scope, classify
-from backfill_assets.store import submissions as store
-from backfill_assets.store.rows import EventRow
-from backfill_assets.store.submissions import ChunkState
-from backfill_assets.store.tables import utcnow
-from backfill_assets.store.writer import FlushReport, LedgerWriter
 
 
 def _builder(ctx: BatchContext, job: ChunkJob) -> LineRows:

@@ -1,5 +1,5 @@
 """The time a batch cancel takes: measured when the batch ends, stored for the next deadline
-plan (``store/batch_cancels.py``), and an overrun of the plan's allowance reported.
+plan (``ledger/run/batch_cancels.py``), and an overrun of the plan's allowance reported.
 
 A batch stays ``cancelling`` until its requests in flight finish (OpenAI: up to 10 minutes),
 and a line may still complete and bill meanwhile, so its keys are pending again only once it
@@ -11,10 +11,10 @@ from __future__ import annotations
 import time
 
 from backfill_assets.dispatch.batch.context import BatchContext, ChunkJob
+from backfill_assets.ledger.engine import write_tx
+from backfill_assets.ledger.run.batch_cancels import endpoint_id, record_cancel
+from backfill_assets.ledger.tables import utcnow
 from backfill_assets.providers.batch_wire import BatchObject
-from backfill_assets.store.batch_cancels import endpoint_id, record_cancel
-from backfill_assets.store.engine import write_tx
-from backfill_assets.store.tables import utcnow
 
 
 def cancel_seconds(batch: BatchObject, asked: float | None, now: float) -> float | None:

@@ -11,7 +11,7 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from backfill_assets.core.keys import Versions
+from backfill_assets.domain.work.keys import Versions
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,18 +10,18 @@ from typing import Any, TypeVar
 
 from sqlalchemy.engine import Engine
 
-from backfill_assets.core.keys import Versions
-from backfill_assets.core.outcomes import RetryPolicy
-from backfill_assets.core.output_gate import OutputContract
-from backfill_assets.core.prices import PriceTable
-from backfill_assets.core.rubric import Rubric
 from backfill_assets.dispatch.batch_options import BatchOptions
 from backfill_assets.dispatch.sync import PartitionStats
+from backfill_assets.domain.money.prices import PriceTable
+from backfill_assets.domain.policy.output_gate import OutputContract
+from backfill_assets.domain.policy.rubric import Rubric
+from backfill_assets.domain.work.keys import Versions
+from backfill_assets.domain.work.outcomes import RetryPolicy
+from backfill_assets.ledger.locks import Fence
+from backfill_assets.ledger.policies import contract_lookup
+from backfill_assets.ledger.run.submissions import LineRow, Submission
 from backfill_assets.providers.batch_client import BatchClient
 from backfill_assets.providers.models.base import RunFatalError
-from backfill_assets.store.locks import Fence
-from backfill_assets.store.policies import contract_lookup
-from backfill_assets.store.submissions import LineRow, Submission
 
 T = TypeVar("T")
 
@@ -96,7 +96,8 @@ class BatchContext:
         return st
 
     def reached(self, point: str) -> None:
-        """A crash drill's point (core/faults.py): its hook, if a drill set one, may die here."""
+        """A crash drill's point (domain/work/faults.py): its hook, if a drill set one, may die
+        here."""
         if self.options.at_point is not None:
             self.options.at_point(point)
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from backfill_assets.core.caps import ERROR_MESSAGE_CHARS, REQUEST_ID_CHARS
-from backfill_assets.core.events import EventKind
-from backfill_assets.core.keys import Versions
-from backfill_assets.core.outcomes import Outcome
-from backfill_assets.core.output_gate import ModerationOutput
-from backfill_assets.store.rows import (
+from backfill_assets.domain.caps import ERROR_MESSAGE_CHARS, REQUEST_ID_CHARS
+from backfill_assets.domain.policy.output_gate import ModerationOutput
+from backfill_assets.domain.work.events import EventKind
+from backfill_assets.domain.work.keys import Versions
+from backfill_assets.domain.work.outcomes import Outcome
+from backfill_assets.ledger.run.rows import (
     DeadRow,
     EventRow,
     KeyRow,
@@ -24,7 +24,7 @@ from backfill_assets.store.rows import (
     key_row,
     result_row,
 )
-from backfill_assets.store.submissions import LineRow, attempt_id
+from backfill_assets.ledger.run.submissions import LineRow, attempt_id
 
 
 @dataclass(frozen=True)

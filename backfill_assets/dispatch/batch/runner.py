@@ -16,24 +16,24 @@ import asyncio
 import time
 from collections.abc import Sequence
 
-from backfill_assets.core.caps import REASON_CHARS
-from backfill_assets.core.keys import work_key
-from backfill_assets.core.outcomes import Outcome
 from backfill_assets.dispatch.batch import attach, cancels, submit
 from backfill_assets.dispatch.batch.booking import book, close_unrun
 from backfill_assets.dispatch.batch.context import BatchContext, ChunkJob
 from backfill_assets.dispatch.batch.pacing import PollPacer, TokenGate
 from backfill_assets.dispatch.batch.texts import chunk_echoes, errors_text
 from backfill_assets.dispatch.partition_run import PartitionRef, PartitionReport
+from backfill_assets.domain.caps import REASON_CHARS
+from backfill_assets.domain.work.keys import work_key
+from backfill_assets.domain.work.outcomes import Outcome
+from backfill_assets.ledger.engine import read_tx
+from backfill_assets.ledger.run import submissions as store
+from backfill_assets.ledger.run.partition_counts import held_posts, post_counts
+from backfill_assets.ledger.run.submissions import ChunkState
+from backfill_assets.ledger.run.work import PendingPost, in_open_batch, pending_posts
+from backfill_assets.ledger.tables import utcnow
 from backfill_assets.providers.batch_client import RateLimited, Refused, Unsure
 from backfill_assets.providers.batch_wire import BatchObject
 from backfill_assets.providers.models.base import RunFatalError
-from backfill_assets.store import submissions as store
-from backfill_assets.store.engine import read_tx
-from backfill_assets.store.partition_counts import held_posts, post_counts
-from backfill_assets.store.submissions import ChunkState
-from backfill_assets.store.tables import utcnow
-from backfill_assets.store.work import PendingPost, in_open_batch, pending_posts
 
 
 class BatchRunner:

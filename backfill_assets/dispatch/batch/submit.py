@@ -11,22 +11,22 @@ import functools
 import hashlib
 from collections.abc import Sequence
 
-from backfill_assets.core.budgets import UNPRICED_UNDER_DOLLAR_CAP, Caps, Spend
-from backfill_assets.core.keys import work_key
-from backfill_assets.core.prices import Tier
-from backfill_assets.core.rubric import MAX_OUTPUT_TOKENS, call_token_bound
 from backfill_assets.dispatch.batch.chunks import ChunkLine, chunk_base, chunk_id, split
 from backfill_assets.dispatch.batch.context import BatchContext, ChunkJob
 from backfill_assets.dispatch.batch.rows import LineRows
 from backfill_assets.dispatch.batch.texts import echoes_of, post_texts
+from backfill_assets.domain.money.budgets import UNPRICED_UNDER_DOLLAR_CAP, Caps, Spend
+from backfill_assets.domain.money.prices import Tier
+from backfill_assets.domain.policy.rubric import MAX_OUTPUT_TOKENS, call_token_bound
+from backfill_assets.domain.work.keys import work_key
+from backfill_assets.ledger.run import submissions as store
+from backfill_assets.ledger.run.submissions import ChunkState
+from backfill_assets.ledger.run.work import PendingPost
+from backfill_assets.ledger.spend import budget
+from backfill_assets.ledger.tables import utcnow
 from backfill_assets.providers.batch_client import Refused, retry
 from backfill_assets.providers.batch_wire import input_line
 from backfill_assets.providers.models.base import ModelRequest
-from backfill_assets.store import budget
-from backfill_assets.store import submissions as store
-from backfill_assets.store.submissions import ChunkState
-from backfill_assets.store.tables import utcnow
-from backfill_assets.store.work import PendingPost
 
 # A concurrent grant may take what a chunk was cut for; cut it again this many times.
 _ADMIT_TRIES = 3

@@ -11,11 +11,11 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from backfill_assets.core.caps import ERROR_CODE_CHARS
 from backfill_assets.dispatch.batch.context import BatchContext, ChunkJob
+from backfill_assets.domain.caps import ERROR_CODE_CHARS
+from backfill_assets.ledger.run import submissions as store
 from backfill_assets.providers.batch_wire import BatchObject, OutputLine
 from backfill_assets.providers.provider_text import UNCHECKED, scrub
-from backfill_assets.store import submissions as store
 
 
 def echoes_of(ctx: BatchContext, key_texts: Sequence[tuple[str, str]]) -> list[str]:

@@ -21,7 +21,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from backfill_assets.core.caps import ERROR_CODE_CHARS
+from backfill_assets.domain.caps import ERROR_CODE_CHARS
 from backfill_assets.providers.batch_wire import OutputLine
 from backfill_assets.providers.models.errors import Scope, classify
 from backfill_assets.providers.models.openai_wire import (

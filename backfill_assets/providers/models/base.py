@@ -5,7 +5,7 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass, field
 
-from backfill_assets.core.output_gate import OutputContract
+from backfill_assets.domain.policy.output_gate import OutputContract
 from backfill_assets.providers.ratelimit import EndpointLimiter
 
 

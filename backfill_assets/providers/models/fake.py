@@ -7,7 +7,7 @@ import hashlib
 import math
 from json.encoder import encode_basestring_ascii as _string
 
-from backfill_assets.core.post_frame import decode_post, framed_post
+from backfill_assets.domain.policy.post_frame import decode_post, framed_post
 from backfill_assets.providers.models.base import (
     ModelAdapter,
     ModelRequest,

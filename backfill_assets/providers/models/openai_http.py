@@ -28,9 +28,9 @@ from dataclasses import dataclass
 import httpx
 
 from backfill_assets import __version__
-from backfill_assets.core.flex_quota import FlexQuota
-from backfill_assets.core.post_frame import decode_post, framed_post
-from backfill_assets.core.prices import PriceTable, Tier, event_cost
+from backfill_assets.domain.money.flex_quota import FlexQuota
+from backfill_assets.domain.money.prices import PriceTable, Tier, event_cost
+from backfill_assets.domain.policy.post_frame import decode_post, framed_post
 from backfill_assets.providers.bounded_body import (
     ACCEPT_ENCODING,
     CHAT_MAX_BYTES,
@@ -128,7 +128,7 @@ class OpenAIHttpModel(ModelAdapter):
         self._unavailable_since: float | None = None
         # A deadline plan's last moment for flex (epoch seconds): from then on every request
         # goes at standard, refused or not, so a flex that answers slowly cannot eat the time
-        # the rest needs at standard (orchestration/deadline_run.py). None: no such moment.
+        # the rest needs at standard (runner/deadline_run.py). None: no such moment.
         self.standard_from: float | None = None
         # A deadline plan's flex keys per tenant: a key beyond its tenant's share goes at
         # standard, as the plan priced it. None: every key at this adapter's tier.

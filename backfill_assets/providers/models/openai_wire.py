@@ -19,10 +19,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from backfill_assets.core.caps import ERROR_CODE_CHARS
-from backfill_assets.core.output_gate import OutputContract
-from backfill_assets.core.prices import Tier, tier_served
-from backfill_assets.core.ranges import MAX_CALL_TOKENS
+from backfill_assets.domain.caps import ERROR_CODE_CHARS
+from backfill_assets.domain.money.prices import Tier, tier_served
+from backfill_assets.domain.policy.output_gate import OutputContract
+from backfill_assets.domain.ranges import MAX_CALL_TOKENS
 from backfill_assets.providers.models.base import ModelRequest
 from backfill_assets.providers.provider_text import safe_content_type, scrub
 from backfill_assets.providers.ratelimit import AdvertisedLimits

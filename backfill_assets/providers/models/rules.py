@@ -14,7 +14,7 @@ import hashlib
 import re
 from dataclasses import dataclass
 
-from backfill_assets.core.output_gate import OutputContract
+from backfill_assets.domain.policy.output_gate import OutputContract
 
 # Matched against the lower-cased text: cheaper than IGNORECASE on every search.
 _SPAM = re.compile(

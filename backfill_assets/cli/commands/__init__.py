@@ -1,0 +1,1 @@
+"""The commands of ``backfill-moderation``: each parses its arguments, calls one API and prints."""

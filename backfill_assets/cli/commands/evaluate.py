@@ -1,0 +1,183 @@
+"""``evaluate GOLD [--policy FILE] [--against FILE] [--tenant T]``: a policy measured on a
+gold set before the sweep, through the backfill's own keys, ledger and dispatcher."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+from backfill_assets.cli.inputs import load_user_policy
+from backfill_assets.cli.tables import Human, emit, table
+from backfill_assets.config.settings import Settings
+from backfill_assets.defs.asset_keys import POLICY_EVALUATION
+from backfill_assets.defs.reporting.evaluation import (
+    DEFAULT_TENANT,
+    comparison,
+    evaluate_policies,
+    evaluation_metadata,
+    gate_evaluation,
+    gate_verdict,
+    gold_sha256,
+    store_gold,
+)
+from backfill_assets.dispatch.partition_run import RunStopped
+from backfill_assets.domain.errors import UserError
+from backfill_assets.domain.policy.evaluation import NO_LABEL
+from backfill_assets.domain.policy.rubric import Rubric
+from backfill_assets.domain.work.keys import InvalidTenantId, validate_tenant_id
+from backfill_assets.ingest.gold import GoldError, read_gold
+from backfill_assets.ledger.engines import engine_for
+from backfill_assets.ledger.evaluations import CustomerTenant
+from backfill_assets.runner.instance import instance
+
+LABEL_COLUMNS = ["label", "support", "precision", "precision_ci95", "recall", "recall_ci95", "f1"]
+
+
+def add_evaluate_command(add: Callable[[str, str], argparse.ArgumentParser]) -> None:
+    """Register ``evaluate``."""
+    sp = add(
+        "evaluate",
+        "Label a gold set (CSV, JSONL or Parquet: id, text, label, optional rule) under a policy "
+        "and report precision, recall, F1, the confusion matrix and the cost; a rerun pays "
+        "nothing.",
+    )
+    sp.add_argument(
+        "gold", metavar="GOLD", help="the gold set (JSONL, CSV or Parquet, also gzip: by content)"
+    )
+    sp.add_argument(
+        "--policy", metavar="FILE", help="the policy to evaluate (default: BACKFILL_POLICY_PATH's)"
+    )
+    sp.add_argument(
+        "--against",
+        metavar="FILE",
+        help="a second policy (the baseline): both figures, agreement, kappa, transitions",
+    )
+    sp.add_argument(
+        "--tenant",
+        default=DEFAULT_TENANT,
+        help=f"the tenant the calls are booked to (default {DEFAULT_TENANT}; never a customer's)",
+    )
+    sp.set_defaults(func=cmd_evaluate)
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
+def _ci(value: list[float] | None) -> str:
+    return "-" if not value else f"{value[0]:.1%}-{value[1]:.1%}"
+
+
+def _human(report: dict[str, Any]) -> list[Human]:
+    head = (
+        f"{report['policy']} ({report['model']}): {report['rows']} rows, accuracy "
+        f"{report['accuracy']:.1%}, macro-F1 {report['macro_f1']:.3f}, schema_rejected "
+        f"{report['schema_rejected_share']:.1%}; tokens {report['tokens_in']} in / "
+        f"{report['tokens_out']} out, cost ${Decimal(report['cost_usd']):.6f} "
+        f"(${Decimal(report['cost_per_1000_posts_usd']):.6f} per 1,000 posts); "
+        f"{report['calls_this_run']} call(s) this run"
+    )
+    rows = [
+        {
+            **f,
+            "precision": _pct(f["precision"]),
+            "recall": _pct(f["recall"]),
+            "precision_ci95": _ci(f["precision_ci95"]),
+            "recall_ci95": _ci(f["recall_ci95"]),
+            "f1": f"{f['f1']:.3f}",
+        }
+        for f in report["labels"]
+    ]
+    confusion = report["confusion"]
+    cols = list(next(iter(confusion.values())).keys())
+    matrix = [{"expected": e, **row} for e, row in confusion.items()]
+    return [
+        head,
+        table(rows, LABEL_COLUMNS, title="per label (95% Wilson intervals)"),
+        table(matrix, ["expected", *cols], title="confusion (expected x answered)"),
+    ]
+
+
+def _transitions(doc: dict[str, Any]) -> Human:
+    moves = doc["transitions"]
+    cols = sorted({b for row in moves.values() for b in row}, key=lambda x: (x == NO_LABEL, x))
+    rows = [{"from \\ to": a, **{c: row.get(c, 0) for c in cols}} for a, row in moves.items()]
+    return table(rows, ["from \\ to", *cols], title=f"transitions {doc['from']} -> {doc['to']}")
+
+
+def cmd_evaluate(args: argparse.Namespace, settings: Settings) -> int:
+    """Evaluate one policy (or two, with ``--against``) on a gold set; exit 0, 1 if a
+    run-level error stopped it, 2 for bad input."""
+    try:
+        tenant = validate_tenant_id(args.tenant)
+    except InvalidTenantId as exc:
+        raise UserError(f"argument --tenant: {exc}") from None
+    settings.require_price()
+    policy = Rubric(load_user_policy(args.policy)) if args.policy else settings.rubric()
+    rubrics = [policy]
+    if args.against:
+        rubrics.insert(0, Rubric(load_user_policy(args.against)))
+    try:
+        gold = read_gold(args.gold, tenant)
+    except GoldError as exc:
+        raise UserError(f"argument GOLD: {exc}") from None
+    engine = engine_for(settings.store_url)
+    source = str(Path(args.gold).resolve())
+    try:
+        store_gold(engine, gold, tenant, source, settings.slice_target_posts)
+    except CustomerTenant as exc:
+        raise UserError(f"argument --tenant: {exc}") from None
+    model = settings.model_resource()
+    options = settings.run_settings().run_options(model, settings.faults())
+    try:
+        results = evaluate_policies(
+            engine, gold, rubrics, model, options, tenant, (source, gold_sha256(args.gold))
+        )
+    except RunStopped as exc:
+        emit(args, {"ok": False, "error": str(exc)}, f"evaluation stopped: {exc}")
+        return 1
+    doc: dict[str, Any] = {
+        "ok": True,
+        "tenant": tenant,
+        "gold": {"file": args.gold, "rows": len(gold.rows), "rejected": len(gold.rejected)},
+        "rejected": [{"line": r.line, "reason": r.reason} for r in gold.rejected],
+        "policies": [r.report for r in results],
+    }
+    human: list[Human] = [f"line {r.line}: {r.reason}" for r in gold.rejected]
+    for result in results:
+        human += _human(result.report)
+    if args.against:
+        doc["comparison"] = comparison(results[0], results[1])
+        cmp = doc["comparison"]
+        kappa = "-" if cmp["kappa"] is None else f"{cmp['kappa']:.3f}"
+        human += [f"agreement {cmp['agreement']:.1%}, Cohen's kappa {kappa}", _transitions(cmp)]
+    # The UI shows it beside the backfill: policy_evaluation's metadata and its gate check.
+    current = settings.rubric()
+    gate = settings.policy_gate()
+    verdict = gate_verdict(engine, current, model.model, gate)
+    doc["gate"] = {"passed": verdict.passed, "summary": verdict.summary}
+    if gate is not None:
+        human.append(f"gate: {'passed' if verdict.passed else 'FAILED'}: {verdict.summary}")
+    _record_in_dagster(settings, engine, current, model.model, verdict)
+    emit(args, doc, *human)
+    return 0
+
+
+def _record_in_dagster(
+    settings: Settings, engine: Any, rubric: Rubric, model: str, verdict: Any
+) -> None:
+    import dagster as dg
+
+    inst = instance(settings)
+    try:
+        inst.report_runless_asset_event(
+            dg.AssetMaterialization(
+                asset_key=POLICY_EVALUATION, metadata=evaluation_metadata(engine, rubric, model)
+            )
+        )
+        inst.report_runless_asset_event(gate_evaluation(verdict))
+    finally:
+        inst.dispose()

@@ -1,0 +1,195 @@
+"""``backfill-moderation run``: the partitions with work through Dagster (labels, checks, the
+gated apply), a canary sample (``--sample``), or a deadline plan (``--deadline``)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import sqlalchemy as sa
+
+from backfill_assets.cli.commands.deadline import cmd_run_deadline
+from backfill_assets.cli.commands.run_report import (
+    HUMAN_COLUMNS,
+    by_tenant,
+    human_rows,
+    run_document,
+    skipped_line,
+    totals_line,
+)
+from backfill_assets.cli.inputs import require_gate, store_tenants
+from backfill_assets.cli.tables import Human, emit, table
+from backfill_assets.config.settings import Settings
+from backfill_assets.defs.partitions import ensure_partitions
+from backfill_assets.dispatch.partition_run import RunStopped
+from backfill_assets.domain.errors import UserError
+from backfill_assets.domain.work.keys import slice_no
+from backfill_assets.ledger.engine import read_tx
+from backfill_assets.ledger.run.posts import slice_levels
+from backfill_assets.ledger.run.tenants import all_regions
+from backfill_assets.runner.canary import run_sample
+from backfill_assets.runner.instance import instance
+from backfill_assets.runner.orchestrate import refresh
+from backfill_assets.runner.plan import make_plan
+from backfill_assets.runner.pooling import pool_by_region
+from backfill_assets.runner.processes import run_plan
+from backfill_assets.wiring import (
+    PLAN_JOB,
+    USAGE_JOB,
+    build_definitions,
+)
+
+
+def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
+    """Materialise labels, checks and the gated apply in-process; exit 1 if a check blocked."""
+    _check_flags(args)
+    settings.require_price()
+    engine = settings.store_engine()
+    tenants = store_tenants(engine, args.tenant)
+    if args.deadline:
+        if not args.dry_run:
+            require_gate(settings)
+        built: list[tuple[Any, Any]] = []
+
+        def show_progress() -> bool:
+            # The UI's backfill_plan shows the plan's progress after each step.
+            if not built:
+                built.append((build_definitions(settings), instance(settings)))
+            return refresh(*built[0], PLAN_JOB)
+
+        code, plan_doc, plan_human = cmd_run_deadline(
+            args,
+            settings,
+            tenants,
+            lambda chosen, tenants: dagster_run(args, chosen, engine, tenants, restrict=True),
+            show_progress,
+        )
+        emit(args, plan_doc, *plan_human)
+        return code
+    if args.sample:
+        # The canary runs before any evaluation may exist: it is how one learns cheaply.
+        return _run_sample(args, settings, engine, tenants)
+    require_gate(settings)
+    doc, human = dagster_run(args, settings, engine, tenants, restrict=bool(args.tenant))
+    emit(args, doc, *human)
+    return 0 if doc["ok"] else 1
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    """Flags that do not go together: refused before the store is opened."""
+    if args.deadline and (args.sample or args.slice or args.force):
+        raise UserError(
+            "--deadline plans every slice of the tenants: not with --sample, --slice or --force"
+        )
+    if not args.deadline and (args.dry_run or args.best_effort or args.replan):
+        raise UserError(
+            "--dry-run, --best-effort and --replan go with --deadline (see `dry-run` for costs)"
+        )
+
+
+def dagster_run(
+    args: argparse.Namespace,
+    settings: Settings,
+    engine: sa.Engine,
+    tenants: list[str],
+    restrict: bool,
+) -> tuple[dict[str, Any], list[Human]]:
+    """The partitions with work of ``tenants`` (every tenant unless ``restrict``) through
+    Dagster: labels, checks, the gated apply. Interrupted: prints why and re-raises."""
+    defs, inst = build_definitions(settings), instance(settings)
+    with read_tx(engine) as conn:
+        levels = slice_levels(conn, tenants)
+    order = ensure_partitions(inst, levels)
+    # Only partitions with something to do reach Dagster, pooled into few runs (pooling.py).
+    sink = settings.sink()
+    plan = make_plan(
+        engine,
+        inst,
+        settings.versions(),
+        tenants if restrict else None,
+        [slice_no(s) for s in args.slice] if args.slice else None,
+        force=args.force,
+        sink_id=None if sink is None else sink.sink_id,
+        order=order,
+    )
+    with read_tx(engine) as conn:
+        regions = all_regions(conn)
+    # One region per run: a region without an endpoint here fails only its own runs, and
+    # each run carries its region's tag for the run queue.
+    plan = pool_by_region(plan, order, regions)
+    # A big plan spreads over the cores (run_processes.py); a small one runs here.
+    shared = run_plan(settings, defs, inst, plan, regions)
+    records, plan = shared.records, shared.plan
+    if records and not shared.interrupted:
+        refresh(defs, inst, USAGE_JOB)  # tenant_usage shows this run's spend at once
+    doc = run_document(records, plan, shared.processes)
+    if shared.interrupted:
+        emit(
+            args,
+            doc,
+            "interrupted: finished work is committed and the run is marked canceled;"
+            " `backfill-moderation run` again continues where it stopped",
+        )
+        raise KeyboardInterrupt
+    if args.json:
+        return doc, []  # the tables are for people: 10,000 tenants' rows cost 0.4 s
+    rows = human_rows(doc)
+    # Beyond a screenful of partitions, one row per tenant (--json has every partition).
+    human: list[Human] = [table(rows if len(rows) <= 48 else by_tenant(rows), HUMAN_COLUMNS)]
+    human.append(totals_line(doc))
+    skipped = skipped_line(doc)
+    if skipped:
+        human.append(skipped)
+    human += [
+        f"run {r['run_id']} ({r['job']}) failed: {r['error']}"
+        for r in doc["runs"]
+        if not r["success"]
+    ]
+    if doc["blocked_partitions"]:
+        human.append("blocking checks failed; see `backfill-moderation check --tenant T --slice S`")
+    return doc, human
+
+
+def _run_sample(
+    args: argparse.Namespace, settings: Settings, engine: sa.Engine, tenants: list[str]
+) -> int:
+    """``run --sample N``: each tenant's canary, its label shares beside the live column's."""
+    model = settings.model_resource()
+    rubric = settings.rubric()
+    options = settings.run_settings().run_options(model, settings.faults())
+    drift = settings.checks().bounds(rubric.policy).drift
+    try:
+        found = run_sample(engine, tenants, args.sample, rubric, model, options, drift)
+    except RunStopped as exc:
+        emit(args, {"ok": False, "error": str(exc)}, f"sample stopped: {exc}")
+        return 1
+    doc = {
+        "ok": True,
+        "policy": rubric.policy.identity,
+        "sample": args.sample,
+        "tenants": [t.as_dict() for t in found],
+    }
+    rows = []
+    for t in doc["tenants"]:
+        for label in sorted(set(t["labels"]) | set(t["live_labels"])):
+            rows.append(
+                {
+                    "tenant": t["tenant"],
+                    "label": label + (" (drift)" if label in t["drifted"] else ""),
+                    "sample": t["labels"].get(label, 0),
+                    "sample_share": f"{t['shares'].get(label, 0.0):.1%}",
+                    "live_share": (
+                        f"{t['live_shares'][label]:.1%}" if label in t["live_shares"] else "-"
+                    ),
+                }
+            )
+    calls = sum(t["calls"] for t in doc["tenants"])
+    sampled = sum(t["sampled"] for t in doc["tenants"])
+    emit(
+        args,
+        doc,
+        table(rows, ["tenant", "label", "sample", "sample_share", "live_share"]),
+        f"policy {rubric.policy.identity}: {sampled} post(s) sampled, {calls} call(s) this run; "
+        "the full run re-pays none of them",
+    )
+    return 0

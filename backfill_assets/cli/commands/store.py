@@ -1,0 +1,212 @@
+"""The store's commands: verify, usage, dry-run, requeue, migrate, demo-data (``run``:
+``run_command.py``). Each takes parsed args and the settings and returns an exit code."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict
+from pathlib import Path
+
+import sqlalchemy as sa
+
+from backfill_assets.cli.inputs import known_tenants, load_user_policy, store_tenants
+from backfill_assets.cli.tables import emit, show_csv, table
+from backfill_assets.config.settings import Settings
+from backfill_assets.defs.model_resources import versions_for
+from backfill_assets.defs.reporting.usage import REPRICE_COLUMNS, USAGE_COLUMNS, reprice, usage_csv
+from backfill_assets.demo.generate import write_export
+from backfill_assets.domain.errors import UserError
+from backfill_assets.domain.money.reconcile import ProviderReport, ReportError, compare, read_report
+from backfill_assets.domain.policy.rubric import Rubric
+from backfill_assets.domain.ranges import PATH_SHOWN, shown
+from backfill_assets.ledger.engine import read_tx, write_tx
+from backfill_assets.ledger.migrate import migrate, schema_versions
+from backfill_assets.ledger.reports import tenant_ids
+from backfill_assets.ledger.run.dead_letters import requeue
+from backfill_assets.ledger.run.usage import (
+    ledger_by_model_day,
+    usage_by_day,
+    usage_by_tenant_model,
+)
+from backfill_assets.ledger.spend.budget import budget_status
+from backfill_assets.ledger.spend.estimate import estimate_pending
+from backfill_assets.runner.verification import verify_store
+
+
+def cmd_verify(args: argparse.Namespace, settings: Settings) -> int:
+    """Audit the store; exit 1 on isolation/duplicate problems (or missing keys if required)."""
+    engine = settings.store_engine()
+    with read_tx(engine) as conn:
+        tenants = known_tenants(args.tenant, tenant_ids(conn))
+    outcome = verify_store(engine, settings.versions(), tenants or None, settings.sink())
+    doc = outcome.as_dict(require_complete=args.require_complete)
+    human = table(
+        doc["tenants"],
+        [
+            "tenant",
+            "expected",
+            "done",
+            "dead",
+            "missing",
+            "billed_tokens",
+            "rebilled_tokens",
+            "orphan_attempts",
+            "usage_missing",
+            "over_bound",
+        ],
+    )
+    problems = [
+        f"{p['kind']}: tenant={p['tenant']} table={p['table']} key={p['key'][:16]} {p['detail']}"
+        for p in doc["problems"][:50]
+    ]
+    sink = doc.get("sink")
+    if sink:
+        pending = sink["pending_partitions"]
+        problems.append(f"{sink['name']}: {pending} partition(s) applied but not written back")
+    emit(args, doc, human, *problems, "OK" if doc["ok"] else "FAILED")
+    return 0 if doc["ok"] else 1
+
+
+def cmd_usage(args: argparse.Namespace, settings: Settings) -> int:
+    """Tokens, cost and calls per tenant, model and day (or per tenant and model)."""
+    if args.reconcile:
+        # The report is read, and refused if need be, before the store is opened.
+        report = _read_report(Path(args.reconcile))
+        return _reconcile(args, settings.store_engine(), report)
+    engine = settings.store_engine()
+    if args.reprice:
+        with read_tx(engine) as conn:
+            repriced = reprice(conn, settings.prices())
+        emit(args, {"usage": repriced}, table(repriced, REPRICE_COLUMNS))
+        return 0
+    with read_tx(engine) as conn:
+        rows = usage_by_tenant_model(conn) if args.totals else usage_by_day(conn)
+    cols = [c for c in USAGE_COLUMNS if not (args.totals and c == "day")]
+    if args.csv:
+        show_csv(usage_csv(rows, cols))
+        return 0
+    emit(args, {"usage": rows}, table(rows, cols))
+    return 0
+
+
+# A year of daily buckets for hundreds of models is well under a megabyte.
+_MAX_REPORT_BYTES = 64 << 20
+
+
+def _read_report(path: Path) -> ProviderReport:
+    """The ``--reconcile`` file, read and checked (UserError naming what is wrong)."""
+    try:
+        if path.stat().st_size > _MAX_REPORT_BYTES:
+            raise UserError(
+                f"--reconcile: {path} is over {_MAX_REPORT_BYTES >> 20} MiB: not a usage report"
+            )
+        return read_report(path.read_text("utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"--reconcile: cannot read {path}: {type(exc).__name__}") from None
+    except ReportError as exc:
+        raise UserError(f"--reconcile: {path}: {exc}") from None
+
+
+def _reconcile(args: argparse.Namespace, engine: sa.Engine, report: ProviderReport) -> int:
+    """``usage --reconcile FILE``: the ledger against the provider's own report."""
+    with read_tx(engine) as conn:
+        ledger = ledger_by_model_day(conn)
+    diffs = compare(ledger, report)
+    doc = {
+        "ok": not diffs,
+        "days": len({d for d, *_ in ledger} | {d for d, _m in report.usage}),
+        "cost_compared": report.cost_by_day is not None,
+        "differences": [asdict(d) for d in diffs],
+    }
+    summary = f"reconciled {doc['days']} day(s) of usage" + (
+        "" if report.cost_by_day is not None else " (no costs pages: cost not compared)"
+    )
+    emit(args, doc, *[d.line() for d in diffs], summary, "OK" if not diffs else "DIFFERENT")
+    return 0 if not diffs else 1
+
+
+def cmd_dry_run(args: argparse.Namespace, settings: Settings) -> int:
+    """Pending keys per tenant, with estimated tokens and cost and the reserved upper bound."""
+    settings.require_price()
+    rubric = settings.rubric()
+    if args.policy:
+        # What another policy would cost, before switching BACKFILL_POLICY_PATH to it.
+        rubric = Rubric(load_user_policy(args.policy))
+    engine = settings.store_engine()
+    versions = versions_for(settings.model_resource(), rubric)
+    tenants = store_tenants(engine, args.tenant)
+    default_tokens = settings.tenant_budget_tokens or None
+    with read_tx(engine) as conn:
+        rows = [
+            e.as_dict()
+            for e in estimate_pending(conn, tenants, versions, rubric, settings.prices())
+        ]
+        for row in rows:
+            row.update(budget_status(conn, row["tenant"], default_tokens).as_dict())
+    doc = {"versions": versions.code_version, "policy": rubric.policy.identity, "tenants": rows}
+    columns = [
+        "tenant",
+        "keys",
+        "estimated_tokens",
+        "bound_tokens",
+        "estimated_cost_usd",
+        "estimated_cost_usd_batch",
+        "bound_cost_usd",
+        "budget_usd",
+        "free_usd",
+    ]
+    note = (
+        "estimated: bytes/3 per prompt + max_tokens (sync, and batch at its price); bound: what "
+        "a strict budget reserves (every byte a token + template + schema + max_tokens, at the "
+        "dearest input price); free: budget minus billed minus reserved by runs in flight"
+    )
+    emit(
+        args,
+        doc,
+        table(rows, columns),
+        note,
+        f"policy {rubric.policy.identity}",
+        versions.code_version,
+    )
+    return 0
+
+
+def cmd_requeue(args: argparse.Namespace, settings: Settings) -> int:
+    """Delete dead letters so those keys are sent again on the next run."""
+    engine = settings.store_engine()
+    tenant = store_tenants(engine, [args.tenant])[0]
+    with write_tx(engine) as conn:
+        n = requeue(conn, tenant, args.outcome)
+    doc = {"tenant": tenant, "outcome": args.outcome, "requeued": n}
+    emit(args, doc, f"requeued {doc['requeued']} {args.outcome} key(s) of {tenant}")
+    return 0
+
+
+def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
+    """Apply migrations."""
+    engine = settings.store_engine()
+    with read_tx(engine) as conn:
+        versions = schema_versions(conn)
+    applied = migrate(engine)
+    emit(
+        args,
+        {"applied": applied, "current": sorted(versions)},
+        f"schema at {max(versions, default=0)}",
+    )
+    return 0
+
+
+def cmd_demo_data(args: argparse.Namespace, settings: Settings) -> int:
+    """Write a synthetic export."""
+    tenants = ["acme", "globex", "initech", "umbrella", "hooli", "wayne", "stark", "tyrell"]
+    while len(tenants) < args.tenants:
+        tenants.append(f"tenant-{len(tenants):04d}")
+    try:
+        n = write_export(
+            Path(args.out), tenants[: args.tenants], args.posts, bad_lines=not args.no_bad_lines
+        )
+    except (OSError, UnicodeError) as exc:  # a directory, no permission, a name not UTF-8
+        where, why = shown(args.out, PATH_SHOWN), type(exc).__name__
+        raise UserError(f"argument --out: cannot write {where} ({why})") from None
+    emit(args, {"path": args.out, "lines": n}, f"wrote {n} lines to {args.out}")
+    return 0

@@ -1,0 +1,1 @@
+"""Configuration: every environment variable declared once, read once into ``Settings``."""

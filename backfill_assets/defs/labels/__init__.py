@@ -1,0 +1,1 @@
+"""The moderation labels asset, its checks and the apply."""

@@ -1,0 +1,1 @@
+"""The posts asset and its incremental-import schedule."""

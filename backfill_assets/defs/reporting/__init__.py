@@ -1,0 +1,1 @@
+"""Reporting assets: usage for invoicing, the backfill plan, the policy evaluation."""

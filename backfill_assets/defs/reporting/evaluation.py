@@ -1,0 +1,359 @@
+"""Gold-set evaluation of a policy, through the backfill's own keys, ledger and dispatcher.
+
+The gold texts become posts of a tenant that holds gold sets (``--tenant``, default ``eval``,
+never a customer's), so they follow every rule posts follow, and each policy's calls are the
+keys of those posts under its identity: a rerun finds them done and pays nothing. Each
+evaluation's figures are stored (``policy_evaluations``) for the ``policy_evaluation`` asset
+and the ``BACKFILL_POLICY_MIN_MACRO_F1`` gate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+from sqlalchemy.engine import Engine
+
+from backfill_assets.defs.asset_keys import POLICY_EVALUATION
+from backfill_assets.defs.model_resources import ModelResource, versions_for
+from backfill_assets.defs.partitions import partition_key_for
+from backfill_assets.defs.resources import StoreResource
+from backfill_assets.defs.sealing import NO_CONFIG
+from backfill_assets.dispatch.partition_run import PartitionRef, RunOptions
+from backfill_assets.dispatch.pipeline import run_partitions, with_levels
+from backfill_assets.domain.money.nanos import usd_text, whole_nanos
+from backfill_assets.domain.policy.evaluation import NO_LABEL, Comparison, Gate, compare, figures
+from backfill_assets.domain.policy.rubric import Rubric
+from backfill_assets.domain.work.keys import SLICE_KEYS, Versions, work_key
+from backfill_assets.domain.work.records import Post, Rejection
+from backfill_assets.ingest.gold import GoldSet
+from backfill_assets.ledger import evaluations as evals
+from backfill_assets.ledger.engine import read_tx, write_tx
+from backfill_assets.ledger.run.posts import ImportSummary, raise_slice_levels, write_batch
+
+GATE_CHECK = "macro_f1_gate"
+DEFAULT_TENANT = "eval"
+
+
+def gold_sha256(path: str | Path) -> str:
+    """sha256 of the gold file's bytes: which gold set an evaluation was made on (read in
+    chunks: a gold file may be large even when few of its rows are kept)."""
+    with Path(path).open("rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
+
+
+def store_gold(engine: Engine, gold: GoldSet, tenant: str, source: str, target: int) -> None:
+    """Claim ``tenant`` for gold sets and write the rows as its posts (rejects recorded, with
+    their line numbers, as an import's are)."""
+    with write_tx(engine) as conn:
+        evals.claim_tenant(conn, tenant)
+    batch: list[Post | Rejection] = [row.post for row in gold.rows]
+    batch += gold.rejected
+    write_batch(engine, source, batch, ImportSummary(), gold=True)
+    raise_slice_levels(engine, [tenant], target)
+
+
+@dataclass
+class PolicyResult:
+    """One policy's evaluation: its figures as a JSON report, and each row's answer."""
+
+    rubric: Rubric
+    versions: Versions
+    report: dict[str, Any]
+    labels: list[str | None]
+
+
+def _report(
+    rubric: Rubric,
+    versions: Versions,
+    gold: GoldSet,
+    answers: dict[str, evals.Answer],
+    spend: tuple[int, int, int, int],
+    calls_now: int,
+) -> tuple[dict[str, Any], list[str | None]]:
+    ids = [row.post.post_id for row in gold.rows]
+    got = [answers[i] for i in ids]
+    labels = [a.label for a in got]
+    fig = figures(
+        [row.label for row in gold.rows], labels, rubric.policy.label_ids, [a.outcome for a in got]
+    )
+    rules: dict[str, dict[str, int]] = {}
+    for row, answer in zip(gold.rows, got, strict=True):
+        if row.rule is not None:
+            entry = rules.setdefault(row.rule, {"support": 0, "found": 0})
+            entry["support"] += 1
+            entry["found"] += int(row.rule in answer.rule_ids)
+    tokens_in, tokens_out, cost, calls = spend
+    n = len(ids)
+    report = {
+        "policy": rubric.policy.identity,
+        "key_version": rubric.prompt_version,
+        "policy_id": rubric.policy.policy_id,
+        "version": rubric.policy.version,
+        "model": versions.model,
+        "rows": n,
+        "accuracy": fig.accuracy,
+        "macro_f1": fig.macro_f1,
+        "schema_rejected": fig.unlabelled.get("schema_rejected", 0),
+        "schema_rejected_share": fig.schema_rejected_share,
+        "unlabelled": dict(sorted(fig.unlabelled.items())),
+        "labels": [f.as_dict() for f in fig.per_label],
+        "confusion": {e: dict(row) for e, row in fig.confusion.items()},
+        "rules": dict(sorted(rules.items())),
+        "tokens_in": tokens_in,
+        "tokens_out": tokens_out,
+        "cost_usd": usd_text(cost),
+        "cost_per_1000_posts_usd": usd_text(whole_nanos(Decimal(cost) * 1000 / n) if n else 0),
+        "calls_booked": calls,
+        "calls_this_run": calls_now,
+    }
+    return report, labels
+
+
+def evaluate_policies(
+    engine: Engine,
+    gold: GoldSet,
+    rubrics: Sequence[Rubric],
+    model: ModelResource,
+    options: RunOptions,
+    tenant: str,
+    source: tuple[str, str],
+    log: Callable[[str], None] = lambda _m: None,
+) -> list[PolicyResult]:
+    """Label the gold set under each policy (what is done already is not sent again), then
+    compute and store each one's figures. ``source``: the gold file's name and sha256."""
+    refs = with_levels(
+        engine,
+        [PartitionRef(partition_key_for(tenant, s), tenant, i) for i, s in enumerate(SLICE_KEYS)],
+    )
+    refs = [r for r in refs if r.slices]
+    ids = [row.post.post_id for row in gold.rows]
+    wanted = set(ids)
+    # A gold set is small and wanted now: one call per key, never a 24-hour batch.
+    sync = dataclasses.replace(options, dispatch_mode="sync", batch=None)
+    out: list[PolicyResult] = []
+    for rubric in rubrics:
+        versions = versions_for(model, rubric)
+        reports = run_partitions(
+            engine,
+            refs,
+            model.build_adapter,
+            versions,
+            rubric,
+            f"evaluate-{uuid.uuid4().hex[:12]}",
+            sync,
+            log=log,
+            only_posts=wanted,
+        )
+        calls_now = sum(r.stats.calls for r in reports)
+        with read_tx(engine) as conn:
+            answers = evals.answers(conn, tenant, ids, versions)
+            keys = [
+                work_key(versions, tenant, row.post.post_id, row.post.content_hash)
+                for row in gold.rows
+            ]
+            spend = evals.booked(conn, tenant, keys)
+        report, labels = _report(rubric, versions, gold, answers, spend, calls_now)
+        report["tenant"] = tenant
+        report["gold"] = {"file": source[0], "sha256": source[1], "rows": len(ids)}
+        with write_tx(engine) as conn:
+            evals.record(conn, rubric.policy, versions.model, tenant, (*source, len(ids)), report)
+        out.append(PolicyResult(rubric, versions, report, labels))
+    return out
+
+
+def comparison(against: PolicyResult, policy: PolicyResult) -> dict[str, Any]:
+    """How the labels moved from ``against`` (the baseline) to ``policy``."""
+    got: Comparison = compare(against.labels, policy.labels)
+    return {
+        "from": against.report["policy"],
+        "to": policy.report["policy"],
+        "agreement": got.agreement,
+        "kappa": got.kappa,
+        "transitions": {a: dict(sorted(row.items())) for a, row in sorted(got.transitions.items())},
+    }
+
+
+# --------------------------------------------------------------------------------- the gate
+
+
+@dataclass(frozen=True)
+class GateVerdict:
+    """Whether a policy version with a model may be swept (``BACKFILL_POLICY_MIN_MACRO_F1``)."""
+
+    passed: bool
+    summary: str
+    macro_f1: float | None
+
+
+def gate_verdict(engine: Engine, rubric: Rubric, model: str, gate: Gate | None) -> GateVerdict:
+    """The gate for ``rubric`` with ``model``: its latest evaluation has enough gold rows of
+    every label and its macro-F1 reaches the minimum (no gate set: always passes)."""
+    with read_tx(engine) as conn:
+        latest = evals.latest_evaluation(conn, rubric.prompt_version, model)
+    f1 = latest.macro_f1 if latest is not None else None
+    who = f"policy {rubric.policy.identity} with model {model}"
+    if gate is None:
+        return GateVerdict(True, "no gate (BACKFILL_POLICY_MIN_MACRO_F1 is not set)", f1)
+    bar = f"BACKFILL_POLICY_MIN_MACRO_F1={gate.min_macro_f1:g}"
+    if latest is None:
+        return GateVerdict(
+            False,
+            f"{bar}: {who} has no evaluation; run `backfill-moderation evaluate GOLD` first",
+            None,
+        )
+    gold = f"{Path(latest.gold_source).name} ({latest.gold_rows} rows)"
+    support = {str(x["label"]): int(x["support"]) for x in latest.report.get("labels", [])}
+    thin = gate.thin_labels(rubric.policy.label_ids, support)
+    if thin:
+        listed = ", ".join(f"{label} {n}" for label, n in thin)
+        return GateVerdict(
+            False,
+            f"{bar}: not enough gold data for {who} in {gold}: gold rows per label {listed}; "
+            f"the gate needs BACKFILL_POLICY_MIN_SUPPORT={gate.min_support} of every label",
+            latest.macro_f1,
+        )
+    if latest.macro_f1 < gate.min_macro_f1:
+        return GateVerdict(
+            False, f"{bar}: {who} has macro-F1 {latest.macro_f1:.3f} on {gold}", latest.macro_f1
+        )
+    return GateVerdict(
+        True,
+        f"macro-F1 {latest.macro_f1:.3f} >= {gate.min_macro_f1:g} on {gold}, "
+        f"at least {gate.min_support} gold rows of every label",
+        latest.macro_f1,
+    )
+
+
+# ------------------------------------------------------------------- the asset and its check
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1%}"
+
+
+def _ci(x: Sequence[float] | None) -> str:
+    return "-" if not x else f"{x[0]:.1%}-{x[1]:.1%}"
+
+
+def per_label_table(report: dict[str, Any]) -> str:
+    """Markdown: each label's precision, recall, F1 and support, with 95% Wilson intervals."""
+    lines = [
+        "| label | support | precision | 95% CI | recall | 95% CI | F1 |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for f in report["labels"]:
+        lines.append(
+            f"| {f['label']} | {f['support']} | {_pct(f['precision'])} | "
+            f"{_ci(f['precision_ci95'])} | {_pct(f['recall'])} | {_ci(f['recall_ci95'])} | "
+            f"{f['f1']:.3f} |"
+        )
+    return "\n".join(lines)
+
+
+def confusion_table(report: dict[str, Any]) -> str:
+    """Markdown: expected label (rows) x answered label (columns)."""
+    rows: dict[str, dict[str, int]] = report["confusion"]
+    cols = [*next(iter(rows.values())).keys()] if rows else [NO_LABEL]
+    lines = ["| expected \\ answered | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
+    for label, row in rows.items():
+        lines.append(f"| {label} | " + " | ".join(str(row[c]) for c in cols) + " |")
+    return "\n".join(lines)
+
+
+def evaluations_table(evaluations: Sequence[evals.Evaluation]) -> str:
+    """Markdown: each policy version's latest evaluation."""
+    lines = [
+        "| policy | model | gold | rows | accuracy | macro-F1 | schema_rejected "
+        "| cost / 1k posts |",
+        "|---|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for e in evaluations:
+        lines.append(
+            f"| {e.identity} | {e.model} | {Path(e.gold_source).name} | {e.gold_rows} | "
+            f"{e.accuracy:.1%} | {e.macro_f1:.3f} | {e.schema_rejected_share:.1%} | "
+            f"{Decimal(str(e.report.get('cost_per_1000_posts_usd', 0))):.6f} |"
+        )
+    if not evaluations:
+        lines.append("| (none yet: `backfill-moderation evaluate GOLD`) | | | | | | | |")
+    return "\n".join(lines)
+
+
+def evaluation_metadata(engine: Engine, rubric: Rubric, model: str) -> dict[str, Any]:
+    """What ``policy_evaluation`` shows: every version's latest evaluation, and the policy in
+    force's per-label figures and confusion matrix."""
+    with read_tx(engine) as conn:
+        every = evals.latest_evaluations(conn)
+        current = evals.latest_evaluation(conn, rubric.prompt_version, model)
+    md: dict[str, Any] = {
+        "evaluations": dg.MetadataValue.md(evaluations_table(every)),
+        "policy": dg.MetadataValue.text(rubric.policy.identity),
+        "model": dg.MetadataValue.text(model),
+    }
+    if current is not None:
+        md["macro_f1"] = dg.MetadataValue.float(current.macro_f1)
+        md["accuracy"] = dg.MetadataValue.float(current.accuracy)
+        md["per_label"] = dg.MetadataValue.md(per_label_table(current.report))
+        md["confusion_matrix"] = dg.MetadataValue.md(confusion_table(current.report))
+    return md
+
+
+def gate_evaluation(verdict: GateVerdict) -> dg.AssetCheckEvaluation:
+    """The gate as an asset check evaluation of ``policy_evaluation``."""
+    metadata: dict[str, Any] = {"summary": dg.MetadataValue.text(verdict.summary)}
+    if verdict.macro_f1 is not None:
+        metadata["macro_f1"] = dg.MetadataValue.float(verdict.macro_f1)
+    return dg.AssetCheckEvaluation(
+        asset_key=POLICY_EVALUATION,
+        check_name=GATE_CHECK,
+        passed=verdict.passed,
+        severity=dg.AssetCheckSeverity.ERROR,
+        description=verdict.summary,
+        metadata=metadata,
+    )
+
+
+def build_policy_evaluation(rubric: Rubric, gate: Gate | None) -> dg.AssetsDefinition:
+    """The ``policy_evaluation`` asset and its gate check, for the policy the definitions
+    loaded (closed over, as the labels asset's) and ``BACKFILL_POLICY_MIN_MACRO_F1``."""
+
+    @dg.asset(
+        config_schema=NO_CONFIG,
+        key=POLICY_EVALUATION,
+        group_name="reporting",
+        kinds={"sql"},
+        check_specs=[
+            dg.AssetCheckSpec(
+                GATE_CHECK,
+                asset=POLICY_EVALUATION,
+                description="The policy in force has an evaluation whose macro-F1 reaches "
+                "BACKFILL_POLICY_MIN_MACRO_F1 (passes when the gate is not set).",
+            )
+        ],
+    )
+    def policy_evaluation(store: StoreResource, model: ModelResource) -> dg.MaterializeResult:  # type: ignore[type-arg]
+        """Each policy version's latest gold-set evaluation (`backfill-moderation evaluate`)."""
+        engine = store.engine()
+        verdict = gate_verdict(engine, rubric, model.model, gate)
+        check = gate_evaluation(verdict)
+        return dg.MaterializeResult(
+            metadata=evaluation_metadata(engine, rubric, model.model),
+            check_results=[
+                dg.AssetCheckResult(
+                    check_name=GATE_CHECK,
+                    passed=check.passed,
+                    severity=check.severity,
+                    description=check.description,
+                    metadata=check.metadata,
+                )
+            ],
+        )
+
+    return policy_evaluation

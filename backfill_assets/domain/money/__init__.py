@@ -1,0 +1,1 @@
+"""Money: nano-dollars, prices, budgets, reconciliation, deadline plans (pure)."""

@@ -1,0 +1,1 @@
+"""The moderation policy: its file, its prompt, the output gate, gold-set figures (pure)."""

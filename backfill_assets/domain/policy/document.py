@@ -1,0 +1,226 @@
+"""The moderation policy: the user's labels, rules and instructions, and its identity.
+
+A policy is data, not code: ``BACKFILL_POLICY_PATH`` names the file (read and checked by
+``policy_file.py``), and ``Policy`` gives its identity: its id, its human version and a hash of
+its canonical content (comments and key order do not count; every word does). That identity
+names the work: it is part of every key and of the labels asset's code version.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from backfill_assets.domain.work.keys import TENANT_ID_RE
+
+# Rule and label ids: short, stable, and safe anywhere (keys, SQL, CSV, a comma-joined list).
+ITEM_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,31}$")
+VERSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,39}$")
+ACTIONS = ("none", "review", "hide")
+# A label's numeric severity: a rank the platform reads, not an amount.
+MAX_SEVERITY = 1_000_000
+Action = Literal["none", "review", "hide"]
+# Far above any real policy; bounds a text field (and the prompt every call pays for).
+_MAX_TEXT = 100_000
+_SHOWN = 40
+
+# The built-in policy, exactly as shipped, keys its work with the prompt version today's
+# results were stored under before policies were files (the sha256 of that prompt), so an
+# upgraded store re-pays nothing. Any other content, an edited copy included, keys by its own
+# identity. A test pins both halves (docs/policies.md, "Upgrading").
+BUILTIN_CONTENT_HASH = "f26961e0a5c1f71ec62d4c573faf1c0eb24819bd7b9ce052d6c3584ad3e55431"
+LEGACY_KEY_VERSIONS: Mapping[str, str] = {BUILTIN_CONTENT_HASH: "policy@d0f22620582d"}
+
+
+class _Item(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+def _text(value: str) -> str:
+    if not value.strip():
+        raise ValueError("empty")
+    if len(value) > _MAX_TEXT:
+        raise ValueError(f"longer than {_MAX_TEXT} characters")
+    if "\x00" in value:
+        raise ValueError("contains NUL characters")
+    return value
+
+
+class Examples(_Item):
+    """Posts that break a rule and posts that do not, for the model to read."""
+
+    violates: list[str] = Field(default_factory=list, max_length=100)
+    safe: list[str] = Field(default_factory=list, max_length=100)
+
+    @field_validator("violates", "safe")
+    @classmethod
+    def _texts(cls, value: list[str]) -> list[str]:
+        return [_text(v) for v in value]
+
+
+class LabelDef(_Item):
+    """One label of the closed set, and what applying it means to the platform."""
+
+    id: str
+    description: str
+    action: Action
+    severity: int | str | None = None
+
+    @field_validator("id")
+    @classmethod
+    def _id(cls, value: str) -> str:
+        return _item_id(value)
+
+    @field_validator("description")
+    @classmethod
+    def _description(cls, value: str) -> str:
+        return _text(value)
+
+    @field_validator("severity")
+    @classmethod
+    def _severity(cls, value: int | str | None) -> int | str | None:
+        if isinstance(value, str) and not VERSION_RE.fullmatch(value):
+            raise ValueError(f"severity {quoted(value)} must match {VERSION_RE.pattern}")
+        if isinstance(value, int) and not -MAX_SEVERITY <= value <= MAX_SEVERITY:
+            raise ValueError(f"severity must be within -{MAX_SEVERITY:,} and {MAX_SEVERITY:,}")
+        return value
+
+
+class RuleDef(_Item):
+    """A rule: a stable id, the label it leads to, its text and examples."""
+
+    id: str
+    label: str
+    description: str
+    examples: Examples = Field(default_factory=Examples)
+
+    @field_validator("id")
+    @classmethod
+    def _id(cls, value: str) -> str:
+        return _item_id(value)
+
+    @field_validator("description")
+    @classmethod
+    def _description(cls, value: str) -> str:
+        return _text(value)
+
+
+class PolicyDoc(_Item):
+    """The policy file's content, validated (``extra="forbid"``: an unknown field is an error)."""
+
+    id: str
+    version: str
+    instructions: str
+    labels: list[LabelDef] = Field(max_length=256)
+    rules: list[RuleDef] = Field(default_factory=list, max_length=1024)
+
+    @field_validator("id")
+    @classmethod
+    def _policy_id(cls, value: str) -> str:
+        if not TENANT_ID_RE.fullmatch(value):
+            raise ValueError(f"bad id {quoted(value)}: must match {TENANT_ID_RE.pattern}")
+        return value
+
+    @field_validator("version", mode="before")
+    @classmethod
+    def _version(cls, value: Any) -> Any:
+        # YAML reads 5 as an integer; 5.10 would be the float 5.1, so floats are refused.
+        if isinstance(value, int) and not isinstance(value, bool):
+            value = str(value)
+        if isinstance(value, str) and not VERSION_RE.fullmatch(value):
+            raise ValueError(f"bad version {quoted(value)}: must match {VERSION_RE.pattern}")
+        if not isinstance(value, str):
+            raise ValueError('version must be text such as "5" (quote it)')
+        return value
+
+    @field_validator("instructions")
+    @classmethod
+    def _instructions(cls, value: str) -> str:
+        return _text(value)
+
+
+def quoted(value: str) -> str:
+    """A user's value in a message: quoted, and cut short."""
+    return repr(value[:_SHOWN] + ("..." if len(value) > _SHOWN else ""))
+
+
+def _item_id(value: str) -> str:
+    if not ITEM_ID_RE.fullmatch(value):
+        raise ValueError(f"bad id {quoted(value)}: must match {ITEM_ID_RE.pattern}")
+    return value
+
+
+class Policy:
+    """A checked policy and its identity.
+
+    ``content_hash``: sha256 of the canonical JSON of the content (every field, key order and
+    comments aside). ``identity``: ``<id>@<version>#<hash[:16]>``. ``key_version``: what keys
+    and the code version carry: the identity, except for the built-in policy as shipped.
+    """
+
+    __slots__ = ("content_hash", "doc")
+
+    def __init__(self, doc: PolicyDoc) -> None:
+        self.doc = doc
+        self.content_hash = hashlib.sha256(canonical_json(doc).encode("utf-8")).hexdigest()
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Policy) and other.content_hash == self.content_hash
+
+    def __hash__(self) -> int:
+        return hash(self.content_hash)
+
+    def __repr__(self) -> str:
+        return f"Policy({self.identity})"
+
+    @property
+    def policy_id(self) -> str:
+        """The policy's id (the tenant-id pattern); ``applied_labels`` is keyed by it."""
+        return self.doc.id
+
+    @property
+    def version(self) -> str:
+        """The human version, such as ``5``."""
+        return self.doc.version
+
+    @property
+    def identity(self) -> str:
+        """Id, human version and content hash: changes with every word of the policy."""
+        return f"{self.doc.id}@{self.doc.version}#{self.content_hash[:16]}"
+
+    @property
+    def key_version(self) -> str:
+        """The policy's part of every key and of the code version."""
+        return LEGACY_KEY_VERSIONS.get(self.content_hash, self.identity)
+
+    @property
+    def label_ids(self) -> tuple[str, ...]:
+        """The closed label set, in the file's order."""
+        return tuple(label.id for label in self.doc.labels)
+
+    @property
+    def none_label(self) -> str:
+        """The label with action ``none``: nothing in the policy applies."""
+        return next(label.id for label in self.doc.labels if label.action == "none")
+
+    @property
+    def flagging_labels(self) -> tuple[str, ...]:
+        """Labels whose action is not ``none`` (what ``label_drift`` watches by default)."""
+        return tuple(label.id for label in self.doc.labels if label.action != "none")
+
+    @property
+    def rule_labels(self) -> tuple[tuple[str, str], ...]:
+        """(rule id, the label it leads to), in the file's order."""
+        return tuple((rule.id, rule.label) for rule in self.doc.rules)
+
+
+def canonical_json(doc: PolicyDoc) -> str:
+    """The content as sorted, compact JSON: the same policy gives the same text."""
+    return json.dumps(
+        doc.model_dump(mode="json"), sort_keys=True, separators=(",", ":"), ensure_ascii=False
+    )

@@ -1,0 +1,1 @@
+"""Units of work: keys, records, columns, outcomes, event kinds, regions (pure)."""

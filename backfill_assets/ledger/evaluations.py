@@ -1,0 +1,223 @@
+"""Gold-set evaluations in the store: the tenants that hold gold sets, what a policy answered
+for them, what it cost, and each evaluation's figures (``policy_evaluations``, sql/011)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from backfill_assets.domain.policy.document import Policy
+from backfill_assets.domain.work.events import EventKind
+from backfill_assets.domain.work.keys import Versions, work_key
+from backfill_assets.ledger.dialect import insert_for
+from backfill_assets.ledger.tables import (
+    dead_letters,
+    ledger_events,
+    policy_evaluations,
+    posts,
+    results,
+    tenants,
+    utcnow,
+)
+
+EVALUATION = "evaluation"
+_IN_CHUNK = 5_000
+
+
+class CustomerTenant(ValueError):
+    """``evaluate --tenant`` named a customer's tenant: evaluations are never booked there."""
+
+
+def claim_tenant(conn: Connection, tenant_id: str) -> bool:
+    """Make ``tenant_id`` a tenant that holds gold sets (True if it was new); a customer's
+    tenant (one imported for moderation) raises ``CustomerTenant``."""
+    found = conn.execute(
+        sa.select(tenants.c.purpose).where(tenants.c.tenant_id == tenant_id)
+    ).first()
+    if found is not None:
+        if found[0] != EVALUATION:
+            raise CustomerTenant(
+                f"tenant {tenant_id} is a customer's (its posts are moderated); book "
+                "evaluations to a tenant of their own (--tenant, default eval)"
+            )
+        return False
+    conn.execute(
+        insert_for(conn, tenants)
+        .values(
+            tenant_id=tenant_id,
+            billed_tokens=0,
+            created_at=utcnow(),
+            slice_level=0,
+            purpose=EVALUATION,
+        )
+        .on_conflict_do_nothing()
+    )
+    # A concurrent import may have created it as a customer's tenant in between.
+    purpose = conn.execute(
+        sa.select(tenants.c.purpose).where(tenants.c.tenant_id == tenant_id)
+    ).scalar_one()
+    if purpose != EVALUATION:
+        raise CustomerTenant(f"tenant {tenant_id} is a customer's")
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """What a policy answered for one gold post: a label (None if none was accepted), its
+    rule ids, and the outcome (``accepted``, a dead letter's, or ``missing``)."""
+
+    label: str | None
+    rule_ids: tuple[str, ...]
+    outcome: str
+
+
+def _chunks(items: Sequence[str]) -> Iterable[list[str]]:
+    for i in range(0, len(items), _IN_CHUNK):
+        yield list(items[i : i + _IN_CHUNK])
+
+
+def answers(
+    conn: Connection, tenant_id: str, post_ids: Sequence[str], versions: Versions
+) -> dict[str, Answer]:
+    """Each gold post's answer under ``versions``, for its current text."""
+    hashes: dict[str, str] = {}
+    for chunk in _chunks(post_ids):
+        hashes.update(
+            conn.execute(
+                sa.select(posts.c.post_id, posts.c.content_hash).where(
+                    posts.c.tenant_id == tenant_id, posts.c.post_id.in_(chunk)
+                )
+            ).all()
+        )
+    keys = {work_key(versions, tenant_id, p, h): p for p, h in hashes.items()}
+    out = {p: Answer(None, (), "missing") for p in post_ids}
+    key_list = sorted(keys)
+    for chunk in _chunks(key_list):
+        for key, label, rules in conn.execute(
+            sa.select(results.c.key, results.c.label, results.c.rule_ids).where(
+                results.c.key.in_(chunk)
+            )
+        ):
+            out[keys[key]] = Answer(
+                str(label), tuple(str(rules).split(",")) if rules else (), "accepted"
+            )
+        for key, outcome in conn.execute(
+            sa.select(dead_letters.c.key, dead_letters.c.outcome).where(
+                dead_letters.c.key.in_(chunk)
+            )
+        ):
+            if out[keys[key]].outcome == "missing":
+                out[keys[key]] = Answer(None, (), str(outcome))
+    return out
+
+
+def booked(conn: Connection, tenant_id: str, keys: Sequence[str]) -> tuple[int, int, int, int]:
+    """(tokens in, tokens out, nano-dollars, calls) the ledger booked for these keys."""
+    totals = [0, 0, 0, 0]
+    le = ledger_events
+    for chunk in _chunks(sorted(keys)):
+        row = conn.execute(
+            sa.select(
+                sa.func.coalesce(sa.func.sum(le.c.tokens_in), 0),
+                sa.func.coalesce(sa.func.sum(le.c.tokens_out), 0),
+                sa.func.coalesce(sa.func.sum(le.c.cost_nanos), 0),
+                sa.func.count(),
+            ).where(le.c.tenant_id == tenant_id, le.c.type == EventKind.USAGE, le.c.key.in_(chunk))
+        ).one()
+        totals[0] += int(row[0])
+        totals[1] += int(row[1])
+        totals[2] += int(row[2])
+        totals[3] += int(row[3])
+    return totals[0], totals[1], totals[2], totals[3]
+
+
+def record(
+    conn: Connection,
+    policy: Policy,
+    model: str,
+    tenant_id: str,
+    gold: tuple[str, str, int],
+    report: dict[str, Any],
+) -> None:
+    """Store one evaluation (``gold``: source, sha256, rows; ``report``: figures only)."""
+    source, sha, rows = gold
+    conn.execute(
+        policy_evaluations.insert().values(
+            key_version=policy.key_version,
+            identity=policy.identity,
+            policy_id=policy.policy_id,
+            version=policy.version,
+            model=model,
+            tenant_id=tenant_id,
+            gold_source=source[:500],
+            gold_sha256=sha,
+            gold_rows=rows,
+            accuracy=float(report["accuracy"]),
+            macro_f1=float(report["macro_f1"]),
+            schema_rejected_share=float(report["schema_rejected_share"]),
+            report=json.dumps(report, sort_keys=True),
+            created_at=utcnow(),
+        )
+    )
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """A stored evaluation."""
+
+    key_version: str
+    identity: str
+    model: str
+    gold_source: str
+    gold_rows: int
+    accuracy: float
+    macro_f1: float
+    schema_rejected_share: float
+    report: dict[str, Any]
+    created_at: object
+
+
+def _evaluation(row: Any) -> Evaluation:
+    return Evaluation(
+        key_version=str(row.key_version),
+        identity=str(row.identity),
+        model=str(row.model),
+        gold_source=str(row.gold_source),
+        gold_rows=int(row.gold_rows),
+        accuracy=float(row.accuracy),
+        macro_f1=float(row.macro_f1),
+        schema_rejected_share=float(row.schema_rejected_share),
+        report=json.loads(row.report),
+        created_at=row.created_at,
+    )
+
+
+def latest_evaluations(conn: Connection) -> list[Evaluation]:
+    """Each (policy version, model)'s latest evaluation, newest first."""
+    pe = policy_evaluations
+    newest = (
+        sa.select(sa.func.max(pe.c.id).label("id"))
+        .group_by(pe.c.key_version, pe.c.model)
+        .subquery()
+    )
+    rows = conn.execute(
+        sa.select(pe).where(pe.c.id.in_(sa.select(newest.c.id))).order_by(pe.c.id.desc())
+    )
+    return [_evaluation(r) for r in rows]
+
+
+def latest_evaluation(conn: Connection, key_version: str, model: str) -> Evaluation | None:
+    """The latest evaluation of a policy version with a model (None: never evaluated)."""
+    pe = policy_evaluations
+    row = conn.execute(
+        sa.select(pe)
+        .where(pe.c.key_version == key_version, pe.c.model == model)
+        .order_by(pe.c.id.desc())
+        .limit(1)
+    ).first()
+    return None if row is None else _evaluation(row)

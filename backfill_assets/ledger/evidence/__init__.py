@@ -1,0 +1,1 @@
+"""What the checks and ``verify`` read from the store, and judging many partitions."""

@@ -1,0 +1,247 @@
+"""The rows the checks and ``verify`` read: a partition's or a tenant's posts and every row
+that claims it, selected by claim and, for partitions, by expected key (never post text)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from operator import itemgetter
+from typing import Any, cast
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from backfill_assets.domain.checks.rules import PartitionEvidence
+from backfill_assets.domain.checks.verify import Row
+from backfill_assets.domain.work.keys import Versions, work_key
+from backfill_assets.ledger.bulk import driver_rows, select_rows
+from backfill_assets.ledger.engine import is_sqlite
+from backfill_assets.ledger.run.partition_groups import Owners, claimed_by, claims, owners_of_all
+from backfill_assets.ledger.tables import dead_letters, ledger_events, posts, results
+
+# Bound on bind parameters per IN (...) list: SQLite allows 32,766, PostgreSQL 65,535.
+_IN_CHUNK = 5_000
+
+
+@dataclass(frozen=True, slots=True)
+class Partition:
+    """A partition to read or judge: its Dagster key, tenant, number and its stored slices."""
+
+    key: str
+    tenant_id: str
+    slice: int
+    slices: tuple[int, ...]
+
+
+# The columns the verifier and the checks read (never post text, never the wide message or
+# request-id columns): fewer columns and mapping rows, not dicts, halve the cost of reading.
+# Every row carries its key's derivation; each table adds what its checks judge.
+_DERIVATION = (
+    "key",
+    "tenant_id",
+    "post_id",
+    "slice",
+    "content_hash",
+    "model",
+    "prompt_version",
+    "task_version",
+)
+_COLUMNS = {
+    "results": (*_DERIVATION, "label", "rule_ids", "confidence"),
+    "dead_letters": (*_DERIVATION, "outcome"),
+    "ledger_events": (
+        *_DERIVATION,
+        "id",
+        "type",
+        "attempt_id",
+        "tokens_in",
+        "tokens_out",
+        "usage_shape",
+        "bound_tokens",
+    ),
+}
+
+
+def _select(table: sa.Table) -> sa.Select[Any]:
+    return sa.select(*(table.c[name] for name in _COLUMNS[table.name]))
+
+
+def _mappings(result: sa.Result[Any]) -> list[Row]:
+    # RowMapping reads like a dict (``row["key"]``) without copying each row.
+    return cast(list[Row], result.mappings().all())
+
+
+def _fetch(conn: Connection, stmt: sa.Select[Any]) -> list[Row]:
+    # By column name; on SQLite as sqlite3.Row: building SQLAlchemy's RowMapping objects was a
+    # third of a partition's checks, more than the query.
+    return cast(list[Row], select_rows(conn, stmt, by_name=True))
+
+
+def _rows(conn: Connection, table: sa.Table, *where: Any) -> list[Row]:
+    return _fetch(conn, _select(table).where(*where))
+
+
+def _ledger(conn: Connection, *where: Any) -> list[Row]:
+    """Ledger rows in the order they were written (the verifier's rebill count needs it)."""
+    return _fetch(conn, _select(ledger_events).where(*where).order_by(ledger_events.c.id))
+
+
+@dataclass
+class ScopeRows:
+    """A tenant's or partition's posts (for coverage), the tenant's posts (for derivation)
+    and the rows that claim it."""
+
+    posts: dict[str, str]
+    known_posts: dict[str, str]
+    results: list[Row]
+    dead: list[Row]
+    ledger: list[Row]
+
+
+def scope_rows(conn: Connection, tenant_id: str, slice_no: int | None = None) -> ScopeRows:
+    """Posts and rows of a tenant or of one of its partitions.
+
+    Rows are selected by the tenant they *claim*; the verifier then proves each one derives
+    from that tenant's post.
+    """
+    rw = [results.c.tenant_id == tenant_id]
+    dw = [dead_letters.c.tenant_id == tenant_id]
+    lw = [ledger_events.c.tenant_id == tenant_id]
+    known = {
+        str(post_id): (str(content_hash), int(slice_))
+        for post_id, content_hash, slice_ in conn.execute(
+            sa.select(posts.c.post_id, posts.c.content_hash, posts.c.slice).where(
+                posts.c.tenant_id == tenant_id
+            )
+        )
+    }
+    if slice_no is not None:
+        rw.append(results.c.slice == slice_no)
+        dw.append(dead_letters.c.slice == slice_no)
+        lw.append(ledger_events.c.slice == slice_no)
+    ledger = _ledger(conn, *lw)
+    return ScopeRows(
+        posts={p: h for p, (h, s) in known.items() if slice_no is None or s == slice_no},
+        known_posts={p: h for p, (h, _s) in known.items()},
+        results=_rows(conn, results, *rw),
+        dead=_rows(conn, dead_letters, *dw),
+        ledger=ledger,
+    )
+
+
+def _marks(values: Sequence[object]) -> str:
+    return ", ".join("?" for _ in values)
+
+
+def _foreign_by_key(
+    conn: Connection, table: sa.Table, keys: list[str], owners: Owners
+) -> list[Row]:
+    """Rows that carry one of ``keys`` but claim a (tenant, slice) none of ``owners`` holds
+    (normally none: the query returns nothing, so its cost is the primary-key probes only).
+
+    Written for the driver: SQLAlchemy expands an IN list one bind parameter at a time, which
+    cost more than the probes; PostgreSQL takes the keys as one array parameter.
+    """
+    cols = ", ".join(_COLUMNS[table.name])
+    pairs = claims(owners)
+    rows: list[Row] = []
+    if is_sqlite(conn.engine):
+        claim = " OR ".join(
+            f"(tenant_id IN ({_marks(t)}) AND slice IN ({_marks(s)}))" for t, s in pairs
+        )
+        claim_params = [v for t, s in pairs for v in (*t, *s)]
+        for i in range(0, len(keys), _IN_CHUNK):
+            chunk = keys[i : i + _IN_CHUNK]
+            sql = (
+                f"SELECT {cols} FROM {table.name} WHERE key IN ({_marks(chunk)}) AND NOT ({claim})"
+            )
+            rows += driver_rows(conn, sql, (*chunk, *claim_params), by_name=True)
+        return rows
+    claim = " OR ".join("(tenant_id = ANY(%s) AND slice = ANY(%s))" for _ in pairs)
+    sql = f"SELECT {cols} FROM {table.name} WHERE key = ANY(%s) AND NOT ({claim})"
+    params = (keys, *(v for t, s in pairs for v in (t, s)))
+    return _mappings(conn.exec_driver_sql(sql, params))
+
+
+def evidence_of(
+    conn: Connection, partitions: Sequence[Partition], versions: Versions
+) -> dict[str, PartitionEvidence]:
+    """Each partition's posts and every row that claims it *or* carries one of its keys, for
+    all of ``partitions`` (by partition key) in five queries: rows are routed to the partition
+    that holds their (tenant, slice) and, when they carry one of its expected keys while
+    claiming elsewhere, to that partition too.
+
+    A result or dead letter re-labelled to another tenant no longer claims its partition;
+    fetching those by expected key too (their primary key) means that partition's isolation
+    check still sees it. Ledger rows are fetched by claim only (the ledger has no key index,
+    on purpose: it is the hottest insert path); a foreign one fails the isolation check of the
+    tenant it claims, because its key does not recompute from that tenant's post.
+    ``schema_problems`` is left empty: the caller validates many partitions' results in one
+    frame (``stored_result_problems`` has a fixed cost per call).
+    """
+    owners = owners_of_all(partitions)
+    if not owners:
+        return {part.key: _no_evidence(part, versions) for part in partitions}
+    slice_posts: dict[str, dict[str, str]] = {part.key: {} for part in partitions}
+    expected: dict[str, dict[str, str]] = {part.key: {} for part in partitions}
+    key_owner: dict[str, str] = {}
+    stmt = sa.select(posts.c.tenant_id, posts.c.slice, posts.c.post_id, posts.c.content_hash)
+    for tenant_id, slice_no, post_id, content_hash in conn.execute(
+        stmt.where(claimed_by(posts, owners))
+    ):
+        owner = owners.get((str(tenant_id), int(slice_no)))
+        if owner is None:
+            continue
+        slice_posts[owner][str(post_id)] = str(content_hash)
+        # Each expected key is computed once here and handed to the verifier.
+        key = work_key(versions, str(tenant_id), str(post_id), str(content_hash))
+        expected[owner][str(post_id)] = key
+        key_owner[key] = owner
+
+    def gather(table: sa.Table) -> dict[str, list[Row]]:
+        got: dict[str, list[Row]] = {part.key: [] for part in partitions}
+        for row in _rows(conn, table, claimed_by(table, owners)):
+            claim = owners.get((row["tenant_id"], row["slice"]))
+            if claim is not None:
+                got[claim].append(row)
+            # A row claimed inside the group but by another partition than its key's.
+            by_key = key_owner.get(row["key"])
+            if by_key is not None and by_key != claim:
+                got[by_key].append(row)
+        for row in _foreign_by_key(conn, table, sorted(key_owner), owners):
+            got[key_owner[row["key"]]].append(row)
+        return {k: sorted(rows, key=itemgetter("key")) for k, rows in got.items()}
+
+    ledger: dict[str, list[Row]] = {part.key: [] for part in partitions}
+    for row in _ledger(conn, claimed_by(ledger_events, owners)):
+        claim = owners.get((row["tenant_id"], row["slice"]))
+        if claim is not None:
+            ledger[claim].append(row)
+    result_rows, dead = gather(results), gather(dead_letters)
+    return {
+        part.key: PartitionEvidence(
+            tenant=part.tenant_id,
+            slice=part.slice,
+            versions=versions,
+            posts=slice_posts[part.key],
+            results=result_rows[part.key],
+            dead=dead[part.key],
+            ledger=ledger[part.key],
+            expected_keys=expected[part.key],
+        )
+        for part in partitions
+    }
+
+
+def _no_evidence(part: Partition, versions: Versions) -> PartitionEvidence:
+    """A partition that holds no stored slice (too few posts to split this far)."""
+    return PartitionEvidence(
+        tenant=part.tenant_id,
+        slice=part.slice,
+        versions=versions,
+        posts={},
+        results=[],
+        dead=[],
+        ledger=[],
+        expected_keys={},
+    )

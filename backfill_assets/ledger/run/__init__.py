@@ -1,0 +1,1 @@
+"""The run path in the store: posts, the work query, the writer, usage, partition marks."""

@@ -1,0 +1,1 @@
+"""What may be spent: budget reservations, shared limits, estimates, deadline plans."""

@@ -1,0 +1,117 @@
+"""What the pending work of each tenant will cost: the cheap estimate and the reserved bound.
+
+``dry-run`` and the ``backfill_plan`` asset show both: the estimate (UTF-8 bytes / 3, what a
+typical tokenizer bills) for planning, and the upper bound the budget reserves (every byte a
+token, plus template, schema and ``max_tokens``), which is what a strict cap has to hold.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy.engine import Connection
+
+from backfill_assets.domain.money.nanos import usd, usd_text
+from backfill_assets.domain.money.prices import PriceTable, Tier
+from backfill_assets.domain.policy.rubric import (
+    MAX_OUTPUT_TOKENS,
+    Rubric,
+    call_token_bound,
+    estimate_prompt_tokens,
+)
+from backfill_assets.domain.work.keys import SLICE_COUNT, Versions, work_key
+from backfill_assets.ledger.run.work import pending_posts
+
+
+@dataclass
+class TenantEstimate:
+    """One tenant's pending keys and what sending them may cost."""
+
+    tenant: str
+    keys: int = 0
+    estimated_tokens: int = 0
+    bound_tokens: int = 0
+    # Nano-dollars (domain/money/nanos.py).
+    estimated_cost_nanos: int = 0
+    bound_cost_nanos: int = 0
+    # What a batch chunk reserves for the same keys (the bound at the Batch API's price).
+    bound_cost_nanos_batch: int = 0
+    # The same estimate at the Batch API's price (BACKFILL_DISPATCH=batch).
+    estimated_cost_nanos_batch: int = 0
+    # ... and at the flex tier's (BACKFILL_SERVICE_TIER=flex).
+    estimated_cost_nanos_flex: int = 0
+
+    @property
+    def estimated_cost_usd(self) -> Decimal:
+        return usd(self.estimated_cost_nanos)
+
+    @property
+    def bound_cost_usd(self) -> Decimal:
+        return usd(self.bound_cost_nanos)
+
+    @property
+    def estimated_cost_usd_batch(self) -> Decimal:
+        return usd(self.estimated_cost_nanos_batch)
+
+    @property
+    def estimated_cost_usd_flex(self) -> Decimal:
+        return usd(self.estimated_cost_nanos_flex)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON form: dollars as exact decimal strings."""
+        return {
+            "tenant": self.tenant,
+            "keys": self.keys,
+            "estimated_tokens": self.estimated_tokens,
+            "bound_tokens": self.bound_tokens,
+            "estimated_cost_usd": usd_text(self.estimated_cost_nanos),
+            "bound_cost_usd": usd_text(self.bound_cost_nanos),
+            "bound_cost_usd_batch": usd_text(self.bound_cost_nanos_batch),
+            "estimated_cost_usd_batch": usd_text(self.estimated_cost_nanos_batch),
+            "estimated_cost_usd_flex": usd_text(self.estimated_cost_nanos_flex),
+        }
+
+
+def estimate_pending(
+    conn: Connection,
+    tenants: Iterable[str],
+    versions: Versions,
+    rubric: Rubric,
+    prices: PriceTable | None = None,
+) -> list[TenantEstimate]:
+    """Stream every tenant's pending posts (one stored slice at a time) and add them up."""
+    out: list[TenantEstimate] = []
+    for tenant in tenants:
+        est = TenantEstimate(tenant)
+        for s in range(SLICE_COUNT):
+            for row in pending_posts(conn, tenant, [s], versions):
+                est.keys += 1
+                prompt = estimate_prompt_tokens(rubric, row.text)
+                key = work_key(versions, tenant, row.post_id, row.content_hash)
+                bound = call_token_bound(rubric, key, row.text)
+                est.estimated_tokens += prompt + MAX_OUTPUT_TOKENS
+                est.bound_tokens += bound
+                if prices is not None:
+                    model = versions.model
+                    est.estimated_cost_nanos += prices.cost(model, prompt, MAX_OUTPUT_TOKENS)
+                    est.estimated_cost_nanos_batch += prices.cost(
+                        model, prompt, MAX_OUTPUT_TOKENS, tier=Tier.BATCH
+                    )
+                    est.estimated_cost_nanos_flex += prices.cost(
+                        model, prompt, MAX_OUTPUT_TOKENS, tier=Tier.FLEX
+                    )
+                    # What a dollar budget reserves: sync (standard, and flex, which may be
+                    # booked standard) and batch.
+                    prompt_bound = bound - MAX_OUTPUT_TOKENS
+                    est.bound_cost_nanos += (
+                        prices.cost_bound(model, [Tier.STANDARD], prompt_bound, MAX_OUTPUT_TOKENS)
+                        or 0
+                    )
+                    est.bound_cost_nanos_batch += (
+                        prices.cost_bound(model, [Tier.BATCH], prompt_bound, MAX_OUTPUT_TOKENS) or 0
+                    )
+        out.append(est)
+    return out

@@ -1,3 +1,0 @@
-"""The Dagster side: assets, checks, the apply step, usage, sensors, resources, settings, planning
-and launching.
-"""

@@ -1,0 +1,1 @@
+"""The platform's own databases: posts read from them, labels written back."""

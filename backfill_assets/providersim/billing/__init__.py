@@ -1,0 +1,1 @@
+"""What the simulator bills: its meter, prices, usage shapes and the organisation usage API."""

@@ -1,0 +1,1 @@
+"""What ``run``, ``launch``, ``verify``, the deadline plan and the canary do."""

@@ -1,1 +1,0 @@
-"""All SQL: engines, migrations, the work query, the writer, locks, the ledger and reports."""
