@@ -14,6 +14,7 @@ from backfill_assets.defs.posts.assets import build_incremental_schedule, build_
 from backfill_assets.defs.reporting.backfill_plan import build_backfill_plan
 from backfill_assets.defs.reporting.evaluation import build_policy_evaluation
 from backfill_assets.defs.reporting.usage import tenant_usage
+from backfill_assets.defs.resources import resources
 from backfill_assets.defs.sealing import sealed_resources
 from backfill_assets.defs.sensors import reporting_automation, tenant_partitions_sensor
 
@@ -29,18 +30,20 @@ def build_definitions(settings: Settings | Mapping[str, str]) -> dg.Definitions:
         settings = Settings.from_env(settings)
     # The code location's runs send and book: its model needs a price.
     settings.require_price()
-    per_run = settings.partitions_per_run
-    source = settings.source()
+    per_run = settings.orchestration.partitions_per_run
+    source = settings.data.source()
     posts = build_posts(source)
-    import_job, incremental = build_incremental_schedule(posts, source, settings.source_schedule)
+    import_job, incremental = build_incremental_schedule(
+        posts, source, settings.data.source_schedule
+    )
     # The policy is read once, here, from the environment of the process that loads the code,
     # and closed over by every asset that needs it: no run config can change it.
     rubric = settings.rubric()
     code_version = settings.versions().code_version
     labels = build_moderation_labels(
-        rubric, code_version, per_run, settings.faults(), settings.policy_gate()
+        rubric, code_version, per_run, settings.drills.faults(), settings.policy_gate()
     )
-    applied = build_applied_labels(rubric, per_run, settings.sink())
+    applied = build_applied_labels(rubric, per_run, settings.data.sink())
     checks = build_partition_checks(rubric)
     backfill_plan = build_backfill_plan(rubric)
     evaluation = build_policy_evaluation(rubric, settings.policy_gate())
@@ -75,12 +78,12 @@ def build_definitions(settings: Settings | Mapping[str, str]) -> dg.Definitions:
         sensors=[tenant_partitions_sensor, reporting_automation],
         # Sealed: no resource takes run config, so a launch cannot redirect the model, the
         # keys or the store (sealing.py); their values are this process's environment.
-        resources=sealed_resources(settings.resources()),
+        resources=sealed_resources(resources(settings)),
         # One process per run: partitions are batched into runs, so per-step subprocesses
         # would only add start-up cost (docs/architecture.md, "One run, many partitions").
         # BACKFILL_EXECUTOR=multiprocess restores Dagster's default (the orchestration
         # benchmark compares the two).
         executor=dg.multiprocess_executor
-        if settings.executor == "multiprocess"
+        if settings.orchestration.executor == "multiprocess"
         else dg.in_process_executor,
     )

@@ -9,8 +9,8 @@ import dagster as dg
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from backfill_assets.config.variables import ChecksSettings
 from backfill_assets.definitions import APPLY_JOB, BACKFILL_JOB, build_definitions
-from backfill_assets.defs.checks_config import ChecksResource
 from backfill_assets.defs.labels.checks import verdicts_for
 from backfill_assets.dispatch.pipeline import PartitionRef
 from backfill_assets.domain.checks.catalog import Verdict
@@ -77,7 +77,7 @@ def busiest(engine: Engine, tenant: str) -> PartitionRef:
 
 def verdicts(engine: Engine, ref: PartitionRef, **policy: Any) -> dict[str, Verdict]:
     """Every check's verdict for one partition, by name."""
-    found = verdicts_for(engine, ref, VERSIONS, RUBRIC, ChecksResource(**policy))
+    found = verdicts_for(engine, ref, VERSIONS, RUBRIC, ChecksSettings(**policy))
     return {v.name: v for v in found}
 
 

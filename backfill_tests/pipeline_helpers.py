@@ -23,7 +23,7 @@ from backfill_assets.runner.verification import VerifyReport, verify_store
 
 RUBRIC = Rubric()
 VERSIONS = Versions(TASK_VERSION, RUBRIC.prompt_version, "fake-moderator-1")
-FAST_RETRY = RetryPolicy(max_attempts=3, base_delay_s=0.0, max_delay_s=0.0)
+FAST_RETRY = RetryPolicy(max_attempts=3, retry_base_seconds=0.0, retry_max_seconds=0.0)
 
 
 def varied_corpus(tenants: list[str], n: int) -> list[dict[str, str]]:

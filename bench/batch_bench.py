@@ -39,7 +39,7 @@ from backfill_assets.providersim import SimConfig, Simulator
 from bench.common import ROOT
 
 DEMO = ROOT / "backfill_assets" / "demo" / "posts.jsonl"
-RETRY = RetryPolicy(max_attempts=5, base_delay_s=0.05, max_delay_s=0.5)
+RETRY = RetryPolicy(max_attempts=5, retry_base_seconds=0.05, retry_max_seconds=0.5)
 
 
 def _store(workdir: Path, name: str) -> tuple[sa.engine.Engine, list[PartitionRef]]:

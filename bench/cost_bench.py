@@ -42,7 +42,7 @@ from bench.common import ROOT
 
 DEMO = ROOT / "backfill_assets" / "demo" / "posts.jsonl"
 MODEL = "gpt-4o-mini"
-RETRY = RetryPolicy(max_attempts=5, base_delay_s=0.02, max_delay_s=0.2)
+RETRY = RetryPolicy(max_attempts=5, retry_base_seconds=0.02, retry_max_seconds=0.2)
 
 
 def long_policy(workdir: Path, examples: int) -> Rubric:

@@ -36,6 +36,7 @@ from typing import Any
 
 import httpx
 
+from backfill_assets.config.variables import HttpSettings, ModelSettings
 from backfill_assets.defs.model_resources import OpenAIModelResource
 from backfill_assets.demo.generate import write_export
 from backfill_assets.dispatch.pipeline import PartitionRef, RunOptions, run_partitions
@@ -195,12 +196,10 @@ def _run_scenario(
         shutil.copyfile(template, store)
         engine = engine_for(f"sqlite:///{store}")
         resource = OpenAIModelResource(
-            model=MODEL,
-            base_url=base_url,
-            rpm=sc.rpm,
-            tpm=sc.tpm,
-            adaptive=sc.adaptive,
-            trust_limit_headers=sc.trust_headers,
+            ModelSettings(model=MODEL, model_base_url=base_url),
+            HttpSettings(
+                rpm=sc.rpm, tpm=sc.tpm, adaptive=sc.adaptive, trust_limit_headers=sc.trust_headers
+            ),
         )
         # The same process-wide limiter the resource's adapters use.
         limiter = SHARED_LIMITERS.get(f"{base_url}#{MODEL}", resource.limiter_config())
@@ -227,7 +226,7 @@ def _run_scenario(
             f"bench-{sc.name}",
             RunOptions(
                 concurrency=sc.concurrency,
-                retry=RetryPolicy(max_attempts=20, base_delay_s=0.5, max_delay_s=30.0),
+                retry=RetryPolicy(max_attempts=20, retry_base_seconds=0.5, retry_max_seconds=30.0),
             ),
         )
         elapsed = time.perf_counter() - t0

@@ -40,6 +40,7 @@ TAIL_S = 5.0
 
 def _worker(args: argparse.Namespace) -> None:
     """One run in this process: every partition of ``--tenant`` through the HTTP adapter."""
+    from backfill_assets.config.variables import HttpSettings, ModelSettings
     from backfill_assets.defs.model_resources import OpenAIModelResource
     from backfill_assets.dispatch.pipeline import PartitionRef, RunOptions, run_partitions
     from backfill_assets.domain.policy.rubric import TASK_VERSION, Rubric
@@ -49,7 +50,8 @@ def _worker(args: argparse.Namespace) -> None:
 
     engine = engine_for(args.url)
     resource = OpenAIModelResource(
-        model=MODEL, base_url=args.base, rpm=args.rpm, tpm=0, share_limit=args.share == 1
+        ModelSettings(model=MODEL, model_base_url=args.base),
+        HttpSettings(rpm=args.rpm, tpm=0, share_limit=args.share == 1),
     )
     rubric = Rubric()
     versions = Versions(TASK_VERSION, rubric.prompt_version, MODEL)
@@ -64,7 +66,7 @@ def _worker(args: argparse.Namespace) -> None:
         f"bench-{uuid.uuid4().hex[:6]}",
         RunOptions(
             concurrency=args.concurrency,
-            retry=RetryPolicy(max_attempts=20, base_delay_s=0.5, max_delay_s=30.0),
+            retry=RetryPolicy(max_attempts=20, retry_base_seconds=0.5, retry_max_seconds=30.0),
         ),
     )
     doc = {

@@ -18,7 +18,7 @@ from backfill_assets.ledger.dead_peer import DeadPeer
 def main() -> int:
     """Print the URL (nothing else: the caller captures stdout)."""
     try:
-        seconds = Settings.from_env(os.environ).pg_dead_peer_seconds
+        seconds = Settings.from_env(os.environ).store.pg_dead_peer_seconds
     except SettingsError as exc:
         sys.stderr.write(f"bin/prod: {exc}\n")
         return 2

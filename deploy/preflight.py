@@ -50,7 +50,7 @@ def main() -> int:
             f"[prod] run queue: max_concurrent_runs={queue.max_concurrent_runs};"
             f" tag limits: {limits or 'none'}",
         )
-    Settings.from_env(os.environ).store_engine()  # applies the store's pending migrations
+    Settings.from_env(os.environ).store.engine()  # applies the store's pending migrations
     return 0
 
 

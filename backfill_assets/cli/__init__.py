@@ -217,7 +217,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (sa.exc.OperationalError, sa.exc.InterfaceError) as exc:
         # The store cannot be reached (a wrong host, port or password, a server down): one
         # line naming the setting, never the password, never a traceback.
-        url = settings.store_url if "settings" in locals() else ""
+        url = settings.store.url if "settings" in locals() else ""
         first = (str(getattr(exc, "orig", None) or exc).strip().splitlines() or ["?"])[0]
         tell(
             f"backfill-moderation {args.command}: error: cannot use the store "

@@ -23,8 +23,9 @@ from collections.abc import Sequence
 from backfill_assets.cli.inputs import known_tenants
 from backfill_assets.cli.tables import show_json, tell
 from backfill_assets.config.settings import Settings, SettingsError
-from backfill_assets.defs.model_resources import versions_for
+from backfill_assets.defs.model_resources import model_resource, versions_for
 from backfill_assets.defs.partitions import partition_key_for
+from backfill_assets.defs.resources import RunResource
 from backfill_assets.dispatch.partition_run import PartitionRef, RunStopped
 from backfill_assets.dispatch.pipeline import run_partitions
 from backfill_assets.domain.work.keys import SLICE_KEYS
@@ -41,8 +42,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         env = Settings.from_env({**os.environ, "BACKFILL_DISPATCH": "batch"})
         env.require_price()
-        settings, model, faults = env.run_settings(), env.model_resource(), env.faults()
-        engine = env.store_engine()
+        settings, model = RunResource.of(env), model_resource(env)
+        faults, engine = env.drills.faults(), env.store.engine()
         with read_tx(engine) as conn:
             known = tenant_ids(conn)
         tenants = known_tenants(args.tenant, known) or known

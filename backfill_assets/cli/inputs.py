@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Sequence
 import sqlalchemy as sa
 
 from backfill_assets.config.settings import Settings
+from backfill_assets.defs.model_resources import model_resource
 from backfill_assets.defs.reporting.evaluation import gate_verdict
 from backfill_assets.domain.errors import UserError
 from backfill_assets.domain.policy.document import Policy
@@ -104,8 +105,8 @@ def require_gate(settings: Settings) -> None:
     gate = settings.policy_gate()
     if gate is None:
         return
-    engine = engine_for(settings.store_url)
-    model = settings.model_resource().model
+    engine = engine_for(settings.store.url)
+    model = model_resource(settings).model
     verdict = gate_verdict(engine, settings.rubric(), model, gate)
     if not verdict.passed:
         raise UserError(verdict.summary)

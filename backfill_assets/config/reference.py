@@ -1,8 +1,9 @@
 """docs/configuration.md's tables, generated from the variables' declarations.
 
 The page keeps its prose; each table sits between ``<!-- BEGIN variables SECTION -->`` and
-``<!-- END variables -->`` and is rewritten from ``Variables`` and ``ELSEWHERE``, so a new
-setting is documented where it is declared, and the page cannot drift from the code:
+``<!-- END variables -->`` and is rewritten from the settings groups (``GROUPS``) and
+``ELSEWHERE``, so a new setting is documented where it is declared, and the page cannot drift
+from the code:
 
     python -m backfill_assets.config.reference docs/configuration.md
 
@@ -18,7 +19,7 @@ from typing import Any
 
 from pydantic.fields import FieldInfo
 
-from backfill_assets.config.variables import ELSEWHERE, SECTIONS, Documented, Variables
+from backfill_assets.config.variables import ELSEWHERE, GROUPS, SECTIONS, Documented
 from backfill_assets.domain.ranges import bound_text
 
 _BLOCK = re.compile(
@@ -42,7 +43,7 @@ def _shown(value: Any) -> str:
 
 
 def _extra(info: FieldInfo) -> dict[str, Any]:
-    """What ``variables._var`` put beside the field: its section and how its default reads."""
+    """What ``variables._var`` put beside the field: how its default reads."""
     return info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
 
 
@@ -50,8 +51,6 @@ def _default(info: FieldInfo) -> str:
     extra = _extra(info)
     if extra.get("shown"):
         return str(extra["shown"])
-    if "resource_default" in extra:
-        return _shown(extra["resource_default"])
     return _shown(info.default)
 
 
@@ -62,8 +61,9 @@ def _name(name: str) -> str:
 def rows(section: str) -> list[Documented]:
     """The variables documented in ``section``: declared fields first, in declaration order."""
     out: list[Documented] = []
-    for info in Variables.model_fields.values():
-        if _extra(info).get("section") == section and isinstance(info.validation_alias, str):
+    group = GROUPS.get(section)
+    for info in group.model_fields.values() if group is not None else ():
+        if isinstance(info.validation_alias, str):
             meaning = " ".join(filter(None, (info.description, range_text(info))))
             out.append(Documented(info.validation_alias, section, _default(info), meaning))
     return out + [d for d in ELSEWHERE if d.section == section]

@@ -1,8 +1,8 @@
 """The environment, read once: ``Settings.from_env`` parses and checks every variable.
 
 The CLI's entry point and ``definitions.py`` are the only callers; everything below them is
-handed the ``Settings`` object (or what it builds: resources, fault hooks, versions). A bad
-value is a ``SettingsError`` that names the variable (the CLI exits 2 on it).
+handed a group of the ``Settings`` (``settings.store``, ``settings.run``, ...) or what one
+builds. A bad value is a ``SettingsError`` that names the variable (the CLI exits 2 on it).
 
 Variables whose names carry a region (``BACKFILL_MODEL_BASE_URL__<REGION>``) are read
 explicitly, and no API key is ever read here: the adapters resolve keys by name at run time.
@@ -14,33 +14,32 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import dagster as dg
-from pydantic import Field, PrivateAttr, ValidationError, model_validator
-from pydantic_settings import BaseSettings, EnvSettingsSource
-from sqlalchemy.engine import Engine
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
-from backfill_assets.config.variables import Variables, checked_model_url
-from backfill_assets.defs.checks_config import (
+from backfill_assets.config.variables import (
+    GROUPS,
+    BatchSettings,
+    ChecksSettings,
+    DataSettings,
+    DrillSettings,
+    HttpSettings,
+    ModelSettings,
+    OrchestrationSettings,
+    RunSettings,
+    StoreSettings,
+    checked_model_url,
+)
+from backfill_assets.domain.checks.drift_baseline import (
     LIVE_BASELINE,
-    ChecksConfigError,
-    ChecksResource,
+    BaselineError,
     parse_baseline,
     unknown_labels,
 )
-from backfill_assets.defs.model_resources import (
-    FakeModelResource,
-    ModelResource,
-    OpenAIModelResource,
-    versions_for,
-)
-from backfill_assets.defs.posts.assets import ENV_SOURCE_NAME
-from backfill_assets.defs.resources import RunSettings, StoreResource
 from backfill_assets.domain.money.prices import PriceError, PriceTable
 from backfill_assets.domain.policy.evaluation import Gate
 from backfill_assets.domain.policy.file import PolicyInvalid, builtin_policy, load_policy
-from backfill_assets.domain.policy.rubric import Rubric
+from backfill_assets.domain.policy.rubric import TASK_VERSION, Rubric
 from backfill_assets.domain.urls import redact_url
-from backfill_assets.domain.work.faults import FaultHooks
 from backfill_assets.domain.work.keys import Versions
 from backfill_assets.domain.work.regions import (
     API_KEY_VAR,
@@ -48,18 +47,6 @@ from backfill_assets.domain.work.regions import (
     InvalidRegion,
     region_of_suffix,
 )
-from backfill_assets.ledger.engines import engine_for
-from backfill_assets.platform_db.sink import Sink
-from backfill_assets.platform_db.sql_import import SqlSource
-
-# A source checkout (pyproject.toml beside the package) keeps its Dagster home inside the
-# project, as bin/dev does; an installed package has no project to keep it in.
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
-CHECKOUT = (PROJECT_ROOT / "pyproject.toml").is_file() and (PROJECT_ROOT / "sql").is_dir()
-
-
-# The model a real provider is asked for when BACKFILL_MODEL is not set.
-DEFAULT_OPENAI_MODEL = "gpt-4o-mini"
 
 
 class SettingsError(ValueError):
@@ -69,12 +56,12 @@ class SettingsError(ValueError):
 _MAX_PRICES_BYTES = 1 << 20
 
 
-def _read_prices_file(values: dict[str, Any]) -> None:
+def _read_prices_file(env: Mapping[str, str]) -> Mapping[str, str]:
     """``BACKFILL_PRICES_PATH``: the price table's JSON from a file, as if in BACKFILL_PRICES."""
-    path = values.get("BACKFILL_PRICES_PATH")
+    path = (env.get("BACKFILL_PRICES_PATH") or "").strip()
     if not path:
-        return
-    if values.get("BACKFILL_PRICES"):
+        return env
+    if (env.get("BACKFILL_PRICES") or "").strip():
         raise SettingsError("set BACKFILL_PRICES or BACKFILL_PRICES_PATH, not both")
     try:
         if Path(path).stat().st_size > _MAX_PRICES_BYTES:
@@ -88,31 +75,28 @@ def _read_prices_file(values: dict[str, Any]) -> None:
         PriceTable.from_json(text)
     except PriceError as exc:
         raise SettingsError(f"BACKFILL_PRICES_PATH: {path}: {exc}") from None
-    values["BACKFILL_PRICES"] = text
+    return {**env, "BACKFILL_PRICES": text}
 
 
-class Settings(Variables):
-    """Every variable the product reads (``Variables``), and what they build: resources, fault
-    hooks, the policy in force, versions."""
+class Settings(BaseModel):
+    """Every variable the product reads, one group per section, and what they decide together:
+    the policy in force, the versions naming its work, the evaluation gate."""
 
+    model_config = ConfigDict(frozen=True)
+
+    store: StoreSettings = Field(default_factory=StoreSettings)
+    model: ModelSettings = Field(default_factory=ModelSettings)
+    http: HttpSettings = Field(default_factory=HttpSettings)
+    run: RunSettings = Field(default_factory=RunSettings)
+    orchestration: OrchestrationSettings = Field(default_factory=OrchestrationSettings)
+    batch: BatchSettings = Field(default_factory=BatchSettings)
+    checks: ChecksSettings = Field(default_factory=ChecksSettings)
+    data: DataSettings = Field(default_factory=DataSettings)
+    drills: DrillSettings = Field(default_factory=DrillSettings)
     # Set by from_env from variables with dynamic names; the API key itself is never read.
     region_base_urls: dict[str, str] = Field(default_factory=dict)
     api_key_set: bool = False
     _rubric: Rubric | None = PrivateAttr(default=None)
-
-    @model_validator(mode="after")
-    def _source_is_whole(self) -> Settings:
-        if self.source_url and not self.source_query:
-            raise ValueError("BACKFILL_SOURCE_URL is set but BACKFILL_SOURCE_QUERY is not")
-        if not self.source_url and (self.source_query or self.source_cursor):
-            raise ValueError("BACKFILL_SOURCE_QUERY/_CURSOR are set but BACKFILL_SOURCE_URL is not")
-        return self
-
-    @model_validator(mode="after")
-    def _batch_needs_a_batch_api(self) -> Settings:
-        if self.dispatch == "batch" and self.model_backend != "openai":
-            raise ValueError("BACKFILL_DISPATCH=batch needs BACKFILL_MODEL_BACKEND=openai")
-        return self
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], *, load_policy: bool = True) -> Settings:
@@ -121,33 +105,43 @@ class Settings(Variables):
         The policy file is read and checked here too, unless ``load_policy`` is false (then
         on first use).
         """
-        # Values are stripped, and a blank one means the default, as always.
-        found = _MappingSource(cls, env)().items()
-        values: dict[str, Any] = {
-            k: v.strip() for k, v in found if isinstance(v, str) and v.strip()
-        }
-        values["region_base_urls"] = region_base_urls(env)
-        values["api_key_set"] = bool(env.get(API_KEY_VAR))
-        _read_prices_file(values)
-        try:
-            settings = cls.model_validate(values)
-        except ValidationError as exc:
-            raise SettingsError("; ".join(_describe(e) for e in exc.errors()[:3])) from None
+        env = _read_prices_file(env)
+        groups: dict[str, Any] = {}
+        problems: list[str] = []
+        for name, group in GROUPS.items():
+            try:
+                groups[name] = group.from_env(env)
+            except ValidationError as exc:
+                problems += [_describe(e) for e in exc.errors()]
+        if problems:
+            raise SettingsError("; ".join(problems[:3]))
+        settings = cls(
+            **groups, region_base_urls=region_base_urls(env), api_key_set=bool(env.get(API_KEY_VAR))
+        )
+        if settings.batch.dispatch == "batch" and settings.model.model_backend != "openai":
+            raise SettingsError("BACKFILL_DISPATCH=batch needs BACKFILL_MODEL_BACKEND=openai")
         if load_policy:
             settings._check_policy()
         return settings
+
+    def replace(self, **changes: Mapping[str, Any]) -> Settings:
+        """A copy with some fields of some groups changed (``replace(batch={"dispatch":
+        "sync"})``); the policy already read is kept."""
+        update = {g: getattr(self, g).model_copy(update=dict(v)) for g, v in changes.items()}
+        copy = self.model_copy(update=update)
+        copy._rubric = self._rubric
+        return copy
 
     def require_price(self) -> None:
         """For what prices or sends (``run``, ``dry-run``, ``evaluate``, ``launch``, the code
         location's runs): a real provider's model has a price, or SettingsError naming it. The
         fake model bills no one; commands that only read or write the store never ask."""
-        if self.model_backend != "openai" or self.allow_unpriced:
+        if self.model.model_backend != "openai" or self.model.allow_unpriced:
             return
-        model = self.model or DEFAULT_OPENAI_MODEL
-        if self.prices().price_for(model) is None:
+        if self.model.prices().price_for(self.model.name) is None:
             raise SettingsError(
-                f"BACKFILL_MODEL {model!r} has no price: add it to BACKFILL_PRICES (or the file "
-                "BACKFILL_PRICES_PATH names) "
+                f"BACKFILL_MODEL {self.model.name!r} has no price: add it to BACKFILL_PRICES (or "
+                "the file BACKFILL_PRICES_PATH names) "
                 '({"model": {"input": usd_per_1M, "output": usd_per_1M}}), or set '
                 "BACKFILL_ALLOW_UNPRICED=1 to book its calls at $0"
             )
@@ -156,159 +150,41 @@ class Settings(Variables):
         """The moderation policy in force (``BACKFILL_POLICY_PATH``, else the built-in one),
         compiled; read once, so the keys and the requests of a process use the same text."""
         if self._rubric is None:
-            if not self.policy_path:
+            if not self.model.policy_path:
                 self._rubric = Rubric(builtin_policy())
             else:
                 try:
-                    self._rubric = Rubric(load_policy(self.policy_path))
+                    self._rubric = Rubric(load_policy(self.model.policy_path))
                 except PolicyInvalid as exc:
                     raise SettingsError(f"BACKFILL_POLICY_PATH: {exc}") from None
         return self._rubric
 
-    def _check_policy(self) -> None:
-        """The policy loads, and the drift settings name its labels (at load, not in a check)."""
-        policy = self.rubric().policy
-        if self.drift_labels and (bad := unknown_labels(self.drift_labels, policy.label_ids)):
-            raise SettingsError(
-                f"BACKFILL_DRIFT_LABELS={self.drift_labels[:60]!r}: not labels of policy "
-                f"{policy.identity}: {', '.join(bad[:5])}"
-            )
-        if self.drift_baseline is not None and self.drift_baseline != LIVE_BASELINE:
-            try:
-                parse_baseline(self.drift_baseline, policy.label_ids)
-            except ChecksConfigError as exc:
-                raise SettingsError(
-                    f"BACKFILL_DRIFT_BASELINE={self.drift_baseline[:60]!r}: {exc}"
-                ) from None
-
-    @property
-    def dagster_home(self) -> Path:
-        """``$DAGSTER_HOME``; else ``.dagster_home`` inside a source checkout, or the user's
-        data directory (``$XDG_DATA_HOME/backfill-moderation``) for an installed package."""
-        if self.dagster_home_dir:
-            return Path(self.dagster_home_dir)
-        if CHECKOUT:
-            return PROJECT_ROOT / ".dagster_home"
-        data = Path(self.xdg_data_home or Path.home() / ".local" / "share")
-        return data / "backfill-moderation"
-
-    @property
-    def store_url(self) -> str:
-        """``$BACKFILL_DATABASE_URL``, or a SQLite file in the Dagster home."""
-        return self.database_url or f"sqlite:///{self.dagster_home / 'backfill.db'}"
-
-    def store_engine(self) -> Engine:
-        """The migrated engine of the store, with these settings' dead-peer time."""
-        return engine_for(self.store_url, self.pg_dead_peer_seconds)
-
-    def run_settings(self) -> RunSettings:
-        """The ``settings`` resource: how a run behaves."""
-        return RunSettings(**{name: getattr(self, name) for name in RunSettings.model_fields})
+    def versions(self) -> Versions:
+        """The versions (and so the code version) these settings select."""
+        return Versions(TASK_VERSION, self.rubric().prompt_version, self.model.name)
 
     def policy_gate(self) -> Gate | None:
         """The evaluation gate (None: ``BACKFILL_POLICY_MIN_MACRO_F1`` is not set)."""
-        if self.policy_min_macro_f1 is None:
+        if self.model.policy_min_macro_f1 is None:
             return None
-        return Gate(self.policy_min_macro_f1, self.policy_min_support)
+        return Gate(self.model.policy_min_macro_f1, self.model.policy_min_support)
 
-    def faults(self) -> FaultHooks:
-        """``BACKFILL_KILL_AFTER_USAGE`` and ``BACKFILL_KILL_AT`` (crash drills only)."""
-        return FaultHooks(kill_after_usage=self.kill_after_usage, kill_at=self.kill_at)
-
-    def model_resource(self) -> ModelResource:
-        """The model resource selected by ``BACKFILL_MODEL_BACKEND`` (default: fake)."""
-        if self.model_backend == "fake":
-            return FakeModelResource(
-                model=self.model or "fake-moderator-1",
-                latency_ms=self.fake_latency_ms,
-                failure_rate=self.fake_failure_rate,
-                malformed_rate=self.fake_malformed_rate,
-                overbill_factor=self.fake_overbill_factor,
-                usage_shape=self.fake_usage_shape,
+    def _check_policy(self) -> None:
+        """The policy loads, and the drift settings name its labels (at load, not in a check)."""
+        policy = self.rubric().policy
+        checks = self.checks
+        if checks.drift_labels and (bad := unknown_labels(checks.drift_labels, policy.label_ids)):
+            raise SettingsError(
+                f"BACKFILL_DRIFT_LABELS={checks.drift_labels[:60]!r}: not labels of policy "
+                f"{policy.identity}: {', '.join(bad[:5])}"
             )
-        return OpenAIModelResource(
-            model=self.model or DEFAULT_OPENAI_MODEL,
-            base_url=self.model_base_url,
-            # The key itself never enters the config: Dagster resolves the variable at run time.
-            api_key=dg.EnvVar(API_KEY_VAR) if self.api_key_set else "",
-            region_base_urls=self.region_base_urls,
-            rpm=self.rpm,
-            tpm=self.tpm,
-            retry_after_max_s=self.retry_after_max_seconds,
-            adaptive=self.adaptive,
-            share_limit=self.share_limit,
-            trust_limit_headers=self.trust_limit_headers,
-            connect_timeout_s=self.http_connect_timeout_s,
-            read_timeout_s=self.http_read_timeout_s,
-            total_timeout_s=self.http_total_timeout_s,
-            max_tokens_param=self.max_tokens_param,
-            service_tier=self.service_tier,
-            flex_fallback=self.flex_fallback,
-            flex_fallback_after_s=self.flex_fallback_after_s,
-            prices_json=self.prices_json,
-        )
-
-    def checks(self) -> ChecksResource:
-        """``BACKFILL_CHECK_*``, ``BACKFILL_DRIFT_*`` and ``BACKFILL_APPLY_LIVE``."""
-        fields = {
-            "max_rebilled_share": self.check_max_rebilled_share,
-            "max_orphan_attempts": self.check_max_orphan_attempts,
-            "max_tokens_per_key": self.check_max_tokens_per_key,
-            "max_over_bound_calls": self.check_max_over_bound_calls,
-            "drift_baseline": self.drift_baseline,
-            "drift_labels": self.drift_labels,
-            "drift_factor": self.drift_factor,
-            "drift_min_count": self.drift_min_count,
-            "apply_live": self.apply_live,
-        }
-        return ChecksResource(**{k: v for k, v in fields.items() if v is not None})  # type: ignore[arg-type]
-
-    def source(self) -> SqlSource | None:
-        """The posts asset's database source, if ``BACKFILL_SOURCE_URL`` names one."""
-        if not self.source_url:
-            return None
-        return SqlSource(
-            url=self.source_url,
-            query=self.source_query,
-            name=ENV_SOURCE_NAME,
-            cursor=self.source_cursor or None,
-        )
-
-    def sink(self) -> Sink | None:
-        """Where ``applied_labels`` writes labels back, if ``BACKFILL_SINK_URL`` is set."""
-        if not self.sink_url:
-            return None
-        return Sink(url=self.sink_url, table=self.sink_table, batch=self.sink_batch)
-
-    def prices(self) -> PriceTable:
-        """The price table: built-in list prices merged with ``BACKFILL_PRICES``."""
-        return PriceTable.from_json(self.prices_json)
-
-    def versions(self) -> Versions:
-        """The versions (and so the code version) these settings select."""
-        return versions_for(self.model_resource(), self.rubric())
-
-    def resources(self) -> dict[str, Any]:
-        """All resources the definitions need."""
-        return {
-            "store": StoreResource(
-                database_url=self.store_url, dead_peer_seconds=self.pg_dead_peer_seconds
-            ),
-            "model": self.model_resource(),
-            "settings": self.run_settings(),
-            "checks": self.checks(),
-        }
-
-
-class _MappingSource(EnvSettingsSource):
-    """pydantic-settings' environment source over a given mapping instead of ``os.environ``."""
-
-    def __init__(self, settings_cls: type[BaseSettings], env: Mapping[str, str]) -> None:
-        self._env = env
-        super().__init__(settings_cls)
-
-    def _load_env_vars(self) -> Mapping[str, str | None]:
-        return dict(self._env)
+        if checks.drift_baseline != LIVE_BASELINE:
+            try:
+                parse_baseline(checks.drift_baseline, policy.label_ids)
+            except BaselineError as exc:
+                raise SettingsError(
+                    f"BACKFILL_DRIFT_BASELINE={checks.drift_baseline[:60]!r}: {exc}"
+                ) from None
 
 
 # Messages of pydantic's type errors, in the words the CLI has always used.

@@ -1,37 +1,43 @@
 """Every environment variable the product reads: its name, type, bounds, default and meaning.
 
-Each is declared once, here, as a field of ``Variables``. ``Settings`` (``settings.py``) adds
-what they build; ``docs/configuration.md`` is generated from these declarations
-(``config_reference.py``). A variable the ``settings`` or ``checks`` resource also carries is
-declared on that resource and only named here (``_from_resource``), so the UI, the parser and
-the docs read one description. Variables read outside Python (``bin/*``) or by Dagster itself
-are listed in ``ELSEWHERE``, with the same fields.
+Each is declared once, here, as a field of the group its section names (``StoreSettings``,
+``ModelSettings``, ...). ``Settings`` (``settings.py``) reads every group from the environment
+once and hands each group to what needs it: a resource holds its group, never copies of its
+fields. ``docs/configuration.md`` is generated from these declarations (``reference.py``).
+Variables read outside Python (``bin/*``) or by Dagster itself are listed in ``ELSEWHERE``,
+with the same fields.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-import dagster as dg
-from pydantic import BeforeValidator, Field, field_validator
-from pydantic.fields import FieldInfo
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
-from backfill_assets.defs.checks_config import ChecksResource
-from backfill_assets.defs.resources import RunSettings
+from backfill_assets.domain.checks.drift_baseline import LIVE_BASELINE, parse_baseline
+from backfill_assets.domain.checks.rules import CheckBounds, DriftRule
 from backfill_assets.domain.money.prices import PriceError, PriceTable
-from backfill_assets.domain.ranges import MAX_SETTING_SECONDS
-from backfill_assets.domain.work.faults import KILL_POINTS
+from backfill_assets.domain.ranges import MAX_SETTING_SECONDS, MAX_TOKENS
+from backfill_assets.domain.work.faults import KILL_POINTS, FaultHooks
+from backfill_assets.domain.work.keys import DEFAULT_SLICE_TARGET
 from backfill_assets.ledger.dead_peer import DEFAULT_DEAD_PEER_SECONDS
 from backfill_assets.ledger.engine import database_url
+from backfill_assets.ledger.engines import engine_for
 from backfill_assets.platform_db.sink import DEFAULT_BATCH as DEFAULT_SINK_BATCH
 from backfill_assets.platform_db.sink import DEFAULT_TABLE as DEFAULT_SINK_TABLE
-from backfill_assets.platform_db.sink import split_table_name
+from backfill_assets.platform_db.sink import Sink, split_table_name
+from backfill_assets.platform_db.sql_import import SqlSource
 
-# Sections of docs/configuration.md, in order, with their titles.
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
+
+    from backfill_assets.domain.policy.document import Policy
+
+# Sections of docs/configuration.md, in order, with their titles: one group each.
 SECTIONS: dict[str, str] = {
     "store": "Store and Dagster instance",
     "model": "Model",
@@ -43,6 +49,19 @@ SECTIONS: dict[str, str] = {
     "data": "Data in and out ([data.md](data.md))",
     "drills": "Test-only: fault hooks and the fake model's hostile modes",
 }
+
+# A source checkout (pyproject.toml beside the package) keeps its Dagster home inside the
+# project, as bin/dev does; an installed package has no project to keep it in.
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+CHECKOUT = (PROJECT_ROOT / "pyproject.toml").is_file() and (PROJECT_ROOT / "sql").is_dir()
+# What the UI may import when BACKFILL_IMPORT_DIR is unset: the bundled demo export only.
+DEMO_DIR = Path(__file__).resolve().parents[1] / "demo"
+# The model a real provider is asked for when BACKFILL_MODEL is not set.
+DEFAULT_OPENAI_MODEL = "gpt-4o-mini"
+DEFAULT_FAKE_MODEL = "fake-moderator-1"
+# The name of the environment's source in the store (its mark, its rejects): the CLI's
+# ``import --sql ... --source posts_asset`` continues the same mark.
+ENV_SOURCE_NAME = "posts_asset"
 
 
 def _flag(value: object) -> object:
@@ -60,42 +79,17 @@ def _flag(value: object) -> object:
 Flag = Annotated[bool, BeforeValidator(_flag)]
 
 
-def _var(name: str, section: str, description: str, *, shown: str = "", **kw: Any) -> Any:
-    """A field read from the variable ``name`` (the name errors report), documented in
-    ``section``; ``shown`` is the default as the docs say it, when the value alone does not."""
+def _var(name: str, description: str, *, shown: str = "", **kw: Any) -> Any:
+    """A field read from the variable ``name`` (the name errors report); ``shown`` is the
+    default as the docs say it, when the value alone does not."""
     return Field(
-        validation_alias=name,
-        description=description,
-        json_schema_extra={"section": section, "shown": shown},
-        **kw,
+        validation_alias=name, description=description, json_schema_extra={"shown": shown}, **kw
     )
-
-
-def _from_resource(
-    name: str,
-    section: str,
-    resource: type[dg.ConfigurableResource],  # type: ignore[type-arg]
-    field: str,
-    *,
-    unset: bool = False,
-    shown: str = "",
-) -> Any:
-    """A field of ``resource``, read from the variable ``name``: its default, bounds and
-    description are declared once, on the resource. ``unset``: the variable defaults to None
-    (the resource keeps its own default), and the docs show the resource's default."""
-    declared = resource.model_fields[field]
-    extra: dict[str, Any] = {"section": section, "shown": shown}
-    if unset:
-        extra["resource_default"] = declared.default
-        return FieldInfo.merge_field_infos(
-            declared, validation_alias=name, default=None, json_schema_extra=extra
-        )
-    return FieldInfo.merge_field_infos(declared, validation_alias=name, json_schema_extra=extra)
 
 
 @dataclass(frozen=True)
 class Documented:
-    """A variable read outside ``Variables``: by ``bin/*``, the tests, or Dagster itself."""
+    """A variable read outside the groups: by ``bin/*``, the tests, or Dagster itself."""
 
     name: str
     section: str
@@ -104,15 +98,33 @@ class Documented:
     used_by: str = ""
 
 
-class Variables(BaseSettings):
-    """Every variable the product reads, typed and checked; blank means the default."""
+class Group(BaseModel):
+    """One section's variables, read from the environment by their names (a blank value is
+    the default); code builds a group by field name (``StoreSettings(database_url=...)``)."""
 
-    model_config = SettingsConfigDict(case_sensitive=True, extra="ignore", frozen=True)
+    model_config = ConfigDict(frozen=True, extra="ignore", populate_by_name=True)
 
-    # Store and Dagster instance.
+    @classmethod
+    def variables(cls) -> dict[str, str]:
+        """Field name -> the variable it is read from."""
+        return {name: str(f.validation_alias) for name, f in cls.model_fields.items()}
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Any:
+        """The group as ``env`` sets it (``pydantic.ValidationError`` names a variable)."""
+        found = {}
+        for var in cls.variables().values():
+            value = env.get(var)
+            if isinstance(value, str) and value.strip():
+                found[var] = value.strip()
+        return cls.model_validate(found)
+
+
+class StoreSettings(Group):
+    """The store (our ledger) and the Dagster instance."""
+
     database_url: str = _var(
         "BACKFILL_DATABASE_URL",
-        "store",
         "The results/ledger store (SQLAlchemy URL). `postgresql://...` is pinned to psycopg2. "
         "Every command migrates it on first use. On PostgreSQL each store session sets "
         "`random_page_cost` to 1.1 (cached or SSD pages, so a run's group queries use the "
@@ -123,7 +135,6 @@ class Variables(BaseSettings):
     )
     dagster_home_dir: str = _var(
         "DAGSTER_HOME",
-        "store",
         "Dagster instance (runs, events, `dagster.yaml`) and the default store's directory. "
         "The project's `dagster.yaml` (copied into a home without one) keeps Dagster's SQLite "
         "storage with an event log that holds its connections open (`instance_class: "
@@ -135,7 +146,6 @@ class Variables(BaseSettings):
     )
     xdg_data_home: str = _var(
         "XDG_DATA_HOME",
-        "store",
         "Only for an installed package without `DAGSTER_HOME`: its Dagster home goes in "
         "`backfill-moderation` under this directory.",
         shown="`~/.local/share`",
@@ -143,7 +153,6 @@ class Variables(BaseSettings):
     )
     pg_dead_peer_seconds: float = _var(
         "BACKFILL_PG_DEAD_PEER_SECONDS",
-        "store",
         "PostgreSQL: how soon a peer that went silent (a host that vanished, a cut network) is "
         "given up, on both ends of every connection. It sets each store session's "
         "`tcp_keepalives_idle`/`_interval`/`_count` (5/3/3 at 15) and `tcp_user_timeout` "
@@ -156,31 +165,54 @@ class Variables(BaseSettings):
         ge=2.0,
         le=86400.0,
     )
-    import_dir: str = _from_resource(
-        "BACKFILL_IMPORT_DIR",
-        "store",
-        RunSettings,
-        "import_dir",
-        shown="the bundled demo export's directory",
-    )
     webserver_url: str = _var(
         "DAGSTER_WEBSERVER_URL",
-        "store",
         "Where `backfill-moderation launch` finds the webserver (`--url` wins).",
         default="http://127.0.0.1:3000",
     )
 
-    # The model.
+    @property
+    def dagster_home(self) -> Path:
+        """``$DAGSTER_HOME``; else ``.dagster_home`` inside a source checkout, or the user's
+        data directory (``$XDG_DATA_HOME/backfill-moderation``) for an installed package."""
+        if self.dagster_home_dir:
+            return Path(self.dagster_home_dir)
+        if CHECKOUT:
+            return PROJECT_ROOT / ".dagster_home"
+        data = Path(self.xdg_data_home or Path.home() / ".local" / "share")
+        return data / "backfill-moderation"
+
+    @property
+    def url(self) -> str:
+        """``$BACKFILL_DATABASE_URL``, or a SQLite file in the Dagster home."""
+        return self.database_url or f"sqlite:///{self.dagster_home / 'backfill.db'}"
+
+    def engine(self) -> Engine:
+        """The migrated engine of the store (the ``store`` resource's one method)."""
+        return engine_for(self.url, self.pg_dead_peer_seconds)
+
+    @field_validator("database_url")
+    @classmethod
+    def _database_url_parses(cls, value: str) -> str:
+        if not value:
+            return value
+        url = database_url(value)
+        if url.get_backend_name() not in ("sqlite", "postgresql"):
+            raise ValueError(f"must be SQLite or PostgreSQL, not {url.get_backend_name()!r}")
+        return value
+
+
+class ModelSettings(Group):
+    """The model, its policy, prices and service tier."""
+
     model_backend: Literal["fake", "openai"] = _var(
         "BACKFILL_MODEL_BACKEND",
-        "model",
         "`fake` (deterministic, in-process, no network) or `openai` (any OpenAI-compatible "
         "server, [providers.md](providers.md)).",
         default="fake",
     )
     model: str = _var(
         "BACKFILL_MODEL",
-        "model",
         "Model name; sent in every request, part of every key and of `moderation_labels`' code "
         "version. Pin a dated snapshot (`gpt-4o-mini-2024-07-18`): an alias that moves changes "
         "the labeller without changing the keys.",
@@ -189,14 +221,12 @@ class Variables(BaseSettings):
     )
     model_base_url: str = _var(
         "BACKFILL_MODEL_BASE_URL",
-        "model",
         "Default endpoint (tenants without a region); requests go to `{base}/chat/completions`, "
         "batch mode to `{base}/files` and `{base}/batches`.",
         default="https://api.openai.com/v1",
     )
     policy_path: str = _var(
         "BACKFILL_POLICY_PATH",
-        "model",
         "The moderation policy file: labels, rules, instructions ([policies.md](policies.md)). "
         "Its identity (id, version, content hash) is part of every key and of the code version. "
         "Read from the environment of the process that loads the definitions, never from run "
@@ -206,7 +236,6 @@ class Variables(BaseSettings):
     )
     policy_min_macro_f1: float | None = _var(
         "BACKFILL_POLICY_MIN_MACRO_F1",
-        "model",
         "The evaluation gate: `run` and `launch` exit 2 (and `moderation_labels` refuses) "
         "unless the policy in force, with the model, has a latest `evaluate` macro-F1 of at "
         "least this (0 to 1); the `macro_f1_gate` check shows it "
@@ -217,7 +246,6 @@ class Variables(BaseSettings):
     )
     policy_min_support: int = _var(
         "BACKFILL_POLICY_MIN_SUPPORT",
-        "model",
         "The evaluation gate's minimum gold rows per label: with `BACKFILL_POLICY_MIN_MACRO_F1` "
         'set, the gate fails with "not enough gold data" unless the evaluated gold set holds '
         "at least this many rows of every label of the policy. Below five, a perfect score "
@@ -229,20 +257,17 @@ class Variables(BaseSettings):
     )
     prompt_path: str = _var(
         "BACKFILL_PROMPT_PATH",
-        "model",
         "Replaced by `BACKFILL_POLICY_PATH`: setting it exits 2 with a message naming "
         "`BACKFILL_POLICY_PATH`.",
         default="",
     )
     max_tokens_param: Literal["max_tokens", "max_completion_tokens"] = _var(
         "BACKFILL_MAX_TOKENS_PARAM",
-        "model",
         "`max_completion_tokens` for models that refuse `max_tokens` (OpenAI's reasoning models).",
         default="max_tokens",
     )
     prices_json: str = _var(
         "BACKFILL_PRICES",
-        "model",
         "JSON per model, USD per million tokens, read as decimals (never floats), merged over "
         'the built-in list prices: `{"model": {"input": 2.0, "cached_input": 0.5, "output": '
         "8.0}}` (standard tier for all time; `cached_input` and `cache_write` optional, default "
@@ -258,14 +283,12 @@ class Variables(BaseSettings):
     )
     prices_path: str = _var(
         "BACKFILL_PRICES_PATH",
-        "model",
         "A file holding the same JSON as `BACKFILL_PRICES` (read once at start-up; a table of "
         "dated prices is easier to review in a file). Not both.",
         default="",
     )
     service_tier: Literal["standard", "flex"] = _var(
         "BACKFILL_SERVICE_TIER",
-        "model",
         "`flex`: send synchronous requests at OpenAI's flex tier (Batch API prices, slower, "
         "sometimes no capacity; timeouts raised to 900 s). `run --tier flex` sets it for one "
         "command.",
@@ -273,7 +296,6 @@ class Variables(BaseSettings):
     )
     flex_fallback: Literal["wait", "standard"] = _var(
         "BACKFILL_FLEX_FALLBACK",
-        "model",
         '`standard`: after `BACKFILL_FLEX_FALLBACK_AFTER_SECONDS` of flex answering "resource '
         'unavailable" in a row, send the rest of the run at the standard tier (logged; the '
         "partition's `service_tiers` metadata shows the split). `wait`: keep retrying flex.",
@@ -281,7 +303,6 @@ class Variables(BaseSettings):
     )
     flex_fallback_after_s: float = _var(
         "BACKFILL_FLEX_FALLBACK_AFTER_SECONDS",
-        "model",
         "How long flex may lack capacity before `BACKFILL_FLEX_FALLBACK=standard` gives up on it.",
         default=600.0,
         gt=0,
@@ -291,7 +312,6 @@ class Variables(BaseSettings):
     # whole tenant can silently read zero.
     allow_unpriced: Flag = _var(
         "BACKFILL_ALLOW_UNPRICED",
-        "model",
         "On: run a model the price table does not know (a self-hosted model you do not bill). "
         "Its usage events book cost *unknown* (`cost_unknown`, with `cost_nanos` 0), and every "
         "report says so instead of $0: `usage` shows `unknown (N calls unpriced)` (or `>= $X` "
@@ -303,346 +323,16 @@ class Variables(BaseSettings):
         default=False,
     )
 
-    # Rate limits and HTTP.
-    rpm: int = _var(
-        "BACKFILL_RPM",
-        "http",
-        "The account's requests per minute for this endpoint and model (0: not set). Unset: the "
-        "limiter adopts advertised limits, or starts at the first 429 from the rate it had "
-        "reached.",
-        default=0,
-        ge=0,
-        le=10**9,
-    )
-    tpm: int = _var(
-        "BACKFILL_TPM",
-        "http",
-        "The account's tokens per minute, as `BACKFILL_RPM`.",
-        default=0,
-        ge=0,
-        le=10**12,
-    )
-    share_limit: Flag = _var(
-        "BACKFILL_SHARE_LIMIT",
-        "http",
-        "Share `BACKFILL_RPM`/`BACKFILL_TPM` with every process that uses the same endpoint, "
-        "model and key, through the store (`limiter_members`, sql/006): each paces at its "
-        "tenants' fair share. Off: each process paces to the full limit "
-        "([operations.md](operations.md#one-provider-limit-across-processes)).",
-        default=True,
-    )
-    adaptive: Flag = _var(
-        "BACKFILL_ADAPTIVE",
-        "http",
-        "AIMD on 429s and latency. Off: fixed pacing at the configured limits.",
-        default=True,
-    )
-    trust_limit_headers: Flag = _var(
-        "BACKFILL_TRUST_LIMIT_HEADERS",
-        "http",
-        "Lower the limits to `x-ratelimit-limit-requests` / `-tokens` when the provider "
-        "advertises less (never raise them).",
-        default=True,
-    )
-    http_connect_timeout_s: float = _var(
-        "BACKFILL_HTTP_CONNECT_TIMEOUT_S",
-        "http",
-        "Connect timeout, seconds.",
-        default=5.0,
-        gt=0.0,
-        le=MAX_SETTING_SECONDS,
-    )
-    http_read_timeout_s: float = _var(
-        "BACKFILL_HTTP_READ_TIMEOUT_S",
-        "http",
-        "Between-bytes timeout.",
-        default=60.0,
-        gt=0.0,
-        le=MAX_SETTING_SECONDS,
-    )
-    http_total_timeout_s: float = _var(
-        "BACKFILL_HTTP_TOTAL_TIMEOUT_S",
-        "http",
-        "Whole-call timeout (waiting for a pooled connection included).",
-        default=120.0,
-        gt=0.0,
-        le=MAX_SETTING_SECONDS,
-    )
+    @property
+    def name(self) -> str:
+        """The model asked for: ``BACKFILL_MODEL``, else the backend's default."""
+        if self.model:
+            return self.model
+        return DEFAULT_FAKE_MODEL if self.model_backend == "fake" else DEFAULT_OPENAI_MODEL
 
-    # Run behaviour: the ``settings`` resource's fields.
-    concurrency: int = _from_resource("BACKFILL_CONCURRENCY", "run", RunSettings, "concurrency")
-    tenant_budget_tokens: int = _from_resource(
-        "BACKFILL_TENANT_BUDGET_TOKENS", "run", RunSettings, "tenant_budget_tokens"
-    )
-    max_attempts: int = _from_resource("BACKFILL_MAX_ATTEMPTS", "run", RunSettings, "max_attempts")
-    retry_base_seconds: float = _from_resource(
-        "BACKFILL_RETRY_BASE_SECONDS", "run", RunSettings, "retry_base_seconds"
-    )
-    retry_max_seconds: float = _from_resource(
-        "BACKFILL_RETRY_MAX_SECONDS", "run", RunSettings, "retry_max_seconds"
-    )
-    retry_after_max_seconds: float = _from_resource(
-        "BACKFILL_RETRY_AFTER_MAX_SECONDS", "run", RunSettings, "retry_after_max_seconds"
-    )
-    flush_ms: float = _from_resource("BACKFILL_FLUSH_MS", "run", RunSettings, "flush_ms")
-    slice_target_posts: int = _from_resource(
-        "BACKFILL_SLICE_TARGET_POSTS", "run", RunSettings, "slice_target_posts"
-    )
-
-    # Orchestration.
-    partitions_per_run: int = _var(
-        "BACKFILL_PARTITIONS_PER_RUN",
-        "orchestration",
-        "Partitions per run in a UI or `launch` backfill (`BackfillPolicy.multi_run`).",
-        default=16,
-        ge=1,
-        le=100_000,
-    )
-    run_processes: int = _var(
-        "BACKFILL_RUN_PROCESSES",
-        "orchestration",
-        "Processes a CLI `run` may spread a big plan over (0: the cores, at most 4; 1: one "
-        "process). Each sends at most `BACKFILL_CONCURRENCY / processes` calls at once; small "
-        'runs stay in one process (docs/architecture.md, "A big `run` uses every core").',
-        default=0,
-        ge=0,
-        le=64,
-    )
-    executor: Literal["in_process", "multiprocess"] = _var(
-        "BACKFILL_EXECUTOR",
-        "orchestration",
-        "`multiprocess` restores Dagster's default executor (a process per step; only the "
-        "orchestration benchmark wants it).",
-        default="in_process",
-    )
-
-    # Batch mode.
-    dispatch: Literal["sync", "batch"] = _from_resource(
-        "BACKFILL_DISPATCH", "batch", RunSettings, "dispatch"
-    )
-    batch_max_lines: int = _from_resource(
-        "BACKFILL_BATCH_MAX_LINES", "batch", RunSettings, "batch_max_lines"
-    )
-    batch_poll_seconds: float = _from_resource(
-        "BACKFILL_BATCH_POLL_SECONDS", "batch", RunSettings, "batch_poll_seconds"
-    )
-    batch_max_output_bytes: int = _from_resource(
-        "BACKFILL_BATCH_MAX_OUTPUT_BYTES", "batch", RunSettings, "batch_max_output_bytes"
-    )
-    # The pessimistic reading of the provider's promise: the whole completion window.
-    batch_prior_seconds: float = _var(
-        "BACKFILL_BATCH_PRIOR_SECONDS",
-        "batch",
-        "What `run --deadline` assumes a batch takes until this store has completed 3 batches "
-        "of the model (then their 90th percentile). The default is the whole 24 h completion "
-        "window.",
-        default=86_400.0,
-        gt=0.0,
-        le=7 * MAX_SETTING_SECONDS,
-    )
-    # OpenAI documents that a cancelled batch stays 'cancelling' for up to 10 minutes.
-    batch_cancel_seconds: float = _var(
-        "BACKFILL_BATCH_CANCEL_SECONDS",
-        "batch",
-        "What `run --deadline` assumes a batch cancel takes (from the cancel to `cancelled`, "
-        "while lines may still complete and bill) until this store has seen 3 cancels at the "
-        "endpoint for the model (then the longest of the newest 20). The plan switches over "
-        "that much earlier. The default is the documented bound, 10 minutes.",
-        default=600.0,
-        ge=0.0,
-        le=86_400.0,
-    )
-    flex_unavailable_prior: float = _var(
-        "BACKFILL_FLEX_UNAVAILABLE_PRIOR",
-        "batch",
-        "What `run --deadline` assumes of flex (with `BACKFILL_SERVICE_TIER=flex` or `--tier "
-        "flex`) until this store has sent 100 flex requests under deadline plans: the share "
-        "refused for capacity (a refused key is sent again, so flex finishes that share fewer "
-        "keys per second).",
-        default=0.25,
-        ge=0.0,
-        le=1.0,
-    )
-    batch_create_lookup_seconds: float = _from_resource(
-        "BACKFILL_BATCH_CREATE_LOOKUP_SECONDS", "batch", RunSettings, "batch_create_lookup_seconds"
-    )
-
-    # Checks and the apply: the ``checks`` resource's fields (unset: its default).
-    check_max_rebilled_share: float | None = _from_resource(
-        "BACKFILL_CHECK_MAX_REBILLED_SHARE",
-        "checks",
-        ChecksResource,
-        "max_rebilled_share",
-        unset=True,
-    )
-    check_max_orphan_attempts: int | None = _from_resource(
-        "BACKFILL_CHECK_MAX_ORPHAN_ATTEMPTS",
-        "checks",
-        ChecksResource,
-        "max_orphan_attempts",
-        unset=True,
-    )
-    check_max_tokens_per_key: int | None = _from_resource(
-        "BACKFILL_CHECK_MAX_TOKENS_PER_KEY",
-        "checks",
-        ChecksResource,
-        "max_tokens_per_key",
-        unset=True,
-    )
-    check_max_over_bound_calls: int | None = _from_resource(
-        "BACKFILL_CHECK_MAX_OVER_BOUND_CALLS",
-        "checks",
-        ChecksResource,
-        "max_over_bound_calls",
-        unset=True,
-    )
-    drift_baseline: str | None = _from_resource(
-        "BACKFILL_DRIFT_BASELINE", "checks", ChecksResource, "drift_baseline", unset=True
-    )
-    drift_labels: str | None = _from_resource(
-        "BACKFILL_DRIFT_LABELS",
-        "checks",
-        ChecksResource,
-        "drift_labels",
-        unset=True,
-        shown="the policy's labels whose action is not `none`",
-    )
-    drift_factor: float | None = _from_resource(
-        "BACKFILL_DRIFT_FACTOR", "checks", ChecksResource, "drift_factor", unset=True
-    )
-    drift_min_count: int | None = _from_resource(
-        "BACKFILL_DRIFT_MIN_COUNT", "checks", ChecksResource, "drift_min_count", unset=True
-    )
-    apply_live: Flag | None = _from_resource(
-        "BACKFILL_APPLY_LIVE", "checks", ChecksResource, "apply_live", unset=True
-    )
-
-    # Data in and out; both URLs are secrets: never in a repr.
-    sink_url: str = _var(
-        "BACKFILL_SINK_URL",
-        "data",
-        "A database `applied_labels` also writes labels back into "
-        "([data.md](data.md#labels-back-into-the-platforms-table)); a secret, never printed "
-        "unmasked, never set by run config.",
-        default="",
-        repr=False,
-    )
-    sink_table: str = _var(
-        "BACKFILL_SINK_TABLE",
-        "data",
-        "The sink's table (`table` or `schema.table`); `sink ddl` prints its DDL, `sink check` "
-        "verifies it.",
-        default=DEFAULT_SINK_TABLE,
-    )
-    sink_batch: int = _var(
-        "BACKFILL_SINK_BATCH",
-        "data",
-        "Rows per write-back transaction.",
-        default=DEFAULT_SINK_BATCH,
-        ge=1,
-        le=100_000,
-    )
-    source_url: str = _var(
-        "BACKFILL_SOURCE_URL",
-        "data",
-        "A database the `posts` asset imports from instead of a file (any SQLAlchemy URL; "
-        "`postgresql://` is pinned to psycopg2 and read through a server-side cursor; a SQLite "
-        "file is opened read-only).",
-        default="",
-        repr=False,
-    )
-    source_query: str = _var(
-        "BACKFILL_SOURCE_QUERY",
-        "data",
-        "The `SELECT` that returns `tenant_id`, `post_id` and `text` (optionally `region` and "
-        "the cursor column): one statement, run in a read-only transaction (what is enforced: "
-        "[data.md](data.md#what-a-source-query-can-do)).",
-        shown="none (required with the URL)",
-        default="",
-    )
-    source_cursor: str = _var(
-        "BACKFILL_SOURCE_CURSOR",
-        "data",
-        "A column of the query: each import reads only the rows from the last one's high-water "
-        "mark's cursor value on (that value again), kept in the store as source `posts_asset`.",
-        default="",
-    )
-    source_schedule: str = _var(
-        "BACKFILL_SOURCE_SCHEDULE",
-        "data",
-        "Cron of the `incremental_import` schedule (shipped stopped; ticks are skipped while no "
-        "source is set).",
-        default="*/15 * * * *",
-    )
-
-    # Crash drills and the fake model's hostile modes: never resource config (faults.py).
-    kill_after_usage: int = _var(
-        "BACKFILL_KILL_AFTER_USAGE",
-        "drills",
-        "SIGKILL the process right after the commit that makes the Nth usage event durable "
-        "(sync crash drills; 0: off).",
-        default=0,
-        ge=0,
-        le=10**9,
-    )
-    kill_at: str = _var(
-        "BACKFILL_KILL_AT",
-        "drills",
-        "SIGKILL a batch-mode run the first time it reaches `intent`, `upload`, `create`, "
-        "`poll` or `fetch`, or (`run --deadline`) `cancel`: right after the switch-over's "
-        "cancels are sent; or (`helper`) every helper process of a `run` over several "
-        "processes, as soon as it is forked.",
-        shown="off",
-        default="",
-    )
-    fake_latency_ms: float = _var(
-        "BACKFILL_FAKE_LATENCY_MS",
-        "drills",
-        "Fake model: added latency per call.",
-        default=0.0,
-        ge=0.0,
-        le=600_000.0,
-    )
-    fake_failure_rate: float = _var(
-        "BACKFILL_FAKE_FAILURE_RATE",
-        "drills",
-        "Fake model: share of calls failing retriably, decided by hash(key, attempt).",
-        default=0.0,
-        ge=0.0,
-        le=1.0,
-    )
-    fake_malformed_rate: float = _var(
-        "BACKFILL_FAKE_MALFORMED_RATE",
-        "drills",
-        "Fake model: share of keys answered malformed, decided by hash(key).",
-        default=0.0,
-        ge=0.0,
-        le=1.0,
-    )
-    fake_overbill_factor: float = _var(
-        "BACKFILL_FAKE_OVERBILL_FACTOR",
-        "drills",
-        "Fake model: bill the prompt tokens times this (another tokenizer than ours; > 1 can "
-        "exceed the reserved bound, which stops the tenant).",
-        default=1.0,
-        gt=0.0,
-        le=1000.0,
-    )
-    fake_usage_shape: Literal["split", "total", "missing"] = _var(
-        "BACKFILL_FAKE_USAGE_SHAPE",
-        "drills",
-        "Fake model: report usage as `split` (prompt and completion), `total` (total only) or "
-        "`missing` (none; the bound is booked).",
-        default="split",
-    )
-
-    @field_validator("kill_at")
-    @classmethod
-    def _kill_point_known(cls, value: str) -> str:
-        # The points are the drill hooks' own list (faults.KILL_POINTS), not a copy of it.
-        if value and value not in KILL_POINTS:
-            raise ValueError(f"expected one of {', '.join(KILL_POINTS)}")
-        return value
+    def prices(self) -> PriceTable:
+        """The price table: built-in list prices merged with ``BACKFILL_PRICES``."""
+        return PriceTable.from_json(self.prices_json)
 
     @field_validator("prompt_path")
     @classmethod
@@ -659,24 +349,6 @@ class Variables(BaseSettings):
     def _model_url_plain(cls, value: str) -> str:
         return checked_model_url(value)
 
-    @field_validator("database_url")
-    @classmethod
-    def _database_url_parses(cls, value: str) -> str:
-        if not value:
-            return value
-        url = database_url(value)
-        if url.get_backend_name() not in ("sqlite", "postgresql"):
-            raise ValueError(f"must be SQLite or PostgreSQL, not {url.get_backend_name()!r}")
-        return value
-
-    @field_validator("sink_url", "source_url")
-    @classmethod
-    def _platform_url_parses(cls, value: str) -> str:
-        # Refused at start, as the store's is, rather than in the step that first uses it.
-        if value:
-            database_url(value)
-        return value
-
     @field_validator("prices_json")
     @classmethod
     def _prices_parse(cls, value: str) -> str:
@@ -684,6 +356,434 @@ class Variables(BaseSettings):
             PriceTable.from_json(value)
         except PriceError as exc:
             raise ValueError(str(exc)) from None
+        return value
+
+
+class HttpSettings(Group):
+    """An OpenAI-compatible endpoint's limits and timeouts."""
+
+    rpm: int = _var(
+        "BACKFILL_RPM",
+        "The account's requests per minute for this endpoint and model (0: not set). Unset: the "
+        "limiter adopts advertised limits, or starts at the first 429 from the rate it had "
+        "reached.",
+        default=0,
+        ge=0,
+        le=10**9,
+    )
+    tpm: int = _var(
+        "BACKFILL_TPM",
+        "The account's tokens per minute, as `BACKFILL_RPM`.",
+        default=0,
+        ge=0,
+        le=10**12,
+    )
+    share_limit: Flag = _var(
+        "BACKFILL_SHARE_LIMIT",
+        "Share `BACKFILL_RPM`/`BACKFILL_TPM` with every process that uses the same endpoint, "
+        "model and key, through the store (`limiter_members`, sql/006): each paces at its "
+        "tenants' fair share. Off: each process paces to the full limit "
+        "([operations.md](operations.md#one-provider-limit-across-processes)).",
+        default=True,
+    )
+    adaptive: Flag = _var(
+        "BACKFILL_ADAPTIVE",
+        "AIMD on 429s and latency. Off: fixed pacing at the configured limits.",
+        default=True,
+    )
+    trust_limit_headers: Flag = _var(
+        "BACKFILL_TRUST_LIMIT_HEADERS",
+        "Lower the limits to `x-ratelimit-limit-requests` / `-tokens` when the provider "
+        "advertises less (never raise them).",
+        default=True,
+    )
+    connect_timeout_s: float = _var(
+        "BACKFILL_HTTP_CONNECT_TIMEOUT_S",
+        "Connect timeout, seconds.",
+        default=5.0,
+        gt=0.0,
+        le=MAX_SETTING_SECONDS,
+    )
+    read_timeout_s: float = _var(
+        "BACKFILL_HTTP_READ_TIMEOUT_S",
+        "Between-bytes timeout.",
+        default=60.0,
+        gt=0.0,
+        le=MAX_SETTING_SECONDS,
+    )
+    total_timeout_s: float = _var(
+        "BACKFILL_HTTP_TOTAL_TIMEOUT_S",
+        "Whole-call timeout (waiting for a pooled connection included).",
+        default=120.0,
+        gt=0.0,
+        le=MAX_SETTING_SECONDS,
+    )
+    retry_after_max_seconds: float = _var(
+        "BACKFILL_RETRY_AFTER_MAX_SECONDS",
+        default=900.0,
+        gt=0.0,
+        le=MAX_SETTING_SECONDS,
+        description="Longest Retry-After honoured, for a key and for the endpoint's pause; a "
+        "provider asking for more is waited this long, once logged, and counted "
+        "(`retry_after_capped`).",
+    )
+
+
+class RunSettings(Group):
+    """How a run behaves: concurrency, budget, retries, commits, slices."""
+
+    concurrency: int = _var(
+        "BACKFILL_CONCURRENCY",
+        default=8,
+        ge=1,
+        le=1024,
+        description="Model calls in flight per run (1..1024). With a real provider, at least "
+        "RPM/60 x p99 latency (64 for 3,000 RPM at 200 ms): the limiter, not the concurrency, "
+        "should hold the rate.",
+    )
+    tenant_budget_tokens: int = _var(
+        "BACKFILL_TENANT_BUDGET_TOKENS",
+        default=0,
+        ge=0,
+        le=MAX_TOKENS,
+        description="Strict per-tenant token cap (0: none): billed + reserved never exceeds "
+        "it; keys that do not fit are `deferred`. A tenant's own cap (`tenant set-budget TENANT "
+        "--tokens N`) replaces it; dollar caps are per tenant only (`--usd`), kept in the "
+        "store, never in the environment or run config.",
+    )
+    max_attempts: int = _var(
+        "BACKFILL_MAX_ATTEMPTS",
+        default=5,
+        ge=1,
+        le=20,
+        description="Attempts per key before `retry_exhausted` (1..20).",
+    )
+    retry_base_seconds: float = _var(
+        "BACKFILL_RETRY_BASE_SECONDS",
+        default=0.5,
+        ge=0.0,
+        le=MAX_SETTING_SECONDS,
+        description="Exponential back-off base, full jitter.",
+    )
+    retry_max_seconds: float = _var(
+        "BACKFILL_RETRY_MAX_SECONDS",
+        default=30.0,
+        ge=0.0,
+        le=MAX_SETTING_SECONDS,
+        description="Back-off ceiling (a provider's Retry-After wins over the back-off).",
+    )
+    flush_ms: float = _var(
+        "BACKFILL_FLUSH_MS",
+        default=100.0,
+        gt=0.0,
+        le=1000.0,
+        description="Longest a finished call waits before its usage and outcome are committed "
+        "(the group commit).",
+    )
+    slice_target_posts: int = _var(
+        "BACKFILL_SLICE_TARGET_POSTS",
+        default=DEFAULT_SLICE_TARGET,
+        ge=0,
+        le=10**9,
+        description="Slices fill by volume: a tenant uses 1, 2, 4, 8 or 16 of its partitions, "
+        "the fewest that keep each at or below this many posts; `import` raises a tenant's "
+        "level as it grows (never lowers it). 0: always 16. Changing it changes which partition "
+        "a post maps to (from the next import on), but results are keyed by content, not by "
+        "partition, so nothing is re-sent or re-paid.",
+    )
+
+
+class OrchestrationSettings(Group):
+    """How runs are pooled and spread over processes."""
+
+    partitions_per_run: int = _var(
+        "BACKFILL_PARTITIONS_PER_RUN",
+        "Partitions per run in a UI or `launch` backfill (`BackfillPolicy.multi_run`).",
+        default=16,
+        ge=1,
+        le=100_000,
+    )
+    run_processes: int = _var(
+        "BACKFILL_RUN_PROCESSES",
+        "Processes a CLI `run` may spread a big plan over (0: the cores, at most 4; 1: one "
+        "process). Each sends at most `BACKFILL_CONCURRENCY / processes` calls at once; small "
+        'runs stay in one process (docs/architecture.md, "A big `run` uses every core").',
+        default=0,
+        ge=0,
+        le=64,
+    )
+    executor: Literal["in_process", "multiprocess"] = _var(
+        "BACKFILL_EXECUTOR",
+        "`multiprocess` restores Dagster's default executor (a process per step; only the "
+        "orchestration benchmark wants it).",
+        default="in_process",
+    )
+
+
+class BatchSettings(Group):
+    """Batch mode and deadline plans."""
+
+    dispatch: Literal["sync", "batch"] = _var(
+        "BACKFILL_DISPATCH",
+        default="sync",
+        pattern="^(sync|batch)$",
+        description="`sync` (one call per key) or `batch` (the provider's Batch API, about "
+        "half price, 24 h window; needs `BACKFILL_MODEL_BACKEND=openai`).",
+    )
+    batch_max_lines: int = _var(
+        "BACKFILL_BATCH_MAX_LINES",
+        default=50_000,
+        ge=1,
+        le=50_000,
+        description="Requests per batch file (1..50,000; files are also split at the "
+        "provider's 200 MB).",
+    )
+    batch_poll_seconds: float = _var(
+        "BACKFILL_BATCH_POLL_SECONDS",
+        default=30.0,
+        gt=0.0,
+        le=MAX_SETTING_SECONDS,
+        description="First status poll after a create; each poll waits 1.5x longer, up to 10 "
+        "minutes.",
+    )
+    batch_max_output_bytes: int = _var(
+        "BACKFILL_BATCH_MAX_OUTPUT_BYTES",
+        default=512 * 1024 * 1024,
+        ge=1024,
+        le=1 << 40,
+        description="The largest batch output or error file read back (streamed to an unnamed "
+        "temporary file, never held whole). Past it the chunk fails, reported, and its keys "
+        "stay pending.",
+    )
+    # The pessimistic reading of the provider's promise: the whole completion window.
+    batch_prior_seconds: float = _var(
+        "BACKFILL_BATCH_PRIOR_SECONDS",
+        "What `run --deadline` assumes a batch takes until this store has completed 3 batches "
+        "of the model (then their 90th percentile). The default is the whole 24 h completion "
+        "window.",
+        default=86_400.0,
+        gt=0.0,
+        le=7 * MAX_SETTING_SECONDS,
+    )
+    # OpenAI documents that a cancelled batch stays 'cancelling' for up to 10 minutes.
+    batch_cancel_seconds: float = _var(
+        "BACKFILL_BATCH_CANCEL_SECONDS",
+        "What `run --deadline` assumes a batch cancel takes (from the cancel to `cancelled`, "
+        "while lines may still complete and bill) until this store has seen 3 cancels at the "
+        "endpoint for the model (then the longest of the newest 20). The plan switches over "
+        "that much earlier. The default is the documented bound, 10 minutes.",
+        default=600.0,
+        ge=0.0,
+        le=86_400.0,
+    )
+    flex_unavailable_prior: float = _var(
+        "BACKFILL_FLEX_UNAVAILABLE_PRIOR",
+        "What `run --deadline` assumes of flex (with `BACKFILL_SERVICE_TIER=flex` or `--tier "
+        "flex`) until this store has sent 100 flex requests under deadline plans: the share "
+        "refused for capacity (a refused key is sent again, so flex finishes that share fewer "
+        "keys per second).",
+        default=0.25,
+        ge=0.0,
+        le=1.0,
+    )
+    batch_create_lookup_seconds: float = _var(
+        "BACKFILL_BATCH_CREATE_LOOKUP_SECONDS",
+        default=600.0,
+        ge=0.0,
+        le=MAX_SETTING_SECONDS,
+        description="After a create that got no answer: how long to look for its batch in the "
+        "provider's list (which may lag) before creating it again.",
+    )
+
+
+class ChecksSettings(Group):
+    """What the operator trusts: the checks' bounds, drift, the apply target."""
+
+    max_rebilled_share: float = _var(
+        "BACKFILL_CHECK_MAX_REBILLED_SHARE",
+        default=0.05,
+        ge=0.0,
+        le=1.0,
+        description="`spend`: rebilled tokens allowed, as a share of the partition's billed "
+        "tokens.",
+    )
+    max_orphan_attempts: int = _var(
+        "BACKFILL_CHECK_MAX_ORPHAN_ATTEMPTS",
+        default=16,
+        ge=0,
+        le=10**9,
+        description="`spend`: attempts with no usage/error booked (the crash window).",
+    )
+    max_tokens_per_key: int = _var(
+        "BACKFILL_CHECK_MAX_TOKENS_PER_KEY",
+        default=0,
+        ge=0,
+        le=MAX_TOKENS,
+        description="`spend`: billed tokens per expected key (0: no bound).",
+    )
+    max_over_bound_calls: int = _var(
+        "BACKFILL_CHECK_MAX_OVER_BOUND_CALLS",
+        default=0,
+        ge=0,
+        le=10**9,
+        description="`billed_within_bound` (blocking): calls billed past the bound reserved "
+        "for them a partition may hold and still have its labels applied. Raise it only after "
+        "looking at the provider's bill.",
+    )
+    drift_baseline: str = _var(
+        "BACKFILL_DRIFT_BASELINE",
+        default=LIVE_BASELINE,
+        description="`label_drift` baseline: `live` (label shares in the posts' live "
+        "`moderation_label` column, excluding labels this rubric wrote) or a JSON object of "
+        'shares over the policy\'s labels, e.g. `{"ok": 0.8, "spam": 0.1, "abuse": 0.05}`.',
+    )
+    drift_labels: str = _var(
+        "BACKFILL_DRIFT_LABELS",
+        default="",
+        description="Labels watched for drift, comma-separated; each must be a label of the "
+        "policy. Empty: the policy's labels whose action is not `none`.",
+        shown="the policy's labels whose action is not `none`",
+    )
+    drift_factor: float = _var(
+        "BACKFILL_DRIFT_FACTOR",
+        default=5.0,
+        gt=1.0,
+        le=1000.0,
+        description="A watched label warns when its share reaches this x the baseline.",
+    )
+    drift_min_count: int = _var(
+        "BACKFILL_DRIFT_MIN_COUNT",
+        default=5,
+        ge=1,
+        le=10**9,
+        description="... and it was seen at least this many times.",
+    )
+    apply_live: Flag = _var(
+        "BACKFILL_APPLY_LIVE",
+        default=False,
+        description="Off: `applied_labels` writes the shadow columns only; on also writes the "
+        "live `moderation_label` columns.",
+    )
+
+    def bounds(self, policy: Policy) -> CheckBounds:
+        """The pure checks' bounds; drift watches ``policy``'s flagging labels by default."""
+        watched = tuple(x.strip() for x in self.drift_labels.split(",") if x.strip())
+        return CheckBounds(
+            max_rebilled_share=self.max_rebilled_share,
+            max_orphan_attempts=self.max_orphan_attempts,
+            max_tokens_per_key=self.max_tokens_per_key,
+            max_over_bound_calls=self.max_over_bound_calls,
+            drift=DriftRule(
+                labels=watched or policy.flagging_labels,
+                factor=self.drift_factor,
+                min_count=self.drift_min_count,
+            ),
+        )
+
+    def configured_baseline(self, policy: Policy) -> dict[str, float] | None:
+        """A configured distribution, or None when the live moderation is the baseline."""
+        if self.drift_baseline.strip() == LIVE_BASELINE:
+            return None
+        return parse_baseline(self.drift_baseline, policy.label_ids)
+
+
+class DataSettings(Group):
+    """Data in and out: the import directory, the database source, the sink."""
+
+    import_dir: str = _var(
+        "BACKFILL_IMPORT_DIR",
+        default="",
+        description="The only directory the `posts` asset reads when it is materialised from "
+        "Dagster (the UI, GraphQL): its `path` config is relative to it, and a path (or a "
+        "symbolic link) leading outside it fails the run. Absolute path; empty: the bundled "
+        "demo export's directory. The CLI's `import PATH` is not limited by it.",
+        shown="the bundled demo export's directory",
+    )
+    sink_url: str = _var(
+        "BACKFILL_SINK_URL",
+        "A database `applied_labels` also writes labels back into "
+        "([data.md](data.md#labels-back-into-the-platforms-table)); a secret, never printed "
+        "unmasked, never set by run config.",
+        default="",
+        repr=False,
+    )
+    sink_table: str = _var(
+        "BACKFILL_SINK_TABLE",
+        "The sink's table (`table` or `schema.table`); `sink ddl` prints its DDL, `sink check` "
+        "verifies it.",
+        default=DEFAULT_SINK_TABLE,
+    )
+    sink_batch: int = _var(
+        "BACKFILL_SINK_BATCH",
+        "Rows per write-back transaction.",
+        default=DEFAULT_SINK_BATCH,
+        ge=1,
+        le=100_000,
+    )
+    source_url: str = _var(
+        "BACKFILL_SOURCE_URL",
+        "A database the `posts` asset imports from instead of a file (any SQLAlchemy URL; "
+        "`postgresql://` is pinned to psycopg2 and read through a server-side cursor; a SQLite "
+        "file is opened read-only).",
+        default="",
+        repr=False,
+    )
+    source_query: str = _var(
+        "BACKFILL_SOURCE_QUERY",
+        "The `SELECT` that returns `tenant_id`, `post_id` and `text` (optionally `region` and "
+        "the cursor column): one statement, run in a read-only transaction (what is enforced: "
+        "[data.md](data.md#what-a-source-query-can-do)).",
+        shown="none (required with the URL)",
+        default="",
+    )
+    source_cursor: str = _var(
+        "BACKFILL_SOURCE_CURSOR",
+        "A column of the query: each import reads only the rows from the last one's high-water "
+        "mark's cursor value on (that value again), kept in the store as source `posts_asset`.",
+        default="",
+    )
+    source_schedule: str = _var(
+        "BACKFILL_SOURCE_SCHEDULE",
+        "Cron of the `incremental_import` schedule (shipped stopped; ticks are skipped while no "
+        "source is set).",
+        default="*/15 * * * *",
+    )
+
+    def import_root(self) -> Path:
+        """Where the ``posts`` asset may read exports (``BACKFILL_IMPORT_DIR``)."""
+        return Path(self.import_dir) if self.import_dir else DEMO_DIR
+
+    def source(self) -> SqlSource | None:
+        """The posts asset's database source, if ``BACKFILL_SOURCE_URL`` names one."""
+        if not self.source_url:
+            return None
+        return SqlSource(
+            url=self.source_url,
+            query=self.source_query,
+            name=ENV_SOURCE_NAME,
+            cursor=self.source_cursor or None,
+        )
+
+    def sink(self) -> Sink | None:
+        """Where ``applied_labels`` writes labels back, if ``BACKFILL_SINK_URL`` is set."""
+        if not self.sink_url:
+            return None
+        return Sink(url=self.sink_url, table=self.sink_table, batch=self.sink_batch)
+
+    @model_validator(mode="after")
+    def _source_is_whole(self) -> DataSettings:
+        if self.source_url and not self.source_query:
+            raise ValueError("BACKFILL_SOURCE_URL is set but BACKFILL_SOURCE_QUERY is not")
+        if not self.source_url and (self.source_query or self.source_cursor):
+            raise ValueError("BACKFILL_SOURCE_QUERY/_CURSOR are set but BACKFILL_SOURCE_URL is not")
+        return self
+
+    @field_validator("sink_url", "source_url")
+    @classmethod
+    def _platform_url_parses(cls, value: str) -> str:
+        # Refused at start, as the store's is, rather than in the step that first uses it.
+        if value:
+            database_url(value)
         return value
 
     @field_validator("import_dir")
@@ -707,17 +807,88 @@ class Variables(BaseSettings):
             raise ValueError("is not a cron schedule (e.g. '*/15 * * * *')")
         return value
 
+
+class DrillSettings(Group):
+    """Test-only: crash drills and the fake model's hostile modes."""
+
+    kill_after_usage: int = _var(
+        "BACKFILL_KILL_AFTER_USAGE",
+        "SIGKILL the process right after the commit that makes the Nth usage event durable "
+        "(sync crash drills; 0: off).",
+        default=0,
+        ge=0,
+        le=10**9,
+    )
+    kill_at: str = _var(
+        "BACKFILL_KILL_AT",
+        "SIGKILL a batch-mode run the first time it reaches `intent`, `upload`, `create`, "
+        "`poll` or `fetch`, or (`run --deadline`) `cancel`: right after the switch-over's "
+        "cancels are sent; or (`helper`) every helper process of a `run` over several "
+        "processes, as soon as it is forked.",
+        shown="off",
+        default="",
+    )
+    fake_latency_ms: float = _var(
+        "BACKFILL_FAKE_LATENCY_MS",
+        "Fake model: added latency per call.",
+        default=0.0,
+        ge=0.0,
+        le=600_000.0,
+    )
+    fake_failure_rate: float = _var(
+        "BACKFILL_FAKE_FAILURE_RATE",
+        "Fake model: share of calls failing retriably, decided by hash(key, attempt).",
+        default=0.0,
+        ge=0.0,
+        le=1.0,
+    )
+    fake_malformed_rate: float = _var(
+        "BACKFILL_FAKE_MALFORMED_RATE",
+        "Fake model: share of keys answered malformed, decided by hash(key).",
+        default=0.0,
+        ge=0.0,
+        le=1.0,
+    )
+    fake_overbill_factor: float = _var(
+        "BACKFILL_FAKE_OVERBILL_FACTOR",
+        "Fake model: bill the prompt tokens times this (another tokenizer than ours; > 1 can "
+        "exceed the reserved bound, which stops the tenant).",
+        default=1.0,
+        gt=0.0,
+        le=1000.0,
+    )
+    fake_usage_shape: Literal["split", "total", "missing"] = _var(
+        "BACKFILL_FAKE_USAGE_SHAPE",
+        "Fake model: report usage as `split` (prompt and completion), `total` (total only) or "
+        "`missing` (none; the bound is booked).",
+        default="split",
+    )
+
+    def faults(self) -> FaultHooks:
+        """``BACKFILL_KILL_AFTER_USAGE`` and ``BACKFILL_KILL_AT`` (crash drills only)."""
+        return FaultHooks(kill_after_usage=self.kill_after_usage, kill_at=self.kill_at)
+
+    @field_validator("kill_at")
     @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        """Only what the caller hands in: no ``os.environ`` behind its back, no dotenv."""
-        return (init_settings,)
+    def _kill_point_known(cls, value: str) -> str:
+        # The points are the drill hooks' own list (faults.KILL_POINTS), not a copy of it.
+        if value and value not in KILL_POINTS:
+            raise ValueError(f"expected one of {', '.join(KILL_POINTS)}")
+        return value
+
+
+# Every group, by section: what ``Settings`` holds and the reference page lists.
+GROUPS: dict[str, type[Group]] = {
+    "store": StoreSettings,
+    "model": ModelSettings,
+    "http": HttpSettings,
+    "run": RunSettings,
+    "orchestration": OrchestrationSettings,
+    "batch": BatchSettings,
+    "checks": ChecksSettings,
+    "data": DataSettings,
+    "drills": DrillSettings,
+}
 
 
 def checked_model_url(value: str) -> str:

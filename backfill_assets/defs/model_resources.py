@@ -1,19 +1,27 @@
-"""The model resources: the fake model and the OpenAI-compatible backend, and the versions
-that name their work."""
+"""The model resources: the fake model and the OpenAI-compatible backend, each holding the
+settings groups it needs (``ModelSettings``, ``HttpSettings``; the fake's hostile modes in
+``DrillSettings``), and the versions that name their work."""
 
 from __future__ import annotations
 
 import functools
 import hashlib
+from dataclasses import dataclass, field
 
 import dagster as dg
-from pydantic import Field, field_validator
 
+from backfill_assets.config.settings import Settings
+from backfill_assets.config.variables import DrillSettings, HttpSettings, ModelSettings
 from backfill_assets.dispatch.partition_run import Lanes
 from backfill_assets.domain.money.prices import PriceTable, Tier
 from backfill_assets.domain.policy.rubric import TASK_VERSION, Rubric
 from backfill_assets.domain.work.keys import Versions
-from backfill_assets.domain.work.regions import InvalidRegion, api_key_var, validate_region
+from backfill_assets.domain.work.regions import (
+    API_KEY_VAR,
+    InvalidRegion,
+    api_key_var,
+    validate_region,
+)
 from backfill_assets.providers.batch_client import BatchEndpoint
 from backfill_assets.providers.models.base import ModelAdapter
 from backfill_assets.providers.models.fake import FakeModel
@@ -21,10 +29,16 @@ from backfill_assets.providers.models.openai_http import HttpTimeouts, OpenAIHtt
 from backfill_assets.providers.ratelimit import SHARED_LIMITERS, LimiterConfig
 
 
-class ModelResource(dg.ConfigurableResource):  # type: ignore[type-arg]
+@dataclass(frozen=True)
+class ModelResource:
     """Base of the model adapters: builds a fresh adapter for each run's event loop."""
 
-    model: str = Field(description="Model name; part of every key and of the code version.")
+    settings: ModelSettings
+
+    @property
+    def model(self) -> str:
+        """The model's name; part of every key and of the code version."""
+        return self.settings.name
 
     def build_adapter(self) -> ModelAdapter:
         """A new adapter bound to the caller's event loop."""
@@ -39,121 +53,74 @@ class ModelResource(dg.ConfigurableResource):  # type: ignore[type-arg]
         return Lanes()
 
     def price_table(self) -> PriceTable:
-        """Prices for cost estimates (the built-in list prices unless the backend adds some)."""
-        return PriceTable.from_json("")
+        """Prices for cost estimates: the list prices merged with ``BACKFILL_PRICES``."""
+        return self.settings.prices()
 
 
+@dataclass(frozen=True)
 class FakeModelResource(ModelResource):
     """Deterministic in-process model for demos and tests."""
 
-    model: str = "fake-moderator-1"
-    latency_ms: float = Field(default=0.0, description="Added latency per call.")
-    failure_rate: float = Field(default=0.0, description="Share of calls failing (retriable).")
-    malformed_rate: float = Field(default=0.0, description="Share of keys answered malformed.")
-    overbill_factor: float = Field(
-        default=1.0, gt=0.0, description="Bill prompt tokens times this (another tokenizer)."
-    )
-    usage_shape: str = Field(
-        default="split",
-        pattern="^(split|total|missing)$",
-        description="How usage is reported: split, total (total only) or missing (none).",
-    )
+    drills: DrillSettings = field(default_factory=DrillSettings)
 
     def lanes(self) -> Lanes:
         """The fake sends nothing anywhere, so it serves every region in-process."""
         return Lanes(any_region=True)
 
     def build_adapter(self) -> ModelAdapter:
-        """A fake model."""
+        """A fake model, with the drills' hostile modes."""
+        d = self.drills
         return FakeModel(
             model=self.model,
-            latency_ms=self.latency_ms,
-            failure_rate=self.failure_rate,
-            malformed_rate=self.malformed_rate,
-            overbill_factor=self.overbill_factor,
-            usage_shape=self.usage_shape,
+            latency_ms=d.fake_latency_ms,
+            failure_rate=d.fake_failure_rate,
+            malformed_rate=d.fake_malformed_rate,
+            overbill_factor=d.fake_overbill_factor,
+            usage_shape=d.fake_usage_shape,
         )
 
 
+@dataclass(frozen=True)
 class OpenAIModelResource(ModelResource):
-    """Any OpenAI-compatible chat-completions server (OpenAI, vLLM, Ollama, LiteLLM, ...)."""
+    """Any OpenAI-compatible chat-completions server (OpenAI, vLLM, Ollama, LiteLLM, ...).
 
-    model: str = "gpt-4o-mini"
-    base_url: str = Field(
-        default="https://api.openai.com/v1", description="Base URL; /chat/completions is added."
-    )
-    api_key: str = Field(
-        default="",
-        description="Bearer token; wire it as dg.EnvVar(...) so its value is never stored.",
-    )
-    rpm: int = Field(default=0, ge=0, description="Requests per minute to aim for (0 = unset).")
-    tpm: int = Field(default=0, ge=0, description="Tokens per minute to aim for (0 = unset).")
-    retry_after_max_s: float = Field(
-        default=900.0, gt=0.0, description="Longest Retry-After pause of the endpoint."
-    )
-    share_limit: bool = Field(
-        default=True,
-        description="Share rpm/tpm with every process using this account (via the store).",
-    )
-    adaptive: bool = Field(default=True, description="AIMD on 429s and latency.")
-    trust_limit_headers: bool = Field(
-        default=True, description="Lower the limits to the provider's x-ratelimit-limit-*."
-    )
-    connect_timeout_s: float = Field(default=5.0, gt=0.0)
-    read_timeout_s: float = Field(default=60.0, gt=0.0)
-    total_timeout_s: float = Field(default=120.0, gt=0.0, description="Whole call, end to end.")
-    max_connections: int = Field(default=256, ge=1)
-    max_tokens_param: str = Field(
-        default="max_tokens", description="max_tokens, or max_completion_tokens (newer models)."
-    )
-    service_tier: str = Field(
-        default="standard",
-        pattern="^(standard|flex)$",
-        description="flex: OpenAI's slower tier at the Batch API's price.",
-    )
-    flex_fallback: str = Field(
-        default="wait",
-        pattern="^(wait|standard)$",
-        description="When flex has no capacity for flex_fallback_after_s: keep waiting, or send "
-        "the rest of the run at the standard tier.",
-    )
-    flex_fallback_after_s: float = Field(default=600.0, gt=0.0)
-    prices_json: str = Field(
-        default="", description='Extra prices, USD per 1M tokens: {"model": {"input": .., ..}}.'
-    )
-    region_base_urls: dict[str, str] = Field(
-        default_factory=dict,
-        description="Region -> base URL (BACKFILL_MODEL_BASE_URL__<REGION>). A tenant's region "
-        "must be here or its work is not sent; its key is read from "
-        "BACKFILL_MODEL_API_KEY__<REGION> at run time, never from config.",
-    )
+    The key is never held: ``BACKFILL_MODEL_API_KEY`` (and a region's) is read by name from
+    the environment of the process that builds the adapter, at run time.
+    """
 
-    @field_validator("region_base_urls")
-    @classmethod
-    def _regions_well_formed(cls, value: dict[str, str]) -> dict[str, str]:
-        for region in value:
+    http: HttpSettings = field(default_factory=HttpSettings)
+    # Region -> base URL (BACKFILL_MODEL_BASE_URL__<REGION>); a tenant's region must be here.
+    region_base_urls: dict[str, str] = field(default_factory=dict)
+    api_key_set: bool = False
+    # Connections per adapter: a pool large enough for BACKFILL_CONCURRENCY's most.
+    max_connections: int = 256
+
+    def __post_init__(self) -> None:
+        # A region name is part of a variable's name and of a run tag: checked however the
+        # resource was built (Settings.from_env checks the variables' names the same way).
+        for region in self.region_base_urls:
             try:
                 validate_region(region)
             except InvalidRegion as exc:
                 raise ValueError(f"region_base_urls: {exc}") from None
-        return value
 
     def limiter_config(self) -> LimiterConfig:
         """The limiter settings of this endpoint."""
+        h = self.http
         return LimiterConfig(
-            rpm=self.rpm,
-            tpm=self.tpm,
-            max_pause_s=self.retry_after_max_s,
-            adaptive=self.adaptive,
-            trust_limit_headers=self.trust_limit_headers,
+            rpm=h.rpm,
+            tpm=h.tpm,
+            retry_after_max_seconds=h.retry_after_max_seconds,
+            adaptive=h.adaptive,
+            trust_limit_headers=h.trust_limit_headers,
         )
+
+    def _default_key(self) -> str:
+        return (dg.EnvVar(API_KEY_VAR).get_value("") or "") if self.api_key_set else ""
 
     def build_adapter(self) -> ModelAdapter:
         """An HTTP adapter for the default endpoint (tenants without a region)."""
-        key = self.api_key
-        # Outside a run, Dagster leaves an EnvVar unresolved: read it the same way it would.
-        resolved = key.get_value("") if isinstance(key, dg.EnvVar) else key
-        return self._http_adapter(self.base_url, resolved or "")
+        return self._http_adapter(self.settings.model_base_url, self._default_key())
 
     def lanes(self) -> Lanes:
         """Each configured region's adapter factory and Batch API endpoint.
@@ -173,6 +140,7 @@ class OpenAIModelResource(ModelResource):
     def _http_adapter(self, base_url: str, api_key: str) -> ModelAdapter:
         """An HTTP adapter sharing the process-wide limiter of this endpoint, model and key."""
         base_url = base_url.rstrip("/")
+        m, h = self.settings, self.http
         return OpenAIHttpModel(
             base_url=base_url,
             model=self.model,
@@ -181,40 +149,41 @@ class OpenAIModelResource(ModelResource):
             limiter=SHARED_LIMITERS.get(
                 f"{base_url}#{self.model}#{_key_id(api_key)}", self.limiter_config()
             ),
-            prices=PriceTable.from_json(self.prices_json),
+            prices=m.prices(),
             timeouts=HttpTimeouts(
-                connect=self.connect_timeout_s,
-                read=self.read_timeout_s,
-                total=self.total_timeout_s,
+                connect=h.connect_timeout_s, read=h.read_timeout_s, total=h.total_timeout_s
             ),
-            max_tokens_param=self.max_tokens_param,
+            max_tokens_param=m.max_tokens_param,
             max_connections=self.max_connections,
-            share_limit=self.share_limit,
-            tier=Tier(self.service_tier),
-            flex_fallback=self.flex_fallback,
-            fallback_after_s=self.flex_fallback_after_s,
+            share_limit=h.share_limit,
+            tier=Tier(m.service_tier),
+            flex_fallback=m.flex_fallback,
+            fallback_after_s=m.flex_fallback_after_s,
         )
-
-    def price_table(self) -> PriceTable:
-        """The list prices merged with ``prices_json``."""
-        return PriceTable.from_json(self.prices_json)
 
     def batch_endpoint(self) -> BatchEndpoint:
         """The default endpoint's Files and Batches APIs (batch mode)."""
-        key = self.api_key
-        resolved = key.get_value("") if isinstance(key, dg.EnvVar) else key
-        return self._batch_at(self.base_url, resolved or "")
+        return self._batch_at(self.settings.model_base_url, self._default_key())
 
     def _batch_at(self, base_url: str, api_key: str) -> BatchEndpoint:
         return BatchEndpoint(
             base_url=base_url.rstrip("/"),
             model=self.model,
             api_key=api_key,
-            prices_json=self.prices_json,
-            max_tokens_param=self.max_tokens_param,
-            connect_timeout_s=self.connect_timeout_s,
-            read_timeout_s=self.read_timeout_s,
+            prices_json=self.settings.prices_json,
+            max_tokens_param=self.settings.max_tokens_param,
+            connect_timeout_s=self.http.connect_timeout_s,
+            read_timeout_s=self.http.read_timeout_s,
         )
+
+
+def model_resource(settings: Settings) -> ModelResource:
+    """The model resource ``BACKFILL_MODEL_BACKEND`` selects (default: the fake)."""
+    if settings.model.model_backend == "fake":
+        return FakeModelResource(settings.model, settings.drills)
+    return OpenAIModelResource(
+        settings.model, settings.http, settings.region_base_urls, settings.api_key_set
+    )
 
 
 def _key_id(api_key: str) -> str:

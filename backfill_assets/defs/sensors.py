@@ -4,12 +4,12 @@ from typing import Any
 
 import dagster as dg
 
+from backfill_assets.config.variables import StoreSettings
 from backfill_assets.defs.partitions import (
     moderation_partitions,
     partition_keys,
     tenant_partition_keys,
 )
-from backfill_assets.defs.resources import StoreResource
 from backfill_assets.domain.work.keys import TENANT_ID_RE
 from backfill_assets.ledger.engine import read_tx
 from backfill_assets.ledger.run.posts import slice_levels
@@ -17,7 +17,7 @@ from backfill_assets.ledger.run.posts import slice_levels
 
 @dg.sensor(minimum_interval_seconds=30, default_status=dg.DefaultSensorStatus.RUNNING)
 def tenant_partitions_sensor(
-    context: dg.SensorEvaluationContext, store: StoreResource
+    context: dg.SensorEvaluationContext, store: dg.ResourceParam[StoreSettings]
 ) -> dg.SensorResult:
     """Registers the partitions of tenants imported or grown outside Dagster (e.g. by the CLI
     against another instance): each tenant's slices at its level, nothing more.

@@ -388,13 +388,13 @@ class Dispatcher:
             st.rate_limited += 1
         if exc.retry_after is not None:
             st.retry_after_max_s = max(st.retry_after_max_s, exc.retry_after)
-            if exc.retry_after > self.cfg.retry.max_retry_after_s:
+            if exc.retry_after > self.cfg.retry.retry_after_max_seconds:
                 st.retry_after_capped += 1
                 if not self._warned_retry_after:
                     self._warned_retry_after = True
                     self.cfg.log(
                         f"provider asked to retry after {exc.retry_after:.0f}s; waiting "
-                        f"{self.cfg.retry.max_retry_after_s:.0f}s "
+                        f"{self.cfg.retry.retry_after_max_seconds:.0f}s "
                         "(BACKFILL_RETRY_AFTER_MAX_SECONDS)"
                     )
         if isinstance(exc, TransportRejected):

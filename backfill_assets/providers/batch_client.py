@@ -111,18 +111,18 @@ class BatchClient:
         endpoint: BatchEndpoint,
         transport: httpx.AsyncBaseTransport | None = None,
         retry_base_s: float = 1.0,
-        max_retry_after_s: float = 900.0,
+        retry_after_max_seconds: float = 900.0,
     ) -> None:
         self._api_key = endpoint.api_key
         # Idempotent calls (status, list, download, upload by name) repeat on 429s and unsure
         # failures with the synchronous calls' back-off, up to 8 attempts and 60 s apart.
         self.retries = RetryPolicy(
             max_attempts=8,
-            base_delay_s=retry_base_s,
-            max_delay_s=60.0,
-            max_retry_after_s=max_retry_after_s,
+            retry_base_seconds=retry_base_s,
+            retry_max_seconds=60.0,
+            retry_after_max_seconds=retry_after_max_seconds,
         )
-        self.max_wait_s = max_retry_after_s
+        self.max_wait_s = retry_after_max_seconds
         headers = {"user-agent": _USER_AGENT, "accept-encoding": ACCEPT_ENCODING}
         if endpoint.api_key:
             headers["authorization"] = f"Bearer {endpoint.api_key}"

@@ -13,7 +13,7 @@ from decimal import Decimal
 from sqlalchemy.engine import Connection
 
 from backfill_assets.config.settings import Settings
-from backfill_assets.defs.model_resources import versions_for
+from backfill_assets.defs.model_resources import model_resource, versions_for
 from backfill_assets.domain.money.deadline import DeadlinePlan, Rates, Work, make_plan
 from backfill_assets.domain.money.nanos import usd
 from backfill_assets.domain.money.prices import Tier
@@ -73,7 +73,7 @@ def flex_unavailable(calls: int, refused: int, prior: float) -> float:
 
 def uses_flex(settings: Settings) -> bool:
     """The synchronous tier is flex, at a backend that has one (OpenAI-compatible)."""
-    return settings.service_tier == "flex" and settings.model_backend == "openai"
+    return settings.model.service_tier == "flex" and settings.model.model_backend == "openai"
 
 
 def plan_rates(
@@ -87,14 +87,14 @@ def plan_rates(
     the whole synchronous rate while it is sent, flex less the share it refuses (with flex in
     use, ``BACKFILL_SERVICE_TIER=flex``). A cancel's end is seen at the next status poll, so
     the plan allows one poll more than the cancel itself."""
-    has_batch = settings.model_backend == "openai"
+    has_batch = settings.model.model_backend == "openai"
     completion = (
-        batch_completion_s(durations, settings.batch_prior_seconds) if has_batch else math.inf
+        batch_completion_s(durations, settings.batch.batch_prior_seconds) if has_batch else math.inf
     )
-    cancel = cancel_s + settings.batch_poll_seconds if has_batch else 0.0
+    cancel = cancel_s + settings.batch.batch_poll_seconds if has_batch else 0.0
     if not uses_flex(settings):
         return Rates(sync_per_s, 0.0, 0.0, completion, cancel)
-    refused = flex_unavailable(*flex_seen, settings.flex_unavailable_prior)
+    refused = flex_unavailable(*flex_seen, settings.batch.flex_unavailable_prior)
     return Rates(sync_per_s, sync_per_s, refused, completion, cancel)
 
 
@@ -102,7 +102,7 @@ def batch_endpoints(settings: Settings, regions: Mapping[str, str | None]) -> li
     """The Batch API endpoints (as ``ledger/run/batch_cancels.py`` names them) the tenants of
     ``regions`` use: the default one, or their region's (a region with none is not sent)."""
     urls = {
-        settings.model_base_url if r is None else settings.region_base_urls.get(r)
+        settings.model.model_base_url if r is None else settings.region_base_urls.get(r)
         for r in regions.values()
     }
     return sorted(endpoint_id(u) for u in urls if u)
@@ -111,21 +111,21 @@ def batch_endpoints(settings: Settings, regions: Mapping[str, str | None]) -> li
 def sync_keys_per_s(settings: Settings, tokens_per_key: float, members: int) -> float:
     """Keys per second the synchronous tier gets: the configured limits (requests and tokens)
     divided among the processes already sharing them, plus this run."""
-    if settings.model_backend == "fake" and not (settings.rpm or settings.tpm):
+    if settings.model.model_backend == "fake" and not (settings.http.rpm or settings.http.tpm):
         # The deterministic fake has no limit: its latency and the concurrency bound it.
-        latency_s = max(settings.fake_latency_ms, 1.0) / 1000.0
-        return settings.concurrency / latency_s
+        latency_s = max(settings.drills.fake_latency_ms, 1.0) / 1000.0
+        return settings.run.concurrency / latency_s
     limits = []
-    if settings.rpm:
-        limits.append(settings.rpm / 60.0)
-    if settings.tpm and tokens_per_key > 0:
-        limits.append(settings.tpm / 60.0 / tokens_per_key)
+    if settings.http.rpm:
+        limits.append(settings.http.rpm / 60.0)
+    if settings.http.tpm and tokens_per_key > 0:
+        limits.append(settings.http.tpm / 60.0 / tokens_per_key)
     if not limits:
         raise NoLimitKnown(
             "a deadline plan needs the provider's limit: set BACKFILL_RPM (and BACKFILL_TPM) "
             "to the limits of your account"
         )
-    share = 1.0 / (1 + members) if settings.share_limit else 1.0
+    share = 1.0 / (1 + members) if settings.http.share_limit else 1.0
     return min(limits) * share
 
 
@@ -165,12 +165,14 @@ def plan_deadline(
     now: dt.datetime,
 ) -> DeadlinePlan:
     """The plan for ``tenants``' pending keys (read-only: nothing is sent or stored)."""
-    engine = settings.store_engine()
-    model = settings.model_resource()
+    engine = settings.store.engine()
+    model = model_resource(settings)
     versions = versions_for(model, settings.rubric())
-    cap = settings.tenant_budget_tokens
+    cap = settings.run.tenant_budget_tokens
     with read_tx(engine) as conn:
-        estimates = estimate_pending(conn, tenants, versions, settings.rubric(), settings.prices())
+        estimates = estimate_pending(
+            conn, tenants, versions, settings.rubric(), settings.model.prices()
+        )
         durations = batch_durations(conn, versions.model)
         flex_seen = flex_history(conn, versions.model)
         endpoints = batch_endpoints(settings, tenant_regions(conn, [e.tenant for e in estimates]))
@@ -184,7 +186,7 @@ def plan_deadline(
         sync_keys_per_s(settings, tokens_per_key, members),
         durations,
         flex_seen,
-        cancel_seconds(cancels, endpoints, settings.batch_cancel_seconds),
+        cancel_seconds(cancels, endpoints, settings.batch.batch_cancel_seconds),
     )
     work = [_work(e, left[e.tenant]) for e in estimates if e.keys]
     return make_plan(work, rates, now, deadline, margin)

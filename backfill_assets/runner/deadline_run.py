@@ -35,7 +35,9 @@ from typing import Any
 from sqlalchemy.engine import Engine
 
 from backfill_assets.config.settings import Settings
+from backfill_assets.defs.model_resources import model_resource
 from backfill_assets.defs.partitions import partition_ref, tenant_partition_keys
+from backfill_assets.defs.resources import RunResource
 from backfill_assets.dispatch.partition_run import PartitionRef, PartitionReport, RunStopped
 from backfill_assets.dispatch.pipeline import run_partitions
 from backfill_assets.domain.money.flex_quota import FlexQuota
@@ -139,7 +141,7 @@ class _Steps:
         now: Callable[[], dt.datetime],
     ) -> None:
         self.settings, self.plan, self.log, self.now = settings, plan, log, now
-        self.engine = settings.store_engine()
+        self.engine = settings.store.engine()
         self.refs = plan_refs(self.engine, plan.tenants())
         self.switch_at = None if plan.switch_over is None else utc(plan.switch_over).timestamp()
         self.has_batch = any(plan.batch_quota().values())
@@ -169,7 +171,9 @@ class _Steps:
         if not _pending(settings, self.plan.tenants()):
             step.skipped = "nothing pending outside the batches"
             return step
-        update: dict[str, Any] = {"dispatch": "sync"}
+        batch: dict[str, Any] = {"dispatch": "sync"}
+        model: dict[str, Any] = {}
+        run: dict[str, Any] = {}
         flex_until = self.plan.flex_until
         flex = uses_flex(settings) and flex_until is not None
         quota: FlexQuota | None = None
@@ -178,18 +182,18 @@ class _Steps:
             patience = flex_patience_s(utc(flex_until), self.now())
             # Refused keys wait a growing back-off; bounded here so that once the rest goes
             # at standard they are not still asleep.
-            pause = max(0.5, min(settings.retry_max_seconds, patience / 8))
-            update |= {
-                "flex_fallback": "standard",
-                "flex_fallback_after_s": patience,
+            pause = max(0.5, min(settings.run.retry_max_seconds, patience / 8))
+            model |= {"flex_fallback": "standard", "flex_fallback_after_s": patience}
+            run |= {
                 "retry_max_seconds": pause,
-                "retry_base_seconds": min(settings.retry_base_seconds, pause),
+                "retry_base_seconds": min(settings.run.retry_base_seconds, pause),
             }
             quota = FlexQuota(self._flex_left())
         elif uses_flex(settings):
-            update["service_tier"] = "standard"  # the plan put no key on flex
+            model["service_tier"] = "standard"  # the plan put no key on flex
         until = utc(flex_until).timestamp() if flex and flex_until is not None else None
-        made = _run(settings.model_copy(update=update), self.refs, step, self.log, until, quota)
+        chosen = settings.replace(batch=batch, model=model, run=run)
+        made = _run(chosen, self.refs, step, self.log, until, quota)
         if flex:
             calls = sum(a.stats.calls for a in made)
             refused = sum(a.stats.capacity_unavailable for a in made)
@@ -228,13 +232,15 @@ class _Steps:
         if not _pending(self.settings, self.plan.tenants()):
             step.skipped = "nothing pending"
             return step
-        update = {"dispatch": "sync", "service_tier": "standard"}
-        _run(self.settings.model_copy(update=update), self.refs, step, self.log)
+        standard = self.settings.replace(
+            batch={"dispatch": "sync"}, model={"service_tier": "standard"}
+        )
+        _run(standard, self.refs, step, self.log)
         return step
 
 
 def _pending(settings: Settings, tenants: Sequence[str]) -> int:
-    with read_tx(settings.store_engine()) as conn:
+    with read_tx(settings.store.engine()) as conn:
         return sendable_count(conn, tenants, settings.versions())
 
 
@@ -250,9 +256,9 @@ def _run(
     """One step over ``refs``: batch mode with ``batch`` options, else sync mode (when the
     tier is flex: ``flex_quota``'s keys at flex up to ``flex_until``, an epoch second)."""
     if batch:
-        settings = settings.model_copy(update={"dispatch": "batch"})
-    model = settings.model_resource()
-    options = settings.run_settings().run_options(model, settings.faults())
+        settings = settings.replace(batch={"dispatch": "batch"})
+    model = model_resource(settings)
+    options = RunResource.of(settings).run_options(model, settings.drills.faults())
     if batch:
         assert options.batch is not None
         options = dataclasses.replace(options, batch=dataclasses.replace(options.batch, **batch))
@@ -282,7 +288,7 @@ def _run(
     reports: list[PartitionReport]
     try:
         reports = run_partitions(
-            settings.store_engine(),
+            settings.store.engine(),
             refs,
             make_adapter,
             settings.versions(),

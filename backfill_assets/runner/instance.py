@@ -28,7 +28,7 @@ def instance(settings: Settings) -> dg.DagsterInstance:
     under an exclusive ``flock`` on ``$DAGSTER_HOME/.instance.lock``, released when the
     process dies.
     """
-    home = settings.dagster_home
+    home = settings.store.dagster_home
     home.mkdir(parents=True, exist_ok=True)
     with open(home / ".instance.lock", "a+b") as lock:
         fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
@@ -36,7 +36,7 @@ def instance(settings: Settings) -> dg.DagsterInstance:
             tmp = home / f".dagster.yaml.{os.getpid()}"
             tmp.write_bytes(INSTANCE_TEMPLATE.read_bytes())
             tmp.replace(home / "dagster.yaml")  # never a half-written file for another reader
-        _pin_instance_driver(os.environ, DeadPeer(settings.pg_dead_peer_seconds))
+        _pin_instance_driver(os.environ, DeadPeer(settings.store.pg_dead_peer_seconds))
         try:
             found = dg.DagsterInstance.from_config(str(home))
         except Exception as exc:  # a bad dagster.yaml or an unreachable database: say which

@@ -63,9 +63,9 @@ _RECORDS_PREFIX = "backfill-run-"
 def process_count(settings: Settings) -> int:
     """How many processes a ``run`` may use (``BACKFILL_RUN_PROCESSES``; 0: the cores, at most
     4). Batch dispatch waits on the provider, not the CPU, so it stays in one process."""
-    if settings.dispatch != "sync":
+    if settings.batch.dispatch != "sync":
         return 1
-    return settings.run_processes or min(_MAX_DEFAULT, os.cpu_count() or 1)
+    return settings.orchestration.run_processes or min(_MAX_DEFAULT, os.cpu_count() or 1)
 
 
 @dataclass(frozen=True)
@@ -120,9 +120,7 @@ def run_plan(
             defs, inst, BACKFILL_JOB, plan.boxes, apply_job=APPLY_JOB, regions=regions
         )
         return SharedRun(plan, alone, 1)
-    mine = settings.model_copy(
-        update={"concurrency": math.ceil(settings.concurrency / len(shares))}
-    )
+    mine = settings.replace(run={"concurrency": math.ceil(settings.run.concurrency / len(shares))})
     own = build_definitions(mine)
     records: list[RunRecord] = []
     stopped = False
@@ -181,7 +179,7 @@ def _fork(
     if pid == 0:  # the helper: never returns into the caller's code
         code = 1
         try:
-            drill = settings.faults().at_point()
+            drill = settings.drills.faults().at_point()
             if drill is not None:
                 drill("helper")
             code = _serve(settings, boxes, regions, out)

@@ -80,20 +80,22 @@ def test_drift_labels_are_the_policys(tmp_path: Path) -> None:
     from backfill_tests.policy_helpers import COURSE_V5
 
     course = {"BACKFILL_POLICY_PATH": str(COURSE_V5)}
-    assert Settings.from_env({**course, "BACKFILL_DRIFT_LABELS": "solution_leak"}).drift_labels
+    assert Settings.from_env(
+        {**course, "BACKFILL_DRIFT_LABELS": "solution_leak"}
+    ).checks.drift_labels
     with pytest.raises(SettingsError, match="BACKFILL_DRIFT_LABELS"):
         Settings.from_env({**course, "BACKFILL_DRIFT_LABELS": "spam,abuse"})  # not course labels
 
 
 def test_blank_means_default_and_values_are_stripped() -> None:
     got = Settings.from_env({"BACKFILL_CONCURRENCY": " 12 ", "BACKFILL_TPM": "  "})
-    assert (got.concurrency, got.tpm) == (12, 0)
+    assert (got.run.concurrency, got.http.tpm) == (12, 0)
 
 
 def test_settings_read_only_the_mapping_they_are_given(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("BACKFILL_CONCURRENCY", "abc")
-    assert Settings.from_env({}).concurrency == 8
-    assert Settings().concurrency == 8  # never os.environ behind the caller's back
+    assert Settings.from_env({}).run.concurrency == 8
+    assert Settings().run.concurrency == 8  # never os.environ behind the caller's back
 
 
 def test_the_api_key_is_never_part_of_the_settings() -> None:

@@ -17,9 +17,9 @@ from backfill_assets.accelerators.check_executions import unblocked_in_run
 from backfill_assets.accelerators.dagster_private import SqlEventLogStorage
 from backfill_assets.cli import build_parser
 from backfill_assets.config.settings import Settings
+from backfill_assets.config.variables import StoreSettings
 from backfill_assets.defs.partitions import partition_key_for
 from backfill_assets.defs.reporting.usage import tenant_usage
-from backfill_assets.defs.resources import StoreResource
 from backfill_assets.runner.launch import (
     DagsterClient,
     GraphQLError,
@@ -178,7 +178,7 @@ def test_usage_and_metadata_after_a_run(
 
     result = dg.materialize(
         [tenant_usage],
-        resources={"store": StoreResource(database_url=env["BACKFILL_DATABASE_URL"])},
+        resources={"store": StoreSettings(database_url=env["BACKFILL_DATABASE_URL"])},
         instance=dg.DagsterInstance.ephemeral(tempdir=str(tmp_path / "dagster")),
     )
     md = result.asset_materializations_for_node("tenant_usage")[0].metadata

@@ -10,19 +10,23 @@ from pathlib import Path
 import pytest
 
 from backfill_assets.config import reference as ref
-from backfill_assets.config.variables import ELSEWHERE, SECTIONS, Variables
-from backfill_assets.defs.checks_config import ChecksResource
-from backfill_assets.defs.resources import RunSettings
+from backfill_assets.config.variables import (
+    ELSEWHERE,
+    GROUPS,
+    SECTIONS,
+    ChecksSettings,
+    RunSettings,
+)
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 
 
 def test_every_variable_is_declared_with_a_section_and_a_meaning() -> None:
-    named = [f for f in Variables.model_fields.values() if isinstance(f.validation_alias, str)]
+    assert list(GROUPS) == list(SECTIONS)
+    named = [f for g in GROUPS.values() for f in g.model_fields.values()]
     assert len(named) > 60
     for info in named:
-        extra = info.json_schema_extra
-        assert isinstance(extra, dict) and extra["section"] in SECTIONS, info.validation_alias
+        assert isinstance(info.validation_alias, str), info
         assert info.description and info.description.endswith((".", ")")), info.validation_alias
     sections = set(SECTIONS) | {ref.PROCESSES}
     assert {d.section for d in ELSEWHERE} <= sections
@@ -37,19 +41,17 @@ def test_the_page_is_what_the_declarations_generate() -> None:
     assert sorted(ref.sections_on(page)) == sorted([*SECTIONS, ref.PROCESSES])
 
 
-def test_a_resource_field_is_described_once_and_its_default_shown() -> None:
+def test_a_group_field_is_described_once_and_its_default_shown() -> None:
     run = {d.name: d for d in ref.rows("run")}
     described = RunSettings.model_fields["concurrency"].description
     # The range follows the description, from the same declaration.
     assert run["BACKFILL_CONCURRENCY"].meaning == f"{described} Range: 1 to 1,024."
     assert run["BACKFILL_CONCURRENCY"].default == str(RunSettings().concurrency)
     checks = {d.name: d for d in ref.rows("checks")}
-    # The variable is unset by default (the resource keeps its own); the docs show the latter.
-    assert Variables.model_fields["check_max_rebilled_share"].default is None
     assert checks["BACKFILL_CHECK_MAX_REBILLED_SHARE"].default == "0.05"
     assert checks["BACKFILL_APPLY_LIVE"].default == "off"
     assert checks["BACKFILL_DRIFT_BASELINE"].meaning == (
-        ChecksResource.model_fields["drift_baseline"].description
+        ChecksSettings.model_fields["drift_baseline"].description
     )
 
 

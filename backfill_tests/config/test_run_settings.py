@@ -1,47 +1,94 @@
-"""The ``settings`` resource's fields are declared once, on ``RunSettings``: the environment
-reads each from its variable with the resource's default and bounds, and hands every one on."""
+"""Every setting is declared once, in the group of its section; ``Settings.from_env`` reads each
+from its variable with the group's default and bounds, and every resource holds the groups it
+needs (the same objects), never copies of their fields."""
 
 from __future__ import annotations
 
+import ast
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from backfill_assets.config.settings import Settings, SettingsError
-from backfill_assets.defs.resources import RunSettings
+from backfill_assets.config.variables import GROUPS
+from backfill_assets.defs.model_resources import OpenAIModelResource, model_resource
+from backfill_assets.defs.resources import RunResource, resources
 
-# A valid value other than the default for every field (dispatch: batch needs a Batch API).
+PACKAGE = Path(__file__).resolve().parents[2] / "backfill_assets"
+
+# A valid value other than the default for every field of the run and batch groups
+# (dispatch: batch needs a Batch API, below).
 CHANGED = {
-    "concurrency": ("BACKFILL_CONCURRENCY", "9", 9),
-    "tenant_budget_tokens": ("BACKFILL_TENANT_BUDGET_TOKENS", "1000", 1000),
-    "max_attempts": ("BACKFILL_MAX_ATTEMPTS", "6", 6),
-    "retry_base_seconds": ("BACKFILL_RETRY_BASE_SECONDS", "0.25", 0.25),
-    "retry_max_seconds": ("BACKFILL_RETRY_MAX_SECONDS", "12", 12.0),
-    "retry_after_max_seconds": ("BACKFILL_RETRY_AFTER_MAX_SECONDS", "60", 60.0),
-    "flush_ms": ("BACKFILL_FLUSH_MS", "50", 50.0),
-    "slice_target_posts": ("BACKFILL_SLICE_TARGET_POSTS", "700", 700),
-    "batch_max_lines": ("BACKFILL_BATCH_MAX_LINES", "100", 100),
-    "batch_max_output_bytes": ("BACKFILL_BATCH_MAX_OUTPUT_BYTES", "4096", 4096),
-    "batch_poll_seconds": ("BACKFILL_BATCH_POLL_SECONDS", "5", 5.0),
-    "batch_create_lookup_seconds": ("BACKFILL_BATCH_CREATE_LOOKUP_SECONDS", "30", 30.0),
+    ("run", "concurrency"): ("BACKFILL_CONCURRENCY", "9", 9),
+    ("run", "tenant_budget_tokens"): ("BACKFILL_TENANT_BUDGET_TOKENS", "1000", 1000),
+    ("run", "max_attempts"): ("BACKFILL_MAX_ATTEMPTS", "6", 6),
+    ("run", "retry_base_seconds"): ("BACKFILL_RETRY_BASE_SECONDS", "0.25", 0.25),
+    ("run", "retry_max_seconds"): ("BACKFILL_RETRY_MAX_SECONDS", "12", 12.0),
+    ("http", "retry_after_max_seconds"): ("BACKFILL_RETRY_AFTER_MAX_SECONDS", "60", 60.0),
+    ("run", "flush_ms"): ("BACKFILL_FLUSH_MS", "50", 50.0),
+    ("run", "slice_target_posts"): ("BACKFILL_SLICE_TARGET_POSTS", "700", 700),
+    ("batch", "batch_max_lines"): ("BACKFILL_BATCH_MAX_LINES", "100", 100),
+    ("batch", "batch_max_output_bytes"): ("BACKFILL_BATCH_MAX_OUTPUT_BYTES", "4096", 4096),
+    ("batch", "batch_poll_seconds"): ("BACKFILL_BATCH_POLL_SECONDS", "5", 5.0),
+    ("batch", "batch_create_lookup_seconds"): ("BACKFILL_BATCH_CREATE_LOOKUP_SECONDS", "30", 30.0),
+    ("data", "import_dir"): ("BACKFILL_IMPORT_DIR", "/srv/exports", "/srv/exports"),
 }
 
 
-def test_every_run_setting_is_read_once_and_handed_on(tmp_path: Path) -> None:
-    env = {var: raw for var, raw, _v in CHANGED.values()}
-    env["BACKFILL_IMPORT_DIR"] = str(tmp_path)
-    got = Settings.from_env(env).run_settings()
-    assert {**{k: v for k, (_e, _r, v) in CHANGED.items()}, "import_dir": str(tmp_path)} == {
-        k: getattr(got, k) for k in RunSettings.model_fields if k != "dispatch"
-    }
-    assert set(CHANGED) | {"import_dir", "dispatch"} == set(RunSettings.model_fields)
-    assert Settings.from_env({}).run_settings() == RunSettings()
+def test_every_run_setting_is_read_once_and_handed_on() -> None:
+    settings = Settings.from_env({var: raw for var, raw, _v in CHANGED.values()})
+    for (group, name), (_var, _raw, value) in CHANGED.items():
+        assert getattr(getattr(settings, group), name) == value, (group, name)
+    held = RunResource.of(settings)
+    # The resource holds the groups themselves: nothing copied, nothing renamed on the way.
+    assert (held.run, held.batch, held.http, held.data) == (
+        settings.run,
+        settings.batch,
+        settings.http,
+        settings.data,
+    )
+    assert held.run is settings.run and held.batch is settings.batch
+    built = resources(settings)
+    assert built["store"] is settings.store and built["checks"] is settings.checks
+    options = held.run_options()
+    assert options.concurrency == 9 and options.retry.retry_after_max_seconds == 60.0
+
+
+def test_the_model_resource_holds_the_model_and_http_groups() -> None:
+    settings = Settings.from_env(
+        {"BACKFILL_MODEL_BACKEND": "openai", "BACKFILL_RPM": "600", "BACKFILL_MODEL": "m"},
+        load_policy=False,
+    )
+    model = model_resource(settings)
+    assert isinstance(model, OpenAIModelResource)
+    assert model.settings is settings.model and model.http is settings.http
+    assert model.limiter_config().rpm == 600 and model.model == "m"
+
+
+def test_every_variable_is_declared_in_exactly_one_group() -> None:
+    variables = Counter(v for g in GROUPS.values() for v in g.variables().values())
+    assert [v for v, n in variables.items() if n > 1] == []
+    assert len(variables) > 60
+
+
+def test_no_resource_copies_settings_into_dagster_config() -> None:
+    """Resources hold groups: none is a ``ConfigurableResource`` or ``Config`` whose fields
+    would repeat the variables' declarations (and become run config a launch could set)."""
+    copying = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text("utf-8"))):
+            if isinstance(node, ast.ClassDef):
+                bases = {ast.unparse(b) for b in node.bases}
+                if bases & {"dg.ConfigurableResource", "dg.Config", "ConfigurableResource"}:
+                    copying.append(f"{path.relative_to(PACKAGE)}:{node.name}")
+    assert copying == []
 
 
 @pytest.mark.parametrize(
     ("var", "raw"),
     [("BACKFILL_CONCURRENCY", "0"), ("BACKFILL_FLUSH_MS", "5000"), ("BACKFILL_DISPATCH", "x")],
 )
-def test_the_resources_bounds_refuse_a_variable_by_name(var: str, raw: str) -> None:
+def test_the_groups_bounds_refuse_a_variable_by_name(var: str, raw: str) -> None:
     with pytest.raises(SettingsError, match=var):
         Settings.from_env({var: raw})

@@ -11,8 +11,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from backfill_assets.config.settings import Settings, SettingsError
-from backfill_assets.defs.checks_config import parse_baseline
 from backfill_assets.domain.checks.catalog import CHECK_NAMES
+from backfill_assets.domain.checks.drift_baseline import parse_baseline
 from backfill_assets.domain.checks.rules import DriftRule, drifted_labels
 from backfill_tests.moderation_helpers import busiest, execute, load, one_key, run_job, verdicts
 from backfill_tests.pipeline_helpers import run
@@ -195,8 +195,8 @@ def test_drift_rule_is_pure_and_needs_a_minimum_count() -> None:
 
 
 def test_policy_settings_are_validated_early() -> None:
-    assert Settings.from_env({}).checks().apply_live is False
-    assert Settings.from_env({"BACKFILL_APPLY_LIVE": "1"}).checks().apply_live is True
+    assert Settings.from_env({}).checks.apply_live is False
+    assert Settings.from_env({"BACKFILL_APPLY_LIVE": "1"}).checks.apply_live is True
     labels = ("ok", "spam")
     assert parse_baseline('{"ok": 3, "spam": 1}', labels) == {"ok": 0.75, "spam": 0.25}
     for bad in (

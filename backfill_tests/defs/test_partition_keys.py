@@ -19,6 +19,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from backfill_assets.config.variables import StoreSettings
 from backfill_assets.definitions import APPLY_JOB, BACKFILL_JOB, build_definitions
 from backfill_assets.defs.partitions import (
     InvalidPartitionKey,
@@ -26,7 +27,6 @@ from backfill_assets.defs.partitions import (
     partition_ref,
     tenant_partition_keys,
 )
-from backfill_assets.defs.resources import StoreResource
 from backfill_assets.defs.sensors import tenant_partitions_sensor
 from backfill_assets.dispatch.pipeline import PartitionRef
 from backfill_assets.domain.work.keys import MAX_LEVEL, SLICE_KEYS, InvalidTenantId
@@ -122,7 +122,7 @@ def test_the_sensor_registers_only_valid_tenant_ids(
             )
     instance = dg.DagsterInstance.ephemeral(tempdir=str(tmp_path / "dagster"))
     ctx = dg.build_sensor_context(
-        instance=instance, resources={"store": StoreResource(database_url=store_url)}
+        instance=instance, resources={"store": StoreSettings(database_url=store_url)}
     )
     result = tenant_partitions_sensor(ctx)
     assert isinstance(result, dg.SensorResult)

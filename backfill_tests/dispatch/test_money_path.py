@@ -22,7 +22,7 @@ from sqlalchemy.engine import Engine
 
 from backfill_assets.cli import build_parser
 from backfill_assets.config.settings import Settings
-from backfill_assets.defs.checks_config import ChecksResource
+from backfill_assets.config.variables import ChecksSettings
 from backfill_assets.defs.labels.checks import verdicts_for
 from backfill_assets.dispatch.pipeline import RunOptions, RunStopped, run_partitions
 from backfill_assets.dispatch.sync import DispatchHalted
@@ -157,13 +157,13 @@ def test_a_bill_past_the_bound_stops_that_tenant_only(engine: Engine, tmp_path: 
     bound = [
         v
         for ref in refs_for(["acme"])
-        for v in verdicts_for(engine, ref, VERSIONS, RUBRIC, ChecksResource(), name)
+        for v in verdicts_for(engine, ref, VERSIONS, RUBRIC, ChecksSettings(), name)
     ]
     assert any(not v.passed and "past their reserved bound" in v.summary for v in bound)
     assert all(v.blocking for v in bound)  # the labels of such a partition are not applied
     assert sum(int(v.counts["over_bound_calls"]) for v in bound) == over
     # An operator who has looked allows them, and the check passes.
-    allowed = ChecksResource(max_over_bound_calls=over)
+    allowed = ChecksSettings(max_over_bound_calls=over)
     assert all(
         v.passed
         for ref in refs_for(["acme"])
@@ -252,13 +252,13 @@ def _answering(seen: list[str], usage_shape: str = "full") -> httpx.MockTranspor
 
 
 def _http_model(
-    transport: httpx.MockTransport, api_key: str = KEY, max_pause_s: float = 900.0
+    transport: httpx.MockTransport, api_key: str = KEY, retry_after_max_seconds: float = 900.0
 ) -> OpenAIHttpModel:
     return OpenAIHttpModel(
         base_url="http://provider.test/v1",
         model=VERSIONS.model,
         api_key=api_key,
-        limiter=EndpointLimiter(LimiterConfig(max_pause_s=max_pause_s)),
+        limiter=EndpointLimiter(LimiterConfig(retry_after_max_seconds=retry_after_max_seconds)),
         timeouts=HttpTimeouts(connect=1.0, read=5.0, total=5.0),
         transport=transport,
     )
@@ -369,13 +369,18 @@ def test_a_bogus_retry_after_is_capped_and_reported(engine: Engine, tmp_path: Pa
     reports = run_partitions(
         engine,
         refs_for(["acme"]),
-        lambda: _http_model(httpx.MockTransport(handler), max_pause_s=0.2),
+        lambda: _http_model(httpx.MockTransport(handler), retry_after_max_seconds=0.2),
         VERSIONS,
         RUBRIC,
         "test-retry-after",
         RunOptions(
             concurrency=2,
-            retry=RetryPolicy(max_attempts=3, base_delay_s=0, max_delay_s=0, max_retry_after_s=0.2),
+            retry=RetryPolicy(
+                max_attempts=3,
+                retry_base_seconds=0,
+                retry_max_seconds=0,
+                retry_after_max_seconds=0.2,
+            ),
             seed=1,
         ),
         log=logs.append,
@@ -388,7 +393,9 @@ def test_a_bogus_retry_after_is_capped_and_reported(engine: Engine, tmp_path: Pa
 
 def test_limiter_pause_is_bounded() -> None:
     clock = [0.0]
-    limiter = EndpointLimiter(LimiterConfig(rpm=600, max_pause_s=900.0), clock=lambda: clock[0])
+    limiter = EndpointLimiter(
+        LimiterConfig(rpm=600, retry_after_max_seconds=900.0), clock=lambda: clock[0]
+    )
     permit = limiter.claim(limiter.reserve(10))
     assert not isinstance(permit, type(None))
     limiter.on_rate_limited(permit, 1e12)  # type: ignore[arg-type]

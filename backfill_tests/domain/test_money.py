@@ -62,7 +62,7 @@ def test_an_unpriced_model_of_a_real_provider_is_refused_unless_allowed() -> Non
     priced = '{"my-llama": {"input": 0.02, "output": 0.02}}'
     settings = Settings.from_env({**env, "BACKFILL_PRICES": priced}, load_policy=False)
     settings.require_price()
-    assert settings.prices().cost("my-llama", 1_000_000, 0) == 20_000_000
+    assert settings.model.prices().cost("my-llama", 1_000_000, 0) == 20_000_000
     # The fake model bills no one: no price needed.
     Settings.from_env({"BACKFILL_MODEL": "fake-moderator-2"}, load_policy=False).require_price()
 

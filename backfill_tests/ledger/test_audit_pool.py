@@ -11,7 +11,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from backfill_assets.defs.checks_config import ChecksResource
+from backfill_assets.config.variables import ChecksSettings
 from backfill_assets.defs.labels.checks import verdicts_for_many
 from backfill_assets.dispatch.pipeline import with_levels
 from backfill_assets.domain.checks.catalog import Verdict
@@ -41,7 +41,7 @@ def judged(
     refs = with_levels(engine, refs_for(TENANTS))
     logged: list[str] = []
     out = verdicts_for_many(
-        engine, refs, VERSIONS, RUBRIC, ChecksResource(), log=logged.append, pooling=pooling
+        engine, refs, VERSIONS, RUBRIC, ChecksSettings(), log=logged.append, pooling=pooling
     )
     return out, logged
 

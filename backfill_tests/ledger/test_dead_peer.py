@@ -16,6 +16,7 @@ import sqlalchemy as sa
 from dagster_postgres import PostgresRunStorage
 
 from backfill_assets.config.settings import Settings, SettingsError
+from backfill_assets.defs.resources import resources
 from backfill_assets.ledger.dead_peer import DeadPeer
 from backfill_assets.ledger.engine import engine_dead_peer, make_engine
 from backfill_tests.conftest import pg_database
@@ -64,13 +65,15 @@ def test_a_figure_below_two_seconds_is_refused(bad: float) -> None:
 
 
 def test_the_setting_is_read_once_and_checked() -> None:
-    assert Settings.from_env({}).pg_dead_peer_seconds == 15.0
-    assert Settings.from_env({"BACKFILL_PG_DEAD_PEER_SECONDS": "6"}).pg_dead_peer_seconds == 6.0
+    assert Settings.from_env({}).store.pg_dead_peer_seconds == 15.0
+    assert (
+        Settings.from_env({"BACKFILL_PG_DEAD_PEER_SECONDS": "6"}).store.pg_dead_peer_seconds == 6.0
+    )
     for bad in ("1", "soon", "-5"):
         with pytest.raises(SettingsError, match="BACKFILL_PG_DEAD_PEER_SECONDS"):
             Settings.from_env({"BACKFILL_PG_DEAD_PEER_SECONDS": bad})
-    store = Settings.from_env({"BACKFILL_PG_DEAD_PEER_SECONDS": "6"}).resources()["store"]
-    assert store.dead_peer_seconds == 6.0
+    store = resources(Settings.from_env({"BACKFILL_PG_DEAD_PEER_SECONDS": "6"}))["store"]
+    assert store.pg_dead_peer_seconds == 6.0
 
 
 def test_a_url_gets_what_it_lacks_and_keeps_what_it_has() -> None:

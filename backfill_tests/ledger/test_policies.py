@@ -18,8 +18,8 @@ from sqlalchemy.engine import Engine
 
 from backfill_assets.cli import build_parser
 from backfill_assets.config.settings import Settings
+from backfill_assets.config.variables import ChecksSettings
 from backfill_assets.definitions import APPLY_JOB, BACKFILL_JOB, build_definitions
-from backfill_assets.defs.checks_config import ChecksResource
 from backfill_assets.defs.labels.checks import verdicts_for
 from backfill_assets.dispatch.partition_run import PartitionRef
 from backfill_assets.domain.policy.file import load_policy, parse_policy
@@ -129,7 +129,7 @@ def test_a_custom_policy_end_to_end_then_edited(
     # label_drift watches the course's flagging labels (action review or hide), not the
     # built-in ones: against a baseline where every post is ok, each of them has drifted.
     ref = PartitionRef(key="s00|learn", tenant_id="learn", slice=0, level=0)  # all of learn
-    bounds = ChecksResource(drift_baseline='{"ok": 1}', drift_min_count=1)
+    bounds = ChecksSettings(drift_baseline='{"ok": 1}', drift_min_count=1)
     found = verdicts_for(engine, ref, v5_versions, v5, bounds)
     drift = {v.name: v for v in found}["label_drift"]
     watched = set(v5.policy.flagging_labels)

@@ -81,7 +81,7 @@ def adapter_for() -> AdapterFactory:
         trust_limit_headers: bool = True,
         total_timeout: float = 10.0,
         calls: list[Call] | None = None,
-        max_pause_s: float = 900.0,
+        retry_after_max_seconds: float = 900.0,
         **adapter: Any,
     ) -> Callable[[], OpenAIHttpModel]:
         config = LimiterConfig(
@@ -89,7 +89,7 @@ def adapter_for() -> AdapterFactory:
             tpm=tpm,
             adaptive=adaptive,
             trust_limit_headers=trust_limit_headers,
-            max_pause_s=max_pause_s,
+            retry_after_max_seconds=retry_after_max_seconds,
         )
         limiter = registry.get(f"{sim.base_url}#{MODEL}", config)
         kwargs: dict[str, Any] = {

@@ -111,7 +111,7 @@ def test_the_price_table_can_live_in_a_file(tmp_path: Path) -> None:
     path.write_text(json.dumps({"my-model": [OLD, NEW]}))
     env = {"BACKFILL_MODEL_BACKEND": "openai", "BACKFILL_MODEL": "my-model"}
     settings = Settings.from_env({**env, "BACKFILL_PRICES_PATH": str(path)})
-    assert settings.prices().cost("my-model", 1000, 0) == 3_000_000  # NEW is in force today
+    assert settings.model.prices().cost("my-model", 1000, 0) == 3_000_000  # NEW is in force today
     both = {**env, "BACKFILL_PRICES_PATH": str(path), "BACKFILL_PRICES": "{}"}
     with pytest.raises(SettingsError, match="not both"):
         Settings.from_env(both)

@@ -29,7 +29,7 @@ TENANTS = ["acme", "globex", "initech"]
 # initech has no cap: it must finish, whatever the others' caps do.
 CAPS_USD = {"acme": "0.01", "globex": "0.004"}
 POSTS = 150
-RETRY = RetryPolicy(max_attempts=3, base_delay_s=0.0, max_delay_s=0.0)
+RETRY = RetryPolicy(max_attempts=3, retry_base_seconds=0.0, retry_max_seconds=0.0)
 
 
 def set_dollar_caps(engine: Engine, caps_usd: dict[str, str]) -> dict[str, int]:

@@ -25,7 +25,7 @@ from backfill_tests.providers.conftest import MODEL, StartSim, run_over_http
 
 POSTS = 40
 # Two attempts: if a capacity pause counted as one, most keys would be dead-lettered.
-FEW_ATTEMPTS = RetryPolicy(max_attempts=2, base_delay_s=0.01, max_delay_s=0.05)
+FEW_ATTEMPTS = RetryPolicy(max_attempts=2, retry_base_seconds=0.01, retry_max_seconds=0.05)
 
 
 def _import(engine: Engine, tmp_path: Path) -> None:

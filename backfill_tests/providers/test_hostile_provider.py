@@ -20,7 +20,7 @@ from backfill_tests.conftest import import_records
 from backfill_tests.pipeline_helpers import refs_for, total, verify
 from backfill_tests.providers.conftest import API_KEY, RUBRIC, VERSIONS, AdapterFactory, StartSim
 
-RETRY = RetryPolicy(max_attempts=4, base_delay_s=0.0, max_delay_s=0.0)
+RETRY = RetryPolicy(max_attempts=4, retry_base_seconds=0.0, retry_max_seconds=0.0)
 
 
 def _records(tenants: list[str], n: int) -> list[dict[str, str]]:
@@ -120,14 +120,17 @@ def test_bogus_retry_after_and_5xx_reset_headers_do_not_park_the_run(
     reports = run_partitions(
         engine,
         refs_for(["acme"]),
-        adapter_for(sim, max_pause_s=0.5),
+        adapter_for(sim, retry_after_max_seconds=0.5),
         VERSIONS,
         RUBRIC,
         "hostile-retry-after",
         RunOptions(
             concurrency=4,
             retry=RetryPolicy(
-                max_attempts=8, base_delay_s=0.01, max_delay_s=0.05, max_retry_after_s=0.5
+                max_attempts=8,
+                retry_base_seconds=0.01,
+                retry_max_seconds=0.05,
+                retry_after_max_seconds=0.5,
             ),
             seed=1,
         ),

@@ -32,7 +32,7 @@ from backfill_tests.providers.conftest import (
     StartSim,
 )
 
-RETRY = RetryPolicy(max_attempts=3, base_delay_s=0.0, max_delay_s=0.0)
+RETRY = RetryPolicy(max_attempts=3, retry_base_seconds=0.0, retry_max_seconds=0.0)
 
 
 def _records(tenants: list[str], n: int) -> list[dict[str, str]]:
@@ -209,7 +209,7 @@ def test_429s_are_retried_after_retry_after(
     rule = FaultRule(kind="429", rate=0.3)
     sim = start_sim(faults=(rule,), seed=11)
     calls: list[Call] = []
-    retry = RetryPolicy(max_attempts=4, base_delay_s=0.0, max_delay_s=0.0)
+    retry = RetryPolicy(max_attempts=4, retry_base_seconds=0.0, retry_max_seconds=0.0)
     _run(engine, ["acme"], adapter_for(sim, calls=calls), retry=retry)
 
     refused = [c for c in calls if c.status == 429]

@@ -18,6 +18,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from backfill_assets.config.variables import HttpSettings, ModelSettings
 from backfill_assets.defs.model_resources import OpenAIModelResource
 from backfill_assets.dispatch.pipeline import RegionUnavailable, RunOptions, run_partitions
 from backfill_assets.domain.policy.rubric import TASK_VERSION, Rubric
@@ -183,12 +184,12 @@ def test_each_region_paces_with_its_own_limiter_and_shared_limit_membership(
     engine, seen = endpoints_seen
     import_records(engine, tmp_path, _records())
     monkeypatch.setenv("BACKFILL_MODEL_API_KEY__EU", EU_KEY)
+    monkeypatch.setenv("BACKFILL_MODEL_API_KEY", DEFAULT_KEY)
     model = OpenAIModelResource(
-        model=MODEL,
-        base_url=default.base_url,
-        api_key=DEFAULT_KEY,
+        ModelSettings(model=MODEL, model_base_url=default.base_url),
+        HttpSettings(rpm=6000),
         region_base_urls={"eu": eu.base_url},
-        rpm=6000,
+        api_key_set=True,
     )
     options = RunOptions(concurrency=4, retry=FAST_RETRY, lanes=model.lanes())
     with pytest.raises(RegionUnavailable) as info:

@@ -15,6 +15,7 @@ from backfill_assets.defs.model_resources import (
     FakeModelResource,
     ModelResource,
     OpenAIModelResource,
+    model_resource,
 )
 from backfill_assets.defs.partitions import ensure_partitions, partition_key_for
 from backfill_assets.domain.work.keys import MAX_LEVEL, slice_of
@@ -25,7 +26,7 @@ from backfill_tests.providers.conftest import API_KEY, StartSim
 
 
 def _model(env: dict[str, str]) -> ModelResource:
-    return Settings.from_env(env).model_resource()
+    return model_resource(Settings.from_env(env))
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -44,18 +45,19 @@ def test_openai_backend_from_env_keeps_the_key_out_of_config() -> None:
         )
     )
     assert isinstance(model, OpenAIModelResource)
-    assert (model.model, model.rpm, model.tpm, model.adaptive) == (
+    assert (model.model, model.http.rpm, model.http.tpm, model.http.adaptive) == (
         "gpt-4.1-nano",
         3000,
         600000,
         False,
     )
-    assert isinstance(model.api_key, dg.EnvVar)
-    assert model.api_key.env_var_name == "BACKFILL_MODEL_API_KEY"
-    assert API_KEY not in repr(model)
+    # The key is never held: only whether to read BACKFILL_MODEL_API_KEY when an adapter is
+    # built, in the process that runs the step.
+    assert model.api_key_set
+    assert API_KEY not in repr(model) and API_KEY not in str(vars(model))
     assert isinstance(_model({}), FakeModelResource)
     no_key = _model(_env())
-    assert isinstance(no_key, OpenAIModelResource) and no_key.api_key == ""
+    assert isinstance(no_key, OpenAIModelResource) and not no_key.api_key_set
 
 
 @pytest.mark.parametrize(

@@ -32,7 +32,7 @@ BEFORE_POLICIES = "1e126cd1af02031c5b1b9be9d5c3cc73eb605a50"
 
 FILL = """
 import json, os, sys
-import backfill_assets.domain.policy.rubric as rubric
+import backfill_assets.core.rubric as rubric  # that commit's layout
 from backfill_assets.cli import main
 assert hasattr(rubric, "LABELS"), "not the code from before policy files"
 export, stores = sys.argv[1], json.loads(sys.argv[2])

@@ -3,10 +3,12 @@ enumerated from the definitions, so a field added later is covered by the tests 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
 import dagster as dg
+from pydantic import BaseModel
 
 from backfill_assets.config.settings import Settings
 from backfill_assets.definitions import build_definitions
@@ -44,3 +46,15 @@ def job_config_leaves(settings: Settings) -> list[tuple[dg.JobDefinition, tuple[
         for job in defs.resolve_all_job_defs()
         for path, kind in config_leaves(job.run_config_schema.config_type)
     ]
+
+
+def resource_fields(resource: object) -> dict[str, Any]:
+    """Every field a resource holds, by name: a settings group's own, or those of the groups
+    (and plain values) a resource holds; what a launch that tried to set one would name."""
+    if isinstance(resource, BaseModel):
+        return resource.model_dump()
+    found: dict[str, Any] = {}
+    for f in dataclasses.fields(resource):  # type: ignore[arg-type]
+        value = getattr(resource, f.name)
+        found.update(resource_fields(value) if isinstance(value, BaseModel) else {f.name: value})
+    return found

@@ -20,13 +20,14 @@ from collections.abc import Iterator
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from pydantic.fields import FieldInfo
 
 from backfill_assets.cli import main
 from backfill_assets.cli.commands.provider_sim import sim_options, sim_parser
 from backfill_assets.config import reference as config_reference
 from backfill_assets.config.reference import bounds, range_text
 from backfill_assets.config.settings import Settings, SettingsError
-from backfill_assets.config.variables import Variables
+from backfill_assets.config.variables import GROUPS
 from backfill_assets.domain.policy.file import builtin_policy_text
 from backfill_assets.ingest.importer import import_path
 from backfill_assets.ledger.engines import engine_for
@@ -310,16 +311,23 @@ def test_an_import_file_with_hostile_values(
 
 
 def _numeric_variables() -> list[str]:
+    """``group.field`` of every numeric setting."""
     return [
-        name
-        for name, info in Variables.model_fields.items()
+        f"{group}.{name}"
+        for group, cls in GROUPS.items()
+        for name, info in cls.model_fields.items()
         if any(t in str(info.annotation) for t in ("int", "float", "Decimal"))
     ]
 
 
+def _field(path: str) -> FieldInfo:
+    group, name = path.split(".")
+    return GROUPS[group].model_fields[name]
+
+
 def test_every_numeric_variable_has_a_documented_range() -> None:
     for name in _numeric_variables():
-        info = Variables.model_fields[name]
+        info = _field(name)
         assert range_text(info), f"{info.validation_alias}: give it ge/gt and le/lt"
         assert range_text(info) in config_reference.render(CONFIGURATION.read_text("utf-8"))
 
@@ -328,10 +336,12 @@ def test_every_numeric_variable_has_a_documented_range() -> None:
 @FAST
 @given(value=hostile)
 def test_a_numeric_variable_is_in_its_range_or_refused(name: str, value: str) -> None:
-    info = Variables.model_fields[name]
+    info = _field(name)
+    group, field = name.split(".")
     assert isinstance(info.validation_alias, str)
     try:
-        found = getattr(Settings.from_env({info.validation_alias: value}, load_policy=False), name)
+        settings = Settings.from_env({info.validation_alias: value}, load_policy=False)
+        found = getattr(getattr(settings, group), field)
     except SettingsError:
         return
     if found is None or found == info.default:

@@ -11,9 +11,10 @@ import pytest
 
 from backfill_assets.config.settings import Settings, SettingsError
 from backfill_assets.definitions import build_definitions
+from backfill_assets.defs.resources import resources
 from backfill_assets.ingest.importer import ImportInputError, files_within
 from backfill_tests.conftest import write_jsonl
-from backfill_tests.security.config_fields import job_config_leaves, nested
+from backfill_tests.security.config_fields import job_config_leaves, nested, resource_fields
 
 ENV = {
     "BACKFILL_DATABASE_URL": "postgresql://u:pw-secret@db/store",
@@ -24,8 +25,8 @@ ENV = {
 def test_every_job_refuses_config_for_every_resource_field() -> None:
     settings = Settings.from_env(ENV)
     defs = build_definitions(settings)
-    fields = {n: list(r.model_dump()) for n, r in settings.resources().items()}
-    assert "database_url" in fields["store"] and "base_url" in fields["model"]
+    fields = {n: list(resource_fields(r)) for n, r in resources(settings).items()}
+    assert "database_url" in fields["store"] and "model_base_url" in fields["model"]
     fields["io_manager"] = ["base_dir"]
     for job in defs.resolve_all_job_defs():
         for name, names in fields.items():

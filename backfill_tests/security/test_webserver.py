@@ -26,11 +26,12 @@ import sqlalchemy as sa
 
 from backfill_assets.cli import build_parser
 from backfill_assets.config.settings import Settings
+from backfill_assets.defs.resources import resources
 from backfill_assets.ledger.engines import engine_for
 from backfill_assets.providersim import SimConfig, Simulator
 from backfill_tests.cli_runs import ROOT, clean_env
 from backfill_tests.conftest import dispose_engine, pg_database, write_jsonl
-from backfill_tests.security.config_fields import job_config_leaves, nested
+from backfill_tests.security.config_fields import job_config_leaves, nested, resource_fields
 from backfill_tests.security.scan import store_leaks, text_leaks, tree_leaks
 from backfill_tests.sessions import kill_sessions, start_session
 
@@ -239,12 +240,13 @@ def _overrides(server: Server) -> list[tuple[str, str, Any]]:
     would have passed before: the model's URLs pointed at the decoy, keys read from variables
     of the server's environment."""
     found: list[tuple[str, str, Any]] = []
-    for name, resource in Settings.from_env(server.env).resources().items():
-        for field, value in resource.model_dump().items():
+    for name, resource in resources(Settings.from_env(server.env)).items():
+        for field, value in resource_fields(resource).items():
             found.append((name, field, value if value is not None else ""))
     decoy = server.decoy.base_url
     found += [
         ("model", "base_url", decoy),
+        ("model", "model_base_url", decoy),
         ("model", "api_key", {"env": "BACKFILL_MODEL_API_KEY"}),
         ("model", "api_key", {"env": "HOME"}),
         ("model", "region_base_urls", {"eu": decoy}),

@@ -57,7 +57,7 @@ def cmd_run_deadline(
     """Plan (and unless ``--dry-run`` carry out) ``tenants``' backfill by the deadline, as
     (exit code, JSON document, human lines)."""
     now = dt.datetime.now(dt.UTC)
-    engine = settings.store_engine()
+    engine = settings.store.engine()
     versions = settings.versions()
     with read_tx(engine) as conn:
         stored = deadline_plans.open_plan(conn, versions.code_version)
@@ -129,10 +129,10 @@ def _carry(
         return 1, {"ok": False, "deadline": info}, human
     assert carried.done_at is not None
     # Anything still pending (a key that came back after the rescue) goes at standard.
-    chosen = settings.model_copy(update={"dispatch": "sync", "service_tier": "standard"})
+    chosen = settings.replace(batch={"dispatch": "sync"}, model={"service_tier": "standard"})
     doc, run_human = record(chosen, plan.tenants() or tenants)
     recorded = dt.datetime.now(dt.UTC)
-    with write_tx(settings.store_engine()) as conn:
+    with write_tx(settings.store.engine()) as conn:
         deadline_plans.mark(conn, plan.plan_id, "finished")
     # The deadline is for the labels: the model work, not the bookkeeping after it.
     met = carried.done_at <= utc(plan.deadline)

@@ -13,6 +13,7 @@ from backfill_assets.cli.inputs import load_user_policy
 from backfill_assets.cli.tables import Human, emit, table
 from backfill_assets.config.settings import Settings
 from backfill_assets.defs.asset_keys import POLICY_EVALUATION
+from backfill_assets.defs.model_resources import model_resource
 from backfill_assets.defs.reporting.evaluation import (
     DEFAULT_TENANT,
     comparison,
@@ -23,6 +24,7 @@ from backfill_assets.defs.reporting.evaluation import (
     gold_sha256,
     store_gold,
 )
+from backfill_assets.defs.resources import RunResource
 from backfill_assets.dispatch.partition_run import RunStopped
 from backfill_assets.domain.errors import UserError
 from backfill_assets.domain.policy.evaluation import NO_LABEL
@@ -124,14 +126,14 @@ def cmd_evaluate(args: argparse.Namespace, settings: Settings) -> int:
         gold = read_gold(args.gold, tenant)
     except GoldError as exc:
         raise UserError(f"argument GOLD: {exc}") from None
-    engine = engine_for(settings.store_url)
+    engine = engine_for(settings.store.url)
     source = str(Path(args.gold).resolve())
     try:
-        store_gold(engine, gold, tenant, source, settings.slice_target_posts)
+        store_gold(engine, gold, tenant, source, settings.run.slice_target_posts)
     except CustomerTenant as exc:
         raise UserError(f"argument --tenant: {exc}") from None
-    model = settings.model_resource()
-    options = settings.run_settings().run_options(model, settings.faults())
+    model = model_resource(settings)
+    options = RunResource.of(settings).run_options(model, settings.drills.faults())
     try:
         results = evaluate_policies(
             engine, gold, rubrics, model, options, tenant, (source, gold_sha256(args.gold))

@@ -143,7 +143,7 @@ def _atomic(path: Path, write: Any) -> Any:
 
 def cmd_export(args: argparse.Namespace, settings: Settings) -> int:
     """Write each tenant's accepted labels to ``DIR/<tenant>.<format>`` and a manifest."""
-    engine = settings.store_engine()
+    engine = settings.store.engine()
     with read_tx(engine) as conn:
         known = tenant_ids(conn)
     # Every argument is checked before DIR is made: a refused export leaves nothing behind.

@@ -138,7 +138,7 @@ def cmd_import(args: argparse.Namespace, settings: Settings) -> int:
             files = export_files(Path(args.path))
         except ImportInputError as exc:
             raise UserError(str(exc)) from None
-    engine = settings.store_engine()
+    engine = settings.store.engine()
     done: list[tuple[str, ImportSummary]] = []
     from_sql: SqlImport | None = None
     with ProgressDisplay("lines", enabled=wanted(args.json)) as display:
@@ -147,7 +147,7 @@ def cmd_import(args: argparse.Namespace, settings: Settings) -> int:
             display.update(label, s.read, imported=s.imported, rejected=s.rejected)
 
         try:
-            target = settings.slice_target_posts
+            target = settings.run.slice_target_posts
             if source is not None:
                 from_sql = import_sql(engine, source, progress, target, options)
                 done = [(source.label, from_sql.summary)]
@@ -193,7 +193,7 @@ def _counts(s: ImportSummary) -> dict[str, Any]:
 
 def cmd_rejects(args: argparse.Namespace, settings: Settings) -> int:
     """Rejected lines with their source, line number, reason and time; never their text."""
-    engine = settings.store_engine()
+    engine = settings.store.engine()
     with read_tx(engine) as conn:
         sources = reject_sources(conn)
         if args.tenant is not None:

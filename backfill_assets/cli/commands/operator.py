@@ -105,13 +105,13 @@ def cmd_check(args: argparse.Namespace, settings: Settings) -> int:
     """The same checks Dagster runs, for one tenant's partitions; exit 1 on blocking failures."""
     if not args.summary and len(args.tenant) != 1:
         raise UserError("check needs exactly one --tenant (or --summary for an overview)")
-    engine = settings.store_engine()
+    engine = settings.store.engine()
     if args.summary:
         return _check_summary(args, settings, engine)
     tenant = store_tenants(engine, args.tenant)[0]
     slices = args.slice or list(SLICE_KEYS)
     names = [n for n in CHECK_NAMES if n in args.name] or list(CHECK_NAMES)
-    versions, rubric, checks = settings.versions(), settings.rubric(), settings.checks()
+    versions, rubric, checks = settings.versions(), settings.rubric(), settings.checks
     docs = []
     for s in slices:
         pk = partition_key_for(tenant, s)
@@ -166,7 +166,7 @@ def cmd_launch(args: argparse.Namespace, settings: Settings) -> int:
         # The runs it launches send and book (the code location checks it too).
         settings.require_price()
         require_gate(settings)
-    url = args.url or settings.webserver_url
+    url = args.url or settings.store.webserver_url
     client = DagsterClient(url)
     try:
         return _launch(args, client, _no_work(settings), _regions(settings))
@@ -180,8 +180,8 @@ def _no_work(settings: Settings) -> dict[str, str]:
     """Partitions ``run`` would skip, with why (the same rule: plan.py), from the store and the
     local instance: no posts, or nothing to do. Tenants the store does not know are not
     judged (kept), so a launch from a host without the store launches what the UI shows."""
-    engine = settings.store_engine()
-    sink = settings.sink()
+    engine = settings.store.engine()
+    sink = settings.data.sink()
     plan = make_plan(
         engine,
         instance(settings),
@@ -193,7 +193,7 @@ def _no_work(settings: Settings) -> dict[str, str]:
 
 def _regions(settings: Settings) -> dict[str, str | None]:
     """Every tenant's region, for the backfills' ``region`` tags."""
-    with read_tx(settings.store_engine()) as conn:
+    with read_tx(settings.store.engine()) as conn:
         return all_regions(conn)
 
 

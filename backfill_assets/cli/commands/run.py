@@ -20,7 +20,9 @@ from backfill_assets.cli.commands.run_report import (
 from backfill_assets.cli.inputs import require_gate, store_tenants
 from backfill_assets.cli.tables import Human, emit, table
 from backfill_assets.config.settings import Settings
+from backfill_assets.defs.model_resources import model_resource
 from backfill_assets.defs.partitions import ensure_partitions
+from backfill_assets.defs.resources import RunResource
 from backfill_assets.dispatch.partition_run import RunStopped
 from backfill_assets.domain.errors import UserError
 from backfill_assets.domain.work.keys import slice_no
@@ -44,7 +46,7 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     """Materialise labels, checks and the gated apply in-process; exit 1 if a check blocked."""
     _check_flags(args)
     settings.require_price()
-    engine = settings.store_engine()
+    engine = settings.store.engine()
     tenants = store_tenants(engine, args.tenant)
     if args.deadline:
         if not args.dry_run:
@@ -101,7 +103,7 @@ def dagster_run(
         levels = slice_levels(conn, tenants)
     order = ensure_partitions(inst, levels)
     # Only partitions with something to do reach Dagster, pooled into few runs (pooling.py).
-    sink = settings.sink()
+    sink = settings.data.sink()
     plan = make_plan(
         engine,
         inst,
@@ -154,10 +156,10 @@ def _run_sample(
     args: argparse.Namespace, settings: Settings, engine: sa.Engine, tenants: list[str]
 ) -> int:
     """``run --sample N``: each tenant's canary, its label shares beside the live column's."""
-    model = settings.model_resource()
+    model = model_resource(settings)
     rubric = settings.rubric()
-    options = settings.run_settings().run_options(model, settings.faults())
-    drift = settings.checks().bounds(rubric.policy).drift
+    options = RunResource.of(settings).run_options(model, settings.drills.faults())
+    drift = settings.checks.bounds(rubric.policy).drift
     try:
         found = run_sample(engine, tenants, args.sample, rubric, model, options, drift)
     except RunStopped as exc:

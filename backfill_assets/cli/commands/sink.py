@@ -64,24 +64,26 @@ def add_sink_commands(add: Callable[[str, str], argparse.ArgumentParser]) -> Non
 def cmd_sink_ddl(args: argparse.Namespace, settings: Settings) -> int:
     """The sink table's DDL for the dialect asked for, or the sink's, or PostgreSQL's."""
     dialect = args.dialect
-    if dialect is None and settings.sink_url:
+    if dialect is None and settings.data.sink_url:
         try:
-            dialect = database_url(settings.sink_url).get_backend_name()
+            dialect = database_url(settings.data.sink_url).get_backend_name()
         except ValueError as exc:
             raise UserError(f"BACKFILL_SINK_URL {exc}") from None
     try:
-        text = ddl(settings.sink_table, dialect or "postgresql")
+        text = ddl(settings.data.sink_table, dialect or "postgresql")
     except ValueError as exc:
         raise UserError(f"argument --dialect: {exc}") from None
     emit(
-        args, {"table": settings.sink_table, "dialect": dialect or "postgresql", "ddl": text}, text
+        args,
+        {"table": settings.data.sink_table, "dialect": dialect or "postgresql", "ddl": text},
+        text,
     )
     return 0
 
 
 def cmd_sink_check(args: argparse.Namespace, settings: Settings) -> int:
     """Exit 0 when the sink can be written, else 2 listing every problem."""
-    sink = settings.sink()
+    sink = settings.data.sink()
     if sink is None:
         raise UserError("BACKFILL_SINK_URL is not set: there is no sink to check")
     try:
@@ -96,10 +98,10 @@ def cmd_sink_check(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_sink_write(args: argparse.Namespace, settings: Settings) -> int:
     """Write back the partitions with a gap; exit 1 if the sink refuses one (the rest waits)."""
-    sink = settings.sink()
+    sink = settings.data.sink()
     if sink is None:
         raise UserError("BACKFILL_SINK_URL is not set: there is no sink to write to")
-    engine = settings.store_engine()
+    engine = settings.store.engine()
     policy = settings.rubric().policy
     with read_tx(engine) as conn:
         tenants = known_tenants(args.tenant, tenant_ids(conn))

@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from backfill_assets.cli.inputs import known_tenants, load_user_policy, store_tenants
 from backfill_assets.cli.tables import emit, show_csv, table
 from backfill_assets.config.settings import Settings
-from backfill_assets.defs.model_resources import versions_for
+from backfill_assets.defs.model_resources import model_resource, versions_for
 from backfill_assets.defs.reporting.usage import REPRICE_COLUMNS, USAGE_COLUMNS, reprice, usage_csv
 from backfill_assets.demo.generate import write_export
 from backfill_assets.domain.errors import UserError
@@ -35,10 +35,10 @@ from backfill_assets.runner.verification import verify_store
 
 def cmd_verify(args: argparse.Namespace, settings: Settings) -> int:
     """Audit the store; exit 1 on isolation/duplicate problems (or missing keys if required)."""
-    engine = settings.store_engine()
+    engine = settings.store.engine()
     with read_tx(engine) as conn:
         tenants = known_tenants(args.tenant, tenant_ids(conn))
-    outcome = verify_store(engine, settings.versions(), tenants or None, settings.sink())
+    outcome = verify_store(engine, settings.versions(), tenants or None, settings.data.sink())
     doc = outcome.as_dict(require_complete=args.require_complete)
     human = table(
         doc["tenants"],
@@ -72,11 +72,11 @@ def cmd_usage(args: argparse.Namespace, settings: Settings) -> int:
     if args.reconcile:
         # The report is read, and refused if need be, before the store is opened.
         report = _read_report(Path(args.reconcile))
-        return _reconcile(args, settings.store_engine(), report)
-    engine = settings.store_engine()
+        return _reconcile(args, settings.store.engine(), report)
+    engine = settings.store.engine()
     if args.reprice:
         with read_tx(engine) as conn:
-            repriced = reprice(conn, settings.prices())
+            repriced = reprice(conn, settings.model.prices())
         emit(args, {"usage": repriced}, table(repriced, REPRICE_COLUMNS))
         return 0
     with read_tx(engine) as conn:
@@ -132,14 +132,14 @@ def cmd_dry_run(args: argparse.Namespace, settings: Settings) -> int:
     if args.policy:
         # What another policy would cost, before switching BACKFILL_POLICY_PATH to it.
         rubric = Rubric(load_user_policy(args.policy))
-    engine = settings.store_engine()
-    versions = versions_for(settings.model_resource(), rubric)
+    engine = settings.store.engine()
+    versions = versions_for(model_resource(settings), rubric)
     tenants = store_tenants(engine, args.tenant)
-    default_tokens = settings.tenant_budget_tokens or None
+    default_tokens = settings.run.tenant_budget_tokens or None
     with read_tx(engine) as conn:
         rows = [
             e.as_dict()
-            for e in estimate_pending(conn, tenants, versions, rubric, settings.prices())
+            for e in estimate_pending(conn, tenants, versions, rubric, settings.model.prices())
         ]
         for row in rows:
             row.update(budget_status(conn, row["tenant"], default_tokens).as_dict())
@@ -173,7 +173,7 @@ def cmd_dry_run(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_requeue(args: argparse.Namespace, settings: Settings) -> int:
     """Delete dead letters so those keys are sent again on the next run."""
-    engine = settings.store_engine()
+    engine = settings.store.engine()
     tenant = store_tenants(engine, [args.tenant])[0]
     with write_tx(engine) as conn:
         n = requeue(conn, tenant, args.outcome)
@@ -184,7 +184,7 @@ def cmd_requeue(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
     """Apply migrations."""
-    engine = settings.store_engine()
+    engine = settings.store.engine()
     with read_tx(engine) as conn:
         versions = schema_versions(conn)
     applied = migrate(engine)

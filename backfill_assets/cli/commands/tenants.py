@@ -12,7 +12,7 @@ from backfill_assets.cli.numbers import token_cap, usd_cap
 from backfill_assets.cli.parsers import command_group
 from backfill_assets.cli.tables import emit, table, tell
 from backfill_assets.config.settings import Settings
-from backfill_assets.defs.model_resources import OpenAIModelResource
+from backfill_assets.defs.model_resources import OpenAIModelResource, model_resource
 from backfill_assets.domain.errors import UserError
 from backfill_assets.domain.work.regions import InvalidRegion, base_url_var, validate_region
 from backfill_assets.ledger.engine import read_tx, write_tx
@@ -83,14 +83,14 @@ def cmd_set_region(args: argparse.Namespace, settings: Settings) -> int:
         region = validate_region(args.region)
     except InvalidRegion as exc:
         raise UserError(f"argument REGION: {exc}") from None
-    engine = settings.store_engine()
+    engine = settings.store.engine()
     with read_tx(engine) as conn:
         tenant = known_tenants([args.tenant], tenant_ids(conn), flag="TENANT")[0]
     with write_tx(engine) as conn:
         previous = set_region(conn, tenant, region)
     doc = {"tenant": tenant, "region": region, "previous": previous}
     emit(args, doc, f"{tenant}: region {region} (was {previous or 'none: default endpoint'})")
-    model = settings.model_resource()
+    model = model_resource(settings)
     if isinstance(model, OpenAIModelResource) and region not in model.region_base_urls:
         # Not an error: endpoints belong to the process that dispatches, maybe not this one.
         tell(
@@ -110,10 +110,10 @@ def cmd_set_budget(args: argparse.Namespace, settings: Settings) -> int:
         given["tokens"] = args.tokens.value
     if not given:
         raise UserError("give --usd AMOUNT and/or --tokens N (or 'none' to remove a cap)")
-    engine = settings.store_engine()
+    engine = settings.store.engine()
     with read_tx(engine) as conn:
         tenant = known_tenants([args.tenant], tenant_ids(conn), flag="TENANT")[0]
-    default_tokens = settings.tenant_budget_tokens or None
+    default_tokens = settings.run.tenant_budget_tokens or None
     with write_tx(engine) as conn:
         set_caps(conn, tenant, dataclasses.replace(tenant_caps(conn, tenant, None), **given))
         status = budget_status(conn, tenant, default_tokens)
@@ -142,7 +142,7 @@ def _budget_text(doc: dict[str, object]) -> str:
 
 def cmd_tenant_list(args: argparse.Namespace, settings: Settings) -> int:
     """Every tenant's region, posts, done keys (current versions) and billed tokens."""
-    engine = settings.store_engine()
+    engine = settings.store.engine()
     with read_tx(engine) as conn:
         rows = tenant_rows(conn, settings.versions())
     emit(args, {"tenants": rows}, table(rows, TENANT_COLUMNS))

@@ -10,13 +10,12 @@ from sqlalchemy.engine import Engine
 
 from backfill_assets.accelerators.check_executions import unblocked_in_run
 from backfill_assets.accelerators.dagster_private import SqlEventLogStorage
+from backfill_assets.config.variables import ChecksSettings, StoreSettings
 from backfill_assets.defs.asset_keys import APPLIED, BLOCKING_GROUPS, LABELS
-from backfill_assets.defs.checks_config import ChecksResource
 from backfill_assets.defs.labels.checks import loaded_code_version, verdicts_for
 from backfill_assets.defs.labels.metadata import add_partition_metadata
 from backfill_assets.defs.model_resources import ModelResource, run_versions
 from backfill_assets.defs.partitions import moderation_partitions, run_refs
-from backfill_assets.defs.resources import StoreResource
 from backfill_assets.defs.sealing import NO_CONFIG
 from backfill_assets.dispatch.partition_run import PartitionRef
 from backfill_assets.dispatch.pipeline import with_levels
@@ -122,9 +121,9 @@ def _applied_asset(
     )
     def applied_labels(
         context: dg.AssetExecutionContext,
-        store: StoreResource,
-        model: ModelResource,
-        checks: ChecksResource,
+        store: dg.ResourceParam[StoreSettings],
+        model: dg.ResourceParam[ModelResource],
+        checks: dg.ResourceParam[ChecksSettings],
     ) -> dg.MaterializeResult[None]:
         """Keyed upsert of accepted labels (label, rule ids, policy version) per (tenant,
         post, policy id), and onto the posts' shadow columns (live ones when switched)."""

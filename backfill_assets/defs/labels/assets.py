@@ -4,12 +4,13 @@ import warnings
 
 import dagster as dg
 
+from backfill_assets.config.variables import StoreSettings
 from backfill_assets.defs.asset_keys import LABELS, POSTS
 from backfill_assets.defs.labels.metadata import add_partition_metadata, partition_metadata
 from backfill_assets.defs.model_resources import ModelResource, run_versions
 from backfill_assets.defs.partitions import moderation_partitions, run_refs
 from backfill_assets.defs.reporting.evaluation import gate_verdict
-from backfill_assets.defs.resources import RunSettings, StoreResource
+from backfill_assets.defs.resources import RunResource
 from backfill_assets.defs.sealing import NO_CONFIG
 from backfill_assets.dispatch.partition_run import RunStopped
 from backfill_assets.dispatch.pipeline import run_partitions, with_levels
@@ -63,9 +64,9 @@ def _labels_asset(
     )
     def moderation_labels(
         context: dg.AssetExecutionContext,
-        store: StoreResource,
-        model: ModelResource,
-        settings: RunSettings,
+        store: dg.ResourceParam[StoreSettings],
+        model: dg.ResourceParam[ModelResource],
+        settings: dg.ResourceParam[RunResource],
     ) -> dg.MaterializeResult[None]:
         """LLM moderation labels per tenant slice; re-runs only send unfinished keys."""
         run_keys = context.partition_keys

@@ -26,12 +26,11 @@ from backfill_assets.accelerators.dagster_private import (
     TargetMaterialization,
 )
 from backfill_assets.accelerators.event_rows import Materialized, materializations
+from backfill_assets.config.variables import ChecksSettings, StoreSettings
 from backfill_assets.defs.asset_keys import CHECK_KEYS, LABELS
-from backfill_assets.defs.checks_config import ChecksResource
 from backfill_assets.defs.labels.metadata import int_value, text_value
 from backfill_assets.defs.model_resources import ModelResource, run_versions
 from backfill_assets.defs.partitions import moderation_partitions, run_refs
-from backfill_assets.defs.resources import StoreResource
 from backfill_assets.defs.sealing import NO_CONFIG
 from backfill_assets.dispatch.partition_run import PartitionRef
 from backfill_assets.dispatch.pipeline import with_levels
@@ -66,7 +65,7 @@ def verdicts_for(
     ref: PartitionRef,
     versions: Versions,
     rubric: Rubric,
-    checks: ChecksResource,
+    checks: ChecksSettings,
     names: Sequence[str] = CHECK_NAMES,
     deferred: int | None = None,
     sample: int = 5,
@@ -82,7 +81,7 @@ def verdicts_for_many(
     refs: Sequence[PartitionRef],
     versions: Versions,
     rubric: Rubric,
-    checks: ChecksResource,
+    checks: ChecksSettings,
     names: Sequence[str] = CHECK_NAMES,
     deferred: Mapping[str, int | None] | None = None,
     sample: int = 5,
@@ -266,9 +265,9 @@ def _checks(specs: list[dg.AssetCheckSpec], rubric: Rubric) -> dg.AssetChecksDef
     @dg.multi_asset_check(specs=specs, can_subset=True, name=CHECKS_NAME, config_schema=NO_CONFIG)
     def moderation_label_checks(
         context: dg.AssetCheckExecutionContext,
-        store: StoreResource,
-        model: ModelResource,
-        checks: ChecksResource,
+        store: dg.ResourceParam[StoreSettings],
+        model: dg.ResourceParam[ModelResource],
+        checks: dg.ResourceParam[ChecksSettings],
     ) -> Iterator[dg.AssetCheckEvaluation | dg.Output[None]]:
         """One evaluation per partition and group (``integrity``: every check)."""
         refs = run_refs(context.partition_keys)

@@ -12,9 +12,10 @@ from typing import Any
 
 import dagster as dg
 
+from backfill_assets.config.variables import StoreSettings
 from backfill_assets.defs.asset_keys import POSTS
 from backfill_assets.defs.partitions import ensure_partitions
-from backfill_assets.defs.resources import RunSettings, StoreResource
+from backfill_assets.defs.resources import RunResource
 from backfill_assets.defs.sealing import launch_field
 from backfill_assets.ingest.importer import ImportInputError, files_within, import_files
 from backfill_assets.ledger.engine import read_tx
@@ -46,12 +47,12 @@ def build_posts(source: SqlSource | None) -> dg.AssetsDefinition:
     @dg.asset(key=POSTS, group_name="ingest", kinds={"sql"}, config_schema=POSTS_CONFIG)
     def posts(
         context: dg.AssetExecutionContext,
-        store: StoreResource,
-        settings: RunSettings,
+        store: dg.ResourceParam[StoreSettings],
+        settings: dg.ResourceParam[RunResource],
     ) -> dg.MaterializeResult[None]:
         """Posts imported from an export or the configured source; bad rows go to
         rejected_records (location, reason, never the text)."""
-        target = settings.slice_target_posts
+        target = settings.run.slice_target_posts
         extra: dict[str, dg.MetadataValue[Any]] = {}
         try:
             if source is not None:
@@ -83,7 +84,7 @@ def build_posts(source: SqlSource | None) -> dg.AssetsDefinition:
     return posts
 
 
-def _launch_files(context: dg.AssetExecutionContext, settings: RunSettings) -> list[Path]:
+def _launch_files(context: dg.AssetExecutionContext, settings: RunResource) -> list[Path]:
     """The files the launch's ``path`` names inside the import directory; a refusal names the
     field and the reason (``files_within`` never repeats the value)."""
     try:
@@ -93,7 +94,7 @@ def _launch_files(context: dg.AssetExecutionContext, settings: RunSettings) -> l
 
 
 def _register_partitions(
-    context: dg.AssetExecutionContext, store: StoreResource, summary: ImportSummary
+    context: dg.AssetExecutionContext, store: StoreSettings, summary: ImportSummary
 ) -> list[str]:
     """Register the partitions of every tenant the import touched (a tenant that grew past
     its slice level gets its new slices); returns the new tenants."""

@@ -12,9 +12,9 @@ from typing import Any
 
 import dagster as dg
 
+from backfill_assets.config.variables import StoreSettings
 from backfill_assets.defs.asset_keys import POSTS
 from backfill_assets.defs.model_resources import ModelResource, versions_for
-from backfill_assets.defs.resources import StoreResource
 from backfill_assets.defs.sealing import NO_CONFIG
 from backfill_assets.defs.sensors import refresh_condition
 from backfill_assets.domain.money.nanos import usd_text
@@ -59,7 +59,9 @@ def build_backfill_plan(rubric: Rubric) -> dg.AssetsDefinition:
         kinds={"sql"},
         automation_condition=refresh_condition(),
     )
-    def backfill_plan(store: StoreResource, model: ModelResource) -> dg.MaterializeResult[None]:
+    def backfill_plan(
+        store: dg.ResourceParam[StoreSettings], model: dg.ResourceParam[ModelResource]
+    ) -> dg.MaterializeResult[None]:
         """Pending keys, estimated tokens and cost, and the reserved bound, per tenant."""
         return _plan(store, model, rubric)
 
@@ -96,7 +98,7 @@ def deadline_table(plan: StoredPlan, rows: list[TenantEstimate], now: dt.datetim
     )
 
 
-def _plan(store: StoreResource, model: ModelResource, rubric: Rubric) -> dg.MaterializeResult[None]:
+def _plan(store: StoreSettings, model: ModelResource, rubric: Rubric) -> dg.MaterializeResult[None]:
     versions = versions_for(model, rubric)
     with read_tx(store.engine()) as conn:
         rows = estimate_pending(conn, tenant_ids(conn), versions, rubric, model.price_table())

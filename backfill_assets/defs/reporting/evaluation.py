@@ -21,10 +21,10 @@ from typing import Any
 import dagster as dg
 from sqlalchemy.engine import Engine
 
+from backfill_assets.config.variables import StoreSettings
 from backfill_assets.defs.asset_keys import POLICY_EVALUATION
 from backfill_assets.defs.model_resources import ModelResource, versions_for
 from backfill_assets.defs.partitions import partition_key_for
-from backfill_assets.defs.resources import StoreResource
 from backfill_assets.defs.sealing import NO_CONFIG
 from backfill_assets.dispatch.partition_run import PartitionRef, RunOptions
 from backfill_assets.dispatch.pipeline import run_partitions, with_levels
@@ -338,7 +338,9 @@ def build_policy_evaluation(rubric: Rubric, gate: Gate | None) -> dg.AssetsDefin
             )
         ],
     )
-    def policy_evaluation(store: StoreResource, model: ModelResource) -> dg.MaterializeResult:  # type: ignore[type-arg]
+    def policy_evaluation(
+        store: dg.ResourceParam[StoreSettings], model: dg.ResourceParam[ModelResource]
+    ) -> dg.MaterializeResult:  # type: ignore[type-arg]
         """Each policy version's latest gold-set evaluation (`backfill-moderation evaluate`)."""
         engine = store.engine()
         verdict = gate_verdict(engine, rubric, model.model, gate)

@@ -9,8 +9,8 @@ from typing import Any
 import dagster as dg
 from sqlalchemy.engine import Connection
 
+from backfill_assets.config.variables import StoreSettings
 from backfill_assets.defs.asset_keys import LABELS
-from backfill_assets.defs.resources import StoreResource
 from backfill_assets.defs.sealing import NO_CONFIG
 from backfill_assets.defs.sensors import refresh_condition
 from backfill_assets.domain.csv_cells import csv_row
@@ -141,7 +141,7 @@ def reprice(conn: Connection, table: PriceTable) -> list[dict[str, Any]]:
     # user opening it after a backfill sees current figures.
     automation_condition=refresh_condition(),
 )
-def tenant_usage(store: StoreResource) -> dg.MaterializeResult[None]:
+def tenant_usage(store: dg.ResourceParam[StoreSettings]) -> dg.MaterializeResult[None]:
     """Tokens, cost and calls per tenant, model and day (the invoice's source)."""
     with read_tx(store.engine()) as conn:
         rows = usage_by_day(conn)

@@ -39,7 +39,7 @@ async def run_batch(
         endpoint,
         transport=opts.transport,
         retry_base_s=min(1.0, opts.poll_seconds),
-        max_retry_after_s=options.retry.max_retry_after_s,
+        retry_after_max_seconds=options.retry.retry_after_max_seconds,
     )
     ctx = BatchContext(
         engine=job.engine,

@@ -27,7 +27,7 @@ BASELINE_FLOOR = 0.01
 class DriftRule:
     """When a label's share counts as drifted."""
 
-    # The policy's flagging labels unless configured (ChecksResource.bounds).
+    # The policy's flagging labels unless configured (ChecksSettings.bounds).
     labels: tuple[str, ...] = ()
     factor: float = 5.0
     min_count: int = 5

@@ -41,7 +41,7 @@ class LimiterConfig:
     burst_seconds: float = 0.25
     # Longest Retry-After honoured (BACKFILL_RETRY_AFTER_MAX_SECONDS): a bogus value (days,
     # 10^12 s) must not freeze the endpoint for every run in the process.
-    max_pause_s: float = 900.0
+    retry_after_max_seconds: float = 900.0
     adaptive: bool = True
     trust_limit_headers: bool = True
     aimd: AimdConfig = field(default_factory=AimdConfig)
@@ -199,9 +199,9 @@ class EndpointLimiter:
             if changed or paused:
                 self._revoke(now)
             if retry_after is not None and paused:
-                if retry_after > self.config.max_pause_s:
+                if retry_after > self.config.retry_after_max_seconds:
                     self.pauses_capped += 1
-                    retry_after = self.config.max_pause_s
+                    retry_after = self.config.retry_after_max_seconds
                 self.longest_pause_s = max(self.longest_pause_s, retry_after)
                 # After the pause the schedules start empty: no burst at the moment every
                 # parked request wakes up.

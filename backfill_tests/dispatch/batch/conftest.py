@@ -24,7 +24,7 @@ MODEL = "gpt-4o-mini"
 RUBRIC = Rubric()
 VERSIONS = Versions(TASK_VERSION, RUBRIC.prompt_version, MODEL)
 API_KEY = "sk-batch-test-5e1d9c0b7a4f3e2d1c0b"
-RETRY = RetryPolicy(max_attempts=3, base_delay_s=0.0, max_delay_s=0.0)
+RETRY = RetryPolicy(max_attempts=3, retry_base_seconds=0.0, retry_max_seconds=0.0)
 # Milliseconds, not the hours of a real provider: every state is still visited.
 FAST_SIM: dict[str, Any] = {
     "batch_validating_ms": 2,

@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from backfill_assets.config.settings import Settings, SettingsError
-from backfill_assets.defs.resources import RunSettings
+from backfill_assets.defs.resources import RunResource, RunSettings, resources
 from backfill_assets.dispatch.batch.chunks import chunk_base, chunk_id, split
 from backfill_assets.dispatch.batch.rows import LineRows
 from backfill_assets.dispatch.batch.triage import Disposition, triage
@@ -190,24 +190,30 @@ def test_batch_options_and_settings_are_validated() -> None:
     with pytest.raises(ValueError, match="kill point"):
         FaultHooks(kill_at="later")
     base = {"BACKFILL_DATABASE_URL": "sqlite:///:memory:"}
-    settings = Settings.from_env(
-        {
-            **base,
-            "BACKFILL_DISPATCH": "batch",
-            "BACKFILL_BATCH_MAX_LINES": "500",
-            "BACKFILL_BATCH_POLL_SECONDS": "2.5",
-            "BACKFILL_KILL_AT": "poll",
-            "BACKFILL_MODEL_BACKEND": "openai",
-        }
-    ).run_settings()
-    assert (settings.dispatch, settings.batch_max_lines, settings.batch_poll_seconds) == (
+    settings = RunResource.of(
+        Settings.from_env(
+            {
+                **base,
+                "BACKFILL_DISPATCH": "batch",
+                "BACKFILL_BATCH_MAX_LINES": "500",
+                "BACKFILL_BATCH_POLL_SECONDS": "2.5",
+                "BACKFILL_KILL_AT": "poll",
+                "BACKFILL_MODEL_BACKEND": "openai",
+            }
+        )
+    )
+    assert (
+        settings.batch.dispatch,
+        settings.batch.batch_max_lines,
+        settings.batch.batch_poll_seconds,
+    ) == (
         "batch",
         500,
         2.5,
     )
     assert settings.run_options().dispatch_mode == "batch"
     assert (
-        Settings.from_env(base).run_settings().run_options().batch is None
+        RunResource.of(Settings.from_env(base)).run_options().batch is None
     )  # sync stays the default
     for name, value in [
         ("BACKFILL_DISPATCH", "async"),
@@ -217,7 +223,7 @@ def test_batch_options_and_settings_are_validated() -> None:
         with pytest.raises(SettingsError, match=name):
             Settings.from_env({**base, name: value})
     # Fault hooks come from the environment only: they are no resource config (launchpad).
-    assert Settings.from_env({"BACKFILL_KILL_AT": "poll"}).faults().kill_at == "poll"
+    assert Settings.from_env({"BACKFILL_KILL_AT": "poll"}).drills.faults().kill_at == "poll"
     with pytest.raises(SettingsError, match="BACKFILL_KILL_AT"):
         Settings.from_env({"BACKFILL_KILL_AT": "never"})
     fields = set(RunSettings.model_fields)
@@ -230,8 +236,8 @@ def test_batch_options_and_settings_are_validated() -> None:
         "BACKFILL_MODEL_BACKEND": "openai",
         "BACKFILL_MODEL_BASE_URL": "http://127.0.0.1:9/v1/",
     }
-    resources = Settings.from_env(openai).resources()
-    options = resources["settings"].run_options(resources["model"])
+    built = resources(Settings.from_env(openai))
+    options = built["settings"].run_options(built["model"])
     assert options.batch.endpoint.base_url == "http://127.0.0.1:9/v1"
     assert "api_key" not in repr(options.batch.endpoint)
 
