@@ -294,3 +294,19 @@ def test_no_folder_holds_more_than_fifteen_modules() -> None:
         if d.is_dir() and (n := len(list(d.glob("*.py")))) > 15
     }
     assert crowded == {}
+
+
+def test_every_path_the_scripts_name_exists() -> None:
+    # A folder renamed under the scripts' feet once made .ci/smoke-python run no tests at all.
+    scripts = [*sorted((ROOT / ".ci").iterdir()), *sorted((ROOT / "bin").iterdir())]
+    named = {
+        (script.name, path)
+        for script in scripts
+        if script.is_file()
+        for path in re.findall(
+            r"\b((?:backfill_tests|backfill_assets|bench|deploy|sql)/[\w./-]*\w)",
+            script.read_text(),
+        )
+    }
+    assert named, "the pattern finds nothing: the test would pass vacuously"
+    assert sorted((s, p) for s, p in named if not (ROOT / p).exists()) == []
