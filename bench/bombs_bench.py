@@ -3,11 +3,13 @@
 A bomb is a small file that decompresses or parses into a lot: a 2 KB Parquet file of 10 texts
 of 40 MiB (zstd, one dictionary value), Parquet cells of 4 MiB among normal rows, a CSV field
 of 1 GiB without a newline (gzip), a CSV quote that never closes, and gold sets with a line or
-a field of 200 MiB, a gzip line of 1 GiB, or the Parquet bomb. Each file is read by the
-command that takes it (``import``, or ``evaluate`` for a gold set) in a fresh process, and the
-table shows that process's peak RSS beside the same command on a normal file with as many rows.
+a field of 200 MiB, a gzip line of 1 GiB, or the Parquet bomb; and a Parquet file of a few KB
+whose rows have no values (``--empty-rows``, 10 million: nulls cost no bytes; its normal file
+is 10,000 posts). Each file is read by the command that takes it (``import``, or ``evaluate``
+for a gold set) in a fresh process, and the table shows that process's wall time and peak RSS
+beside the same command on a normal file with as many rows.
 
-    bench/run bombs [--field-mib 1024] [--line-mib 200] [--limits]
+    bench/run bombs [--field-mib 1024] [--line-mib 200] [--empty-rows 10000000] [--limits]
 
 ``--limits`` also imports files that stay within the import's limits but go close to them (a
 dictionary value of nearly 16 MiB named by every row, plain pages of 16 MiB, posts of 32 KiB,
@@ -21,6 +23,7 @@ import gzip
 import json
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,6 +70,17 @@ def parquet_cells_bomb(path: Path, normal: int = 1000, bombs: int = 100, cell_mi
         texts += [big, *(_text(k * per + j) for j in range(per))]
     texts += [_text(i) for i in range(bombs * per, normal)]
     return parquet_file(path, texts, dictionary_pagesize_limit=2 * cell_mib * _MIB)
+
+
+def parquet_empty_rows_bomb(path: Path, rows: int = 10_000_000) -> Path:
+    """A post, then ``rows`` rows with no values at all (nulls cost no bytes), then a post:
+    a few KB that claim millions of rows, each one a refusal."""
+    tenants = pa.chunked_array([["acme"], pa.nulls(rows, pa.string()), ["acme"]])
+    posts = pa.chunked_array([["p-first"], pa.nulls(rows, pa.string()), ["p-last"]])
+    texts = pa.chunked_array([["fine"], pa.nulls(rows, pa.string()), ["fine"]])
+    table = pa.table({"tenant_id": tenants, "post_id": posts, "text": texts})
+    pq.write_table(table, path, compression="zstd", row_group_size=1 << 20)
+    return path
 
 
 def csv_field_bomb(path: Path, field_mib: int = 1024) -> Path:
@@ -153,9 +167,16 @@ class Bomb:
     normal: Callable[[Path], Path]
 
 
-def bombs(field_mib: int, line_mib: int) -> list[Bomb]:
+def bombs(field_mib: int, line_mib: int, empty_rows: int) -> list[Bomb]:
     """The files the bench reads."""
     return [
+        Bomb(
+            f"Parquet, {empty_rows:,} empty rows",
+            "import",
+            empty_rows + 2,
+            lambda d: parquet_empty_rows_bomb(d / "empty.parquet", empty_rows),
+            lambda d: parquet_file(d / "normal.parquet", [_text(i) for i in range(10_000)]),
+        ),
         Bomb(
             "Parquet, 10 x 40 MiB (2 KB)",
             "import",
@@ -272,11 +293,13 @@ def _outcome(command: str, code: int, stdout: str, stderr: str) -> str:
     return f"evaluated {gold['rows']}, rejected {gold['rejected']}"
 
 
-def _measure(bomb: Bomb, path: Path, work: Path) -> tuple[float, str]:
+def _measure(bomb: Bomb, path: Path, work: Path) -> tuple[float, str, float]:
     env = cli_env(work / "home", f"sqlite:///{work / 'store.db'}")
     argv = [sys.executable, "-m", "backfill_assets.cli", bomb.command, str(path), "--json"]
+    started = time.perf_counter()
     done, peak = run_peak(argv, env)
-    return peak, _outcome(bomb.command, done.returncode, done.stdout, done.stderr)
+    wall = time.perf_counter() - started
+    return peak, _outcome(bomb.command, done.returncode, done.stdout, done.stderr), wall
 
 
 def main() -> None:
@@ -284,19 +307,24 @@ def main() -> None:
     parser.add_argument("--field-mib", type=int, default=1024, help="the CSV field and gzip line")
     parser.add_argument("--line-mib", type=int, default=200, help="the gold line and field")
     parser.add_argument("--limits", action="store_true", help="also files near the limits")
+    parser.add_argument(
+        "--empty-rows", type=int, default=10_000_000, help="rows with no values in a Parquet file"
+    )
     args = parser.parse_args()
     print(machine_speed())
-    print(f"{'file':<34} {'size':>9} {'rows':>5} {'peak RSS':>9} {'normal':>9}  outcome")
-    for bomb in bombs(args.field_mib, args.line_mib):
+    print(
+        f"{'file':<34} {'size':>9} {'rows':>5} {'wall':>6} {'peak RSS':>9} {'normal':>9}  outcome"
+    )
+    for bomb in bombs(args.field_mib, args.line_mib, args.empty_rows):
         with tempfile.TemporaryDirectory() as tmp:
             work = Path(tmp)
             path = bomb.write(work)
             size = path.stat().st_size
-            peak, outcome = _measure(bomb, path, work / "bomb")
+            peak, outcome, wall = _measure(bomb, path, work / "bomb")
             path.unlink()
-            normal, _ = _measure(bomb, bomb.normal(work), work / "normal")
+            normal, _, _ = _measure(bomb, bomb.normal(work), work / "normal")
         print(
-            f"{bomb.name:<34} {size / 1024:>7,.0f} K {bomb.rows:>5} {peak:>6,.0f} MB"
+            f"{bomb.name:<34} {size / 1024:>7,.0f} K {bomb.rows:>5} {wall:>5.1f}s {peak:>6,.0f} MB"
             f" {normal:>6,.0f} MB  {outcome}"
         )
     if args.limits:
@@ -306,7 +334,7 @@ def main() -> None:
                 work = Path(tmp)
                 path = write(work)
                 size = path.stat().st_size
-                peak, outcome = _measure(Bomb(name, "import", 0, write, write), path, work)
+                peak, outcome, _ = _measure(Bomb(name, "import", 0, write, write), path, work)
             print(f"{name:<44} {size / 1024:>7,.0f} K {peak:>6,.0f} MB  {outcome}")
 
 

@@ -12,7 +12,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from backfill_assets.domain.policy.document import ITEM_ID_RE
-from backfill_assets.domain.work.records import Post, Record, Rejection, shown, validate_row
+from backfill_assets.domain.work.records import (
+    Post,
+    Record,
+    Rejection,
+    merge_runs,
+    shown,
+    validate_row,
+)
 from backfill_assets.ingest.formats import ImportInputError, sniff_format
 from backfill_assets.ingest.lines import InputBroken
 from backfill_assets.ingest.readers import file_records
@@ -43,6 +50,11 @@ class GoldSet:
 
     rows: list[GoldRow] = field(default_factory=list)
     rejected: list[Rejection] = field(default_factory=list)
+
+    @property
+    def rejected_rows(self) -> int:
+        """Rows refused; a run of empty Parquet rows is one rejection of many rows."""
+        return sum(r.rows for r in self.rejected)
 
 
 def _row(raw: Record, tenant: str, seen: set[str]) -> GoldRow | Rejection:
@@ -95,8 +107,10 @@ def read_gold(path: str | Path, tenant: str) -> GoldSet:
     try:
         if p.is_dir():
             raise GoldError(f"{path}: a directory, not a gold set file")
-        with file_records(p, sniff_format(p), _gold_columns) as records:
-            _collect(records, p, tenant, out)
+        fmt = sniff_format(p)
+        with file_records(p, fmt, _gold_columns) as records:
+            # A run of empty Parquet rows is one refusal, as in an import.
+            _collect(merge_runs(records) if fmt == "parquet" else records, p, tenant, out)
     except FileNotFoundError:
         raise GoldError(f"{path}: no such file or directory") from None
     except ImportInputError as exc:
@@ -106,7 +120,7 @@ def read_gold(path: str | Path, tenant: str) -> GoldSet:
     except (OSError, EOFError, zlib.error) as exc:
         raise GoldError(f"{path}: unreadable ({type(exc).__name__}: {exc})") from None
     if not out.rows:
-        raise GoldError(f"{path}: no usable rows ({len(out.rejected)} rejected)")
+        raise GoldError(f"{path}: no usable rows ({out.rejected_rows} rejected)")
     return out
 
 
@@ -117,6 +131,9 @@ def _collect(records: Iterator[Record | Rejection], path: Path, tenant: str, out
         got = entry if isinstance(entry, Rejection) else _row(entry, tenant, seen)
         if isinstance(got, Rejection):
             out.rejected.append(got)
+            # Held in memory like the rows: a Parquet file's empty rows cost it no bytes.
+            if len(out.rejected) > MAX_GOLD_ROWS:
+                raise GoldError(f"{path}: more than {MAX_GOLD_ROWS} rows rejected")
             continue
         out.rows.append(got)
         text_bytes += len(got.post.text.encode("utf-8"))

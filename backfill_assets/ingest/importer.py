@@ -20,7 +20,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from backfill_assets.domain.work.columns import DEFAULT_COLUMNS, ColumnMap
 from backfill_assets.domain.work.keys import DEFAULT_SLICE_TARGET
-from backfill_assets.domain.work.records import Post, Rejection, validate_record
+from backfill_assets.domain.work.records import Post, Rejection, merge_runs, validate_record
 from backfill_assets.ingest.formats import (
     EXPORT_PATTERNS,
     ColumnsFor,
@@ -182,12 +182,14 @@ def _file_rows(
     columns, tenant = options.columns, options.tenant
     wanted = _post_columns(columns, tenant)
     with file_records(path, fmt, wanted, options.batch_rows) as records:
-        yield (
+        rows = (
             item
             if isinstance(item, Rejection)
             else validate_record(item, columns, tenant, blank_is_null=fmt == "csv")
             for item in records
         )
+        # A Parquet row with no values costs no bytes: refusals come in runs, one a run.
+        yield merge_runs(rows) if fmt == "parquet" else rows
 
 
 def _import_file(
@@ -235,8 +237,8 @@ def import_rows(
     held = 0
     try:
         for item in rows:
-            summary.read += 1
-            summary.last_line = item.line
+            summary.read += item.rows if isinstance(item, Rejection) else 1
+            summary.last_line = item.line + (item.rows - 1 if isinstance(item, Rejection) else 0)
             batch.append(item)
             held += len(item.text) if isinstance(item, Post) else 0
             if len(batch) >= batch_rows or held >= BATCH_TEXT_CHARS:

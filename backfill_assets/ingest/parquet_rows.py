@@ -131,6 +131,15 @@ def parquet_records(
     row_no = 0
     with path.open("rb") as fh:
         for group in range(meta.num_row_groups):
+            empty = _empty_group(meta.row_group(group), needed)
+            if empty:
+                # Refused from the footer alone: a file that lies in its statistics loses rows
+                # it says are empty, never reads more than it says.
+                first, last = row_no + 1, row_no + empty
+                where = f"row {first}" if empty == 1 else f"rows {first}-{last}"
+                yield Rejection(first, _empty_reason(needed), None, where, rows=empty)
+                row_no = last
+                continue
             try:
                 rows = _batch_rows(path, pf, fh, group, needed, batch_rows)
             except (BadPageHeader, _PageTooLarge) as exc:
@@ -146,8 +155,22 @@ def parquet_records(
                     raise InputBroken(row_no + 1, reason) from None
                 if batch is None:
                     break
-                yield from _batch_records(batch, list(needed), row_no)
+                yield from _batch_records(batch, needed, row_no)
                 row_no += batch.num_rows
+
+
+def _empty_reason(needed: dict[str, int]) -> str:
+    return f"no value in any of {', '.join(needed)}"
+
+
+def _empty_group(group: Any, needed: dict[str, int]) -> int:
+    """The row group's row count when its statistics say every needed column is all null."""
+    rows = int(group.num_rows)
+    for index in needed.values():
+        stats = group.column(index).statistics
+        if rows == 0 or stats is None or not stats.has_null_count or stats.null_count != rows:
+            return 0
+    return rows
 
 
 class _PageTooLarge(ValueError):
@@ -228,18 +251,43 @@ def _lengths(column: Any) -> list[int]:
     return [n or 0 for n in lengths.to_pylist()]
 
 
-def _batch_records(batch: Any, names: list[str], before: int) -> Iterator[Record | Rejection]:
+def _blank_rows(batch: Any) -> list[bool] | None:
+    """Which rows have no value in any needed column (``None``: no such row)."""
+    mask = None
+    for column in batch.columns:
+        nulls = pc.is_null(column)
+        mask = nulls if mask is None else pc.and_(mask, nulls)
+    if mask is None or not pc.any(mask).as_py():
+        return None
+    return [bool(b) for b in mask.to_pylist()]
+
+
+def _batch_records(batch: Any, needed: dict[str, int], before: int) -> Iterator[Record | Rejection]:
     """The batch's rows; a row whose values are longer than a JSONL line may be is rejected by
-    their lengths, before any of its values becomes a Python string."""
+    their lengths, before any of its values becomes a Python string. Rows with no values at
+    all are refused a run at a time: they cost a file no bytes, so there may be billions."""
     totals = [sum(row) for row in zip(*(_lengths(c) for c in batch.columns), strict=True)]
     over = {i for i, n in enumerate(totals) if n > MAX_LINE_BYTES}
-    if over:
-        batch = batch.filter(pa.array([i not in over for i in range(len(totals))]))
+    blank = _blank_rows(batch) or [False] * len(totals)
+    if over or any(blank):
+        keep = [i not in over and not blank[i] for i in range(len(totals))]
+        batch = batch.filter(pa.array(keep))
     rows = zip(*(c.to_pylist() for c in batch.columns), strict=True)
-    for i in range(len(totals)):
+    names, empty = list(needed), _empty_reason(needed)
+    i = 0
+    while i < len(totals):
         row_no = before + i + 1
+        if blank[i]:
+            end = i
+            while end < len(totals) and blank[end]:
+                end += 1
+            where = f"row {row_no}" if end - i == 1 else f"rows {row_no}-{before + end}"
+            yield Rejection(row_no, empty, None, where, rows=end - i)
+            i = end
+            continue
         if i in over:
             reason = f"row longer than {MAX_LINE_BYTES} bytes"
             yield Rejection(row_no, reason, None, f"row {row_no}")
         else:
             yield Record(row_no, dict(zip(names, next(rows), strict=True)), f"row {row_no}")
+        i += 1

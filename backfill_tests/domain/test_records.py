@@ -2,7 +2,13 @@ import json
 
 import pytest
 
-from backfill_assets.domain.work.records import MAX_TEXT_BYTES, Post, Rejection, parse_line
+from backfill_assets.domain.work.records import (
+    MAX_TEXT_BYTES,
+    Post,
+    Rejection,
+    merge_runs,
+    parse_line,
+)
 
 
 def line(obj: object) -> bytes:
@@ -77,3 +83,28 @@ def test_byte_order_mark_on_the_first_line_is_ignored() -> None:
     raw = "\ufeff".encode() + line({"tenant_id": "acme", "post_id": "p1", "text": "hi"})
     assert isinstance(parse_line(raw, 1), Post)
     assert isinstance(parse_line(raw, 2), Rejection)
+
+
+def test_runs_of_the_same_refusal_become_one_and_nothing_else_moves() -> None:
+    def no(line: int, reason: str = "empty", rows: int = 1) -> Rejection:
+        return Rejection(line, reason, None, f"row {line}", rows=rows)
+
+    items: list[str | Rejection] = [
+        no(1),
+        no(2),
+        no(3, rows=4),
+        "post 7",
+        no(8),
+        no(9, "other"),
+        no(10, "other"),
+        no(12, "other"),
+    ]
+    got = list(merge_runs(items))
+    assert got == [
+        Rejection(1, "empty", None, "rows 1-6", rows=6),
+        "post 7",
+        no(8),
+        Rejection(9, "other", None, "rows 9-10", rows=2),
+        no(12, "other"),
+    ]
+    assert sum(r.rows for r in got if isinstance(r, Rejection)) == 10

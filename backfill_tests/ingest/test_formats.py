@@ -297,3 +297,29 @@ def test_long_posts_are_written_in_batches_of_bounded_text(lite: Engine, tmp_pat
     assert len(batches) > 2
     widths = [b - a for a, b in zip([0, *batches], batches, strict=False)]
     assert max(widths) * 30_005 < BATCH_TEXT_CHARS + 30_005
+
+
+@pytest.mark.parametrize("statistics", [True, False], ids=["footer", "read"])
+def test_parquet_rows_with_no_values_are_one_reject_a_run(
+    lite: Engine, tmp_path: Path, statistics: bool
+) -> None:
+    # Nulls cost a Parquet file no bytes: a refusal a row would let a few KB write millions
+    # of rejects. Row groups the footer says are empty are refused unread; without
+    # statistics the runs are found batch by batch and joined across batches and groups.
+    blank = pa.nulls(50_000, pa.string())
+    table = pa.table(
+        {
+            name: pa.chunked_array([[first], blank, [None], blank, [last]])
+            for name, first, last in (
+                ("tenant_id", "acme", "acme"),
+                ("post_id", "p1", "p2"),
+                ("text", "one", "two"),
+            )
+        }
+    )
+    path = tmp_path / "empty.parquet"
+    pq.write_table(table, path, row_group_size=10_000, write_statistics=statistics)
+    got = import_path(lite, path, options=ImportOptions(batch_rows=4_096))
+    assert (got.imported, got.rejected, got.read) == (2, 100_001, 100_003)
+    assert rejects(lite) == [(2, "no value in any of tenant_id, post_id, text", None)]
+    assert got.new_rejects == 100_001

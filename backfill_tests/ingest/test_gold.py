@@ -84,3 +84,31 @@ def test_a_gold_set_that_is_not_a_readable_file_is_refused(tmp_path: Path) -> No
         read_gold(tmp_path / "missing.csv", "eval")
     with pytest.raises(GoldError, match="directory"):
         read_gold(tmp_path, "eval")
+
+
+def test_a_gold_set_is_held_to_as_many_refusals_as_rows(tmp_path: Path) -> None:
+    # Refusals are held in memory like rows; each line here differs, so none join a run.
+    path = tmp_path / "gold.jsonl"
+    good = json.dumps({"id": "g0", "text": "fine", "label": "ok"})
+    bad = (
+        json.dumps({"id": f"g{i}", "text": "x", "label": "NOT A LABEL"}) for i in range(1, 100_002)
+    )
+    path.write_text("\n".join([good, *bad]) + "\n")
+    with pytest.raises(GoldError, match="more than 100000 rows rejected"):
+        read_gold(path, "eval")
+
+
+def test_empty_parquet_gold_rows_count_as_rows_in_few_refusals(tmp_path: Path) -> None:
+    blank = pa.nulls(200_000, pa.string())
+    table = pa.table(
+        {
+            name: pa.chunked_array([[value], blank])
+            for name, value in (("id", "g1"), ("text", "fine"), ("label", "ok"))
+        }
+    )
+    path = tmp_path / "gold.parquet"
+    pq.write_table(table, path, write_statistics=False)
+    gold = read_gold(path, "eval")
+    assert len(gold.rows) == 1
+    assert gold.rejected_rows == 200_000
+    assert [(r.line, r.rows, r.locator) for r in gold.rejected] == [(2, 200_000, "rows 2-200001")]

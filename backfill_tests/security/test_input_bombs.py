@@ -21,6 +21,7 @@ from bench.bombs_bench import (
     gold_parquet,
     parquet_cells_bomb,
     parquet_dictionary_bomb,
+    parquet_empty_rows_bomb,
 )
 
 PEAK_MIB = 300
@@ -98,3 +99,14 @@ def test_a_parquet_gold_set_is_held_to_the_page_limit(tmp_path: Path) -> None:
     assert peak < PEAK_MIB, f"peak RSS {peak:.0f} MiB"
     assert code == 2
     assert "argument GOLD" in err and "has a page of 41943044 bytes" in err
+
+
+def test_millions_of_empty_parquet_rows_are_one_reject(tmp_path: Path, store_url: str) -> None:
+    bomb = parquet_empty_rows_bomb(tmp_path / "empty.parquet", rows=3_000_000)
+    assert bomb.stat().st_size < 64 * 1024
+    code, out, err, peak, store = _run(["import", str(bomb)], tmp_path, store_url)
+    assert peak < PEAK_MIB, f"peak RSS {peak:.0f} MiB"
+    assert code == 0, err
+    doc = last_json(out)
+    assert (doc["imported"], doc["rejected"], doc["read"]) == (2, 3_000_000, 3_000_002)
+    assert rejects(engine_for(store)) == [(2, "no value in any of tenant_id, post_id, text", None)]

@@ -144,11 +144,17 @@ def cmd_evaluate(args: argparse.Namespace, settings: Settings) -> int:
     doc: dict[str, Any] = {
         "ok": True,
         "tenant": tenant,
-        "gold": {"file": args.gold, "rows": len(gold.rows), "rejected": len(gold.rejected)},
-        "rejected": [{"line": r.line, "reason": r.reason} for r in gold.rejected],
+        "gold": {"file": args.gold, "rows": len(gold.rows), "rejected": gold.rejected_rows},
+        "rejected": [
+            {"line": r.line, "reason": r.reason, **({"rows": r.rows} if r.rows > 1 else {})}
+            for r in gold.rejected
+        ],
         "policies": [r.report for r in results],
     }
-    human: list[Human] = [f"line {r.line}: {r.reason}" for r in gold.rejected]
+    human: list[Human] = [
+        f"{'line' if r.rows == 1 else f'{r.rows} lines from'} {r.line}: {r.reason}"
+        for r in gold.rejected
+    ]
     for result in results:
         human += _human(result.report)
     if args.against:

@@ -4,9 +4,9 @@ becomes a ``Record`` of named values, then a validated post or a rejection (pure
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
 
 from backfill_assets.domain.work.columns import DEFAULT_COLUMNS, ColumnMap
 from backfill_assets.domain.work.keys import TENANT_ID_RE, content_hash, normalize_text, slice_of
@@ -15,6 +15,8 @@ from backfill_assets.domain.work.regions import InvalidRegion, validate_region
 MAX_POST_ID_CHARS = 200
 MAX_TEXT_BYTES = 32_768
 MAX_LINE_BYTES = 256 * 1024
+
+_Item = TypeVar("_Item")
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +43,41 @@ class Rejection:
     tenant_given: str | None
     # Where the row is when a line number alone does not say (a Parquet row, a query's post).
     locator: str | None = None
+    # Consecutive rows refused for the same reason, from ``line`` on (``merge_runs``).
+    rows: int = 1
+
+
+def merge_runs(items: Iterable[_Item | Rejection]) -> Iterator[_Item | Rejection]:
+    """``items`` with each run of consecutive rejections of the same reason made one.
+
+    For Parquet, where a row with no values costs no bytes: a few KB can claim billions of
+    rows, and one refusal a row would write billions of rejects. A run is recorded once, at
+    its first row, with its length."""
+    run: Rejection | None = None
+    for item in items:
+        if (
+            isinstance(item, Rejection)
+            and run is not None
+            and item.line == run.line + run.rows
+            and (item.reason, item.tenant_given) == (run.reason, run.tenant_given)
+        ):
+            run = replace(run, rows=run.rows + item.rows)
+            continue
+        if run is not None:
+            yield _located(run)
+            run = None
+        if isinstance(item, Rejection):
+            run = item
+        else:
+            yield item
+    if run is not None:
+        yield _located(run)
+
+
+def _located(run: Rejection) -> Rejection:
+    if run.rows == 1:
+        return run
+    return replace(run, locator=f"rows {run.line}-{run.line + run.rows - 1}")
 
 
 @dataclass(frozen=True, slots=True)

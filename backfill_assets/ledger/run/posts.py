@@ -160,7 +160,7 @@ def write_batch(
         summary.new_rejects += record_rejects(conn, source, rejects)
         if hook is not None:
             hook(conn, batch)
-    summary.rejected += len(rejects)
+    summary.rejected += sum(r.rows for r in rejects)
 
 
 def _check_purpose(

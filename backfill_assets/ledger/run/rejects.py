@@ -23,7 +23,7 @@ class RejectsPage:
 
 
 def record_rejects(conn: Connection, source: str, rejects: Sequence[Rejection]) -> int:
-    """Upsert rejects by (source, line); returns how many were not recorded before."""
+    """Upsert rejects by (source, line); returns how many rows were not recorded before."""
     if not rejects:
         return 0
     lines = sorted({r.line for r in rejects})
@@ -59,7 +59,8 @@ def record_rejects(conn: Connection, source: str, rejects: Sequence[Rejection]) 
             for r in rejects
         ],
     )
-    return sum(1 for line in lines if line not in known)
+    # A run of rows refused as one (``records.merge_runs``) counts its rows.
+    return sum({r.line: r.rows for r in rejects if r.line not in known}.values())
 
 
 def list_rejects(
