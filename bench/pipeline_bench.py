@@ -90,7 +90,7 @@ def _fence_cost(engine: Any, refs: list[Any]) -> tuple[float, int]:
     import sqlalchemy as sa
 
     from backfill_assets.ledger.engine import is_sqlite, write_tx
-    from backfill_assets.ledger.locks import WriterLocks
+    from backfill_assets.ledger.locks.writer_locks import WriterLocks
 
     def timed(tx: Any) -> float:
         samples = []

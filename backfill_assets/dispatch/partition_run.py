@@ -28,7 +28,7 @@ from backfill_assets.domain.work.keys import (
 )
 from backfill_assets.domain.work.outcomes import Outcome, RetryPolicy
 from backfill_assets.domain.work.regions import unavailable_message
-from backfill_assets.ledger.locks import Fence
+from backfill_assets.ledger.locks.fence import Fence
 from backfill_assets.providers.batch_client import BatchEndpoint
 from backfill_assets.providers.models.base import ModelAdapter
 

@@ -29,7 +29,7 @@ from backfill_assets.domain.work.keys import (
 )
 from backfill_assets.domain.work.regions import unavailable_message
 from backfill_assets.ledger.engine import read_tx, refresh_planner_stats
-from backfill_assets.ledger.locks import WriterLocks, while_held
+from backfill_assets.ledger.locks.writer_locks import WriterLocks, while_held
 from backfill_assets.ledger.policies import contract_lookup, register_policy
 from backfill_assets.ledger.run.partition_counts import (
     PartitionCounts,

@@ -11,7 +11,7 @@ from sqlalchemy.engine import Engine
 
 from backfill_assets.dispatch.pipeline import RunOptions, run_partitions
 from backfill_assets.domain.work.keys import Versions
-from backfill_assets.ledger.locks import WriterLocks
+from backfill_assets.ledger.locks.writer_locks import WriterLocks
 from backfill_assets.providers.models.fake import FakeModel
 from backfill_tests.conftest import import_records
 from backfill_tests.pipeline_helpers import (

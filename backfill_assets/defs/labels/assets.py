@@ -18,7 +18,7 @@ from backfill_assets.domain.policy.evaluation import Gate
 from backfill_assets.domain.policy.rubric import Rubric
 from backfill_assets.domain.work.faults import NO_FAULTS, FaultHooks
 from backfill_assets.ledger.engine import read_tx, write_tx
-from backfill_assets.ledger.locks import LockLost
+from backfill_assets.ledger.locks.fence import LockLost
 from backfill_assets.ledger.reports import partition_spend
 from backfill_assets.ledger.run import partition_marks
 from backfill_assets.ledger.run.partition_groups import grouped, owners_of_all

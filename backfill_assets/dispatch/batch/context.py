@@ -17,7 +17,7 @@ from backfill_assets.domain.policy.output_gate import OutputContract
 from backfill_assets.domain.policy.rubric import Rubric
 from backfill_assets.domain.work.keys import Versions
 from backfill_assets.domain.work.outcomes import RetryPolicy
-from backfill_assets.ledger.locks import Fence
+from backfill_assets.ledger.locks.fence import Fence
 from backfill_assets.ledger.policies import contract_lookup
 from backfill_assets.ledger.run.submissions import LineRow, Submission
 from backfill_assets.providers.batch_client import BatchClient

@@ -17,7 +17,7 @@ from sqlalchemy.engine import Connection
 from backfill_assets.domain.money.budgets import Spend
 from backfill_assets.domain.work.events import EventKind
 from backfill_assets.ledger.bulk import db_time, insert_rows
-from backfill_assets.ledger.locks import Fence
+from backfill_assets.ledger.locks.fence import Fence
 from backfill_assets.ledger.run.writer import EVENT_COLUMNS
 from backfill_assets.ledger.tables import (
     batch_lines,

@@ -1,4 +1,4 @@
-"""What is left to do in a partition (who may do it: ``locks.py``)."""
+"""What is left to do in a partition (who may do it: ``locks/writer_locks.py``)."""
 
 from __future__ import annotations
 

@@ -36,7 +36,7 @@ from backfill_assets.domain.work.faults import UsageHook
 from backfill_assets.domain.work.outcomes import Outcome
 from backfill_assets.ledger.bulk import db_time, insert_values, row_values
 from backfill_assets.ledger.engine import is_sqlite
-from backfill_assets.ledger.locks import Fence, LockLost
+from backfill_assets.ledger.locks.fence import Fence, LockLost
 from backfill_assets.ledger.run.rows import DeadRow, EventRow, ResultRow, dead_row
 from backfill_assets.ledger.run.usage import add_usage
 from backfill_assets.ledger.tables import (
