@@ -10,15 +10,17 @@ from sqlalchemy.engine import Engine
 
 from backfill_assets.dispatch.batch.mode import batch_lanes
 from backfill_assets.dispatch.partition_run import (
+    DispatchHalted,
     DispatchJob,
     PartitionRef,
     PartitionReport,
     RegionUnavailable,
     RunOptions,
     RunStopped,
+    WorkItem,
 )
 from backfill_assets.dispatch.routing import RegionRouter, lane_adapters, route_partitions
-from backfill_assets.dispatch.sync import DispatchConfig, Dispatcher, DispatchHalted, WorkItem
+from backfill_assets.dispatch.sync import DispatchConfig, Dispatcher
 from backfill_assets.domain.money.budgets import TenantBudgets
 from backfill_assets.domain.policy.rubric import Rubric
 from backfill_assets.domain.policy.validation import warm_up as warm_up_validation

@@ -24,8 +24,8 @@ from backfill_assets.cli import build_parser
 from backfill_assets.config.settings import Settings
 from backfill_assets.config.variables import ChecksSettings
 from backfill_assets.defs.labels.checks import verdicts_for
+from backfill_assets.dispatch.partition_run import DispatchHalted
 from backfill_assets.dispatch.pipeline import RunOptions, RunStopped, run_partitions
-from backfill_assets.dispatch.sync import DispatchHalted
 from backfill_assets.domain.work.outcomes import RetryPolicy
 from backfill_assets.providers.models.fake import FakeModel
 from backfill_assets.providers.models.openai_http import HttpTimeouts, OpenAIHttpModel

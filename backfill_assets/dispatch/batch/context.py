@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 from sqlalchemy.engine import Engine
 
 from backfill_assets.dispatch.batch_options import BatchOptions
-from backfill_assets.dispatch.sync import PartitionStats
+from backfill_assets.dispatch.partition_run import PartitionStats
 from backfill_assets.domain.money.prices import PriceTable
 from backfill_assets.domain.policy.output_gate import OutputContract
 from backfill_assets.domain.policy.rubric import Rubric
