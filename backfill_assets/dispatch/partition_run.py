@@ -64,7 +64,7 @@ class PartitionStats:
     usage_missing: int = 0
     # Calls billed past their reserved bound (the tenant is stopped), and longest Retry-After.
     over_bound: int = 0
-    retry_after_max_s: float = 0.0
+    retry_after_longest_s: float = 0.0
     retry_after_capped: int = 0
     # Answers that the tier had no capacity (flex): retried, never counted as attempts.
     capacity_waits: int = 0

@@ -339,7 +339,7 @@ class Dispatcher:
         if exc.status == 429:
             st.rate_limited += 1
         if exc.retry_after is not None:
-            st.retry_after_max_s = max(st.retry_after_max_s, exc.retry_after)
+            st.retry_after_longest_s = max(st.retry_after_longest_s, exc.retry_after)
             if exc.retry_after > self.cfg.retry.retry_after_max_seconds:
                 st.retry_after_capped += 1
                 if not self._warned_retry_after:
