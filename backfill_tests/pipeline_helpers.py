@@ -22,7 +22,7 @@ from backfill_assets.providers.models.fake import FakeModel
 from backfill_assets.runner.verification import VerifyReport, verify_store
 
 RUBRIC = Rubric()
-VERSIONS = Versions(TASK_VERSION, RUBRIC.prompt_version, "fake-moderator-1")
+VERSIONS = Versions(TASK_VERSION, RUBRIC.key_version, "fake-moderator-1")
 FAST_RETRY = RetryPolicy(max_attempts=3, retry_base_seconds=0.0, retry_max_seconds=0.0)
 
 

@@ -84,7 +84,7 @@ def run_partitions(
     has no endpoint here are not dispatched; once the others are done, ``RegionUnavailable``
     names them.
     """
-    if versions.prompt_version != rubric.prompt_version:
+    if versions.key_version != rubric.key_version:
         raise ValueError("the versions name another policy than the rubric sent")
     if only_posts is not None and options.dispatch_mode != "sync":
         raise ValueError("a chosen set of posts is sent in sync mode")

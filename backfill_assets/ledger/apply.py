@@ -59,7 +59,7 @@ def _accepted(
     return sa.and_(
         claimed_by(results, owners),
         results.c.task_version == versions.task_version,
-        results.c.prompt_version == versions.prompt_version,
+        results.c.key_version == versions.key_version,
         results.c.model == versions.model,
         posts.c.tenant_id == results.c.tenant_id,
         posts.c.post_id == results.c.post_id,
@@ -111,7 +111,7 @@ def _upsert(
         results.c.label,
         results.c.rule_ids,
         sa.literal(policy.version),
-        results.c.prompt_version,
+        results.c.key_version,
         results.c.model,
         results.c.key,
         results.c.content_hash,
@@ -164,7 +164,7 @@ def apply_partitions(
     Keyed by (tenant, post_id, policy id): replaying changes nothing, not even a timestamp,
     so ``applied_labels`` and the posts table stay byte-identical.
     """
-    if versions.prompt_version != policy.key_version:
+    if versions.key_version != policy.key_version:
         raise ValueError("the versions name another policy than the one applied")
     # In one order, so two transactions over overlapping tenants never wait on each other.
     _lock(conn, sorted({t for t, _s in parts}), policy.policy_id)

@@ -108,7 +108,7 @@ def contract_lookup(engine: Engine, rubric: Rubric) -> Callable[[str], OutputCon
         return None if policy is None else OutputContract.of(policy)
 
     def lookup(key_version: str) -> OutputContract | None:
-        if key_version == rubric.prompt_version:
+        if key_version == rubric.key_version:
             return rubric.contract
         return other(key_version)
 

@@ -71,8 +71,8 @@ def test_no_duplicates_fails_on_a_key_both_accepted_and_dead_lettered(labelled: 
     execute(
         labelled,
         "INSERT INTO dead_letters (key, tenant_id, post_id, slice, content_hash, model,"
-        " prompt_version, task_version, outcome, reason, attempts, run_id, at)"
-        " SELECT key, tenant_id, post_id, slice, content_hash, model, prompt_version,"
+        " key_version, task_version, outcome, reason, attempts, run_id, at)"
+        " SELECT key, tenant_id, post_id, slice, content_hash, model, key_version,"
         " task_version, 'schema_rejected', 'test', 1, 'tamper', created_at"
         " FROM results WHERE key = :k",
         k=key,
@@ -109,9 +109,9 @@ def _rebill(engine: Engine, key: str) -> None:
         execute(
             engine,
             "INSERT INTO ledger_events (tenant_id, key, attempt_id, attempt_no, type, slice,"
-            " post_id, content_hash, model, prompt_version, task_version, tokens_in, tokens_out,"
+            " post_id, content_hash, model, key_version, task_version, tokens_in, tokens_out,"
             " cost_nanos, run_id, at) SELECT tenant_id, key, :a, 2, :kind, slice, post_id,"
-            " content_hash, model, prompt_version, task_version, 5000, 100, 0, 'tamper',"
+            " content_hash, model, key_version, task_version, 5000, 100, 0, 'tamper',"
             " created_at FROM results WHERE key = :k",
             a=attempt,
             kind=kind,
@@ -137,9 +137,9 @@ def test_spend_fails_on_orphan_attempts_over_the_bound(labelled: Engine) -> None
     execute(
         labelled,
         "INSERT INTO ledger_events (tenant_id, key, attempt_id, attempt_no, type, slice, post_id,"
-        " content_hash, model, prompt_version, task_version, tokens_in, tokens_out, cost_nanos,"
+        " content_hash, model, key_version, task_version, tokens_in, tokens_out, cost_nanos,"
         " run_id, at) SELECT tenant_id, key, 'orphan-1', 2, 'attempt', slice, post_id,"
-        " content_hash, model, prompt_version, task_version, 0, 0, 0, 'tamper', created_at"
+        " content_hash, model, key_version, task_version, 0, 0, 0, 'tamper', created_at"
         " FROM results WHERE key = :k",
         k=key,
     )

@@ -26,7 +26,7 @@ def result(post_id: str, tenant: str = TENANT, **change: Any) -> dict[str, Any]:
         "post_id": post_id,
         "content_hash": h,
         "task_version": V.task_version,
-        "prompt_version": V.prompt_version,
+        "key_version": V.key_version,
         "model": V.model,
         "label": "ok",
     }
@@ -39,7 +39,7 @@ def attempt(row: dict[str, Any], n: int = 1) -> dict[str, Any]:
         "type": "attempt",
         "attempt_id": f"{row['key']}-{n}",
         **{k: row[k] for k in ("key", "tenant_id", "slice", "post_id", "content_hash")},
-        **{k: row[k] for k in ("task_version", "prompt_version", "model")},
+        **{k: row[k] for k in ("task_version", "key_version", "model")},
     }
 
 

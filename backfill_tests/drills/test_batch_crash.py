@@ -139,19 +139,19 @@ def test_a_batch_in_flight_across_a_policy_change_keeps_its_own_keys(
     resumed = _run({**env, "BACKFILL_POLICY_PATH": str(COURSE_V5)})
     assert resumed.returncode == 0, resumed.stderr[-3000:]
 
-    results = rows(engine, "SELECT key, prompt_version FROM results")
-    by_version = Counter(r.prompt_version for r in results)
-    assert len(by_version) == 2 and by_version[VERSIONS.prompt_version] == len(old_keys)
-    assert {r.key for r in results if r.prompt_version == VERSIONS.prompt_version} == old_keys
+    results = rows(engine, "SELECT key, key_version FROM results")
+    by_version = Counter(r.key_version for r in results)
+    assert len(by_version) == 2 and by_version[VERSIONS.key_version] == len(old_keys)
+    assert {r.key for r in results if r.key_version == VERSIONS.key_version} == old_keys
     meter = sim.meter.snapshot()
     assert set(Counter(c.correlation_id for c in meter.billed.values()).values()) == {1}
     new_versions = VERSIONS.__class__(
         VERSIONS.task_version,
-        next(v for v in by_version if v != VERSIONS.prompt_version),
+        next(v for v in by_version if v != VERSIONS.key_version),
         VERSIONS.model,
     )
-    old = "SELECT label FROM results WHERE prompt_version = :v"
-    labels = {r.label for r in rows(engine, old, v=VERSIONS.prompt_version)}
+    old = "SELECT label FROM results WHERE key_version = :v"
+    labels = {r.label for r in rows(engine, old, v=VERSIONS.key_version)}
     assert labels and labels <= set(RUBRIC.policy.label_ids)
     for versions in (VERSIONS, new_versions):
         audit = verify_store(engine, versions).as_dict()

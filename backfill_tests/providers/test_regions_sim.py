@@ -34,7 +34,7 @@ DEFAULT_KEY = "sk-default-7c2e9a41d0b3f5e6"
 EU_KEY = "sk-eu-3f8d1b6a9c0e2d4f"
 TENANTS = {"acme": None, "euco": "eu", "apco": "ap"}
 POSTS = 12
-VERSIONS = Versions(TASK_VERSION, Rubric().prompt_version, MODEL)
+VERSIONS = Versions(TASK_VERSION, Rubric().key_version, MODEL)
 
 
 def _records() -> list[dict[str, Any]]:

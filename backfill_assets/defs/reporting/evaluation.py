@@ -94,7 +94,7 @@ def _report(
     n = len(ids)
     report = {
         "policy": rubric.policy.identity,
-        "key_version": rubric.prompt_version,
+        "key_version": rubric.key_version,
         "policy_id": rubric.policy.policy_id,
         "version": rubric.policy.version,
         "model": versions.model,
@@ -197,7 +197,7 @@ def gate_verdict(engine: Engine, rubric: Rubric, model: str, gate: Gate | None) 
     """The gate for ``rubric`` with ``model``: its latest evaluation has enough gold rows of
     every label and its macro-F1 reaches the minimum (no gate set: always passes)."""
     with read_tx(engine) as conn:
-        latest = evals.latest_evaluation(conn, rubric.prompt_version, model)
+        latest = evals.latest_evaluation(conn, rubric.key_version, model)
     f1 = latest.macro_f1 if latest is not None else None
     who = f"policy {rubric.policy.identity} with model {model}"
     if gate is None:
@@ -291,7 +291,7 @@ def evaluation_metadata(engine: Engine, rubric: Rubric, model: str) -> dict[str,
     force's per-label figures and confusion matrix."""
     with read_tx(engine) as conn:
         every = evals.latest_evaluations(conn)
-        current = evals.latest_evaluation(conn, rubric.prompt_version, model)
+        current = evals.latest_evaluation(conn, rubric.key_version, model)
     md: dict[str, Any] = {
         "evaluations": dg.MetadataValue.md(evaluations_table(every)),
         "policy": dg.MetadataValue.text(rubric.policy.identity),

@@ -81,12 +81,12 @@ class BatchContext:
     fatal: RunFatalError | None = None
     _contracts: Callable[[str], OutputContract | None] | None = field(default=None, repr=False)
 
-    def contract_for(self, prompt_version: str) -> OutputContract | None:
+    def contract_for(self, key_version: str) -> OutputContract | None:
         """The output contract of a chunk's policy version: a chunk re-attached after the
         policy changed is judged by the policy it was sent under (None: unknown version)."""
         if self._contracts is None:
             self._contracts = contract_lookup(self.engine, self.rubric)
-        return self._contracts(prompt_version)
+        return self._contracts(key_version)
 
     def stats_for(self, partition: str) -> PartitionStats:
         """Stats of a partition (created on first use)."""

@@ -221,8 +221,8 @@ def label_counts(ev: PartitionEvidence) -> Counter[str]:
         str(r["label"])
         for r in ev.results
         if r["tenant_id"] == ev.tenant
-        and (r["task_version"], r["prompt_version"], r["model"])
-        == (v.task_version, v.prompt_version, v.model)
+        and (r["task_version"], r["key_version"], r["model"])
+        == (v.task_version, v.key_version, v.model)
     )
 
 

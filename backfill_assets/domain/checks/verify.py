@@ -107,7 +107,7 @@ class _Derivation:
         self.tenant = tenant
         self.posts = posts
         self.versions = versions
-        self._triple = (versions.task_version, versions.prompt_version, versions.model)
+        self._triple = (versions.task_version, versions.key_version, versions.model)
         self._expected = expected
         self._home: dict[str, int] = {}
 
@@ -118,7 +118,7 @@ class _Derivation:
         return got
 
     def key(self, row: Row, post_id: str, row_hash: str) -> str:
-        triple = (str(row["task_version"]), str(row["prompt_version"]), str(row["model"]))
+        triple = (str(row["task_version"]), str(row["key_version"]), str(row["model"]))
         if triple == self._triple and self.posts.get(post_id) == row_hash:
             known = self._expected.get(post_id)
             if known is not None:
@@ -206,7 +206,7 @@ def verify_scope(
                 str(row["post_id"]),
                 str(row["content_hash"]),
                 str(row["task_version"]),
-                str(row["prompt_version"]),
+                str(row["key_version"]),
                 str(row["model"]),
             )
         ] += 1

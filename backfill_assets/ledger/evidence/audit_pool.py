@@ -101,7 +101,7 @@ def judge(
     common = {
         "url": engine.url.render_as_string(hide_password=False),
         "dead_peer_s": engine_dead_peer(engine).seconds,
-        "versions": [versions.task_version, versions.prompt_version, versions.model],
+        "versions": [versions.task_version, versions.key_version, versions.model],
         "contract": {
             "labels": list(judging.contract.labels),
             "none_label": judging.contract.none_label,

@@ -43,7 +43,7 @@ _DERIVATION = (
     "slice",
     "content_hash",
     "model",
-    "prompt_version",
+    "key_version",
     "task_version",
 )
 _COLUMNS = {

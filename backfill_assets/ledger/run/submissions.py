@@ -74,7 +74,7 @@ class Submission:
     tenant_id: str
     slice: int
     model: str
-    prompt_version: str
+    key_version: str
     task_version: str
     lines: int
     file_sha256: str

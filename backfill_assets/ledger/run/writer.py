@@ -296,7 +296,7 @@ class LedgerWriter:
         """Each policy version's rows against its own contract (one frame per version)."""
         by_version: dict[str, list[ResultRow]] = defaultdict(list)
         for row in rows:
-            by_version[str(row["prompt_version"])].append(row)
+            by_version[str(row["key_version"])].append(row)
         good: list[ResultRow] = []
         bad: list[tuple[ResultRow, str]] = []
         for version, group in by_version.items():
