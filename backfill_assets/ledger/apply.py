@@ -37,18 +37,13 @@ class ApplyReport:
     # Eligible posts whose label in force is a newer version's, left as they are.
     newer_kept: int
     target: str
-    rubric_version: str
+    code_version: str
     policy_version: str
 
     @property
     def unchanged(self) -> int:
         """Eligible posts that already carried this label and version."""
         return self.eligible - self.changed - self.newer_kept
-
-
-def rubric_version(versions: Versions) -> str:
-    """The version written next to each label on the posts: task, policy and model."""
-    return versions.code_version
 
 
 def _accepted(
@@ -195,7 +190,7 @@ def apply_partitions(
             changed=changed[i],
             newer_kept=newer_kept[i],
             target="live+shadow" if live else "shadow",
-            rubric_version=rubric_version(versions),
+            code_version=versions.code_version,
             policy_version=policy.version,
         )
         for i in range(len(parts))
@@ -264,7 +259,8 @@ def _posts_columns(
 ) -> None:
     """The posts' label columns follow the label in force: only where this version holds the
     post in ``applied_labels`` (a newer version's label is never overwritten there either)."""
-    version = rubric_version(versions)
+    # The version written next to each label on the posts: task, policy and model.
+    version = versions.code_version
     al = applied_labels
     targets = [(posts.c.moderation_label_shadow, posts.c.moderation_rubric_version_shadow)]
     if live:

@@ -38,7 +38,7 @@ def apply_metadata(rep: ApplyReport) -> dict[str, Any]:
         "unchanged": dg.MetadataValue.int(rep.unchanged),
         "newer_version_kept": dg.MetadataValue.int(rep.newer_kept),
         "target_columns": dg.MetadataValue.text(rep.target),
-        "rubric_version": dg.MetadataValue.text(rep.rubric_version),
+        "rubric_version": dg.MetadataValue.text(rep.code_version),
         "policy_version": dg.MetadataValue.text(rep.policy_version),
     }
 

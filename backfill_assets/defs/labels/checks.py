@@ -43,7 +43,6 @@ from backfill_assets.domain.checks.catalog import (
 )
 from backfill_assets.domain.policy.rubric import Rubric
 from backfill_assets.domain.work.keys import Versions
-from backfill_assets.ledger.apply import rubric_version
 from backfill_assets.ledger.engine import read_tx, refresh_planner_stats
 from backfill_assets.ledger.evidence import audit_pool
 from backfill_assets.ledger.evidence.evidence import Partition
@@ -109,7 +108,7 @@ def verdicts_for_many(
         # Read once: both the worker plan and the judging group partitions by their posts.
         counts = post_counts(conn, tenants)
         if drift and configured is None:
-            live = live_label_counts(conn, tenants, rubric_version(versions))
+            live = live_label_counts(conn, tenants, versions.code_version)
             baselines = {t: _live_baseline(live[t]) for t in tenants}
     judging = Judging(
         versions,
