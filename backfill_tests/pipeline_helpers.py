@@ -19,7 +19,7 @@ from backfill_assets.domain.work.keys import SLICE_COUNT, Versions
 from backfill_assets.domain.work.outcomes import RetryPolicy
 from backfill_assets.providers.models.base import ModelAdapter
 from backfill_assets.providers.models.fake import FakeModel
-from backfill_assets.runner.verification import VerifyReport, verify_store
+from backfill_assets.runner.verify import VerifyReport, verify_store
 
 RUBRIC = Rubric()
 VERSIONS = Versions(TASK_VERSION, RUBRIC.key_version, "fake-moderator-1")

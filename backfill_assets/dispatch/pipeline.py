@@ -90,7 +90,7 @@ def run_partitions(
         raise ValueError("a chosen set of posts is sent in sync mode")
     reports = {r.key: PartitionReport(ref=r) for r in refs}
     # Registered before the first call: the version's labels and rules are on record for
-    # whoever judges or applies its results later (policies.py).
+    # whoever checks or applies its results later (policies.py).
     register_policy(engine, rubric.policy)
     warm_up_validation(rubric.contract)  # before the first call, not inside the first flush
     refresh_planner_stats(engine, ("posts", "results", "dead_letters"))

@@ -232,13 +232,13 @@ def test_the_apply_re_judges_only_what_its_run_did_not_check(
     instance = dg.DagsterInstance.ephemeral(tempdir=str(tmp_path / "dagster"))
     defs = build_definitions(env_for(store_url))
     judged: list[str] = []
-    stock = applied_module.verdicts_for
+    stock = applied_module.check_results_for
 
     def counted(engine: Engine, ref: PartitionRef, *args: Any, **kwargs: Any) -> Any:
         judged.append(ref.key)
         return stock(engine, ref, *args, **kwargs)
 
-    monkeypatch.setattr(applied_module, "verdicts_for", counted)
+    monkeypatch.setattr(applied_module, "check_results_for", counted)
     # Checked in the same run: the apply takes the run's passed evaluations.
     records = materialize(defs, instance, BACKFILL_JOB, tenants, ["s00"], log_level="WARNING")
     assert all(r.success for r in records) and {pk for r in records for pk in r.applied} == {

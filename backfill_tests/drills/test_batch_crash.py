@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from backfill_assets.ledger.engines import engine_for
-from backfill_assets.runner.verification import verify_store
+from backfill_assets.runner.verify import verify_store
 from backfill_tests.cli_runs import clean_env, last_json
 from backfill_tests.conftest import import_records
 from backfill_tests.dispatch.batch.conftest import (
@@ -107,9 +107,9 @@ def test_sigkill_at_each_step_never_creates_a_second_batch(
     if point == "upload":
         assert meter.files_uploaded == len(chunks) + 1  # one orphan file, which costs nothing
 
-    audit = verify_store(engine, VERSIONS).as_dict(require_complete=True)
-    assert audit["ok"], audit["problems"]
-    [tenant] = audit["tenants"]
+    verified = verify_store(engine, VERSIONS).as_dict(require_complete=True)
+    assert verified["ok"], verified["problems"]
+    [tenant] = verified["tenants"]
     assert (tenant["done"], tenant["rebilled_tokens"], tenant["orphan_attempts"]) == (POSTS, 0, 0)
     assert tenant["billed_tokens"] == meter.billed_tokens_total
     captured = killed.stdout + killed.stderr + resumed.stdout + resumed.stderr
@@ -154,6 +154,6 @@ def test_a_batch_in_flight_across_a_policy_change_keeps_its_own_keys(
     labels = {r.label for r in rows(engine, old, v=VERSIONS.key_version)}
     assert labels and labels <= set(RUBRIC.policy.label_ids)
     for versions in (VERSIONS, new_versions):
-        audit = verify_store(engine, versions).as_dict()
-        assert audit["ok"], audit["problems"]  # old rows are stale, not foreign
+        verified = verify_store(engine, versions).as_dict()
+        assert verified["ok"], verified["problems"]  # old rows are stale, not foreign
     assert verify_store(engine, new_versions).reports[0].missing == 0

@@ -20,14 +20,14 @@ from backfill_assets.cli import build_parser
 from backfill_assets.config.settings import Settings
 from backfill_assets.config.variables import ChecksSettings
 from backfill_assets.definitions import APPLY_JOB, BACKFILL_JOB, build_definitions
-from backfill_assets.defs.labels.checks import verdicts_for
+from backfill_assets.defs.labels.checks import check_results_for
 from backfill_assets.dispatch.partition_run import PartitionRef
 from backfill_assets.domain.policy.file import load_policy, parse_policy
 from backfill_assets.domain.policy.rubric import Rubric
 from backfill_assets.ledger.apply import apply_partitions
 from backfill_assets.providers.models.base import ModelAdapter, ModelRequest, ModelResponse
 from backfill_assets.runner.orchestrate import materialize
-from backfill_assets.runner.verification import verify_store
+from backfill_assets.runner.verify import verify_store
 from backfill_tests.conftest import import_records
 from backfill_tests.pipeline_helpers import count, refs_for, run, total
 from backfill_tests.policy_helpers import COURSE_V5, edited, versions_of
@@ -130,7 +130,7 @@ def test_a_custom_policy_end_to_end_then_edited(
     # built-in ones: against a baseline where every post is ok, each of them has drifted.
     ref = PartitionRef(key="s00|learn", tenant_id="learn", slice=0, level=0)  # all of learn
     bounds = ChecksSettings(drift_baseline='{"ok": 1}', drift_min_count=1)
-    found = verdicts_for(engine, ref, v5_versions, v5, bounds)
+    found = check_results_for(engine, ref, v5_versions, v5, bounds)
     drift = {v.name: v for v in found}["label_drift"]
     watched = set(v5.policy.flagging_labels)
     assert watched == set(v5.policy.label_ids) - {"ok"} and "abuse" not in watched

@@ -34,7 +34,7 @@ from backfill_assets.runner.verification import verify_store
 
 
 def cmd_verify(args: argparse.Namespace, settings: Settings) -> int:
-    """Audit the store; exit 1 on isolation/duplicate problems (or missing keys if required)."""
+    """Check the store; exit 1 on isolation/duplicate problems (or missing keys if required)."""
     engine = settings.store.engine()
     with read_tx(engine) as conn:
         tenants = known_tenants(args.tenant, tenant_ids(conn))

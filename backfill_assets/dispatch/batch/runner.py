@@ -253,7 +253,7 @@ class BatchRunner:
                 job.next_poll = time.monotonic() + job.interval
                 continue
             except Refused as exc:
-                # Refusing a status call is no verdict on the batch, which may still run and
+                # Refusing a status call says nothing of the batch, which may still run and
                 # bill: stop the run, the chunk stays 'submitted' and the next run re-attaches.
                 raise RunFatalError(
                     f"status of batch {job.sub.batch_id} refused: {exc}",

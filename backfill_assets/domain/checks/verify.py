@@ -1,4 +1,4 @@
-"""Independent verification: recompute every key from the posts alone and audit every row (pure).
+"""The independent check: recompute every key from the posts alone and check every row (pure).
 
 Shared by ``backfill-moderation verify`` and the asset checks. Works on any scope (a tenant or
 one partition): the caller passes that scope's posts and every row that claims to be in it.
@@ -248,11 +248,11 @@ def verify_scope(
     rep.dead_by_outcome = dict(Counter(dead_in_scope.values()))
     rep.missing_keys = sorted(missing)[:sample]
 
-    _audit_ledger(tenant, derive, ledger, rep, problems, sample)
+    _check_ledger(tenant, derive, ledger, rep, problems, sample)
     return rep, problems
 
 
-def _audit_ledger(
+def _check_ledger(
     tenant: str,
     derive: _Derivation,
     ledger: Iterable[Row],

@@ -82,7 +82,7 @@ def _cheap_string_types(schema: pa.DataFrameSchema) -> pa.DataFrameSchema:
     pandera 0.35 tests a ``str`` column element by element and formats the (empty) failure
     cases even when every element passes: about 1 ms per column per validation, a third of a
     small flush's check. ``_is_str`` is one dtype test when the column holds strings and the
-    same per-row verdict when it does not (pandas stores a mixed column as ``object``).
+    same per-row answer when it does not (pandas stores a mixed column as ``object``).
     """
     string = pandas_engine.Engine.dtype(str)
     return schema.update_columns(
