@@ -7,7 +7,7 @@ the end of the cancels asked at the switch-over and the deadline less its margin
 on flex only if standard could still take it should flex stop answering. So a stalled batch
 or a flex outage costs money (the standard price for what they did not do), never the
 deadline. The split between tiers is ``tier_split.py``'s one rule: the run that carries the
-plan out applies the same functions, so the plan prices what the run pays.
+plan out uses the same functions, so the plan prices what the run pays.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What the tiers can do (``Rates``), and how many keys each takes within a window.
 
 The one rule of the batch/flex/standard split: the deadline plan (``deadline.py``) prices it
-and the run that carries the plan out applies the same functions, so the plan prices what the
+and the run that carries the plan out uses the same functions, so the plan prices what the
 run pays. Robust rather than hopeful: batch only as far as the synchronous tiers could still
 rescue a stall, flex only as far as standard could take over should flex stop answering.
 """

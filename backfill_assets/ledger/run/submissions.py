@@ -231,7 +231,7 @@ def prior_sends(conn: Connection, tenant_id: str, slice_no: int) -> dict[str, in
 
 
 def closed_lines(conn: Connection, sub: Submission) -> set[int]:
-    """Line numbers whose attempt already has its usage or error event (a resumed apply)."""
+    """Line numbers whose attempt already has its usage or error event (a resumed booking)."""
     prefix = f"{sub.chunk_id}:"
     stmt = sa.select(ledger_events.c.attempt_id).where(
         ledger_events.c.tenant_id == sub.tenant_id,
