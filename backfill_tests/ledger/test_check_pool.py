@@ -1,4 +1,4 @@
-"""Big runs are judged by worker processes: the same check results as in-process, on both stores,
+"""Big runs are checked by worker processes: the same check results as in-process, on both stores,
 and a failing worker costs time, never a check result."""
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def tampered(engine: Engine, tmp_path: Path) -> Engine:
     return engine
 
 
-def judged(
+def checked(
     engine: Engine, pooling: check_pool.Pooling | None = None
 ) -> tuple[dict[str, list[CheckResult]], list[str]]:
     """Every partition's check results, and what the checks logged."""
@@ -51,10 +51,10 @@ SMALL_RUNS = check_pool.Pooling(min_posts=0, chunk_posts=50, workers=2)
 
 
 def test_workers_give_the_same_check_results_as_one_process(tampered: Engine) -> None:
-    serial, _ = judged(tampered)
-    pooled, logged = judged(tampered, dataclasses.replace(SMALL_RUNS, progress_every_s=0.0))
+    serial, _ = checked(tampered)
+    pooled, logged = checked(tampered, dataclasses.replace(SMALL_RUNS, progress_every_s=0.0))
     assert any("worker processes" in m for m in logged)
-    assert any("partition(s) judged" in m for m in logged)
+    assert any("partition(s) checked" in m for m in logged)
     assert not any("failed" in m for m in logged)
     assert pooled == serial
     failed = {(pk, v.name) for pk, vs in pooled.items() for v in vs if not v.passed}
@@ -63,9 +63,9 @@ def test_workers_give_the_same_check_results_as_one_process(tampered: Engine) ->
 
 
 def test_a_failing_worker_falls_back_to_this_process(tampered: Engine) -> None:
-    serial, _ = judged(tampered)
+    serial, _ = checked(tampered)
     dying = (sys.executable, "-c", "import sys; sys.exit(3)")
-    fallback, logged = judged(tampered, dataclasses.replace(SMALL_RUNS, command=dying))
+    fallback, logged = checked(tampered, dataclasses.replace(SMALL_RUNS, command=dying))
     assert fallback == serial
     assert any("failed" in m for m in logged)
 

@@ -69,7 +69,7 @@ def check_results_for(
     deferred: int | None = None,
     sample: int = 5,
 ) -> list[CheckResult]:
-    """Gather one partition's rows and judge them (shared by checks, gate and CLI)."""
+    """Gather one partition's rows and check them (shared by checks, gate and CLI)."""
     return check_results_for_many(
         engine, [ref], versions, rubric, checks, names, {ref.key: deferred}, sample
     )[ref.key]
@@ -244,7 +244,8 @@ def _evaluation(
 def build_partition_checks(rubric: Rubric) -> dg.AssetChecksDefinition:
     """The seven checks in one group (``check_defs.CHECK_GROUPS``), one multi-check: the
     partition's rows are read once for all of them. ``rubric``: the policy the definitions
-    loaded (its labels and rules judge the stored results), closed over like the asset's."""
+    loaded (the stored results are checked against its labels and rules), closed over like
+    the asset's."""
     with warnings.catch_warnings():
         # Partitioned checks are "preview" in Dagster 1.13; the warning is noise on every load.
         warnings.simplefilter("ignore", dg.PreviewWarning)
@@ -278,7 +279,7 @@ def _checks(specs: list[dg.AssetCheckSpec], rubric: Rubric) -> dg.AssetChecksDef
         names = [m for g in CHECK_GROUPS if g.name in selected for m in g.members]
         failed: dict[str, list[str]] = {}
         latest = _latest_materializations(context.instance, [ref.key for ref in refs])
-        judged = check_results_for_many(
+        checked = check_results_for_many(
             store.engine(),
             refs,
             versions,
@@ -291,7 +292,7 @@ def _checks(specs: list[dg.AssetCheckSpec], rubric: Rubric) -> dg.AssetChecksDef
         for ref in refs:
             pk = ref.key
             target = latest[pk][0]
-            check_results = judged[pk]
+            check_results = checked[pk]
             for v in check_results:
                 if not v.passed:
                     failed.setdefault(v.name, []).append(pk)

@@ -42,7 +42,7 @@ _MAX_WORKERS = 4
 
 
 def default_workers() -> int:
-    """How many worker processes a big run gets (1: judge in this process)."""
+    """How many worker processes a big run gets (1: check in this process)."""
     return min(_MAX_WORKERS, os.cpu_count() or 1)
 
 
@@ -66,7 +66,7 @@ def plan(
     counts: Mapping[tuple[str, int], int],
     pooling: Pooling | None = None,
 ) -> list[list[Partition]] | None:
-    """Chunks of partitions for the workers, or None when the run is judged in-process;
+    """Chunks of partitions for the workers, or None when the run is checked in-process;
     ``counts``: posts per (tenant, slice) of their tenants (``post_counts``)."""
     pooling = pooling or Pooling()
     if pooling.workers < 2 or len(partitions) < 2:
@@ -153,7 +153,7 @@ def check_chunks(
                 tail = err.read()[-500:].decode("utf-8", "replace").strip()
                 message = (
                     f"WARNING: check worker {proc.pid} failed ({exc})"
-                    f"{': ' + tail if tail else ''}; its partitions are judged in this process"
+                    f"{': ' + tail if tail else ''}; its partitions are checked in this process"
                 )
                 log(scrub(message, str(common["url"])))  # a driver's error may quote it
                 return  # this worker is done for; the others (or this process) take the rest
@@ -161,7 +161,7 @@ def check_chunks(
                 out.update(got)
                 if time.monotonic() - last_log >= pooling.progress_every_s:
                     last_log = time.monotonic()
-                    log(f"checks: {len(out)} of {total} partition(s) judged")
+                    log(f"checks: {len(out)} of {total} partition(s) checked")
 
     with contextlib.ExitStack() as stack:
         procs: list[tuple[subprocess.Popen[str], IO[bytes]]] = []
@@ -261,7 +261,7 @@ def serve() -> None:
     for line in sys.stdin:
         try:
             reply = _answer(json.loads(line), engines)
-        except Exception as exc:  # reported to the parent, which judges the chunk itself
+        except Exception as exc:  # reported to the parent, which checks the chunk itself
             reply = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
         sys.stdout.write(json.dumps(reply) + "\n")
         sys.stdout.flush()

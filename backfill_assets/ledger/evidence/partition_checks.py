@@ -50,7 +50,7 @@ def check_partitions(
     ``counts``: posts per (tenant, slice) of their tenants, if the caller has read them.
 
     Memory is bounded by one batch (``_BATCH_ROWS`` rows, or one partition if larger), not by
-    the run: a batch is judged and dropped before the next is read.
+    the run: a batch is checked and dropped before the next is read.
     """
     out: dict[str, list[CheckResult]] = {}
     batch: list[tuple[Partition, PartitionEvidence]] = []
