@@ -52,7 +52,7 @@ DRILLS = {
     "backfill_tests/security/test_scan.py",
     "backfill_tests/security/test_webserver.py",
     "backfill_tests/ledger/test_apply.py",
-    "backfill_tests/ledger/test_audit_pool.py",
+    "backfill_tests/ledger/test_check_pool.py",
     "backfill_tests/browser/test_browser.py",
     "backfill_tests/drills/test_concurrent_runs.py",
     "backfill_tests/drills/test_crash.py",

@@ -11,9 +11,9 @@ from sqlalchemy.engine import Engine
 
 from backfill_assets.config.variables import ChecksSettings
 from backfill_assets.definitions import APPLY_JOB, BACKFILL_JOB, build_definitions
-from backfill_assets.defs.labels.checks import verdicts_for
+from backfill_assets.defs.labels.checks import check_results_for
 from backfill_assets.dispatch.pipeline import PartitionRef
-from backfill_assets.domain.checks.catalog import Verdict
+from backfill_assets.domain.checks.catalog import CheckResult
 from backfill_assets.domain.work.keys import SLICE_KEYS
 from backfill_assets.runner.orchestrate import materialize
 from backfill_assets.runner.run_records import RunRecord
@@ -75,9 +75,9 @@ def busiest(engine: Engine, tenant: str) -> PartitionRef:
     return PartitionRef(key=f"s{slice_no:02d}|{tenant}", tenant_id=tenant, slice=int(slice_no))
 
 
-def verdicts(engine: Engine, ref: PartitionRef, **policy: Any) -> dict[str, Verdict]:
-    """Every check's verdict for one partition, by name."""
-    found = verdicts_for(engine, ref, VERSIONS, RUBRIC, ChecksSettings(**policy))
+def check_results(engine: Engine, ref: PartitionRef, **policy: Any) -> dict[str, CheckResult]:
+    """Every check's check result for one partition, by name."""
+    found = check_results_for(engine, ref, VERSIONS, RUBRIC, ChecksSettings(**policy))
     return {v.name: v for v in found}
 
 

@@ -19,10 +19,10 @@ from backfill_assets.domain.work.keys import SLICE_COUNT, Versions
 from backfill_assets.domain.work.outcomes import RetryPolicy
 from backfill_assets.providers.models.base import ModelAdapter
 from backfill_assets.providers.models.fake import FakeModel
-from backfill_assets.runner.verification import VerifyReport, verify_store
+from backfill_assets.runner.verify import VerifyReport, verify_store
 
 RUBRIC = Rubric()
-VERSIONS = Versions(TASK_VERSION, RUBRIC.prompt_version, "fake-moderator-1")
+VERSIONS = Versions(TASK_VERSION, RUBRIC.key_version, "fake-moderator-1")
 FAST_RETRY = RetryPolicy(max_attempts=3, retry_base_seconds=0.0, retry_max_seconds=0.0)
 
 

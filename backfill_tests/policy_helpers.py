@@ -42,4 +42,4 @@ def edited(policy_file: Path, out: Path, old: str, new: str) -> Path:
 
 def versions_of(rubric: Rubric, model: str = FAKE_MODEL) -> Versions:
     """The versions that name ``rubric``'s work with ``model``."""
-    return Versions(TASK_VERSION, rubric.prompt_version, model)
+    return Versions(TASK_VERSION, rubric.key_version, model)

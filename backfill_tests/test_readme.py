@@ -296,6 +296,30 @@ def test_no_folder_holds_more_than_fifteen_modules() -> None:
     assert crowded == {}
 
 
+# Declaration tables, long because they list, not because they do many things. Each entry
+# says why; a module leaves the list when it shrinks below the limit.
+_LONG_MODULES = {
+    # Every environment variable, declared once with its meaning and range (issue 47).
+    "config/variables.py",
+    # The embedded instance's event log: Dagster's SQLite storage with pooled shards, split by
+    # the accelerators' own work (issue 47: its helper), not by this limit's.
+    "accelerators/sqlite_instance.py",
+}
+_MAX_MODULE_LINES = 400
+
+
+def test_no_module_exceeds_four_hundred_lines() -> None:
+    package = ROOT / "backfill_assets"
+    long = {
+        p.relative_to(package).as_posix(): n
+        for p in package.rglob("*.py")
+        if (n := len(p.read_text("utf-8").splitlines())) > _MAX_MODULE_LINES
+    }
+    assert {m: n for m, n in long.items() if m not in _LONG_MODULES} == {}
+    # An allowance nobody needs any more is removed, so the list stays short and true.
+    assert sorted(_LONG_MODULES - set(long)) == []
+
+
 def test_every_path_the_scripts_name_exists() -> None:
     # A folder renamed under the scripts' feet once made .ci/smoke-python run no tests at all.
     scripts = [*sorted((ROOT / ".ci").iterdir()), *sorted((ROOT / "bin").iterdir())]

@@ -99,8 +99,8 @@ def test_an_installed_wheel_backfills_the_demo_from_another_directory(
     imported = json.loads(_sh([cli, "import", demo, "--json"], elsewhere, env))
     assert imported["imported"] == 600
     _sh([cli, "run"], elsewhere, env)
-    verdict = json.loads(_sh([cli, "verify", "--require-complete", "--json"], elsewhere, env))
-    assert verdict["ok"], verdict
+    report = json.loads(_sh([cli, "verify", "--require-complete", "--json"], elsewhere, env))
+    assert report["ok"], report
     home = tmp_path / "data" / "backfill-moderation"
     assert (home / "backfill.db").is_file() and (home / "dagster.yaml").is_file()
     assert not list(elsewhere.iterdir()), "nothing is written into the working directory"

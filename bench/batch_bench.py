@@ -72,7 +72,7 @@ def run_mode(mode: str, args: argparse.Namespace, workdir: Path) -> dict[str, An
     """One full pass over the demo corpus in ``mode``; figures from the meter and the ledger."""
     engine, refs = _store(workdir, mode)
     rubric = Rubric()
-    versions = Versions(TASK_VERSION, rubric.prompt_version, args.model)
+    versions = Versions(TASK_VERSION, rubric.key_version, args.model)
     sim_config = SimConfig(
         seed=7,
         batch_processing_ms=50,

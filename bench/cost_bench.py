@@ -98,7 +98,7 @@ def run_tier(tier: str, rubric: Rubric, args: argparse.Namespace, workdir: Path)
         flex_unavailable_share=args.flex_unavailable if tier == "flex" else 0.0,
         batch_processing_ms=50,
     )
-    versions = Versions(TASK_VERSION, rubric.prompt_version, MODEL)
+    versions = Versions(TASK_VERSION, rubric.key_version, MODEL)
     with Simulator(sim_config) as sim:
         limiter = LimiterRegistry().get(tier, LimiterConfig())
         sent = Tier.FLEX if tier == "flex" else Tier.STANDARD

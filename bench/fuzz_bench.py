@@ -419,7 +419,7 @@ class Fuzz:
                 f" pending {self._pending():5d}  [kills {kills}/{self.args.kills}]"
             )
 
-    # -- finish and audit --------------------------------------------------------------------
+    # -- finish and verify -------------------------------------------------------------------
     def finish(self) -> dict[str, Any]:
         """Finish (batch for open chunks, then sync), verify, and check a further run is idle."""
         assert self.engine is not None
@@ -456,7 +456,7 @@ class Fuzz:
         calls = sum(int(d["totals"].get("model_calls", 0)) for d in idle)
         return {"verify": doc, "verify_rc": out.returncode, "further_sent": sent, "calls": calls}
 
-    def result(self, audit: dict[str, Any], wall: float) -> StoreResult:
+    def result(self, final: dict[str, Any], wall: float) -> StoreResult:
         """The store's figures."""
         snap: MeterSnapshot = self.meter.snapshot()
         per_key = Counter(call.correlation_id for call in snap.billed.values())
@@ -466,7 +466,7 @@ class Fuzz:
         rate = self._rate()
         flush_s = self.args.flush_ms / 1000.0
         per_kill_bound = self.args.concurrency + rate * flush_s
-        verify = audit["verify"]
+        verify = final["verify"]
         problems = Counter(p["kind"] for p in verify["problems"])
         return StoreResult(
             store=self.store,
@@ -489,28 +489,28 @@ class Fuzz:
             keys_billed=len(per_key),
             batch_lines_billed=sum(1 for c in snap.billed.values() if c.batch_id),
             batch_creates=snap.batch_creates_total,
-            verify_ok=bool(verify["ok"]) and audit["verify_rc"] == 0,
+            verify_ok=bool(verify["ok"]) and final["verify_rc"] == 0,
             duplicates=problems.get("duplicate", 0),
             missing=sum(int(t["missing"]) for t in verify["tenants"]),
             cross_tenant=problems.get("isolation", 0),
             orphan_attempts=sum(int(t["orphan_attempts"]) for t in verify["tenants"]),
             rebilled_tokens_ledger=sum(int(t["rebilled_tokens"]) for t in verify["tenants"]),
-            further_run_requests=int(audit["further_sent"]),
-            further_run_model_calls=int(audit["calls"]),
+            further_run_requests=int(final["further_sent"]),
+            further_run_model_calls=int(final["calls"]),
             wall_s=round(wall, 1),
             cycle_log=[asdict(c) for c in self.cycles],
         )
 
 
 def fuzz_store(store: str, args: argparse.Namespace, work: Path, log: Console) -> StoreResult:
-    """Set up, kill ``--kills`` times, finish, audit, tear down."""
+    """Set up, kill ``--kills`` times, finish, verify, tear down."""
     fuzz = Fuzz(store, args, work, log)
     t0 = time.monotonic()
     try:
         fuzz.setup()
         fuzz.kill_loop()
-        audit = fuzz.finish()
-        return fuzz.result(audit, time.monotonic() - t0)
+        final = fuzz.finish()
+        return fuzz.result(final, time.monotonic() - t0)
     finally:
         fuzz.close()
 

@@ -213,7 +213,7 @@ def _run_scenario(
             )
 
         rubric = Rubric()
-        versions = Versions(TASK_VERSION, rubric.prompt_version, MODEL)
+        versions = Versions(TASK_VERSION, rubric.key_version, MODEL)
         tenants = [f"tenant-{i:02d}" for i in range(args.tenants)]
         refs = [PartitionRef(f"s{s:02d}|{t}", t, s) for t in tenants for s in range(SLICE_COUNT)]
         t0 = time.perf_counter()

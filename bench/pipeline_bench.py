@@ -38,7 +38,7 @@ def _work(mode: str, url: str, export: str, concurrency: int) -> None:
     if mode == "full":
         import_path(engine, Path(export))
     rubric = Rubric()
-    versions = Versions(TASK_VERSION, rubric.prompt_version, "fake-moderator-1")
+    versions = Versions(TASK_VERSION, rubric.key_version, "fake-moderator-1")
     refs = [PartitionRef(f"s{s:02d}|{t}", t, s) for t in TENANTS for s in range(SLICE_COUNT)]
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     # The asset's first validation imports pandas and pandera (run_partitions does it before
@@ -90,7 +90,7 @@ def _fence_cost(engine: Any, refs: list[Any]) -> tuple[float, int]:
     import sqlalchemy as sa
 
     from backfill_assets.ledger.engine import is_sqlite, write_tx
-    from backfill_assets.ledger.locks import WriterLocks
+    from backfill_assets.ledger.locks.writer_locks import WriterLocks
 
     def timed(tx: Any) -> float:
         samples = []

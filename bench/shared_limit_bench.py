@@ -54,7 +54,7 @@ def _worker(args: argparse.Namespace) -> None:
         HttpSettings(rpm=args.rpm, tpm=0, share_limit=args.share == 1),
     )
     rubric = Rubric()
-    versions = Versions(TASK_VERSION, rubric.prompt_version, MODEL)
+    versions = Versions(TASK_VERSION, rubric.key_version, MODEL)
     refs = [PartitionRef(f"s{s:02d}|{args.tenant}", args.tenant, s) for s in range(SLICE_COUNT)]
     t0 = time.monotonic()
     reports = run_partitions(

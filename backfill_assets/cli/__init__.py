@@ -115,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--policy", metavar="ID", help="only labels made under this policy id")
     sp.set_defaults(func=cmd_export)
 
-    sp = add("verify", "Recompute expected keys from posts and audit every stored row.")
+    sp = add("verify", "Recompute expected keys from posts and check every stored row.")
     sp.add_argument("--require-complete", action="store_true", help="fail on missing keys too")
     sp.add_argument("--tenant", action="append", default=[], help="limit to tenant (repeatable)")
     sp.set_defaults(func=commands.cmd_verify)

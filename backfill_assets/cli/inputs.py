@@ -16,7 +16,7 @@ import sqlalchemy as sa
 
 from backfill_assets.config.settings import Settings
 from backfill_assets.defs.model_resources import model_resource
-from backfill_assets.defs.reporting.evaluation import gate_verdict
+from backfill_assets.defs.reporting.evaluation import gate_result
 from backfill_assets.domain.errors import UserError
 from backfill_assets.domain.policy.document import Policy
 from backfill_assets.domain.policy.file import PolicyInvalid, load_policy
@@ -107,9 +107,9 @@ def require_gate(settings: Settings) -> None:
         return
     engine = engine_for(settings.store.url)
     model = model_resource(settings).model
-    verdict = gate_verdict(engine, settings.rubric(), model, gate)
-    if not verdict.passed:
-        raise UserError(verdict.summary)
+    check_result = gate_result(engine, settings.rubric(), model, gate)
+    if not check_result.passed:
+        raise UserError(check_result.summary)
 
 
 def load_user_policy(path: str) -> Policy:

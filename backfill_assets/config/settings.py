@@ -161,7 +161,7 @@ class Settings(BaseModel):
 
     def versions(self) -> Versions:
         """The versions (and so the code version) these settings select."""
-        return Versions(TASK_VERSION, self.rubric().prompt_version, self.model.name)
+        return Versions(TASK_VERSION, self.rubric().key_version, self.model.name)
 
     def policy_gate(self) -> Gate | None:
         """The evaluation gate (None: ``BACKFILL_POLICY_MIN_MACRO_F1`` is not set)."""

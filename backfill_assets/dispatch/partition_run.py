@@ -8,6 +8,7 @@ batch dispatch (``batch/``) share; they live here, below all three, so imports f
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,7 +16,6 @@ from typing import Any
 from sqlalchemy.engine import Engine
 
 from backfill_assets.dispatch.batch_options import BatchOptions
-from backfill_assets.dispatch.sync import PartitionStats
 from backfill_assets.domain.money.nanos import cached_share, cost_text
 from backfill_assets.domain.policy.rubric import Rubric
 from backfill_assets.domain.work.faults import UsageHook
@@ -28,9 +28,58 @@ from backfill_assets.domain.work.keys import (
 )
 from backfill_assets.domain.work.outcomes import Outcome, RetryPolicy
 from backfill_assets.domain.work.regions import unavailable_message
-from backfill_assets.ledger.locks import Fence
+from backfill_assets.ledger.locks.fence import Fence
 from backfill_assets.providers.batch_client import BatchEndpoint
 from backfill_assets.providers.models.base import ModelAdapter
+
+
+@dataclass(frozen=True, slots=True)
+class WorkItem:
+    """One key of one partition. ``text`` is only ever sent to the model."""
+
+    partition: str
+    tenant_id: str
+    slice: int
+    post_id: str
+    content_hash: str
+    text: str
+    key: str
+    had_dead_letter: bool = False
+
+
+@dataclass
+class PartitionStats:
+    """What happened to a partition's keys in this run."""
+
+    outcomes: Counter[str] = field(default_factory=Counter)
+    labels: Counter[str] = field(default_factory=Counter)
+    calls: int = 0
+    retries: int = 0
+    rate_limited: int = 0
+    tokens_in: int = 0
+    tokens_out: int = 0
+    cost_nanos: int = 0
+    latencies_ms: list[float] = field(default_factory=list)
+    # Calls the provider reported no usage for (booked at the bound).
+    usage_missing: int = 0
+    # Calls billed past their reserved bound (the tenant is stopped), and longest Retry-After.
+    over_bound: int = 0
+    retry_after_longest_s: float = 0.0
+    retry_after_capped: int = 0
+    # Answers that the tier had no capacity (flex): retried, never counted as attempts.
+    capacity_waits: int = 0
+    # Of tokens_in: read from the provider's prompt cache; calls per tier that billed them.
+    tokens_cached: int = 0
+    service_tiers: Counter[str] = field(default_factory=Counter)
+    # Calls of a model with no price (BACKFILL_ALLOW_UNPRICED): cost unknown, not 0.
+    calls_cost_unknown: int = 0
+
+
+class DispatchHalted(RuntimeError):
+    """A run-level error (401, 403, 404, ...) halted sending; keys stay pending.
+
+    ``pipeline.run_partitions`` turns it into ``partition_run.RunStopped`` with the reports."""
+
 
 # Every outcome's name, in order: iterating the enum costs more than the rest of a summary.
 _OUTCOMES = tuple(str(o) for o in Outcome)

@@ -10,15 +10,17 @@ from sqlalchemy.engine import Engine
 
 from backfill_assets.dispatch.batch.mode import batch_lanes
 from backfill_assets.dispatch.partition_run import (
+    DispatchHalted,
     DispatchJob,
     PartitionRef,
     PartitionReport,
     RegionUnavailable,
     RunOptions,
     RunStopped,
+    WorkItem,
 )
 from backfill_assets.dispatch.routing import RegionRouter, lane_adapters, route_partitions
-from backfill_assets.dispatch.sync import DispatchConfig, Dispatcher, DispatchHalted, WorkItem
+from backfill_assets.dispatch.sync import DispatchConfig, Dispatcher
 from backfill_assets.domain.money.budgets import TenantBudgets
 from backfill_assets.domain.policy.rubric import Rubric
 from backfill_assets.domain.policy.validation import warm_up as warm_up_validation
@@ -29,7 +31,7 @@ from backfill_assets.domain.work.keys import (
 )
 from backfill_assets.domain.work.regions import unavailable_message
 from backfill_assets.ledger.engine import read_tx, refresh_planner_stats
-from backfill_assets.ledger.locks import WriterLocks, while_held
+from backfill_assets.ledger.locks.writer_locks import WriterLocks, while_held
 from backfill_assets.ledger.policies import contract_lookup, register_policy
 from backfill_assets.ledger.run.partition_counts import (
     PartitionCounts,
@@ -82,13 +84,13 @@ def run_partitions(
     has no endpoint here are not dispatched; once the others are done, ``RegionUnavailable``
     names them.
     """
-    if versions.prompt_version != rubric.prompt_version:
+    if versions.key_version != rubric.key_version:
         raise ValueError("the versions name another policy than the rubric sent")
     if only_posts is not None and options.dispatch_mode != "sync":
         raise ValueError("a chosen set of posts is sent in sync mode")
     reports = {r.key: PartitionReport(ref=r) for r in refs}
     # Registered before the first call: the version's labels and rules are on record for
-    # whoever judges or applies its results later (policies.py).
+    # whoever checks or applies its results later (policies.py).
     register_policy(engine, rubric.policy)
     warm_up_validation(rubric.contract)  # before the first call, not inside the first flush
     refresh_planner_stats(engine, ("posts", "results", "dead_letters"))

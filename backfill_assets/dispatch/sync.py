@@ -12,10 +12,10 @@ import itertools
 import random
 import time
 import uuid
-from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
+from backfill_assets.dispatch.partition_run import DispatchHalted, PartitionStats, WorkItem
 from backfill_assets.domain.caps import ERROR_MESSAGE_CHARS, REQUEST_ID_CHARS
 from backfill_assets.domain.money.budgets import Reservation, Spend, TenantBudgets, over_bound
 from backfill_assets.domain.policy.output_gate import OutputRejected
@@ -51,48 +51,6 @@ from backfill_assets.providers.models.base import (
 )
 
 
-@dataclass(frozen=True, slots=True)
-class WorkItem:
-    """One key of one partition. ``text`` is only ever sent to the model."""
-
-    partition: str
-    tenant_id: str
-    slice: int
-    post_id: str
-    content_hash: str
-    text: str
-    key: str
-    had_dead_letter: bool = False
-
-
-@dataclass
-class PartitionStats:
-    """What happened to a partition's keys in this run."""
-
-    outcomes: Counter[str] = field(default_factory=Counter)
-    labels: Counter[str] = field(default_factory=Counter)
-    calls: int = 0
-    retries: int = 0
-    rate_limited: int = 0
-    tokens_in: int = 0
-    tokens_out: int = 0
-    cost_nanos: int = 0
-    latencies_ms: list[float] = field(default_factory=list)
-    # Calls the provider reported no usage for (booked at the bound).
-    usage_missing: int = 0
-    # Calls billed past their reserved bound (the tenant is stopped), and longest Retry-After.
-    over_bound: int = 0
-    retry_after_max_s: float = 0.0
-    retry_after_capped: int = 0
-    # Answers that the tier had no capacity (flex): retried, never counted as attempts.
-    capacity_waits: int = 0
-    # Of tokens_in: read from the provider's prompt cache; calls per tier that billed them.
-    tokens_cached: int = 0
-    service_tiers: Counter[str] = field(default_factory=Counter)
-    # Calls of a model with no price (BACKFILL_ALLOW_UNPRICED): cost unknown, not 0.
-    calls_cost_unknown: int = 0
-
-
 @dataclass
 class DispatchConfig:
     """Knobs of one dispatch."""
@@ -104,12 +62,6 @@ class DispatchConfig:
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     seed: int | None = None
     log: Callable[[str], None] = lambda _m: None
-
-
-class DispatchHalted(RuntimeError):
-    """A run-level error (401, 403, 404, ...) halted sending; keys stay pending.
-
-    ``pipeline.run_partitions`` turns it into ``partition_run.RunStopped`` with the reports."""
 
 
 class Dispatcher:
@@ -387,7 +339,7 @@ class Dispatcher:
         if exc.status == 429:
             st.rate_limited += 1
         if exc.retry_after is not None:
-            st.retry_after_max_s = max(st.retry_after_max_s, exc.retry_after)
+            st.retry_after_longest_s = max(st.retry_after_longest_s, exc.retry_after)
             if exc.retry_after > self.cfg.retry.retry_after_max_seconds:
                 st.retry_after_capped += 1
                 if not self._warned_retry_after:

@@ -37,18 +37,13 @@ class ApplyReport:
     # Eligible posts whose label in force is a newer version's, left as they are.
     newer_kept: int
     target: str
-    rubric_version: str
+    code_version: str
     policy_version: str
 
     @property
     def unchanged(self) -> int:
         """Eligible posts that already carried this label and version."""
         return self.eligible - self.changed - self.newer_kept
-
-
-def rubric_version(versions: Versions) -> str:
-    """The version written next to each label on the posts: task, policy and model."""
-    return versions.code_version
 
 
 def _accepted(
@@ -59,7 +54,7 @@ def _accepted(
     return sa.and_(
         claimed_by(results, owners),
         results.c.task_version == versions.task_version,
-        results.c.prompt_version == versions.prompt_version,
+        results.c.key_version == versions.key_version,
         results.c.model == versions.model,
         posts.c.tenant_id == results.c.tenant_id,
         posts.c.post_id == results.c.post_id,
@@ -111,7 +106,7 @@ def _upsert(
         results.c.label,
         results.c.rule_ids,
         sa.literal(policy.version),
-        results.c.prompt_version,
+        results.c.key_version,
         results.c.model,
         results.c.key,
         results.c.content_hash,
@@ -164,7 +159,7 @@ def apply_partitions(
     Keyed by (tenant, post_id, policy id): replaying changes nothing, not even a timestamp,
     so ``applied_labels`` and the posts table stay byte-identical.
     """
-    if versions.prompt_version != policy.key_version:
+    if versions.key_version != policy.key_version:
         raise ValueError("the versions name another policy than the one applied")
     # In one order, so two transactions over overlapping tenants never wait on each other.
     _lock(conn, sorted({t for t, _s in parts}), policy.policy_id)
@@ -195,7 +190,7 @@ def apply_partitions(
             changed=changed[i],
             newer_kept=newer_kept[i],
             target="live+shadow" if live else "shadow",
-            rubric_version=rubric_version(versions),
+            code_version=versions.code_version,
             policy_version=policy.version,
         )
         for i in range(len(parts))
@@ -264,7 +259,8 @@ def _posts_columns(
 ) -> None:
     """The posts' label columns follow the label in force: only where this version holds the
     post in ``applied_labels`` (a newer version's label is never overwritten there either)."""
-    version = rubric_version(versions)
+    # The version written next to each label on the posts: task, policy and model.
+    version = versions.code_version
     al = applied_labels
     targets = [(posts.c.moderation_label_shadow, posts.c.moderation_rubric_version_shadow)]
     if live:

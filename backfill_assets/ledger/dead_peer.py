@@ -27,7 +27,7 @@ from urllib.parse import parse_qsl, quote, urlencode
 from backfill_assets.domain.urls import parse_database_url
 
 DEFAULT_DEAD_PEER_SECONDS = 15.0
-# Probes after the idle time: three, so one lost probe is not a verdict.
+# Probes after the idle time: three, so one lost probe decides nothing.
 _PROBES = 3
 # ``tcp_user_timeout`` appeared in PostgreSQL 12 (server_version_num 120000).
 _USER_TIMEOUT_SINCE = 120000

@@ -59,7 +59,7 @@ def tenant_labels(
                 p.c.content_hash == r.c.content_hash,
             ),
         )
-        .outerjoin(pv, pv.c.key_version == r.c.prompt_version)
+        .outerjoin(pv, pv.c.key_version == r.c.key_version)
         .where(r.c.tenant_id == tenant_id)
         .order_by(r.c.post_id, r.c.key)
     )

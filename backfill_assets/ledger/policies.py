@@ -1,7 +1,7 @@
 """The policy versions a store has worked under (``policy_versions``, sql/009).
 
 A version is registered before its first call is sent, with its canonical content: the
-results of any version can then be judged by that version's own labels and rules (a batch
+results of any version can then be checked against that version's own labels and rules (a batch
 booked after the policy changed, the checks of an older version's rows), and the apply can
 rank versions of one policy without trusting the order runs finish in.
 """
@@ -108,7 +108,7 @@ def contract_lookup(engine: Engine, rubric: Rubric) -> Callable[[str], OutputCon
         return None if policy is None else OutputContract.of(policy)
 
     def lookup(key_version: str) -> OutputContract | None:
-        if key_version == rubric.prompt_version:
+        if key_version == rubric.key_version:
             return rubric.contract
         return other(key_version)
 

@@ -53,12 +53,12 @@ def partition_spend(conn: Connection, owners: Owners) -> dict[str, dict[str, int
 
 
 def live_label_counts(
-    conn: Connection, tenants: Sequence[str], exclude_rubric_version: str | None = None
+    conn: Connection, tenants: Sequence[str], exclude_code_version: str | None = None
 ) -> dict[str, dict[str, int]]:
     """Labels in the posts' live column per tenant of ``tenants`` (the live moderation's
     judgement), in one grouped query per 5,000 tenants; a tenant with none maps to {}.
 
-    Labels this rubric version wrote itself (after the live switch) are left out, or the
+    Labels this code version wrote itself (after the live switch) are left out, or the
     baseline would drift towards the thing it is checking.
     """
     out: dict[str, dict[str, int]] = {t: {} for t in tenants}
@@ -67,11 +67,11 @@ def live_label_counts(
         stmt = sa.select(posts.c.tenant_id, posts.c.moderation_label, sa.func.count()).where(
             posts.c.tenant_id.in_(wanted[i : i + 5_000]), posts.c.moderation_label.is_not(None)
         )
-        if exclude_rubric_version is not None:
+        if exclude_code_version is not None:
             stmt = stmt.where(
                 sa.or_(
                     posts.c.moderation_rubric_version.is_(None),
-                    posts.c.moderation_rubric_version != exclude_rubric_version,
+                    posts.c.moderation_rubric_version != exclude_code_version,
                 )
             )
         grouped = stmt.group_by(posts.c.tenant_id, posts.c.moderation_label)

@@ -122,7 +122,7 @@ class BatchClient:
             retry_max_seconds=60.0,
             retry_after_max_seconds=retry_after_max_seconds,
         )
-        self.max_wait_s = retry_after_max_seconds
+        self.retry_after_max_seconds = retry_after_max_seconds
         headers = {"user-agent": _USER_AGENT, "accept-encoding": ACCEPT_ENCODING}
         if endpoint.api_key:
             headers["authorization"] = f"Bearer {endpoint.api_key}"
@@ -200,7 +200,9 @@ class BatchClient:
             if status == 429:
                 wait = retry_after_seconds(response.headers, message)
                 # A bogus Retry-After (days) must not freeze the run: bounded like sync's.
-                raise RateLimited(summary, None if wait is None else min(wait, self.max_wait_s))
+                raise RateLimited(
+                    summary, None if wait is None else min(wait, self.retry_after_max_seconds)
+                )
             raise Unsure(summary, status=status, code=code)
         raise Refused(summary, status=status, code=code)
 

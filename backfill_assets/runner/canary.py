@@ -24,7 +24,6 @@ from backfill_assets.dispatch.pipeline import run_partitions, with_levels
 from backfill_assets.domain.checks.rules import DriftRule, drifted_labels
 from backfill_assets.domain.policy.rubric import Rubric
 from backfill_assets.domain.work.keys import SLICE_KEYS, Versions, work_key
-from backfill_assets.ledger.apply import rubric_version
 from backfill_assets.ledger.engine import read_tx
 from backfill_assets.ledger.evaluations import answers
 from backfill_assets.ledger.reports import live_label_counts
@@ -106,7 +105,7 @@ def run_sample(
         )
         with read_tx(engine) as conn:
             got = answers(conn, tenant, chosen, versions)
-            live = live_label_counts(conn, [tenant], rubric_version(versions))[tenant]
+            live = live_label_counts(conn, [tenant], versions.code_version)[tenant]
         labels: dict[str, int] = {}
         for answer in got.values():
             if answer.label is not None:

@@ -14,9 +14,10 @@ from sqlalchemy.engine import Connection
 
 from backfill_assets.config.settings import Settings
 from backfill_assets.defs.model_resources import model_resource, versions_for
-from backfill_assets.domain.money.deadline import DeadlinePlan, Rates, Work, make_plan
+from backfill_assets.domain.money.deadline import DeadlinePlan, Work, make_plan
 from backfill_assets.domain.money.nanos import usd
 from backfill_assets.domain.money.prices import Tier
+from backfill_assets.domain.money.tier_split import Rates
 from backfill_assets.ledger.engine import read_tx
 from backfill_assets.ledger.run.batch_cancels import cancel_durations, endpoint_id
 from backfill_assets.ledger.run.submissions import batch_durations

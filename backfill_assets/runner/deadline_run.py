@@ -7,7 +7,7 @@ every key's state is in the store (``ledger/spend/deadline_plans.py``):
 1. ``submit``: the plan's batch keys, per tenant, go into chunks at the provider.
 2. ``sync``: every other pending key (a key in an open chunk is not pending) is sent: with
    flex, each tenant's planned share of flex keys at flex and the rest at standard, the split
-   ``domain/money/deadline.py``'s ``sync_split`` made for the plan (so the run pays what the plan
+   ``domain/money/tier_split.py``'s ``sync_split`` made for the plan (so the run pays what the plan
    priced). Flex that stays refused longer than the plan can spare falls back to standard
    (``flex_fallback_after_s``), and from the plan's ``flex_until`` every key goes at standard
    (``standard_from``): flex's unavailability costs money, not the deadline.

@@ -60,7 +60,7 @@ def make_plan(
         unsunk = (
             set()
             if sink_id is None
-            else gap_partitions(conn, sink_id, versions.prompt_version, tenants)
+            else gap_partitions(conn, sink_id, versions.key_version, tenants)
         )
         done = set() if force else marked(conn, versions.code_version, tenants)
     if done and not _has_materialisations(instance):

@@ -14,7 +14,14 @@ from backfill_assets.config.settings import Settings, SettingsError
 from backfill_assets.domain.checks.catalog import CHECK_NAMES
 from backfill_assets.domain.checks.drift_baseline import parse_baseline
 from backfill_assets.domain.checks.rules import DriftRule, drifted_labels
-from backfill_tests.moderation_helpers import busiest, execute, load, one_key, run_job, verdicts
+from backfill_tests.moderation_helpers import (
+    busiest,
+    check_results,
+    execute,
+    load,
+    one_key,
+    run_job,
+)
 from backfill_tests.pipeline_helpers import run
 
 ACME = "acme"
@@ -33,7 +40,7 @@ def failed(found: dict[str, object]) -> set[str]:
 
 
 def test_clean_partition_passes_every_check(labelled: Engine) -> None:
-    found = verdicts(labelled, busiest(labelled, ACME))
+    found = check_results(labelled, busiest(labelled, ACME))
     assert list(found) == list(CHECK_NAMES)
     assert failed(found) == set()
     cov = found["coverage"]
@@ -46,12 +53,12 @@ def test_isolation_fails_on_a_row_relabelled_to_another_tenant(labelled: Engine)
     ref = busiest(labelled, ACME)
     key = one_key(labelled, ref)
     execute(labelled, "UPDATE results SET tenant_id = 'globex' WHERE key = :k", k=key)
-    found = verdicts(labelled, ref)
+    found = check_results(labelled, ref)
     # The row no longer claims acme's partition, but it carries one of its keys.
     assert failed(found) == {"isolation"}
     assert found["isolation"].sample_keys == (f"results:{key} row tenant 'globex' is not 'acme'",)
     # globex's partition of the same slice sees a row whose key is not from its posts.
-    other = verdicts(labelled, ref.__class__(f"s{ref.slice:02d}|globex", "globex", ref.slice))
+    other = check_results(labelled, ref.__class__(f"s{ref.slice:02d}|globex", "globex", ref.slice))
     assert "isolation" in failed(other)
 
 
@@ -61,7 +68,7 @@ def test_isolation_fails_on_a_ledger_row_of_another_slice(labelled: Engine) -> N
     other_slice = (ref.slice + 1) % 16
     # A ledger row filed under the wrong slice: its post is not in that partition.
     execute(labelled, "UPDATE ledger_events SET slice = :s WHERE key = :k", s=other_slice, k=key)
-    moved = verdicts(labelled, ref.__class__(f"s{other_slice:02d}|acme", ACME, other_slice))
+    moved = check_results(labelled, ref.__class__(f"s{other_slice:02d}|acme", ACME, other_slice))
     assert "isolation" in failed(moved)
 
 
@@ -71,13 +78,13 @@ def test_no_duplicates_fails_on_a_key_both_accepted_and_dead_lettered(labelled: 
     execute(
         labelled,
         "INSERT INTO dead_letters (key, tenant_id, post_id, slice, content_hash, model,"
-        " prompt_version, task_version, outcome, reason, attempts, run_id, at)"
-        " SELECT key, tenant_id, post_id, slice, content_hash, model, prompt_version,"
+        " key_version, task_version, outcome, reason, attempts, run_id, at)"
+        " SELECT key, tenant_id, post_id, slice, content_hash, model, key_version,"
         " task_version, 'schema_rejected', 'test', 1, 'tamper', created_at"
         " FROM results WHERE key = :k",
         k=key,
     )
-    found = verdicts(labelled, ref)
+    found = check_results(labelled, ref)
     assert failed(found) == {"no_duplicates"}
     assert found["no_duplicates"].counts["problems"] == 1
 
@@ -86,7 +93,7 @@ def test_coverage_fails_on_a_missing_key(labelled: Engine) -> None:
     ref = busiest(labelled, ACME)
     key = one_key(labelled, ref)
     execute(labelled, "DELETE FROM results WHERE key = :k", k=key)
-    found = verdicts(labelled, ref)
+    found = check_results(labelled, ref)
     assert failed(found) == {"coverage"}
     assert found["coverage"].counts["missing"] == 1
     assert found["coverage"].sample_keys == (key,)
@@ -96,7 +103,7 @@ def test_output_schema_fails_on_a_label_outside_the_closed_set(labelled: Engine)
     ref = busiest(labelled, ACME)
     key = one_key(labelled, ref)
     execute(labelled, "UPDATE results SET label = 'nsfw' WHERE key = :k", k=key)
-    found = verdicts(labelled, ref)
+    found = check_results(labelled, ref)
     assert failed(found) == {"output_schema"}
     assert found["output_schema"].counts["invalid_rows"] == 1
     assert found["output_schema"].sample_keys[0].startswith(f"{key} row failed label_in_policy")
@@ -109,9 +116,9 @@ def _rebill(engine: Engine, key: str) -> None:
         execute(
             engine,
             "INSERT INTO ledger_events (tenant_id, key, attempt_id, attempt_no, type, slice,"
-            " post_id, content_hash, model, prompt_version, task_version, tokens_in, tokens_out,"
+            " post_id, content_hash, model, key_version, task_version, tokens_in, tokens_out,"
             " cost_nanos, run_id, at) SELECT tenant_id, key, :a, 2, :kind, slice, post_id,"
-            " content_hash, model, prompt_version, task_version, 5000, 100, 0, 'tamper',"
+            " content_hash, model, key_version, task_version, 5000, 100, 0, 'tamper',"
             " created_at FROM results WHERE key = :k",
             a=attempt,
             kind=kind,
@@ -123,12 +130,12 @@ def test_spend_fails_when_rebilled_tokens_exceed_the_bound(labelled: Engine) -> 
     ref = busiest(labelled, ACME)
     key = one_key(labelled, ref)
     _rebill(labelled, key)
-    found = verdicts(labelled, ref)
+    found = check_results(labelled, ref)
     assert failed(found) == {"spend"}
     assert found["spend"].counts["rebilled_tokens"] == 5100
     assert found["spend"].sample_keys == (f"rebilled {key}",)
     # Within a looser bound the same ledger passes: the bound is configuration.
-    assert verdicts(labelled, ref, max_rebilled_share=1.0)["spend"].passed
+    assert check_results(labelled, ref, max_rebilled_share=1.0)["spend"].passed
 
 
 def test_spend_fails_on_orphan_attempts_over_the_bound(labelled: Engine) -> None:
@@ -137,14 +144,14 @@ def test_spend_fails_on_orphan_attempts_over_the_bound(labelled: Engine) -> None
     execute(
         labelled,
         "INSERT INTO ledger_events (tenant_id, key, attempt_id, attempt_no, type, slice, post_id,"
-        " content_hash, model, prompt_version, task_version, tokens_in, tokens_out, cost_nanos,"
+        " content_hash, model, key_version, task_version, tokens_in, tokens_out, cost_nanos,"
         " run_id, at) SELECT tenant_id, key, 'orphan-1', 2, 'attempt', slice, post_id,"
-        " content_hash, model, prompt_version, task_version, 0, 0, 0, 'tamper', created_at"
+        " content_hash, model, key_version, task_version, 0, 0, 0, 'tamper', created_at"
         " FROM results WHERE key = :k",
         k=key,
     )
-    assert verdicts(labelled, ref)["spend"].passed  # one orphan is within the default 16
-    assert not verdicts(labelled, ref, max_orphan_attempts=0)["spend"].passed
+    assert check_results(labelled, ref)["spend"].passed  # one orphan is within the default 16
+    assert not check_results(labelled, ref, max_orphan_attempts=0)["spend"].passed
 
 
 BASELINE = '{"ok": 0.97, "spam": 0.01, "abuse": 0.01, "needs_review": 0.01}'
@@ -152,23 +159,25 @@ BASELINE = '{"ok": 0.97, "spam": 0.01, "abuse": 0.01, "needs_review": 0.01}'
 
 def test_label_drift_warns_when_spam_is_five_times_the_baseline(labelled: Engine) -> None:
     ref = busiest(labelled, ACME)
-    calm = verdicts(labelled, ref, drift_baseline=BASELINE, drift_min_count=1)
+    calm = check_results(labelled, ref, drift_baseline=BASELINE, drift_min_count=1)
     spam = calm["label_drift"].counts
     # acme's posts are 10% spam: 10x the configured 1% baseline.
     assert not calm["label_drift"].passed and calm["label_drift"].warn, spam
     assert "spam" in calm["label_drift"].summary
     assert calm["label_drift"].table is not None and "**drift**" in calm["label_drift"].table
     matching = '{"ok": 0.85, "spam": 0.1, "abuse": 0.05}'
-    assert verdicts(labelled, ref, drift_baseline=matching, drift_min_count=1)["label_drift"].passed
+    assert check_results(labelled, ref, drift_baseline=matching, drift_min_count=1)[
+        "label_drift"
+    ].passed
 
 
 def test_label_drift_against_the_live_labels(labelled: Engine) -> None:
     ref = busiest(labelled, ACME)
     # No live labels yet: nothing to compare, the check passes and says why.
-    first = verdicts(labelled, ref, drift_min_count=1)["label_drift"]
+    first = check_results(labelled, ref, drift_min_count=1)["label_drift"]
     assert first.passed and "no live labels" in first.summary
     execute(labelled, "UPDATE posts SET moderation_label = 'ok' WHERE tenant_id = :t", t=ACME)
-    drifted = verdicts(labelled, ref, drift_min_count=1)["label_drift"]
+    drifted = check_results(labelled, ref, drift_min_count=1)["label_drift"]
     assert not drifted.passed and "live" in drifted.summary
 
 

@@ -223,7 +223,7 @@ def test_a_key_added_during_a_run_is_listed_after_it(tmp_path: Path) -> None:
     assert not {"get_dynamic_partitions", "add_dynamic_partitions"} & set(vars(instance))
 
 
-def test_the_apply_re_judges_only_what_its_run_did_not_check(
+def test_the_apply_checks_again_only_what_its_run_did_not_check(
     engine: Engine, store_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     tenants = ["acme", "globex", "initech"]
@@ -231,25 +231,25 @@ def test_the_apply_re_judges_only_what_its_run_did_not_check(
     import_records(engine, tmp_path, recs)
     instance = dg.DagsterInstance.ephemeral(tempdir=str(tmp_path / "dagster"))
     defs = build_definitions(env_for(store_url))
-    judged: list[str] = []
-    stock = applied_module.verdicts_for
+    checked: list[str] = []
+    stock = applied_module.check_results_for
 
     def counted(engine: Engine, ref: PartitionRef, *args: Any, **kwargs: Any) -> Any:
-        judged.append(ref.key)
+        checked.append(ref.key)
         return stock(engine, ref, *args, **kwargs)
 
-    monkeypatch.setattr(applied_module, "verdicts_for", counted)
+    monkeypatch.setattr(applied_module, "check_results_for", counted)
     # Checked in the same run: the apply takes the run's passed evaluations.
     records = materialize(defs, instance, BACKFILL_JOB, tenants, ["s00"], log_level="WARNING")
     assert all(r.success for r in records) and {pk for r in records for pk in r.applied} == {
         partition_key_for(t, "s00") for t in tenants
     }
-    assert judged == []
+    assert checked == []
     # Applied on its own, a later run: the earlier run's passes do not count; each partition is
-    # judged again before anything is written.
+    # checked again before anything is written.
     again = materialize(defs, instance, APPLY_JOB, tenants, ["s00"], log_level="WARNING")
     assert all(r.success for r in again)
-    assert sorted(judged) == sorted(partition_key_for(t, "s00") for t in tenants)
+    assert sorted(checked) == sorted(partition_key_for(t, "s00") for t in tenants)
 
 
 def test_check_targets_read_from_the_rows_match_dagsters_records(

@@ -30,8 +30,9 @@ from backfill_assets.defs.partitions import (
 from backfill_assets.defs.sensors import tenant_partitions_sensor
 from backfill_assets.dispatch.pipeline import PartitionRef
 from backfill_assets.domain.work.keys import MAX_LEVEL, SLICE_KEYS, InvalidTenantId
-from backfill_assets.ledger import locks as locks_module
-from backfill_assets.ledger.locks import PartitionBusy, WriterLocks
+from backfill_assets.ledger.locks import sqlite_files
+from backfill_assets.ledger.locks.fence import PartitionBusy
+from backfill_assets.ledger.locks.writer_locks import WriterLocks
 from backfill_assets.runner.launch import DagsterClient, select_partitions
 from backfill_assets.runner.orchestrate import materialize
 from backfill_tests.conftest import import_records
@@ -203,9 +204,9 @@ def test_one_sqlite_file_is_one_lock_folder_whatever_its_url(
 def lock_files(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Both ways a SQLite file's partitions are locked: byte ranges of one file (Linux) and a
     file per partition (where OFD locks do not exist)."""
-    if request.param == "one file" and not locks_module._OFD:
+    if request.param == "one file" and not sqlite_files._OFD:
         pytest.skip("no F_OFD_SETLK on this platform")
-    monkeypatch.setattr(locks_module, "_OFD", request.param == "one file")
+    monkeypatch.setattr(sqlite_files, "_OFD", request.param == "one file")
     return str(request.param)
 
 
@@ -228,9 +229,9 @@ def test_a_replaced_lock_file_counts_as_lost(tmp_path: Path, lock_files: str) ->
 _HOLD = """
 import sys, time
 import sqlalchemy as sa
-from backfill_assets.ledger import locks
-locks._OFD = sys.argv[2] == "one file"
-held = locks.WriterLocks(sa.create_engine(sys.argv[1]))
+from backfill_assets.ledger.locks import sqlite_files, writer_locks
+sqlite_files._OFD = sys.argv[2] == "one file"
+held = writer_locks.WriterLocks(sa.create_engine(sys.argv[1]))
 held.acquire("acme", 1)
 print("held", flush=True)
 time.sleep(60)

@@ -60,8 +60,8 @@ def test_a_policy_edited_after_loading_changes_nothing_until_reload(
     assert (
         count(
             engine,
-            "SELECT count(*) FROM results WHERE prompt_version = :v",
-            v=loaded.prompt_version,
+            "SELECT count(*) FROM results WHERE key_version = :v",
+            v=loaded.key_version,
         )
         == 1
     )
@@ -75,7 +75,7 @@ def test_a_policy_edited_after_loading_changes_nothing_until_reload(
     key = dg.AssetKey("moderation_labels")
     before = defs.resolve_assets_def("moderation_labels").code_versions_by_key[key]
     after = again.resolve_assets_def("moderation_labels").code_versions_by_key[key]
-    assert before != after and loaded.prompt_version in str(before)
+    assert before != after and loaded.key_version in str(before)
 
 
 def test_run_config_cannot_name_a_policy_or_prompt_file(

@@ -23,9 +23,9 @@ from sqlalchemy.engine import Engine
 from backfill_assets.cli import build_parser
 from backfill_assets.config.settings import Settings
 from backfill_assets.config.variables import ChecksSettings
-from backfill_assets.defs.labels.checks import verdicts_for
+from backfill_assets.defs.labels.checks import check_results_for
+from backfill_assets.dispatch.partition_run import DispatchHalted
 from backfill_assets.dispatch.pipeline import RunOptions, RunStopped, run_partitions
-from backfill_assets.dispatch.sync import DispatchHalted
 from backfill_assets.domain.work.outcomes import RetryPolicy
 from backfill_assets.providers.models.fake import FakeModel
 from backfill_assets.providers.models.openai_http import HttpTimeouts, OpenAIHttpModel
@@ -157,7 +157,7 @@ def test_a_bill_past_the_bound_stops_that_tenant_only(engine: Engine, tmp_path: 
     bound = [
         v
         for ref in refs_for(["acme"])
-        for v in verdicts_for(engine, ref, VERSIONS, RUBRIC, ChecksSettings(), name)
+        for v in check_results_for(engine, ref, VERSIONS, RUBRIC, ChecksSettings(), name)
     ]
     assert any(not v.passed and "past their reserved bound" in v.summary for v in bound)
     assert all(v.blocking for v in bound)  # the labels of such a partition are not applied
@@ -167,7 +167,7 @@ def test_a_bill_past_the_bound_stops_that_tenant_only(engine: Engine, tmp_path: 
     assert all(
         v.passed
         for ref in refs_for(["acme"])
-        for v in verdicts_for(engine, ref, VERSIONS, RUBRIC, allowed, name)
+        for v in check_results_for(engine, ref, VERSIONS, RUBRIC, allowed, name)
     )
     # The other tenant is not affected.
     others, _ = run(engine, ["globex"])
@@ -387,7 +387,7 @@ def test_a_bogus_retry_after_is_capped_and_reported(engine: Engine, tmp_path: Pa
     )
     assert total(reports, "accepted") == 6
     assert sum(r.stats.retry_after_capped for r in reports) == 6
-    assert max(r.stats.retry_after_max_s for r in reports) == 1e12
+    assert max(r.stats.retry_after_longest_s for r in reports) == 1e12
     assert sum("BACKFILL_RETRY_AFTER_MAX_SECONDS" in m for m in logs) == 1  # logged once
 
 

@@ -11,7 +11,7 @@ from sqlalchemy.engine import Engine
 
 from backfill_assets.dispatch.pipeline import RunOptions, run_partitions
 from backfill_assets.domain.work.keys import Versions
-from backfill_assets.ledger.locks import WriterLocks
+from backfill_assets.ledger.locks.writer_locks import WriterLocks
 from backfill_assets.providers.models.fake import FakeModel
 from backfill_tests.conftest import import_records
 from backfill_tests.pipeline_helpers import (
@@ -185,7 +185,7 @@ def test_budget_is_a_strict_cap_and_a_later_run_finishes(engine: Engine, tmp_pat
 def test_prompt_or_model_change_gives_a_full_new_key_set(engine: Engine, tmp_path: Path) -> None:
     import_records(engine, tmp_path, corpus(["acme"], 30))
     run(engine, ["acme"])
-    new_model = Versions(VERSIONS.task_version, VERSIONS.prompt_version, "fake-moderator-2")
+    new_model = Versions(VERSIONS.task_version, VERSIONS.key_version, "fake-moderator-2")
     reports, _ = run(engine, ["acme"], versions=new_model)
     assert calls(reports) == 30
     from backfill_assets.domain.policy.file import builtin_policy_text, parse_policy
@@ -193,11 +193,11 @@ def test_prompt_or_model_change_gives_a_full_new_key_set(engine: Engine, tmp_pat
 
     stricter = builtin_policy_text().replace("under this policy.", "under this policy. Be strict.")
     new_prompt_rubric = Rubric(parse_policy(stricter))
-    new_prompt = Versions(VERSIONS.task_version, new_prompt_rubric.prompt_version, VERSIONS.model)
+    new_prompt = Versions(VERSIONS.task_version, new_prompt_rubric.key_version, VERSIONS.model)
     reports, _ = run(engine, ["acme"], versions=new_prompt, rubric=new_prompt_rubric)
     assert calls(reports) == 30
     with engine.connect() as conn:
-        keys = conn.execute(sa.text("SELECT model, prompt_version, key FROM results")).all()
+        keys = conn.execute(sa.text("SELECT model, key_version, key FROM results")).all()
     assert len(keys) == 90 and len({k.key for k in keys}) == 90
     for v in (VERSIONS, new_model, new_prompt):
         assert verify(engine, v).as_dict(require_complete=True)["ok"]

@@ -1,4 +1,4 @@
-"""The pure audit core without a database: ``verify_scope``, the check rules' ``evaluate``
+"""The pure checking core without a database: ``verify_scope``, the check rules' ``evaluate``
 and the budget's ``grant_size``, on rows built by hand."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def result(post_id: str, tenant: str = TENANT, **change: Any) -> dict[str, Any]:
         "post_id": post_id,
         "content_hash": h,
         "task_version": V.task_version,
-        "prompt_version": V.prompt_version,
+        "key_version": V.key_version,
         "model": V.model,
         "label": "ok",
     }
@@ -39,7 +39,7 @@ def attempt(row: dict[str, Any], n: int = 1) -> dict[str, Any]:
         "type": "attempt",
         "attempt_id": f"{row['key']}-{n}",
         **{k: row[k] for k in ("key", "tenant_id", "slice", "post_id", "content_hash")},
-        **{k: row[k] for k in ("task_version", "prompt_version", "model")},
+        **{k: row[k] for k in ("task_version", "key_version", "model")},
     }
 
 
@@ -132,14 +132,17 @@ def _evidence(results: list[dict[str, Any]], ledger: list[dict[str, Any]]) -> Pa
     return PartitionEvidence(TENANT, home, V, posts, results, [], ledger)
 
 
-def test_evaluate_gives_one_verdict_per_check_with_a_command_to_inspect() -> None:
+def test_evaluate_gives_one_result_per_check_with_a_command_to_inspect() -> None:
     ev = _evidence([result("p0", tenant="globex", slice=slice_of(TENANT, "p0"))], [])
-    verdicts = {v.name: v for v in evaluate(ev, CheckBounds())}
-    assert not verdicts["isolation"].passed and verdicts["isolation"].counts["in_results"] == 1
-    assert not verdicts["coverage"].passed
-    assert verdicts["no_duplicates"].passed and verdicts["output_schema"].passed
-    assert verdicts["isolation"].inspect.endswith("--name isolation")
-    assert verdicts["isolation"].blocking and not verdicts["label_drift"].blocking
+    check_results = {v.name: v for v in evaluate(ev, CheckBounds())}
+    assert (
+        not check_results["isolation"].passed
+        and check_results["isolation"].counts["in_results"] == 1
+    )
+    assert not check_results["coverage"].passed
+    assert check_results["no_duplicates"].passed and check_results["output_schema"].passed
+    assert check_results["isolation"].inspect.endswith("--name isolation")
+    assert check_results["isolation"].blocking and not check_results["label_drift"].blocking
 
 
 def test_spend_fails_past_the_orphan_bound_and_drift_past_its_factor() -> None:

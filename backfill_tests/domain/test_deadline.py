@@ -13,15 +13,12 @@ from hypothesis import strategies as st
 
 from backfill_assets.domain.money.deadline import (
     DeadlineError,
-    Rates,
-    SyncSplit,
     Tier,
     Work,
     make_plan,
     parse_deadline,
-    sync_split,
-    tier_counts,
 )
+from backfill_assets.domain.money.tier_split import Rates, SyncSplit, sync_split, tier_counts
 
 NOW = dt.datetime(2026, 12, 3, 12, 0, tzinfo=dt.UTC)
 PRICES = {

@@ -291,7 +291,7 @@ def _frame_row(i: int, **change: Any) -> dict[str, Any]:
     key = f"{i:064x}"
     row = {"key": key, "correlation_id": key, "tenant_id": "acme", "post_id": f"p{i}"}
     row.update(label="ok", rule_ids="", confidence=0.5, schema_version=1, content_hash="ab" * 32)
-    row.update(model="m", prompt_version="p", task_version="t")
+    row.update(model="m", key_version="p", task_version="t")
     row.update(change)
     return row
 

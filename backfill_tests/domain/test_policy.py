@@ -178,7 +178,7 @@ def test_the_builtin_policy_keeps_the_keys_of_the_prompt_it_replaced() -> None:
 def test_golden_key_vector() -> None:
     # A refactor of keys, policies or versions must not re-key an archive: these keys were
     # computed by the code that filled today's stores.
-    versions = Versions(TASK_VERSION, Rubric().prompt_version, "fake-moderator-1")
+    versions = Versions(TASK_VERSION, Rubric().key_version, "fake-moderator-1")
     assert versions.code_version == (
         "task=moderation-2026.1;prompt=policy@d0f22620582d;model=fake-moderator-1"
     )
@@ -187,10 +187,10 @@ def test_golden_key_vector() -> None:
         == "53249af288ce2a2f4ddceff3660f5c620a1bbb46db706a27e1449fccaa74ded4"
     )
     course = Rubric(load_policy(COURSE_V5))
-    assert course.prompt_version == "course-rubric@5#7354a65d36893290"
+    assert course.key_version == "course-rubric@5#7354a65d36893290"
     assert (
         work_key(
-            Versions(TASK_VERSION, course.prompt_version, "gpt-4o-mini"),
+            Versions(TASK_VERSION, course.key_version, "gpt-4o-mini"),
             "learn",
             "post-1",
             content_hash("Café"),

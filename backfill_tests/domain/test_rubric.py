@@ -118,11 +118,11 @@ def test_a_policy_without_rules_sends_no_empty_enum() -> None:
     assert items == {"type": "string"}
 
 
-def test_prompt_version_follows_every_word_of_the_policy() -> None:
-    assert Rubric().prompt_version == Rubric().prompt_version
+def test_key_version_follows_every_word_of_the_policy() -> None:
+    assert Rubric().key_version == Rubric().key_version
     text = COURSE_V5.read_text()
     other = Rubric(parse_policy(text.replace("for money or favours", "for money")))
-    assert other.prompt_version != COURSE.prompt_version
+    assert other.key_version != COURSE.key_version
     assert other.system_prompt != COURSE.system_prompt
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from backfill_assets.ledger.engines import engine_for
-from backfill_assets.runner.verification import verify_store
+from backfill_assets.runner.verify import verify_store
 from backfill_tests.cli_runs import clean_env, last_json
 from backfill_tests.conftest import import_records
 from backfill_tests.dispatch.batch.conftest import (
@@ -107,9 +107,9 @@ def test_sigkill_at_each_step_never_creates_a_second_batch(
     if point == "upload":
         assert meter.files_uploaded == len(chunks) + 1  # one orphan file, which costs nothing
 
-    audit = verify_store(engine, VERSIONS).as_dict(require_complete=True)
-    assert audit["ok"], audit["problems"]
-    [tenant] = audit["tenants"]
+    verified = verify_store(engine, VERSIONS).as_dict(require_complete=True)
+    assert verified["ok"], verified["problems"]
+    [tenant] = verified["tenants"]
     assert (tenant["done"], tenant["rebilled_tokens"], tenant["orphan_attempts"]) == (POSTS, 0, 0)
     assert tenant["billed_tokens"] == meter.billed_tokens_total
     captured = killed.stdout + killed.stderr + resumed.stdout + resumed.stderr
@@ -139,21 +139,21 @@ def test_a_batch_in_flight_across_a_policy_change_keeps_its_own_keys(
     resumed = _run({**env, "BACKFILL_POLICY_PATH": str(COURSE_V5)})
     assert resumed.returncode == 0, resumed.stderr[-3000:]
 
-    results = rows(engine, "SELECT key, prompt_version FROM results")
-    by_version = Counter(r.prompt_version for r in results)
-    assert len(by_version) == 2 and by_version[VERSIONS.prompt_version] == len(old_keys)
-    assert {r.key for r in results if r.prompt_version == VERSIONS.prompt_version} == old_keys
+    results = rows(engine, "SELECT key, key_version FROM results")
+    by_version = Counter(r.key_version for r in results)
+    assert len(by_version) == 2 and by_version[VERSIONS.key_version] == len(old_keys)
+    assert {r.key for r in results if r.key_version == VERSIONS.key_version} == old_keys
     meter = sim.meter.snapshot()
     assert set(Counter(c.correlation_id for c in meter.billed.values()).values()) == {1}
     new_versions = VERSIONS.__class__(
         VERSIONS.task_version,
-        next(v for v in by_version if v != VERSIONS.prompt_version),
+        next(v for v in by_version if v != VERSIONS.key_version),
         VERSIONS.model,
     )
-    old = "SELECT label FROM results WHERE prompt_version = :v"
-    labels = {r.label for r in rows(engine, old, v=VERSIONS.prompt_version)}
+    old = "SELECT label FROM results WHERE key_version = :v"
+    labels = {r.label for r in rows(engine, old, v=VERSIONS.key_version)}
     assert labels and labels <= set(RUBRIC.policy.label_ids)
     for versions in (VERSIONS, new_versions):
-        audit = verify_store(engine, versions).as_dict()
-        assert audit["ok"], audit["problems"]  # old rows are stale, not foreign
+        verified = verify_store(engine, versions).as_dict()
+        assert verified["ok"], verified["problems"]  # old rows are stale, not foreign
     assert verify_store(engine, new_versions).reports[0].missing == 0

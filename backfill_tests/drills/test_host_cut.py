@@ -42,7 +42,7 @@ from sqlalchemy.engine import Engine
 
 from backfill_assets.ingest.importer import import_path
 from backfill_assets.ledger.engines import dispose_engine, engine_for
-from backfill_assets.ledger.locks import pg_lock_id
+from backfill_assets.ledger.locks.pg_advisory import pg_lock_id
 from backfill_assets.providersim import MeterSnapshot, SimConfig, Simulator
 from backfill_tests.cli_runs import clean_env, last_json
 from backfill_tests.conftest import IN_CI, write_jsonl

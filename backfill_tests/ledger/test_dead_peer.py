@@ -53,7 +53,7 @@ def test_every_figure_derives_settings_within_it(seconds: float) -> None:
     peer = DeadPeer(seconds)
     assert peer.idle_s >= 1 and peer.interval_s >= 1
     assert peer.user_timeout_ms == int(seconds * 1000)
-    # tcp_user_timeout caps the keepalives' verdict too (Linux), so the figure holds even
+    # tcp_user_timeout caps the keepalives' decision too (Linux), so the figure holds even
     # where 1 s probes cannot fit (2 s).
     assert peer.idle_s + peer.count * peer.interval_s <= max(seconds, 4.0)
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from sqlalchemy.engine import Engine
 
-from backfill_assets.domain.money.deadline import Rates
+from backfill_assets.domain.money.tier_split import Rates
 from backfill_assets.ledger.engine import read_tx, write_tx
 from backfill_assets.ledger.spend import deadline_plans
 from backfill_assets.ledger.tables import ledger_events, utcnow

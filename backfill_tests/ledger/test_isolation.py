@@ -14,14 +14,14 @@ from sqlalchemy.engine import Engine
 from backfill_assets.dispatch.pipeline import PartitionRef
 from backfill_assets.domain.work.keys import content_hash, slice_of, work_key
 from backfill_tests.conftest import import_records
-from backfill_tests.moderation_helpers import busiest, execute, load, one_key, verdicts
+from backfill_tests.moderation_helpers import busiest, check_results, execute, load, one_key
 from backfill_tests.pipeline_helpers import VERSIONS, run, verify
 
 ACME = "acme"
 
 
 def failed(engine: Engine, ref: PartitionRef) -> set[str]:
-    return {name for name, v in verdicts(engine, ref).items() if not v.passed}
+    return {name for name, v in check_results(engine, ref).items() if not v.passed}
 
 
 def isolation_problems(engine: Engine) -> list[dict[str, str]]:
@@ -102,7 +102,7 @@ def test_a_result_for_an_edited_posts_older_text_is_stale_not_foreign(
     assert (tenant["stale"], tenant["missing"], tenant["done"]) == (1, 1, 1)
     assert isolation_problems(engine) == []
     assert failed(engine, ref) == {"coverage"}
-    assert verdicts(engine, ref)["coverage"].counts["stale"] == 1
+    assert check_results(engine, ref)["coverage"].counts["stale"] == 1
     # The next run labels the new text; the stale row stays, honestly reported.
     run(engine, [ACME])
     doc = verify(engine).as_dict(require_complete=True)

@@ -20,14 +20,9 @@ from sqlalchemy.engine import Engine
 
 from backfill_assets.dispatch.pipeline import RunOptions
 from backfill_assets.ledger.engine import write_tx
-from backfill_assets.ledger.locks import (
-    LOCK_CHECK_SECONDS,
-    RANGE_LOCK_FILE,
-    LockLost,
-    PartitionBusy,
-    WriterLocks,
-    lock_dir,
-)
+from backfill_assets.ledger.locks.fence import LockLost, PartitionBusy
+from backfill_assets.ledger.locks.sqlite_files import RANGE_LOCK_FILE, lock_dir
+from backfill_assets.ledger.locks.writer_locks import LOCK_CHECK_SECONDS, WriterLocks
 from backfill_assets.ledger.tables import limiter_members
 from backfill_assets.providers.models.fake import FakeModel
 from backfill_tests.conftest import import_records

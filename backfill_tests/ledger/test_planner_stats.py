@@ -18,7 +18,7 @@ from backfill_assets.ledger.engine import (
     whole_table_read_tx,
 )
 from backfill_assets.ledger.migrate import migrate
-from backfill_assets.runner.verification import verify_store
+from backfill_assets.runner.verify import verify_store
 from backfill_tests.conftest import pg_database
 
 

@@ -20,14 +20,14 @@ from backfill_assets.cli import build_parser
 from backfill_assets.config.settings import Settings
 from backfill_assets.config.variables import ChecksSettings
 from backfill_assets.definitions import APPLY_JOB, BACKFILL_JOB, build_definitions
-from backfill_assets.defs.labels.checks import verdicts_for
+from backfill_assets.defs.labels.checks import check_results_for
 from backfill_assets.dispatch.partition_run import PartitionRef
 from backfill_assets.domain.policy.file import load_policy, parse_policy
 from backfill_assets.domain.policy.rubric import Rubric
 from backfill_assets.ledger.apply import apply_partitions
 from backfill_assets.providers.models.base import ModelAdapter, ModelRequest, ModelResponse
 from backfill_assets.runner.orchestrate import materialize
-from backfill_assets.runner.verification import verify_store
+from backfill_assets.runner.verify import verify_store
 from backfill_tests.conftest import import_records
 from backfill_tests.pipeline_helpers import count, refs_for, run, total
 from backfill_tests.policy_helpers import COURSE_V5, edited, versions_of
@@ -106,8 +106,8 @@ def test_a_custom_policy_end_to_end_then_edited(
     pks = {pk for r in records for pk in r.partitions}
     assert pks == {f"s00|{t}" for t in TENANTS}
     assert all(c.passed for r in records for cs in r.checks.values() for c in cs if c.blocking)
-    got = _rows(engine, "SELECT post_id, label, rule_ids, prompt_version FROM results")
-    assert len(got) == N and {r.prompt_version for r in got} == {v5.prompt_version}
+    got = _rows(engine, "SELECT post_id, label, rule_ids, key_version FROM results")
+    assert len(got) == N and {r.key_version for r in got} == {v5.key_version}
     texts = {f"p{i}-{j}": text for i, text in enumerate(POSTS) for j in range(3)}
     for r in got:
         assert (r.label, r.rule_ids) == POSTS[texts[r.post_id]], r
@@ -120,7 +120,7 @@ def test_a_custom_policy_end_to_end_then_edited(
     )
     assert len(applied) == N
     assert {(a.policy_id, a.policy_version, a.key_version) for a in applied} == {
-        ("course-rubric", "5", v5.prompt_version)
+        ("course-rubric", "5", v5.key_version)
     }
     assert {(a.label, a.rule_ids) for a in applied} == set(POSTS.values())
     assert count(engine, "SELECT count(*) FROM posts WHERE moderation_label_shadow IS NULL") == 0
@@ -130,7 +130,7 @@ def test_a_custom_policy_end_to_end_then_edited(
     # built-in ones: against a baseline where every post is ok, each of them has drifted.
     ref = PartitionRef(key="s00|learn", tenant_id="learn", slice=0, level=0)  # all of learn
     bounds = ChecksSettings(drift_baseline='{"ok": 1}', drift_min_count=1)
-    found = verdicts_for(engine, ref, v5_versions, v5, bounds)
+    found = check_results_for(engine, ref, v5_versions, v5, bounds)
     drift = {v.name: v for v in found}["label_drift"]
     watched = set(v5.policy.flagging_labels)
     assert watched == set(v5.policy.label_ids) - {"ok"} and "abuse" not in watched
@@ -173,22 +173,22 @@ def test_a_custom_policy_end_to_end_then_edited(
     calls = sum(r.metadata[pk]["model_calls"] for r in records for pk in r.partitions)
     assert calls == N
     by_version = dict(
-        _rows(engine, "SELECT prompt_version, count(*) FROM results GROUP BY prompt_version")
+        _rows(engine, "SELECT key_version, count(*) FROM results GROUP BY key_version")
     )
-    assert by_version == {v5.prompt_version: N, v6.prompt_version: N}
+    assert by_version == {v5.key_version: N, v6.key_version: N}
     billed = _rows(
         engine, "SELECT key, count(*) FROM ledger_events WHERE type = 'usage' GROUP BY key"
     )
     assert len(billed) == 2 * N and {n for _k, n in billed} == {1}  # each key paid once
     assert {a[0] for a in _rows(engine, "SELECT DISTINCT key_version FROM applied_labels")} == {
-        v6.prompt_version
+        v6.key_version
     }
 
     # v5's apply finishing after v6's changes nothing: the newer version's labels stay.
     records = _materialize(instance, env5, APPLY_JOB)
     assert all(r.success for r in records)
     assert {a[0] for a in _rows(engine, "SELECT DISTINCT key_version FROM applied_labels")} == {
-        v6.prompt_version
+        v6.key_version
     }
     shadow = _rows(engine, "SELECT DISTINCT moderation_rubric_version_shadow FROM posts")
     assert [s[0] for s in shadow] == [versions_of(v6, MODEL).code_version]
@@ -221,10 +221,10 @@ def test_the_apply_never_regresses_whatever_order_runs_finish_in(
     def held() -> set[str]:
         return {r[0] for r in _rows(engine, "SELECT DISTINCT key_version FROM applied_labels")}
 
-    assert apply(v10) == N // 2 and held() == {v10.prompt_version}
-    assert apply(v5) == 0 and held() == {v10.prompt_version}  # 5 < 10, not as text
-    assert apply(v10b) == N // 2 and held() == {v10b.prompt_version}  # same version, later
-    assert apply(v10) == 0 and apply(v5) == 0 and held() == {v10b.prompt_version}
+    assert apply(v10) == N // 2 and held() == {v10.key_version}
+    assert apply(v5) == 0 and held() == {v10.key_version}  # 5 < 10, not as text
+    assert apply(v10b) == N // 2 and held() == {v10b.key_version}  # same version, later
+    assert apply(v10) == 0 and apply(v5) == 0 and held() == {v10b.key_version}
     assert apply(v10b) == 0  # a replay writes nothing
 
 

@@ -45,7 +45,7 @@ def test_each_row_holds_its_tables_columns() -> None:
     )
     assert set(event) == _columns(ledger_events)
     # Later events point at the attempt: only the attempt carries the key's derivation.
-    assert event["post_id"] is None and event["prompt_version"] is None
+    assert event["post_id"] is None and event["key_version"] is None
 
 
 def test_a_rejected_result_becomes_a_dead_letter_of_the_same_shape() -> None:

@@ -38,7 +38,7 @@ def _row(versions: Versions, tenant: str, post_id: str, text: str, slice_no: int
         "slice": slice_no,
         "content_hash": h,
         "model": versions.model,
-        "prompt_version": versions.prompt_version,
+        "key_version": versions.key_version,
         "task_version": versions.task_version,
         "run_id": "test",
     }

@@ -24,7 +24,7 @@ from backfill_tests.pipeline_helpers import refs_for
 
 MODEL = "gpt-4o-mini"
 RUBRIC = Rubric()
-VERSIONS = Versions(TASK_VERSION, RUBRIC.prompt_version, MODEL)
+VERSIONS = Versions(TASK_VERSION, RUBRIC.key_version, MODEL)
 API_KEY = "sk-test-9f2c1e7a4b3d6e8f0a1b2c3d"
 
 

@@ -194,10 +194,10 @@ def test_every_fault_class_ends_in_exactly_one_terminal_outcome(
     assert injected and {labels[p] for p in injected} == {"needs_review"}
 
     _assert_ledger_matches_meter(engine, meter, errors)
-    audit = verify(engine, VERSIONS)
-    assert audit.as_dict(require_complete=True)["ok"], audit.problems
-    assert sum(r.billed_tokens for r in audit.reports) == meter.billed_tokens_total
-    assert sum(r.rebilled_tokens for r in audit.reports) == 0
+    verified = verify(engine, VERSIONS)
+    assert verified.as_dict(require_complete=True)["ok"], verified.problems
+    assert sum(r.billed_tokens for r in verified.reports) == meter.billed_tokens_total
+    assert sum(r.rebilled_tokens for r in verified.reports) == 0
 
 
 def test_429s_are_retried_after_retry_after(

@@ -34,7 +34,7 @@ DEFAULT_KEY = "sk-default-7c2e9a41d0b3f5e6"
 EU_KEY = "sk-eu-3f8d1b6a9c0e2d4f"
 TENANTS = {"acme": None, "euco": "eu", "apco": "ap"}
 POSTS = 12
-VERSIONS = Versions(TASK_VERSION, Rubric().prompt_version, MODEL)
+VERSIONS = Versions(TASK_VERSION, Rubric().key_version, MODEL)
 
 
 def _records() -> list[dict[str, Any]]:
@@ -125,10 +125,10 @@ def test_the_cli_run_routes_each_tenant_to_its_region_and_fails_closed_for_ap(
 
     verify = run_cli(["verify", "--json"], env, timeout=300)
     assert verify.returncode == 0, verify.stderr[-2000:]
-    audit = {t["tenant"]: t for t in last_json(verify.stdout)["tenants"]}
-    assert (audit["acme"]["done"], audit["acme"]["missing"]) == (POSTS, 0)
-    assert (audit["euco"]["done"], audit["euco"]["missing"]) == (POSTS, 0)
-    assert (audit["apco"]["done"], audit["apco"]["missing"]) == (0, POSTS)
+    verified = {t["tenant"]: t for t in last_json(verify.stdout)["tenants"]}
+    assert (verified["acme"]["done"], verified["acme"]["missing"]) == (POSTS, 0)
+    assert (verified["euco"]["done"], verified["euco"]["missing"]) == (POSTS, 0)
+    assert (verified["apco"]["done"], verified["apco"]["missing"]) == (0, POSTS)
     assert (
         run_cli(
             ["verify", "--require-complete", "--tenant", "acme", "--tenant", "euco"],

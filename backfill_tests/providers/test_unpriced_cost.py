@@ -31,7 +31,7 @@ def test_an_unpriced_model_books_cost_unknown_and_reports_say_so(
     posts = [{"tenant_id": "acme", "post_id": f"p{i}", "text": f"hi {i}"} for i in range(6)]
     import_records(engine, tmp_path, posts)
     sim = start_sim(models=(UNPRICED,))
-    versions = Versions(TASK_VERSION, RUBRIC.prompt_version, UNPRICED)
+    versions = Versions(TASK_VERSION, RUBRIC.key_version, UNPRICED)
     reports = run_over_http(engine, sim, ["acme"], versions=versions)
     with engine.connect() as conn:
         events = conn.execute(

@@ -105,7 +105,7 @@ def test_this_stores_batch_history_replaces_the_prior(
                     "tenant_id": "acme",
                     "slice": 0,
                     "model": "gpt-4o-mini",
-                    "prompt_version": "p",
+                    "key_version": "p",
                     "task_version": "t",
                     "lines": 10,
                     "file_sha256": "0" * 64,

@@ -20,7 +20,7 @@ from backfill_assets.defs.reporting.evaluation import (
     evaluate_policies,
     evaluation_metadata,
     gate_evaluation,
-    gate_verdict,
+    gate_result,
     gold_sha256,
     store_gold,
 )
@@ -165,17 +165,19 @@ def cmd_evaluate(args: argparse.Namespace, settings: Settings) -> int:
     # The UI shows it beside the backfill: policy_evaluation's metadata and its gate check.
     current = settings.rubric()
     gate = settings.policy_gate()
-    verdict = gate_verdict(engine, current, model.model, gate)
-    doc["gate"] = {"passed": verdict.passed, "summary": verdict.summary}
+    check_result = gate_result(engine, current, model.model, gate)
+    doc["gate"] = {"passed": check_result.passed, "summary": check_result.summary}
     if gate is not None:
-        human.append(f"gate: {'passed' if verdict.passed else 'FAILED'}: {verdict.summary}")
-    _record_in_dagster(settings, engine, current, model.model, verdict)
+        human.append(
+            f"gate: {'passed' if check_result.passed else 'FAILED'}: {check_result.summary}"
+        )
+    _record_in_dagster(settings, engine, current, model.model, check_result)
     emit(args, doc, *human)
     return 0
 
 
 def _record_in_dagster(
-    settings: Settings, engine: Any, rubric: Rubric, model: str, verdict: Any
+    settings: Settings, engine: Any, rubric: Rubric, model: str, check_result: Any
 ) -> None:
     import dagster as dg
 
@@ -186,6 +188,6 @@ def _record_in_dagster(
                 asset_key=POLICY_EVALUATION, metadata=evaluation_metadata(engine, rubric, model)
             )
         )
-        inst.report_runless_asset_event(gate_evaluation(verdict))
+        inst.report_runless_asset_event(gate_evaluation(check_result))
     finally:
         inst.dispose()

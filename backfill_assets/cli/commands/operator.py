@@ -13,10 +13,10 @@ from backfill_assets.cli.numbers import count, seconds
 from backfill_assets.cli.tables import Human, emit, table, tell
 from backfill_assets.config.settings import Settings
 from backfill_assets.defs.asset_keys import BLOCKING_GROUPS
-from backfill_assets.defs.labels.checks import check_status, verdicts_for
+from backfill_assets.defs.labels.checks import check_results_for, check_status
 from backfill_assets.defs.partitions import partition_key_for, partition_ref
 from backfill_assets.dispatch.pipeline import with_levels
-from backfill_assets.domain.checks.catalog import CHECK_GROUPS, CHECK_NAMES, Verdict
+from backfill_assets.domain.checks.catalog import CHECK_GROUPS, CHECK_NAMES, CheckResult
 from backfill_assets.domain.errors import UserError
 from backfill_assets.domain.urls import redact_url, scrub
 from backfill_assets.domain.work.keys import SLICE_KEYS
@@ -88,7 +88,7 @@ def add_operator_commands(add: Callable[[str, str], argparse.ArgumentParser]) ->
     sp.set_defaults(func=cmd_launch)
 
 
-def _verdict_doc(pk: str, v: Verdict) -> dict[str, Any]:
+def _check_result_doc(pk: str, v: CheckResult) -> dict[str, Any]:
     return {
         "partition": pk,
         "check": v.name,
@@ -116,8 +116,8 @@ def cmd_check(args: argparse.Namespace, settings: Settings) -> int:
     for s in slices:
         pk = partition_key_for(tenant, s)
         ref = with_levels(engine, [partition_ref(pk)])[0]
-        for v in verdicts_for(engine, ref, versions, rubric, checks, names, sample=args.limit):
-            docs.append(_verdict_doc(pk, v))
+        for v in check_results_for(engine, ref, versions, rubric, checks, names, sample=args.limit):
+            docs.append(_check_result_doc(pk, v))
     blocked = [d for d in docs if d["blocking"] and not d["passed"]]
     lines = []
     for d in docs:

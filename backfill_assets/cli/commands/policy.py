@@ -133,7 +133,7 @@ def cmd_policy_diff(args: argparse.Namespace, _settings: Settings) -> int:
         "same_keys": same,
     }
     rows = [{**c, "fields": ", ".join(c["fields"]) or "-"} for c in changes]
-    verdict = (
+    conclusion = (
         "same identity: the same keys, nothing to pay"
         if same
         else "new identity: B's keys are new work (dry-run with it to see the cost)"
@@ -144,6 +144,6 @@ def cmd_policy_diff(args: argparse.Namespace, _settings: Settings) -> int:
         f"A  {a.identity}  {args.a}",
         f"B  {b.identity}  {args.b}",
         table(rows, ["kind", "item", "change", "fields"], title="changes"),
-        f"{len(changes)} change(s); {verdict}",
+        f"{len(changes)} change(s); {conclusion}",
     )
     return 0

@@ -30,11 +30,11 @@ from backfill_assets.ledger.run.usage import (
 )
 from backfill_assets.ledger.spend.budget import budget_status
 from backfill_assets.ledger.spend.estimate import estimate_pending
-from backfill_assets.runner.verification import verify_store
+from backfill_assets.runner.verify import verify_store
 
 
 def cmd_verify(args: argparse.Namespace, settings: Settings) -> int:
-    """Audit the store; exit 1 on isolation/duplicate problems (or missing keys if required)."""
+    """Check the store; exit 1 on isolation/duplicate problems (or missing keys if required)."""
     engine = settings.store.engine()
     with read_tx(engine) as conn:
         tenants = known_tenants(args.tenant, tenant_ids(conn))
@@ -183,14 +183,14 @@ def cmd_requeue(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
-    """Apply migrations."""
+    """Run the pending migrations (the JSON field keeps its name, ``applied``)."""
     engine = settings.store.engine()
     with read_tx(engine) as conn:
         versions = schema_versions(conn)
-    applied = migrate(engine)
+    ran = migrate(engine)
     emit(
         args,
-        {"applied": applied, "current": sorted(versions)},
+        {"applied": ran, "current": sorted(versions)},
         f"schema at {max(versions, default=0)}",
     )
     return 0

@@ -12,7 +12,7 @@ from backfill_assets.accelerators.check_executions import unblocked_in_run
 from backfill_assets.accelerators.dagster_private import SqlEventLogStorage
 from backfill_assets.config.variables import ChecksSettings, StoreSettings
 from backfill_assets.defs.asset_keys import APPLIED, BLOCKING_GROUPS, LABELS
-from backfill_assets.defs.labels.checks import loaded_code_version, verdicts_for
+from backfill_assets.defs.labels.checks import check_results_for, loaded_code_version
 from backfill_assets.defs.labels.metadata import add_partition_metadata
 from backfill_assets.defs.model_resources import ModelResource, run_versions
 from backfill_assets.defs.partitions import moderation_partitions, run_refs
@@ -38,7 +38,7 @@ def apply_metadata(rep: ApplyReport) -> dict[str, Any]:
         "unchanged": dg.MetadataValue.int(rep.unchanged),
         "newer_version_kept": dg.MetadataValue.int(rep.newer_kept),
         "target_columns": dg.MetadataValue.text(rep.target),
-        "rubric_version": dg.MetadataValue.text(rep.rubric_version),
+        "rubric_version": dg.MetadataValue.text(rep.code_version),
         "policy_version": dg.MetadataValue.text(rep.policy_version),
     }
 
@@ -142,7 +142,7 @@ def _applied_asset(
             if ref.key in checked:
                 continue
             fails = blocking_failures(
-                verdicts_for(engine, ref, versions, rubric, checks, BLOCKING_CHECKS)
+                check_results_for(engine, ref, versions, rubric, checks, BLOCKING_CHECKS)
             )
             if fails:
                 blocked[ref.key] = fails

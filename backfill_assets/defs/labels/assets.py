@@ -9,7 +9,7 @@ from backfill_assets.defs.asset_keys import LABELS, POSTS
 from backfill_assets.defs.labels.metadata import add_partition_metadata, partition_metadata
 from backfill_assets.defs.model_resources import ModelResource, run_versions
 from backfill_assets.defs.partitions import moderation_partitions, run_refs
-from backfill_assets.defs.reporting.evaluation import gate_verdict
+from backfill_assets.defs.reporting.evaluation import gate_result
 from backfill_assets.defs.resources import RunResource
 from backfill_assets.defs.sealing import NO_CONFIG
 from backfill_assets.dispatch.partition_run import RunStopped
@@ -18,7 +18,7 @@ from backfill_assets.domain.policy.evaluation import Gate
 from backfill_assets.domain.policy.rubric import Rubric
 from backfill_assets.domain.work.faults import NO_FAULTS, FaultHooks
 from backfill_assets.ledger.engine import read_tx, write_tx
-from backfill_assets.ledger.locks import LockLost
+from backfill_assets.ledger.locks.fence import LockLost
 from backfill_assets.ledger.reports import partition_spend
 from backfill_assets.ledger.run import partition_marks
 from backfill_assets.ledger.run.partition_groups import grouped, owners_of_all
@@ -74,9 +74,9 @@ def _labels_asset(
         # The policy the definitions loaded: the keys and the requests use the same text.
         versions = run_versions(model, rubric, code_version)
         if gate is not None:
-            verdict = gate_verdict(store.engine(), rubric, versions.model, gate)
-            if not verdict.passed:
-                raise dg.Failure(description=verdict.summary, allow_retries=False)
+            check_result = gate_result(store.engine(), rubric, versions.model, gate)
+            if not check_result.passed:
+                raise dg.Failure(description=check_result.summary, allow_retries=False)
         # Which stored slices each partition holds depends on its tenant's slice level.
         refs = with_levels(store.engine(), refs)
         context.log.info(f"{len(refs)} partition(s), {versions.code_version}")

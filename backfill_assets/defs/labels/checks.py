@@ -37,17 +37,16 @@ from backfill_assets.dispatch.pipeline import with_levels
 from backfill_assets.domain.checks.catalog import (
     CHECK_GROUPS,
     CHECK_NAMES,
-    GroupVerdict,
-    Verdict,
-    group_verdicts,
+    CheckResult,
+    GroupResult,
+    group_results,
 )
 from backfill_assets.domain.policy.rubric import Rubric
 from backfill_assets.domain.work.keys import Versions
-from backfill_assets.ledger.apply import rubric_version
 from backfill_assets.ledger.engine import read_tx, refresh_planner_stats
-from backfill_assets.ledger.evidence import audit_pool
+from backfill_assets.ledger.evidence import check_pool
 from backfill_assets.ledger.evidence.evidence import Partition
-from backfill_assets.ledger.evidence.judging import Baseline, Judging, judge_partitions
+from backfill_assets.ledger.evidence.partition_checks import Baseline, CheckSetup, check_partitions
 from backfill_assets.ledger.reports import live_label_counts
 from backfill_assets.ledger.run.partition_counts import post_counts
 
@@ -60,7 +59,7 @@ def loaded_code_version(job: dg.JobDefinition) -> str | None:
     return layer.get(LABELS).code_version if layer.has(LABELS) else None
 
 
-def verdicts_for(
+def check_results_for(
     engine: Engine,
     ref: PartitionRef,
     versions: Versions,
@@ -69,14 +68,14 @@ def verdicts_for(
     names: Sequence[str] = CHECK_NAMES,
     deferred: int | None = None,
     sample: int = 5,
-) -> list[Verdict]:
-    """Gather one partition's rows and judge them (shared by checks, gate and CLI)."""
-    return verdicts_for_many(
+) -> list[CheckResult]:
+    """Gather one partition's rows and check them (shared by checks, gate and CLI)."""
+    return check_results_for_many(
         engine, [ref], versions, rubric, checks, names, {ref.key: deferred}, sample
     )[ref.key]
 
 
-def verdicts_for_many(
+def check_results_for_many(
     engine: Engine,
     refs: Sequence[PartitionRef],
     versions: Versions,
@@ -86,13 +85,14 @@ def verdicts_for_many(
     deferred: Mapping[str, int | None] | None = None,
     sample: int = 5,
     log: Callable[[str], None] = lambda _m: None,
-    pooling: audit_pool.Pooling | None = None,
-) -> dict[str, list[Verdict]]:
-    """Verdicts for several partitions (``store.judging.judge_partitions``), each tenant's drift
-    baseline read once; a big run's partitions are judged by worker processes
-    (``store.audit_pool``, as ``pooling`` says), since one process would leave the other cores
-    idle. The stored results of ``versions`` are judged by ``rubric``'s labels and rules."""
-    pooling = pooling or audit_pool.Pooling()
+    pooling: check_pool.Pooling | None = None,
+) -> dict[str, list[CheckResult]]:
+    """Check results for several partitions (``partition_checks.check_partitions``), each
+    tenant's drift baseline read once; a big run's partitions are checked by worker processes
+    (``ledger/evidence/check_pool.py``, as ``pooling`` says), since one process would leave the
+    other cores idle. The stored results of ``versions`` are checked against ``rubric``'s
+    labels and rules."""
+    pooling = pooling or check_pool.Pooling()
     partitions = [Partition(r.key, r.tenant_id, r.slice, r.slices) for r in refs]
     tenants = sorted({r.tenant_id for r in refs})
     # The run's labels step has just written these tables; with statistics from before it
@@ -106,12 +106,12 @@ def verdicts_for_many(
     if configured is not None:
         baselines = {t: (dict(configured), "configured") for t in tenants}
     with read_tx(engine) as conn:
-        # Read once: both the worker plan and the judging group partitions by their posts.
+        # Read once: both the worker plan and the checks group partitions by their posts.
         counts = post_counts(conn, tenants)
         if drift and configured is None:
-            live = live_label_counts(conn, tenants, rubric_version(versions))
+            live = live_label_counts(conn, tenants, versions.code_version)
             baselines = {t: _live_baseline(live[t]) for t in tenants}
-    judging = Judging(
+    setup = CheckSetup(
         versions,
         rubric.contract,
         checks.bounds(rubric.policy),
@@ -120,12 +120,12 @@ def verdicts_for_many(
         dict(deferred or {}),
         sample,
     )
-    chunks = audit_pool.plan(partitions, counts, pooling)
+    chunks = check_pool.plan(partitions, counts, pooling)
     if chunks is not None:
         procs = min(pooling.workers, len(chunks))
-        log(f"judging {len(refs)} partition(s) in {procs} worker processes")
-        return audit_pool.judge(engine, chunks, judging, log=log, pooling=pooling)
-    return judge_partitions(engine, partitions, judging, counts)
+        log(f"checking {len(refs)} partition(s) in {procs} worker processes")
+        return check_pool.check_chunks(engine, chunks, setup, log=log, pooling=pooling)
+    return check_partitions(engine, partitions, setup, counts)
 
 
 def _live_baseline(live: Mapping[str, int]) -> Baseline:
@@ -136,7 +136,7 @@ def _live_baseline(live: Mapping[str, int]) -> Baseline:
     return {k: n / total for k, n in live.items()}, f"live ({total} posts)"
 
 
-def group_metadata(gv: GroupVerdict) -> dict[str, Any]:
+def group_metadata(gv: GroupResult) -> dict[str, Any]:
     """One evaluation's metadata: each member's result, and what to act on for failures.
 
     Numbers stay typed (``int``/``float`` metadata) so Dagster can plot them; the members'
@@ -220,7 +220,7 @@ def _latest_materializations(
 
 
 def _evaluation(
-    gv: GroupVerdict,
+    gv: GroupResult,
     partition_key: str,
     target: TargetMaterialization | None,
 ) -> dg.AssetCheckEvaluation:
@@ -244,7 +244,8 @@ def _evaluation(
 def build_partition_checks(rubric: Rubric) -> dg.AssetChecksDefinition:
     """The seven checks in one group (``check_defs.CHECK_GROUPS``), one multi-check: the
     partition's rows are read once for all of them. ``rubric``: the policy the definitions
-    loaded (its labels and rules judge the stored results), closed over like the asset's."""
+    loaded (the stored results are checked against its labels and rules), closed over like
+    the asset's."""
     with warnings.catch_warnings():
         # Partitioned checks are "preview" in Dagster 1.13; the warning is noise on every load.
         warnings.simplefilter("ignore", dg.PreviewWarning)
@@ -278,7 +279,7 @@ def _checks(specs: list[dg.AssetCheckSpec], rubric: Rubric) -> dg.AssetChecksDef
         names = [m for g in CHECK_GROUPS if g.name in selected for m in g.members]
         failed: dict[str, list[str]] = {}
         latest = _latest_materializations(context.instance, [ref.key for ref in refs])
-        judged = verdicts_for_many(
+        checked = check_results_for_many(
             store.engine(),
             refs,
             versions,
@@ -291,11 +292,11 @@ def _checks(specs: list[dg.AssetCheckSpec], rubric: Rubric) -> dg.AssetChecksDef
         for ref in refs:
             pk = ref.key
             target = latest[pk][0]
-            verdicts = judged[pk]
-            for v in verdicts:
+            check_results = checked[pk]
+            for v in check_results:
                 if not v.passed:
                     failed.setdefault(v.name, []).append(pk)
-            for gv in group_verdicts(verdicts):
+            for gv in group_results(check_results):
                 yield _evaluation(gv, pk, target)
         for name, pks in failed.items():
             context.log.warning(f"{name} failed for {len(pks)} partition(s): {', '.join(pks[:10])}")

@@ -72,7 +72,7 @@ def partition_metadata(
         "label_distribution": dg.MetadataValue.md(label_table(s["labels_total"])),
         "rule_distribution": dg.MetadataValue.md(rule_table(s["rules_total"], rubric)),
         "task_version": text_value(versions.task_version),
-        "prompt_version": text_value(versions.prompt_version),
+        "prompt_version": text_value(versions.key_version),
         "model": text_value(versions.model),
         "policy": text_value(rubric.policy.identity),
         "policy_version": text_value(rubric.policy.version),

@@ -94,7 +94,7 @@ def _report(
     n = len(ids)
     report = {
         "policy": rubric.policy.identity,
-        "key_version": rubric.prompt_version,
+        "key_version": rubric.key_version,
         "policy_id": rubric.policy.policy_id,
         "version": rubric.policy.version,
         "model": versions.model,
@@ -185,7 +185,7 @@ def comparison(against: PolicyResult, policy: PolicyResult) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
-class GateVerdict:
+class GateResult:
     """Whether a policy version with a model may be swept (``BACKFILL_POLICY_MIN_MACRO_F1``)."""
 
     passed: bool
@@ -193,18 +193,18 @@ class GateVerdict:
     macro_f1: float | None
 
 
-def gate_verdict(engine: Engine, rubric: Rubric, model: str, gate: Gate | None) -> GateVerdict:
+def gate_result(engine: Engine, rubric: Rubric, model: str, gate: Gate | None) -> GateResult:
     """The gate for ``rubric`` with ``model``: its latest evaluation has enough gold rows of
     every label and its macro-F1 reaches the minimum (no gate set: always passes)."""
     with read_tx(engine) as conn:
-        latest = evals.latest_evaluation(conn, rubric.prompt_version, model)
+        latest = evals.latest_evaluation(conn, rubric.key_version, model)
     f1 = latest.macro_f1 if latest is not None else None
     who = f"policy {rubric.policy.identity} with model {model}"
     if gate is None:
-        return GateVerdict(True, "no gate (BACKFILL_POLICY_MIN_MACRO_F1 is not set)", f1)
+        return GateResult(True, "no gate (BACKFILL_POLICY_MIN_MACRO_F1 is not set)", f1)
     bar = f"BACKFILL_POLICY_MIN_MACRO_F1={gate.min_macro_f1:g}"
     if latest is None:
-        return GateVerdict(
+        return GateResult(
             False,
             f"{bar}: {who} has no evaluation; run `backfill-moderation evaluate GOLD` first",
             None,
@@ -214,17 +214,17 @@ def gate_verdict(engine: Engine, rubric: Rubric, model: str, gate: Gate | None) 
     thin = gate.thin_labels(rubric.policy.label_ids, support)
     if thin:
         listed = ", ".join(f"{label} {n}" for label, n in thin)
-        return GateVerdict(
+        return GateResult(
             False,
             f"{bar}: not enough gold data for {who} in {gold}: gold rows per label {listed}; "
             f"the gate needs BACKFILL_POLICY_MIN_SUPPORT={gate.min_support} of every label",
             latest.macro_f1,
         )
     if latest.macro_f1 < gate.min_macro_f1:
-        return GateVerdict(
+        return GateResult(
             False, f"{bar}: {who} has macro-F1 {latest.macro_f1:.3f} on {gold}", latest.macro_f1
         )
-    return GateVerdict(
+    return GateResult(
         True,
         f"macro-F1 {latest.macro_f1:.3f} >= {gate.min_macro_f1:g} on {gold}, "
         f"at least {gate.min_support} gold rows of every label",
@@ -291,7 +291,7 @@ def evaluation_metadata(engine: Engine, rubric: Rubric, model: str) -> dict[str,
     force's per-label figures and confusion matrix."""
     with read_tx(engine) as conn:
         every = evals.latest_evaluations(conn)
-        current = evals.latest_evaluation(conn, rubric.prompt_version, model)
+        current = evals.latest_evaluation(conn, rubric.key_version, model)
     md: dict[str, Any] = {
         "evaluations": dg.MetadataValue.md(evaluations_table(every)),
         "policy": dg.MetadataValue.text(rubric.policy.identity),
@@ -305,17 +305,17 @@ def evaluation_metadata(engine: Engine, rubric: Rubric, model: str) -> dict[str,
     return md
 
 
-def gate_evaluation(verdict: GateVerdict) -> dg.AssetCheckEvaluation:
+def gate_evaluation(check_result: GateResult) -> dg.AssetCheckEvaluation:
     """The gate as an asset check evaluation of ``policy_evaluation``."""
-    metadata: dict[str, Any] = {"summary": dg.MetadataValue.text(verdict.summary)}
-    if verdict.macro_f1 is not None:
-        metadata["macro_f1"] = dg.MetadataValue.float(verdict.macro_f1)
+    metadata: dict[str, Any] = {"summary": dg.MetadataValue.text(check_result.summary)}
+    if check_result.macro_f1 is not None:
+        metadata["macro_f1"] = dg.MetadataValue.float(check_result.macro_f1)
     return dg.AssetCheckEvaluation(
         asset_key=POLICY_EVALUATION,
         check_name=GATE_CHECK,
-        passed=verdict.passed,
+        passed=check_result.passed,
         severity=dg.AssetCheckSeverity.ERROR,
-        description=verdict.summary,
+        description=check_result.summary,
         metadata=metadata,
     )
 
@@ -343,8 +343,8 @@ def build_policy_evaluation(rubric: Rubric, gate: Gate | None) -> dg.AssetsDefin
     ) -> dg.MaterializeResult:  # type: ignore[type-arg]
         """Each policy version's latest gold-set evaluation (`backfill-moderation evaluate`)."""
         engine = store.engine()
-        verdict = gate_verdict(engine, rubric, model.model, gate)
-        check = gate_evaluation(verdict)
+        check_result = gate_result(engine, rubric, model.model, gate)
+        check = gate_evaluation(check_result)
         return dg.MaterializeResult(
             metadata=evaluation_metadata(engine, rubric, model.model),
             check_results=[

@@ -38,7 +38,7 @@ def _builder(ctx: BatchContext, job: ChunkJob) -> LineRows:
     sub = job.sub
     # The chunk's own versions: a batch re-attached after a prompt or model change still
     # books its (paid) lines under the keys they were sent with.
-    versions = Versions(sub.task_version, sub.prompt_version, sub.model)
+    versions = Versions(sub.task_version, sub.key_version, sub.model)
     return LineRows(versions, ctx.run_id, sub.tenant_id, sub.slice, job.partition, sub.chunk_id)
 
 
@@ -196,7 +196,7 @@ def _stage(
         st.tokens_in += usage["tokens_in"]
         st.tokens_out += usage["tokens_out"]
         st.cost_nanos += usage["cost_nanos"]
-        contract = ctx.contract_for(job.sub.prompt_version)
+        contract = ctx.contract_for(job.sub.key_version)
         try:
             if contract is None:
                 raise OutputRejected("output contract: no policy registered for its version")

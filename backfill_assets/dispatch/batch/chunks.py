@@ -30,7 +30,7 @@ def chunk_base(versions: Versions, tenant_id: str, slice_no: int, keys: Sequence
     digest = hashlib.sha256()
     fields = (
         versions.task_version,
-        versions.prompt_version,
+        versions.key_version,
         versions.model,
         tenant_id,
         str(slice_no),

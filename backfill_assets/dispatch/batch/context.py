@@ -11,13 +11,13 @@ from typing import Any, TypeVar
 from sqlalchemy.engine import Engine
 
 from backfill_assets.dispatch.batch_options import BatchOptions
-from backfill_assets.dispatch.sync import PartitionStats
+from backfill_assets.dispatch.partition_run import PartitionStats
 from backfill_assets.domain.money.prices import PriceTable
 from backfill_assets.domain.policy.output_gate import OutputContract
 from backfill_assets.domain.policy.rubric import Rubric
 from backfill_assets.domain.work.keys import Versions
 from backfill_assets.domain.work.outcomes import RetryPolicy
-from backfill_assets.ledger.locks import Fence
+from backfill_assets.ledger.locks.fence import Fence
 from backfill_assets.ledger.policies import contract_lookup
 from backfill_assets.ledger.run.submissions import LineRow, Submission
 from backfill_assets.providers.batch_client import BatchClient
@@ -81,12 +81,12 @@ class BatchContext:
     fatal: RunFatalError | None = None
     _contracts: Callable[[str], OutputContract | None] | None = field(default=None, repr=False)
 
-    def contract_for(self, prompt_version: str) -> OutputContract | None:
+    def contract_for(self, key_version: str) -> OutputContract | None:
         """The output contract of a chunk's policy version: a chunk re-attached after the
         policy changed is judged by the policy it was sent under (None: unknown version)."""
         if self._contracts is None:
             self._contracts = contract_lookup(self.engine, self.rubric)
-        return self._contracts(prompt_version)
+        return self._contracts(key_version)
 
     def stats_for(self, partition: str) -> PartitionStats:
         """Stats of a partition (created on first use)."""

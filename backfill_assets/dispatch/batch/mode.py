@@ -13,9 +13,13 @@ from collections.abc import Sequence
 
 from backfill_assets.dispatch.batch.context import BatchContext
 from backfill_assets.dispatch.batch.runner import BatchRunner
-from backfill_assets.dispatch.partition_run import DispatchJob, PartitionRef, PartitionReport
+from backfill_assets.dispatch.partition_run import (
+    DispatchHalted,
+    DispatchJob,
+    PartitionRef,
+    PartitionReport,
+)
 from backfill_assets.dispatch.routing import Routing
-from backfill_assets.dispatch.sync import DispatchHalted
 from backfill_assets.domain.money.prices import PriceTable
 from backfill_assets.ledger.spend.budget import may_bind
 from backfill_assets.providers.batch_client import BatchClient

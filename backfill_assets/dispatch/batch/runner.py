@@ -157,47 +157,14 @@ class BatchRunner:
             self.quota[tenant] = self.quota.get(tenant, 0) - keys
 
     async def _switch_over(self) -> None:
-        """At the deadline plan's switch-over: chunks not sent yet are closed unrun, and the
-        provider is asked to cancel every open batch. A cancelled batch returns (and bills)
-        the lines it completed; they are booked as usual and the rest come back pending."""
+        """At the deadline plan's switch-over, every open chunk is closed or cancelled."""
         at = self.opts.switch_at
         if at is None or time.time() < at:
             return
-        ctx = self.ctx
         if not self.switched:
             self.switched = True
-            ctx.log(f"switch-over: cancelling {len(self.jobs)} open chunk(s)")
-        sent = False
-        for job in list(self.jobs.values()):
-            sub = job.sub
-            if sub.chunk_id in self.cancel_sent:
-                continue
-            if job.state == ChunkState.INTENT or (
-                job.state == ChunkState.UPLOADED and sub.create_sent_at is None
-            ):
-                await close_unrun(
-                    ctx, job, "not sent: the deadline plan's switch-over", ChunkState.REQUEUED
-                )
-                self.jobs.pop(sub.chunk_id, None)
-                continue
-            if job.state != ChunkState.SUBMITTED or sub.batch_id is None:
-                continue  # a create that may have happened: found (then cancelled) or not
-            try:
-                batch = await ctx.client.cancel(sub.batch_id)
-            except (RateLimited, Unsure) as exc:
-                ctx.log(f"batch {sub.batch_id}: cancel not confirmed ({exc}); asking again")
-                continue
-            except Refused as exc:
-                # Typically a batch that ended meanwhile: its next poll says so.
-                ctx.log(f"batch {sub.batch_id}: cancel refused ({exc})")
-            else:
-                ctx.log(f"batch {sub.batch_id} ({job.partition}): cancel asked, {batch.status}")
-            self.cancel_sent[sub.chunk_id] = time.monotonic()
-            job.interval = self.opts.poll_seconds
-            job.next_poll = time.monotonic()
-            sent = True
-        if sent:
-            ctx.reached("cancel")
+            self.ctx.log(f"switch-over: cancelling {len(self.jobs)} open chunk(s)")
+        await cancels.switch_over(self.ctx, self.jobs, self.cancel_sent, self.opts.poll_seconds)
 
     async def _chunk(
         self, key: str, ref: PartitionRef, slice_no: int, todo: list[PendingPost]
@@ -286,7 +253,7 @@ class BatchRunner:
                 job.next_poll = time.monotonic() + job.interval
                 continue
             except Refused as exc:
-                # Refusing a status call is no verdict on the batch, which may still run and
+                # Refusing a status call says nothing of the batch, which may still run and
                 # bill: stop the run, the chunk stays 'submitted' and the next run re-attaches.
                 raise RunFatalError(
                     f"status of batch {job.sub.batch_id} refused: {exc}",

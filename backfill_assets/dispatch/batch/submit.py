@@ -164,7 +164,7 @@ async def _intent(
         tenant_id=tenant_id,
         slice=slice_no,
         model=v.model,
-        prompt_version=v.prompt_version,
+        key_version=v.key_version,
         task_version=v.task_version,
         lines=len(lines),
         file_sha256=hashlib.sha256(content).hexdigest(),

@@ -1,5 +1,5 @@
 """What the partition checks are: each check, whether its failure blocks the apply, the group
-Dagster reports them in, and a verdict's shape (the rules: ``check_rules.py``)."""
+Dagster reports them in, and a check result's shape (the rules: ``check_rules.py``)."""
 
 from __future__ import annotations
 
@@ -85,7 +85,7 @@ class CheckGroup:
     partition holds a handful of posts: at 10,000 one-partition tenants a second group took
     ~10% of the run. So all seven checks are one evaluation; its metadata says which member
     failed and why, and its ``blocking`` flag and severity follow the members that failed
-    (``GroupVerdict``): only a failed blocking member keeps ``applied_labels`` out.
+    (``GroupResult``): only a failed blocking member keeps ``applied_labels`` out.
     """
 
     name: str
@@ -113,7 +113,7 @@ CHECK_GROUPS: tuple[CheckGroup, ...] = (
 
 
 @dataclass(frozen=True)
-class Verdict:
+class CheckResult:
     """One check's result for one partition."""
 
     name: str
@@ -143,11 +143,11 @@ def inspect_command(tenant: str, slice_no: int, name: str) -> str:
 
 
 @dataclass(frozen=True)
-class GroupVerdict:
-    """A check group's result for one partition, with its members' verdicts."""
+class GroupResult:
+    """A check group's result for one partition, with its members' check results."""
 
     group: CheckGroup
-    members: tuple[Verdict, ...]
+    members: tuple[CheckResult, ...]
 
     @property
     def passed(self) -> bool:
@@ -155,7 +155,7 @@ class GroupVerdict:
         return all(v.passed for v in self.members)
 
     @property
-    def failed(self) -> list[Verdict]:
+    def failed(self) -> list[CheckResult]:
         """The members that failed."""
         return [v for v in self.members if not v.passed]
 
@@ -177,16 +177,16 @@ class GroupVerdict:
         return "; ".join(f"{v.name}: {v.summary}" for v in self.failed)
 
 
-def group_verdicts(verdicts: Iterable[Verdict]) -> list[GroupVerdict]:
-    """The verdicts of one partition, gathered into the check groups (in group order)."""
-    by_name = {v.name: v for v in verdicts}
+def group_results(check_results: Iterable[CheckResult]) -> list[GroupResult]:
+    """The check results of one partition, gathered into the check groups (in group order)."""
+    by_name = {v.name: v for v in check_results}
     return [
-        GroupVerdict(g, tuple(by_name[m] for m in g.members if m in by_name))
+        GroupResult(g, tuple(by_name[m] for m in g.members if m in by_name))
         for g in CHECK_GROUPS
         if any(m in by_name for m in g.members)
     ]
 
 
-def blocking_failures(verdicts: Iterable[Verdict]) -> list[str]:
+def blocking_failures(check_results: Iterable[CheckResult]) -> list[str]:
     """Names of the failed blocking checks."""
-    return [v.name for v in verdicts if v.blocking and not v.passed]
+    return [v.name for v in check_results if v.blocking and not v.passed]

@@ -1,9 +1,9 @@
 """The partition checks' rules, as pure functions over one partition's rows (what the checks
 are and how they are grouped: ``check_defs.py``).
 
-One verification core (``verify.verify_scope``) feeds the Dagster asset checks, the
+One checking core (``verify.verify_scope``) feeds the Dagster asset checks, the
 ``applied_labels`` gate and ``backfill-moderation check``; this module turns its findings into
-one verdict per check, with metadata a person can act on (counts, a few keys, never post text).
+one check result per check, with metadata a person can act on (counts, a few keys, never post text).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from backfill_assets.domain.checks.catalog import CHECK_NAMES, Verdict, inspect_command
+from backfill_assets.domain.checks.catalog import CHECK_NAMES, CheckResult, inspect_command
 from backfill_assets.domain.checks.verify import Problem, ScopeReport, verify_scope
 from backfill_assets.domain.work.keys import Versions
 
@@ -79,8 +79,8 @@ def evaluate(
     bounds: CheckBounds,
     names: Iterable[str] = CHECK_NAMES,
     sample: int = SAMPLE,
-) -> list[Verdict]:
-    """Verdicts of the named checks for one partition; ``sample`` bounds the keys listed."""
+) -> list[CheckResult]:
+    """Check results of the named checks for one partition; ``sample`` bounds the keys listed."""
     wanted = list(names)
     rep, problems = verify_scope(
         ev.tenant,
@@ -92,14 +92,14 @@ def evaluate(
         sample=sample,
         expected_keys=ev.expected_keys,
     )
-    out: list[Verdict] = []
+    out: list[CheckResult] = []
     for name in wanted:
         if name == "isolation":
             found = [p for p in problems if p.kind == "isolation"]
-            v = _kind_verdict(name, found, "row(s)", sample)
+            v = _kind_result(name, found, "row(s)", sample)
         elif name == "no_duplicates":
             found = [p for p in problems if p.kind == "duplicate"]
-            v = _kind_verdict(name, found, "duplicate(s)", sample)
+            v = _kind_result(name, found, "duplicate(s)", sample)
         elif name == "coverage":
             v = _coverage(rep, ev)
         elif name == "output_schema":
@@ -116,8 +116,8 @@ def evaluate(
     return out
 
 
-def _with_inspect(v: Verdict, ev: PartitionEvidence) -> Verdict:
-    return Verdict(
+def _with_inspect(v: CheckResult, ev: PartitionEvidence) -> CheckResult:
+    return CheckResult(
         name=v.name,
         passed=v.passed,
         summary=v.summary,
@@ -128,15 +128,15 @@ def _with_inspect(v: Verdict, ev: PartitionEvidence) -> Verdict:
     )
 
 
-def _kind_verdict(name: str, found: list[Problem], noun: str, sample: int) -> Verdict:
+def _kind_result(name: str, found: list[Problem], noun: str, sample: int) -> CheckResult:
     by_table = Counter(p.table for p in found)
     counts: dict[str, int | float] = {"problems": len(found)}
     counts.update({f"in_{t}": n for t, n in sorted(by_table.items())})
     summary = "no problems" if not found else f"{len(found)} {noun} failed {name}"
-    return Verdict(name, not found, summary, counts, _sample(found, sample))
+    return CheckResult(name, not found, summary, counts, _sample(found, sample))
 
 
-def _coverage(rep: ScopeReport, ev: PartitionEvidence) -> Verdict:
+def _coverage(rep: ScopeReport, ev: PartitionEvidence) -> CheckResult:
     counts: dict[str, int | float] = {
         "expected": rep.expected,
         "accepted": rep.done,
@@ -154,10 +154,10 @@ def _coverage(rep: ScopeReport, ev: PartitionEvidence) -> Verdict:
         if ok
         else f"{rep.missing} of {rep.expected} expected key(s) neither accepted nor dead-lettered"
     )
-    return Verdict("coverage", ok, summary, counts, tuple(rep.missing_keys))
+    return CheckResult("coverage", ok, summary, counts, tuple(rep.missing_keys))
 
 
-def _schema(ev: PartitionEvidence, sample: int) -> Verdict:
+def _schema(ev: PartitionEvidence, sample: int) -> CheckResult:
     bad = list(ev.schema_problems)
     reasons = Counter(why for _k, why in bad)
     counts: dict[str, int | float] = {"rows": len(ev.results), "invalid_rows": len(bad)}
@@ -168,10 +168,10 @@ def _schema(ev: PartitionEvidence, sample: int) -> Verdict:
         table = "\n".join(lines)
     summary = "all rows pass" if not bad else f"{len(bad)} row(s) fail the result schema"
     keys = tuple(f"{k} {why}" for k, why in bad[:sample])
-    return Verdict("output_schema", not bad, summary, counts, keys, table)
+    return CheckResult("output_schema", not bad, summary, counts, keys, table)
 
 
-def _spend(rep: ScopeReport, b: CheckBounds, sample: int) -> Verdict:
+def _spend(rep: ScopeReport, b: CheckBounds, sample: int) -> CheckResult:
     allowed_rebill = int(b.max_rebilled_share * rep.billed_tokens)
     reasons: list[str] = []
     if rep.rebilled_tokens > allowed_rebill:
@@ -195,10 +195,10 @@ def _spend(rep: ScopeReport, b: CheckBounds, sample: int) -> Verdict:
         f"orphan {k}" for k in rep.orphan_keys
     )
     summary = "; ".join(reasons) if reasons else "within bounds"
-    return Verdict("spend", not reasons, summary, counts, keys[:sample])
+    return CheckResult("spend", not reasons, summary, counts, keys[:sample])
 
 
-def _within_bound(problems: list[Problem], b: CheckBounds, sample: int) -> Verdict:
+def _within_bound(problems: list[Problem], b: CheckBounds, sample: int) -> CheckResult:
     found = [p for p in problems if p.kind == "over_bound"]
     counts: dict[str, int | float] = {
         "over_bound_calls": len(found),
@@ -206,12 +206,12 @@ def _within_bound(problems: list[Problem], b: CheckBounds, sample: int) -> Verdi
     }
     if len(found) <= b.max_over_bound_calls:
         summary = "no call billed past its bound" if not found else f"{len(found)} allowed"
-        return Verdict("billed_within_bound", True, summary, counts, _sample(found, sample))
+        return CheckResult("billed_within_bound", True, summary, counts, _sample(found, sample))
     summary = (
         f"{len(found)} call(s) billed past their reserved bound "
         f"(allowed {b.max_over_bound_calls}): the provider billed more than the tokens sent"
     )
-    return Verdict("billed_within_bound", False, summary, counts, _sample(found, sample))
+    return CheckResult("billed_within_bound", False, summary, counts, _sample(found, sample))
 
 
 def label_counts(ev: PartitionEvidence) -> Counter[str]:
@@ -221,8 +221,8 @@ def label_counts(ev: PartitionEvidence) -> Counter[str]:
         str(r["label"])
         for r in ev.results
         if r["tenant_id"] == ev.tenant
-        and (r["task_version"], r["prompt_version"], r["model"])
-        == (v.task_version, v.prompt_version, v.model)
+        and (r["task_version"], r["key_version"], r["model"])
+        == (v.task_version, v.key_version, v.model)
     )
 
 
@@ -246,13 +246,13 @@ def drifted_labels(
     return drifted, "\n".join(lines)
 
 
-def _drift(ev: PartitionEvidence, rule: DriftRule) -> Verdict:
+def _drift(ev: PartitionEvidence, rule: DriftRule) -> CheckResult:
     counts = label_counts(ev)
     total = sum(counts.values())
     base_counts: dict[str, int | float] = {"labels": total}
     if ev.baseline is None:
         summary = f"no baseline ({ev.baseline_source}): nothing to compare"
-        return Verdict("label_drift", True, summary, base_counts)
+        return CheckResult("label_drift", True, summary, base_counts)
     drifted, table = drifted_labels(counts, ev.baseline, rule)
     base_counts.update({"drifted_labels": len(drifted), "factor": rule.factor})
     summary = (
@@ -260,4 +260,4 @@ def _drift(ev: PartitionEvidence, rule: DriftRule) -> Verdict:
         if not drifted
         else f"{', '.join(drifted)} over {rule.factor:g}x the {ev.baseline_source} baseline"
     )
-    return Verdict("label_drift", not drifted, summary, base_counts, (), table)
+    return CheckResult("label_drift", not drifted, summary, base_counts, (), table)

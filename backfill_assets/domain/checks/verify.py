@@ -1,4 +1,4 @@
-"""Independent verification: recompute every key from the posts alone and audit every row (pure).
+"""The independent check: recompute every key from the posts alone and check every row (pure).
 
 Shared by ``backfill-moderation verify`` and the asset checks. Works on any scope (a tenant or
 one partition): the caller passes that scope's posts and every row that claims to be in it.
@@ -107,7 +107,7 @@ class _Derivation:
         self.tenant = tenant
         self.posts = posts
         self.versions = versions
-        self._triple = (versions.task_version, versions.prompt_version, versions.model)
+        self._triple = (versions.task_version, versions.key_version, versions.model)
         self._expected = expected
         self._home: dict[str, int] = {}
 
@@ -118,7 +118,7 @@ class _Derivation:
         return got
 
     def key(self, row: Row, post_id: str, row_hash: str) -> str:
-        triple = (str(row["task_version"]), str(row["prompt_version"]), str(row["model"]))
+        triple = (str(row["task_version"]), str(row["key_version"]), str(row["model"]))
         if triple == self._triple and self.posts.get(post_id) == row_hash:
             known = self._expected.get(post_id)
             if known is not None:
@@ -206,7 +206,7 @@ def verify_scope(
                 str(row["post_id"]),
                 str(row["content_hash"]),
                 str(row["task_version"]),
-                str(row["prompt_version"]),
+                str(row["key_version"]),
                 str(row["model"]),
             )
         ] += 1
@@ -248,11 +248,11 @@ def verify_scope(
     rep.dead_by_outcome = dict(Counter(dead_in_scope.values()))
     rep.missing_keys = sorted(missing)[:sample]
 
-    _audit_ledger(tenant, derive, ledger, rep, problems, sample)
+    _check_ledger(tenant, derive, ledger, rep, problems, sample)
     return rep, problems
 
 
-def _audit_ledger(
+def _check_ledger(
     tenant: str,
     derive: _Derivation,
     ledger: Iterable[Row],

@@ -82,7 +82,7 @@ def _cheap_string_types(schema: pa.DataFrameSchema) -> pa.DataFrameSchema:
     pandera 0.35 tests a ``str`` column element by element and formats the (empty) failure
     cases even when every element passes: about 1 ms per column per validation, a third of a
     small flush's check. ``_is_str`` is one dtype test when the column holds strings and the
-    same per-row verdict when it does not (pandas stores a mixed column as ``object``).
+    same per-row answer when it does not (pandas stores a mixed column as ``object``).
     """
     string = pandas_engine.Engine.dtype(str)
     return schema.update_columns(
@@ -217,9 +217,7 @@ class StoredResultFrame(pa.DataFrameModel):
     )
     confidence: Series[float] = pa.Field(ge=0.0, le=1.0, description="Confidence in [0, 1].")
     model: Series[str] = pa.Field(str_length={"min_value": 1}, description="Model version.")
-    prompt_version: Series[str] = pa.Field(
-        str_length={"min_value": 1}, description="Prompt version."
-    )
+    key_version: Series[str] = pa.Field(str_length={"min_value": 1}, description="Prompt version.")
     task_version: Series[str] = pa.Field(str_length={"min_value": 1}, description="Task version.")
 
     class Config:
@@ -236,12 +234,12 @@ def stored_schema(contract: OutputContract, versions: Versions) -> pa.DataFrameS
     """The stored results' check: every row's shape, and the contract for the rows of
     ``versions`` (the policy in force). Rows of another policy version are that version's
     labels, checked by their own policy when it was in force."""
-    triple = (versions.task_version, versions.prompt_version, versions.model)
+    triple = (versions.task_version, versions.key_version, versions.model)
 
     def current(df: pd.DataFrame) -> pd.Series:
         return (
             (df["task_version"] == triple[0])
-            & (df["prompt_version"] == triple[1])
+            & (df["key_version"] == triple[1])
             & (df["model"] == triple[2])
         )
 

@@ -92,7 +92,7 @@ class Rubric:
         return hash(self.policy)
 
     @property
-    def prompt_version(self) -> str:
+    def key_version(self) -> str:
         """The policy's key version: changes with every word of the policy, so keys and the
         code version follow."""
         return self.policy.key_version

@@ -53,17 +53,17 @@ class Versions:
     """What, besides the post, decides the answer: task, prompt and model."""
 
     task_version: str
-    prompt_version: str
+    key_version: str
     model: str
 
     @property
     def code_version(self) -> str:
         """The Dagster code version of the labels asset."""
-        return f"task={self.task_version};prompt={self.prompt_version};model={self.model}"
+        return f"task={self.task_version};prompt={self.key_version};model={self.model}"
 
 
 def work_key(versions: Versions, tenant_id: str, post_id: str, text_hash: str) -> str:
-    """sha256(task_version, prompt_version, model, tenant_id, post_id, sha256(NFC(text)))."""
+    """sha256(task_version, key_version, model, tenant_id, post_id, sha256(NFC(text)))."""
     # The versions' frame is the same for every key of a run: hash it once and copy the state.
     digest = _versions_digest(versions).copy()
     digest.update(_frame((tenant_id, post_id, text_hash)))
@@ -72,7 +72,7 @@ def work_key(versions: Versions, tenant_id: str, post_id: str, text_hash: str) -
 
 @functools.lru_cache(maxsize=16)
 def _versions_digest(versions: Versions) -> hashlib._Hash:
-    return hashlib.sha256(_frame((versions.task_version, versions.prompt_version, versions.model)))
+    return hashlib.sha256(_frame((versions.task_version, versions.key_version, versions.model)))
 
 
 def slice_of(tenant_id: str, post_id: str) -> int:

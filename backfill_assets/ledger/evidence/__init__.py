@@ -1,1 +1,1 @@
-"""What the checks and ``verify`` read from the store, and judging many partitions."""
+"""What the checks and ``verify`` read from the store, and checking many partitions."""

@@ -25,7 +25,7 @@ _IN_CHUNK = 5_000
 
 @dataclass(frozen=True, slots=True)
 class Partition:
-    """A partition to read or judge: its Dagster key, tenant, number and its stored slices."""
+    """A partition to read or check: its Dagster key, tenant, number and its stored slices."""
 
     key: str
     tenant_id: str
@@ -35,7 +35,7 @@ class Partition:
 
 # The columns the verifier and the checks read (never post text, never the wide message or
 # request-id columns): fewer columns and mapping rows, not dicts, halve the cost of reading.
-# Every row carries its key's derivation; each table adds what its checks judge.
+# Every row carries its key's derivation; each table adds what its checks read.
 _DERIVATION = (
     "key",
     "tenant_id",
@@ -43,7 +43,7 @@ _DERIVATION = (
     "slice",
     "content_hash",
     "model",
-    "prompt_version",
+    "key_version",
     "task_version",
 )
 _COLUMNS = {

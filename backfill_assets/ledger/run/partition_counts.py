@@ -27,7 +27,7 @@ class PartitionCounts:
 def _same_versions(table: sa.Table, versions: Versions) -> sa.ColumnElement[bool]:
     return sa.and_(
         table.c.model == versions.model,
-        table.c.prompt_version == versions.prompt_version,
+        table.c.key_version == versions.key_version,
         table.c.task_version == versions.task_version,
     )
 

@@ -23,7 +23,7 @@ class KeyRow(TypedDict):
     slice: int
     content_hash: str
     model: str
-    prompt_version: str
+    key_version: str
     task_version: str
     run_id: str
 
@@ -64,7 +64,7 @@ class EventRow(TypedDict):
     post_id: str | None
     content_hash: str | None
     model: str
-    prompt_version: str | None
+    key_version: str | None
     task_version: str | None
     tokens_in: int
     tokens_out: int
@@ -102,7 +102,7 @@ def key_row(
         "slice": slice_no,
         "content_hash": content_hash,
         "model": versions.model,
-        "prompt_version": versions.prompt_version,
+        "key_version": versions.key_version,
         "task_version": versions.task_version,
         "run_id": run_id,
     }
@@ -134,7 +134,7 @@ def event_row(
         "post_id": post_id if first else None,
         "content_hash": content_hash if first else None,
         "model": versions.model,
-        "prompt_version": versions.prompt_version if first else None,
+        "key_version": versions.key_version if first else None,
         "task_version": versions.task_version if first else None,
         "tokens_in": 0,
         "tokens_out": 0,
@@ -164,7 +164,7 @@ def _key_of(row: KeyRow) -> KeyRow:
         "slice": row["slice"],
         "content_hash": row["content_hash"],
         "model": row["model"],
-        "prompt_version": row["prompt_version"],
+        "key_version": row["key_version"],
         "task_version": row["task_version"],
         "run_id": row["run_id"],
     }

@@ -17,7 +17,7 @@ from sqlalchemy.engine import Connection
 from backfill_assets.domain.money.budgets import Spend
 from backfill_assets.domain.work.events import EventKind
 from backfill_assets.ledger.bulk import db_time, insert_rows
-from backfill_assets.ledger.locks import Fence
+from backfill_assets.ledger.locks.fence import Fence
 from backfill_assets.ledger.run.writer import EVENT_COLUMNS
 from backfill_assets.ledger.tables import (
     batch_lines,
@@ -74,7 +74,7 @@ class Submission:
     tenant_id: str
     slice: int
     model: str
-    prompt_version: str
+    key_version: str
     task_version: str
     lines: int
     file_sha256: str
@@ -231,7 +231,7 @@ def prior_sends(conn: Connection, tenant_id: str, slice_no: int) -> dict[str, in
 
 
 def closed_lines(conn: Connection, sub: Submission) -> set[int]:
-    """Line numbers whose attempt already has its usage or error event (a resumed apply)."""
+    """Line numbers whose attempt already has its usage or error event (a resumed booking)."""
     prefix = f"{sub.chunk_id}:"
     stmt = sa.select(ledger_events.c.attempt_id).where(
         ledger_events.c.tenant_id == sub.tenant_id,

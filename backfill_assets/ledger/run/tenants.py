@@ -79,7 +79,7 @@ def tenant_rows(conn: Connection, versions: Versions) -> list[dict[str, Any]]:
         )
         .where(
             results.c.model == versions.model,
-            results.c.prompt_version == versions.prompt_version,
+            results.c.key_version == versions.key_version,
             results.c.task_version == versions.task_version,
         )
         .group_by(results.c.tenant_id)

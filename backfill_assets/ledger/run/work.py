@@ -1,4 +1,4 @@
-"""What is left to do in a partition (who may do it: ``locks.py``)."""
+"""What is left to do in a partition (who may do it: ``locks/writer_locks.py``)."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def _same_work(table: sa.Table, versions: Versions) -> sa.ColumnElement[bool]:
         table.c.post_id == posts.c.post_id,
         table.c.content_hash == posts.c.content_hash,
         table.c.model == versions.model,
-        table.c.prompt_version == versions.prompt_version,
+        table.c.key_version == versions.key_version,
         table.c.task_version == versions.task_version,
     )
 
@@ -53,7 +53,7 @@ def _open_chunk(versions: Versions) -> list[sa.ColumnElement[bool]]:
     return [
         batch_submissions.c.state.in_(OPEN_STATES),
         batch_submissions.c.model == versions.model,
-        batch_submissions.c.prompt_version == versions.prompt_version,
+        batch_submissions.c.key_version == versions.key_version,
         batch_submissions.c.task_version == versions.task_version,
     ]
 

@@ -20,13 +20,10 @@ import contextlib
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
 
-import sqlalchemy as sa
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Engine
 
 from backfill_assets.domain.money.budgets import Spend
 from backfill_assets.domain.policy.output_gate import OutputContract
@@ -36,18 +33,16 @@ from backfill_assets.domain.work.faults import UsageHook
 from backfill_assets.domain.work.outcomes import Outcome
 from backfill_assets.ledger.bulk import db_time, insert_values, row_values
 from backfill_assets.ledger.engine import is_sqlite
-from backfill_assets.ledger.locks import Fence, LockLost
+from backfill_assets.ledger.locks.fence import Fence, LockLost
+from backfill_assets.ledger.run.booking import Staged, book_spend
 from backfill_assets.ledger.run.rows import DeadRow, EventRow, ResultRow, dead_row
-from backfill_assets.ledger.run.usage import add_usage
 from backfill_assets.ledger.tables import (
-    batch_submissions,
-    budget_reservations,
     dead_letters,
     ledger_events,
     results,
-    tenants,
     utcnow,
 )
+from backfill_assets.ledger.write_channel import WriteChannel
 
 EVENT_COLUMNS = tuple(c.name for c in ledger_events.c if c.name != "id")
 RESULT_COLUMNS = tuple(c.name for c in results.c)
@@ -58,131 +53,10 @@ DEAD_UPSERT = "ON CONFLICT (key) DO UPDATE SET " + ", ".join(
 
 
 @dataclass
-class _Staged:
-    events: list[EventRow] = field(default_factory=list)
-    results: list[ResultRow] = field(default_factory=list)
-    dead: list[DeadRow] = field(default_factory=list)
-    # reservation id -> billed tokens and nanos to take off it (they now count as spent).
-    unreserve: dict[str, Spend] = field(default_factory=lambda: defaultdict(Spend))
-    billed: dict[str, Spend] = field(default_factory=lambda: defaultdict(Spend))
-    released: dict[str, Spend] = field(default_factory=lambda: defaultdict(Spend))
-    # (tenant, model) -> [calls, tokens_in, tokens_out, cost_nanos, tokens_cached,
-    # calls_cost_unknown] of the staged usage events.
-    usage: dict[tuple[str, str], list[Any]] = field(default_factory=dict)
-    first_at: float | None = None
-
-    def empty(self) -> bool:
-        return not (self.events or self.results or self.dead)
-
-    def rows(self) -> int:
-        return len(self.results) + len(self.dead)
-
-
-@dataclass
 class FlushReport:
     """What one outcome flush made durable; ``rejected`` rows failed the frame check."""
 
     rejected: list[tuple[ResultRow, str]]
-
-
-class _Channel:
-    """A write connection and a thread of its own to use it from."""
-
-    def __init__(
-        self,
-        engine: Engine,
-        name: str,
-        tx_lock: threading.Lock | None,
-        relaxed_commit: bool = False,
-        fence: Fence | None = None,
-    ) -> None:
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
-        self._engine = engine
-        self._conn: Connection | None = None
-        self._tx_lock = tx_lock
-        self._relaxed = relaxed_commit
-        self._fence = fence
-
-    def _connection(self) -> Connection:
-        if self._conn is None:
-            self._conn = self._engine.connect().execution_options(write=True)
-            if self._relaxed and not is_sqlite(self._engine):
-                # Attempt events only: the server still makes them durable within
-                # wal_writer_delay, and our own SIGKILL cannot lose a commit the server has
-                # acknowledged; only a server crash could, and it would lose measurement (an
-                # orphan-attempt record), never a result or a usage event.
-                self._conn.exec_driver_sql("SET synchronous_commit = off")
-                self._conn.commit()
-        return self._conn
-
-    @contextlib.contextmanager
-    def tx(self) -> Iterator[Connection]:
-        """A write transaction on the channel's connection (one thread at a time), or the
-        fence's: then it commits only while the run's writer locks are held."""
-        lock = self._tx_lock or contextlib.nullcontext()
-        if self._fence is not None:
-            with lock, self._fence.transaction() as fenced:
-                yield fenced
-            return
-        conn = self._connection()
-        with lock, conn.begin():
-            yield conn
-
-    @contextlib.contextmanager
-    def raw_tx(self) -> Iterator[Any]:
-        """A write transaction straight on the driver connection (the per-call hot path)."""
-        raw = self._connection().connection.driver_connection
-        assert raw is not None
-        sqlite = is_sqlite(self._engine)
-        lock = self._tx_lock or contextlib.nullcontext()
-        with lock:
-            if sqlite:
-                raw.execute("BEGIN IMMEDIATE")
-            try:
-                yield raw
-            except BaseException:
-                raw.rollback() if not sqlite else raw.execute("ROLLBACK")
-                raise
-            if sqlite:
-                raw.execute("COMMIT")
-            else:
-                raw.commit()
-
-    def close(self) -> None:
-        """Close the connection and stop the thread."""
-
-        def _close() -> None:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
-
-        self.pool.submit(_close).result()
-        self.pool.shutdown(wait=True)
-
-
-# A flush's billed tokens onto each tenant's total.
-_BILL = (
-    tenants.update()
-    .where(tenants.c.tenant_id == sa.bindparam("b_tenant"))
-    .values(
-        billed_tokens=tenants.c.billed_tokens + sa.bindparam("b_tokens"),
-        billed_nanos=tenants.c.billed_nanos + sa.bindparam("b_nanos"),
-    )
-)
-# PostgreSQL: the tenants' rows locked in sorted order first (ORDER BY sits below the row
-# locks), then one UPDATE over arrays. An executemany is a statement a row on the server,
-# parsed and planned each: 10,000 of them a run of 10,000 small tenants.
-_LOCK_BILLED_PG = sa.text(
-    "SELECT tenant_id FROM tenants WHERE tenant_id = ANY(CAST(:tenants AS TEXT[]))"
-    " ORDER BY tenant_id FOR UPDATE"
-)
-_BILL_PG = sa.text(
-    "UPDATE tenants SET billed_tokens = tenants.billed_tokens + u.tokens,"
-    " billed_nanos = tenants.billed_nanos + u.nanos"
-    " FROM unnest(CAST(:tenants AS TEXT[]), CAST(:tokens AS BIGINT[]),"
-    " CAST(:nanos AS BIGINT[])) AS u(tenant, tokens, nanos)"
-    " WHERE tenants.tenant_id = u.tenant"
-)
 
 
 class LedgerWriter:
@@ -212,11 +86,13 @@ class LedgerWriter:
         tx_lock = threading.Lock() if is_sqlite(engine) else None
         self._flush_on_loop = is_sqlite(engine)  # see the module docstring
         self._dialect = engine.dialect.name
-        self._attempt_channel = _Channel(engine, "ledger-attempts", tx_lock, relaxed_commit=True)
+        self._attempt_channel = WriteChannel(
+            engine, "ledger-attempts", tx_lock, relaxed_commit=True
+        )
         # Results, dead letters and usage commit through the fence (the partitions' writer
         # locks proven held in the same transaction); attempt events announce calls and are not
         # fenced: a writer that lost its locks stops at its next outcome commit.
-        self._outcome_channel = _Channel(engine, "ledger-outcomes", tx_lock, fence=fence)
+        self._outcome_channel = WriteChannel(engine, "ledger-outcomes", tx_lock, fence=fence)
         self._flush_rows = flush_rows
         self._interval = flush_interval_s
         # A crash drill's hook (domain/work/faults.py), called after each outcome commit; else None.
@@ -224,7 +100,7 @@ class LedgerWriter:
         self._on_flush = on_flush
         self._attempts: list[EventRow] = []
         self._waiters: list[asyncio.Future[None]] = []
-        self._staged = _Staged()
+        self._staged = Staged()
         self._attempt_wake = asyncio.Event()
         self._outcome_wake = asyncio.Event()
         self._closing = False
@@ -359,7 +235,7 @@ class LedgerWriter:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._outcome_wake.wait(), timeout)
                 continue
-            staged, self._staged = self._staged, _Staged()
+            staged, self._staged = self._staged, Staged()
             try:
                 if self._flush_on_loop:
                     report = self._write_outcomes(staged)
@@ -382,7 +258,7 @@ class LedgerWriter:
         with self._attempt_channel.raw_tx() as raw:
             insert_values(raw, ledger_events, EVENT_COLUMNS, values)
 
-    def _write_outcomes(self, s: _Staged) -> FlushReport:
+    def _write_outcomes(self, s: Staged) -> FlushReport:
         # Validate and build every parameter outside the transaction: the write lock (which
         # the attempt commits on the event loop wait for) is held only for the inserts.
         good, bad = self._frame_check(s.results)
@@ -408,7 +284,7 @@ class LedgerWriter:
             if cleared:
                 conn.execute(dead_letters.delete().where(dead_letters.c.key.in_(cleared)))
             insert_values(conn, dead_letters, DEAD_COLUMNS, dead_values, DEAD_UPSERT)
-            self._book_spend(conn, s, stamp.date().isoformat())
+            book_spend(conn, s, stamp.date().isoformat())
         self.usage_committed += sum(sums[0] for sums in s.usage.values())
         if self._after_usage is not None:
             self._after_usage(self.usage_committed)
@@ -420,7 +296,7 @@ class LedgerWriter:
         """Each policy version's rows against its own contract (one frame per version)."""
         by_version: dict[str, list[ResultRow]] = defaultdict(list)
         for row in rows:
-            by_version[str(row["prompt_version"])].append(row)
+            by_version[str(row["key_version"])].append(row)
         good: list[ResultRow] = []
         bad: list[tuple[ResultRow, str]] = []
         for version, group in by_version.items():
@@ -432,55 +308,3 @@ class LedgerWriter:
             good += ok
             bad += failed
         return good, bad
-
-    @staticmethod
-    def _book_spend(conn: Connection, s: _Staged, day: str) -> None:
-        # Billed tokens move from the reservation to the tenant's total in the same
-        # transaction as the usage events, so billed + reserved never drops below real spend;
-        # the usage rollup (sql/008) grows by the same events, so it always equals the ledger.
-        # Rows are updated in sorted order: two runs flushing for the same tenants (different
-        # partitions) in different orders deadlocked on PostgreSQL, failing one run's step.
-        if s.usage:
-            add_usage(conn, day, sorted(s.usage.items()))
-        if s.billed:
-            billed = sorted(s.billed.items())  # one entry a tenant: its flush's sum
-            if not is_sqlite(conn.engine):
-                names = [t for t, _spent in billed]
-                conn.execute(_LOCK_BILLED_PG, {"tenants": names})
-                conn.execute(
-                    _BILL_PG,
-                    {
-                        "tenants": names,
-                        "tokens": [spent.tokens for _t, spent in billed],
-                        "nanos": [spent.nanos for _t, spent in billed],
-                    },
-                )
-            else:
-                # One executemany, in that order (a statement built each tenant was 7% of a
-                # run of 10,000 small tenants).
-                conn.execute(
-                    _BILL,
-                    [
-                        {"b_tenant": t, "b_tokens": spent.tokens, "b_nanos": spent.nanos}
-                        for t, spent in billed
-                    ],
-                )
-        for rid, spent in sorted(s.unreserve.items()):
-            conn.execute(
-                budget_reservations.update()
-                .where(budget_reservations.c.reservation_id == rid)
-                .values(
-                    tokens=budget_reservations.c.tokens - spent.tokens,
-                    nanos=budget_reservations.c.nanos - spent.nanos,
-                    heartbeat_at=utcnow(),
-                )
-            )
-        for chunk_id, bound in sorted(s.released.items()):
-            conn.execute(
-                batch_submissions.update()
-                .where(batch_submissions.c.chunk_id == chunk_id)
-                .values(
-                    reserved_tokens=batch_submissions.c.reserved_tokens - bound.tokens,
-                    reserved_nanos=batch_submissions.c.reserved_nanos - bound.nanos,
-                )
-            )

@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from backfill_assets.ledger.engine import is_sqlite
-from backfill_assets.ledger.locks import lock_dir
+from backfill_assets.ledger.locks.sqlite_files import lock_dir
 
 # Holders of an in-memory SQLite store: it dies with its process, so a set is enough.
 _memory_holders: set[str] = set()

@@ -12,8 +12,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from backfill_assets.domain.money.deadline import Rates
 from backfill_assets.domain.money.prices import Tier
+from backfill_assets.domain.money.tier_split import Rates
 from backfill_assets.domain.work.events import EventKind
 from backfill_assets.ledger.tables import deadline_plans, ledger_events, utcnow
 

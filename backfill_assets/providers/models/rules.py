@@ -54,7 +54,7 @@ def _tokens(ids: tuple[str, ...]) -> re.Pattern[str] | None:
 
 
 @dataclass(frozen=True, slots=True)
-class _Judging:
+class _Matchers:
     """What ``judge`` needs of a contract, built once per contract."""
 
     rules: re.Pattern[str] | None
@@ -66,10 +66,10 @@ class _Judging:
 
 
 @functools.lru_cache(maxsize=64)
-def _judging(contract: OutputContract) -> _Judging:
+def _matchers(contract: OutputContract) -> _Matchers:
     rules = tuple(r for r, _lb in contract.rules)
     others = tuple(lb for lb in contract.labels if lb != contract.none_label)
-    return _Judging(
+    return _Matchers(
         rules=_tokens(rules),
         labels=_tokens(others),
         rule_ids={r.lower(): r for r in rules},
@@ -83,7 +83,7 @@ def judge(text: str, contract: OutputContract) -> tuple[str, tuple[str, ...], fl
     and always an answer the contract accepts."""
     confidence = _confidence(text)
     lowered = text.lower()
-    j = _judging(contract)
+    j = _matchers(contract)
     if j.rules is not None:
         seen = {j.rule_ids[m] for m in j.rules.findall(lowered)}
         if seen:

@@ -60,7 +60,7 @@ class AdaptiveRate:
         return self._target
 
     def share(self, now: float) -> float:
-        """The share in force at ``now`` (applies recovery and probing since the last call)."""
+        """The share in force at ``now`` (recovery and probing since the last call included)."""
         dt = max(0.0, now - self._stamp)
         self._stamp = max(self._stamp, now)
         if dt == 0.0:

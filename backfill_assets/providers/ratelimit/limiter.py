@@ -313,7 +313,7 @@ class EndpointLimiter:
         return Ticket(start, tokens, self._generation)
 
     def _revoke(self, now: float) -> None:
-        """Void every ticket not yet started (their holders re-reserve), apply the new rates."""
+        """Void every ticket not yet started (their holders re-reserve), and take the new rates."""
         if self._pending_requests:
             self.revoked += self._pending_requests
             self._requests.refund(self._pending_requests)

@@ -22,7 +22,7 @@ from backfill_tests.pipeline_helpers import refs_for
 
 MODEL = "gpt-4o-mini"
 RUBRIC = Rubric()
-VERSIONS = Versions(TASK_VERSION, RUBRIC.prompt_version, MODEL)
+VERSIONS = Versions(TASK_VERSION, RUBRIC.key_version, MODEL)
 API_KEY = "sk-batch-test-5e1d9c0b7a4f3e2d1c0b"
 RETRY = RetryPolicy(max_attempts=3, retry_base_seconds=0.0, retry_max_seconds=0.0)
 # Milliseconds, not the hours of a real provider: every state is still visited.

@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy.engine import Engine
 
 from backfill_assets.dispatch.pipeline import RunStopped
-from backfill_assets.runner.verification import verify_store
+from backfill_assets.runner.verify import verify_store
 from backfill_tests.conftest import import_records
 from backfill_tests.dispatch.batch.conftest import (
     API_KEY,

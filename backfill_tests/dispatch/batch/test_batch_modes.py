@@ -30,7 +30,7 @@ from backfill_assets.domain.work.keys import SLICE_COUNT
 from backfill_assets.ledger.engines import engine_for
 from backfill_assets.providers.models.openai_http import OpenAIHttpModel
 from backfill_assets.providers.ratelimit import LimiterConfig, LimiterRegistry
-from backfill_assets.runner.verification import verify_store
+from backfill_assets.runner.verify import verify_store
 from backfill_tests.cli_runs import clean_env
 from backfill_tests.conftest import import_records
 from backfill_tests.dispatch.batch.conftest import (

@@ -16,7 +16,7 @@ from backfill_assets.ledger.engines import engine_for
 from backfill_assets.providers.models.openai_http import OpenAIHttpModel
 from backfill_assets.providers.ratelimit import LimiterConfig, LimiterRegistry
 from backfill_assets.providersim import MeterSnapshot
-from backfill_assets.runner.verification import verify_store
+from backfill_assets.runner.verify import verify_store
 from backfill_tests.conftest import import_records
 from backfill_tests.dispatch.batch.conftest import (
     API_KEY,
@@ -34,7 +34,7 @@ from backfill_tests.dispatch.batch.conftest import (
 from backfill_tests.pipeline_helpers import refs_for
 
 
-def _audit(engine: Engine) -> dict[str, int]:
+def _verified(engine: Engine) -> dict[str, int]:
     doc = verify_store(engine, VERSIONS).as_dict(require_complete=True)
     assert doc["ok"], doc["problems"]
     totals: Counter[str] = Counter()
@@ -110,8 +110,8 @@ def test_batch_mode_gives_the_sync_labels_at_half_the_price(
     tiers = "SELECT DISTINCT service_tier FROM ledger_events WHERE type = 'usage'"
     assert rows(engine, tiers) == [("batch",)] and rows(sync_engine, tiers) == [("standard",)]
     assert sum(r.stats.cost_nanos for r in reports) == booked
-    audit = _audit(engine)
-    assert audit["rebilled_tokens"] == 0 and audit["orphan_attempts"] == 0
+    verified = _verified(engine)
+    assert verified["rebilled_tokens"] == 0 and verified["orphan_attempts"] == 0
 
     # Chunks: at most 3 lines, one partition each, one create per chunk, custom_id = key.
     subs = rows(engine, "SELECT chunk_id, tenant_id, slice, lines, state FROM batch_submissions")
@@ -159,8 +159,8 @@ def test_each_line_failure_ends_in_its_outcome(
     # Every retriable line that was not the key's last attempt was sent again, once.
     assert sum(r.stats.retries for r in reports) == sum(n - 1 for n in sends.values())
     _assert_ledger_is_the_meter(engine, meter)
-    audit = _audit(engine)
-    assert audit["rebilled_tokens"] == 0 and audit["orphan_attempts"] == 0
+    verified = _verified(engine)
+    assert verified["rebilled_tokens"] == 0 and verified["orphan_attempts"] == 0
     # Each resend was a new chunk holding only failed lines.
     assert max(meter.batch_creates_by_chunk.values()) == 1
     dead = dict(rows(engine, "SELECT key, reason FROM dead_letters"))
@@ -213,8 +213,8 @@ def test_an_expired_batch_resubmits_only_its_unfinished_lines(
     # Finished lines were billed once, in the expired batch; nothing is billed twice.
     assert len(billed) == len(meter.billed) == len(data)
     _assert_ledger_is_the_meter(engine, meter)
-    audit = _audit(engine)
-    assert audit["done"] == len(data) and audit["rebilled_tokens"] == 0
+    verified = _verified(engine)
+    assert verified["done"] == len(data) and verified["rebilled_tokens"] == 0
     expired_errors = rows(
         engine,
         "SELECT message FROM ledger_events WHERE type = 'error' AND attempt_id LIKE :p",
@@ -252,8 +252,8 @@ def test_token_limit_and_status_429s_are_waited_out(
     assert max(meter.batch_creates_by_chunk.values()) == 1
     assert set(_outcomes(engine).values()) == {"accepted"}
     _assert_ledger_is_the_meter(engine, meter)
-    audit = _audit(engine)
-    assert audit["done"] == len(data) and audit["orphan_attempts"] == 0
+    verified = _verified(engine)
+    assert verified["done"] == len(data) and verified["orphan_attempts"] == 0
     # A requeued chunk never ran: its lines do not count as attempts.
     assert {r.attempt_no for r in rows(engine, "SELECT attempt_no FROM batch_lines")} == {1}
 
@@ -276,8 +276,8 @@ def test_a_batch_failing_validation_is_reported_with_its_errors(
     assert sum("failed validation" in line and "too_many_requests" in line for line in logs) == len(
         failed
     )
-    audit = verify_store(engine, VERSIONS)
-    [report] = audit.reports
+    verified = verify_store(engine, VERSIONS)
+    [report] = verified.reports
     # Reported, not dead-lettered: the keys stay missing for a fixed run; no attempt is orphaned.
     assert report.missing == sum(r.lines for r in failed) and report.dead == 0
     assert (
@@ -287,7 +287,7 @@ def test_a_batch_failing_validation_is_reported_with_its_errors(
 
     run_batch(engine, ["acme"], batch_options(sim, max_lines=3))
     assert set(_outcomes(engine).values()) == {"accepted"}
-    assert _audit(engine)["rebilled_tokens"] == 0
+    assert _verified(engine)["rebilled_tokens"] == 0
 
 
 def test_budget_reserves_whole_chunks_and_defers_the_rest(

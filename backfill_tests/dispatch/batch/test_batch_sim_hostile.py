@@ -14,7 +14,7 @@ from sqlalchemy.engine import Engine
 from backfill_assets.dispatch.pipeline import RunOptions, RunStopped
 from backfill_assets.domain.policy.rubric import call_token_bound
 from backfill_assets.providersim import Simulator
-from backfill_assets.runner.verification import verify_store
+from backfill_assets.runner.verify import verify_store
 from backfill_tests.conftest import import_records
 from backfill_tests.dispatch.batch.conftest import (
     RUBRIC,

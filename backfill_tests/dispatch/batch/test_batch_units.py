@@ -29,7 +29,7 @@ KEYS = [f"{i:064x}" for i in range(5)]
 def test_chunk_ids_depend_on_versions_partition_and_key_set_not_order() -> None:
     base = chunk_base(VERSIONS, "acme", 3, KEYS)
     assert base == chunk_base(VERSIONS, "acme", 3, list(reversed(KEYS)))
-    other_model = Versions(VERSIONS.task_version, VERSIONS.prompt_version, "gpt-4.1-mini")
+    other_model = Versions(VERSIONS.task_version, VERSIONS.key_version, "gpt-4.1-mini")
     variants = {
         chunk_base(other_model, "acme", 3, KEYS),
         chunk_base(VERSIONS, "globex", 3, KEYS),

@@ -1,5 +1,5 @@
-"""Judge many partitions' checks: evidence read in groups, the stored results' schema
-validated in one frame per batch, each partition's verdicts from the pure rules."""
+"""Check many partitions: evidence read in groups, the stored results' schema
+validated in one frame per batch, each partition's check results from the pure rules."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from sqlalchemy.engine import Engine
 
-from backfill_assets.domain.checks.catalog import Verdict
+from backfill_assets.domain.checks.catalog import CheckResult
 from backfill_assets.domain.checks.rules import CheckBounds, PartitionEvidence, evaluate
 from backfill_assets.domain.policy.output_gate import OutputContract
 from backfill_assets.domain.policy.validation import stored_result_problems
@@ -25,10 +25,10 @@ _BATCH_ROWS = 60_000
 
 
 @dataclass(frozen=True)
-class Judging:
-    """What a run's partitions are judged against: the code version, the output contract of
+class CheckSetup:
+    """What a run's partitions are checked against: the code version, the output contract of
     its policy, the check bounds, the checks to evaluate, each tenant's drift baseline, the
-    keys each partition deferred (by partition key) and how many sample keys a verdict names."""
+    keys each partition deferred (by partition key) and how many sample keys a result names."""
 
     versions: Versions
     contract: OutputContract
@@ -39,33 +39,33 @@ class Judging:
     sample: int
 
 
-def judge_partitions(
+def check_partitions(
     engine: Engine,
     partitions: Sequence[Partition],
-    judging: Judging,
+    setup: CheckSetup,
     counts: Mapping[tuple[str, int], int] | None = None,
-) -> dict[str, list[Verdict]]:
-    """Each partition's verdicts: rows read for a group of partitions at once
+) -> dict[str, list[CheckResult]]:
+    """Each partition's check results: rows read for a group of partitions at once
     (``partition_groups``), the stored-result schema validated in one frame per batch.
     ``counts``: posts per (tenant, slice) of their tenants, if the caller has read them.
 
     Memory is bounded by one batch (``_BATCH_ROWS`` rows, or one partition if larger), not by
-    the run: a batch is judged and dropped before the next is read.
+    the run: a batch is checked and dropped before the next is read.
     """
-    out: dict[str, list[Verdict]] = {}
+    out: dict[str, list[CheckResult]] = {}
     batch: list[tuple[Partition, PartitionEvidence]] = []
     held = 0
-    names = judging.names
+    names = setup.names
 
-    def judge() -> None:
+    def check_batch() -> None:
         nonlocal batch, held
         if "output_schema" in names:
-            _validate_stored([ev for _part, ev in batch], judging)
+            _validate_stored([ev for _part, ev in batch], setup)
         for part, ev in batch:
-            if part.tenant_id in judging.baselines:
-                ev.baseline, ev.baseline_source = judging.baselines[part.tenant_id]
-            ev.deferred = judging.deferred.get(part.key)
-            out[part.key] = evaluate(ev, judging.bounds, names, sample=judging.sample)
+            if part.tenant_id in setup.baselines:
+                ev.baseline, ev.baseline_source = setup.baselines[part.tenant_id]
+            ev.deferred = setup.deferred.get(part.key)
+            out[part.key] = evaluate(ev, setup.bounds, names, sample=setup.sample)
         batch, held = [], 0
 
     with read_tx(engine) as conn:
@@ -73,23 +73,23 @@ def judge_partitions(
         if sizes is None:
             sizes = post_counts(conn, sorted({part.tenant_id for part in partitions}))
         for group in grouped_by_posts(partitions, sizes):
-            found = evidence_of(conn, group, judging.versions)
+            found = evidence_of(conn, group, setup.versions)
             for part in group:
                 ev = found[part.key]
                 batch.append((part, ev))
                 held += len(ev.results) + len(ev.ledger)
             if held >= _BATCH_ROWS:
-                judge()
-    judge()
+                check_batch()
+    check_batch()
     return out
 
 
-def _validate_stored(evidence: Sequence[PartitionEvidence], judging: Judging) -> None:
+def _validate_stored(evidence: Sequence[PartitionEvidence], setup: CheckSetup) -> None:
     """Fill each partition's ``schema_problems`` from one frame over all their results."""
     unique = {r["key"]: r for ev in evidence for r in ev.results}
     bad: dict[str, list[str]] = {}
     rows = list(unique.values())
-    for key, why in stored_result_problems(rows, judging.contract, judging.versions):
+    for key, why in stored_result_problems(rows, setup.contract, setup.versions):
         bad.setdefault(key, []).append(why)
     for ev in evidence:
         ev.schema_problems = [(r["key"], why) for r in ev.results for why in bad.get(r["key"], [])]

@@ -119,9 +119,7 @@ def verify_store(
             problems.extend(usage_rollup_problems(tenant_id, rows.ledger, rollup))
         pending: list[tuple[str, str]] = []
         if sink is not None:
-            found = gap_partitions(
-                conn, sink.sink_id, versions.prompt_version, tenant_filter or None
-            )
+            found = gap_partitions(conn, sink.sink_id, versions.key_version, tenant_filter or None)
             pending = sorted((t, slice_key(n)) for t, n, _level in found)
     return VerifyReport(
         reports=reports,

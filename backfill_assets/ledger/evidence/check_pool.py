@@ -1,13 +1,13 @@
-"""Judge a big run's partitions in worker processes.
+"""Check a big run's partitions in worker processes.
 
 The checks read every row of a partition and recompute its keys: CPU-bound Python, so one
 process leaves the other cores idle while a million-post run is checked. A run with at least
 ``Pooling.min_posts`` posts is cut into chunks of partitions; each worker (``python -m
-backfill_assets.ledger.evidence.audit_pool``, one per core up to ``_MAX_WORKERS``) takes a
-chunk as one JSON line on stdin and answers its verdicts as one JSON line on stdout, reading
-the rows itself (``judging.judge_partitions``, the same code the serial path runs). Verdicts
-carry counts and keys, never post text. A chunk whose worker fails is judged here, serially,
-so a broken worker costs time, never a verdict.
+backfill_assets.ledger.evidence.check_pool``, one per core up to ``_MAX_WORKERS``) takes a
+chunk as one JSON line on stdin and answers its check results as one JSON line on stdout,
+reading the rows itself (``partition_checks.check_partitions``, the same code the serial path
+runs). Check results carry counts and keys, never post text. A chunk whose worker fails is
+checked here, serially, so a broken worker costs time, never a check result.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import IO, Any
 
 from sqlalchemy.engine import Engine
 
-from backfill_assets.domain.checks.catalog import Verdict
+from backfill_assets.domain.checks.catalog import CheckResult
 from backfill_assets.domain.checks.rules import CheckBounds, DriftRule
 from backfill_assets.domain.policy.output_gate import OutputContract
 from backfill_assets.domain.urls import scrub
@@ -35,14 +35,14 @@ from backfill_assets.domain.work.keys import Versions
 from backfill_assets.ledger.dead_peer import DeadPeer
 from backfill_assets.ledger.engine import engine_dead_peer, make_engine
 from backfill_assets.ledger.evidence.evidence import Partition
-from backfill_assets.ledger.evidence.judging import Baseline, Judging, judge_partitions
+from backfill_assets.ledger.evidence.partition_checks import Baseline, CheckSetup, check_partitions
 from backfill_assets.ledger.run.partition_counts import held_posts
 
 _MAX_WORKERS = 4
 
 
 def default_workers() -> int:
-    """How many worker processes a big run gets (1: judge in this process)."""
+    """How many worker processes a big run gets (1: check in this process)."""
     return min(_MAX_WORKERS, os.cpu_count() or 1)
 
 
@@ -58,7 +58,7 @@ class Pooling:
     workers: int = field(default_factory=default_workers)
     # A long check step says how far it got, as the dispatch does.
     progress_every_s: float = 10.0
-    command: tuple[str, ...] = (sys.executable, "-m", "backfill_assets.ledger.evidence.audit_pool")
+    command: tuple[str, ...] = (sys.executable, "-m", "backfill_assets.ledger.evidence.check_pool")
 
 
 def plan(
@@ -66,7 +66,7 @@ def plan(
     counts: Mapping[tuple[str, int], int],
     pooling: Pooling | None = None,
 ) -> list[list[Partition]] | None:
-    """Chunks of partitions for the workers, or None when the run is judged in-process;
+    """Chunks of partitions for the workers, or None when the run is checked in-process;
     ``counts``: posts per (tenant, slice) of their tenants (``post_counts``)."""
     pooling = pooling or Pooling()
     if pooling.workers < 2 or len(partitions) < 2:
@@ -87,34 +87,34 @@ def plan(
     return chunks if len(chunks) > 1 else None
 
 
-def judge(
+def check_chunks(
     engine: Engine,
     chunks: Sequence[Sequence[Partition]],
-    judging: Judging,
+    setup: CheckSetup,
     log: Callable[[str], None] = lambda _m: None,
     pooling: Pooling | None = None,
-) -> dict[str, list[Verdict]]:
-    """Every chunk's verdicts, from the workers (or from here, for a chunk whose worker failed:
+) -> dict[str, list[CheckResult]]:
+    """Every chunk's check results, from the workers (or from here, for a chunk whose worker failed:
     ``log`` says which worker and why)."""
     pooling = pooling or Pooling()
-    versions = judging.versions
+    versions = setup.versions
     common = {
         "url": engine.url.render_as_string(hide_password=False),
         "dead_peer_s": engine_dead_peer(engine).seconds,
-        "versions": [versions.task_version, versions.prompt_version, versions.model],
+        "versions": [versions.task_version, versions.key_version, versions.model],
         "contract": {
-            "labels": list(judging.contract.labels),
-            "none_label": judging.contract.none_label,
-            "rules": [list(pair) for pair in judging.contract.rules],
+            "labels": list(setup.contract.labels),
+            "none_label": setup.contract.none_label,
+            "rules": [list(pair) for pair in setup.contract.rules],
         },
-        "bounds": asdict(judging.bounds),
-        "names": list(judging.names),
-        "sample": judging.sample,
+        "bounds": asdict(setup.bounds),
+        "names": list(setup.names),
+        "sample": setup.sample,
     }
     todo: queue.SimpleQueue[Sequence[Partition]] = queue.SimpleQueue()
     for chunk in chunks:
         todo.put(chunk)
-    out: dict[str, list[Verdict]] = {}
+    out: dict[str, list[CheckResult]] = {}
     left: list[Partition] = []
     lock = threading.Lock()
     total = sum(len(c) for c in chunks)
@@ -131,18 +131,21 @@ def judge(
             job = dict(common)
             job["partitions"] = [[s.key, s.tenant_id, s.slice, list(s.slices)] for s in chunk]
             job["baselines"] = {
-                s.tenant_id: judging.baselines[s.tenant_id]
+                s.tenant_id: setup.baselines[s.tenant_id]
                 for s in chunk
-                if s.tenant_id in judging.baselines
+                if s.tenant_id in setup.baselines
             }
-            job["deferred"] = {s.key: judging.deferred.get(s.key) for s in chunk}
+            job["deferred"] = {s.key: setup.deferred.get(s.key) for s in chunk}
             try:
                 proc.stdin.write(json.dumps(job) + "\n")
                 proc.stdin.flush()
                 reply = json.loads(proc.stdout.readline() or '{"error": "worker exited"}')
                 if "error" in reply:
                     raise RuntimeError(reply["error"])
-                got = {k: [_verdict(d) for d in docs] for k, docs in reply["verdicts"].items()}
+                got = {
+                    k: [_check_result(d) for d in docs]
+                    for k, docs in reply["check_results"].items()
+                }
             except Exception as exc:
                 with lock:
                     left.extend(chunk)
@@ -150,7 +153,7 @@ def judge(
                 tail = err.read()[-500:].decode("utf-8", "replace").strip()
                 message = (
                     f"WARNING: check worker {proc.pid} failed ({exc})"
-                    f"{': ' + tail if tail else ''}; its partitions are judged in this process"
+                    f"{': ' + tail if tail else ''}; its partitions are checked in this process"
                 )
                 log(scrub(message, str(common["url"])))  # a driver's error may quote it
                 return  # this worker is done for; the others (or this process) take the rest
@@ -158,7 +161,7 @@ def judge(
                 out.update(got)
                 if time.monotonic() - last_log >= pooling.progress_every_s:
                     last_log = time.monotonic()
-                    log(f"checks: {len(out)} of {total} partition(s) judged")
+                    log(f"checks: {len(out)} of {total} partition(s) checked")
 
     with contextlib.ExitStack() as stack:
         procs: list[tuple[subprocess.Popen[str], IO[bytes]]] = []
@@ -184,7 +187,7 @@ def judge(
         except queue.Empty:
             break
     if left:
-        out.update(judge_partitions(engine, left, judging))
+        out.update(check_partitions(engine, left, setup))
     return out
 
 
@@ -201,9 +204,9 @@ def _stop(proc: subprocess.Popen[str]) -> None:
         proc.stdout.close()
 
 
-def _verdict(d: Mapping[str, Any]) -> Verdict:
-    """A verdict from its ``asdict`` form after JSON (which turned its tuple into a list)."""
-    return Verdict(**{**d, "sample_keys": tuple(d["sample_keys"])})
+def _check_result(d: Mapping[str, Any]) -> CheckResult:
+    """A check result from its ``asdict`` form after JSON (which turned its tuple into a list)."""
+    return CheckResult(**{**d, "sample_keys": tuple(d["sample_keys"])})
 
 
 def _bounds(d: Mapping[str, Any]) -> CheckBounds:
@@ -235,7 +238,7 @@ def _answer(job: Mapping[str, Any], engines: dict[str, Engine]) -> dict[str, Any
         for t, (b, src) in job["baselines"].items()
     }
     contract = job["contract"]
-    judging = Judging(
+    setup = CheckSetup(
         versions=Versions(*job["versions"]),
         contract=OutputContract(
             labels=tuple(str(x) for x in contract["labels"]),
@@ -248,8 +251,8 @@ def _answer(job: Mapping[str, Any], engines: dict[str, Engine]) -> dict[str, Any
         deferred=dict(job["deferred"]),
         sample=int(job["sample"]),
     )
-    verdicts = judge_partitions(engine, partitions, judging)
-    return {"verdicts": {k: [asdict(v) for v in vs] for k, vs in verdicts.items()}}
+    check_results = check_partitions(engine, partitions, setup)
+    return {"check_results": {k: [asdict(v) for v in vs] for k, vs in check_results.items()}}
 
 
 def serve() -> None:
@@ -258,7 +261,7 @@ def serve() -> None:
     for line in sys.stdin:
         try:
             reply = _answer(json.loads(line), engines)
-        except Exception as exc:  # reported to the parent, which judges the chunk itself
+        except Exception as exc:  # reported to the parent, which checks the chunk itself
             reply = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
         sys.stdout.write(json.dumps(reply) + "\n")
         sys.stdout.flush()

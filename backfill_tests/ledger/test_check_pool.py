@@ -1,5 +1,5 @@
-"""Big runs are judged by worker processes: the same verdicts as in-process, on both stores,
-and a failing worker costs time, never a verdict."""
+"""Big runs are checked by worker processes: the same check results as in-process, on both stores,
+and a failing worker costs time, never a check result."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from backfill_assets.config.variables import ChecksSettings
-from backfill_assets.defs.labels.checks import verdicts_for_many
+from backfill_assets.defs.labels.checks import check_results_for_many
 from backfill_assets.dispatch.pipeline import with_levels
-from backfill_assets.domain.checks.catalog import Verdict
-from backfill_assets.ledger.evidence import audit_pool
+from backfill_assets.domain.checks.catalog import CheckResult
+from backfill_assets.ledger.evidence import check_pool
 from backfill_tests.moderation_helpers import busiest, execute, load, one_key
 from backfill_tests.pipeline_helpers import RUBRIC, VERSIONS, refs_for, run
 
@@ -34,27 +34,27 @@ def tampered(engine: Engine, tmp_path: Path) -> Engine:
     return engine
 
 
-def judged(
-    engine: Engine, pooling: audit_pool.Pooling | None = None
-) -> tuple[dict[str, list[Verdict]], list[str]]:
-    """Every partition's verdicts, and what the checks logged."""
+def checked(
+    engine: Engine, pooling: check_pool.Pooling | None = None
+) -> tuple[dict[str, list[CheckResult]], list[str]]:
+    """Every partition's check results, and what the checks logged."""
     refs = with_levels(engine, refs_for(TENANTS))
     logged: list[str] = []
-    out = verdicts_for_many(
+    out = check_results_for_many(
         engine, refs, VERSIONS, RUBRIC, ChecksSettings(), log=logged.append, pooling=pooling
     )
     return out, logged
 
 
 # Even this small store goes to two workers, in chunks of 50 posts.
-SMALL_RUNS = audit_pool.Pooling(min_posts=0, chunk_posts=50, workers=2)
+SMALL_RUNS = check_pool.Pooling(min_posts=0, chunk_posts=50, workers=2)
 
 
-def test_workers_give_the_same_verdicts_as_one_process(tampered: Engine) -> None:
-    serial, _ = judged(tampered)
-    pooled, logged = judged(tampered, dataclasses.replace(SMALL_RUNS, progress_every_s=0.0))
+def test_workers_give_the_same_check_results_as_one_process(tampered: Engine) -> None:
+    serial, _ = checked(tampered)
+    pooled, logged = checked(tampered, dataclasses.replace(SMALL_RUNS, progress_every_s=0.0))
     assert any("worker processes" in m for m in logged)
-    assert any("partition(s) judged" in m for m in logged)
+    assert any("partition(s) checked" in m for m in logged)
     assert not any("failed" in m for m in logged)
     assert pooled == serial
     failed = {(pk, v.name) for pk, vs in pooled.items() for v in vs if not v.passed}
@@ -63,9 +63,9 @@ def test_workers_give_the_same_verdicts_as_one_process(tampered: Engine) -> None
 
 
 def test_a_failing_worker_falls_back_to_this_process(tampered: Engine) -> None:
-    serial, _ = judged(tampered)
+    serial, _ = checked(tampered)
     dying = (sys.executable, "-c", "import sys; sys.exit(3)")
-    fallback, logged = judged(tampered, dataclasses.replace(SMALL_RUNS, command=dying))
+    fallback, logged = checked(tampered, dataclasses.replace(SMALL_RUNS, command=dying))
     assert fallback == serial
     assert any("failed" in m for m in logged)
 
@@ -78,7 +78,7 @@ def test_small_runs_stay_in_process(tampered: Engine) -> None:
     partitions = [Partition(r.key, r.tenant_id, r.slice, r.slices) for r in refs]
     with tampered.connect() as conn:
         counts = post_counts(conn, sorted({r.tenant_id for r in refs}))
-    assert audit_pool.plan(partitions, counts) is None  # 600 posts: not worth a process
+    assert check_pool.plan(partitions, counts) is None  # 600 posts: not worth a process
 
 
 def test_the_checks_read_every_row_as_stored(tampered: Engine) -> None:

@@ -1,63 +1,46 @@
-"""One writer per partition: the writer locks, and the fence every partition write passes.
+"""The writer locks of a run's partitions, and the fence every partition write passes.
 
-PostgreSQL: session advisory locks, all on one connection. That same session carries every
-fenced transaction (``WriterLocks.transaction``): each one first proves, against ``pg_locks``
-for its own backend, that the session still holds every lock it took. A session-level lock
-goes only with its session (a run never unlocks before it ends), so a transaction that starts
-holding the locks holds them until it commits; a session the server ended (a silent peer
-given up, ``pg_terminate_backend``) cannot commit at all, and a connection replaced behind our
-back is a new backend that holds nothing, so its check fails. Cost: one query per commit.
+PostgreSQL (``pg_advisory.py``): session advisory locks, all on one connection. That same
+session carries every fenced transaction (``WriterLocks.transaction``): each one first proves,
+against ``pg_locks`` for its own backend, that the session still holds every lock it took. A
+session-level lock goes only with its session (a run never unlocks before it ends), so a
+transaction that starts holding the locks holds them until it commits; a session the server
+ended (a silent peer given up, ``pg_terminate_backend``) cannot commit at all, and a
+connection replaced behind our back is a new backend that holds nothing, so its check fails.
+Cost: one query per commit.
 
-SQLite file: on Linux, a one-byte open-file-description lock (``F_OFD_SETLK``) per partition
-in one lock file next to the database; elsewhere ``flock`` on a file per partition. Either
-lock belongs to the open file: the kernel drops it only when the process closes it or dies,
-and a SQLite file is one host's, so its writers vanish together with that host and no second
-writer can lock while the first lives. Nothing more is needed; the one way around it,
-deleting a lock file under a live run (a cleanup script), is caught in the same transaction
-(two ``stat`` calls a file). One file, not one a partition: creating a file costs ~0.5 ms on
-ext4, paid by every partition's first run, and 10,000 tenants would leave 10,000 files.
+SQLite file (``sqlite_files.py``): a lock owned by an open file, which the kernel drops only
+when the process closes it or dies; a SQLite file is one host's, so its writers vanish
+together with that host and no second writer can lock while the first lives. Nothing more is
+needed; the one way around it, deleting a lock file under a live run (a cleanup script), is
+caught in the same transaction (two ``stat`` calls a file).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
-import fcntl
-import hashlib
-import os
-import struct
 import threading
 from collections.abc import Awaitable, Iterator, Sequence
-from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from backfill_assets.domain.work.keys import SLICE_COUNT, slice_key, validate_tenant_id
 from backfill_assets.ledger.engine import engine_dead_peer, is_sqlite, make_engine, write_tx
+from backfill_assets.ledger.locks.fence import LockLost, PartitionBusy
+from backfill_assets.ledger.locks.pg_advisory import (
+    FENCE,
+    HELD_ADVISORY,
+    HOLDERS,
+    RELEASE,
+    TAKE,
+    pg_lock_id,
+)
+from backfill_assets.ledger.locks.sqlite_files import FileLocks, file_locks
 
 T = TypeVar("T")
-
-
-class PartitionBusy(RuntimeError):
-    """Another process holds the writer lock of this partition."""
-
-
-class LockLost(RuntimeError):
-    """A writer lock this run held is gone: another run may take, or took, the partition over.
-
-    Raised before anything of the partition is committed; the run stops sending and fails.
-    """
-
-
-class Fence(Protocol):
-    """Where partition writes (results, dead letters, usage, batch chunks) commit."""
-
-    def transaction(self) -> contextlib.AbstractContextManager[Connection]:
-        """A write transaction that commits only while this run's writer locks are held."""
-        ...
 
 
 _local_locks: dict[str, threading.Lock] = {}
@@ -74,147 +57,6 @@ def _lock_name(tenant_id: str, slice_no: int) -> str:
     ):
         raise ValueError(f"slice {slice_no!r} is not a slice number")
     return f"{tenant_id}.{slice_key(slice_no)}"
-
-
-def lock_dir(database: str) -> Path:
-    """The folder of a SQLite file's partition locks, keyed on the file's real path.
-
-    ``sqlite:///store.db`` from its folder, ``sqlite:////abs/store.db`` and a symlink to the
-    file are one database, so they must be one lock folder. (Hard links are not: SQLite's own
-    journal and WAL files go by name, so a hard-linked database is unsafe anyway.)
-    """
-    return Path(f"{os.path.realpath(database)}.locks")
-
-
-def pg_lock_id(name: str) -> int:
-    """The advisory lock key of a partition name (signed 64-bit, as PostgreSQL wants it)."""
-    return int.from_bytes(
-        hashlib.sha256(f"backfill:{name}".encode()).digest()[:8], "big", signed=True
-    )
-
-
-# A bigint advisory key is stored as classid (high half) and objid (low half), objsubid 1.
-_KEY = "((classid::bigint << 32) | objid::bigint)"
-_HELD_ADVISORY = sa.text(
-    f"SELECT {_KEY} AS k FROM pg_locks"
-    " WHERE locktype = 'advisory' AND objsubid = 1 AND granted AND pid = pg_backend_pid()"
-)
-# Take locks, and say which backend took them (one round trip for a run's partitions).
-_TAKE = sa.text(
-    "SELECT pg_backend_pid() AS pid, k, pg_try_advisory_lock(k) AS ok"
-    " FROM unnest(CAST(:keys AS bigint[])) AS k"
-)
-_RELEASE = sa.text("SELECT pg_advisory_unlock(k) FROM unnest(CAST(:keys AS bigint[])) AS k")
-# The fence: which backend this is, and how many of ``keys`` it holds (one round trip).
-_FENCE = sa.text(
-    "SELECT pg_backend_pid() AS pid, count(*) AS held FROM pg_locks"
-    " WHERE locktype = 'advisory' AND objsubid = 1 AND granted AND pid = pg_backend_pid()"
-    f" AND {_KEY} = ANY(:keys)"
-)
-# Who holds ``keys`` now, for the message of a takeover.
-_HOLDERS = sa.text(
-    "SELECT l.pid, a.application_name, a.backend_start FROM pg_locks l"
-    " LEFT JOIN pg_stat_activity a ON a.pid = l.pid"
-    " WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted"
-    " AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
-    " AND ((l.classid::bigint << 32) | l.objid::bigint) = ANY(:keys) AND l.pid <> :mine"
-)
-
-
-class _FileLocks(Protocol):
-    """A SQLite file's partition locks held by one ``WriterLocks``."""
-
-    def acquire(self, name: str) -> None: ...
-
-    def replaced(self) -> list[str]:
-        """Names whose lock file was deleted or replaced since it was locked."""
-        ...
-
-    def release(self) -> None: ...
-
-
-class _FilePerPartition:
-    """``flock`` on ``<name>.lock`` in the lock folder (where OFD locks do not exist)."""
-
-    def __init__(self, folder: Path) -> None:
-        self._folder = folder
-        self._fds: list[tuple[str, Path, int]] = []
-
-    def acquire(self, name: str) -> None:
-        self._folder.mkdir(parents=True, exist_ok=True)
-        path = self._folder / f"{name}.lock"
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise PartitionBusy(f"partition {name} is being written by another process") from None
-        self._fds.append((name, path, fd))
-
-    def replaced(self) -> list[str]:
-        return [name for name, path, fd in self._fds if not _same_file(path, fd)]
-
-    def release(self) -> None:
-        for _name, _path, fd in self._fds:
-            os.close(fd)
-        self._fds = []
-
-
-# struct flock on 64-bit Linux: l_type, l_whence (short), l_start, l_len (off_t), l_pid.
-_FLOCK = struct.Struct("hhqqi4x")
-_OFD = hasattr(fcntl, "F_OFD_SETLK") and struct.calcsize("P") == 8
-RANGE_LOCK_FILE = "partitions.lock"
-
-
-def range_offset(name: str) -> int:
-    """A partition's byte in the lock file: its advisory key, made a non-negative offset (a
-    62-bit collision would only refuse a partition, never let two writers in)."""
-    return pg_lock_id(name) & ((1 << 62) - 1)
-
-
-class _OneFileRanges:
-    """One byte a partition in ``partitions.lock``, each locked with ``F_OFD_SETLK``: owned by
-    this object's open file (unlike POSIX ``lockf`` locks, which a process shares across its
-    threads and drops when it closes any descriptor of the file)."""
-
-    def __init__(self, folder: Path) -> None:
-        self._path = folder / RANGE_LOCK_FILE
-        self._fd: int | None = None
-        self._names: dict[str, int] = {}
-
-    def acquire(self, name: str) -> None:
-        if name in self._names:
-            raise PartitionBusy(f"partition {name} is already locked by this run")
-        if self._fd is None:
-            self._path.parent.mkdir(parents=True, exist_ok=True)
-            self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o644)
-        offset = range_offset(name)
-        try:
-            self._set(fcntl.F_WRLCK, offset)
-        except OSError as exc:
-            if exc.errno not in (errno.EAGAIN, errno.EACCES):
-                raise
-            raise PartitionBusy(f"partition {name} is being written by another process") from None
-        self._names[name] = offset
-
-    def _set(self, kind: int, offset: int) -> None:
-        assert self._fd is not None
-        fcntl.fcntl(self._fd, fcntl.F_OFD_SETLK, _FLOCK.pack(kind, os.SEEK_SET, offset, 1, 0))
-
-    def replaced(self) -> list[str]:
-        if self._fd is None or _same_file(self._path, self._fd):
-            return []
-        return sorted(self._names)
-
-    def release(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)  # drops every lock taken through it
-        self._fd, self._names = None, {}
-
-
-def _file_locks(database: str) -> _FileLocks:
-    folder = lock_dir(database)
-    return _OneFileRanges(folder) if _OFD else _FilePerPartition(folder)
 
 
 class WriterLocks:
@@ -236,7 +78,7 @@ class WriterLocks:
         self._engine = engine
         self._conn: Connection | None = None
         self._pg_pid: int | None = None
-        self._files: _FileLocks | None = None
+        self._files: FileLocks | None = None
         self._held_local: list[threading.Lock] = []
         self._pg_ids: dict[int, str] = {}
         # The lock session is used from the flush thread, the lock poll and batch steps.
@@ -281,7 +123,7 @@ class WriterLocks:
             self._held_local.append(lock)
             return
         if self._files is None:
-            self._files = _file_locks(db)
+            self._files = file_locks(db)
         self._files.acquire(name)
 
     def _acquire_pg(self, names: Sequence[str]) -> set[str]:
@@ -295,7 +137,7 @@ class WriterLocks:
         elif self._pg_ids and (self._conn.invalidated or self._conn.closed):
             raise LockLost(f"writer locks lost before taking {first}")
         try:
-            rows = self._conn.execute(_TAKE, {"keys": list(ids)}).all()
+            rows = self._conn.execute(TAKE, {"keys": list(ids)}).all()
             self._conn.commit()
         except sa.exc.SQLAlchemyError as exc:
             raise LockLost(f"the lock connection failed while taking {first}: {exc}") from exc
@@ -310,7 +152,7 @@ class WriterLocks:
             # of pg_locks. A lock lost otherwise fails the next fenced commit (``_prove``).
             if got:
                 with contextlib.suppress(sa.exc.SQLAlchemyError):
-                    self._conn.execute(_RELEASE, {"keys": got})
+                    self._conn.execute(RELEASE, {"keys": got})
                     self._conn.commit()
             self._why = "its session ended and the connection was replaced"
             raise LockLost(f"writer locks lost before taking {first}")
@@ -340,7 +182,7 @@ class WriterLocks:
         try:
             # A dropped connection would be replaced on next use: a new backend holds nothing.
             pid = int(self._conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one())
-            held = {int(k) for k in self._conn.execute(_HELD_ADVISORY).scalars()}
+            held = {int(k) for k in self._conn.execute(HELD_ADVISORY).scalars()}
             self._conn.commit()
         except sa.exc.SQLAlchemyError as exc:  # dropped, or invalidated by an earlier drop
             self._why = f"the connection holding it failed ({_first_line(exc)})"
@@ -385,14 +227,14 @@ class WriterLocks:
                 raise self.lost_error(sorted(self._pg_ids.values())) from exc
 
     def _prove(self, conn: Connection) -> None:
-        row = conn.execute(_FENCE, {"keys": list(self._pg_ids)}).one()
+        row = conn.execute(FENCE, {"keys": list(self._pg_ids)}).one()
         if int(row.pid) == self._pg_pid and int(row.held) == len(self._pg_ids):
             return
         if int(row.pid) != self._pg_pid:
             self._why = "its session ended and the connection was replaced"
             gone = sorted(self._pg_ids.values())
         else:
-            held = {int(k) for k in conn.execute(_HELD_ADVISORY).scalars()}
+            held = {int(k) for k in conn.execute(HELD_ADVISORY).scalars()}
             gone = sorted(n for k, n in self._pg_ids.items() if k not in held)
             self._why = "its session no longer holds it"
         raise self.lost_error(gone, holders=self._holders(conn, gone))
@@ -401,7 +243,7 @@ class WriterLocks:
         """Who holds ``names`` now, as a phrase ('' if nobody, or unknown)."""
         keys = [k for k, n in self._pg_ids.items() if n in names]
         try:
-            rows = conn.execute(_HOLDERS, {"keys": keys, "mine": self._pg_pid or 0}).all()
+            rows = conn.execute(HOLDERS, {"keys": keys, "mine": self._pg_pid or 0}).all()
         except sa.exc.SQLAlchemyError:
             return ""
         who = sorted(
@@ -456,7 +298,7 @@ class WriterLocks:
             if self._conn is not None:
                 try:
                     if self._pg_ids:
-                        self._conn.execute(_RELEASE, {"keys": list(self._pg_ids)})
+                        self._conn.execute(RELEASE, {"keys": list(self._pg_ids)})
                     self._conn.commit()
                 except sa.exc.SQLAlchemyError:
                     pass  # the session is gone, and the server released its locks with it
@@ -479,17 +321,6 @@ class WriterLocks:
 def _first_line(exc: BaseException) -> str:
     text = str(getattr(exc, "orig", None) or exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:200]
-
-
-def _same_file(path: Path, fd: int) -> bool:
-    # flock holds the inode we opened; if the path now names another file (deleted and
-    # recreated), a second writer can lock that one.
-    try:
-        st = os.stat(path)
-    except OSError:
-        return False
-    mine = os.fstat(fd)
-    return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
 
 
 # How often a run checks that it still holds its writer locks when nothing commits (each
