@@ -1,14 +1,20 @@
-"""``backfill-moderation``: import, rejects, run, verify, check, launch, tenant, usage, ..."""
+"""``backfill-moderation``: import, rejects, run, verify, check, launch, tenant, usage, ...
+
+Start-up follows the command: building the parser loads argparse, the command modules and the
+pure domain only. A command loads what it uses when it runs: the settings once the arguments
+parse, SQLAlchemy with the ledger queries (``runner.queries``), Dagster and the provider stack
+with the runner (``runner.api``). ``--help``, ``policy``, ``tenant list``, ``rejects`` and
+``export`` never load Dagster or the provider stack (``backfill_tests/cli/test_startup.py``).
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
 import signal
+import sys
 from collections.abc import Sequence
 from typing import NoReturn
-
-import sqlalchemy as sa
 
 from backfill_assets.cli.commands import run as run_command
 from backfill_assets.cli.commands import store as commands
@@ -26,7 +32,6 @@ from backfill_assets.cli.inputs import choice, slice_key
 from backfill_assets.cli.numbers import count, deadline
 from backfill_assets.cli.process import exit_process, freeze_heap
 from backfill_assets.cli.tables import tell
-from backfill_assets.config.settings import Settings, SettingsError
 from backfill_assets.domain.errors import UserError
 from backfill_assets.domain.urls import redact_url, scrub
 from backfill_assets.ledger.private_files import private_umask
@@ -193,6 +198,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 2
     if args.command == PROVIDER_SIM:
         args.sim_argv = rest
+    # Loaded once a command is chosen: --help and a bad argument never pay for it.
+    from backfill_assets.config.settings import Settings, SettingsError
+
     # Orchestrators stop a process with SIGTERM, then SIGKILL after a grace period: treat
     # SIGTERM like Ctrl-C. Inside a Dagster run, Dagster takes both signals over and stops the
     # step; the run is then recorded as canceled (orchestrate.py) and we exit the same way.
@@ -214,7 +222,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         name = " ".join(filter(None, (args.command, sub)))
         tell(f"backfill-moderation {name}: error: {exc}")
         return 2
-    except (sa.exc.OperationalError, sa.exc.InterfaceError) as exc:
+    except Exception as exc:
+        if not _store_unreachable(exc):
+            raise
         # The store cannot be reached (a wrong host, port or password, a server down): one
         # line naming the setting, never the password, never a traceback.
         url = settings.store.url if "settings" in locals() else ""
@@ -231,6 +241,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, previous)
         signal.signal(signal.SIGINT, previous_int)
     return code
+
+
+def _store_unreachable(exc: Exception) -> bool:
+    """A connection the store refused or lost. SQLAlchemy is loaded only by the commands that
+    open the store; where it is not loaded, no such error can have been raised."""
+    sa_exc = sys.modules.get("sqlalchemy.exc")
+    return sa_exc is not None and isinstance(exc, (sa_exc.OperationalError, sa_exc.InterfaceError))
 
 
 def console_script() -> NoReturn:

@@ -13,8 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
 
-from backfill_assets.domain.money.deadline import DeadlineError, parse_deadline
-from backfill_assets.domain.money.nanos import nanos_of_usd
+from backfill_assets.domain.money import DeadlineError, nanos_of_usd, parse_deadline
 from backfill_assets.domain.ranges import (
     MAX_TOKENS,
     OutOfRange,

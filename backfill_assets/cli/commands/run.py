@@ -4,9 +4,7 @@ gated apply), a canary sample (``--sample``), or a deadline plan (``--deadline``
 from __future__ import annotations
 
 import argparse
-from typing import Any
-
-import sqlalchemy as sa
+from typing import TYPE_CHECKING, Any
 
 from backfill_assets.cli.commands.deadline import cmd_run_deadline
 from backfill_assets.cli.commands.run_report import (
@@ -18,32 +16,24 @@ from backfill_assets.cli.commands.run_report import (
     totals_line,
 )
 from backfill_assets.cli.inputs import require_gate, store_tenants
+from backfill_assets.cli.process import freeze_heap
 from backfill_assets.cli.tables import Human, emit, table
-from backfill_assets.config.settings import Settings
-from backfill_assets.defs.model_resources import model_resource
-from backfill_assets.defs.partitions import ensure_partitions
-from backfill_assets.defs.resources import RunResource
-from backfill_assets.dispatch.partition_run import RunStopped
 from backfill_assets.domain.errors import UserError
-from backfill_assets.domain.work.keys import slice_no
-from backfill_assets.ledger.engine import read_tx
-from backfill_assets.ledger.run.posts import slice_levels
-from backfill_assets.ledger.run.tenants import all_regions
-from backfill_assets.runner.canary import run_sample
-from backfill_assets.runner.instance import instance
-from backfill_assets.runner.orchestrate import refresh
-from backfill_assets.runner.plan import make_plan
-from backfill_assets.runner.pooling import pool_by_region
-from backfill_assets.runner.processes import run_plan
-from backfill_assets.wiring import (
-    PLAN_JOB,
-    USAGE_JOB,
-    build_definitions,
-)
+from backfill_assets.domain.work import slice_no
+
+if TYPE_CHECKING:
+    import sqlalchemy as sa
+
+    from backfill_assets.config.settings import Settings
 
 
 def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     """Materialise labels, checks and the gated apply in-process; exit 1 if a check blocked."""
+    # Dagster and the provider stack load here, when a run needs them, not at start-up; what
+    # they bring lives until the process ends, so the collector is spared it (process.py).
+    from backfill_assets.runner.api import PLAN_JOB, build_definitions, instance, refresh
+
+    freeze_heap()
     _check_flags(args)
     settings.require_price()
     engine = settings.store.engine()
@@ -98,6 +88,18 @@ def dagster_run(
 ) -> tuple[dict[str, Any], list[Human]]:
     """The partitions with work of ``tenants`` (every tenant unless ``restrict``) through
     Dagster: labels, checks, the gated apply. Interrupted: prints why and re-raises."""
+    from backfill_assets.runner.api import (
+        USAGE_JOB,
+        build_definitions,
+        ensure_partitions,
+        instance,
+        make_plan,
+        pool_by_region,
+        refresh,
+        run_plan,
+    )
+    from backfill_assets.runner.queries import all_regions, read_tx, slice_levels
+
     defs, inst = build_definitions(settings), instance(settings)
     with read_tx(engine) as conn:
         levels = slice_levels(conn, tenants)
@@ -156,6 +158,8 @@ def _run_sample(
     args: argparse.Namespace, settings: Settings, engine: sa.Engine, tenants: list[str]
 ) -> int:
     """``run --sample N``: each tenant's canary, its label shares beside the live column's."""
+    from backfill_assets.runner.api import RunResource, RunStopped, model_resource, run_sample
+
     model = model_resource(settings)
     rubric = settings.rubric()
     options = RunResource.of(settings).run_options(model, settings.drills.faults())
