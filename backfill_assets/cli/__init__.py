@@ -16,9 +16,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from backfill_assets.cli.commands import run as run_command
 from backfill_assets.cli.commands import store as commands
-from backfill_assets.cli.commands.deadline import margin_share
 from backfill_assets.cli.commands.evaluate import add_evaluate_command
 from backfill_assets.cli.commands.export import FORMATS, cmd_export
 from backfill_assets.cli.commands.ingest import add_ingest_commands
@@ -29,7 +27,8 @@ from backfill_assets.cli.commands.provider_sim import add_provider_sim_command
 from backfill_assets.cli.commands.sink import add_sink_commands
 from backfill_assets.cli.commands.tenants import add_tenant_commands
 from backfill_assets.cli.inputs import choice, slice_key
-from backfill_assets.cli.numbers import count, deadline
+from backfill_assets.cli.numbers import count, deadline, margin_share
+from backfill_assets.cli.parsers import lazy
 from backfill_assets.cli.process import exit_process, freeze_heap
 from backfill_assets.cli.tables import tell
 from backfill_assets.domain.errors import UserError
@@ -111,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --deadline: replace an unfinished plan (by default it is resumed, with "
         "the deadline it was made for)",
     )
-    sp.set_defaults(func=run_command.cmd_run)
+    sp.set_defaults(func=lazy("run:cmd_run"))
 
     sp = add("export", "Write accepted labels to files, one per tenant, with a manifest.")
     sp.add_argument("--format", choices=FORMATS, default="parquet", help="file format")

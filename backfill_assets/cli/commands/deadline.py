@@ -17,26 +17,22 @@ from typing import TYPE_CHECKING, Any
 from backfill_assets.cli.tables import Human, table, tell
 from backfill_assets.domain.errors import UserError
 from backfill_assets.domain.money import DeadlineError, DeadlinePlan, Tier, parse_deadline, usd
-from backfill_assets.domain.ranges import shown
+from backfill_assets.runner.api import NoLimitKnown, carry_out, plan_deadline, utc
+from backfill_assets.runner.queries import (
+    StoredPlan,
+    create_plan,
+    mark,
+    open_plan,
+    read_tx,
+    write_tx,
+)
 
 if TYPE_CHECKING:
     from backfill_assets.config.settings import Settings
-    from backfill_assets.runner.queries import StoredPlan
 
 PLAN_COLUMNS = ["tenant", "batch", "flex", "standard", "cost_usd", "over_budget"]
 # The record run: every partition of the plan's tenants through Dagster, with these settings.
 Record = Callable[["Settings", list[str]], tuple[dict[str, Any], list[Human]]]
-
-
-def margin_share(raw: str) -> float:
-    """``--margin``: a percentage of the time left (``10`` or ``10%``), 0 to 90."""
-    try:
-        value = float(raw.strip().rstrip("%"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{shown(raw)} is not a percentage") from None
-    if not 0.0 <= value <= 90.0:
-        raise argparse.ArgumentTypeError(f"{shown(raw)} must be within 0 and 90 (percent)")
-    return value / 100.0
 
 
 def _log(message: str) -> None:
@@ -52,9 +48,6 @@ def cmd_run_deadline(
 ) -> tuple[int, dict[str, object], list[Human]]:
     """Plan (and unless ``--dry-run`` carry out) ``tenants``' backfill by the deadline, as
     (exit code, JSON document, human lines)."""
-    from backfill_assets.runner.api import NoLimitKnown, plan_deadline
-    from backfill_assets.runner.queries import create_plan, open_plan, read_tx, write_tx
-
     now = dt.datetime.now(dt.UTC)
     engine = settings.store.engine()
     versions = settings.versions()
@@ -99,9 +92,6 @@ def _carry(
     tenants: list[str],
 ) -> tuple[int, dict[str, object], list[Human]]:
     """Carry ``plan`` out, then record it with a Dagster run at the standard tier."""
-    from backfill_assets.runner.api import carry_out, utc
-    from backfill_assets.runner.queries import mark, write_tx
-
     if resumed:
         switched = (
             f", switched over {plan.switched_at:%Y-%m-%d %H:%M:%S}Z" if plan.switched_at else ""

@@ -1,5 +1,8 @@
 """``backfill-moderation run``: the partitions with work through Dagster (labels, checks, the
-gated apply), a canary sample (``--sample``), or a deadline plan (``--deadline``)."""
+gated apply), a canary sample (``--sample``), or a deadline plan (``--deadline``).
+
+Imported only when ``run`` is chosen (``cli/parsers.py``, ``lazy``), so it may load the
+runner, and with it Dagster and the provider stack, at its top."""
 
 from __future__ import annotations
 
@@ -20,6 +23,22 @@ from backfill_assets.cli.process import freeze_heap
 from backfill_assets.cli.tables import Human, emit, table
 from backfill_assets.domain.errors import UserError
 from backfill_assets.domain.work import slice_no
+from backfill_assets.runner.api import (
+    PLAN_JOB,
+    USAGE_JOB,
+    RunResource,
+    RunStopped,
+    build_definitions,
+    ensure_partitions,
+    instance,
+    make_plan,
+    model_resource,
+    pool_by_region,
+    refresh,
+    run_plan,
+    run_sample,
+)
+from backfill_assets.runner.queries import all_regions, read_tx, slice_levels
 
 if TYPE_CHECKING:
     import sqlalchemy as sa
@@ -29,10 +48,9 @@ if TYPE_CHECKING:
 
 def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     """Materialise labels, checks and the gated apply in-process; exit 1 if a check blocked."""
-    # Dagster and the provider stack load here, when a run needs them, not at start-up; what
-    # they bring lives until the process ends, so the collector is spared it (process.py).
-    from backfill_assets.runner.api import PLAN_JOB, build_definitions, instance, refresh
-
+    # This module, and with it Dagster and the provider stack, loads only when `run` is chosen
+    # (cli/parsers.py, lazy); what they bring lives until the process ends, so the collector
+    # is spared it (process.py).
     freeze_heap()
     _check_flags(args)
     settings.require_price()
@@ -88,18 +106,6 @@ def dagster_run(
 ) -> tuple[dict[str, Any], list[Human]]:
     """The partitions with work of ``tenants`` (every tenant unless ``restrict``) through
     Dagster: labels, checks, the gated apply. Interrupted: prints why and re-raises."""
-    from backfill_assets.runner.api import (
-        USAGE_JOB,
-        build_definitions,
-        ensure_partitions,
-        instance,
-        make_plan,
-        pool_by_region,
-        refresh,
-        run_plan,
-    )
-    from backfill_assets.runner.queries import all_regions, read_tx, slice_levels
-
     defs, inst = build_definitions(settings), instance(settings)
     with read_tx(engine) as conn:
         levels = slice_levels(conn, tenants)
@@ -158,8 +164,6 @@ def _run_sample(
     args: argparse.Namespace, settings: Settings, engine: sa.Engine, tenants: list[str]
 ) -> int:
     """``run --sample N``: each tenant's canary, its label shares beside the live column's."""
-    from backfill_assets.runner.api import RunResource, RunStopped, model_resource, run_sample
-
     model = model_resource(settings)
     rubric = settings.rubric()
     options = RunResource.of(settings).run_options(model, settings.drills.faults())
