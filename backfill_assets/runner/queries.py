@@ -7,7 +7,7 @@ Running work goes through ``api``.
 from __future__ import annotations
 
 from backfill_assets.ledger.engine import database_url, read_tx, write_tx
-from backfill_assets.ledger.engines import dispose_engines, engine_for
+from backfill_assets.ledger.engines import engine_for
 from backfill_assets.ledger.evaluations import CustomerTenant
 from backfill_assets.ledger.label_export import LabelRow, tenant_labels
 from backfill_assets.ledger.migrate import migrate, schema_versions
@@ -36,7 +36,6 @@ __all__ = [
     "budget_status",
     "create_plan",
     "database_url",
-    "dispose_engines",
     "engine_for",
     "estimate_pending",
     "ledger_by_model_day",

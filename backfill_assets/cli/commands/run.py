@@ -24,21 +24,13 @@ from backfill_assets.cli.tables import Human, emit, table
 from backfill_assets.domain.errors import UserError
 from backfill_assets.domain.work import slice_no
 from backfill_assets.runner.api import (
-    PLAN_JOB,
-    USAGE_JOB,
     RunResource,
     RunStopped,
-    build_definitions,
-    ensure_partitions,
-    instance,
-    make_plan,
     model_resource,
-    pool_by_region,
-    refresh,
-    run_plan,
+    plan_progress,
     run_sample,
+    run_work,
 )
-from backfill_assets.runner.queries import all_regions, read_tx, slice_levels
 
 if TYPE_CHECKING:
     import sqlalchemy as sa
@@ -59,20 +51,13 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     if args.deadline:
         if not args.dry_run:
             require_gate(settings)
-        built: list[tuple[Any, Any]] = []
-
-        def show_progress() -> bool:
-            # The UI's backfill_plan shows the plan's progress after each step.
-            if not built:
-                built.append((build_definitions(settings), instance(settings)))
-            return refresh(*built[0], PLAN_JOB)
-
         code, plan_doc, plan_human = cmd_run_deadline(
             args,
             settings,
             tenants,
             lambda chosen, tenants: dagster_run(args, chosen, engine, tenants, restrict=True),
-            show_progress,
+            # The UI's backfill_plan shows the plan's progress after each step.
+            plan_progress(settings),
         )
         emit(args, plan_doc, *plan_human)
         return code
@@ -106,32 +91,9 @@ def dagster_run(
 ) -> tuple[dict[str, Any], list[Human]]:
     """The partitions with work of ``tenants`` (every tenant unless ``restrict``) through
     Dagster: labels, checks, the gated apply. Interrupted: prints why and re-raises."""
-    defs, inst = build_definitions(settings), instance(settings)
-    with read_tx(engine) as conn:
-        levels = slice_levels(conn, tenants)
-    order = ensure_partitions(inst, levels)
-    # Only partitions with something to do reach Dagster, pooled into few runs (pooling.py).
-    sink = settings.data.sink()
-    plan = make_plan(
-        engine,
-        inst,
-        settings.versions(),
-        tenants if restrict else None,
-        [slice_no(s) for s in args.slice] if args.slice else None,
-        force=args.force,
-        sink_id=None if sink is None else sink.sink_id,
-        order=order,
-    )
-    with read_tx(engine) as conn:
-        regions = all_regions(conn)
-    # One region per run: a region without an endpoint here fails only its own runs, and
-    # each run carries its region's tag for the run queue.
-    plan = pool_by_region(plan, order, regions)
-    # A big plan spreads over the cores (run_processes.py); a small one runs here.
-    shared = run_plan(settings, defs, inst, plan, regions)
+    slices = [slice_no(s) for s in args.slice] if args.slice else None
+    shared = run_work(settings, engine, tenants, slices, force=args.force, restrict=restrict)
     records, plan = shared.records, shared.plan
-    if records and not shared.interrupted:
-        refresh(defs, inst, USAGE_JOB)  # tenant_usage shows this run's spend at once
     doc = run_document(records, plan, shared.processes)
     if shared.interrupted:
         emit(
