@@ -122,3 +122,7 @@ sections_on
 # Read by the test that the event log keeps its open shards bounded.
 open_engines
 _store_asset_check_evaluation_planned  # sqlite_instance: Dagster's SqlEventLogStorage calls the override
+
+# Python: a module-level __getattr__ answers a name the module does not hold (PEP 562).
+__getattr__  # backfill_assets/__init__.py: __version__, read when first asked for
+cmd_run  # cli/__init__.py: lazy("run:cmd_run"), imported when `run` is chosen

@@ -1,18 +1,22 @@
-"""``backfill-moderation``: import, rejects, run, verify, check, launch, tenant, usage, ..."""
+"""``backfill-moderation``: import, rejects, run, verify, check, launch, tenant, usage, ...
+
+Start-up follows the command: building the parser loads argparse, the command modules and the
+pure domain only. A command loads what it uses when it runs: the settings once the arguments
+parse, SQLAlchemy with the ledger queries (``runner.queries``), Dagster and the provider stack
+with the runner (``runner.api``). ``--help``, ``policy``, ``tenant list``, ``rejects`` and
+``export`` never load Dagster or the provider stack (``backfill_tests/cli/test_startup.py``).
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
 import signal
+import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-import sqlalchemy as sa
-
-from backfill_assets.cli.commands import run as run_command
 from backfill_assets.cli.commands import store as commands
-from backfill_assets.cli.commands.deadline import margin_share
 from backfill_assets.cli.commands.evaluate import add_evaluate_command
 from backfill_assets.cli.commands.export import FORMATS, cmd_export
 from backfill_assets.cli.commands.ingest import add_ingest_commands
@@ -23,10 +27,10 @@ from backfill_assets.cli.commands.provider_sim import add_provider_sim_command
 from backfill_assets.cli.commands.sink import add_sink_commands
 from backfill_assets.cli.commands.tenants import add_tenant_commands
 from backfill_assets.cli.inputs import choice, slice_key
-from backfill_assets.cli.numbers import count, deadline
+from backfill_assets.cli.numbers import count, deadline, margin_share
+from backfill_assets.cli.parsers import lazy
 from backfill_assets.cli.process import exit_process, freeze_heap
 from backfill_assets.cli.tables import tell
-from backfill_assets.config.settings import Settings, SettingsError
 from backfill_assets.domain.errors import UserError
 from backfill_assets.domain.urls import redact_url, scrub
 from backfill_assets.ledger.private_files import private_umask
@@ -106,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --deadline: replace an unfinished plan (by default it is resumed, with "
         "the deadline it was made for)",
     )
-    sp.set_defaults(func=run_command.cmd_run)
+    sp.set_defaults(func=lazy("run:cmd_run"))
 
     sp = add("export", "Write accepted labels to files, one per tenant, with a manifest.")
     sp.add_argument("--format", choices=FORMATS, default="parquet", help="file format")
@@ -193,6 +197,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 2
     if args.command == PROVIDER_SIM:
         args.sim_argv = rest
+    # Loaded once a command is chosen: --help and a bad argument never pay for it.
+    from backfill_assets.config.settings import Settings, SettingsError
+
     # Orchestrators stop a process with SIGTERM, then SIGKILL after a grace period: treat
     # SIGTERM like Ctrl-C. Inside a Dagster run, Dagster takes both signals over and stops the
     # step; the run is then recorded as canceled (orchestrate.py) and we exit the same way.
@@ -214,7 +221,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         name = " ".join(filter(None, (args.command, sub)))
         tell(f"backfill-moderation {name}: error: {exc}")
         return 2
-    except (sa.exc.OperationalError, sa.exc.InterfaceError) as exc:
+    except Exception as exc:
+        if not _store_unreachable(exc):
+            raise
         # The store cannot be reached (a wrong host, port or password, a server down): one
         # line naming the setting, never the password, never a traceback.
         url = settings.store.url if "settings" in locals() else ""
@@ -231,6 +240,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, previous)
         signal.signal(signal.SIGINT, previous_int)
     return code
+
+
+def _store_unreachable(exc: Exception) -> bool:
+    """A connection the store refused or lost. SQLAlchemy is loaded only by the commands that
+    open the store; where it is not loaded, no such error can have been raised."""
+    sa_exc = sys.modules.get("sqlalchemy.exc")
+    return sa_exc is not None and isinstance(exc, (sa_exc.OperationalError, sa_exc.InterfaceError))
 
 
 def console_script() -> NoReturn:

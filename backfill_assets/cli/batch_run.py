@@ -23,15 +23,17 @@ from collections.abc import Sequence
 from backfill_assets.cli.inputs import known_tenants
 from backfill_assets.cli.tables import show_json, tell
 from backfill_assets.config.settings import Settings, SettingsError
-from backfill_assets.defs.model_resources import model_resource, versions_for
-from backfill_assets.defs.partitions import partition_key_for
-from backfill_assets.defs.resources import RunResource
-from backfill_assets.dispatch.partition_run import PartitionRef, RunStopped
-from backfill_assets.dispatch.pipeline import run_partitions
-from backfill_assets.domain.work.keys import SLICE_KEYS
-from backfill_assets.ledger.engine import read_tx
-from backfill_assets.ledger.reports import tenant_ids
-from backfill_assets.ledger.run import submissions
+from backfill_assets.domain.work import SLICE_KEYS
+from backfill_assets.runner.api import (
+    PartitionRef,
+    RunResource,
+    RunStopped,
+    model_resource,
+    partition_key_for,
+    run_partitions,
+    versions_for,
+)
+from backfill_assets.runner.queries import ChunkState, read_tx, state_counts, tenant_ids
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -81,10 +83,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             totals[f"outcome_{outcome}"] += n
         totals["cost_nanos"] += rep.stats.cost_nanos
     with read_tx(engine) as conn:
-        chunks = submissions.state_counts(conn, tenants)
-        failed = submissions.state_counts(conn, tenants, run_id).get(
-            submissions.ChunkState.FAILED, 0
-        )
+        chunks = state_counts(conn, tenants)
+        failed = state_counts(conn, tenants, run_id).get(ChunkState.FAILED, 0)
     busy = [r.ref.key for r in reports if r.busy]
     doc = {
         "totals": dict(totals),

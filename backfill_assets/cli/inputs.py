@@ -11,25 +11,22 @@ import argparse
 import difflib
 import re
 from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
 
-import sqlalchemy as sa
-
-from backfill_assets.config.settings import Settings
-from backfill_assets.defs.model_resources import model_resource
-from backfill_assets.defs.reporting.evaluation import gate_result
 from backfill_assets.domain.errors import UserError
-from backfill_assets.domain.policy.document import Policy
-from backfill_assets.domain.policy.file import PolicyInvalid, load_policy
+from backfill_assets.domain.policy import Policy, PolicyInvalid, load_policy
 from backfill_assets.domain.ranges import shown
-from backfill_assets.domain.work.keys import (
+from backfill_assets.domain.work import (
     SLICE_COUNT,
     SLICE_KEYS,
     InvalidTenantId,
     validate_tenant_id,
 )
-from backfill_assets.ledger.engine import read_tx
-from backfill_assets.ledger.engines import engine_for
-from backfill_assets.ledger.reports import tenant_ids
+
+if TYPE_CHECKING:
+    import sqlalchemy as sa
+
+    from backfill_assets.config.settings import Settings
 
 _SLICE_RE = re.compile(r"s?(\d{1,3})")
 
@@ -105,6 +102,9 @@ def require_gate(settings: Settings) -> None:
     gate = settings.policy_gate()
     if gate is None:
         return
+    from backfill_assets.runner.api import gate_result, model_resource
+    from backfill_assets.runner.queries import engine_for
+
     engine = engine_for(settings.store.url)
     model = model_resource(settings).model
     check_result = gate_result(engine, settings.rubric(), model, gate)
@@ -122,6 +122,8 @@ def load_user_policy(path: str) -> Policy:
 
 def store_tenants(engine: sa.Engine, values: list[str]) -> list[str]:
     """The ``--tenant`` values, each known to the store; all tenants when none is given."""
+    from backfill_assets.runner.queries import read_tx, tenant_ids
+
     with read_tx(engine) as conn:
         known = tenant_ids(conn)
     return known_tenants(values, known) or known

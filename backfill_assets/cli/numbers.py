@@ -13,8 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
 
-from backfill_assets.domain.money.deadline import DeadlineError, parse_deadline
-from backfill_assets.domain.money.nanos import nanos_of_usd
+from backfill_assets.domain.money import DeadlineError, nanos_of_usd, parse_deadline
 from backfill_assets.domain.ranges import (
     MAX_TOKENS,
     OutOfRange,
@@ -104,3 +103,14 @@ def deadline(text: str) -> str:
 
 def _too_far(text: str) -> str:
     return f"{shown(text)} is more than {bound_text(MAX_DEADLINE.days)} days ahead"
+
+
+def margin_share(raw: str) -> float:
+    """``--margin``: a percentage of the time left (``10`` or ``10%``), 0 to 90."""
+    try:
+        value = float(raw.strip().rstrip("%"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{shown(raw)} is not a percentage") from None
+    if not 0.0 <= value <= 90.0:
+        raise argparse.ArgumentTypeError(f"{shown(raw)} must be within 0 and 90 (percent)")
+    return value / 100.0

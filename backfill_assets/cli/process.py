@@ -1,12 +1,14 @@
 """How the ``backfill-moderation`` process treats its heap and how it ends.
 
-Everything imported at start-up (Dagster, SQLAlchemy, pandas and pandera: hundreds of thousands
+Everything a command imports (Dagster, SQLAlchemy, pandas and pandera: hundreds of thousands
 of objects) lives until the process ends, yet Python's garbage collector walks all of it on
 every full collection, and a run allocates enough per key to trigger many. ``freeze_heap``
 moves what exists into the collector's permanent generation (``gc.freeze``), so full
-collections skip it (measured in docs/benchmarks.md). It is called once the imports are done,
-and again by ``run`` just before it forks its helpers, which then share those pages with their
-parent instead of copying them as the collector touches them. Cyclic garbage that exists at
+collections skip it (measured in docs/benchmarks.md). It is called once start-up's imports are
+done, again by each command that loads the runner (``run``, ``import``, ``evaluate``,
+``verify``: Dagster, pandas and pandera load only then), and by ``run`` just before it forks its
+helpers, which then share those pages with their parent instead of copying them as the
+collector touches them. Cyclic garbage that exists at
 a freeze is never collected; at those points there is little.
 
 At exit CPython clears every module and runs a full garbage collection over everything
@@ -28,8 +30,6 @@ import sys
 import threading
 from typing import NoReturn
 
-from backfill_assets.ledger.engines import dispose_engines
-
 
 def freeze_heap() -> None:
     """Exempt every object that exists now from garbage collection (see the module's text)."""
@@ -43,7 +43,11 @@ def exit_process(code: int) -> NoReturn:
     if threading.active_count() > 1 or run_hooks is None:
         sys.exit(code)
     run_hooks()
-    dispose_engines()  # SQLite checkpoints its WAL as the last connection closes
+    # Only a command that opened the store loaded the engines' module; none other has any to
+    # close, and importing it here would only slow the exit.
+    engines = sys.modules.get("backfill_assets.ledger.engines")
+    if engines is not None:
+        engines.dispose_engines()  # SQLite checkpoints its WAL as the last connection closes
     for stream in (sys.stdout, sys.stderr):
         # A closed pipe: nothing more can be said on it.
         with contextlib.suppress(OSError, ValueError):

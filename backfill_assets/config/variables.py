@@ -27,15 +27,16 @@ from backfill_assets.domain.work.keys import DEFAULT_SLICE_TARGET
 from backfill_assets.ledger.dead_peer import DEFAULT_DEAD_PEER_SECONDS
 from backfill_assets.ledger.engine import database_url
 from backfill_assets.ledger.engines import engine_for
-from backfill_assets.platform_db.sink import DEFAULT_BATCH as DEFAULT_SINK_BATCH
-from backfill_assets.platform_db.sink import DEFAULT_TABLE as DEFAULT_SINK_TABLE
-from backfill_assets.platform_db.sink import Sink, split_table_name
-from backfill_assets.platform_db.sql_import import SqlSource
+from backfill_assets.platform_db.sink_names import DEFAULT_BATCH as DEFAULT_SINK_BATCH
+from backfill_assets.platform_db.sink_names import DEFAULT_TABLE as DEFAULT_SINK_TABLE
+from backfill_assets.platform_db.sink_names import split_table_name
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
     from backfill_assets.domain.policy.document import Policy
+    from backfill_assets.platform_db.sink import Sink
+    from backfill_assets.platform_db.sql_import import SqlSource
 
 # Sections of docs/configuration.md, in order, with their titles: one group each.
 SECTIONS: dict[str, str] = {
@@ -757,6 +758,9 @@ class DataSettings(Group):
         """The posts asset's database source, if ``BACKFILL_SOURCE_URL`` names one."""
         if not self.source_url:
             return None
+        # The file readers behind it load pyarrow: only for a process that reads a source.
+        from backfill_assets.platform_db.sql_import import SqlSource
+
         return SqlSource(
             url=self.source_url,
             query=self.source_query,
@@ -768,6 +772,9 @@ class DataSettings(Group):
         """Where ``applied_labels`` writes labels back, if ``BACKFILL_SINK_URL`` is set."""
         if not self.sink_url:
             return None
+        # SQLAlchemy's dialects load with it: only for a process that writes to a sink.
+        from backfill_assets.platform_db.sink import Sink
+
         return Sink(url=self.sink_url, table=self.sink_table, batch=self.sink_batch)
 
     @model_validator(mode="after")

@@ -12,7 +12,6 @@ from backfill_assets.domain.work.records import Record, Rejection
 from backfill_assets.ingest.csv_rows import csv_records
 from backfill_assets.ingest.formats import ColumnsFor, Format, open_bytes
 from backfill_assets.ingest.jsonl_rows import jsonl_records
-from backfill_assets.ingest.parquet_rows import parquet_records
 
 # Rows a Parquet batch holds at most (fewer when their bytes say so).
 BATCH_ROWS = 2000
@@ -25,6 +24,10 @@ def file_records(
     """The records of ``path`` read as ``fmt``; ``columns_for`` picks the columns a header or
     schema must have (a JSON line names its own)."""
     if fmt == "parquet":
+        # pyarrow (~0.15 s) loads with the first Parquet file read, not in every process that
+        # might read one (a no-op `run` imports this module through the definitions).
+        from backfill_assets.ingest.parquet_rows import parquet_records
+
         yield parquet_records(path, columns_for, batch_rows)
         return
     with open_bytes(path) as fh:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
-import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,25 +30,12 @@ from backfill_assets.ledger.engine import write_tx
 from backfill_assets.ledger.run.posts import slice_levels
 from backfill_assets.ledger.tables import applied_labels, posts, results, sink_writes, utcnow
 from backfill_assets.platform_db.connections import PlatformDbError, failure_text, platform_engine
+from backfill_assets.platform_db.sink_names import DEFAULT_BATCH, DEFAULT_TABLE, split_table_name
 from backfill_assets.platform_db.sink_upsert import KEY, upsert
-
-DEFAULT_TABLE = "moderation_labels"
-DEFAULT_BATCH = 5000
-_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 
 
 class SinkError(PlatformDbError):
     """The sink cannot be written or does not have the table it needs (never its password)."""
-
-
-def split_table_name(name: str) -> tuple[str | None, str]:
-    """``schema.table`` or ``table``, each a plain SQL identifier; ValueError otherwise."""
-    parts = name.split(".")
-    if len(parts) > 2 or not all(_IDENT.fullmatch(p) for p in parts):
-        raise ValueError(
-            f"{name[:80]!r} is not a table name (letters, digits and _, optionally schema.table)"
-        )
-    return (parts[0], parts[1]) if len(parts) == 2 else (None, parts[0])
 
 
 def sink_table(name: str = DEFAULT_TABLE) -> sa.Table:

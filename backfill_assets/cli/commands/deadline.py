@@ -12,35 +12,27 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from backfill_assets.cli.tables import Human, table, tell
-from backfill_assets.config.settings import Settings
 from backfill_assets.domain.errors import UserError
-from backfill_assets.domain.money.deadline import DeadlineError, DeadlinePlan, parse_deadline
-from backfill_assets.domain.money.nanos import usd
-from backfill_assets.domain.money.prices import Tier
-from backfill_assets.domain.ranges import shown
-from backfill_assets.ledger.engine import read_tx, write_tx
-from backfill_assets.ledger.spend import deadline_plans
-from backfill_assets.ledger.spend.deadline_plans import StoredPlan
-from backfill_assets.runner.deadline_plan import NoLimitKnown, plan_deadline
-from backfill_assets.runner.deadline_run import carry_out, utc
+from backfill_assets.domain.money import DeadlineError, DeadlinePlan, Tier, parse_deadline, usd
+from backfill_assets.runner.api import NoLimitKnown, carry_out, plan_deadline, utc
+from backfill_assets.runner.queries import (
+    StoredPlan,
+    create_plan,
+    mark,
+    open_plan,
+    read_tx,
+    write_tx,
+)
+
+if TYPE_CHECKING:
+    from backfill_assets.config.settings import Settings
 
 PLAN_COLUMNS = ["tenant", "batch", "flex", "standard", "cost_usd", "over_budget"]
 # The record run: every partition of the plan's tenants through Dagster, with these settings.
-Record = Callable[[Settings, list[str]], tuple[dict[str, Any], list[Human]]]
-
-
-def margin_share(raw: str) -> float:
-    """``--margin``: a percentage of the time left (``10`` or ``10%``), 0 to 90."""
-    try:
-        value = float(raw.strip().rstrip("%"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{shown(raw)} is not a percentage") from None
-    if not 0.0 <= value <= 90.0:
-        raise argparse.ArgumentTypeError(f"{shown(raw)} must be within 0 and 90 (percent)")
-    return value / 100.0
+Record = Callable[["Settings", list[str]], tuple[dict[str, Any], list[Human]]]
 
 
 def _log(message: str) -> None:
@@ -60,7 +52,7 @@ def cmd_run_deadline(
     engine = settings.store.engine()
     versions = settings.versions()
     with read_tx(engine) as conn:
-        stored = deadline_plans.open_plan(conn, versions.code_version)
+        stored = open_plan(conn, versions.code_version)
     if stored is not None and not args.dry_run and not args.replan:
         return _carry(args, settings, stored, True, [], record, progress, tenants)
     try:
@@ -81,10 +73,10 @@ def cmd_run_deadline(
     if args.dry_run:
         return 0, doc, human
     with write_tx(engine) as conn:
-        deadline_plans.create_plan(
+        create_plan(
             conn, versions.code_version, versions.model, deadline, plan.switch_over, plan.as_dict()
         )
-        created = deadline_plans.open_plan(conn, versions.code_version)
+        created = open_plan(conn, versions.code_version)
     assert created is not None
     return _carry(args, settings, created, False, human, record, progress, tenants)
 
@@ -133,7 +125,7 @@ def _carry(
     doc, run_human = record(chosen, plan.tenants() or tenants)
     recorded = dt.datetime.now(dt.UTC)
     with write_tx(settings.store.engine()) as conn:
-        deadline_plans.mark(conn, plan.plan_id, "finished")
+        mark(conn, plan.plan_id, "finished")
     # The deadline is for the labels: the model work, not the bookkeeping after it.
     met = carried.done_at <= utc(plan.deadline)
     info |= {

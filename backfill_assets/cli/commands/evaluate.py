@@ -7,33 +7,17 @@ import argparse
 from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from backfill_assets.cli.inputs import load_user_policy
+from backfill_assets.cli.process import freeze_heap
 from backfill_assets.cli.tables import Human, emit, table
-from backfill_assets.config.settings import Settings
-from backfill_assets.defs.asset_keys import POLICY_EVALUATION
-from backfill_assets.defs.model_resources import model_resource
-from backfill_assets.defs.reporting.evaluation import (
-    DEFAULT_TENANT,
-    comparison,
-    evaluate_policies,
-    evaluation_metadata,
-    gate_evaluation,
-    gate_result,
-    gold_sha256,
-    store_gold,
-)
-from backfill_assets.defs.resources import RunResource
-from backfill_assets.dispatch.partition_run import RunStopped
 from backfill_assets.domain.errors import UserError
-from backfill_assets.domain.policy.evaluation import NO_LABEL
-from backfill_assets.domain.policy.rubric import Rubric
-from backfill_assets.domain.work.keys import InvalidTenantId, validate_tenant_id
-from backfill_assets.ingest.gold import GoldError, read_gold
-from backfill_assets.ledger.engines import engine_for
-from backfill_assets.ledger.evaluations import CustomerTenant
-from backfill_assets.runner.instance import instance
+from backfill_assets.domain.policy import DEFAULT_TENANT, NO_LABEL, Rubric
+from backfill_assets.domain.work import InvalidTenantId, validate_tenant_id
+
+if TYPE_CHECKING:
+    from backfill_assets.config.settings import Settings
 
 LABEL_COLUMNS = ["label", "support", "precision", "precision_ci95", "recall", "recall_ci95", "f1"]
 
@@ -113,6 +97,22 @@ def _transitions(doc: dict[str, Any]) -> Human:
 def cmd_evaluate(args: argparse.Namespace, settings: Settings) -> int:
     """Evaluate one policy (or two, with ``--against``) on a gold set; exit 0, 1 if a
     run-level error stopped it, 2 for bad input."""
+    from backfill_assets.runner.api import (
+        GoldError,
+        RunResource,
+        RunStopped,
+        comparison,
+        evaluate_policies,
+        gate_result,
+        gold_sha256,
+        model_resource,
+        read_gold,
+        store_gold,
+    )
+    from backfill_assets.runner.queries import CustomerTenant, engine_for
+
+    freeze_heap()  # what the runner loaded lives until the end (process.py)
+
     try:
         tenant = validate_tenant_id(args.tenant)
     except InvalidTenantId as exc:
@@ -180,6 +180,13 @@ def _record_in_dagster(
     settings: Settings, engine: Any, rubric: Rubric, model: str, check_result: Any
 ) -> None:
     import dagster as dg
+
+    from backfill_assets.runner.api import (
+        POLICY_EVALUATION,
+        evaluation_metadata,
+        gate_evaluation,
+        instance,
+    )
 
     inst = instance(settings)
     try:

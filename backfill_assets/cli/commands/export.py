@@ -21,20 +21,19 @@ from collections.abc import Iterable, Iterator
 from dataclasses import asdict
 from itertools import islice
 from pathlib import Path
-from typing import IO, Any
-
-import pyarrow as pa
-import pyarrow.parquet as pq
+from typing import IO, TYPE_CHECKING, Any
 
 from backfill_assets.cli.inputs import known_tenants
 from backfill_assets.cli.tables import show, show_json, table
-from backfill_assets.config.settings import Settings
 from backfill_assets.domain.csv_cells import csv_row
 from backfill_assets.domain.errors import UserError
 from backfill_assets.domain.ranges import PATH_SHOWN, shown
-from backfill_assets.ledger.engine import read_tx
-from backfill_assets.ledger.label_export import LabelRow, tenant_labels
-from backfill_assets.ledger.reports import tenant_ids
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from backfill_assets.config.settings import Settings
+    from backfill_assets.runner.queries import LabelRow
 
 FORMATS = ("parquet", "csv", "jsonl")
 BATCH_ROWS = 5_000
@@ -52,21 +51,28 @@ COLUMNS = [
     "content_hash",
     "labelled_at",
 ]
-_SCHEMA = pa.schema(
-    [
-        ("tenant_id", pa.string()),
-        ("post_id", pa.string()),
-        ("label", pa.string()),
-        ("rule_ids", pa.list_(pa.string())),
-        ("confidence", pa.float64()),
-        ("policy_id", pa.string()),
-        ("policy_version", pa.string()),
-        ("policy_identity", pa.string()),
-        ("model", pa.string()),
-        ("content_hash", pa.string()),
-        ("labelled_at", pa.string()),
-    ]
-)
+
+
+@functools.cache
+def _schema() -> pa.Schema:
+    """The Parquet files' schema (pyarrow loads when a Parquet export runs, not at start-up)."""
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            ("tenant_id", pa.string()),
+            ("post_id", pa.string()),
+            ("label", pa.string()),
+            ("rule_ids", pa.list_(pa.string())),
+            ("confidence", pa.float64()),
+            ("policy_id", pa.string()),
+            ("policy_version", pa.string()),
+            ("policy_identity", pa.string()),
+            ("model", pa.string()),
+            ("content_hash", pa.string()),
+            ("labelled_at", pa.string()),
+        ]
+    )
 
 
 def _batches(rows: Iterable[LabelRow]) -> Iterator[list[LabelRow]]:
@@ -100,18 +106,22 @@ def _write_csv(rows: Iterable[LabelRow], out: IO[bytes]) -> int:
 
 
 def _write_parquet(rows: Iterable[LabelRow], out: IO[bytes]) -> int:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = _schema()
     n = 0
-    with pq.ParquetWriter(out, _SCHEMA) as writer:
+    with pq.ParquetWriter(out, schema) as writer:
         for batch in _batches(rows):
             columns: dict[str, list[Any]] = {c: [] for c in COLUMNS}
             for row in batch:
                 for c in COLUMNS:
                     value = getattr(row, c)
                     columns[c].append(list(value) if c == "rule_ids" else value)
-            writer.write_table(pa.table(columns, schema=_SCHEMA))
+            writer.write_table(pa.table(columns, schema=schema))
             n += len(batch)
         if n == 0:
-            writer.write_table(_SCHEMA.empty_table())
+            writer.write_table(schema.empty_table())
     return n
 
 
@@ -143,6 +153,8 @@ def _atomic(path: Path, write: Any) -> Any:
 
 def cmd_export(args: argparse.Namespace, settings: Settings) -> int:
     """Write each tenant's accepted labels to ``DIR/<tenant>.<format>`` and a manifest."""
+    from backfill_assets.runner.queries import read_tx, tenant_ids, tenant_labels
+
     engine = settings.store.engine()
     with read_tx(engine) as conn:
         known = tenant_ids(conn)

@@ -6,31 +6,26 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from backfill_assets.cli.inputs import choice, known_value
 from backfill_assets.cli.numbers import count
+from backfill_assets.cli.process import freeze_heap
 from backfill_assets.cli.progress import ProgressDisplay, wanted
 from backfill_assets.cli.tables import Human, emit, table, tell
-from backfill_assets.config.settings import Settings
-from backfill_assets.defs.partitions import ensure_partitions
 from backfill_assets.domain.errors import UserError
-from backfill_assets.domain.work.columns import ColumnMap, ColumnMapError
-from backfill_assets.domain.work.keys import InvalidTenantId, validate_tenant_id
-from backfill_assets.ingest.formats import FORMATS, Format
-from backfill_assets.ingest.importer import (
-    ImportInputError,
-    ImportOptions,
-    export_files,
-    import_files,
+from backfill_assets.domain.work import (
+    ColumnMap,
+    ColumnMapError,
+    InvalidTenantId,
+    validate_tenant_id,
 )
-from backfill_assets.ledger.engine import read_tx
-from backfill_assets.ledger.reports import tenant_ids
-from backfill_assets.ledger.run.posts import ImportSummary, slice_levels
-from backfill_assets.ledger.run.rejects import list_rejects, reject_sources, rejected_tenant_values
-from backfill_assets.platform_db.sql_import import SqlImport, SqlSource, import_sql
-from backfill_assets.runner.instance import instance
-from backfill_assets.runner.orchestrate import record_import
+from backfill_assets.ingest.formats import FORMATS, Format
+
+if TYPE_CHECKING:
+    from backfill_assets.config.settings import Settings
+    from backfill_assets.runner.api import ImportOptions, SqlImport, SqlSource
+    from backfill_assets.runner.queries import ImportSummary
 
 IMPORT_COLUMNS = ["file", "read", "imported", "updated", "unchanged", "rejected"]
 REJECT_COLUMNS = ["source", "line", "locator", "tenant", "reason", "at"]
@@ -94,6 +89,8 @@ def rejects_hint(n: int) -> str:
 
 
 def _options(args: argparse.Namespace) -> ImportOptions:
+    from backfill_assets.runner.api import ImportOptions
+
     try:
         columns = ColumnMap.parse(args.map)
     except ColumnMapError as exc:
@@ -110,6 +107,8 @@ def _options(args: argparse.Namespace) -> ImportOptions:
 
 def _sql_source(args: argparse.Namespace) -> SqlSource | None:
     """The database source the flags name, or ``None`` for an import of files."""
+    from backfill_assets.runner.api import SqlSource
+
     sql_only = {"--query": args.query, "--source": args.source, "--cursor": args.cursor}
     if args.sql is None:
         given = [flag for flag, value in sql_only.items() if value is not None]
@@ -130,6 +129,19 @@ def _sql_source(args: argparse.Namespace) -> SqlSource | None:
 
 def cmd_import(args: argparse.Namespace, settings: Settings) -> int:
     """Import files, a directory or a query's rows; register new tenants as partitions."""
+    from backfill_assets.runner.api import (
+        ImportInputError,
+        ensure_partitions,
+        export_files,
+        import_files,
+        import_sql,
+        instance,
+        record_import,
+    )
+    from backfill_assets.runner.queries import ImportSummary, read_tx, slice_levels
+
+    freeze_heap()  # what the runner loaded lives until the end (process.py)
+
     options = _options(args)
     source = _sql_source(args)
     files: list[Path] = []
@@ -193,6 +205,14 @@ def _counts(s: ImportSummary) -> dict[str, Any]:
 
 def cmd_rejects(args: argparse.Namespace, settings: Settings) -> int:
     """Rejected lines with their source, line number, reason and time; never their text."""
+    from backfill_assets.runner.queries import (
+        list_rejects,
+        read_tx,
+        reject_sources,
+        rejected_tenant_values,
+        tenant_ids,
+    )
+
     engine = settings.store.engine()
     with read_tx(engine) as conn:
         sources = reject_sources(conn)

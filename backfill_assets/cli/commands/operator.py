@@ -5,33 +5,19 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from backfill_assets.accelerators.check_executions import CHECK_STATES
 from backfill_assets.cli.inputs import choice, known_tenants, require_gate, slice_key, store_tenants
 from backfill_assets.cli.numbers import count, seconds
 from backfill_assets.cli.tables import Human, emit, table, tell
-from backfill_assets.config.settings import Settings
-from backfill_assets.defs.asset_keys import BLOCKING_GROUPS
-from backfill_assets.defs.labels.checks import check_results_for, check_status
-from backfill_assets.defs.partitions import partition_key_for, partition_ref
-from backfill_assets.dispatch.pipeline import with_levels
 from backfill_assets.domain.checks.catalog import CHECK_GROUPS, CHECK_NAMES, CheckResult
 from backfill_assets.domain.errors import UserError
 from backfill_assets.domain.urls import redact_url, scrub
-from backfill_assets.domain.work.keys import SLICE_KEYS
-from backfill_assets.domain.work.regions import run_tags
-from backfill_assets.ledger.engine import read_tx
-from backfill_assets.ledger.run.tenants import all_regions
-from backfill_assets.runner.instance import instance
-from backfill_assets.runner.launch import (
-    DONE_STATUSES,
-    DagsterClient,
-    GraphQLError,
-    by_tenant,
-    select_partitions,
-)
-from backfill_assets.runner.plan import make_plan
+from backfill_assets.domain.work import SLICE_KEYS, run_tags
+
+if TYPE_CHECKING:
+    from backfill_assets.config.settings import Settings
+    from backfill_assets.runner.api import DagsterClient
 
 # ``launch --wait``: longer than a week is not waiting on a backfill, it is forgetting one.
 MAX_WAIT_SECONDS = 7 * 86_400
@@ -103,6 +89,13 @@ def _check_result_doc(pk: str, v: CheckResult) -> dict[str, Any]:
 
 def cmd_check(args: argparse.Namespace, settings: Settings) -> int:
     """The same checks Dagster runs, for one tenant's partitions; exit 1 on blocking failures."""
+    from backfill_assets.runner.api import (
+        check_results_for,
+        partition_key_for,
+        partition_ref,
+        with_levels,
+    )
+
     if not args.summary and len(args.tenant) != 1:
         raise UserError("check needs exactly one --tenant (or --summary for an overview)")
     engine = settings.store.engine()
@@ -134,6 +127,16 @@ def cmd_check(args: argparse.Namespace, settings: Settings) -> int:
 
 def _check_summary(args: argparse.Namespace, settings: Settings, engine: Any) -> int:
     """Per partition that holds posts: each check group's latest status in the instance."""
+    from backfill_assets.runner.api import (
+        BLOCKING_GROUPS,
+        CHECK_STATES,
+        check_status,
+        instance,
+        partition_key_for,
+        partition_ref,
+        with_levels,
+    )
+
     tenants = store_tenants(engine, args.tenant)
     refs = [
         ref
@@ -160,6 +163,8 @@ def _check_summary(args: argparse.Namespace, settings: Settings, engine: Any) ->
 
 def cmd_launch(args: argparse.Namespace, settings: Settings) -> int:
     """Compute the partition list, then launch one backfill per tenant through GraphQL."""
+    from backfill_assets.runner.api import DagsterClient, GraphQLError
+
     if not (args.stale or args.missing or args.failed or args.check_failed):
         raise UserError("choose at least one of --stale, --missing, --failed, --check-failed")
     if not args.dry_run:
@@ -180,6 +185,8 @@ def _no_work(settings: Settings) -> dict[str, str]:
     """Partitions ``run`` would skip, with why (the same rule: plan.py), from the store and the
     local instance: no posts, or nothing to do. Tenants the store does not know are not
     judged (kept), so a launch from a host without the store launches what the UI shows."""
+    from backfill_assets.runner.api import instance, make_plan
+
     engine = settings.store.engine()
     sink = settings.data.sink()
     plan = make_plan(
@@ -193,6 +200,8 @@ def _no_work(settings: Settings) -> dict[str, str]:
 
 def _regions(settings: Settings) -> dict[str, str | None]:
     """Every tenant's region, for the backfills' ``region`` tags."""
+    from backfill_assets.runner.queries import all_regions, read_tx
+
     with read_tx(settings.store.engine()) as conn:
         return all_regions(conn)
 
@@ -203,6 +212,8 @@ def _launch(
     skip: dict[str, str],
     regions: dict[str, str | None],
 ) -> int:
+    from backfill_assets.runner.api import by_tenant, partition_ref, select_partitions
+
     state = client.partition_state()
     # The tenants the webserver has partitions for: what a backfill can be launched for.
     tenants = known_tenants(args.tenant, sorted({partition_ref(k).tenant_id for k in state.keys}))
@@ -249,6 +260,8 @@ def _launch(
 
 
 def _wait(client: DagsterClient, launched: list[dict[str, Any]], seconds: float) -> dict[str, str]:
+    from backfill_assets.runner.api import DONE_STATUSES
+
     deadline = time.monotonic() + seconds
     ids = [e["backfill_id"] for e in launched]
     statuses: dict[str, str] = {}

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from backfill_assets.cli.parsers import command_group
 from backfill_assets.cli.tables import emit, table, tell
-from backfill_assets.config.settings import Settings
-from backfill_assets.domain.policy.diff import diff_policies
-from backfill_assets.domain.policy.document import Policy
-from backfill_assets.domain.policy.file import PolicyInvalid, load_policy
-from backfill_assets.domain.policy.rubric import Rubric
+from backfill_assets.domain.policy import Policy, PolicyInvalid, Rubric, diff_policies, load_policy
+
+if TYPE_CHECKING:
+    from backfill_assets.config.settings import Settings
 
 # Exit status of a policy file with problems (bad input, as everywhere in the CLI).
 INVALID = 2

@@ -11,9 +11,9 @@ import argparse
 from typing import TYPE_CHECKING, Any
 
 from backfill_assets.cli.tables import tell
-from backfill_assets.config.settings import Settings
 
 if TYPE_CHECKING:
+    from backfill_assets.config.settings import Settings
     from backfill_assets.providersim import SimConfig
 
 COMMAND = "provider-sim"

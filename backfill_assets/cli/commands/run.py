@@ -1,12 +1,13 @@
 """``backfill-moderation run``: the partitions with work through Dagster (labels, checks, the
-gated apply), a canary sample (``--sample``), or a deadline plan (``--deadline``)."""
+gated apply), a canary sample (``--sample``), or a deadline plan (``--deadline``).
+
+Imported only when ``run`` is chosen (``cli/parsers.py``, ``lazy``), so it may load the
+runner, and with it Dagster and the provider stack, at its top."""
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
-
-import sqlalchemy as sa
+from typing import TYPE_CHECKING, Any
 
 from backfill_assets.cli.commands.deadline import cmd_run_deadline
 from backfill_assets.cli.commands.run_report import (
@@ -18,32 +19,31 @@ from backfill_assets.cli.commands.run_report import (
     totals_line,
 )
 from backfill_assets.cli.inputs import require_gate, store_tenants
+from backfill_assets.cli.process import freeze_heap
 from backfill_assets.cli.tables import Human, emit, table
-from backfill_assets.config.settings import Settings
-from backfill_assets.defs.model_resources import model_resource
-from backfill_assets.defs.partitions import ensure_partitions
-from backfill_assets.defs.resources import RunResource
-from backfill_assets.dispatch.partition_run import RunStopped
 from backfill_assets.domain.errors import UserError
-from backfill_assets.domain.work.keys import slice_no
-from backfill_assets.ledger.engine import read_tx
-from backfill_assets.ledger.run.posts import slice_levels
-from backfill_assets.ledger.run.tenants import all_regions
-from backfill_assets.runner.canary import run_sample
-from backfill_assets.runner.instance import instance
-from backfill_assets.runner.orchestrate import refresh
-from backfill_assets.runner.plan import make_plan
-from backfill_assets.runner.pooling import pool_by_region
-from backfill_assets.runner.processes import run_plan
-from backfill_assets.wiring import (
-    PLAN_JOB,
-    USAGE_JOB,
-    build_definitions,
+from backfill_assets.domain.work import slice_no
+from backfill_assets.runner.api import (
+    RunResource,
+    RunStopped,
+    model_resource,
+    plan_progress,
+    run_sample,
+    run_work,
 )
+
+if TYPE_CHECKING:
+    import sqlalchemy as sa
+
+    from backfill_assets.config.settings import Settings
 
 
 def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     """Materialise labels, checks and the gated apply in-process; exit 1 if a check blocked."""
+    # This module, and with it Dagster and the provider stack, loads only when `run` is chosen
+    # (cli/parsers.py, lazy); what they bring lives until the process ends, so the collector
+    # is spared it (process.py).
+    freeze_heap()
     _check_flags(args)
     settings.require_price()
     engine = settings.store.engine()
@@ -51,20 +51,13 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     if args.deadline:
         if not args.dry_run:
             require_gate(settings)
-        built: list[tuple[Any, Any]] = []
-
-        def show_progress() -> bool:
-            # The UI's backfill_plan shows the plan's progress after each step.
-            if not built:
-                built.append((build_definitions(settings), instance(settings)))
-            return refresh(*built[0], PLAN_JOB)
-
         code, plan_doc, plan_human = cmd_run_deadline(
             args,
             settings,
             tenants,
             lambda chosen, tenants: dagster_run(args, chosen, engine, tenants, restrict=True),
-            show_progress,
+            # The UI's backfill_plan shows the plan's progress after each step.
+            plan_progress(settings),
         )
         emit(args, plan_doc, *plan_human)
         return code
@@ -98,32 +91,9 @@ def dagster_run(
 ) -> tuple[dict[str, Any], list[Human]]:
     """The partitions with work of ``tenants`` (every tenant unless ``restrict``) through
     Dagster: labels, checks, the gated apply. Interrupted: prints why and re-raises."""
-    defs, inst = build_definitions(settings), instance(settings)
-    with read_tx(engine) as conn:
-        levels = slice_levels(conn, tenants)
-    order = ensure_partitions(inst, levels)
-    # Only partitions with something to do reach Dagster, pooled into few runs (pooling.py).
-    sink = settings.data.sink()
-    plan = make_plan(
-        engine,
-        inst,
-        settings.versions(),
-        tenants if restrict else None,
-        [slice_no(s) for s in args.slice] if args.slice else None,
-        force=args.force,
-        sink_id=None if sink is None else sink.sink_id,
-        order=order,
-    )
-    with read_tx(engine) as conn:
-        regions = all_regions(conn)
-    # One region per run: a region without an endpoint here fails only its own runs, and
-    # each run carries its region's tag for the run queue.
-    plan = pool_by_region(plan, order, regions)
-    # A big plan spreads over the cores (run_processes.py); a small one runs here.
-    shared = run_plan(settings, defs, inst, plan, regions)
+    slices = [slice_no(s) for s in args.slice] if args.slice else None
+    shared = run_work(settings, engine, tenants, slices, force=args.force, restrict=restrict)
     records, plan = shared.records, shared.plan
-    if records and not shared.interrupted:
-        refresh(defs, inst, USAGE_JOB)  # tenant_usage shows this run's spend at once
     doc = run_document(records, plan, shared.processes)
     if shared.interrupted:
         emit(

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from backfill_assets.runner.pooling import Plan
-from backfill_assets.runner.run_records import RunRecord
+if TYPE_CHECKING:
+    from backfill_assets.runner.api import Plan, RunRecord
 
 TOTAL_KEYS = (
     "posts",

@@ -6,19 +6,16 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from backfill_assets.cli.inputs import known_tenants
 from backfill_assets.cli.parsers import command_group
 from backfill_assets.cli.tables import emit
-from backfill_assets.config.settings import Settings
-from backfill_assets.defs.labels.applied import write_back
-from backfill_assets.defs.partitions import partition_key_for
-from backfill_assets.dispatch.partition_run import PartitionRef
 from backfill_assets.domain.errors import UserError
-from backfill_assets.domain.work.keys import slice_key
-from backfill_assets.ledger.engine import database_url, read_tx
-from backfill_assets.ledger.reports import tenant_ids
-from backfill_assets.platform_db.sink import SinkError, check, ddl, gap_partitions
+from backfill_assets.domain.work import slice_key
+
+if TYPE_CHECKING:
+    from backfill_assets.config.settings import Settings
 
 
 def add_sink_commands(add: Callable[[str, str], argparse.ArgumentParser]) -> None:
@@ -63,6 +60,9 @@ def add_sink_commands(add: Callable[[str, str], argparse.ArgumentParser]) -> Non
 
 def cmd_sink_ddl(args: argparse.Namespace, settings: Settings) -> int:
     """The sink table's DDL for the dialect asked for, or the sink's, or PostgreSQL's."""
+    from backfill_assets.runner.api import ddl
+    from backfill_assets.runner.queries import database_url
+
     dialect = args.dialect
     if dialect is None and settings.data.sink_url:
         try:
@@ -83,6 +83,8 @@ def cmd_sink_ddl(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_sink_check(args: argparse.Namespace, settings: Settings) -> int:
     """Exit 0 when the sink can be written, else 2 listing every problem."""
+    from backfill_assets.runner.api import SinkError, check
+
     sink = settings.data.sink()
     if sink is None:
         raise UserError("BACKFILL_SINK_URL is not set: there is no sink to check")
@@ -98,6 +100,14 @@ def cmd_sink_check(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_sink_write(args: argparse.Namespace, settings: Settings) -> int:
     """Write back the partitions with a gap; exit 1 if the sink refuses one (the rest waits)."""
+    from backfill_assets.runner.api import (
+        PartitionRef,
+        gap_partitions,
+        partition_key_for,
+        write_back,
+    )
+    from backfill_assets.runner.queries import read_tx, tenant_ids
+
     sink = settings.data.sink()
     if sink is None:
         raise UserError("BACKFILL_SINK_URL is not set: there is no sink to write to")

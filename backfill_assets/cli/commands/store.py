@@ -1,40 +1,34 @@
 """The store's commands: verify, usage, dry-run, requeue, migrate, demo-data (``run``:
-``run_command.py``). Each takes parsed args and the settings and returns an exit code."""
+``run.py``). Each takes parsed args and the settings and returns an exit code."""
 
 from __future__ import annotations
 
 import argparse
 from dataclasses import asdict
 from pathlib import Path
-
-import sqlalchemy as sa
+from typing import TYPE_CHECKING
 
 from backfill_assets.cli.inputs import known_tenants, load_user_policy, store_tenants
+from backfill_assets.cli.process import freeze_heap
 from backfill_assets.cli.tables import emit, show_csv, table
-from backfill_assets.config.settings import Settings
-from backfill_assets.defs.model_resources import model_resource, versions_for
-from backfill_assets.defs.reporting.usage import REPRICE_COLUMNS, USAGE_COLUMNS, reprice, usage_csv
-from backfill_assets.demo.generate import write_export
 from backfill_assets.domain.errors import UserError
-from backfill_assets.domain.money.reconcile import ProviderReport, ReportError, compare, read_report
-from backfill_assets.domain.policy.rubric import Rubric
+from backfill_assets.domain.money import ProviderReport, ReportError, compare, read_report
+from backfill_assets.domain.policy import Rubric
 from backfill_assets.domain.ranges import PATH_SHOWN, shown
-from backfill_assets.ledger.engine import read_tx, write_tx
-from backfill_assets.ledger.migrate import migrate, schema_versions
-from backfill_assets.ledger.reports import tenant_ids
-from backfill_assets.ledger.run.dead_letters import requeue
-from backfill_assets.ledger.run.usage import (
-    ledger_by_model_day,
-    usage_by_day,
-    usage_by_tenant_model,
-)
-from backfill_assets.ledger.spend.budget import budget_status
-from backfill_assets.ledger.spend.estimate import estimate_pending
-from backfill_assets.runner.verify import verify_store
+
+if TYPE_CHECKING:
+    import sqlalchemy as sa
+
+    from backfill_assets.config.settings import Settings
 
 
 def cmd_verify(args: argparse.Namespace, settings: Settings) -> int:
     """Check the store; exit 1 on isolation/duplicate problems (or missing keys if required)."""
+    from backfill_assets.runner.api import verify_store
+    from backfill_assets.runner.queries import read_tx, tenant_ids
+
+    freeze_heap()  # what the runner loaded lives until the end (process.py)
+
     engine = settings.store.engine()
     with read_tx(engine) as conn:
         tenants = known_tenants(args.tenant, tenant_ids(conn))
@@ -69,6 +63,9 @@ def cmd_verify(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_usage(args: argparse.Namespace, settings: Settings) -> int:
     """Tokens, cost and calls per tenant, model and day (or per tenant and model)."""
+    from backfill_assets.runner.api import REPRICE_COLUMNS, USAGE_COLUMNS, reprice, usage_csv
+    from backfill_assets.runner.queries import read_tx, usage_by_day, usage_by_tenant_model
+
     if args.reconcile:
         # The report is read, and refused if need be, before the store is opened.
         report = _read_report(Path(args.reconcile))
@@ -109,6 +106,8 @@ def _read_report(path: Path) -> ProviderReport:
 
 def _reconcile(args: argparse.Namespace, engine: sa.Engine, report: ProviderReport) -> int:
     """``usage --reconcile FILE``: the ledger against the provider's own report."""
+    from backfill_assets.runner.queries import ledger_by_model_day, read_tx
+
     with read_tx(engine) as conn:
         ledger = ledger_by_model_day(conn)
     diffs = compare(ledger, report)
@@ -127,6 +126,9 @@ def _reconcile(args: argparse.Namespace, engine: sa.Engine, report: ProviderRepo
 
 def cmd_dry_run(args: argparse.Namespace, settings: Settings) -> int:
     """Pending keys per tenant, with estimated tokens and cost and the reserved upper bound."""
+    from backfill_assets.runner.api import model_resource, versions_for
+    from backfill_assets.runner.queries import budget_status, estimate_pending, read_tx
+
     settings.require_price()
     rubric = settings.rubric()
     if args.policy:
@@ -173,6 +175,8 @@ def cmd_dry_run(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_requeue(args: argparse.Namespace, settings: Settings) -> int:
     """Delete dead letters so those keys are sent again on the next run."""
+    from backfill_assets.runner.queries import requeue, write_tx
+
     engine = settings.store.engine()
     tenant = store_tenants(engine, [args.tenant])[0]
     with write_tx(engine) as conn:
@@ -184,6 +188,8 @@ def cmd_requeue(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
     """Run the pending migrations (the JSON field keeps its name, ``applied``)."""
+    from backfill_assets.runner.queries import migrate, read_tx, schema_versions
+
     engine = settings.store.engine()
     with read_tx(engine) as conn:
         versions = schema_versions(conn)
@@ -198,6 +204,8 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_demo_data(args: argparse.Namespace, settings: Settings) -> int:
     """Write a synthetic export."""
+    from backfill_assets.runner.api import write_export
+
     tenants = ["acme", "globex", "initech", "umbrella", "hooli", "wayne", "stark", "tyrell"]
     while len(tenants) < args.tenants:
         tenants.append(f"tenant-{len(tenants):04d}")

@@ -6,19 +6,17 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from backfill_assets.cli.inputs import known_tenants
 from backfill_assets.cli.numbers import token_cap, usd_cap
 from backfill_assets.cli.parsers import command_group
 from backfill_assets.cli.tables import emit, table, tell
-from backfill_assets.config.settings import Settings
-from backfill_assets.defs.model_resources import OpenAIModelResource, model_resource
 from backfill_assets.domain.errors import UserError
-from backfill_assets.domain.work.regions import InvalidRegion, base_url_var, validate_region
-from backfill_assets.ledger.engine import read_tx, write_tx
-from backfill_assets.ledger.reports import tenant_ids
-from backfill_assets.ledger.run.tenants import set_region, tenant_rows
-from backfill_assets.ledger.spend.budget import budget_status, set_caps, tenant_caps
+from backfill_assets.domain.work import InvalidRegion, base_url_var, validate_region
+
+if TYPE_CHECKING:
+    from backfill_assets.config.settings import Settings
 
 TENANT_COLUMNS = [
     "tenant",
@@ -79,6 +77,8 @@ def add_tenant_commands(add: Callable[[str, str], argparse.ArgumentParser]) -> N
 
 def cmd_set_region(args: argparse.Namespace, settings: Settings) -> int:
     """Set a tenant's region; exit 2 for a malformed region or an unknown tenant."""
+    from backfill_assets.runner.queries import read_tx, set_region, tenant_ids, write_tx
+
     try:
         region = validate_region(args.region)
     except InvalidRegion as exc:
@@ -90,6 +90,9 @@ def cmd_set_region(args: argparse.Namespace, settings: Settings) -> int:
         previous = set_region(conn, tenant, region)
     doc = {"tenant": tenant, "region": region, "previous": previous}
     emit(args, doc, f"{tenant}: region {region} (was {previous or 'none: default endpoint'})")
+    # The model resource brings Dagster and the provider stack: only for this note.
+    from backfill_assets.runner.api import OpenAIModelResource, model_resource
+
     model = model_resource(settings)
     if isinstance(model, OpenAIModelResource) and region not in model.region_base_urls:
         # Not an error: endpoints belong to the process that dispatches, maybe not this one.
@@ -102,6 +105,15 @@ def cmd_set_region(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_set_budget(args: argparse.Namespace, settings: Settings) -> int:
     """Set or remove a tenant's dollar and token caps; exit 2 for bad amounts or tenants."""
+    from backfill_assets.runner.queries import (
+        budget_status,
+        read_tx,
+        set_caps,
+        tenant_caps,
+        tenant_ids,
+        write_tx,
+    )
+
     # Only the units given change; the other keeps its cap.
     given: dict[str, int | None] = {}
     if args.usd is not None:
@@ -142,6 +154,8 @@ def _budget_text(doc: dict[str, object]) -> str:
 
 def cmd_tenant_list(args: argparse.Namespace, settings: Settings) -> int:
     """Every tenant's region, posts, done keys (current versions) and billed tokens."""
+    from backfill_assets.runner.queries import read_tx, tenant_rows
+
     engine = settings.store.engine()
     with read_tx(engine) as conn:
         rows = tenant_rows(conn, settings.versions())

@@ -29,7 +29,13 @@ from backfill_assets.defs.sealing import NO_CONFIG
 from backfill_assets.dispatch.partition_run import PartitionRef, RunOptions
 from backfill_assets.dispatch.pipeline import run_partitions, with_levels
 from backfill_assets.domain.money.nanos import usd_text, whole_nanos
-from backfill_assets.domain.policy.evaluation import NO_LABEL, Comparison, Gate, compare, figures
+from backfill_assets.domain.policy.evaluation import (
+    NO_LABEL,
+    Comparison,
+    Gate,
+    compare,
+    figures,
+)
 from backfill_assets.domain.policy.rubric import Rubric
 from backfill_assets.domain.work.keys import SLICE_KEYS, Versions, work_key
 from backfill_assets.domain.work.records import Post, Rejection
@@ -39,7 +45,6 @@ from backfill_assets.ledger.engine import read_tx, write_tx
 from backfill_assets.ledger.run.posts import ImportSummary, raise_slice_levels, write_batch
 
 GATE_CHECK = "macro_f1_gate"
-DEFAULT_TENANT = "eval"
 
 
 def gold_sha256(path: str | Path) -> str:

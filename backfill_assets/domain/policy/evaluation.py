@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 NO_LABEL = "(no label)"
+# The tenant that gold-set calls are booked to (``evaluate --tenant``); never a customer's.
+DEFAULT_TENANT = "eval"
 # The normal quantile of a two-sided 95% interval.
 Z95 = 1.959963984540054
 

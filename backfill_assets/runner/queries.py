@@ -1,0 +1,62 @@
+"""The ledger queries behind the CLI's reading and bookkeeping commands (``tenant``,
+``rejects``, ``export``, ``usage``, ``requeue``, ``migrate``, ``dry-run``, the deadline plan's
+rows): SQLAlchemy only, neither Dagster nor the provider stack, so those commands start fast.
+Running work goes through ``api``.
+"""
+
+from __future__ import annotations
+
+from backfill_assets.ledger.engine import database_url, read_tx, write_tx
+from backfill_assets.ledger.engines import engine_for
+from backfill_assets.ledger.evaluations import CustomerTenant
+from backfill_assets.ledger.label_export import LabelRow, tenant_labels
+from backfill_assets.ledger.migrate import migrate, schema_versions
+from backfill_assets.ledger.reports import tenant_ids
+from backfill_assets.ledger.run.dead_letters import requeue
+from backfill_assets.ledger.run.posts import ImportSummary, slice_levels
+from backfill_assets.ledger.run.rejects import list_rejects, reject_sources, rejected_tenant_values
+from backfill_assets.ledger.run.submissions import ChunkState, state_counts
+from backfill_assets.ledger.run.tenants import all_regions, set_region, tenant_rows
+from backfill_assets.ledger.run.usage import (
+    ledger_by_model_day,
+    usage_by_day,
+    usage_by_tenant_model,
+)
+from backfill_assets.ledger.spend.budget import budget_status, set_caps, tenant_caps
+from backfill_assets.ledger.spend.deadline_plans import StoredPlan, create_plan, mark, open_plan
+from backfill_assets.ledger.spend.estimate import estimate_pending
+
+__all__ = [
+    "ChunkState",
+    "CustomerTenant",
+    "ImportSummary",
+    "LabelRow",
+    "StoredPlan",
+    "all_regions",
+    "budget_status",
+    "create_plan",
+    "database_url",
+    "engine_for",
+    "estimate_pending",
+    "ledger_by_model_day",
+    "list_rejects",
+    "mark",
+    "migrate",
+    "open_plan",
+    "read_tx",
+    "reject_sources",
+    "rejected_tenant_values",
+    "requeue",
+    "schema_versions",
+    "set_caps",
+    "set_region",
+    "slice_levels",
+    "state_counts",
+    "tenant_caps",
+    "tenant_ids",
+    "tenant_labels",
+    "tenant_rows",
+    "usage_by_day",
+    "usage_by_tenant_model",
+    "write_tx",
+]
