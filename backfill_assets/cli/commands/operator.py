@@ -7,12 +7,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from backfill_assets.accelerators.check_executions import CHECK_STATES
 from backfill_assets.cli.inputs import choice, known_tenants, require_gate, slice_key, store_tenants
 from backfill_assets.cli.numbers import count, seconds
 from backfill_assets.cli.tables import Human, emit, table, tell
 from backfill_assets.config.settings import Settings
 from backfill_assets.defs.asset_keys import BLOCKING_GROUPS
+from backfill_assets.defs.instance_api import CHECK_STATES
 from backfill_assets.defs.labels.checks import check_status, verdicts_for
 from backfill_assets.defs.partitions import partition_key_for, partition_ref
 from backfill_assets.dispatch.pipeline import with_levels
