@@ -63,7 +63,7 @@ def test_the_embedded_instance_falls_back_to_dagsters_storage_with_one_warning(
             assert not is_ours(inst)
             assert dg.materialize([_one], instance=inst).success
     (message,) = _warnings(caplog)
-    assert "dagster 1.13.27 (written for 1.13.0)" in message
+    assert f"dagster {dg.__version__} (written for 1.13.0)" in message
 
 
 def test_on_the_written_for_release_the_instance_is_accelerated(
