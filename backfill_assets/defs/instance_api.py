@@ -145,28 +145,35 @@ def check_states(
         latest = [(info.latest_planned_run_id, info.partition_key) for info in failed]
         passing = unblocking_failures(storage, check_key, latest, blocks)
     else:
-        passing = _not_blocking(instance, failed)
+        passing = {pk for _name, pk in _not_blocking(instance, failed)}
     for pk in passing:
         out[pk] = "failed, not blocking"
     return out
 
 
-def _not_blocking(instance: dg.DagsterInstance, infos: Sequence[Any]) -> set[str]:
-    """Of partition infos whose latest evaluation failed, the partitions whose evaluation did
-    not block, read from the evaluation events (a chunk of ids a query)."""
-    by_id = {int(info.latest_check_event_storage_id): info.partition_key for info in infos}
-    ids = sorted(by_id)
-    out: set[str] = set()
-    for i in range(0, len(ids), KEYS_PER_READ):
-        chunk = ids[i : i + KEYS_PER_READ]
-        records = instance.event_log_storage.get_event_records(
-            dg.EventRecordsFilter(dg.DagsterEventType.ASSET_CHECK_EVALUATION, storage_ids=chunk),
-            limit=len(chunk),
+def _not_blocking(instance: dg.DagsterInstance, infos: Sequence[Any]) -> set[tuple[str, str]]:
+    """Of partition infos whose latest evaluation failed, the (check, partition) pairs whose
+    evaluation did not block: the latest evaluation of each in its run's events, a run a read
+    (the index holds no check evaluation events to read by id)."""
+    wanted: dict[str, set[tuple[str, str]]] = {}
+    for info in infos:
+        pair = (info.check_key.name, info.partition_key)
+        wanted.setdefault(info.latest_planned_run_id, set()).add(pair)
+    asset_keys = {info.check_key.asset_key for info in infos}
+    out: set[tuple[str, str]] = set()
+    for run_id, pairs in wanted.items():
+        latest: dict[tuple[str, str], dg.AssetCheckEvaluation] = {}
+        found = instance.event_log_storage.get_records_for_run(
+            run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION
         )
-        for rec in records:
+        for rec in found.records:  # in the order they were stored: the last one wins
             evaluation = rec.event_log_entry.get_dagster_event().event_specific_data
-            if isinstance(evaluation, dg.AssetCheckEvaluation) and not blocks(evaluation):
-                out.add(by_id[rec.storage_id])
+            if not isinstance(evaluation, dg.AssetCheckEvaluation):
+                continue
+            pair = (evaluation.check_name, evaluation.partition or "")
+            if evaluation.asset_key in asset_keys and pair in pairs:
+                latest[pair] = evaluation
+        out |= {pair for pair, evaluation in latest.items() if not blocks(evaluation)}
     return out
 
 
@@ -199,10 +206,8 @@ def unblocked_in_run(
                 out.setdefault(info.partition_key, set()).add(info.check_key.name)
             elif status == "FAILED":
                 failed.append(info)
-    for check_name in check_names:
-        mine = [info for info in failed if info.check_key.name == check_name]
-        for pk in _not_blocking(instance, mine):
-            out.setdefault(pk, set()).add(check_name)
+    for check_name, pk in _not_blocking(instance, failed):
+        out.setdefault(pk, set()).add(check_name)
     return out
 
 
