@@ -72,8 +72,8 @@ DRILLS = {
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """The stock-storage pass (``stock_dagster.py``): homes the CLI makes in this process get
-    the stock dagster.yaml, not the package's."""
+    """The stock-storage pass (``BACKFILL_TEST_DAGSTER=stock``, ``stock_dagster.py``): homes
+    the CLI makes in this process get the stock dagster.yaml, not the package's."""
     if STOCK:
         from backfill_assets.runner import instance
 
