@@ -97,3 +97,22 @@ def test_the_postgres_storage_falls_back_to_dagsters_with_one_warning(
 @dg.asset
 def _one() -> int:
     return 1
+
+
+def test_old_homes_module_paths_still_open_the_accelerated_instance(tmp_path: Path) -> None:
+    from backfill_assets.accelerators import instance_class, pg_instance, sqlite_instance
+    from backfill_assets.orchestration import instance_class as old_instance_class
+    from backfill_assets.orchestration import pg_instance as old_pg_instance
+    from backfill_assets.orchestration import sqlite_instance as old_sqlite_instance
+
+    assert old_sqlite_instance.EmbeddedInstance is sqlite_instance.EmbeddedInstance
+    assert old_instance_class.BackfillInstance is instance_class.BackfillInstance
+    assert old_pg_instance.BatchingPostgresStorage is pg_instance.BatchingPostgresStorage
+    home = _home(tmp_path)
+    text = (home / "dagster.yaml").read_text()
+    old = text.replace("backfill_assets.accelerators.", "backfill_assets.orchestration.")
+    assert old != text
+    (home / "dagster.yaml").write_text(old)
+    with dg.DagsterInstance.from_config(str(home)) as inst:
+        assert type(inst.event_log_storage).__name__ == "PooledSqliteEventLogStorage"
+        assert is_ours(inst)
