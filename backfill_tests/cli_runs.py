@@ -16,6 +16,7 @@ import pytest
 
 from backfill_assets.cli import build_parser, main
 from backfill_assets.config.settings import Settings
+from backfill_tests.stock_dagster import seed_home
 from bench.common import run_peak
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,6 +46,7 @@ def run_cli(
     argv: list[str], env: dict[str, str], timeout: float = 180
 ) -> subprocess.CompletedProcess[str]:
     """``backfill-moderation ARGV`` as a child process of the checkout, output captured."""
+    seed_home(env.get("DAGSTER_HOME"))
     return subprocess.run(
         [sys.executable, "-m", "backfill_assets.cli", *argv],
         cwd=ROOT,
@@ -59,6 +61,7 @@ def run_cli_peak(
     argv: list[str], env: dict[str, str], timeout: float = 300
 ) -> tuple[subprocess.CompletedProcess[str], float]:
     """``run_cli`` with the child's own peak RSS in MiB."""
+    seed_home(env.get("DAGSTER_HOME"))
     return run_peak([sys.executable, "-m", "backfill_assets.cli", *argv], env, timeout)
 
 

@@ -19,6 +19,7 @@ from backfill_assets.ledger.engines import engine_for
 from backfill_assets.ledger.run.posts import ImportSummary
 from backfill_assets.providersim import SimConfig, Simulator
 from backfill_tests.sessions import kill_leftovers
+from backfill_tests.stock_dagster import STOCK, stock_template
 
 PG_BASE_URL = os.environ.get(
     "BACKFILL_TEST_PG_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres"
@@ -68,6 +69,15 @@ DRILLS = {
     "backfill_tests/drills/test_signals.py",
     "backfill_tests/test_wheel.py",
 }
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The stock-storage pass (``BACKFILL_TEST_DAGSTER=stock``, ``stock_dagster.py``): homes
+    the CLI makes in this process get the stock dagster.yaml, not the package's."""
+    if STOCK:
+        from backfill_assets.runner import instance
+
+        instance.INSTANCE_TEMPLATE = stock_template()  # type: ignore[assignment]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -55,6 +55,19 @@ def test_the_wheel_carries_migrations_policy_demo_and_instance_template(wheel: P
         "backfill_assets/policies/default.yaml",
         "backfill_assets/demo/posts.jsonl",
     } <= names
+    # Any 1.13 patch release of Dagster (constraints.txt pins the tested one): a deployment
+    # that runs its own Dagster can install the code location beside it.
+    [metadata] = [n for n in names if n.endswith(".dist-info/METADATA")]
+    requires = {
+        line.split(": ", 1)[1]
+        for line in zipfile.ZipFile(wheel).read(metadata).decode().splitlines()
+        if line.startswith("Requires-Dist: ") and "extra ==" not in line
+    }
+    assert {
+        "dagster<1.14,>=1.13",
+        "dagster-webserver<1.14,>=1.13",
+        "dagster-postgres<0.30,>=0.29",
+    } <= requires
     # Nothing of the checkout's tests or development tools rides along.
     assert not [n for n in names if n.startswith(("backfill_tests/", "bench/"))]
 

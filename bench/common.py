@@ -46,6 +46,20 @@ def clean_env(**values: str) -> dict[str, str]:
     return env
 
 
+def stock_yaml(text: str) -> str:
+    """One of the project's dagster.yaml templates without the accelerators (no
+    ``instance_class``; ``storage: postgres`` for ``storage: custom``): the instance a
+    deployment that adds the code location to its own Dagster has."""
+    import yaml
+
+    doc: dict[str, Any] = yaml.safe_load(text) or {}
+    doc.pop("instance_class", None)
+    custom = (doc.get("storage") or {}).get("custom")
+    if custom is not None:
+        doc["storage"] = {"postgres": custom.get("config", {})}
+    return yaml.safe_dump(doc, sort_keys=False)
+
+
 def new_store(kind: str, workdir: Path, prefix: str = "bf_bench_") -> str:
     """A fresh, empty store URL (a PostgreSQL database named ``prefix`` + a random tail)."""
     if kind == "sqlite":

@@ -6,6 +6,7 @@
                               [--repeat 1: no-op reruns; the first after a million writes pays
                                PostgreSQL's hint bits]
     bench/run scale --many-tenants [--tenants 10000] [--stores sqlite,pg]
+        [--dagster accelerated,stock]
                               (10,000 x 5 posts against 10 x 5,000; store and instance alike)
     (each also takes --processes N: BACKFILL_RUN_PROCESSES for ``run``; default the CLI's;
      and --event-batch-size N: DAGSTER_EVENT_BATCH_SIZE for every command)
@@ -24,19 +25,27 @@ import contextlib
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
 
-from bench.common import ROOT, clean_env, drop_store, fmt, machine_speed, median, new_store
+from bench.common import (
+    ROOT,
+    clean_env,
+    drop_store,
+    fmt,
+    machine_speed,
+    median,
+    new_store,
+    stock_yaml,
+)
 
 PREFIX = "scale_"  # PostgreSQL bench databases
 _TEXTS = (
@@ -317,26 +326,34 @@ def seed_bench(per_tenant: int, concurrency: int, repeat: int) -> dict[str, Any]
 # --- million ---------------------------------------------------------------------------------
 
 
-def _pg_instance(home: Path) -> tuple[dict[str, str], str]:
-    """A PostgreSQL Dagster instance in ``home`` (a fresh database) and its URL."""
+def _pg_instance(home: Path, stock: bool = False) -> tuple[dict[str, str], str]:
+    """A PostgreSQL Dagster instance in ``home`` (a fresh database) and its URL; ``stock``:
+    Dagster's own storage, without the accelerators."""
     url = new_store("pg", home, prefix=PREFIX)
     home.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(ROOT / "deploy" / "dagster.postgres.yaml", home / "dagster.yaml")
+    template = (ROOT / "deploy" / "dagster.postgres.yaml").read_text()
+    (home / "dagster.yaml").write_text(stock_yaml(template) if stock else template)
     return {"DAGSTER_PG_URL": url}, url
 
 
 @contextlib.contextmanager
-def _store_and_instance(work: Path, home: Path, store: str) -> Iterator[tuple[dict[str, str], str]]:
-    """A fresh store on ``store`` and a Dagster instance on the same backend in ``home``:
-    the extra environment (the instance's URL on PostgreSQL) and the store URL; the
-    PostgreSQL databases are dropped afterwards."""
+def _store_and_instance(
+    work: Path, home: Path, store: str, stock: bool = False
+) -> Iterator[tuple[dict[str, str], str]]:
+    """A fresh store on ``store`` and a Dagster instance on the same backend in ``home``
+    (``stock``: Dagster's own storage, no accelerators): the extra environment (the
+    instance's URL on PostgreSQL) and the store URL; the PostgreSQL databases are dropped
+    afterwards."""
     dropped: list[str] = []
     try:
         if store == "pg":
-            extra, instance_url = _pg_instance(home)
+            extra, instance_url = _pg_instance(home, stock)
             dropped.append(instance_url)
             store_url = new_store("pg", work, prefix=PREFIX)
         else:
+            if stock:
+                home.mkdir(parents=True, exist_ok=True)
+                (home / "dagster.yaml").write_text(stock_yaml((ROOT / "dagster.yaml").read_text()))
             extra, store_url = {}, f"sqlite:///{home / 'store.db'}"
         dropped.append(store_url)
         yield extra, store_url
@@ -409,10 +426,12 @@ def _partition_count(env: dict[str, str]) -> int:
     return int(out.stdout.strip().splitlines()[-1])
 
 
-def _many_once(work: Path, store: str, posts: int, tenants: int) -> dict[str, Any]:
+def _many_once(
+    work: Path, store: str, posts: int, tenants: int, stock: bool = False
+) -> dict[str, Any]:
     export = write_export(work / f"posts-{tenants}.jsonl", posts, tenants)
-    home = work / f"home-{store}-{tenants}"
-    with _store_and_instance(work, home, store) as (extra, store_url):
+    home = work / f"home-{store}-{tenants}-{'stock' if stock else 'accelerated'}"
+    with _store_and_instance(work, home, store, stock) as (extra, store_url):
         env = cli_env(home, store_url, **extra)
         steps = {"import": cli(["import", str(export)], env)}
         instance_url = extra.get("DAGSTER_PG_URL")
@@ -460,26 +479,35 @@ def _pg_counters(store_url: str, instance_url: str | None) -> tuple[int, int]:
         engine.dispose()
 
 
-def many_tenants_bench(stores: list[str], tenants: int, per_tenant: int) -> dict[str, Any]:
+def many_tenants_bench(
+    stores: list[str], tenants: int, per_tenant: int, kinds: Sequence[str] = ("accelerated",)
+) -> dict[str, Any]:
     """``tenants`` x ``per_tenant`` posts, whole CLI, zero-latency fake model: import, run,
     no-op rerun (wall, peak RSS), the partition count, and the run against the same posts over
-    10 tenants."""
+    10 tenants; for each of ``kinds`` of Dagster instance: ``accelerated`` (the templates'
+    dagster.yaml) and ``stock`` (Dagster's own storage, reported as ``<store>-stock``)."""
     posts = tenants * per_tenant
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="scale-many-", dir=_tmp_root()) as tmp:
         work = Path(tmp)
-        for store in stores:
-            print(f"# many tenants: {tenants:,} x {per_tenant} posts, store and instance {store}")
-            many = _many_once(work, store, posts, tenants)
-            few = _many_once(work, store, posts, 10)
+        for store, kind in [(s, k) for s in stores for k in kinds]:
+            stock = kind == "stock"
+            print(
+                f"# many tenants: {tenants:,} x {per_tenant} posts, store and instance {store}, "
+                f"Dagster storage {kind}",
+                flush=True,
+            )
+            many = _many_once(work, store, posts, tenants, stock)
+            few = _many_once(work, store, posts, 10, stock)
+            label = f"{store}-stock" if stock else store
             steps: dict[str, Measured] = many["steps"]
             for name, m in steps.items():
-                print(f"[{store}] {name}: {m.wall:.1f} s wall, peak RSS {m.rss_mb:,.0f} MB")
+                print(f"[{label}] {name}: {m.wall:.1f} s wall, peak RSS {m.rss_mb:,.0f} MB")
             run = steps["run"]
             ratio = run.wall / few["steps"]["run"].wall
             rate = many["calls"] / run.wall
             print(
-                f"[{store}] run {rate:,.0f} posts/s (target >= 1,700; <= 30 s); no-op "
+                f"[{label}] run {rate:,.0f} posts/s (target >= 1,700; <= 30 s); no-op "
                 f"{steps['no-op run'].wall:.1f} s (target <= 3 s); import "
                 f"{steps['import'].wall:.1f} s (target <= 10 s); peak RSS "
                 f"{max(m.rss_mb for m in steps.values()):,.0f} MB (target <= 1,024); "
@@ -487,16 +515,16 @@ def many_tenants_bench(stores: list[str], tenants: int, per_tenant: int) -> dict
                 flush=True,
             )
             print(
-                f"[{store}] 10 tenants x {posts // 10:,}: run {few['steps']['run'].wall:.1f} s; "
+                f"[{label}] 10 tenants x {posts // 10:,}: run {few['steps']['run'].wall:.1f} s; "
                 f"{tenants:,} tenants take {ratio:.2f}x (target <= 2x)",
                 flush=True,
             )
             print(
-                f"[{store}] CPU of the run (the command and its children): {run.cpu:.1f} s "
+                f"[{label}] CPU of the run (the command and its children): {run.cpu:.1f} s "
                 f"({tenants:,} tenants), {few['steps']['run'].cpu:.1f} s (10)",
                 flush=True,
             )
-            out[store] = {
+            out[label] = {
                 **{k: {"wall_s": m.wall, "rss_mb": m.rss_mb} for k, m in steps.items()},
                 "run_cpu_s": run.cpu,
                 "run_cpu_s_10_tenants": few["steps"]["run"].cpu,
@@ -506,19 +534,19 @@ def many_tenants_bench(stores: list[str], tenants: int, per_tenant: int) -> dict
             }
             if store == "pg":
                 print(
-                    f"[pg] rows read by sequential scans in the store during the run: "
+                    f"[{label}] rows read by sequential scans in the store during the run: "
                     f"{many['scanned']:,} ({tenants:,} tenants), {few['scanned']:,} (10)",
                     flush=True,
                 )
                 print(
-                    f"[pg] connections opened to the store and instance during the run: "
+                    f"[{label}] connections opened to the store and instance during the run: "
                     f"{many['sessions']:,} ({tenants:,} tenants), {few['sessions']:,} (10)",
                     flush=True,
                 )
-                out[store]["run_seq_scan_rows"] = many["scanned"]
-                out[store]["run_seq_scan_rows_10_tenants"] = few["scanned"]
-                out[store]["run_sessions"] = many["sessions"]
-                out[store]["run_sessions_10_tenants"] = few["sessions"]
+                out[label]["run_seq_scan_rows"] = many["scanned"]
+                out[label]["run_seq_scan_rows_10_tenants"] = few["scanned"]
+                out[label]["run_sessions"] = many["sessions"]
+                out[label]["run_sessions_10_tenants"] = few["sessions"]
     return out
 
 
@@ -594,6 +622,12 @@ def main() -> None:
     p.add_argument(
         "--stores", default="sqlite,pg", help="--many-tenants: stores (and instances) to measure"
     )
+    p.add_argument(
+        "--dagster",
+        default="accelerated,stock",
+        help="--many-tenants: Dagster storages to measure: accelerated (the templates' "
+        "dagster.yaml), stock (Dagster's own, no accelerators)",
+    )
     p.add_argument("--repeat", type=int, default=1, help="--million: the no-op reruns")
     p.add_argument(
         "--processes", type=int, help="BACKFILL_RUN_PROCESSES for `run` (default: the CLI's)"
@@ -617,7 +651,7 @@ def main() -> None:
         doc = seed_bench(a.posts_per_tenant, a.concurrency, a.repeat)
     elif a.many_tenants:
         tenants = a.tenants if a.tenants != 200 else 10_000  # 200 is --million's default
-        doc = many_tenants_bench(a.stores.split(","), tenants, 5)
+        doc = many_tenants_bench(a.stores.split(","), tenants, 5, a.dagster.split(","))
     else:
         doc = million_bench(a.posts or 1_000_000, a.tenants, a.store, a.concurrency, a.repeat)
     print(json.dumps(doc, default=str), flush=True)

@@ -19,7 +19,7 @@ from dagster_postgres import PostgresEventLogStorage, PostgresRunStorage, Postgr
 
 from backfill_assets.config.settings import Settings
 
-# Dagster's PostgreSQL storages, or ours built on them (the event log: pg_instance.py).
+# Dagster's PostgreSQL storages, or ours built on them (accelerators/pg_event_log.py).
 POSTGRES_STORAGES = (PostgresRunStorage, PostgresEventLogStorage, PostgresScheduleStorage)
 
 

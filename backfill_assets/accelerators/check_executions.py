@@ -4,7 +4,7 @@ A run's planned check event makes one row a partition, each holding the serialis
 (with the run's whole partition subset in it): Dagster serialises the event again for every
 row, 500 times in a run of 500 partitions, and compiles a multi-row ``VALUES`` anew. Each
 evaluation then updates its partition's row, with the event serialised again and the statement
-built again. Both instance event logs (``sqlite_instance.py``, ``pg_instance.py``) write the
+built again. Both instance event logs (``sqlite_event_log.py``, ``pg_event_log.py``) write the
 same rows through these: the planned event serialised once and inserted with one statement
 compiled once (on PostgreSQL, its body sent once for all the rows: ``planned_columns``), the
 update's parameters (``evaluated_params``) given the body the evaluation's
@@ -12,17 +12,19 @@ event row was written with. SQLite runs ``EVALUATED`` with them as an executeman
 whose driver runs an executemany a round trip a row, one UPDATE joined to a VALUES list of
 them, in ``EVALUATED_PARAMS`` order.
 
-The apply reads which checks did not block in its own run from these rows
+On the instances whose event log is one of these, the product (``defs/instance_api.py``) reads
+from these rows too. The apply reads which checks did not block in its own run
 (``unblocked_in_run``): one indexed query, where loading the run's evaluation events
 deserialised 500 of them a run, and Dagster's per-partition check status joins each
 partition's latest materialisation (0.7 s a query on PostgreSQL at 10,000 partitions). Only a
 failed evaluation's body is read, to tell a blocking failure from a non-blocking one
-(``blocked``).
+(``blocked``, by the product's rule); ``unblocking_failures`` does that for the partitions
+whose latest evaluation failed (``check --summary``, the plan).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -32,11 +34,9 @@ import sqlalchemy as sa
 from backfill_assets.accelerators.dagster_private import (
     AssetCheckExecutionRecordStatus,
     AssetCheckExecutionsTable,
-    EventLogStorage,
     SqlEventLogStorage,
     serialize_value,
 )
-from backfill_assets.accelerators.event_rows import VALUES_PER_QUERY
 
 _T = AssetCheckExecutionsTable.c
 # Dagster's update of a partition's planned row by its evaluation.
@@ -59,7 +59,7 @@ EVALUATED = (
     )
 )
 PLANNED = AssetCheckExecutionsTable.insert()
-# ``evaluated_params``' keys, in the order of a VALUES list of them (``pg_instance.py``).
+# ``evaluated_params``' keys, in the order of a VALUES list of them (``pg_event_log.py``).
 EVALUATED_PARAMS = (
     "b_asset_key",
     "b_check_name",
@@ -134,12 +134,10 @@ def evaluated_params(event: dg.EventLogEntry, body: str, event_id: int | None) -
     }
 
 
-def blocked(body: str | None) -> bool:
-    """Whether a failed evaluation, stored as ``body``, blocked ``applied_labels``: failed at
-    ERROR severity with ``blocking`` set (Dagster's gate). One group holds every check, so an
-    evaluation that failed only on spend or drift does not block (``check_defs.CheckGroup``);
-    one written before that kept its spec's ``blocking`` and does. A body that does not parse
-    counts as blocked."""
+def blocked(body: str | None, blocks: Callable[[dg.AssetCheckEvaluation], bool]) -> bool:
+    """Whether a failed evaluation, stored as ``body``, blocked ``applied_labels`` by the
+    product's rule ``blocks`` (``defs/instance_api.py``). A body that does not parse counts as
+    blocked."""
     try:
         entry = dg.deserialize_value(body or "", dg.EventLogEntry)
         evaluation = entry.get_dagster_event().event_specific_data
@@ -147,15 +145,15 @@ def blocked(body: str | None) -> bool:
         return True
     if not isinstance(evaluation, dg.AssetCheckEvaluation):
         return True
-    return (
-        not evaluation.passed
-        and bool(evaluation.blocking)
-        and evaluation.severity == dg.AssetCheckSeverity.ERROR
-    )
+    return blocks(evaluation)
 
 
 def unblocked_in_run(
-    storage: SqlEventLogStorage, asset_key: dg.AssetKey, check_names: Sequence[str], run_id: str
+    storage: SqlEventLogStorage,
+    asset_key: dg.AssetKey,
+    check_names: Sequence[str],
+    run_id: str,
+    blocks: Callable[[dg.AssetCheckEvaluation], bool],
 ) -> dict[str, set[str]]:
     """Each partition's checks of ``check_names`` whose evaluation in ``run_id`` did not block:
     passed, or failed on non-blocking members only (the rows' unique index is asset, check,
@@ -175,47 +173,16 @@ def unblocked_in_run(
     out: dict[str, set[str]] = {}
     with storage.index_connection() as conn:
         for partition, check_name, body in conn.execute(query):
-            if body is None or not blocked(body):
+            if body is None or not blocked(body, blocks):
                 out.setdefault(partition, set()).add(check_name)
     return out
 
 
-# What a partition's latest evaluation of a check says (``check_states``; ``check --summary``).
-CHECK_STATES = ("passed", "failed", "failed, not blocking", "older", "never ran")
-# The states of a partition whose check does not hold it back.
-UNBLOCKED_STATES = frozenset({"passed", "failed, not blocking"})
-
-
-def check_states(
-    storage: EventLogStorage, check_key: dg.AssetCheckKey, partition_keys: Sequence[str]
-) -> dict[str, str]:
-    """Each of ``partition_keys`` that has a row for ``check_key``: its latest evaluation as
-    one of ``CHECK_STATES``. ``older``: of an earlier materialisation; ``never ran``: planned
-    or skipped, not evaluated; ``failed, not blocking``: failed on spend or drift alone (the
-    labels were applied). Partitions without a row are left out. Dagster's partition info a
-    chunk of keys, and the bodies of the current failures only."""
-    out: dict[str, str] = {}
-    failed: list[tuple[str, str]] = []
-    for i in range(0, len(partition_keys), VALUES_PER_QUERY):
-        chunk = list(partition_keys[i : i + VALUES_PER_QUERY])
-        for info in storage.get_asset_check_partition_info([check_key], partition_keys=chunk):
-            if info.partition_key is None:
-                continue
-            status = info.latest_execution_status.value
-            state = {"SUCCEEDED": "passed", "FAILED": "failed"}.get(status, "never ran")
-            if state != "never ran" and not info.is_current:
-                state = "older"
-            elif state == "failed":
-                failed.append((info.latest_planned_run_id, info.partition_key))
-            out[info.partition_key] = state
-    if failed and isinstance(storage, SqlEventLogStorage):
-        for pk in _unblocking_failures(storage, check_key, failed):
-            out[pk] = "failed, not blocking"
-    return out
-
-
-def _unblocking_failures(
-    storage: SqlEventLogStorage, check_key: dg.AssetCheckKey, latest: Sequence[tuple[str, str]]
+def unblocking_failures(
+    storage: SqlEventLogStorage,
+    check_key: dg.AssetCheckKey,
+    latest: Sequence[tuple[str, str]],
+    blocks: Callable[[dg.AssetCheckEvaluation], bool],
 ) -> set[str]:
     """Of ``latest`` (a partition's failed evaluation of ``check_key``, as (run id,
     partition)), the partitions whose evaluation did not block; by the unique index, a
@@ -230,5 +197,6 @@ def _unblocking_failures(
                 sa.tuple_(_T.run_id, _T.partition).in_(list(latest[i : i + 400])),
                 _T.execution_status == failed,
             )
-            out |= {partition for partition, body in conn.execute(query) if not blocked(body)}
+            rows = conn.execute(query)
+            out |= {partition for partition, body in rows if not blocked(body, blocks)}
     return out

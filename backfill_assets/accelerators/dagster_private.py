@@ -25,11 +25,12 @@ from dagster._core.definitions.metadata import MetadataFieldSerializer
 from dagster._core.execution.compute_logs import redirect_to_file, should_disable_io_stream_redirect
 
 # A range run's per-partition metadata goes straight to the step's accumulator, keyed by this
-# handle (``metadata.add_partition_metadata``): the public method lists the run's range a call.
+# handle (``step_metadata.py``): the public method lists the run's range a call.
 from dagster._core.execution.context.metadata_logging import AssetMetadataHandle
 
-# The embedded instance (``sqlite_instance.py``) subclasses Dagster's SQLite storage to keep
-# its event-log shards' connections open: these are the classes and constants it extends.
+# The embedded instance's event log (``sqlite_event_log.py``) subclasses Dagster's SQLite
+# storage to keep its shards' connections open: these are the classes and constants it extends;
+# the instance classes (``instance_class.py``) start from Dagster's defaults (``InstanceRef``).
 from dagster._core.instance.ref import InstanceRef, compute_logs_directory
 from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 from dagster._core.storage.compute_log_manager import CapturedLogContext, ComputeIOType
@@ -63,7 +64,7 @@ from dagster._core.storage.sqlite_storage import DagsterSqliteStorage, _event_lo
 from dagster._serdes import ConfigurableClassData, serialize_value
 from dagster._utils import ensure_file, touch_file
 
-# The production instance (``pg_instance.py``) subclasses Dagster's PostgreSQL storage the same
+# The production event log (``pg_event_log.py``) subclasses Dagster's PostgreSQL storage the same
 # way: the stock classes, the event rows' table, and how the storage reads its config.
 from dagster_postgres import DagsterPostgresStorage, PostgresEventLogStorage, PostgresRunStorage
 from dagster_postgres.utils import get_token_provider_from_config, pg_url_from_config

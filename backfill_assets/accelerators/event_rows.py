@@ -11,7 +11,6 @@ upgrade) is left out, and the caller reads it Dagster's way.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -26,16 +25,8 @@ from backfill_assets.accelerators.dagster_private import (
 # 3.32 take at most 999. Every chunked instance query here uses it.
 VALUES_PER_QUERY = 900
 _T = SqlEventLogStorageTable.c
-
-
-@dataclass(frozen=True)
-class Materialized:
-    """What a check needs of a materialisation: where and when, and its integer metadata."""
-
-    storage_id: int
-    run_id: str
-    timestamp: float
-    ints: dict[str, int]
+# What a check needs of a materialisation: its run, its timestamp and its integer metadata.
+Materialized = tuple[str, float, dict[str, int]]
 
 
 def materializations(
@@ -52,7 +43,7 @@ def materializations(
             for storage_id, run_id, body in conn.execute(query):
                 parsed = _parse(body)
                 if parsed is not None:
-                    out[int(storage_id)] = Materialized(int(storage_id), str(run_id), *parsed)
+                    out[int(storage_id)] = (str(run_id), *parsed)
     return out
 
 

@@ -2,7 +2,7 @@
 
 Dagster 1.13 stores each check evaluation on its own (they are not batchable), and a check
 step over a run of 500 partitions yields 500 of them in a row, then its outputs. Both
-instance event logs (``sqlite_instance.py``, ``pg_instance.py``) hold a step's evaluations here
+instance event logs (``sqlite_event_log.py``, ``pg_event_log.py``) hold a step's evaluations here
 and write them with the next event, or at ``HELD_MAX``, in one go. An evaluation shows in the
 UI when its step yields the next event, at the latest when the step ends; one reported outside
 a step (the UI, a sensor) is written at once, since no next event of its step is coming. A

@@ -137,10 +137,12 @@ class StoreSettings(Group):
     dagster_home_dir: str = _var(
         "DAGSTER_HOME",
         "Dagster instance (runs, events, `dagster.yaml`) and the default store's directory. "
-        "The project's `dagster.yaml` (copied into a home without one) keeps Dagster's SQLite "
-        "storage with an event log that holds its connections open (`instance_class: "
-        "EmbeddedInstance`, "
-        "[architecture](architecture.md#one-run-many-partitions-no-work-no-run)).",
+        "The project's `dagster.yaml` (copied into a home without one) opts into the storage "
+        "accelerators: Dagster's SQLite storage with an event log that holds its connections "
+        "open (`instance_class: EmbeddedInstance`; Dagster's own storage, with one warning, on "
+        "a Dagster other than 1.13.27). A home whose `dagster.yaml` names none of ours runs on "
+        "Dagster's stock storage "
+        "([architecture](architecture.md#one-run-many-partitions-no-work-no-run)).",
         shown="`.dagster_home/` in the project (`bin/prod`: `.dagster_prod/`); an installed "
         "package (a wheel, not a checkout): `$XDG_DATA_HOME/backfill-moderation`",
         default="",

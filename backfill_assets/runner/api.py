@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 
 import dagster as dg
 
-from backfill_assets.accelerators.check_executions import CHECK_STATES
 from backfill_assets.defs.asset_keys import BLOCKING_GROUPS, POLICY_EVALUATION
+from backfill_assets.defs.instance_api import CHECK_STATES
 from backfill_assets.defs.labels.applied import write_back
 from backfill_assets.defs.labels.checks import check_results_for, check_status
 from backfill_assets.defs.model_resources import OpenAIModelResource, model_resource, versions_for

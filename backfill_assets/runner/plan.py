@@ -21,10 +21,13 @@ from typing import Any
 import dagster as dg
 from sqlalchemy.engine import Engine
 
-from backfill_assets.accelerators.check_executions import UNBLOCKED_STATES, check_states
-from backfill_assets.accelerators.dagster_private import CODE_VERSION_TAG
-from backfill_assets.accelerators.event_rows import VALUES_PER_QUERY
 from backfill_assets.defs.asset_keys import APPLIED, BLOCKING_CHECK_KEYS, LABELS
+from backfill_assets.defs.instance_api import (
+    CODE_VERSION_TAG,
+    KEYS_PER_READ,
+    UNBLOCKED_STATES,
+    check_states,
+)
 from backfill_assets.defs.partitions import (
     partition_keys,
     tenant_partition_keys,
@@ -135,8 +138,8 @@ def _not_done_in_dagster(
     storage = instance.event_log_storage
     blocking = list(BLOCKING_CHECK_KEYS)
     out: dict[str, str] = {}
-    for i in range(0, len(keys), VALUES_PER_QUERY):
-        chunk = list(keys[i : i + VALUES_PER_QUERY])
+    for i in range(0, len(keys), KEYS_PER_READ):
+        chunk = list(keys[i : i + KEYS_PER_READ])
         labels_at = storage.get_latest_storage_id_by_partition(
             LABELS, dg.DagsterEventType.ASSET_MATERIALIZATION, set(chunk)
         )
@@ -148,7 +151,7 @@ def _not_done_in_dagster(
         for check_key in blocking:
             # Failed on spend or drift only counts as checked (the labels were applied), as
             # when those were a check of their own.
-            for pk, state in check_states(storage, check_key, chunk).items():
+            for pk, state in check_states(instance, check_key, chunk).items():
                 checked[pk] = checked.get(pk, True) and state in UNBLOCKED_STATES
         for key in chunk:
             if key not in labels_at:

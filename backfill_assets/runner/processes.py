@@ -42,6 +42,7 @@ from pathlib import Path
 import dagster as dg
 
 from backfill_assets.config.settings import Settings
+from backfill_assets.defs.instance_api import close_event_logs
 from backfill_assets.domain.policy.validation import warm_up as warm_up_validation
 from backfill_assets.runner.instance import instance
 from backfill_assets.runner.orchestrate import run_boxes
@@ -189,8 +190,6 @@ def _fork(
         finally:
             with contextlib.suppress(Exception):
                 # The exit hooks are the parent's: run only the event log's own.
-                from backfill_assets.accelerators.sqlite_instance import close_event_logs
-
                 close_event_logs()
                 sys.stdout.flush()
                 sys.stderr.flush()

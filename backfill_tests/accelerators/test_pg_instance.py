@@ -1,4 +1,4 @@
-"""The production instance's event log (``pg_instance.py``) against Dagster's own PostgreSQL
+"""The production instance's event log (``pg_event_log.py``) against Dagster's own PostgreSQL
 event log: the same rows, far fewer connections, nothing held is lost."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dagster._core.events.log import EventLogEntry
 from dagster_postgres import PostgresEventLogStorage
 
 from backfill_assets.accelerators import held_checks
-from backfill_assets.accelerators.pg_instance import BatchingPostgresEventLogStorage
+from backfill_assets.accelerators.pg_event_log import BatchingPostgresEventLogStorage
 from backfill_tests.accelerators.event_entries import (
     ASSET_ROW,
     LABELS,

@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from backfill_assets.accelerators.pg_instance import (
+from backfill_assets.accelerators.pg_event_log import (
+    AcceleratedPostgresStorage,
     BatchingPostgresEventLogStorage,
-    BatchingPostgresStorage,
     KnownSchemaPostgresRunStorage,
 )
-from backfill_assets.accelerators.sqlite_instance import (
+from backfill_assets.accelerators.sqlite_event_log import (
     PooledSqliteEventLogStorage,
     PooledSqliteStorage,
 )
@@ -55,7 +55,7 @@ def storage(request: pytest.FixtureRequest, tmp_path: Path, pg_available: bool) 
     if not pg_available:
         pytest.skip("PostgreSQL not available (set BACKFILL_TEST_PG_URL)")
     with pg_database("bf_schema") as url:
-        pg = BatchingPostgresStorage(url)
+        pg = AcceleratedPostgresStorage(url)
         assert isinstance(pg.event_log_storage, BatchingPostgresEventLogStorage)
         assert isinstance(pg.run_storage, KnownSchemaPostgresRunStorage)
         yield pg

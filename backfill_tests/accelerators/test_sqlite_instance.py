@@ -27,11 +27,9 @@ from dagster._core.events import (
 from dagster._core.events.log import EventLogEntry
 from dagster._core.storage.event_log.sqlite.sqlite_event_log import SqliteEventLogStorage
 
-from backfill_assets.accelerators import held_checks, sqlite_instance
-from backfill_assets.accelerators.sqlite_instance import (
-    EmbeddedInstance,
-    PooledSqliteEventLogStorage,
-)
+from backfill_assets.accelerators import held_checks, sqlite_event_log
+from backfill_assets.accelerators.sqlite_event_log import PooledSqliteEventLogStorage
+from backfill_assets.accelerators.sqlite_instance import EmbeddedInstance
 from backfill_assets.runner.instance import INSTANCE_TEMPLATE
 from backfill_tests.accelerators.event_entries import (
     ASSET_ROW,
@@ -283,14 +281,14 @@ def test_a_batch_is_serialised_before_it_locks_a_shard(
     storage = PooledSqliteEventLogStorage(str(tmp_path))
     run_id = str(uuid.uuid4())
     storage.store_event(entry(run_id, "start"))
-    real = sqlite_instance.event_row
+    real = sqlite_event_log.event_row
     open_shards: list[int] = []
 
     def to_row(event: EventLogEntry) -> dict[str, Any]:
         open_shards.append(len(storage._batch or {}))
         return real(event)
 
-    monkeypatch.setattr(sqlite_instance, "event_row", to_row)
+    monkeypatch.setattr(sqlite_event_log, "event_row", to_row)
     events = [_materialisation(run_id, f"s00|t{i:03d}") for i in range(5)]
     _run_id, _planned, evaluations = check_run(3)
     storage.store_event_batch(events)
@@ -442,8 +440,8 @@ def test_held_evaluations_are_written_at_the_cap_at_dispose_and_at_exit(
     _run_id, planned, evaluations = check_run(3)
     script = (
         "import pickle, sys\n"
-        "from backfill_assets.accelerators.sqlite_instance import PooledSqliteEventLogStorage\n"
-        "from backfill_assets.accelerators.sqlite_instance import close_event_logs\n"
+        "from backfill_assets.accelerators.sqlite_event_log import PooledSqliteEventLogStorage\n"
+        "from backfill_assets.accelerators.sqlite_event_log import close_event_logs\n"
         "storage = PooledSqliteEventLogStorage(sys.argv[1])\n"
         "for event in pickle.load(sys.stdin.buffer):\n"
         "    storage.store_event(event)\n"

@@ -13,11 +13,10 @@ import httpx
 import pytest
 from sqlalchemy.engine import Engine
 
-from backfill_assets.accelerators.check_executions import unblocked_in_run
-from backfill_assets.accelerators.dagster_private import SqlEventLogStorage
 from backfill_assets.cli import build_parser
 from backfill_assets.config.settings import Settings
 from backfill_assets.config.variables import StoreSettings
+from backfill_assets.defs import instance_api
 from backfill_assets.defs.partitions import partition_key_for
 from backfill_assets.defs.reporting.usage import tenant_usage
 from backfill_assets.runner.launch import (
@@ -123,10 +122,17 @@ def test_a_spend_failure_shows_but_neither_blocks_nor_reruns(
             assert evaluation.severity == dg.AssetCheckSeverity.ERROR
     # The apply's reading of its run: all of them went through unblocked.
     (run_id,) = {r["run_id"] for r in rows}
-    storage = instance.event_log_storage
-    assert isinstance(storage, SqlEventLogStorage)
-    unblocked = unblocked_in_run(storage, key.asset_key, ["integrity"], run_id)
-    assert set(unblocked) == {r["partition"] for r in rows}
+    pks = [r["partition"] for r in rows]
+    unblocked = instance_api.unblocked_in_run(instance, key.asset_key, ["integrity"], run_id, pks)
+    assert set(unblocked) == set(pks)
+    states = instance_api.check_states(instance, key, pks)
+    assert {pk for pk, s in states.items() if s == "failed, not blocking"} == failing
+    # Dagster's public reads (a stock instance) say the same as the accelerator's rows.
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(instance_api, "is_ours", lambda _instance: False)
+        stock = instance_api.unblocked_in_run(instance, key.asset_key, ["integrity"], run_id, pks)
+        assert stock == unblocked
+        assert instance_api.check_states(instance, key, pks) == states
     instance.dispose()
     # Done as far as the plan goes: nothing pending, materialised, not blocked, applied; also
     # as the instance tells it, without the store's marks (a store from before them).

@@ -64,7 +64,7 @@ def test_output_hooks_and_the_store_are_finished_before_the_process_ends(tmp_pat
         from backfill_assets.cli.process import exit_process
         from backfill_assets.ledger.engines import engine_for
 
-        from backfill_assets.accelerators.sqlite_instance import PooledSqliteEventLogStorage
+        from backfill_assets.accelerators.sqlite_event_log import PooledSqliteEventLogStorage
         from dagster._core.events.log import EventLogEntry
 
         engine = engine_for("sqlite:///{tmp_path / "store.db"}")

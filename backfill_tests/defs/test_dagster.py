@@ -11,12 +11,13 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from backfill_assets.accelerators import event_rows
 from backfill_assets.accelerators.dagster_private import SqlEventLogStorage
-from backfill_assets.accelerators.event_rows import materializations
 from backfill_assets.definitions import APPLY_JOB, BACKFILL_JOB, build_definitions
+from backfill_assets.defs import instance_api
+from backfill_assets.defs.instance_api import add_partition_metadata
 from backfill_assets.defs.labels import applied as applied_module
 from backfill_assets.defs.labels import checks as checks_module
-from backfill_assets.defs.labels.metadata import add_partition_metadata
 from backfill_assets.defs.partitions import (
     PARTITIONS_NAME,
     ensure_partitions,
@@ -152,7 +153,12 @@ def _toy(context):  # type: ignore[no-untyped-def]  # Dagster refuses a string a
     return dg.MaterializeResult()
 
 
-def test_partition_metadata_lands_on_each_partition_of_a_range_run() -> None:
+@pytest.mark.parametrize("ours", [True, False], ids=["accelerated", "stock"])
+def test_partition_metadata_lands_on_each_partition_of_a_range_run(
+    ours: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # In one step through the step's accumulator on our instance, the public method on any other.
+    monkeypatch.setattr(instance_api, "is_ours", lambda _instance: ours)
     instance = dg.DagsterInstance.ephemeral()
     range_tags = {RANGE_START: "a", RANGE_END: "c"}
     result = dg.materialize([_toy], instance=instance, tags=range_tags)
@@ -269,18 +275,22 @@ def test_check_targets_read_from_the_rows_match_dagsters_records(
     ).records
     storage = instance.event_log_storage
     assert isinstance(storage, SqlEventLogStorage)
-    parsed = materializations(storage, [r.storage_id for r in fetched])
+    parsed = event_rows.materializations(storage, [r.storage_id for r in fetched])
     assert len(parsed) == len(fetched) == 4
     for rec in fetched:
-        got = parsed[rec.storage_id]
+        run_id, timestamp, got_ints = parsed[rec.storage_id]
         mat = rec.asset_materialization
         assert mat is not None
         ints = {k: v.value for k, v in mat.metadata.items() if isinstance(v, dg.IntMetadataValue)}
-        assert (got.run_id, got.timestamp, got.ints) == (rec.run_id, rec.timestamp, ints)
-        assert "model_calls" in got.ints
+        assert (run_id, timestamp, got_ints) == (rec.run_id, rec.timestamp, ints)
+        assert "model_calls" in got_ints
+    # A stock instance: Dagster's public reads.
     direct = checks_module._latest_materializations(instance, keys)
+    # Read as on our instance, the rows parsed directly: the same.
+    monkeypatch.setattr(instance_api, "is_ours", lambda _instance: True)
+    assert checks_module._latest_materializations(instance, keys) == direct
     # A row that does not parse (another Dagster's shape) is read Dagster's way, the same.
-    monkeypatch.setattr(checks_module, "materializations", lambda _s, _ids: {})
+    monkeypatch.setattr(event_rows, "materializations", lambda _s, _ids: {})
     assert checks_module._latest_materializations(instance, keys) == direct
     assert direct["s00|never"] == (None, None)
     assert {t.storage_id for t, _d in (direct[k] for k in keys[:2]) if t} == {

@@ -8,12 +8,10 @@ import dagster as dg
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from backfill_assets.accelerators.check_executions import unblocked_in_run
-from backfill_assets.accelerators.dagster_private import SqlEventLogStorage
 from backfill_assets.config.variables import ChecksSettings, StoreSettings
 from backfill_assets.defs.asset_keys import APPLIED, BLOCKING_GROUPS, LABELS
+from backfill_assets.defs.instance_api import add_partition_metadata, unblocked_in_run
 from backfill_assets.defs.labels.checks import check_results_for, loaded_code_version
-from backfill_assets.defs.labels.metadata import add_partition_metadata
 from backfill_assets.defs.model_resources import ModelResource, run_versions
 from backfill_assets.defs.partitions import moderation_partitions, run_refs
 from backfill_assets.defs.sealing import NO_CONFIG
@@ -43,13 +41,12 @@ def apply_metadata(rep: ApplyReport) -> dict[str, Any]:
     }
 
 
-def passed_in_run(context: dg.AssetExecutionContext) -> set[str]:
-    """Partitions whose checks did not block earlier in this run (passed, or failed on
-    non-blocking members only)."""
-    storage = context.instance.event_log_storage
-    if not isinstance(storage, SqlEventLogStorage):  # Dagster's own storages all are
-        raise TypeError(f"expected a SQL event log storage, not {type(storage).__name__}")
-    passed = unblocked_in_run(storage, LABELS, BLOCKING_GROUPS, context.run.run_id)
+def passed_in_run(context: dg.AssetExecutionContext, run_keys: Sequence[str]) -> set[str]:
+    """Of the run's partitions ``run_keys``, those whose checks did not block earlier in this
+    run (passed, or failed on non-blocking members only)."""
+    passed = unblocked_in_run(
+        context.instance, LABELS, BLOCKING_GROUPS, context.run.run_id, run_keys
+    )
     return {pk for pk, names in passed.items() if names >= set(BLOCKING_GROUPS)}
 
 
@@ -136,7 +133,7 @@ def _applied_asset(
         # its own (UI, or the CLI's per-partition follow-up) it would not be gated, so for any
         # partition this run did not check, the same blocking checks run here; nothing is
         # written unless every partition passes.
-        checked = passed_in_run(context)
+        checked = passed_in_run(context, run_keys)
         blocked: dict[str, list[str]] = {}
         for ref in refs:
             if ref.key in checked:

@@ -6,7 +6,8 @@ import dagster as dg
 
 from backfill_assets.config.variables import StoreSettings
 from backfill_assets.defs.asset_keys import LABELS, POSTS
-from backfill_assets.defs.labels.metadata import add_partition_metadata, partition_metadata
+from backfill_assets.defs.instance_api import add_partition_metadata
+from backfill_assets.defs.labels.metadata import partition_metadata
 from backfill_assets.defs.model_resources import ModelResource, run_versions
 from backfill_assets.defs.partitions import moderation_partitions, run_refs
 from backfill_assets.defs.reporting.evaluation import gate_result

@@ -20,14 +20,13 @@ from typing import Any
 import dagster as dg
 from sqlalchemy.engine import Engine
 
-from backfill_assets.accelerators.check_executions import check_states
-from backfill_assets.accelerators.dagster_private import (
-    SqlEventLogStorage,
-    TargetMaterialization,
-)
-from backfill_assets.accelerators.event_rows import Materialized, materializations
 from backfill_assets.config.variables import ChecksSettings, StoreSettings
 from backfill_assets.defs.asset_keys import CHECK_KEYS, LABELS
+from backfill_assets.defs.instance_api import (
+    check_states,
+    materializations,
+    target_materialization,
+)
 from backfill_assets.defs.labels.metadata import int_value, text_value
 from backfill_assets.defs.model_resources import ModelResource, run_versions
 from backfill_assets.defs.partitions import moderation_partitions, run_refs
@@ -179,50 +178,27 @@ def _members_json(members: tuple[tuple[str, bool, bool, bool], ...]) -> dg.TextM
 
 def _latest_materializations(
     instance: dg.DagsterInstance, partition_keys: Sequence[str]
-) -> dict[str, tuple[TargetMaterialization | None, int | None]]:
+) -> dict[str, tuple[Any, int | None]]:
     """Each partition's latest materialisation (checks point at it) and its deferred count,
-    in two queries for the whole run; their rows parsed directly (``event_rows.py``), any
-    row that does not parse read Dagster's way."""
-    storage = instance.event_log_storage
-    latest = storage.get_latest_storage_id_by_partition(
+    in two queries for the whole run (``instance_api.materializations``)."""
+    latest = instance.event_log_storage.get_latest_storage_id_by_partition(
         LABELS, dg.DagsterEventType.ASSET_MATERIALIZATION, set(partition_keys)
     )
-    found: dict[int, Materialized] = {}
-    if isinstance(storage, SqlEventLogStorage):
-        found = materializations(storage, list(latest.values()))
-    rest = [i for i in latest.values() if i not in found]
-    if rest:
-        records = storage.get_event_records(
-            dg.EventRecordsFilter(
-                dg.DagsterEventType.ASSET_MATERIALIZATION, asset_key=LABELS, storage_ids=rest
-            ),
-            limit=len(rest),
-        )
-        for rec in records:
-            mat = rec.event_log_entry.asset_materialization
-            ints = {
-                k: v.value
-                for k, v in (mat.metadata if mat else {}).items()
-                if isinstance(v, dg.IntMetadataValue) and isinstance(v.value, int)
-            }
-            found[rec.storage_id] = Materialized(rec.storage_id, rec.run_id, rec.timestamp, ints)
-    out: dict[str, tuple[TargetMaterialization | None, int | None]] = {}
+    found = materializations(instance, LABELS, list(latest.values()))
+    out: dict[str, tuple[Any, int | None]] = {}
     for pk in partition_keys:
         got = found.get(latest.get(pk, -1))
         if got is None:
             out[pk] = (None, None)
             continue
-        target = TargetMaterialization(
-            storage_id=got.storage_id, run_id=got.run_id, timestamp=got.timestamp
-        )
-        out[pk] = (target, got.ints.get("outcome_deferred"))
+        out[pk] = (target_materialization(got), got.ints.get("outcome_deferred"))
     return out
 
 
 def _evaluation(
     gv: GroupResult,
     partition_key: str,
-    target: TargetMaterialization | None,
+    target: Any,
 ) -> dg.AssetCheckEvaluation:
     # Dagster gates the downstream step on a failed ERROR evaluation with ``blocking`` set: it
     # is set (as the spec says) unless the failed members are all non-blocking (spend, drift).
@@ -319,7 +295,7 @@ def check_status(
     ran``."""
     out = {pk: {g.name: "never ran" for g in CHECK_GROUPS} for pk in partition_keys}
     for key in CHECK_KEYS:
-        for pk, state in check_states(instance.event_log_storage, key, partition_keys).items():
+        for pk, state in check_states(instance, key, partition_keys).items():
             if pk in out:
                 out[pk][key.name] = state
     return out

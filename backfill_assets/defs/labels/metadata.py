@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Collection, Mapping
 from typing import Any
 
 import dagster as dg
 
-from backfill_assets.accelerators.dagster_private import AssetMetadataHandle
 from backfill_assets.dispatch.partition_run import PartitionReport
 from backfill_assets.domain.policy.rubric import Rubric
 from backfill_assets.domain.work.keys import Versions
@@ -87,42 +85,3 @@ def partition_metadata(
         out["latency_p50_ms"] = dg.MetadataValue.float(float(s["latency_p50_ms"]))
         out["latency_p95_ms"] = dg.MetadataValue.float(float(s["latency_p95_ms"]))
     return out
-
-
-def add_partition_metadata(
-    context: dg.AssetExecutionContext,
-    by_partition: Mapping[str, Mapping[str, Any]],
-    run_keys: Collection[str] | None = None,
-) -> None:
-    """Attach each partition's metadata to its materialisation in a (range) run.
-
-    ``context.add_asset_metadata(partition_key=...)`` lists the run's whole range again on
-    every call, and over the dynamic tenant dimension that is three instance queries per call
-    (a new SQLite connection each): 11 s of a 100-partition run here. The keys are checked
-    once against the run's partition keys instead and handed to the step's metadata
-    accumulator, which is what that method does after its check (Dagster 1.13.27), in one
-    step; if those internals are not there, the public method is used.
-
-    ``run_keys``: the run's partition keys, when the step has read them already (each read of
-    ``context.partition_keys`` lists every dynamic partition of the instance again).
-    """
-    known = set(context.partition_keys if run_keys is None else run_keys)
-    unknown = sorted(set(by_partition) - known)
-    if unknown:
-        raise dg.DagsterInvariantViolationError(
-            f"metadata for partition(s) this run does not target: {', '.join(unknown[:5])}"
-        )
-    step: Any = getattr(context.op_execution_context, "_step_execution_context", None)
-    accumulator = getattr(step, "_metadata_accumulator", None)
-    if accumulator is None or not hasattr(accumulator, "per_output_metadata"):
-        for pk, metadata in by_partition.items():
-            context.add_asset_metadata(metadata, partition_key=pk)
-        return
-    # One new accumulator for all of them: ``with_additional_asset_metadata`` copies the whole
-    # mapping for each partition (500 partitions: 125,000 entries copied).
-    asset_key = context.assets_def.key
-    merged = dict(accumulator.per_output_metadata)
-    for pk, metadata in by_partition.items():
-        handle = AssetMetadataHandle(asset_key=asset_key, partition_key=pk)
-        merged[handle] = {**merged.get(handle, {}), **metadata}
-    step._metadata_accumulator = type(accumulator)(per_output_metadata=merged)
