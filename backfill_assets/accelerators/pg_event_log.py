@@ -5,7 +5,8 @@ idle run worker holds none) and stores each check evaluation on its own: its eve
 connection, the update of its partition's planned row on a second, each committed alone. A
 check step over 500 partitions yields 500 evaluations, so 1,000 connections a run, and
 Dagster serialises each evaluation twice. ``BatchingPostgresEventLogStorage`` holds a step's
-evaluations (``held_checks.py``) and writes them with the step's next event: their event rows
+evaluations (``check_executions.HeldChecks``) and writes them with the step's next event:
+their event rows
 in one multi-row ``INSERT ... RETURNING`` (as Dagster's own materialisation batch), the
 planned rows' updates in one statement, each body serialised once and both statements built
 by the driver. The rows are those Dagster writes; an evaluation with no planned row, or none of
@@ -29,6 +30,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from backfill_assets.accelerators.check_executions import (
     EVALUATED_PARAMS,
+    HeldChecks,
     batchable,
     evaluated_params,
     planned_columns,
@@ -42,7 +44,6 @@ from backfill_assets.accelerators.dagster_private import (
     pg_url_from_config,
 )
 from backfill_assets.accelerators.event_json import event_row
-from backfill_assets.accelerators.held_checks import HeldChecks
 from backfill_assets.accelerators.schema_facts import EventLogSchemaFacts, RunSchemaFacts
 
 

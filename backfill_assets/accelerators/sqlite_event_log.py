@@ -1,44 +1,20 @@
-"""The embedded Dagster instance: Dagster's SQLite storage, its event log keeping connections.
+"""The embedded instance's event log: Dagster's SQLite storage, keeping its connections.
 
-Dagster 1.13's ``SqliteEventLogStorage`` creates an engine for every statement it runs (a
-``NullPool`` engine per ``_connect``): each event pays for a fresh engine, a recompiled
-statement and, because the connection it closes is the last one, a WAL checkpoint and the
-removal of the ``-wal`` and ``-shm`` files. A run stores ~35 events and reads the index shard
-dozens of times (dynamic partitions, check history), so that was about half of a small run's
-Dagster time here. ``PooledSqliteEventLogStorage`` keeps one engine, with one pooled
-connection, per recently used shard. ``dagster.yaml`` names ``sqlite_instance.EmbeddedInstance``
-as its ``instance_class``: its defaults are the project's (``instance_class.py``: Dagster's own, the
-compute logs mirrored by a thread), with this event log in place of the stock one, at the same
-paths under the instance's home (a default is the only place Dagster passes
-the home to a storage; an ``{env: DAGSTER_HOME}`` in the file would follow the environment,
-not the home being opened). A ``storage:`` section in the file (PostgreSQL) replaces them.
-
-More of Dagster's per-event costs go. ``has_table`` and the asset table's columns, asked
-before each asset event (the first with yet another fresh engine), are remembered once there
-(``schema_facts.py``, shared with the PostgreSQL storage).
-A batch of events (``DAGSTER_EVENT_BATCH_SIZE``: a step's materialisations, planned events) is
-written in one transaction per shard instead of two or three commits an event, and writes an
-asset's row once, as Dagster's PostgreSQL storage batches them. Its events are serialised
-before it locks a shard: the other run processes wait for the index's write lock only while
-the rows are inserted (serialising under it left them idle ~15% of a run). A batch is all
-or nothing: a process killed mid-batch loses that batch's events (as on PostgreSQL), never
-half of one. A run's planned check event is serialised once for all its partitions' rows,
-not once a row, and they are inserted with one statement compiled once. A step's check
-evaluations are held (``held_checks.py``) and written with its next event, in one
-transaction a shard, instead of three commits each. Each evaluation's update of its planned
-row reuses the body its event row was written with and a statement built once (Dagster
-serialises and builds both again). In a batch, the rows of a stretch of materialisations and
-evaluations are written a statement a table (``_store_rows``): Dagster compiles an INSERT for
-each event's row in each shard, and an UPDATE for each planned row, about a third of a run of
-10,000 one-partition tenants here.
-
-Every other event is committed on its own, in WAL mode with ``synchronous=NORMAL`` like the
-store's (Dagster leaves SQLite's FULL): a commit survives a SIGKILL. What stays as it was:
-access is serialised by the storage's own lock, and a run shard's ``.db`` file still shows a
-change when an event is written: Dagster's watchers (the UI's live run view) watch that file,
-which in WAL mode changes only at a checkpoint, so a write to a run shard ends by touching its
-mtime. The WAL is checkpointed when a connection closes (a shard evicted, ``dispose``, the
-CLI's exit).
+Dagster 1.13's ``SqliteEventLogStorage`` creates an engine for every statement (a ``NullPool``
+engine per ``_connect``): each event paid for a fresh engine, a recompiled statement and a WAL
+checkpoint, about half of a small run's Dagster time here. ``PooledSqliteEventLogStorage``
+keeps one engine, with one pooled connection, per recently used shard; ``dagster.yaml`` opts
+in through ``sqlite_instance.EmbeddedInstance``. The schema questions Dagster asks before each
+asset event are answered once (``schema_facts.py``); new run shards are copies of an empty one
+(``sqlite_shards.py``); a step's check evaluations are held
+(``check_executions.HeldChecks``) and written
+with its next event. A batch of events is written in one transaction a shard, serialised
+before it locks a shard, the rows of a stretch of materialisations and evaluations a
+statement a table (``_store_rows``); a batch is all or nothing, as on PostgreSQL. Every other
+event is committed on its own in WAL mode with ``synchronous=NORMAL``: a commit survives a
+SIGKILL. A write to a run shard touches its ``.db`` file's mtime, which Dagster's watchers
+(the UI's live run view) watch. docs/architecture.md ("The embedded instance's event log")
+has the whole account and its figures.
 """
 
 from __future__ import annotations
@@ -47,7 +23,6 @@ import atexit
 import contextlib
 import itertools
 import os
-import re
 import threading
 import weakref
 from collections import OrderedDict
@@ -57,11 +32,11 @@ from typing import Any
 import dagster as dg
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.pool import NullPool
 
 from backfill_assets.accelerators.check_executions import (
     EVALUATED,
     PLANNED,
+    HeldChecks,
     batchable,
     evaluated_params,
     planned_rows,
@@ -76,24 +51,16 @@ from backfill_assets.accelerators.dagster_private import (
     event_logs_directory,
 )
 from backfill_assets.accelerators.event_json import event_json, event_row
-from backfill_assets.accelerators.held_checks import HeldChecks
 from backfill_assets.accelerators.schema_facts import EventLogSchemaFacts
+from backfill_assets.accelerators.sqlite_shards import (
+    normal_sync,
+    place_new_shard,
+    sweep_leftovers,
+)
 
 # Shards whose engine stays open: the index, the runs being written, the runs the UI shows.
 _OPEN_SHARDS = 16
 _LIVE: weakref.WeakSet[PooledSqliteEventLogStorage] = weakref.WeakSet()
-# An empty run shard as the installed Dagster makes it (``_place_new_shard``), once a process.
-_EMPTY_SHARD: bytes | None = None
-
-
-def _normal_sync(dbapi_conn: Any, _record: Any) -> None:
-    # WAL + NORMAL, as the store (ledger/engine.py): a commit survives a SIGKILL of the process,
-    # only a power loss can drop the last ones, and the next `run` then plans their partitions
-    # again (their results are in the store). FULL's fsync a commit cost ~10% of a run of 2,000
-    # one-partition tenants here.
-    cur = dbapi_conn.cursor()
-    cur.execute("PRAGMA synchronous=NORMAL")
-    cur.close()
 
 
 class PooledSqliteEventLogStorage(EventLogSchemaFacts, SqliteEventLogStorage):
@@ -147,7 +114,7 @@ class PooledSqliteEventLogStorage(EventLogSchemaFacts, SqliteEventLogStorage):
             max_overflow=4,
             connect_args={"timeout": SQLITE_BUSY_TIMEOUT_SECONDS},
         )
-        sa.event.listen(engine, "connect", _normal_sync)
+        sa.event.listen(engine, "connect", normal_sync)
         if shard not in self._initialized_dbs:
             if shard == INDEX_SHARD_NAME or not self._place_new_shard(shard):
                 self._initdb(engine)  # creates what is missing, or checks the revision
@@ -159,50 +126,20 @@ class PooledSqliteEventLogStorage(EventLogSchemaFacts, SqliteEventLogStorage):
         return engine
 
     def _place_new_shard(self, shard: str) -> bool:
-        """A new run's shard as a copy of an empty one made by Dagster's own ``_initdb``:
-        that creates the tables and stamps the migrations, reading every migration script
-        (~60 ms a run here). False when the shard exists (another process made it)."""
+        """A new run's shard copied from an empty one (``sqlite_shards.py``); False when it
+        exists. The first new shard a storage places sweeps what killed processes left."""
         path = self.path_for_shard(shard)
         if os.path.exists(path):
             return False
         if not self._swept:
             self._swept = True
-            _sweep_leftovers(self._base_dir)
-        global _EMPTY_SHARD
-        if _EMPTY_SHARD is None:
-            _EMPTY_SHARD = self._empty_shard()
-        tmp = f"{path}.{os.getpid()}.new"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        try:
-            os.write(fd, _EMPTY_SHARD)
-            os.fsync(fd)  # a new shard is as durable as one SQLite wrote itself
-        finally:
-            os.close(fd)
-        try:
-            os.link(tmp, path)  # never replaces a shard another process created meanwhile
-        except FileExistsError:
-            return False
-        finally:
-            os.unlink(tmp)
-        return True
-
-    def _empty_shard(self) -> bytes:
-        path = os.path.join(self._base_dir, f".empty-shard.{os.getpid()}.db")
-        engine = sa.create_engine(f"sqlite:///{path}", poolclass=NullPool)
-        try:
-            self._initdb(engine)
-            engine.dispose()  # the last connection closed: the file holds everything
-            with open(path, "rb") as fh:
-                return fh.read()
-        finally:
-            for suffix in ("", "-wal", "-shm"):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path + suffix)
+            sweep_leftovers(self._base_dir)
+        return place_new_shard(path, self._base_dir, self._initdb)
 
     def store_event(self, event: dg.EventLogEntry) -> None:
-        """A step's check evaluation is held (``held_checks.py``) and written with the next
-        event in one transaction a shard; every other event as Dagster stores it, after the
-        evaluations held."""
+        """A step's check evaluation is held (``check_executions.HeldChecks``) and written with
+        the next event in one transaction a shard; every other event as Dagster stores it,
+        after the evaluations held."""
         with self._held.lock:
             if self._held.hold(event):
                 if self._held.full:
@@ -421,32 +358,6 @@ def _insertable(event: dg.EventLogEntry) -> bool:
         return False
     kind = dagster_event.event_type_value
     return kind == _MATERIALIZATION or (kind == _CHECK_EVALUATION and batchable(event))
-
-
-# What a process SIGKILLed inside ``_place_new_shard`` leaves: ``<run>.db.<pid>.new`` and
-# ``.empty-shard.<pid>.db`` (with its -wal/-shm). Nothing reads them.
-_LEFTOVER = re.compile(r"^(?:.+\.db\.(\d+)\.new|\.empty-shard\.(\d+)\.db(?:-wal|-shm)?)$")
-
-
-def _sweep_leftovers(base_dir: str) -> None:
-    """Remove the temporary shard files of processes that are gone."""
-    with contextlib.suppress(OSError):
-        for name in os.listdir(base_dir):
-            match = _LEFTOVER.match(name)
-            if match is None or _alive(int(match[1] or match[2])):
-                continue
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join(base_dir, name))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's process
-    return True
 
 
 class PooledSqliteStorage(DagsterSqliteStorage):

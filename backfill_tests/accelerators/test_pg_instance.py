@@ -14,7 +14,7 @@ from dagster._core.events import DagsterEventType, StepMaterializationData
 from dagster._core.events.log import EventLogEntry
 from dagster_postgres import PostgresEventLogStorage
 
-from backfill_assets.accelerators import held_checks
+from backfill_assets.accelerators import check_executions
 from backfill_assets.accelerators.pg_event_log import BatchingPostgresEventLogStorage
 from backfill_tests.accelerators.event_entries import (
     ASSET_ROW,
@@ -100,7 +100,7 @@ def test_an_evaluation_without_a_planned_row_is_inserted_as_dagster_does(
 def test_held_evaluations_are_written_at_the_cap_at_dispose_and_outside_a_step_at_once(
     two_instances: tuple[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(held_checks, "HELD_MAX", 5)
+    monkeypatch.setattr(check_executions, "HELD_MAX", 5)
     _run_id, planned, evaluations = check_run(12)
     ours = BatchingPostgresEventLogStorage(two_instances[1])
     reader = PostgresEventLogStorage(two_instances[1])

@@ -27,7 +27,7 @@ from dagster._core.events import (
 from dagster._core.events.log import EventLogEntry
 from dagster._core.storage.event_log.sqlite.sqlite_event_log import SqliteEventLogStorage
 
-from backfill_assets.accelerators import held_checks, sqlite_event_log
+from backfill_assets.accelerators import check_executions, sqlite_event_log
 from backfill_assets.accelerators.sqlite_event_log import PooledSqliteEventLogStorage
 from backfill_assets.accelerators.sqlite_instance import EmbeddedInstance
 from backfill_assets.runner.instance import INSTANCE_TEMPLATE
@@ -423,7 +423,7 @@ def test_check_rows_are_what_dagsters_own_storage_writes_in_fewer_commits(
 def test_held_evaluations_are_written_at_the_cap_at_dispose_and_at_exit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(held_checks, "HELD_MAX", 5)
+    monkeypatch.setattr(check_executions, "HELD_MAX", 5)
     _run_id, planned, evaluations = check_run(12)
     pooled = PooledSqliteEventLogStorage(str(tmp_path))
     pooled.store_event(planned)
