@@ -4,8 +4,10 @@
 
 Counts, from the source alone (nothing is run): modules per folder (the most), modules over
 400 lines, the distinct internal modules the CLI imports (outside ``backfill_assets.cli``,
-at the top of a module or inside a function), and the lines that name Dagster's private API
-(``dagster._``) outside the accelerator package.
+at the top of a module or inside a function), the lines that name Dagster's private API
+(``dagster._``) outside the accelerator package, and the settings declared again: a field of a
+settings group (``config/variables.py``) that a class of the product outside ``config/``
+declares with a default of its own (the simulator, a tool apart, is not counted).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -55,6 +58,22 @@ def _exists(module: str) -> bool:
     return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
 
 
+def _settings_declared_again(modules: list[Path]) -> list[str]:
+    from backfill_assets.config.variables import GROUPS
+
+    names = {name for group in GROUPS.values() for name in group.model_fields}
+    field = re.compile(r"^\s+(\w+): [^=()]+= .+$")
+    found = []
+    for p in modules:
+        if p.is_relative_to(PACKAGE / "config") or p.is_relative_to(PACKAGE / "providersim"):
+            continue
+        for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+            m = field.match(line)
+            if m and m[1] in names:
+                found.append(f"{m[1]} {p.relative_to(PACKAGE).as_posix()}:{i}")
+    return sorted(found)
+
+
 def facts() -> dict[str, object]:
     modules = sorted(PACKAGE.rglob("*.py"))
     per_folder = Counter(p.parent.relative_to(ROOT).as_posix() for p in modules)
@@ -75,6 +94,7 @@ def facts() -> dict[str, object]:
         for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
         if "dagster._" in line
     ]
+    again = _settings_declared_again(modules)
     return {
         "modules": len(modules),
         "folders": len(per_folder),
@@ -85,6 +105,8 @@ def facts() -> dict[str, object]:
         "cli_imports": cli_imports,
         "private_dagster_lines_outside_accelerators": len(private),
         "private_dagster_where": private,
+        "settings_declared_again": len({a.split()[0] for a in again}),
+        "settings_declared_again_where": again,
     }
 
 
@@ -113,6 +135,9 @@ def main() -> None:
     print(
         f"lines naming dagster._ outside accelerators/: {doc['private_dagster_lines_outside_accelerators']}"
     )
+    print(f"settings declared again outside config/: {doc['settings_declared_again']}")
+    for where in doc["settings_declared_again_where"]:  # type: ignore[attr-defined]
+        print(f"  {where}")
     print(json.dumps({k: v for k, v in doc.items() if isinstance(v, int)}))
 
 
