@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from backfill_assets.domain.work.records import MAX_LINE_BYTES, Record, Rejection
+from backfill_assets.domain.work.records import MAX_LINE_BYTES, Record, Rejection, rows_locator
 from backfill_assets.ingest.formats import ColumnsFor, ImportInputError, named_columns
 from backfill_assets.ingest.lines import InputBroken
 from backfill_assets.ingest.parquet_pages import (
@@ -135,10 +135,9 @@ def parquet_records(
             if empty:
                 # Refused from the footer alone: a file that lies in its statistics loses rows
                 # it says are empty, never reads more than it says.
-                first, last = row_no + 1, row_no + empty
-                where = f"row {first}" if empty == 1 else f"rows {first}-{last}"
-                yield Rejection(first, _empty_reason(needed), None, where, rows=empty)
-                row_no = last
+                where = rows_locator(row_no + 1, empty)
+                yield Rejection(row_no + 1, _empty_reason(needed), None, where, rows=empty)
+                row_no += empty
                 continue
             try:
                 rows = _batch_rows(path, pf, fh, group, needed, batch_rows)
@@ -281,8 +280,7 @@ def _batch_records(batch: Any, needed: dict[str, int], before: int) -> Iterator[
             end = i
             while end < len(totals) and blank[end]:
                 end += 1
-            where = f"row {row_no}" if end - i == 1 else f"rows {row_no}-{before + end}"
-            yield Rejection(row_no, empty, None, where, rows=end - i)
+            yield Rejection(row_no, empty, None, rows_locator(row_no, end - i), rows=end - i)
             i = end
             continue
         if i in over:

@@ -74,10 +74,15 @@ def merge_runs(items: Iterable[_Item | Rejection]) -> Iterator[_Item | Rejection
         yield _located(run)
 
 
+def rows_locator(first: int, rows: int) -> str:
+    """Where ``rows`` consecutive rows from ``first`` on are: ``row 7`` or ``rows 7-12``."""
+    return f"row {first}" if rows == 1 else f"rows {first}-{first + rows - 1}"
+
+
 def _located(run: Rejection) -> Rejection:
     if run.rows == 1:
         return run
-    return replace(run, locator=f"rows {run.line}-{run.line + run.rows - 1}")
+    return replace(run, locator=rows_locator(run.line, run.rows))
 
 
 @dataclass(frozen=True, slots=True)
