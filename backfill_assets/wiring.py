@@ -17,6 +17,8 @@ from backfill_assets.defs.reporting.usage import tenant_usage
 from backfill_assets.defs.resources import resources
 from backfill_assets.defs.sealing import sealed_resources
 from backfill_assets.defs.sensors import reporting_automation, tenant_partitions_sensor
+from backfill_assets.platform_db.sink import sink_of
+from backfill_assets.platform_db.sql_import import source_of
 
 BACKFILL_JOB = "moderation_backfill"
 APPLY_JOB = "apply_labels"
@@ -31,7 +33,7 @@ def build_definitions(settings: Settings | Mapping[str, str]) -> dg.Definitions:
     # The code location's runs send and book: its model needs a price.
     settings.require_price()
     per_run = settings.orchestration.partitions_per_run
-    source = settings.data.source()
+    source = source_of(settings.data)
     posts = build_posts(source)
     import_job, incremental = build_incremental_schedule(
         posts, source, settings.data.source_schedule
@@ -43,7 +45,7 @@ def build_definitions(settings: Settings | Mapping[str, str]) -> dg.Definitions:
     labels = build_moderation_labels(
         rubric, code_version, per_run, settings.drills.faults(), settings.policy_gate()
     )
-    applied = build_applied_labels(rubric, per_run, settings.data.sink())
+    applied = build_applied_labels(rubric, per_run, sink_of(settings.data))
     checks = build_partition_checks(rubric)
     backfill_plan = build_backfill_plan(rubric)
     evaluation = build_policy_evaluation(rubric, settings.policy_gate())

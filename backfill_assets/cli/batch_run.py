@@ -33,7 +33,13 @@ from backfill_assets.runner.api import (
     run_partitions,
     versions_for,
 )
-from backfill_assets.runner.queries import ChunkState, read_tx, state_counts, tenant_ids
+from backfill_assets.runner.queries import (
+    ChunkState,
+    read_tx,
+    state_counts,
+    store_engine,
+    tenant_ids,
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -45,7 +51,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         env = Settings.from_env({**os.environ, "BACKFILL_DISPATCH": "batch"})
         env.require_price()
         settings, model = RunResource.of(env), model_resource(env)
-        faults, engine = env.drills.faults(), env.store.engine()
+        faults, engine = env.drills.faults(), store_engine(env.store)
         with read_tx(engine) as conn:
             known = tenant_ids(conn)
         tenants = known_tenants(args.tenant, known) or known

@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
+from backfill_assets.config.urls import checked_model_url
 from backfill_assets.config.variables import (
     GROUPS,
     BatchSettings,
@@ -27,7 +28,6 @@ from backfill_assets.config.variables import (
     OrchestrationSettings,
     RunSettings,
     StoreSettings,
-    checked_model_url,
 )
 from backfill_assets.domain.checks.drift_baseline import (
     LIVE_BASELINE,

@@ -14,29 +14,22 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
-from urllib.parse import urlsplit
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
+from backfill_assets.config.sink_names import DEFAULT_BATCH as DEFAULT_SINK_BATCH
+from backfill_assets.config.sink_names import DEFAULT_TABLE as DEFAULT_SINK_TABLE
+from backfill_assets.config.sink_names import split_table_name
+from backfill_assets.config.urls import checked_model_url, database_url
 from backfill_assets.domain.checks.drift_baseline import LIVE_BASELINE, parse_baseline
 from backfill_assets.domain.checks.rules import CheckBounds, DriftRule
 from backfill_assets.domain.money.prices import PriceError, PriceTable
 from backfill_assets.domain.ranges import MAX_SETTING_SECONDS, MAX_TOKENS
 from backfill_assets.domain.work.faults import KILL_POINTS, FaultHooks
 from backfill_assets.domain.work.keys import DEFAULT_SLICE_TARGET
-from backfill_assets.ledger.dead_peer import DEFAULT_DEAD_PEER_SECONDS
-from backfill_assets.ledger.engine import database_url
-from backfill_assets.ledger.engines import engine_for
-from backfill_assets.platform_db.sink_names import DEFAULT_BATCH as DEFAULT_SINK_BATCH
-from backfill_assets.platform_db.sink_names import DEFAULT_TABLE as DEFAULT_SINK_TABLE
-from backfill_assets.platform_db.sink_names import split_table_name
 
 if TYPE_CHECKING:
-    from sqlalchemy.engine import Engine
-
     from backfill_assets.domain.policy.document import Policy
-    from backfill_assets.platform_db.sink import Sink
-    from backfill_assets.platform_db.sql_import import SqlSource
 
 # Sections of docs/configuration.md, in order, with their titles: one group each.
 SECTIONS: dict[str, str] = {
@@ -63,6 +56,8 @@ DEFAULT_FAKE_MODEL = "fake-moderator-1"
 # The name of the environment's source in the store (its mark, its rejects): the CLI's
 # ``import --sql ... --source posts_asset`` continues the same mark.
 ENV_SOURCE_NAME = "posts_asset"
+# How long an unanswered PostgreSQL peer may stay silent (BACKFILL_PG_DEAD_PEER_SECONDS).
+DEFAULT_DEAD_PEER_SECONDS = 15.0
 
 
 def _flag(value: object) -> object:
@@ -189,10 +184,6 @@ class StoreSettings(Group):
     def url(self) -> str:
         """``$BACKFILL_DATABASE_URL``, or a SQLite file in the Dagster home."""
         return self.database_url or f"sqlite:///{self.dagster_home / 'backfill.db'}"
-
-    def engine(self) -> Engine:
-        """The migrated engine of the store (the ``store`` resource's one method)."""
-        return engine_for(self.url, self.pg_dead_peer_seconds)
 
     @field_validator("database_url")
     @classmethod
@@ -756,29 +747,6 @@ class DataSettings(Group):
         """Where the ``posts`` asset may read exports (``BACKFILL_IMPORT_DIR``)."""
         return Path(self.import_dir) if self.import_dir else DEMO_DIR
 
-    def source(self) -> SqlSource | None:
-        """The posts asset's database source, if ``BACKFILL_SOURCE_URL`` names one."""
-        if not self.source_url:
-            return None
-        # The file readers behind it load pyarrow: only for a process that reads a source.
-        from backfill_assets.platform_db.sql_import import SqlSource
-
-        return SqlSource(
-            url=self.source_url,
-            query=self.source_query,
-            name=ENV_SOURCE_NAME,
-            cursor=self.source_cursor or None,
-        )
-
-    def sink(self) -> Sink | None:
-        """Where ``applied_labels`` writes labels back, if ``BACKFILL_SINK_URL`` is set."""
-        if not self.sink_url:
-            return None
-        # SQLAlchemy's dialects load with it: only for a process that writes to a sink.
-        from backfill_assets.platform_db.sink import Sink
-
-        return Sink(url=self.sink_url, table=self.sink_table, batch=self.sink_batch)
-
     @model_validator(mode="after")
     def _source_is_whole(self) -> DataSettings:
         if self.source_url and not self.source_query:
@@ -898,24 +866,6 @@ GROUPS: dict[str, type[Group]] = {
     "data": DataSettings,
     "drills": DrillSettings,
 }
-
-
-def checked_model_url(value: str) -> str:
-    """A model base URL we may send a key to: http(s), a host, no user or password in it (they
-    would be printed and stored with the URL, and httpx would send them as Basic auth in
-    place of the Bearer key)."""
-    try:
-        parts = urlsplit(value)
-        _ = parts.port  # a port that is not a number raises here
-    except ValueError:
-        raise ValueError("is not a URL (https://host/v1)") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError("must be an http:// or https:// URL with a host (https://host/v1)")
-    if parts.username is not None or parts.password is not None or "@" in parts.netloc:
-        raise ValueError(
-            "must not carry a user name or password: the key goes in BACKFILL_MODEL_API_KEY"
-        )
-    return value
 
 
 # Read by name elsewhere: the API keys by the adapters at run time (never parsed into

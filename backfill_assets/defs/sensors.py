@@ -12,6 +12,7 @@ from backfill_assets.defs.partitions import (
 )
 from backfill_assets.domain.work.keys import TENANT_ID_RE
 from backfill_assets.ledger.engine import read_tx
+from backfill_assets.ledger.engines import store_engine
 from backfill_assets.ledger.run.posts import slice_levels
 
 
@@ -25,7 +26,7 @@ def tenant_partitions_sensor(
     Only ids that pass the import's rule become partitions: a row written into ``tenants`` by
     other means must not turn into a partition key (and from there into a lock path).
     """
-    with read_tx(store.engine()) as conn:
+    with read_tx(store_engine(store)) as conn:
         levels = slice_levels(conn, None)
     valid = {t: lvl for t, lvl in levels.items() if TENANT_ID_RE.fullmatch(t)}
     if invalid := sorted(set(levels) - set(valid)):

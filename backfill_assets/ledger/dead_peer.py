@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode
 
+from backfill_assets.config.variables import DEFAULT_DEAD_PEER_SECONDS
 from backfill_assets.domain.urls import parse_database_url
 
-DEFAULT_DEAD_PEER_SECONDS = 15.0
 # Probes after the idle time: three, so one lost probe decides nothing.
 _PROBES = 3
 # ``tcp_user_timeout`` appeared in PostgreSQL 12 (server_version_num 120000).

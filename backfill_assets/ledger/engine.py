@@ -11,40 +11,12 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
+from backfill_assets.config.urls import normalize_url
 from backfill_assets.ledger.dead_peer import DeadPeer
 from backfill_assets.ledger.private_files import tighten
 
 # The engine's dead-peer figure, for processes that build their own engine from its URL.
 _DEAD_PEER_OPTION = "backfill_dead_peer_s"
-
-
-def database_url(url: str) -> sa.URL:
-    """``url`` as SQLAlchemy reads it; ``ValueError`` saying what is wrong with it (never
-    quoting it: it may hold a password)."""
-    try:
-        parsed = sa.engine.make_url(url)
-    except sa.exc.ArgumentError:
-        raise ValueError(
-            "is not a database URL (dialect://user:password@host:port/database, sqlite:///path)"
-        ) from None
-    except ValueError:  # SQLAlchemy's int() of the port
-        raise ValueError("is not a database URL: its port is not a number") from None
-    parts = [parsed.username, parsed.password, parsed.host, parsed.database]
-    for value in parsed.query.values():
-        parts += [value] if isinstance(value, str) else list(value)
-    if any("\x00" in p for p in parts if p):
-        # A driver refuses it with a traceback ("embedded null character").
-        raise ValueError("is not a database URL: it holds a NUL character (%00)")
-    return parsed
-
-
-def normalize_url(url: str) -> str:
-    """Pin PostgreSQL URLs to psycopg2, the driver dagster-postgres is tested with."""
-    if url.startswith("postgres://"):
-        url = "postgresql://" + url[len("postgres://") :]
-    if url.startswith("postgresql://"):
-        url = "postgresql+psycopg2://" + url[len("postgresql://") :]
-    return url
 
 
 def make_engine(url: str, dead_peer: DeadPeer | None = None) -> Engine:

@@ -7,7 +7,8 @@ import threading
 
 from sqlalchemy.engine import Engine
 
-from backfill_assets.ledger.dead_peer import DEFAULT_DEAD_PEER_SECONDS, DeadPeer
+from backfill_assets.config.variables import DEFAULT_DEAD_PEER_SECONDS, StoreSettings
+from backfill_assets.ledger.dead_peer import DeadPeer
 from backfill_assets.ledger.engine import make_engine
 from backfill_assets.ledger.migrate import migrate
 
@@ -53,3 +54,8 @@ def engine_for(url: str, dead_peer_seconds: float = DEFAULT_DEAD_PEER_SECONDS) -
             migrate(engine)
             _engines[(url, dead_peer_seconds)] = engine
         return engine
+
+
+def store_engine(store: StoreSettings) -> Engine:
+    """The migrated engine of the store the settings name (the ``store`` resource)."""
+    return engine_for(store.url, store.pg_dead_peer_seconds)

@@ -7,9 +7,9 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 
+from backfill_assets.config.urls import database_url, normalize_url
 from backfill_assets.domain.urls import redact_url, scrub
 from backfill_assets.ledger.dead_peer import DeadPeer
-from backfill_assets.ledger.engine import database_url, normalize_url
 
 
 class PlatformDbError(ValueError):

@@ -22,6 +22,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.schema import CreateTable
 
+from backfill_assets.config.sink_names import DEFAULT_BATCH, DEFAULT_TABLE, split_table_name
+from backfill_assets.config.variables import DataSettings
 from backfill_assets.domain.policy.document import Policy
 from backfill_assets.domain.urls import redact_url
 from backfill_assets.domain.work.keys import partition_of
@@ -30,7 +32,6 @@ from backfill_assets.ledger.engine import write_tx
 from backfill_assets.ledger.run.posts import slice_levels
 from backfill_assets.ledger.tables import applied_labels, posts, results, sink_writes, utcnow
 from backfill_assets.platform_db.connections import PlatformDbError, failure_text, platform_engine
-from backfill_assets.platform_db.sink_names import DEFAULT_BATCH, DEFAULT_TABLE, split_table_name
 from backfill_assets.platform_db.sink_upsert import KEY, upsert
 
 
@@ -306,3 +307,10 @@ def gap_partitions(
     found = gaps(conn, sink_id, key_version, tenants)
     levels = slice_levels(conn, {t for t, _s in found})
     return {(t, partition_of(s, levels[t]), levels[t]) for t, s in found if t in levels}
+
+
+def sink_of(data: DataSettings) -> Sink | None:
+    """Where ``applied_labels`` writes labels back, if ``BACKFILL_SINK_URL`` is set."""
+    if not data.sink_url:
+        return None
+    return Sink(url=data.sink_url, table=data.sink_table, batch=data.sink_batch)

@@ -20,6 +20,7 @@ from typing import Any
 
 from sqlalchemy.engine import Connection, Engine
 
+from backfill_assets.config.variables import ENV_SOURCE_NAME, DataSettings
 from backfill_assets.domain.work.columns import ColumnMap
 from backfill_assets.domain.work.keys import DEFAULT_SLICE_TARGET
 from backfill_assets.domain.work.records import Post, Rejection, shown, validate_row
@@ -65,6 +66,18 @@ class SqlSource:
     def label(self) -> str:
         """How the source is named in rejects and tables."""
         return f"sql:{self.name}"
+
+
+def source_of(data: DataSettings) -> SqlSource | None:
+    """The posts asset's database source, if ``BACKFILL_SOURCE_URL`` names one."""
+    if not data.source_url:
+        return None
+    return SqlSource(
+        url=data.source_url,
+        query=data.source_query,
+        name=ENV_SOURCE_NAME,
+        cursor=data.source_cursor or None,
+    )
 
 
 @dataclass

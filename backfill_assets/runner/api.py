@@ -44,7 +44,7 @@ from backfill_assets.ingest.importer import (
 from backfill_assets.ledger.engine import read_tx
 from backfill_assets.ledger.run.posts import slice_levels
 from backfill_assets.ledger.run.tenants import all_regions
-from backfill_assets.platform_db.sink import SinkError, check, ddl, gap_partitions
+from backfill_assets.platform_db.sink import SinkError, check, ddl, gap_partitions, sink_of
 from backfill_assets.platform_db.sql_import import SqlImport, SqlSource, import_sql
 from backfill_assets.runner.canary import run_sample
 from backfill_assets.runner.deadline_plan import NoLimitKnown, plan_deadline
@@ -123,6 +123,7 @@ __all__ = [
     "run_sample",
     "run_work",
     "select_partitions",
+    "sink_of",
     "store_gold",
     "usage_csv",
     "utc",
@@ -153,7 +154,7 @@ def run_work(
     with read_tx(engine) as conn:
         levels = slice_levels(conn, tenants)
     order = ensure_partitions(inst, levels)
-    sink = settings.data.sink()
+    sink = sink_of(settings.data)
     plan = make_plan(
         engine,
         inst,

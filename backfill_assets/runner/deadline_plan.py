@@ -19,6 +19,7 @@ from backfill_assets.domain.money.nanos import usd
 from backfill_assets.domain.money.prices import Tier
 from backfill_assets.domain.money.tier_split import Rates
 from backfill_assets.ledger.engine import read_tx
+from backfill_assets.ledger.engines import store_engine
 from backfill_assets.ledger.run.batch_cancels import cancel_durations, endpoint_id
 from backfill_assets.ledger.run.submissions import batch_durations
 from backfill_assets.ledger.run.tenants import tenant_regions
@@ -166,7 +167,7 @@ def plan_deadline(
     now: dt.datetime,
 ) -> DeadlinePlan:
     """The plan for ``tenants``' pending keys (read-only: nothing is sent or stored)."""
-    engine = settings.store.engine()
+    engine = store_engine(settings.store)
     model = model_resource(settings)
     versions = versions_for(model, settings.rubric())
     cap = settings.run.tenant_budget_tokens

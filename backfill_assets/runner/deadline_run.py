@@ -43,6 +43,7 @@ from backfill_assets.dispatch.pipeline import run_partitions
 from backfill_assets.domain.money.flex_quota import FlexQuota
 from backfill_assets.domain.money.nanos import usd_text
 from backfill_assets.ledger.engine import read_tx, write_tx
+from backfill_assets.ledger.engines import store_engine
 from backfill_assets.ledger.run.posts import slice_levels
 from backfill_assets.ledger.run.work import sendable_count
 from backfill_assets.ledger.spend import deadline_plans
@@ -141,7 +142,7 @@ class _Steps:
         now: Callable[[], dt.datetime],
     ) -> None:
         self.settings, self.plan, self.log, self.now = settings, plan, log, now
-        self.engine = settings.store.engine()
+        self.engine = store_engine(settings.store)
         self.refs = plan_refs(self.engine, plan.tenants())
         self.switch_at = None if plan.switch_over is None else utc(plan.switch_over).timestamp()
         self.has_batch = any(plan.batch_quota().values())
@@ -240,7 +241,7 @@ class _Steps:
 
 
 def _pending(settings: Settings, tenants: Sequence[str]) -> int:
-    with read_tx(settings.store.engine()) as conn:
+    with read_tx(store_engine(settings.store)) as conn:
         return sendable_count(conn, tenants, settings.versions())
 
 
@@ -288,7 +289,7 @@ def _run(
     reports: list[PartitionReport]
     try:
         reports = run_partitions(
-            settings.store.engine(),
+            store_engine(settings.store),
             refs,
             make_adapter,
             settings.versions(),

@@ -11,10 +11,10 @@ from collections.abc import MutableMapping
 import dagster as dg
 
 from backfill_assets.config.settings import Settings
+from backfill_assets.config.urls import database_url, normalize_url
 from backfill_assets.domain.errors import UserError
 from backfill_assets.domain.urls import redact_url, redact_urls_in, scrub
 from backfill_assets.ledger.dead_peer import DeadPeer
-from backfill_assets.ledger.engine import database_url, normalize_url
 
 # The project's dagster.yaml, shipped inside the package (a link to it in a checkout).
 INSTANCE_TEMPLATE = importlib.resources.files("backfill_assets") / "instance" / "dagster.yaml"

@@ -6,8 +6,9 @@ Running work goes through ``api``.
 
 from __future__ import annotations
 
-from backfill_assets.ledger.engine import database_url, read_tx, write_tx
-from backfill_assets.ledger.engines import engine_for
+from backfill_assets.config.urls import database_url
+from backfill_assets.ledger.engine import read_tx, write_tx
+from backfill_assets.ledger.engines import engine_for, store_engine
 from backfill_assets.ledger.evaluations import CustomerTenant
 from backfill_assets.ledger.label_export import LabelRow, tenant_labels
 from backfill_assets.ledger.migrate import migrate, schema_versions
@@ -52,6 +53,7 @@ __all__ = [
     "set_region",
     "slice_levels",
     "state_counts",
+    "store_engine",
     "tenant_caps",
     "tenant_ids",
     "tenant_labels",

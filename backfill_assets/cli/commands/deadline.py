@@ -24,6 +24,7 @@ from backfill_assets.runner.queries import (
     mark,
     open_plan,
     read_tx,
+    store_engine,
     write_tx,
 )
 
@@ -49,7 +50,7 @@ def cmd_run_deadline(
     """Plan (and unless ``--dry-run`` carry out) ``tenants``' backfill by the deadline, as
     (exit code, JSON document, human lines)."""
     now = dt.datetime.now(dt.UTC)
-    engine = settings.store.engine()
+    engine = store_engine(settings.store)
     versions = settings.versions()
     with read_tx(engine) as conn:
         stored = open_plan(conn, versions.code_version)
@@ -124,7 +125,7 @@ def _carry(
     chosen = settings.replace(batch={"dispatch": "sync"}, model={"service_tier": "standard"})
     doc, run_human = record(chosen, plan.tenants() or tenants)
     recorded = dt.datetime.now(dt.UTC)
-    with write_tx(settings.store.engine()) as conn:
+    with write_tx(store_engine(settings.store)) as conn:
         mark(conn, plan.plan_id, "finished")
     # The deadline is for the labels: the model work, not the bookkeeping after it.
     met = carried.done_at <= utc(plan.deadline)

@@ -153,9 +153,9 @@ def _atomic(path: Path, write: Any) -> Any:
 
 def cmd_export(args: argparse.Namespace, settings: Settings) -> int:
     """Write each tenant's accepted labels to ``DIR/<tenant>.<format>`` and a manifest."""
-    from backfill_assets.runner.queries import read_tx, tenant_ids, tenant_labels
+    from backfill_assets.runner.queries import read_tx, store_engine, tenant_ids, tenant_labels
 
-    engine = settings.store.engine()
+    engine = store_engine(settings.store)
     with read_tx(engine) as conn:
         known = tenant_ids(conn)
     # Every argument is checked before DIR is made: a refused export leaves nothing behind.

@@ -138,7 +138,7 @@ def cmd_import(args: argparse.Namespace, settings: Settings) -> int:
         instance,
         record_import,
     )
-    from backfill_assets.runner.queries import ImportSummary, read_tx, slice_levels
+    from backfill_assets.runner.queries import ImportSummary, read_tx, slice_levels, store_engine
 
     freeze_heap()  # what the runner loaded lives until the end (process.py)
 
@@ -150,7 +150,7 @@ def cmd_import(args: argparse.Namespace, settings: Settings) -> int:
             files = export_files(Path(args.path))
         except ImportInputError as exc:
             raise UserError(str(exc)) from None
-    engine = settings.store.engine()
+    engine = store_engine(settings.store)
     done: list[tuple[str, ImportSummary]] = []
     from_sql: SqlImport | None = None
     with ProgressDisplay("lines", enabled=wanted(args.json)) as display:
@@ -210,10 +210,11 @@ def cmd_rejects(args: argparse.Namespace, settings: Settings) -> int:
         read_tx,
         reject_sources,
         rejected_tenant_values,
+        store_engine,
         tenant_ids,
     )
 
-    engine = settings.store.engine()
+    engine = store_engine(settings.store)
     with read_tx(engine) as conn:
         sources = reject_sources(conn)
         if args.tenant is not None:

@@ -95,10 +95,11 @@ def cmd_check(args: argparse.Namespace, settings: Settings) -> int:
         partition_ref,
         with_levels,
     )
+    from backfill_assets.runner.queries import store_engine
 
     if not args.summary and len(args.tenant) != 1:
         raise UserError("check needs exactly one --tenant (or --summary for an overview)")
-    engine = settings.store.engine()
+    engine = store_engine(settings.store)
     if args.summary:
         return _check_summary(args, settings, engine)
     tenant = store_tenants(engine, args.tenant)[0]
@@ -185,10 +186,11 @@ def _no_work(settings: Settings) -> dict[str, str]:
     """Partitions ``run`` would skip, with why (the same rule: plan.py), from the store and the
     local instance: no posts, or nothing to do. Tenants the store does not know are not
     judged (kept), so a launch from a host without the store launches what the UI shows."""
-    from backfill_assets.runner.api import instance, make_plan
+    from backfill_assets.runner.api import instance, make_plan, sink_of
+    from backfill_assets.runner.queries import store_engine
 
-    engine = settings.store.engine()
-    sink = settings.data.sink()
+    engine = store_engine(settings.store)
+    sink = sink_of(settings.data)
     plan = make_plan(
         engine,
         instance(settings),
@@ -200,9 +202,9 @@ def _no_work(settings: Settings) -> dict[str, str]:
 
 def _regions(settings: Settings) -> dict[str, str | None]:
     """Every tenant's region, for the backfills' ``region`` tags."""
-    from backfill_assets.runner.queries import all_regions, read_tx
+    from backfill_assets.runner.queries import all_regions, read_tx, store_engine
 
-    with read_tx(settings.store.engine()) as conn:
+    with read_tx(store_engine(settings.store)) as conn:
         return all_regions(conn)
 
 

@@ -40,13 +40,15 @@ if TYPE_CHECKING:
 
 def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     """Materialise labels, checks and the gated apply in-process; exit 1 if a check blocked."""
+    from backfill_assets.runner.queries import store_engine
+
     # This module, and with it Dagster and the provider stack, loads only when `run` is chosen
     # (cli/parsers.py, lazy); what they bring lives until the process ends, so the collector
     # is spared it (process.py).
     freeze_heap()
     _check_flags(args)
     settings.require_price()
-    engine = settings.store.engine()
+    engine = store_engine(settings.store)
     tenants = store_tenants(engine, args.tenant)
     if args.deadline:
         if not args.dry_run:

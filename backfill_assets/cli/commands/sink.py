@@ -83,9 +83,9 @@ def cmd_sink_ddl(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_sink_check(args: argparse.Namespace, settings: Settings) -> int:
     """Exit 0 when the sink can be written, else 2 listing every problem."""
-    from backfill_assets.runner.api import SinkError, check
+    from backfill_assets.runner.api import SinkError, check, sink_of
 
-    sink = settings.data.sink()
+    sink = sink_of(settings.data)
     if sink is None:
         raise UserError("BACKFILL_SINK_URL is not set: there is no sink to check")
     try:
@@ -104,14 +104,15 @@ def cmd_sink_write(args: argparse.Namespace, settings: Settings) -> int:
         PartitionRef,
         gap_partitions,
         partition_key_for,
+        sink_of,
         write_back,
     )
-    from backfill_assets.runner.queries import read_tx, tenant_ids
+    from backfill_assets.runner.queries import read_tx, store_engine, tenant_ids
 
-    sink = settings.data.sink()
+    sink = sink_of(settings.data)
     if sink is None:
         raise UserError("BACKFILL_SINK_URL is not set: there is no sink to write to")
-    engine = settings.store.engine()
+    engine = store_engine(settings.store)
     policy = settings.rubric().policy
     with read_tx(engine) as conn:
         tenants = known_tenants(args.tenant, tenant_ids(conn))

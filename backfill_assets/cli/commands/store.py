@@ -24,15 +24,15 @@ if TYPE_CHECKING:
 
 def cmd_verify(args: argparse.Namespace, settings: Settings) -> int:
     """Check the store; exit 1 on isolation/duplicate problems (or missing keys if required)."""
-    from backfill_assets.runner.api import verify_store
-    from backfill_assets.runner.queries import read_tx, tenant_ids
+    from backfill_assets.runner.api import sink_of, verify_store
+    from backfill_assets.runner.queries import read_tx, store_engine, tenant_ids
 
     freeze_heap()  # what the runner loaded lives until the end (process.py)
 
-    engine = settings.store.engine()
+    engine = store_engine(settings.store)
     with read_tx(engine) as conn:
         tenants = known_tenants(args.tenant, tenant_ids(conn))
-    outcome = verify_store(engine, settings.versions(), tenants or None, settings.data.sink())
+    outcome = verify_store(engine, settings.versions(), tenants or None, sink_of(settings.data))
     doc = outcome.as_dict(require_complete=args.require_complete)
     human = table(
         doc["tenants"],
@@ -64,13 +64,18 @@ def cmd_verify(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_usage(args: argparse.Namespace, settings: Settings) -> int:
     """Tokens, cost and calls per tenant, model and day (or per tenant and model)."""
     from backfill_assets.runner.api import REPRICE_COLUMNS, USAGE_COLUMNS, reprice, usage_csv
-    from backfill_assets.runner.queries import read_tx, usage_by_day, usage_by_tenant_model
+    from backfill_assets.runner.queries import (
+        read_tx,
+        store_engine,
+        usage_by_day,
+        usage_by_tenant_model,
+    )
 
     if args.reconcile:
         # The report is read, and refused if need be, before the store is opened.
         report = _read_report(Path(args.reconcile))
-        return _reconcile(args, settings.store.engine(), report)
-    engine = settings.store.engine()
+        return _reconcile(args, store_engine(settings.store), report)
+    engine = store_engine(settings.store)
     if args.reprice:
         with read_tx(engine) as conn:
             repriced = reprice(conn, settings.model.prices())
@@ -127,14 +132,19 @@ def _reconcile(args: argparse.Namespace, engine: sa.Engine, report: ProviderRepo
 def cmd_dry_run(args: argparse.Namespace, settings: Settings) -> int:
     """Pending keys per tenant, with estimated tokens and cost and the reserved upper bound."""
     from backfill_assets.runner.api import model_resource, versions_for
-    from backfill_assets.runner.queries import budget_status, estimate_pending, read_tx
+    from backfill_assets.runner.queries import (
+        budget_status,
+        estimate_pending,
+        read_tx,
+        store_engine,
+    )
 
     settings.require_price()
     rubric = settings.rubric()
     if args.policy:
         # What another policy would cost, before switching BACKFILL_POLICY_PATH to it.
         rubric = Rubric(load_user_policy(args.policy))
-    engine = settings.store.engine()
+    engine = store_engine(settings.store)
     versions = versions_for(model_resource(settings), rubric)
     tenants = store_tenants(engine, args.tenant)
     default_tokens = settings.run.tenant_budget_tokens or None
@@ -175,9 +185,9 @@ def cmd_dry_run(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_requeue(args: argparse.Namespace, settings: Settings) -> int:
     """Delete dead letters so those keys are sent again on the next run."""
-    from backfill_assets.runner.queries import requeue, write_tx
+    from backfill_assets.runner.queries import requeue, store_engine, write_tx
 
-    engine = settings.store.engine()
+    engine = store_engine(settings.store)
     tenant = store_tenants(engine, [args.tenant])[0]
     with write_tx(engine) as conn:
         n = requeue(conn, tenant, args.outcome)
@@ -188,9 +198,9 @@ def cmd_requeue(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
     """Run the pending migrations (the JSON field keeps its name, ``applied``)."""
-    from backfill_assets.runner.queries import migrate, read_tx, schema_versions
+    from backfill_assets.runner.queries import migrate, read_tx, schema_versions, store_engine
 
-    engine = settings.store.engine()
+    engine = store_engine(settings.store)
     with read_tx(engine) as conn:
         versions = schema_versions(conn)
     ran = migrate(engine)

@@ -77,13 +77,19 @@ def add_tenant_commands(add: Callable[[str, str], argparse.ArgumentParser]) -> N
 
 def cmd_set_region(args: argparse.Namespace, settings: Settings) -> int:
     """Set a tenant's region; exit 2 for a malformed region or an unknown tenant."""
-    from backfill_assets.runner.queries import read_tx, set_region, tenant_ids, write_tx
+    from backfill_assets.runner.queries import (
+        read_tx,
+        set_region,
+        store_engine,
+        tenant_ids,
+        write_tx,
+    )
 
     try:
         region = validate_region(args.region)
     except InvalidRegion as exc:
         raise UserError(f"argument REGION: {exc}") from None
-    engine = settings.store.engine()
+    engine = store_engine(settings.store)
     with read_tx(engine) as conn:
         tenant = known_tenants([args.tenant], tenant_ids(conn), flag="TENANT")[0]
     with write_tx(engine) as conn:
@@ -109,6 +115,7 @@ def cmd_set_budget(args: argparse.Namespace, settings: Settings) -> int:
         budget_status,
         read_tx,
         set_caps,
+        store_engine,
         tenant_caps,
         tenant_ids,
         write_tx,
@@ -122,7 +129,7 @@ def cmd_set_budget(args: argparse.Namespace, settings: Settings) -> int:
         given["tokens"] = args.tokens.value
     if not given:
         raise UserError("give --usd AMOUNT and/or --tokens N (or 'none' to remove a cap)")
-    engine = settings.store.engine()
+    engine = store_engine(settings.store)
     with read_tx(engine) as conn:
         tenant = known_tenants([args.tenant], tenant_ids(conn), flag="TENANT")[0]
     default_tokens = settings.run.tenant_budget_tokens or None
@@ -154,9 +161,9 @@ def _budget_text(doc: dict[str, object]) -> str:
 
 def cmd_tenant_list(args: argparse.Namespace, settings: Settings) -> int:
     """Every tenant's region, posts, done keys (current versions) and billed tokens."""
-    from backfill_assets.runner.queries import read_tx, tenant_rows
+    from backfill_assets.runner.queries import read_tx, store_engine, tenant_rows
 
-    engine = settings.store.engine()
+    engine = store_engine(settings.store)
     with read_tx(engine) as conn:
         rows = tenant_rows(conn, settings.versions())
     emit(args, {"tenants": rows}, table(rows, TENANT_COLUMNS))

@@ -22,6 +22,7 @@ from backfill_assets.domain.policy.document import Policy
 from backfill_assets.domain.policy.rubric import Rubric
 from backfill_assets.ledger.apply import ApplyReport, apply_partitions, newer_versions
 from backfill_assets.ledger.engine import read_tx, refresh_planner_stats, write_tx
+from backfill_assets.ledger.engines import store_engine
 from backfill_assets.ledger.run import partition_marks
 from backfill_assets.ledger.run.partition_counts import post_counts
 from backfill_assets.ledger.run.partition_groups import grouped_by_posts
@@ -127,7 +128,7 @@ def _applied_asset(
         run_keys = context.partition_keys
         refs = run_refs(run_keys)
         versions = run_versions(model, rubric, loaded_code_version(context.job_def))
-        engine = store.engine()
+        engine = store_engine(store)
         refs = with_levels(engine, refs)
         # Dagster's blocking checks gate this step when they ran in the same run. Launched on
         # its own (UI, or the CLI's per-partition follow-up) it would not be gated, so for any

@@ -19,6 +19,7 @@ from backfill_assets.domain.policy.evaluation import Gate
 from backfill_assets.domain.policy.rubric import Rubric
 from backfill_assets.domain.work.faults import NO_FAULTS, FaultHooks
 from backfill_assets.ledger.engine import read_tx, write_tx
+from backfill_assets.ledger.engines import store_engine
 from backfill_assets.ledger.locks.fence import LockLost
 from backfill_assets.ledger.reports import partition_spend
 from backfill_assets.ledger.run import partition_marks
@@ -75,19 +76,19 @@ def _labels_asset(
         # The policy the definitions loaded: the keys and the requests use the same text.
         versions = run_versions(model, rubric, code_version)
         if gate is not None:
-            check_result = gate_result(store.engine(), rubric, versions.model, gate)
+            check_result = gate_result(store_engine(store), rubric, versions.model, gate)
             if not check_result.passed:
                 raise dg.Failure(description=check_result.summary, allow_retries=False)
         # Which stored slices each partition holds depends on its tenant's slice level.
-        refs = with_levels(store.engine(), refs)
+        refs = with_levels(store_engine(store), refs)
         context.log.info(f"{len(refs)} partition(s), {versions.code_version}")
         # Not done until this materialisation is checked and applied (partition_marks.py).
-        with write_tx(store.engine()) as conn:
+        with write_tx(store_engine(store)) as conn:
             partition_marks.clear(conn, [r.mark for r in refs])
         stopped: RunStopped | None = None
         try:
             reports = run_partitions(
-                store.engine(),
+                store_engine(store),
                 refs,
                 model.build_adapter,
                 versions,
@@ -104,7 +105,7 @@ def _labels_asset(
             raise dg.Failure(description=str(exc), allow_retries=False) from exc
         # A partition that holds no stored slice has billed nothing.
         spend = {r.ref.key: {"billed_tokens": 0, "rebilled_tokens": 0} for r in reports}
-        with read_tx(store.engine()) as conn:
+        with read_tx(store_engine(store)) as conn:
             for group in grouped(reports, lambda r: r.posts):
                 spend.update(partition_spend(conn, owners_of_all(r.ref for r in group)))
         add_partition_metadata(

@@ -43,6 +43,7 @@ from backfill_assets.domain.checks.catalog import (
 from backfill_assets.domain.policy.rubric import Rubric
 from backfill_assets.domain.work.keys import Versions
 from backfill_assets.ledger.engine import read_tx, refresh_planner_stats
+from backfill_assets.ledger.engines import store_engine
 from backfill_assets.ledger.evidence import check_pool
 from backfill_assets.ledger.evidence.evidence import Partition
 from backfill_assets.ledger.evidence.partition_checks import Baseline, CheckSetup, check_partitions
@@ -250,13 +251,13 @@ def _checks(specs: list[dg.AssetCheckSpec], rubric: Rubric) -> dg.AssetChecksDef
         refs = run_refs(context.partition_keys)
         job = context.op_execution_context.job_def
         versions = run_versions(model, rubric, loaded_code_version(job))
-        refs = with_levels(store.engine(), refs)
+        refs = with_levels(store_engine(store), refs)
         selected = {k.name for k in context.selected_asset_check_keys}
         names = [m for g in CHECK_GROUPS if g.name in selected for m in g.members]
         failed: dict[str, list[str]] = {}
         latest = _latest_materializations(context.instance, [ref.key for ref in refs])
         checked = check_results_for_many(
-            store.engine(),
+            store_engine(store),
             refs,
             versions,
             rubric,

@@ -19,6 +19,7 @@ from backfill_assets.defs.resources import RunResource
 from backfill_assets.defs.sealing import launch_field
 from backfill_assets.ingest.importer import ImportInputError, files_within, import_files
 from backfill_assets.ledger.engine import read_tx
+from backfill_assets.ledger.engines import store_engine
 from backfill_assets.ledger.run.posts import ImportSummary, slice_levels
 from backfill_assets.platform_db.sql_import import SqlSource, import_sql
 
@@ -56,7 +57,7 @@ def build_posts(source: SqlSource | None) -> dg.AssetsDefinition:
         extra: dict[str, dg.MetadataValue[Any]] = {}
         try:
             if source is not None:
-                done = import_sql(store.engine(), source, slice_target=target)
+                done = import_sql(store_engine(store), source, slice_target=target)
                 summary = done.summary
                 extra["source"] = dg.MetadataValue.text(source.label)
                 mark = done.high_water()
@@ -65,7 +66,7 @@ def build_posts(source: SqlSource | None) -> dg.AssetsDefinition:
             else:
                 files = _launch_files(context, settings)
                 summary = ImportSummary()
-                for _f, one in import_files(store.engine(), files, slice_target=target):
+                for _f, one in import_files(store_engine(store), files, slice_target=target):
                     summary.add(one)
                 names = ", ".join(f.name for f in files[:20])
                 extra["source"] = dg.MetadataValue.text(names)
@@ -98,7 +99,7 @@ def _register_partitions(
 ) -> list[str]:
     """Register the partitions of every tenant the import touched (a tenant that grew past
     its slice level gets its new slices); returns the new tenants."""
-    with read_tx(store.engine()) as conn:
+    with read_tx(store_engine(store)) as conn:
         levels = slice_levels(conn, summary.tenants_seen)
     ensure_partitions(context.instance, levels)
     return sorted(summary.new_tenants)

@@ -20,6 +20,7 @@ from backfill_assets.defs.sensors import refresh_condition
 from backfill_assets.domain.money.nanos import usd_text
 from backfill_assets.domain.policy.rubric import Rubric
 from backfill_assets.ledger.engine import read_tx
+from backfill_assets.ledger.engines import store_engine
 from backfill_assets.ledger.reports import tenant_ids
 from backfill_assets.ledger.spend.deadline_plans import StoredPlan, open_plan
 from backfill_assets.ledger.spend.estimate import TenantEstimate, estimate_pending
@@ -100,7 +101,7 @@ def deadline_table(plan: StoredPlan, rows: list[TenantEstimate], now: dt.datetim
 
 def _plan(store: StoreSettings, model: ModelResource, rubric: Rubric) -> dg.MaterializeResult[None]:
     versions = versions_for(model, rubric)
-    with read_tx(store.engine()) as conn:
+    with read_tx(store_engine(store)) as conn:
         rows = estimate_pending(conn, tenant_ids(conn), versions, rubric, model.price_table())
         running = open_plan(conn, versions.code_version)
     metadata: dict[str, Any] = {

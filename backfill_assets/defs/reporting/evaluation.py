@@ -42,6 +42,7 @@ from backfill_assets.domain.work.records import Post, Rejection
 from backfill_assets.ingest.gold import GoldSet
 from backfill_assets.ledger import evaluations as evals
 from backfill_assets.ledger.engine import read_tx, write_tx
+from backfill_assets.ledger.engines import store_engine
 from backfill_assets.ledger.run.posts import ImportSummary, raise_slice_levels, write_batch
 
 GATE_CHECK = "macro_f1_gate"
@@ -347,7 +348,7 @@ def build_policy_evaluation(rubric: Rubric, gate: Gate | None) -> dg.AssetsDefin
         store: dg.ResourceParam[StoreSettings], model: dg.ResourceParam[ModelResource]
     ) -> dg.MaterializeResult:  # type: ignore[type-arg]
         """Each policy version's latest gold-set evaluation (`backfill-moderation evaluate`)."""
-        engine = store.engine()
+        engine = store_engine(store)
         check_result = gate_result(engine, rubric, model.model, gate)
         check = gate_evaluation(check_result)
         return dg.MaterializeResult(

@@ -18,6 +18,7 @@ from backfill_assets.domain.money.nanos import cached_share, cost_text, usd_roun
 from backfill_assets.domain.money.prices import PriceTable, Tier, event_cost
 from backfill_assets.domain.policy.rubric import MAX_OUTPUT_TOKENS
 from backfill_assets.ledger.engine import read_tx
+from backfill_assets.ledger.engines import store_engine
 from backfill_assets.ledger.run.usage import usage_by_day, usage_events
 
 USAGE_COLUMNS = (
@@ -143,7 +144,7 @@ def reprice(conn: Connection, table: PriceTable) -> list[dict[str, Any]]:
 )
 def tenant_usage(store: dg.ResourceParam[StoreSettings]) -> dg.MaterializeResult[None]:
     """Tokens, cost and calls per tenant, model and day (the invoice's source)."""
-    with read_tx(store.engine()) as conn:
+    with read_tx(store_engine(store)) as conn:
         rows = usage_by_day(conn)
     totals = tenant_totals(rows)
     cost = sum(t["cost_nanos"] for t in totals.values())
