@@ -23,7 +23,9 @@ from backfill_assets.runner.verify import VerifyReport, verify_store
 
 RUBRIC = Rubric()
 VERSIONS = Versions(TASK_VERSION, RUBRIC.key_version, "fake-moderator-1")
-FAST_RETRY = RetryPolicy(max_attempts=3, retry_base_seconds=0.0, retry_max_seconds=0.0)
+FAST_RETRY = RetryPolicy(
+    max_attempts=3, retry_base_seconds=0.0, retry_max_seconds=0.0, retry_after_max_seconds=900.0
+)
 
 
 def varied_corpus(tenants: list[str], n: int) -> list[dict[str, str]]:

@@ -27,6 +27,7 @@ import pytest
 from backfill_assets.cli import build_parser
 from backfill_assets.cli.commands.provider_sim import sim_parser
 from backfill_tests.cli_runs import ROOT, clean_env
+from bench.layout_bench import settings_declared_again
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SKIP_MARK = re.compile(r"^<!--\s*needs:\s*server\b(.*?)-->$")
@@ -315,6 +316,19 @@ def test_no_module_exceeds_four_hundred_lines() -> None:
     assert {m: n for m, n in long.items() if m not in _LONG_MODULES} == {}
     # An allowance nobody needs any more is removed, so the list stays short and true.
     assert sorted(_LONG_MODULES - set(long)) == []
+
+
+def test_no_setting_is_declared_twice(tmp_path: Path) -> None:
+    # A setting's default lives in its group (config/variables.py); a layer below takes the
+    # group or the value, never a literal default of its own (bench/run layout's rule).
+    assert settings_declared_again(sorted((ROOT / "backfill_assets").rglob("*.py"))) == []
+    # The rule finds one: a parameter and a field named as settings, with their own defaults.
+    planted = tmp_path / "planted.py"
+    planted.write_text(
+        "class Limits:\n    rpm: int = 600\n\n\ndef send(concurrency: int = 8) -> None: ...\n"
+    )
+    found = settings_declared_again([planted], root=tmp_path)
+    assert [f.split()[0] for f in found] == ["concurrency", "rpm"]
 
 
 def test_every_path_the_scripts_name_exists() -> None:

@@ -23,6 +23,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from backfill_assets.config.variables import RunSettings
 from backfill_assets.dispatch.batch_options import BatchOptions
 from backfill_assets.dispatch.pipeline import PartitionRef, RunOptions, run_partitions
 from backfill_assets.domain.money.nanos import usd_text
@@ -39,7 +40,9 @@ from backfill_assets.providersim import SimConfig, Simulator
 from bench.common import ROOT
 
 DEMO = ROOT / "backfill_assets" / "demo" / "posts.jsonl"
-RETRY = RetryPolicy(max_attempts=5, retry_base_seconds=0.05, retry_max_seconds=0.5)
+RETRY = RetryPolicy(
+    max_attempts=5, retry_base_seconds=0.05, retry_max_seconds=0.5, retry_after_max_seconds=900.0
+)
 
 
 def _store(workdir: Path, name: str) -> tuple[sa.engine.Engine, list[PartitionRef]]:
@@ -81,7 +84,7 @@ def run_mode(mode: str, args: argparse.Namespace, workdir: Path) -> dict[str, An
     with Simulator(sim_config) as sim:
         limiter = LimiterRegistry().get(mode, LimiterConfig())
         if mode == "sync":
-            options = RunOptions(concurrency=32, retry=RETRY)
+            options = RunOptions(run=RunSettings(concurrency=32), retry=RETRY)
         else:
             endpoint = BatchEndpoint(sim.base_url, args.model)
             batch = BatchOptions(endpoint=endpoint, max_lines=args.max_lines, poll_seconds=0.02)

@@ -22,6 +22,7 @@ from typing import Any
 import sqlalchemy as sa
 import yaml
 
+from backfill_assets.config.variables import RunSettings
 from backfill_assets.dispatch.batch_options import BatchOptions
 from backfill_assets.dispatch.pipeline import PartitionRef, RunOptions, run_partitions
 from backfill_assets.domain.money.nanos import cached_share, usd_text
@@ -42,7 +43,9 @@ from bench.common import ROOT
 
 DEMO = ROOT / "backfill_assets" / "demo" / "posts.jsonl"
 MODEL = "gpt-4o-mini"
-RETRY = RetryPolicy(max_attempts=5, retry_base_seconds=0.02, retry_max_seconds=0.2)
+RETRY = RetryPolicy(
+    max_attempts=5, retry_base_seconds=0.02, retry_max_seconds=0.2, retry_after_max_seconds=900.0
+)
 
 
 def long_policy(workdir: Path, examples: int) -> Rubric:
@@ -107,7 +110,7 @@ def run_tier(tier: str, rubric: Rubric, args: argparse.Namespace, workdir: Path)
             batch = BatchOptions(endpoint=endpoint, poll_seconds=0.02)
             options = RunOptions(dispatch_mode="batch", retry=RETRY, batch=batch)
         else:
-            options = RunOptions(concurrency=32, retry=RETRY)
+            options = RunOptions(run=RunSettings(concurrency=32), retry=RETRY)
         started = time.perf_counter()
         run_partitions(
             engine,

@@ -36,7 +36,7 @@ from typing import Any
 
 import httpx
 
-from backfill_assets.config.variables import HttpSettings, ModelSettings
+from backfill_assets.config.variables import HttpSettings, ModelSettings, RunSettings
 from backfill_assets.defs.model_resources import OpenAIModelResource
 from backfill_assets.demo.generate import write_export
 from backfill_assets.dispatch.pipeline import PartitionRef, RunOptions, run_partitions
@@ -81,7 +81,7 @@ class NoLimiter(EndpointLimiter):
     """Baseline: admits at once and ignores all feedback (no pacing, no pause, no AIMD)."""
 
     def __init__(self) -> None:
-        super().__init__(LimiterConfig(adaptive=False, trust_limit_headers=False))
+        super().__init__(LimiterConfig(HttpSettings(adaptive=False, trust_limit_headers=False)))
 
     async def acquire(self, tokens: int, tenant: str | None = None) -> Permit:
         return Permit(tokens, time.monotonic(), 1.0)
@@ -225,8 +225,13 @@ def _run_scenario(
             rubric,
             f"bench-{sc.name}",
             RunOptions(
-                concurrency=sc.concurrency,
-                retry=RetryPolicy(max_attempts=20, retry_base_seconds=0.5, retry_max_seconds=30.0),
+                run=RunSettings(concurrency=sc.concurrency),
+                retry=RetryPolicy(
+                    max_attempts=20,
+                    retry_base_seconds=0.5,
+                    retry_max_seconds=30.0,
+                    retry_after_max_seconds=900.0,
+                ),
             ),
         )
         elapsed = time.perf_counter() - t0

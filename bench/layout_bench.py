@@ -6,8 +6,9 @@ Counts, from the source alone (nothing is run): modules per folder (the most), m
 400 lines, the distinct internal modules the CLI imports (outside ``backfill_assets.cli``,
 at the top of a module or inside a function), the lines that name Dagster's private API
 (``dagster._``) outside the accelerator package, and the settings declared again: a field of a
-settings group (``config/variables.py``) that a class of the product outside ``config/``
-declares with a default of its own (the simulator, a tool apart, is not counted).
+settings group (``config/variables.py``) that a class or a function of the product outside
+``config/`` declares with a literal default of its own (the simulator, a tool apart, is not
+counted).
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from __future__ import annotations
 import argparse
 import ast
 import json
-import re
 from collections import Counter
 from pathlib import Path
 
@@ -58,19 +58,52 @@ def _exists(module: str) -> bool:
     return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
 
 
-def _settings_declared_again(modules: list[Path]) -> list[str]:
+def _literal(node: ast.expr | None) -> bool:
+    """A value of its own: a number, string or boolean (``None``, "not given", is not one;
+    a name, such as a constant of ``config/``, refers to the one declaration)."""
+    if isinstance(node, ast.UnaryOp):
+        node = node.operand
+    if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "field":
+        node = next((k.value for k in node.keywords if k.arg == "default"), None)
+    return isinstance(node, ast.Constant) and node.value is not None
+
+
+def settings_declared_again(modules: list[Path], root: Path = PACKAGE) -> list[str]:
+    """A field of a class, or a parameter, named as a setting and given a literal default of
+    its own: a second declaration of that setting's default (what the settings groups of
+    ``config/variables.py`` declare once)."""
     from backfill_assets.config.variables import GROUPS
 
     names = {name for group in GROUPS.values() for name in group.model_fields}
-    field = re.compile(r"^\s+(\w+): [^=()]+= .+$")
     found = []
     for p in modules:
-        if p.is_relative_to(PACKAGE / "config") or p.is_relative_to(PACKAGE / "providersim"):
+        if p.is_relative_to(root / "config") or p.is_relative_to(root / "providersim"):
             continue
-        for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
-            m = field.match(line)
-            if m and m[1] in names:
-                found.append(f"{m[1]} {p.relative_to(PACKAGE).as_posix()}:{i}")
+        where = p.relative_to(root).as_posix()
+        for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef):
+                for item in node.body:
+                    if (
+                        isinstance(item, ast.AnnAssign)
+                        and isinstance(item.target, ast.Name)
+                        and item.target.id in names
+                        and _literal(item.value)
+                    ):
+                        found.append(f"{item.target.id} {where}:{item.lineno}")
+            elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                a = node.args
+                positional = [*a.posonlyargs, *a.args]
+                pairs = list(
+                    zip(positional[len(positional) - len(a.defaults) :], a.defaults, strict=True)
+                )
+                pairs += [
+                    (k, d)
+                    for k, d in zip(a.kwonlyargs, a.kw_defaults, strict=True)
+                    if d is not None
+                ]
+                for arg, default in pairs:
+                    if arg.arg in names and _literal(default):
+                        found.append(f"{arg.arg} {where}:{default.lineno}")
     return sorted(found)
 
 
@@ -94,7 +127,7 @@ def facts() -> dict[str, object]:
         for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
         if "dagster._" in line
     ]
-    again = _settings_declared_again(modules)
+    again = settings_declared_again(modules)
     return {
         "modules": len(modules),
         "folders": len(per_folder),

@@ -27,6 +27,7 @@ TENANTS = ["acme", "globex", "initech"]
 
 def _work(mode: str, url: str, export: str, concurrency: int) -> None:
     """Worker process: import (not timed), then time the pipeline of one run."""
+    from backfill_assets.config.variables import RunSettings
     from backfill_assets.dispatch.pipeline import PartitionRef, RunOptions, run_partitions
     from backfill_assets.domain.policy.rubric import TASK_VERSION, Rubric
     from backfill_assets.domain.work.keys import SLICE_COUNT, Versions
@@ -57,7 +58,7 @@ def _work(mode: str, url: str, export: str, concurrency: int) -> None:
         versions,
         rubric,
         f"bench-{uuid.uuid4().hex[:6]}",
-        RunOptions(concurrency=concurrency),
+        RunOptions(run=RunSettings(concurrency=concurrency)),
     )
     elapsed = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -40,7 +40,7 @@ TAIL_S = 5.0
 
 def _worker(args: argparse.Namespace) -> None:
     """One run in this process: every partition of ``--tenant`` through the HTTP adapter."""
-    from backfill_assets.config.variables import HttpSettings, ModelSettings
+    from backfill_assets.config.variables import HttpSettings, ModelSettings, RunSettings
     from backfill_assets.defs.model_resources import OpenAIModelResource
     from backfill_assets.dispatch.pipeline import PartitionRef, RunOptions, run_partitions
     from backfill_assets.domain.policy.rubric import TASK_VERSION, Rubric
@@ -65,8 +65,13 @@ def _worker(args: argparse.Namespace) -> None:
         rubric,
         f"bench-{uuid.uuid4().hex[:6]}",
         RunOptions(
-            concurrency=args.concurrency,
-            retry=RetryPolicy(max_attempts=20, retry_base_seconds=0.5, retry_max_seconds=30.0),
+            run=RunSettings(concurrency=args.concurrency),
+            retry=RetryPolicy(
+                max_attempts=20,
+                retry_base_seconds=0.5,
+                retry_max_seconds=30.0,
+                retry_after_max_seconds=900.0,
+            ),
         ),
     )
     doc = {

@@ -18,6 +18,7 @@ from dagster._core.run_coordinator import QueuedRunCoordinator
 from dagster_postgres import PostgresEventLogStorage, PostgresRunStorage, PostgresScheduleStorage
 
 from backfill_assets.config.settings import Settings
+from backfill_assets.ledger.engines import store_engine
 
 # Dagster's PostgreSQL storages, or ours built on them (accelerators/pg_event_log.py).
 POSTGRES_STORAGES = (PostgresRunStorage, PostgresEventLogStorage, PostgresScheduleStorage)
@@ -50,7 +51,7 @@ def main() -> int:
             f"[prod] run queue: max_concurrent_runs={queue.max_concurrent_runs};"
             f" tag limits: {limits or 'none'}",
         )
-    Settings.from_env(os.environ).store.engine()  # applies the store's pending migrations
+    store_engine(Settings.from_env(os.environ).store)  # applies the store's pending migrations
     return 0
 
 

@@ -27,6 +27,7 @@ from backfill_assets.domain.money.prices import PriceError, PriceTable
 from backfill_assets.domain.ranges import MAX_SETTING_SECONDS, MAX_TOKENS
 from backfill_assets.domain.work.faults import KILL_POINTS, FaultHooks
 from backfill_assets.domain.work.keys import DEFAULT_SLICE_TARGET
+from backfill_assets.domain.work.outcomes import RetryPolicy
 
 if TYPE_CHECKING:
     from backfill_assets.domain.policy.document import Policy
@@ -486,6 +487,25 @@ class RunSettings(Group):
         "partition, so nothing is re-sent or re-paid.",
     )
 
+    def retry(self, http: HttpSettings) -> RetryPolicy:
+        """The run's retry policy; ``http`` gives the longest Retry-After honoured."""
+        return RetryPolicy(
+            max_attempts=self.max_attempts,
+            retry_base_seconds=self.retry_base_seconds,
+            retry_max_seconds=self.retry_max_seconds,
+            retry_after_max_seconds=http.retry_after_max_seconds,
+        )
+
+    @property
+    def budget_tokens(self) -> int | None:
+        """The strict per-tenant token cap, None when there is none."""
+        return self.tenant_budget_tokens or None
+
+    @property
+    def flush_interval_s(self) -> float:
+        """The group commit's longest wait, in seconds."""
+        return self.flush_ms / 1000.0
+
 
 class OrchestrationSettings(Group):
     """How runs are pooled and spread over processes."""
@@ -852,6 +872,11 @@ class DrillSettings(Group):
         if value and value not in KILL_POINTS:
             raise ValueError(f"expected one of {', '.join(KILL_POINTS)}")
         return value
+
+
+def default_retry() -> RetryPolicy:
+    """The retry policy of the settings' defaults (a run built without settings: tests)."""
+    return RunSettings().retry(HttpSettings())
 
 
 # Every group, by section: what ``Settings`` holds and the reference page lists.

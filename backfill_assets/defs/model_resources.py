@@ -13,7 +13,7 @@ import dagster as dg
 from backfill_assets.config.settings import Settings
 from backfill_assets.config.variables import DrillSettings, HttpSettings, ModelSettings
 from backfill_assets.dispatch.partition_run import Lanes
-from backfill_assets.domain.money.prices import PriceTable, Tier
+from backfill_assets.domain.money.prices import PriceTable
 from backfill_assets.domain.policy.rubric import TASK_VERSION, Rubric
 from backfill_assets.domain.work.keys import Versions
 from backfill_assets.domain.work.regions import (
@@ -25,7 +25,7 @@ from backfill_assets.domain.work.regions import (
 from backfill_assets.providers.batch_client import BatchEndpoint
 from backfill_assets.providers.models.base import ModelAdapter
 from backfill_assets.providers.models.fake import FakeModel
-from backfill_assets.providers.models.openai_http import HttpTimeouts, OpenAIHttpModel
+from backfill_assets.providers.models.openai_http import OpenAIHttpModel
 from backfill_assets.providers.ratelimit import SHARED_LIMITERS, LimiterConfig
 
 
@@ -106,14 +106,7 @@ class OpenAIModelResource(ModelResource):
 
     def limiter_config(self) -> LimiterConfig:
         """The limiter settings of this endpoint."""
-        h = self.http
-        return LimiterConfig(
-            rpm=h.rpm,
-            tpm=h.tpm,
-            retry_after_max_seconds=h.retry_after_max_seconds,
-            adaptive=h.adaptive,
-            trust_limit_headers=h.trust_limit_headers,
-        )
+        return LimiterConfig(self.http)
 
     def _default_key(self) -> str:
         return (dg.EnvVar(API_KEY_VAR).get_value("") or "") if self.api_key_set else ""
@@ -149,16 +142,9 @@ class OpenAIModelResource(ModelResource):
             limiter=SHARED_LIMITERS.get(
                 f"{base_url}#{self.model}#{_key_id(api_key)}", self.limiter_config()
             ),
-            prices=m.prices(),
-            timeouts=HttpTimeouts(
-                connect=h.connect_timeout_s, read=h.read_timeout_s, total=h.total_timeout_s
-            ),
-            max_tokens_param=m.max_tokens_param,
+            settings=m,
+            http=h,
             max_connections=self.max_connections,
-            share_limit=h.share_limit,
-            tier=Tier(m.service_tier),
-            flex_fallback=m.flex_fallback,
-            fallback_after_s=m.flex_fallback_after_s,
         )
 
     def batch_endpoint(self) -> BatchEndpoint:
@@ -170,10 +156,8 @@ class OpenAIModelResource(ModelResource):
             base_url=base_url.rstrip("/"),
             model=self.model,
             api_key=api_key,
-            prices_json=self.settings.prices_json,
-            max_tokens_param=self.settings.max_tokens_param,
-            connect_timeout_s=self.http.connect_timeout_s,
-            read_timeout_s=self.http.read_timeout_s,
+            settings=self.settings,
+            http=self.http,
         )
 
 

@@ -16,7 +16,6 @@ from backfill_assets.defs.model_resources import ModelResource, model_resource
 from backfill_assets.dispatch.batch_options import BatchOptions
 from backfill_assets.dispatch.partition_run import Lanes, RunOptions
 from backfill_assets.domain.work.faults import NO_FAULTS, FaultHooks
-from backfill_assets.domain.work.outcomes import RetryPolicy
 
 
 @dataclass(frozen=True)
@@ -65,16 +64,9 @@ class RunResource:
         """
         r = self.run
         return RunOptions(
-            concurrency=r.concurrency,
-            budget_tokens=r.tenant_budget_tokens or None,
+            run=r,
+            retry=r.retry(self.http),
             after_usage=faults.after_usage(),
-            flush_interval_s=r.flush_ms / 1000.0,
-            retry=RetryPolicy(
-                max_attempts=r.max_attempts,
-                retry_base_seconds=r.retry_base_seconds,
-                retry_max_seconds=r.retry_max_seconds,
-                retry_after_max_seconds=self.http.retry_after_max_seconds,
-            ),
             dispatch_mode=self.batch.dispatch,
             batch=self.batch_options(model, faults) if self.batch.dispatch == "batch" else None,
             lanes=model.lanes() if model is not None else Lanes(),

@@ -15,6 +15,7 @@ from typing import Any
 
 from sqlalchemy.engine import Engine
 
+from backfill_assets.config.variables import RunSettings, default_retry
 from backfill_assets.dispatch.batch_options import BatchOptions
 from backfill_assets.domain.money.nanos import cached_share, cost_text
 from backfill_assets.domain.policy.rubric import Rubric
@@ -164,21 +165,35 @@ class PartitionRef:
 
 @dataclass(frozen=True)
 class RunOptions:
-    """Execution knobs of one run."""
+    """Execution knobs of one run: the run's settings group (concurrency, budget, the group
+    commit), its retry policy (``RunSettings.retry``), and what a run adds to them."""
 
-    concurrency: int = 8
-    budget_tokens: int | None = None
+    run: RunSettings = field(default_factory=RunSettings)
+    retry: RetryPolicy = field(default_factory=default_retry)
     # A crash drill's hooks (domain/work/faults.py); None outside drills.
     after_usage: UsageHook | None = None
     flush_rows: int = 2048
-    flush_interval_s: float = 0.1
-    retry: RetryPolicy = field(default_factory=RetryPolicy)
     seed: int | None = None
     # "sync" (one call per key) or "batch" (the provider's Batch API; see batch/).
     dispatch_mode: str = "sync"
     batch: BatchOptions | None = None
     # Regional endpoints (routing.py); without them only tenants with no region are sent.
     lanes: Lanes = field(default_factory=Lanes)
+
+    @property
+    def concurrency(self) -> int:
+        """Model calls in flight (``BACKFILL_CONCURRENCY``)."""
+        return self.run.concurrency
+
+    @property
+    def budget_tokens(self) -> int | None:
+        """The strict per-tenant token cap, None when there is none."""
+        return self.run.budget_tokens
+
+    @property
+    def flush_interval_s(self) -> float:
+        """The group commit's longest wait (``BACKFILL_FLUSH_MS``), in seconds."""
+        return self.run.flush_interval_s
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import random
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from backfill_assets.dispatch.partition_run import DispatchHalted, PartitionStats, WorkItem
 from backfill_assets.domain.caps import ERROR_MESSAGE_CHARS, REQUEST_ID_CHARS
@@ -58,8 +58,8 @@ class DispatchConfig:
     run_id: str
     versions: Versions
     rubric: Rubric
-    concurrency: int = 8
-    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    concurrency: int
+    retry: RetryPolicy
     seed: int | None = None
     log: Callable[[str], None] = lambda _m: None
 

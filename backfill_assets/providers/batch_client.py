@@ -28,6 +28,7 @@ import httpx
 from pydantic import ValidationError
 
 from backfill_assets import __version__
+from backfill_assets.config.variables import HttpSettings, ModelSettings
 from backfill_assets.domain.work.outcomes import RetryPolicy
 from backfill_assets.providers.batch_wire import ENDPOINT, BatchObject, BatchPage
 from backfill_assets.providers.bounded_body import (
@@ -66,10 +67,10 @@ class BatchEndpoint:
     model: str
     # Never printed: a repr ends up in logs and tracebacks.
     api_key: str = field(default="", repr=False)
-    prices_json: str = ""
-    max_tokens_param: str = "max_tokens"
-    connect_timeout_s: float = 5.0
-    read_timeout_s: float = 60.0
+    # The groups the settings parsed: prices and the token parameter; timeouts and the
+    # longest Retry-After honoured.
+    settings: ModelSettings = field(default_factory=ModelSettings)
+    http: HttpSettings = field(default_factory=HttpSettings)
     # Uploads and downloads of files up to 200 MB need more than a status call.
     transfer_timeout_s: float = 600.0
 
@@ -111,7 +112,6 @@ class BatchClient:
         endpoint: BatchEndpoint,
         transport: httpx.AsyncBaseTransport | None = None,
         retry_base_s: float = 1.0,
-        retry_after_max_seconds: float = 900.0,
     ) -> None:
         self._api_key = endpoint.api_key
         # Idempotent calls (status, list, download, upload by name) repeat on 429s and unsure
@@ -120,23 +120,23 @@ class BatchClient:
             max_attempts=8,
             retry_base_seconds=retry_base_s,
             retry_max_seconds=60.0,
-            retry_after_max_seconds=retry_after_max_seconds,
+            retry_after_max_seconds=endpoint.http.retry_after_max_seconds,
         )
-        self.retry_after_max_seconds = retry_after_max_seconds
+        self.retry_after_max_seconds = endpoint.http.retry_after_max_seconds
         headers = {"user-agent": _USER_AGENT, "accept-encoding": ACCEPT_ENCODING}
         if endpoint.api_key:
             headers["authorization"] = f"Bearer {endpoint.api_key}"
         timeout = httpx.Timeout(
-            connect=endpoint.connect_timeout_s,
-            read=endpoint.read_timeout_s,
-            write=endpoint.read_timeout_s,
-            pool=endpoint.read_timeout_s,
+            connect=endpoint.http.connect_timeout_s,
+            read=endpoint.http.read_timeout_s,
+            write=endpoint.http.read_timeout_s,
+            pool=endpoint.http.read_timeout_s,
         )
         self._transfer = httpx.Timeout(
-            connect=endpoint.connect_timeout_s,
+            connect=endpoint.http.connect_timeout_s,
             read=endpoint.transfer_timeout_s,
             write=endpoint.transfer_timeout_s,
-            pool=endpoint.read_timeout_s,
+            pool=endpoint.http.read_timeout_s,
         )
         self._base_url = endpoint.base_url.rstrip("/")
         self._client = httpx.AsyncClient(

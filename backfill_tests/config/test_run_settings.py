@@ -53,6 +53,7 @@ def test_every_run_setting_is_read_once_and_handed_on() -> None:
     assert built["store"] is settings.store and built["checks"] is settings.checks
     options = held.run_options()
     assert options.concurrency == 9 and options.retry.retry_after_max_seconds == 60.0
+    assert options.run is settings.run
 
 
 def test_the_model_resource_holds_the_model_and_http_groups() -> None:
@@ -63,7 +64,10 @@ def test_the_model_resource_holds_the_model_and_http_groups() -> None:
     model = model_resource(settings)
     assert isinstance(model, OpenAIModelResource)
     assert model.settings is settings.model and model.http is settings.http
-    assert model.limiter_config().rpm == 600 and model.model == "m"
+    assert model.limiter_config().http is settings.http and model.model == "m"
+    # The adapter and the batch endpoint take the same groups, not copies of their fields.
+    assert model.batch_endpoint().http is settings.http
+    assert model.batch_endpoint().settings is settings.model
 
 
 def test_every_variable_is_declared_in_exactly_one_group() -> None:

@@ -22,7 +22,7 @@ from sqlalchemy.engine import Engine
 
 from backfill_assets.cli import build_parser
 from backfill_assets.config.settings import Settings
-from backfill_assets.config.variables import ChecksSettings
+from backfill_assets.config.variables import ChecksSettings, HttpSettings, RunSettings
 from backfill_assets.defs.labels.checks import check_results_for
 from backfill_assets.dispatch.partition_run import DispatchHalted
 from backfill_assets.dispatch.pipeline import RunOptions, RunStopped, run_partitions
@@ -76,7 +76,7 @@ def test_cap_is_strict_when_the_provider_bills_three_times_the_estimate(
     import_records(engine, tmp_path, varied_corpus(tenants, 150))
     cap = 20_000
     model = FakeModel(model=VERSIONS.model, overbill_factor=3.0, latency_ms=2)
-    opts = RunOptions(concurrency=64, budget_tokens=cap, retry=FAST_RETRY)
+    opts = RunOptions(run=RunSettings(concurrency=64, tenant_budget_tokens=cap), retry=FAST_RETRY)
     reports, _ = run(engine, tenants, adapter=model, options=opts)
     billed = billed_by_tenant(engine)
     assert set(billed) == set(tenants)
@@ -137,7 +137,7 @@ def test_a_bill_past_the_bound_stops_that_tenant_only(engine: Engine, tmp_path: 
         engine,
         ["acme"],
         adapter=hostile,
-        options=RunOptions(concurrency=concurrency, retry=FAST_RETRY),
+        options=RunOptions(run=RunSettings(concurrency=concurrency), retry=FAST_RETRY),
     )
     over = count(
         engine,
@@ -258,7 +258,9 @@ def _http_model(
         base_url="http://provider.test/v1",
         model=VERSIONS.model,
         api_key=api_key,
-        limiter=EndpointLimiter(LimiterConfig(retry_after_max_seconds=retry_after_max_seconds)),
+        limiter=EndpointLimiter(
+            LimiterConfig(HttpSettings(retry_after_max_seconds=retry_after_max_seconds))
+        ),
         timeouts=HttpTimeouts(connect=1.0, read=5.0, total=5.0),
         transport=transport,
     )
@@ -274,7 +276,7 @@ def _run_http(
         VERSIONS,
         RUBRIC,
         f"test-{uuid.uuid4().hex[:8]}",
-        RunOptions(concurrency=concurrency, retry=FAST_RETRY, seed=1),
+        RunOptions(run=RunSettings(concurrency=concurrency), retry=FAST_RETRY, seed=1),
     )
 
 
@@ -374,7 +376,7 @@ def test_a_bogus_retry_after_is_capped_and_reported(engine: Engine, tmp_path: Pa
         RUBRIC,
         "test-retry-after",
         RunOptions(
-            concurrency=2,
+            run=RunSettings(concurrency=2),
             retry=RetryPolicy(
                 max_attempts=3,
                 retry_base_seconds=0,
@@ -394,7 +396,7 @@ def test_a_bogus_retry_after_is_capped_and_reported(engine: Engine, tmp_path: Pa
 def test_limiter_pause_is_bounded() -> None:
     clock = [0.0]
     limiter = EndpointLimiter(
-        LimiterConfig(rpm=600, retry_after_max_seconds=900.0), clock=lambda: clock[0]
+        LimiterConfig(HttpSettings(rpm=600, retry_after_max_seconds=900.0)), clock=lambda: clock[0]
     )
     permit = limiter.claim(limiter.reserve(10))
     assert not isinstance(permit, type(None))

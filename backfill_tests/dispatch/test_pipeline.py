@@ -9,6 +9,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from backfill_assets.config.variables import RunSettings
 from backfill_assets.dispatch.pipeline import RunOptions, run_partitions
 from backfill_assets.domain.work.keys import Versions
 from backfill_assets.ledger.locks.writer_locks import WriterLocks
@@ -161,7 +162,7 @@ def test_schema_rejected_is_not_resent_until_requeued(
 def test_budget_is_a_strict_cap_and_a_later_run_finishes(engine: Engine, tmp_path: Path) -> None:
     import_records(engine, tmp_path, corpus(["acme", "globex"], 100))
     cap = 6_000
-    opts = RunOptions(concurrency=16, budget_tokens=cap, retry=FAST_RETRY)
+    opts = RunOptions(run=RunSettings(concurrency=16, tenant_budget_tokens=cap), retry=FAST_RETRY)
     reports, _ = run(engine, ["acme", "globex"], options=opts)
     deferred = total(reports, "deferred")
     assert deferred > 0 and total(reports, "accepted") > 0
@@ -176,7 +177,9 @@ def test_budget_is_a_strict_cap_and_a_later_run_finishes(engine: Engine, tmp_pat
     assert count(engine, "SELECT count(*) FROM budget_reservations") == 0  # released
     # Deferred keys were not written anywhere: they are simply missing.
     assert sum(r.missing for r in verify(engine).reports) == deferred
-    bigger = RunOptions(concurrency=16, budget_tokens=10_000_000, retry=FAST_RETRY)
+    bigger = RunOptions(
+        run=RunSettings(concurrency=16, tenant_budget_tokens=10_000_000), retry=FAST_RETRY
+    )
     second, _ = run(engine, ["acme", "globex"], options=bigger)
     assert total(second, "accepted") == deferred and total(second, "deferred") == 0
     assert verify(engine).as_dict(require_complete=True)["ok"]
@@ -280,7 +283,7 @@ def test_a_failing_outcome_flush_stops_new_calls(engine: Engine, tmp_path: Path)
         engine, tmp_path, [{"tenant_id": "acme", "post_id": p, "text": "t"} for p in ids]
     )
     model = _SabotagingModel(engine, after=20)
-    opts = RunOptions(retry=FAST_RETRY, flush_interval_s=0.01)
+    opts = RunOptions(run=RunSettings(flush_ms=10.0), retry=FAST_RETRY)
     with pytest.raises(Exception, match="results"):
         run_partitions(
             engine, refs_for(["acme"], [0]), lambda: model, VERSIONS, RUBRIC, "r-broken", opts

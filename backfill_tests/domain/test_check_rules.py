@@ -3,6 +3,7 @@ and the budget's ``grant_size``, on rows built by hand."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -15,6 +16,15 @@ from backfill_assets.domain.work.keys import Versions, slice_of, work_key
 V = Versions("t1", "p1", "m1")
 TENANT = "acme"
 POSTS = {f"p{i}": f"{i:02x}" * 32 for i in range(6)}
+
+# The settings' defaults (ChecksSettings), spelled out: the pure rules take them as values.
+BOUNDS = CheckBounds(
+    max_rebilled_share=0.05,
+    max_orphan_attempts=16,
+    max_tokens_per_key=0,
+    max_over_bound_calls=0,
+    drift=DriftRule(labels=(), factor=5.0, min_count=5),
+)
 
 
 def result(post_id: str, tenant: str = TENANT, **change: Any) -> dict[str, Any]:
@@ -134,7 +144,7 @@ def _evidence(results: list[dict[str, Any]], ledger: list[dict[str, Any]]) -> Pa
 
 def test_evaluate_gives_one_result_per_check_with_a_command_to_inspect() -> None:
     ev = _evidence([result("p0", tenant="globex", slice=slice_of(TENANT, "p0"))], [])
-    check_results = {v.name: v for v in evaluate(ev, CheckBounds())}
+    check_results = {v.name: v for v in evaluate(ev, BOUNDS)}
     assert (
         not check_results["isolation"].passed
         and check_results["isolation"].counts["in_results"] == 1
@@ -151,11 +161,11 @@ def test_spend_fails_past_the_orphan_bound_and_drift_past_its_factor() -> None:
     ledger = [attempt(r) for r in rows]  # every call unanswered: orphans
     ev = _evidence(rows, ledger)
     ev.baseline, ev.baseline_source = {"spam": 0.01}, "configured"
-    bounds = CheckBounds(max_orphan_attempts=0, drift=DriftRule(("spam",), 5.0, 1))
+    bounds = replace(BOUNDS, max_orphan_attempts=0, drift=DriftRule(("spam",), 5.0, 1))
     got = {v.name: v for v in evaluate(ev, bounds, ["spend", "label_drift"])}
     assert not got["spend"].passed and "orphan attempts" in got["spend"].summary
     assert not got["label_drift"].passed
-    relaxed = CheckBounds(max_orphan_attempts=len(rows), drift=DriftRule(("spam",), 500.0, 1))
+    relaxed = replace(BOUNDS, max_orphan_attempts=len(rows), drift=DriftRule(("spam",), 500.0, 1))
     got = {v.name: v for v in evaluate(ev, relaxed, ["spend", "label_drift"])}
     assert got["spend"].passed and got["label_drift"].passed
 

@@ -15,6 +15,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from backfill_assets.config.variables import RunSettings
 from backfill_assets.dispatch.pipeline import PartitionReport, RunOptions, run_partitions
 from backfill_assets.domain.money.budgets import Spend, TenantBudgets
 from backfill_assets.domain.policy.rubric import call_token_bound
@@ -160,7 +161,7 @@ def test_two_concurrent_runs_of_one_tenant_both_get_work(engine: Engine, tmp_pat
             VERSIONS,
             RUBRIC,
             f"run-{name}",
-            RunOptions(concurrency=16, budget_tokens=cap, retry=FAST_RETRY),
+            RunOptions(run=RunSettings(concurrency=16, tenant_budget_tokens=cap), retry=FAST_RETRY),
         )
 
     threads = [

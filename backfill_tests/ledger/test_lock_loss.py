@@ -18,6 +18,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from backfill_assets.config.variables import RunSettings
 from backfill_assets.dispatch.pipeline import RunOptions
 from backfill_assets.ledger.engine import write_tx
 from backfill_assets.ledger.locks.fence import LockLost, PartitionBusy
@@ -93,7 +94,7 @@ def test_a_lost_writer_lock_stops_the_run_and_nothing_more_commits(
     import_records(engine, tmp_path, records)
     # 240 x 100 ms / 2 = 12 s of calls: the lock is lost near the start.
     slow = FakeModel(latency_ms=100)
-    options = RunOptions(concurrency=2, retry=FAST_RETRY, seed=1)
+    options = RunOptions(run=RunSettings(concurrency=2), retry=FAST_RETRY, seed=1)
     failure: list[BaseException] = []
 
     def go() -> None:

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from sqlalchemy.engine import Engine
 
+from backfill_assets.config.variables import HttpSettings
 from backfill_assets.dispatch.partition_run import PartitionReport
 from backfill_assets.dispatch.pipeline import RunOptions, run_partitions
 from backfill_assets.domain.policy.rubric import TASK_VERSION, Rubric
@@ -85,11 +86,13 @@ def adapter_for() -> AdapterFactory:
         **adapter: Any,
     ) -> Callable[[], OpenAIHttpModel]:
         config = LimiterConfig(
-            rpm=rpm,
-            tpm=tpm,
-            adaptive=adaptive,
-            trust_limit_headers=trust_limit_headers,
-            retry_after_max_seconds=retry_after_max_seconds,
+            HttpSettings(
+                rpm=rpm,
+                tpm=tpm,
+                adaptive=adaptive,
+                trust_limit_headers=trust_limit_headers,
+                retry_after_max_seconds=retry_after_max_seconds,
+            )
         )
         limiter = registry.get(f"{sim.base_url}#{MODEL}", config)
         kwargs: dict[str, Any] = {

@@ -160,7 +160,7 @@ def test_connection_refused_is_retriable() -> None:
         base_url=f"http://127.0.0.1:{port}/v1",
         model=MODEL,
         limiter=EndpointLimiter(LimiterConfig()),
-        timeouts=HttpTimeouts(connect=1.0, total=2.0),
+        timeouts=HttpTimeouts(connect=1.0, read=60.0, total=2.0),
     )
     with pytest.raises(RetriableError, match="connection error"):
         _call(lambda: adapter, _request())

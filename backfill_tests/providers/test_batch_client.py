@@ -82,7 +82,6 @@ def test_every_call_uses_the_one_error_taxonomy() -> None:
         client = BatchClient(
             BatchEndpoint("http://provider.test/v1", "gpt-4o-mini", api_key=API_KEY),
             transport=httpx.MockTransport(handler),
-            retry_after_max_seconds=900.0,
         )
         calls = [
             client.upload("c.jsonl", b"{}", echoes=[post]),
@@ -126,12 +125,26 @@ def test_retry_waits_out_429s_and_gives_up_after_its_attempts() -> None:
         calls.append("down")
         raise Unsure("down")
 
-    quick = RetryPolicy(max_attempts=8, retry_base_seconds=0.001)
+    quick = RetryPolicy(
+        max_attempts=8,
+        retry_base_seconds=0.001,
+        retry_max_seconds=30.0,
+        retry_after_max_seconds=900.0,
+    )
     assert asyncio.run(retry(flaky, what="t", policy=quick)) == "ok" and len(calls) == 3
     calls.clear()
     with pytest.raises(Unsure):
         asyncio.run(
-            retry(never, what="t", policy=RetryPolicy(max_attempts=3, retry_base_seconds=0.001))
+            retry(
+                never,
+                what="t",
+                policy=RetryPolicy(
+                    max_attempts=3,
+                    retry_base_seconds=0.001,
+                    retry_max_seconds=30.0,
+                    retry_after_max_seconds=900.0,
+                ),
+            )
         )
     assert len(calls) == 3
 

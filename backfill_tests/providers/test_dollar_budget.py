@@ -12,6 +12,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from backfill_assets.config.variables import RunSettings
 from backfill_assets.dispatch.partition_run import PartitionReport
 from backfill_assets.dispatch.pipeline import RunOptions
 from backfill_assets.domain.money.budgets import Caps
@@ -29,7 +30,9 @@ TENANTS = ["acme", "globex", "initech"]
 # initech has no cap: it must finish, whatever the others' caps do.
 CAPS_USD = {"acme": "0.01", "globex": "0.004"}
 POSTS = 150
-RETRY = RetryPolicy(max_attempts=3, retry_base_seconds=0.0, retry_max_seconds=0.0)
+RETRY = RetryPolicy(
+    max_attempts=3, retry_base_seconds=0.0, retry_max_seconds=0.0, retry_after_max_seconds=900.0
+)
 
 
 def set_dollar_caps(engine: Engine, caps_usd: dict[str, str]) -> dict[str, int]:
@@ -109,7 +112,7 @@ def test_the_dollar_cap_holds_at_concurrency_64_under_three_times_overbilling(
         sim,
         TENANTS,
         limiter=EndpointLimiter(LimiterConfig()),
-        options=RunOptions(seed=5, concurrency=64, retry=RETRY),
+        options=RunOptions(run=RunSettings(concurrency=64), seed=5, retry=RETRY),
         **adapter,
     )
     got = assert_caps_held(engine, sim, reports, caps, POSTS)
@@ -132,7 +135,7 @@ def test_an_unpriced_model_under_a_dollar_cap_sends_nothing_for_that_tenant(
         engine,
         sim,
         ["acme", "initech"],
-        options=RunOptions(seed=5, concurrency=8, retry=RETRY),
+        options=RunOptions(run=RunSettings(concurrency=8), seed=5, retry=RETRY),
         prices=PriceTable({}),
     )
     got = booked(engine)

@@ -12,6 +12,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from backfill_assets.config.variables import HttpSettings, ModelSettings, RunSettings
 from backfill_assets.dispatch.partition_run import PartitionReport
 from backfill_assets.dispatch.pipeline import RunOptions
 from backfill_assets.domain.money.prices import PriceTable, Tier, tier_served
@@ -25,7 +26,9 @@ from backfill_tests.providers.conftest import MODEL, StartSim, run_over_http
 
 POSTS = 40
 # Two attempts: if a capacity pause counted as one, most keys would be dead-lettered.
-FEW_ATTEMPTS = RetryPolicy(max_attempts=2, retry_base_seconds=0.01, retry_max_seconds=0.05)
+FEW_ATTEMPTS = RetryPolicy(
+    max_attempts=2, retry_base_seconds=0.01, retry_max_seconds=0.05, retry_after_max_seconds=900.0
+)
 
 
 def _import(engine: Engine, tmp_path: Path) -> None:
@@ -39,7 +42,7 @@ def _import(engine: Engine, tmp_path: Path) -> None:
 def _run(
     engine: Engine, sim: Simulator, limiter: EndpointLimiter, **adapter: Any
 ) -> list[PartitionReport]:
-    options = RunOptions(seed=3, concurrency=16, retry=FEW_ATTEMPTS)
+    options = RunOptions(run=RunSettings(concurrency=16), seed=3, retry=FEW_ATTEMPTS)
     return run_over_http(engine, sim, ["acme"], limiter=limiter, options=options, **adapter)
 
 
@@ -97,7 +100,7 @@ def test_flex_unavailability_is_a_pause_not_a_failure(
 ) -> None:
     _import(engine, tmp_path)
     sim = start_sim(flex_unavailable_share=0.6)
-    limiter = EndpointLimiter(LimiterConfig(rpm=60_000))
+    limiter = EndpointLimiter(LimiterConfig(HttpSettings(rpm=60_000)))
     reports = _run(engine, sim, limiter, tier=Tier.FLEX)
 
     meter = sim.meter.snapshot()
@@ -133,8 +136,7 @@ def test_flex_falls_back_to_standard_after_a_stretch_of_unavailability(
         sim,
         limiter,
         tier=Tier.FLEX,
-        flex_fallback="standard",
-        fallback_after_s=0.3,
+        settings=ModelSettings(flex_fallback="standard", flex_fallback_after_s=0.3),
     )
     assert _scalar(engine, "SELECT count(*) FROM results") == POSTS
     assert _scalar(engine, "SELECT count(*) FROM dead_letters") == 0

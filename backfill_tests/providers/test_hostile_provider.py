@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy.engine import Engine
 
+from backfill_assets.config.variables import RunSettings
 from backfill_assets.dispatch.pipeline import PartitionReport, RunOptions, run_partitions
 from backfill_assets.domain.work.outcomes import RetryPolicy
 from backfill_assets.ledger.engines import engine_for
@@ -20,7 +21,9 @@ from backfill_tests.conftest import import_records
 from backfill_tests.pipeline_helpers import refs_for, total, verify
 from backfill_tests.providers.conftest import API_KEY, RUBRIC, VERSIONS, AdapterFactory, StartSim
 
-RETRY = RetryPolicy(max_attempts=4, retry_base_seconds=0.0, retry_max_seconds=0.0)
+RETRY = RetryPolicy(
+    max_attempts=4, retry_base_seconds=0.0, retry_max_seconds=0.0, retry_after_max_seconds=900.0
+)
 
 
 def _records(tenants: list[str], n: int) -> list[dict[str, str]]:
@@ -67,7 +70,12 @@ def test_cap_holds_when_the_simulator_bills_three_times_the_estimate(
     import_records(engine, tmp_path, _records(tenants, 120))
     sim = start_sim(prompt_token_factor=3.0, latency_median_ms=5)
     cap = 20_000
-    reports = _run(engine, tenants, adapter_for(sim), concurrency=64, budget_tokens=cap)
+    reports = _run(
+        engine,
+        tenants,
+        adapter_for(sim),
+        run=RunSettings(concurrency=64, tenant_budget_tokens=cap),
+    )
     ledger = _ledger(engine)
     billed: Counter[str] = Counter()
     for tenant, _key, tokens, _shape in ledger:
@@ -89,7 +97,7 @@ def test_every_usage_shape_bills_one_request_per_key(
 ) -> None:
     import_records(engine, tmp_path, _records(["acme"], 40))
     sim = start_sim(usage_shape=shape)
-    reports = _run(engine, ["acme"], adapter_for(sim), concurrency=8)
+    reports = _run(engine, ["acme"], adapter_for(sim), run=RunSettings(concurrency=8))
     assert total(reports, "accepted") == 40
     meter = sim.meter.snapshot()
     bills = meter.billed_by_correlation_id
@@ -125,7 +133,7 @@ def test_bogus_retry_after_and_5xx_reset_headers_do_not_park_the_run(
         RUBRIC,
         "hostile-retry-after",
         RunOptions(
-            concurrency=4,
+            run=RunSettings(concurrency=4),
             retry=RetryPolicy(
                 max_attempts=8,
                 retry_base_seconds=0.01,

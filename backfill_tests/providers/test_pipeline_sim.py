@@ -13,6 +13,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from backfill_assets.config.variables import RunSettings
 from backfill_assets.demo.generate import demo_posts
 from backfill_assets.dispatch.pipeline import PartitionReport, RunOptions, run_partitions
 from backfill_assets.domain.work.keys import content_hash, work_key
@@ -32,7 +33,9 @@ from backfill_tests.providers.conftest import (
     StartSim,
 )
 
-RETRY = RetryPolicy(max_attempts=3, retry_base_seconds=0.0, retry_max_seconds=0.0)
+RETRY = RetryPolicy(
+    max_attempts=3, retry_base_seconds=0.0, retry_max_seconds=0.0, retry_after_max_seconds=900.0
+)
 
 
 def _records(tenants: list[str], n: int) -> list[dict[str, str]]:
@@ -72,7 +75,7 @@ def _run(
         VERSIONS,
         RUBRIC,
         f"http-{uuid.uuid4().hex[:8]}",
-        RunOptions(concurrency=concurrency, retry=retry, seed=1),
+        RunOptions(run=RunSettings(concurrency=concurrency), retry=retry, seed=1),
     )
 
 
@@ -209,7 +212,9 @@ def test_429s_are_retried_after_retry_after(
     rule = FaultRule(kind="429", rate=0.3)
     sim = start_sim(faults=(rule,), seed=11)
     calls: list[Call] = []
-    retry = RetryPolicy(max_attempts=4, retry_base_seconds=0.0, retry_max_seconds=0.0)
+    retry = RetryPolicy(
+        max_attempts=4, retry_base_seconds=0.0, retry_max_seconds=0.0, retry_after_max_seconds=900.0
+    )
     _run(engine, ["acme"], adapter_for(sim, calls=calls), retry=retry)
 
     refused = [c for c in calls if c.status == 429]

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from backfill_assets.config.variables import HttpSettings
 from backfill_assets.providers.ratelimit import (
     AdaptiveRate,
     AdvertisedLimits,
@@ -89,8 +90,8 @@ def test_aimd_latency_inflation_cuts_mildly() -> None:
     assert a.latency_cuts == cuts
 
 
-def _limiter(clock: FakeClock, **config: object) -> EndpointLimiter:
-    return EndpointLimiter(LimiterConfig(**config), clock)  # type: ignore[arg-type]
+def _limiter(clock: FakeClock, burst_seconds: float = 0.25, **http: object) -> EndpointLimiter:
+    return EndpointLimiter(LimiterConfig(HttpSettings(**http), burst_seconds), clock)
 
 
 def test_limiter_reserves_on_both_limits_and_refunds_unused_tokens() -> None:
@@ -165,7 +166,9 @@ def test_limiter_without_any_limit_starts_from_its_observed_rate_on_a_429() -> N
 
 def test_one_limiter_paces_callers_on_several_event_loops() -> None:
     """Two threads, each with its own loop (two runs in one process), share one schedule."""
-    lim = LimiterRegistry().get("http://x/v1#m", LimiterConfig(rpm=6000, burst_seconds=0.1))
+    lim = LimiterRegistry().get(
+        "http://x/v1#m", LimiterConfig(HttpSettings(rpm=6000), burst_seconds=0.1)
+    )
     stamps: list[float] = []
     lock = threading.Lock()
 
@@ -190,10 +193,10 @@ def test_one_limiter_paces_callers_on_several_event_loops() -> None:
 
 def test_registry_keys_by_endpoint_and_restarts_on_new_config() -> None:
     reg = LimiterRegistry()
-    a = reg.get("u#m", LimiterConfig(rpm=10))
-    assert reg.get("u#m", LimiterConfig(rpm=10)) is a
-    assert reg.get("u#other", LimiterConfig(rpm=10)) is not a
-    assert reg.get("u#m", LimiterConfig(rpm=20)) is not a
+    a = reg.get("u#m", LimiterConfig(HttpSettings(rpm=10)))
+    assert reg.get("u#m", LimiterConfig(HttpSettings(rpm=10))) is a
+    assert reg.get("u#other", LimiterConfig(HttpSettings(rpm=10))) is not a
+    assert reg.get("u#m", LimiterConfig(HttpSettings(rpm=20))) is not a
 
 
 def test_cancelled_waiter_gives_its_slot_back() -> None:
@@ -210,13 +213,13 @@ def test_cancelled_waiter_gives_its_slot_back() -> None:
 
 
 def test_closed_loop_correct_limit_reaches_it_without_429s() -> None:
-    result, _ = run_loop(LimiterConfig(rpm=3000), server_rpm=3000, seconds=180)
+    result, _ = run_loop(LimiterConfig(HttpSettings(rpm=3000)), server_rpm=3000, seconds=180)
     assert result.share_429() <= 0.002
     assert result.rate_per_min(10, 180) >= 0.99 * 3000
 
 
 def test_closed_loop_limit_configured_twice_too_high_converges() -> None:
-    config = LimiterConfig(rpm=6000, trust_limit_headers=False)
+    config = LimiterConfig(HttpSettings(rpm=6000, trust_limit_headers=False))
     result, limiter = run_loop(config, server_rpm=3000, seconds=300, latency_sigma=0.8)
     assert result.share_429(60) <= 0.02
     assert result.share_429() <= 0.05
@@ -226,7 +229,7 @@ def test_closed_loop_limit_configured_twice_too_high_converges() -> None:
 
 def test_closed_loop_tpm_bound_uses_the_token_limit() -> None:
     # The reservation (400) overestimates what the server counts (320): refunds recover it.
-    config = LimiterConfig(rpm=3000, tpm=600_000)
+    config = LimiterConfig(HttpSettings(rpm=3000, tpm=600_000))
     result, _ = run_loop(
         config, 3000, 600_000, seconds=180, tokens=400, charged=320, latency_sigma=0.5
     )
@@ -236,12 +239,12 @@ def test_closed_loop_tpm_bound_uses_the_token_limit() -> None:
 
 
 def test_closed_loop_advertised_limits_avoid_the_overshoot() -> None:
-    result, _ = run_loop(LimiterConfig(rpm=12000), 3000, seconds=120, advertise=True)
+    result, _ = run_loop(LimiterConfig(HttpSettings(rpm=12000)), 3000, seconds=120, advertise=True)
     assert result.share_429() <= 0.002
 
 
 def test_closed_loop_without_adaptation_storms() -> None:
     """The control: the same loop with a fixed 2x-too-high rate is mostly 429s."""
-    config = LimiterConfig(rpm=6000, adaptive=False, trust_limit_headers=False)
+    config = LimiterConfig(HttpSettings(rpm=6000, adaptive=False, trust_limit_headers=False))
     result, _ = run_loop(config, 3000, seconds=60)
     assert result.share_429(10) > 0.3

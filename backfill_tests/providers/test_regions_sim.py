@@ -18,7 +18,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from backfill_assets.config.variables import HttpSettings, ModelSettings
+from backfill_assets.config.variables import HttpSettings, ModelSettings, RunSettings
 from backfill_assets.defs.model_resources import OpenAIModelResource
 from backfill_assets.dispatch.pipeline import RegionUnavailable, RunOptions, run_partitions
 from backfill_assets.domain.policy.rubric import TASK_VERSION, Rubric
@@ -191,7 +191,7 @@ def test_each_region_paces_with_its_own_limiter_and_shared_limit_membership(
         region_base_urls={"eu": eu.base_url},
         api_key_set=True,
     )
-    options = RunOptions(concurrency=4, retry=FAST_RETRY, lanes=model.lanes())
+    options = RunOptions(run=RunSettings(concurrency=4), retry=FAST_RETRY, lanes=model.lanes())
     with pytest.raises(RegionUnavailable) as info:
         run_partitions(
             engine,

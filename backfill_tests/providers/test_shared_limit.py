@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from sqlalchemy.engine import Engine
 
+from backfill_assets.config.variables import HttpSettings
 from backfill_assets.ledger.spend import limiter_members
 from backfill_assets.providers.ratelimit import EndpointLimiter, LimiterConfig
 from backfill_assets.providers.ratelimit.shared import SharedLimits
@@ -54,8 +55,8 @@ def _tenants(limiter: EndpointLimiter, *tenants: str) -> None:
 
 def test_limit_is_split_per_tenant_and_given_back_on_leave() -> None:
     table = _Table()
-    a = EndpointLimiter(LimiterConfig(rpm=1200, burst_seconds=60))
-    b = EndpointLimiter(LimiterConfig(rpm=1200, burst_seconds=60))
+    a = EndpointLimiter(LimiterConfig(HttpSettings(rpm=1200), burst_seconds=60))
+    b = EndpointLimiter(LimiterConfig(HttpSettings(rpm=1200), burst_seconds=60))
     _tenants(a, "acme")
     _tenants(b, "globex", "initech", "umbrella")
     shared_a, shared_b = SharedLimits(), SharedLimits()

@@ -20,7 +20,6 @@ from backfill_assets.dispatch.partition_run import (
     PartitionReport,
 )
 from backfill_assets.dispatch.routing import Routing
-from backfill_assets.domain.money.prices import PriceTable
 from backfill_assets.ledger.spend.budget import may_bind
 from backfill_assets.providers.batch_client import BatchClient
 from backfill_assets.providers.models.base import RunFatalError
@@ -43,7 +42,6 @@ async def run_batch(
         endpoint,
         transport=opts.transport,
         retry_base_s=min(1.0, opts.poll_seconds),
-        retry_after_max_seconds=options.retry.retry_after_max_seconds,
     )
     ctx = BatchContext(
         engine=job.engine,
@@ -57,8 +55,8 @@ async def run_batch(
         run_id=job.run_id,
         options=opts,
         retry=options.retry,
-        prices=PriceTable.from_json(endpoint.prices_json),
-        max_tokens_param=endpoint.max_tokens_param,
+        prices=endpoint.settings.prices(),
+        max_tokens_param=endpoint.settings.max_tokens_param,
         log=log,
         flush_rows=options.flush_rows,
         flush_interval_s=options.flush_interval_s,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from backfill_assets.domain.checks.catalog import CHECK_NAMES, CheckResult, inspect_command
@@ -25,24 +25,25 @@ BASELINE_FLOOR = 0.01
 
 @dataclass(frozen=True, slots=True)
 class DriftRule:
-    """When a label's share counts as drifted."""
+    """When a label's share counts as drifted (``ChecksSettings.bounds`` builds it: the
+    policy's flagging labels unless configured)."""
 
-    # The policy's flagging labels unless configured (ChecksSettings.bounds).
-    labels: tuple[str, ...] = ()
-    factor: float = 5.0
-    min_count: int = 5
+    labels: tuple[str, ...]
+    factor: float
+    min_count: int
 
 
 @dataclass(frozen=True, slots=True)
 class CheckBounds:
-    """Configured bounds of the non-structural checks."""
+    """Configured bounds of the non-structural checks (``ChecksSettings.bounds`` builds them
+    from the settings, where each is declared with its default and meaning)."""
 
-    max_rebilled_share: float = 0.05
-    max_orphan_attempts: int = 16
-    max_tokens_per_key: int = 0
+    max_rebilled_share: float
+    max_orphan_attempts: int
+    max_tokens_per_key: int
     # Calls billed past their reserved bound a partition may hold and still be applied.
-    max_over_bound_calls: int = 0
-    drift: DriftRule = field(default_factory=DriftRule)
+    max_over_bound_calls: int
+    drift: DriftRule
 
 
 @dataclass

@@ -38,10 +38,10 @@ def _die(why: str) -> None:
 
 @dataclass(frozen=True, slots=True)
 class FaultHooks:
-    """Where a drill kills the process (0 / "" = never)."""
+    """Where a drill kills the process (0 / "" = never; ``DrillSettings.faults`` builds it)."""
 
-    kill_after_usage: int = 0
-    kill_at: str = ""
+    kill_after_usage: int
+    kill_at: str
 
     def __post_init__(self) -> None:
         if self.kill_at and self.kill_at not in KILL_POINTS:
@@ -72,4 +72,4 @@ class FaultHooks:
         return hook
 
 
-NO_FAULTS = FaultHooks()
+NO_FAULTS = FaultHooks(kill_after_usage=0, kill_at="")

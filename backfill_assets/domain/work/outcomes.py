@@ -19,13 +19,14 @@ class Outcome(enum.StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
-    """Bounded attempts with exponential back-off and full jitter."""
+    """Bounded attempts with exponential back-off and full jitter (``RunSettings.retry``
+    builds it from the settings, where each bound is declared with its default)."""
 
-    max_attempts: int = 5
-    retry_base_seconds: float = 0.5
-    retry_max_seconds: float = 30.0
+    max_attempts: int
+    retry_base_seconds: float
+    retry_max_seconds: float
     # A provider's Retry-After is honoured even beyond retry_max_seconds, up to this ceiling.
-    retry_after_max_seconds: float = 900.0
+    retry_after_max_seconds: float
 
     def delay(self, attempt: int, retry_after: float | None, rng: random.Random) -> float:
         """Seconds to wait before attempt ``attempt + 1`` (attempt is 1-based)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass, field
 
+from backfill_assets.domain.money.prices import Tier
 from backfill_assets.domain.policy.output_gate import OutputContract
 from backfill_assets.providers.ratelimit import EndpointLimiter
 
@@ -50,7 +51,7 @@ class ModelResponse:
     tokens_reasoning: int = 0
     # The tier the provider says it billed, and the price the cost was booked at (JSON of
     # ``core.prices.BookedPrice``; '' when the adapter did not price the call).
-    service_tier: str = "standard"
+    service_tier: str = Tier.STANDARD.value
     price_booked: str = ""
     # The model had no price (BACKFILL_ALLOW_UNPRICED): the cost is unknown, not 0.
     cost_unknown: bool = False

@@ -7,6 +7,7 @@ import hashlib
 import math
 from json.encoder import encode_basestring_ascii as _string
 
+from backfill_assets.config.variables import DEFAULT_FAKE_MODEL
 from backfill_assets.domain.policy.post_frame import decode_post, framed_post
 from backfill_assets.providers.models.base import (
     ModelAdapter,
@@ -55,7 +56,7 @@ class FakeModel(ModelAdapter):
 
     def __init__(
         self,
-        model: str = "fake-moderator-1",
+        model: str = DEFAULT_FAKE_MODEL,
         latency_ms: float = 0.0,
         failure_rate: float = 0.0,
         malformed_rate: float = 0.0,

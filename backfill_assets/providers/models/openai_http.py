@@ -6,8 +6,8 @@ validate. Failures are classified for the dispatcher's state machine:
 - 429, 408, 409, 5xx, timeouts, connection errors, a 2xx that is no completion: ``RetriableError``
   (with the provider's Retry-After, if any);
 - the flex tier's "resource unavailable" (a 429 that says so, or 498): ``CapacityUnavailable``,
-  retried without a rate cut; after ``fallback_after_s`` of it, ``flex_fallback="standard"``
-  sends the rest of the run at the standard tier;
+  retried without a rate cut; after ``BACKFILL_FLEX_FALLBACK_AFTER_SECONDS`` of it,
+  ``BACKFILL_FLEX_FALLBACK=standard`` sends the rest of the run at the standard tier;
 - 401, 403, 404, 3xx and account-level codes (``errors.RUN_FATAL_CODES``): ``RunFatalError``,
   the run stops and every key stays pending;
 - any other 4xx: ``TransportRejected``, never retried.
@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import httpx
 
 from backfill_assets import __version__
+from backfill_assets.config.variables import HttpSettings, ModelSettings
 from backfill_assets.domain.money.flex_quota import FlexQuota
 from backfill_assets.domain.money.prices import PriceTable, Tier, event_cost
 from backfill_assets.domain.policy.post_frame import decode_post, framed_post
@@ -71,10 +72,17 @@ FLEX_MIN_TIMEOUT_S = 900.0
 class HttpTimeouts:
     """Seconds: to connect, between bytes read, to write, and for the whole call."""
 
-    connect: float = 5.0
-    read: float = 60.0
+    connect: float
+    read: float
+    total: float
     write: float = 10.0
-    total: float = 120.0
+
+    @classmethod
+    def of(cls, http: HttpSettings) -> HttpTimeouts:
+        """The timeouts the settings give (``BACKFILL_*_TIMEOUT_S``)."""
+        return cls(
+            connect=http.connect_timeout_s, read=http.read_timeout_s, total=http.total_timeout_s
+        )
 
     def for_httpx(self) -> httpx.Timeout:
         """Per-phase timeouts; the total is enforced around the call."""
@@ -104,26 +112,27 @@ class OpenAIHttpModel(ModelAdapter):
         model: str,
         limiter: EndpointLimiter,
         api_key: str = "",
+        settings: ModelSettings | None = None,
+        http: HttpSettings | None = None,
         prices: PriceTable | None = None,
+        tier: Tier | None = None,
         timeouts: HttpTimeouts | None = None,
-        max_tokens_param: str = "max_tokens",
         max_connections: int = 256,
         transport: httpx.AsyncBaseTransport | None = None,
-        share_limit: bool = True,
-        tier: Tier = Tier.STANDARD,
-        flex_fallback: str = "wait",
-        fallback_after_s: float = 600.0,
     ) -> None:
+        """``settings`` and ``http`` are the groups the settings parsed (their defaults when
+        None); ``prices``, ``tier`` and ``timeouts`` replace what they would give."""
         super().__init__()
+        m = settings if settings is not None else ModelSettings()
+        h = http if http is not None else HttpSettings()
+        tier = Tier(m.service_tier) if tier is None else tier
         if tier is Tier.BATCH:
             raise ValueError("the batch tier is BACKFILL_DISPATCH=batch, not a chat request")
-        if flex_fallback not in ("wait", "standard"):
-            raise ValueError("flex_fallback must be wait or standard")
         self.model = model
         self.limiter = limiter
         self.tier = tier
-        self._flex_fallback = flex_fallback
-        self._fallback_after_s = fallback_after_s
+        self._flex_fallback = m.flex_fallback
+        self._fallback_after_s = m.flex_fallback_after_s
         # Start of the current stretch of "no capacity" answers (None: the last call answered).
         self._unavailable_since: float | None = None
         # A deadline plan's last moment for flex (epoch seconds): from then on every request
@@ -134,8 +143,8 @@ class OpenAIHttpModel(ModelAdapter):
         # standard, as the plan priced it. None: every key at this adapter's tier.
         self.flex_quota: FlexQuota | None = None
         self._api_key = api_key
-        self._prices = prices or PriceTable.from_json("")
-        timeouts = timeouts or HttpTimeouts()
+        self._prices = m.prices() if prices is None else prices
+        timeouts = timeouts or HttpTimeouts.of(h)
         if tier is Tier.FLEX:
             timeouts = HttpTimeouts(
                 connect=timeouts.connect,
@@ -144,8 +153,8 @@ class OpenAIHttpModel(ModelAdapter):
                 total=max(timeouts.total, FLEX_MIN_TIMEOUT_S),
             )
         self._timeouts = timeouts
-        self._max_tokens_param = max_tokens_param
-        self._share_limit = share_limit
+        self._max_tokens_param = m.max_tokens_param
+        self._share_limit = h.share_limit
         headers = {"user-agent": _USER_AGENT, "accept-encoding": ACCEPT_ENCODING}
         if api_key:
             headers["authorization"] = f"Bearer {api_key}"

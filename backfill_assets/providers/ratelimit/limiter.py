@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from backfill_assets.config.variables import HttpSettings
 from backfill_assets.providers.ratelimit.aimd import AdaptiveRate, AimdConfig
 from backfill_assets.providers.ratelimit.schedule import Schedule
 
@@ -34,16 +35,13 @@ _RATE_WINDOW_S = 10.0
 
 @dataclass(frozen=True, slots=True)
 class LimiterConfig:
-    """Limits as configured (0 = not configured) and how to adapt them."""
+    """The endpoint's limits as the settings give them (``HttpSettings``: RPM and TPM, 0 = not
+    configured; the longest Retry-After honoured, so a bogus one cannot freeze the endpoint for
+    every run in the process; whether to adapt and to trust the limit headers), and how the
+    schedules burst and adapt."""
 
-    rpm: int = 0
-    tpm: int = 0
+    http: HttpSettings = field(default_factory=HttpSettings)
     burst_seconds: float = 0.25
-    # Longest Retry-After honoured (BACKFILL_RETRY_AFTER_MAX_SECONDS): a bogus value (days,
-    # 10^12 s) must not freeze the endpoint for every run in the process.
-    retry_after_max_seconds: float = 900.0
-    adaptive: bool = True
-    trust_limit_headers: bool = True
     aimd: AimdConfig = field(default_factory=AimdConfig)
 
 
@@ -81,8 +79,8 @@ class EndpointLimiter:
         self._clock = clock
         self._lock = threading.Lock()
         now = clock()
-        self._rpm_ceiling: float | None = config.rpm or None
-        self._tpm_ceiling: float | None = config.tpm or None
+        self._rpm_ceiling: float | None = config.http.rpm or None
+        self._tpm_ceiling: float | None = config.http.tpm or None
         self._requests = Schedule(0, config.burst_seconds)
         self._tokens = Schedule(0, config.burst_seconds)
         self._aimd = AdaptiveRate(config.aimd, now)
@@ -142,7 +140,7 @@ class EndpointLimiter:
             self._sends.append(now)
             while self._sends and self._sends[0] < now - _RATE_WINDOW_S:
                 self._sends.popleft()
-            share = self._aimd.share(now) if self.config.adaptive else 1.0
+            share = self._aimd.share(now) if self.config.http.adaptive else 1.0
             return Permit(ticket.tokens, now, share)
 
     def abandon(self, ticket: Ticket) -> None:
@@ -171,7 +169,7 @@ class EndpointLimiter:
                 self._tokens.refund(-extra)
             elif extra > 0:
                 self._tokens.commit(extra, now)
-            cut = self.config.adaptive and self._aimd.on_latency(latency_s, now)
+            cut = self.config.http.adaptive and self._aimd.on_latency(latency_s, now)
             if self._learn(advertised) or cut:
                 self._revoke(now)
 
@@ -188,7 +186,7 @@ class EndpointLimiter:
             self._requests.refund(1)
             self._tokens.refund(permit.tokens)
             changed = self._learn(advertised)
-            if self.config.adaptive:
+            if self.config.http.adaptive:
                 if self._rpm_ceiling is None and self._tpm_ceiling is None:
                     # No limit known: our own recent send rate is where the cut starts from
                     # (as an account-wide figure: ours is only our fraction of it).
@@ -199,9 +197,9 @@ class EndpointLimiter:
             if changed or paused:
                 self._revoke(now)
             if retry_after is not None and paused:
-                if retry_after > self.config.retry_after_max_seconds:
+                if retry_after > self.config.http.retry_after_max_seconds:
                     self.pauses_capped += 1
-                    retry_after = self.config.retry_after_max_seconds
+                    retry_after = self.config.http.retry_after_max_seconds
                 self.longest_pause_s = max(self.longest_pause_s, retry_after)
                 # After the pause the schedules start empty: no burst at the moment every
                 # parked request wakes up.
@@ -226,7 +224,7 @@ class EndpointLimiter:
 
     def on_failure(self, permit: Permit, latency_s: float | None = None) -> None:
         """Any other failure; a timeout's duration counts as a latency sample."""
-        if latency_s is None or not self.config.adaptive:
+        if latency_s is None or not self.config.http.adaptive:
             return
         with self._lock:
             now = self._clock()
@@ -293,7 +291,7 @@ class EndpointLimiter:
     # -- internals (lock held) -----------------------------------------------------------
 
     def _refresh_rates(self, now: float) -> None:
-        share = self._aimd.share(now) if self.config.adaptive else 1.0
+        share = self._aimd.share(now) if self.config.http.adaptive else 1.0
         share *= self._fraction
         self._requests.set_rate((self._rpm_ceiling or 0.0) * share, now)
         self._tokens.set_rate((self._tpm_ceiling or 0.0) * share, now)
@@ -325,7 +323,7 @@ class EndpointLimiter:
 
     def _learn(self, advertised: AdvertisedLimits | None) -> bool:
         """Adopt advertised limits below the ceilings; True if a ceiling dropped."""
-        if advertised is None or not self.config.trust_limit_headers:
+        if advertised is None or not self.config.http.trust_limit_headers:
             return False
         lowered = False
         # An advertised limit only ever lowers the ceiling: a configured one is the user's cap.

@@ -10,6 +10,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from backfill_assets.config.variables import RunSettings
 from backfill_assets.dispatch.batch_options import BatchOptions
 from backfill_assets.dispatch.pipeline import PartitionReport, RunOptions, run_partitions
 from backfill_assets.domain.policy.rubric import TASK_VERSION, Rubric
@@ -24,7 +25,9 @@ MODEL = "gpt-4o-mini"
 RUBRIC = Rubric()
 VERSIONS = Versions(TASK_VERSION, RUBRIC.key_version, MODEL)
 API_KEY = "sk-batch-test-5e1d9c0b7a4f3e2d1c0b"
-RETRY = RetryPolicy(max_attempts=3, retry_base_seconds=0.0, retry_max_seconds=0.0)
+RETRY = RetryPolicy(
+    max_attempts=3, retry_base_seconds=0.0, retry_max_seconds=0.0, retry_after_max_seconds=900.0
+)
 # Milliseconds, not the hours of a real provider: every state is still visited.
 FAST_SIM: dict[str, Any] = {
     "batch_validating_ms": 2,
@@ -57,9 +60,9 @@ def batch_options(sim: Simulator, *, budget: int | None = None, **batch: Any) ->
     """Run options selecting batch mode against ``sim``."""
     endpoint = BatchEndpoint(sim.base_url, MODEL, api_key=API_KEY)
     return RunOptions(
+        run=RunSettings(tenant_budget_tokens=budget or 0),
         dispatch_mode="batch",
         retry=RETRY,
-        budget_tokens=budget,
         batch=BatchOptions(endpoint=endpoint, **{"poll_seconds": 0.005, **batch}),
     )
 

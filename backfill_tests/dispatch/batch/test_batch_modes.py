@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from backfill_assets.config.variables import RunSettings
 from backfill_assets.defs.partitions import partition_key_for
 from backfill_assets.dispatch.pipeline import (
     PartitionRef,
@@ -81,7 +82,7 @@ def _sync_run(engine: sa.Engine, base_url: str, budget: int | None = None) -> li
         VERSIONS,
         RUBRIC,
         "sync-run",
-        RunOptions(retry=RETRY, concurrency=16, budget_tokens=budget),
+        RunOptions(run=RunSettings(concurrency=16, tenant_budget_tokens=budget or 0), retry=RETRY),
     )
 
 

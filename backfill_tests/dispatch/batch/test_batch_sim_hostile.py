@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy.engine import Engine
 
+from backfill_assets.config.variables import HttpSettings
 from backfill_assets.dispatch.pipeline import RunOptions, RunStopped
 from backfill_assets.domain.policy.rubric import call_token_bound
 from backfill_assets.providersim import Simulator
@@ -31,7 +32,8 @@ from backfill_tests.dispatch.batch.conftest import (
 def _options(sim: Simulator, read_timeout_s: float = 60.0, **batch: object) -> RunOptions:
     opts = batch_options(sim, **batch)  # type: ignore[arg-type]
     assert opts.batch is not None and opts.batch.endpoint is not None
-    endpoint = dataclasses.replace(opts.batch.endpoint, read_timeout_s=read_timeout_s)
+    http = HttpSettings(read_timeout_s=read_timeout_s)
+    endpoint = dataclasses.replace(opts.batch.endpoint, http=http)
     return dataclasses.replace(opts, batch=dataclasses.replace(opts.batch, endpoint=endpoint))
 
 

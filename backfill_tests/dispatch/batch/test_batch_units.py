@@ -188,7 +188,7 @@ def test_batch_options_and_settings_are_validated() -> None:
     with pytest.raises(ValueError, match="max lines"):
         BatchOptions(max_lines=50_001)
     with pytest.raises(ValueError, match="kill point"):
-        FaultHooks(kill_at="later")
+        FaultHooks(kill_after_usage=0, kill_at="later")
     base = {"BACKFILL_DATABASE_URL": "sqlite:///:memory:"}
     settings = RunResource.of(
         Settings.from_env(
