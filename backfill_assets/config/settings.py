@@ -120,6 +120,7 @@ class Settings(BaseModel):
         )
         if settings.batch.dispatch == "batch" and settings.model.model_backend != "openai":
             raise SettingsError("BACKFILL_DISPATCH=batch needs BACKFILL_MODEL_BACKEND=openai")
+        _check_dialect(settings)
         if load_policy:
             settings._check_policy()
         return settings
@@ -151,12 +152,18 @@ class Settings(BaseModel):
         compiled; read once, so the keys and the requests of a process use the same text."""
         if self._rubric is None:
             if not self.model.policy_path:
-                self._rubric = Rubric(builtin_policy())
+                policy = builtin_policy()
             else:
                 try:
-                    self._rubric = Rubric(load_policy(self.model.policy_path))
+                    policy = load_policy(self.model.policy_path)
                 except PolicyInvalid as exc:
                     raise SettingsError(f"BACKFILL_POLICY_PATH: {exc}") from None
+            try:
+                self._rubric = Rubric(policy, self.model.model_dialect)
+            except ValueError as exc:
+                raise SettingsError(
+                    f"BACKFILL_MODEL_DIALECT={self.model.model_dialect}: {exc}"
+                ) from None
         return self._rubric
 
     def versions(self) -> Versions:
@@ -194,6 +201,22 @@ _TYPE_WORDS = {
     "float_parsing": "is not a number",
     "bool_parsing": "is not a boolean",
 }
+
+
+def _check_dialect(settings: Settings) -> None:
+    """What the moderation endpoint cannot do is refused at start, by name."""
+    dialect = settings.model.model_dialect
+    if dialect == "chat-json":
+        return
+    what = f"BACKFILL_MODEL_DIALECT={dialect}"
+    if settings.model.model_backend != "openai":
+        raise SettingsError(
+            f"{what} needs BACKFILL_MODEL_BACKEND=openai (the fake speaks chat-json)"
+        )
+    if settings.batch.dispatch == "batch":
+        raise SettingsError(f"{what} is sent synchronously: unset BACKFILL_DISPATCH=batch")
+    if settings.model.service_tier != "standard":
+        raise SettingsError(f"{what} has no flex tier: unset BACKFILL_SERVICE_TIER")
 
 
 def _describe(err: Any) -> str:

@@ -216,9 +216,19 @@ class ModelSettings(Group):
     )
     model_base_url: str = _var(
         "BACKFILL_MODEL_BASE_URL",
-        "Default endpoint (tenants without a region); requests go to `{base}/chat/completions`, "
-        "batch mode to `{base}/files` and `{base}/batches`.",
+        "Default endpoint (tenants without a region); requests go to `{base}/chat/completions` "
+        "(`{base}/moderations` in the `openai-moderation` dialect), batch mode to "
+        "`{base}/files` and `{base}/batches`.",
         default="https://api.openai.com/v1",
+    )
+    model_dialect: Literal["chat-json", "openai-moderation"] = _var(
+        "BACKFILL_MODEL_DIALECT",
+        "How the model is spoken to: `chat-json` (chat completions answering the policy's JSON "
+        "schema) or `openai-moderation` (OpenAI's moderation endpoint, `omni-moderation-latest`: "
+        "its category scores mapped onto the policy by the policy's `dialects:` section, "
+        "[policies.md](policies.md#dialects); needs `BACKFILL_MODEL_BACKEND=openai`, sync "
+        "dispatch and the standard tier). Part of every key and of the code version.",
+        default="chat-json",
     )
     policy_path: str = _var(
         "BACKFILL_POLICY_PATH",

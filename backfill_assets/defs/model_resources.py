@@ -26,6 +26,7 @@ from backfill_assets.providers.batch_client import BatchEndpoint
 from backfill_assets.providers.models.base import ModelAdapter
 from backfill_assets.providers.models.fake import FakeModel
 from backfill_assets.providers.models.openai_http import OpenAIHttpModel
+from backfill_assets.providers.models.openai_moderation import OpenAIModerationModel
 from backfill_assets.providers.ratelimit import SHARED_LIMITERS, LimiterConfig
 
 
@@ -134,7 +135,10 @@ class OpenAIModelResource(ModelResource):
         """An HTTP adapter sharing the process-wide limiter of this endpoint, model and key."""
         base_url = base_url.rstrip("/")
         m, h = self.settings, self.http
-        return OpenAIHttpModel(
+        adapter = (
+            OpenAIModerationModel if m.model_dialect == "openai-moderation" else OpenAIHttpModel
+        )
+        return adapter(
             base_url=base_url,
             model=self.model,
             api_key=api_key,

@@ -5,6 +5,7 @@ needs (the same objects), never copies of their fields."""
 from __future__ import annotations
 
 import ast
+import asyncio
 from collections import Counter
 from pathlib import Path
 
@@ -14,6 +15,8 @@ from backfill_assets.config.settings import Settings, SettingsError
 from backfill_assets.config.variables import GROUPS
 from backfill_assets.defs.model_resources import OpenAIModelResource, model_resource
 from backfill_assets.defs.resources import RunResource, resources
+from backfill_assets.providers.models.openai_moderation import OpenAIModerationModel
+from backfill_tests.domain.test_moderation_dialect import BASE, MAPPING
 
 PACKAGE = Path(__file__).resolve().parents[2] / "backfill_assets"
 
@@ -96,3 +99,50 @@ def test_no_resource_copies_settings_into_dagster_config() -> None:
 def test_the_groups_bounds_refuse_a_variable_by_name(var: str, raw: str) -> None:
     with pytest.raises(SettingsError, match=var):
         Settings.from_env({var: raw})
+
+
+def _dialect_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    policy = tmp_path / "forum.yaml"
+    policy.write_text(BASE + MAPPING, encoding="utf-8")
+    return {
+        "BACKFILL_MODEL_DIALECT": "openai-moderation",
+        "BACKFILL_MODEL_BACKEND": "openai",
+        "BACKFILL_MODEL": "omni-moderation-latest",
+        "BACKFILL_POLICY_PATH": str(policy),
+        **extra,
+    }
+
+
+def test_the_moderation_dialect_builds_its_adapter_from_the_same_groups(tmp_path: Path) -> None:
+    settings = Settings.from_env(_dialect_env(tmp_path))
+    rubric = settings.rubric()
+    assert rubric.dialect == "openai-moderation"
+    assert "+openai-moderation#" in settings.versions().key_version
+    model = model_resource(settings)
+    adapter = model.build_adapter()
+    assert isinstance(adapter, OpenAIModerationModel) and adapter.path == "/moderations"
+    assert model.price_table().cost("omni-moderation-latest", 1000, 1000) == 0
+    asyncio.run(adapter.aclose())
+
+
+@pytest.mark.parametrize(
+    ("extra", "why"),
+    [
+        ({"BACKFILL_MODEL_BACKEND": "fake"}, "needs BACKFILL_MODEL_BACKEND=openai"),
+        ({"BACKFILL_DISPATCH": "batch"}, "sent synchronously"),
+        ({"BACKFILL_SERVICE_TIER": "flex"}, "no flex tier"),
+        ({"BACKFILL_MODEL_DIALECT": "llama-guardian"}, "BACKFILL_MODEL_DIALECT"),
+    ],
+)
+def test_what_the_moderation_dialect_cannot_do_is_refused_by_name(
+    tmp_path: Path, extra: dict[str, str], why: str
+) -> None:
+    with pytest.raises(SettingsError, match=why):
+        Settings.from_env(_dialect_env(tmp_path, **extra))
+
+
+def test_the_moderation_dialect_needs_the_policys_section(tmp_path: Path) -> None:
+    env = _dialect_env(tmp_path)
+    Path(env["BACKFILL_POLICY_PATH"]).write_text(BASE, encoding="utf-8")
+    with pytest.raises(SettingsError, match="no dialects: openai-moderation: section"):
+        Settings.from_env(env)

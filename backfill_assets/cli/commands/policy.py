@@ -83,6 +83,15 @@ def describe(policy: Policy) -> dict[str, Any]:
         ],
         "prefix_tokens_estimate": rubric.prefix_token_estimate(),
         "prefix_bytes": len(rubric.system_prompt.encode("utf-8")) + rubric.schema_bytes,
+        # How a moderation model's categories map onto the policy (docs/policies.md, Dialects).
+        "dialects": {
+            "openai-moderation": [
+                {"category": name, "label": c.label, "rule": c.rule, "threshold": c.threshold}
+                for name, c in mapping.categories.items()
+            ]
+        }
+        if (mapping := policy.moderation_map) is not None
+        else {},
     }
 
 
@@ -105,6 +114,10 @@ def cmd_policy_check(args: argparse.Namespace, _settings: Settings) -> int:
         "\n".join(head),
         table(doc["labels"], ["id", "action", "severity", "rules"], title="labels"),
         table(doc["rules"], ["id", "label", "violates", "safe"], title="rules"),
+        *(
+            table(rows, ["category", "label", "rule", "threshold"], title=f"dialect {name}")
+            for name, rows in doc["dialects"].items()
+        ),
         f"prompt prefix: ~{doc['prefix_tokens_estimate']} tokens ({doc['prefix_bytes']} bytes: "
         "instructions, labels, rules, examples, output contract; the same for every post)",
         "OK",

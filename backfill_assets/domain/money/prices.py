@@ -162,6 +162,9 @@ DEFAULT_PRICES: Mapping[str, tuple[DatedPrice, ...]] = {
     "gpt-5": _std(input="1.25", output="10.00", cached_input="0.125"),
     "gpt-5-mini": _std(input="0.25", output="2.00", cached_input="0.025"),
     "gpt-5-nano": _std(input="0.05", output="0.40", cached_input="0.005"),
+    # The moderation endpoint is free: a call books its zero tokens at zero.
+    "omni-moderation-latest": _std(input="0", output="0"),
+    "text-moderation-latest": _std(input="0", output="0"),
 }
 
 

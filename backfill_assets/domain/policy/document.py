@@ -110,6 +110,65 @@ class RuleDef(_Item):
         return _text(value)
 
 
+# omni-moderation-latest's categories (OpenAI's moderation API reference); text-moderation
+# models answer a subset of them.
+MODERATION_CATEGORIES = (
+    "harassment",
+    "harassment/threatening",
+    "hate",
+    "hate/threatening",
+    "illicit",
+    "illicit/violent",
+    "self-harm",
+    "self-harm/intent",
+    "self-harm/instructions",
+    "sexual",
+    "sexual/minors",
+    "violence",
+    "violence/graphic",
+)
+
+
+class CategoryMap(_Item):
+    """Where one moderation category leads: a label, optionally one of its rules, and the score
+    from which it applies."""
+
+    label: str
+    rule: str | None = None
+    threshold: float = Field(ge=0.0, le=1.0)
+
+    @field_validator("threshold", mode="before")
+    @classmethod
+    def _number(cls, value: Any) -> Any:
+        # YAML reads 1 as an integer; a boolean is not a threshold.
+        if isinstance(value, int) and not isinstance(value, bool):
+            return float(value)
+        return value
+
+
+class ModerationMap(_Item):
+    """``dialects: openai-moderation:``: the categories the policy reads, and where each leads."""
+
+    categories: dict[str, CategoryMap] = Field(min_length=1, max_length=len(MODERATION_CATEGORIES))
+
+    @field_validator("categories")
+    @classmethod
+    def _known(cls, value: dict[str, CategoryMap]) -> dict[str, CategoryMap]:
+        unknown = [c for c in value if c not in MODERATION_CATEGORIES]
+        if unknown:
+            raise ValueError(
+                f"unknown category {quoted(unknown[0])}: expected one of "
+                + ", ".join(MODERATION_CATEGORIES)
+            )
+        return value
+
+
+class Dialects(_Item):
+    """How the answers of models that do not speak the policy map onto it (docs/policies.md)."""
+
+    openai_moderation: ModerationMap | None = Field(default=None, alias="openai-moderation")
+
+
 class PolicyDoc(_Item):
     """The policy file's content, validated (``extra="forbid"``: an unknown field is an error)."""
 
@@ -118,6 +177,9 @@ class PolicyDoc(_Item):
     instructions: str
     labels: list[LabelDef] = Field(max_length=256)
     rules: list[RuleDef] = Field(default_factory=list, max_length=1024)
+    # Not part of the content hash: a chat model is sent the policy, never this section, so
+    # editing it changes no chat key. A dialect's key carries its own section (rubric.py).
+    dialects: Dialects | None = None
 
     @field_validator("id")
     @classmethod
@@ -214,13 +276,32 @@ class Policy:
         return tuple(label.id for label in self.doc.labels if label.action != "none")
 
     @property
+    def moderation_map(self) -> ModerationMap | None:
+        """The ``dialects: openai-moderation:`` section, if the policy has one."""
+        return self.doc.dialects.openai_moderation if self.doc.dialects else None
+
+    @property
     def rule_labels(self) -> tuple[tuple[str, str], ...]:
         """(rule id, the label it leads to), in the file's order."""
         return tuple((rule.id, rule.label) for rule in self.doc.rules)
 
 
 def canonical_json(doc: PolicyDoc) -> str:
-    """The content as sorted, compact JSON: the same policy gives the same text."""
+    """The content as sorted, compact JSON: the same policy gives the same text. The
+    ``dialects`` section is not part of it (``dialect_json``)."""
     return json.dumps(
-        doc.model_dump(mode="json"), sort_keys=True, separators=(",", ":"), ensure_ascii=False
+        doc.model_dump(mode="json", exclude={"dialects"}),
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
     )
+
+
+def dialect_json(doc: PolicyDoc, dialect: str) -> str:
+    """One dialect's section as sorted, compact JSON ('' when the policy has none)."""
+    section = (
+        doc.dialects.model_dump(mode="json", by_alias=True).get(dialect) if doc.dialects else None
+    )
+    if section is None:
+        return ""
+    return json.dumps(section, sort_keys=True, separators=(",", ":"), ensure_ascii=False)

@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -268,6 +268,51 @@ def _semantic_problems(data: Any, tree: _Tree) -> Iterator[PolicyProblem]:
         if isinstance(target, str) and labels and target not in first_label:
             line, col = tree.where(("rules", i, "label"))
             yield PolicyProblem(line, col, f"rules[{i}]: leads to unknown label {quoted(target)}")
+    yield from _dialect_problems(data, tree, first_label, _rule_targets(data))
+
+
+def _rule_targets(data: Any) -> dict[str, Any]:
+    """Rule id -> the label it leads to, as written."""
+    return {
+        str(r["id"]): r.get("label")
+        for _i, r in _items(data, "rules")
+        if isinstance(r.get("id"), str)
+    }
+
+
+def _dialect_problems(
+    data: Any, tree: _Tree, labels: Mapping[str, Any], rules: Mapping[str, Any]
+) -> Iterator[PolicyProblem]:
+    """A dialect's mapping names the policy's own labels and rules, each rule of its label."""
+    dialects = data.get("dialects") if isinstance(data, dict) else None
+    section = dialects.get("openai-moderation") if isinstance(dialects, dict) else None
+    categories = section.get("categories") if isinstance(section, dict) else None
+    if not isinstance(categories, dict):
+        return
+    base = ("dialects", "openai-moderation", "categories")
+    for name, entry in categories.items():
+        if not isinstance(entry, dict):
+            continue
+        label, rule = entry.get("label"), entry.get("rule")
+        if isinstance(label, str) and labels and label not in labels:
+            line, col = tree.where((*base, name, "label"))
+            yield PolicyProblem(
+                line, col, f"category {quoted(str(name))}: unknown label {quoted(label)}"
+            )
+        if isinstance(rule, str):
+            if rule not in rules:
+                line, col = tree.where((*base, name, "rule"))
+                yield PolicyProblem(
+                    line, col, f"category {quoted(str(name))}: unknown rule {quoted(rule)}"
+                )
+            elif isinstance(label, str) and rules[rule] != label:
+                line, col = tree.where((*base, name, "rule"))
+                yield PolicyProblem(
+                    line,
+                    col,
+                    f"category {quoted(str(name))}: rule {quoted(rule)} leads to "
+                    f"{quoted(str(rules[rule]))}, not to {quoted(label)}",
+                )
 
 
 def parse_policy(text: str, source: str = "<policy>") -> Policy:

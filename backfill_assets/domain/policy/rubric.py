@@ -8,10 +8,12 @@ the strict JSON schema sent as ``response_format``. The gate every answer passes
 
 from __future__ import annotations
 
+import hashlib
 import json
 
-from backfill_assets.domain.policy.document import Policy
+from backfill_assets.domain.policy.document import Policy, dialect_json
 from backfill_assets.domain.policy.file import builtin_policy
+from backfill_assets.domain.policy.moderation_map import moderation_output
 from backfill_assets.domain.policy.output_gate import (
     SCHEMA_VERSION,
     ModerationOutput,
@@ -21,6 +23,11 @@ from backfill_assets.domain.policy.output_gate import (
 from backfill_assets.domain.policy.post_frame import framed
 
 TASK_VERSION = "moderation-2026.1"
+# How the model is spoken to (BACKFILL_MODEL_DIALECT): the policy's JSON contract over chat
+# completions, or OpenAI's moderation endpoint mapped through the policy.
+CHAT_JSON = "chat-json"
+OPENAI_MODERATION = "openai-moderation"
+DIALECTS = (CHAT_JSON, OPENAI_MODERATION)
 # Output is a tiny JSON object; a hard cap bounds both cost and the budget reservation.
 MAX_OUTPUT_TOKENS = 64
 
@@ -72,30 +79,57 @@ def render_system_prompt(policy: Policy) -> str:
 
 
 class Rubric:
-    """A policy compiled for the model: the system prompt, the output contract and its JSON
-    schema, and the key version that names the work."""
+    """A policy compiled for the model in its dialect: what is sent for a post, how its answer
+    is read, the output contract, and the key version that names the work.
 
-    __slots__ = ("contract", "policy", "schema", "schema_bytes", "system_prompt")
+    ``chat-json`` (the default) sends the policy as the system message and asks for the JSON
+    schema of the contract. ``openai-moderation`` sends the post's text alone and maps the
+    category scores through the policy's ``dialects: openai-moderation:`` section
+    (``moderation_map.py``); its key version is the policy's and that section's, so a changed
+    threshold or category names new work (the endpoint is free).
+    """
 
-    def __init__(self, policy: Policy | None = None) -> None:
+    __slots__ = ("contract", "dialect", "policy", "schema", "schema_bytes", "system_prompt")
+
+    def __init__(self, policy: Policy | None = None, dialect: str = CHAT_JSON) -> None:
         self.policy = policy if policy is not None else builtin_policy()
-        self.system_prompt = render_system_prompt(self.policy)
+        if dialect not in DIALECTS:
+            raise ValueError(f"dialect {dialect!r}: expected one of {', '.join(DIALECTS)}")
+        if dialect == OPENAI_MODERATION and self.policy.moderation_map is None:
+            raise ValueError(
+                f"policy {self.policy.identity} has no dialects: openai-moderation: section "
+                "(which label each category leads to: docs/policies.md)"
+            )
+        self.dialect = dialect
+        self.system_prompt = render_system_prompt(self.policy) if dialect == CHAT_JSON else ""
         self.contract = OutputContract.of(self.policy)
         self.schema = self.contract.json_schema()
-        # Structured outputs put the JSON schema into the prompt as well.
-        self.schema_bytes = len(json.dumps(self.schema).encode("utf-8"))
+        # Structured outputs put the JSON schema into the prompt as well; other dialects send
+        # none.
+        self.schema_bytes = (
+            len(json.dumps(self.schema).encode("utf-8")) if dialect == CHAT_JSON else 0
+        )
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Rubric) and other.policy == self.policy
+        return (
+            isinstance(other, Rubric)
+            and other.policy == self.policy
+            and other.dialect == self.dialect
+            and other.key_version == self.key_version
+        )
 
     def __hash__(self) -> int:
-        return hash(self.policy)
+        return hash((self.policy, self.dialect))
 
     @property
     def key_version(self) -> str:
-        """The policy's key version: changes with every word of the policy, so keys and the
-        code version follow."""
-        return self.policy.key_version
+        """The policy's key version (every word of the policy, so keys and the code version
+        follow), and for another dialect than ``chat-json`` its name and section's hash."""
+        if self.dialect == CHAT_JSON:
+            return self.policy.key_version
+        section = dialect_json(self.policy.doc, self.dialect)
+        digest = hashlib.sha256(section.encode("utf-8")).hexdigest()[:16]
+        return f"{self.policy.key_version}+{self.dialect}#{digest}"
 
     def user_message(self, key: str, text: str) -> str:
         """The post as delimited data with its correlation id (the only part that varies),
@@ -103,14 +137,21 @@ class Rubric:
         return framed(key, text)
 
     def messages(self, key: str, text: str) -> list[dict[str, str]]:
-        """Chat messages for one post: the stable prefix first, the post last."""
+        """Chat messages for one post: the stable prefix first, the post last. The moderation
+        endpoint is sent the text alone (one user message, unframed)."""
+        if self.dialect == OPENAI_MODERATION:
+            return [{"role": "user", "content": text}]
         return [
             {"role": "system", "content": self.system_prompt},
             {"role": "user", "content": self.user_message(key, text)},
         ]
 
     def parse(self, raw: str, sent_key: str) -> ModerationOutput:
-        """``parse_output`` under this rubric's contract."""
+        """The answer read under this rubric's contract (``parse_output``), or mapped through
+        the policy's section (``moderation_output``)."""
+        mapping = self.policy.moderation_map
+        if self.dialect == OPENAI_MODERATION and mapping is not None:
+            return moderation_output(raw, sent_key, self.policy, mapping, self.contract)
         return parse_output(raw, sent_key, self.contract)
 
     def prefix_token_estimate(self) -> int:

@@ -24,6 +24,7 @@ import hashlib
 import logging
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 
@@ -104,6 +105,8 @@ class OpenAIHttpModel(ModelAdapter):
     """Chat completions against ``{base_url}/chat/completions``, admitted by a shared limiter."""
 
     name = "openai_http"
+    # Where a request goes, under the base URL (the moderation dialect's adapter: /moderations).
+    path = "/chat/completions"
 
     def __init__(
         self,
@@ -169,6 +172,10 @@ class OpenAIHttpModel(ModelAdapter):
             follow_redirects=False,
         )
 
+    def body(self, request: ModelRequest, tier: Tier) -> dict[str, Any]:
+        """The request's JSON body for ``path`` (the chat completion: the policy's schema)."""
+        return request_body(request, self._max_tokens_param, tier)
+
     def cost_of(self, model: str, tokens_in: int, tokens_out: int) -> int:
         """Cost from the configured price table."""
         return self._prices.cost(model, tokens_in, tokens_out)
@@ -207,7 +214,7 @@ class OpenAIHttpModel(ModelAdapter):
             and not quota.takes_flex(request.tenant_id, request.key)
         ):
             tier = Tier.STANDARD
-        body = request_body(request, self._max_tokens_param, tier)
+        body = self.body(request, tier)
         self.check_not_halted()
         permit = await self.limiter.acquire(request.estimated_tokens, request.tenant_id)
         try:
@@ -221,7 +228,7 @@ class OpenAIHttpModel(ModelAdapter):
         try:
             async with (
                 asyncio.timeout(self._timeouts.total),
-                self._client.stream("POST", "/chat/completions", json=body) as response,
+                self._client.stream("POST", self.path, json=body) as response,
             ):
                 if 200 <= response.status_code < 300:
                     raw = await read_capped(response, CHAT_MAX_BYTES)
