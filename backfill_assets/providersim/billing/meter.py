@@ -7,6 +7,13 @@ also counts batch creates per chunk (from the batch metadata) and status polls. 
 never depends on the ``usage`` shape the client was shown: tests compare their ledger with
 ``billed_by_correlation_id`` (requests, prompt, completion and total tokens per key).
 Refusals by the access checks (401, 403, 404) are counted per status and per endpoint.
+
+Moderation calls (``POST /v1/moderations``, free) are billed too: one ``BilledCall`` per
+answered 200 with 0 prompt and 0 completion tokens, cost 0 and ``endpoint``
+``/v1/moderations``, so a client's ledger can be compared call for call. In the JSON of
+``GET /_sim/meter`` a billed item carries ``"endpoint"`` only when it is not a chat completion,
+so chat items keep their historical shape; ``billed_by_endpoint`` sums calls and cost per
+endpoint and ``requests_by_endpoint`` counts arrivals (``requests_total`` counts both routes).
 """
 
 from __future__ import annotations
@@ -16,6 +23,9 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+CHAT_ENDPOINT = "/v1/chat/completions"
+MODERATIONS_ENDPOINT = "/v1/moderations"
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +45,8 @@ class BilledCall:
     # What the simulator's own price list charged for the call, and when (epoch seconds).
     cost_nanos: int = 0
     billed_at: float = 0.0
+    # Which API answered: chat completions, or moderations (free: no tokens, no cost).
+    endpoint: str = CHAT_ENDPOINT
 
     @property
     def total_tokens(self) -> int:
@@ -50,6 +62,22 @@ class KeyBill:
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointBill:
+    """What the calls billed on one endpoint came to."""
+
+    calls: int
+    cost_nanos: int
+
+
+def _call_dict(call: BilledCall) -> dict[str, Any]:
+    """A billed item as served; chat items leave out ``endpoint``, as before it existed."""
+    item = asdict(call)
+    if call.endpoint == CHAT_ENDPOINT:
+        del item["endpoint"]
+    return item
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +99,8 @@ class MeterSnapshot:
     batch_create_requests: int = 0
     refusals_by_status: dict[int, int] = field(default_factory=dict)
     refusals_by_endpoint: dict[str, int] = field(default_factory=dict)
+    # Arrivals per answering route (chat completions, moderations); they sum to requests_total.
+    requests_by_endpoint: dict[str, int] = field(default_factory=dict)
 
     @property
     def billed_batch_tokens(self) -> int:
@@ -93,6 +123,16 @@ class MeterSnapshot:
         return sum(call.completion_tokens for call in self.billed.values())
 
     @property
+    def billed_by_endpoint(self) -> dict[str, EndpointBill]:
+        """Billed calls and their cost per endpoint (endpoints without calls left out)."""
+        sums: dict[str, list[int]] = {}
+        for call in self.billed.values():
+            row = sums.setdefault(call.endpoint, [0, 0])
+            row[0] += 1
+            row[1] += call.cost_nanos
+        return {endpoint: EndpointBill(n, cost) for endpoint, (n, cost) in sums.items()}
+
+    @property
     def billed_by_correlation_id(self) -> dict[str, KeyBill]:
         """Billed requests and tokens per correlation id (batch lines included)."""
         sums: dict[str, list[int]] = {}
@@ -108,11 +148,14 @@ class MeterSnapshot:
         return {
             "requests_total": self.requests_total,
             "responses_by_status": {str(k): v for k, v in self.responses_by_status.items()},
-            "billed": [asdict(call) for call in self.billed.values()],
+            "billed": [_call_dict(call) for call in self.billed.values()],
             "billed_tokens_total": self.billed_tokens_total,
             "billed_prompt_tokens": self.billed_prompt_tokens,
             "billed_completion_tokens": self.billed_completion_tokens,
             "billed_cost_nanos": self.billed_cost_nanos,
+            "billed_by_endpoint": {
+                endpoint: asdict(bill) for endpoint, bill in self.billed_by_endpoint.items()
+            },
             "billed_by_correlation_id": {
                 key: asdict(bill) for key, bill in self.billed_by_correlation_id.items()
             },
@@ -127,6 +170,7 @@ class MeterSnapshot:
             "batch_create_requests": self.batch_create_requests,
             "refusals_by_status": {str(k): v for k, v in self.refusals_by_status.items()},
             "refusals_by_endpoint": dict(self.refusals_by_endpoint),
+            "requests_by_endpoint": dict(self.requests_by_endpoint),
         }
 
     @classmethod
@@ -157,6 +201,9 @@ class MeterSnapshot:
             refusals_by_endpoint={
                 str(k): int(v) for k, v in data.get("refusals_by_endpoint", {}).items()
             },
+            requests_by_endpoint={
+                str(k): int(v) for k, v in data.get("requests_by_endpoint", {}).items()
+            },
         )
 
 
@@ -179,6 +226,7 @@ class Meter:
         self._create_requests = 0
         self._refusals: Counter[int] = Counter()
         self._refusals_at: Counter[str] = Counter()
+        self._requests_at: Counter[str] = Counter()
 
     def record_refusal(self, status: int, endpoint: str) -> None:
         """An access check refused a request (``endpoint``: 'POST /v1/batches' and the like)."""
@@ -209,10 +257,11 @@ class Meter:
         with self._lock:
             self._uploads += 1
 
-    def record_request(self) -> None:
-        """A request arrived on the completions route."""
+    def record_request(self, endpoint: str = CHAT_ENDPOINT) -> None:
+        """A request arrived on an answering route (chat completions or moderations)."""
         with self._lock:
             self._requests_total += 1
+            self._requests_at[endpoint] += 1
 
     def record_attempt(self, correlation_id: str) -> int:
         """A request passed the rate limiter; returns its 1-based attempt number for the key."""
@@ -260,6 +309,7 @@ class Meter:
                 batch_create_requests=self._create_requests,
                 refusals_by_status=dict(self._refusals),
                 refusals_by_endpoint=dict(self._refusals_at),
+                requests_by_endpoint=dict(self._requests_at),
             )
 
     def clear(self) -> None:
@@ -276,3 +326,4 @@ class Meter:
             self._polls = self._polls_limited = self._uploads = self._create_requests = 0
             self._refusals.clear()
             self._refusals_at.clear()
+            self._requests_at.clear()

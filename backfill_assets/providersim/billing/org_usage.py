@@ -5,6 +5,7 @@ Usage results are grouped by model (``group_by=model``, the only grouping served
 one result per day, ``amount.value`` in USD from the meter's own prices.
 Parameters: ``start_time`` (Unix seconds, required), ``end_time``, ``limit`` (buckets per page,
 default 7, at most 31) and ``page`` (the cursor a previous page's ``next_page`` gave).
+Moderation calls are left out of both: they are no completions and cost nothing.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from decimal import Decimal
 from typing import Any
 from urllib.parse import parse_qs
 
-from backfill_assets.providersim.billing.meter import BilledCall, MeterSnapshot
+from backfill_assets.providersim.billing.meter import CHAT_ENDPOINT, BilledCall, MeterSnapshot
 from backfill_assets.providersim.wire import ApiError
 
 _DAY = 86_400
@@ -51,6 +52,10 @@ def _day_of(call: BilledCall) -> int:
     return int(call.billed_at) // _DAY * _DAY
 
 
+def _completions(snapshot: MeterSnapshot) -> list[BilledCall]:
+    return [call for call in snapshot.billed.values() if call.endpoint == CHAT_ENDPOINT]
+
+
 def _page(buckets: list[dict[str, Any]], next_page: str | None) -> dict[str, Any]:
     return {
         "object": "page",
@@ -64,7 +69,7 @@ def usage_page(snapshot: MeterSnapshot, query: str) -> dict[str, Any]:
     """One page of completions usage buckets, results grouped by model."""
     days, next_page = _days(query)
     sums: dict[tuple[int, str], list[int]] = defaultdict(lambda: [0, 0, 0, 0])
-    for call in snapshot.billed.values():
+    for call in _completions(snapshot):
         row = sums[(_day_of(call), call.model)]
         row[0] += 1
         row[1] += call.prompt_tokens
@@ -98,7 +103,7 @@ def costs_page(snapshot: MeterSnapshot, query: str) -> dict[str, Any]:
     """One page of cost buckets: what the meter's own prices charged per day."""
     days, next_page = _days(query)
     nanos: dict[int, int] = defaultdict(int)
-    for call in snapshot.billed.values():
+    for call in _completions(snapshot):
         nanos[_day_of(call)] += call.cost_nanos
     buckets = []
     for day in days:
