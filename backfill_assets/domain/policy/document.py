@@ -110,6 +110,11 @@ class RuleDef(_Item):
         return _text(value)
 
 
+# How the model is spoken to (BACKFILL_MODEL_DIALECT): the policy's JSON contract over chat
+# completions, or OpenAI's moderation endpoint mapped through the policy's section.
+CHAT_JSON = "chat-json"
+OPENAI_MODERATION = "openai-moderation"
+DIALECTS = (CHAT_JSON, OPENAI_MODERATION)
 # omni-moderation-latest's categories (OpenAI's moderation API reference); text-moderation
 # models answer a subset of them.
 MODERATION_CATEGORIES = (
@@ -218,24 +223,45 @@ def _item_id(value: str) -> str:
 
 
 class Policy:
-    """A checked policy and its identity.
+    """A checked policy, the dialect its model is spoken to in, and its identity.
 
-    ``content_hash``: sha256 of the canonical JSON of the content (every field, key order and
-    comments aside). ``identity``: ``<id>@<version>#<hash[:16]>``. ``key_version``: what keys
-    and the code version carry: the identity, except for the built-in policy as shipped.
+    ``content_hash``: sha256 of the canonical JSON of the content (every field but
+    ``dialects``, key order and comments aside). ``identity``: ``<id>@<version>#<hash[:16]>``.
+    ``key_version``: what keys, the applied labels and the code version carry: the identity
+    (the built-in policy as shipped keeps its legacy one), and in another dialect than
+    ``chat-json`` the dialect's name and the hash of its section (``<key>+<dialect>#<hash>``),
+    so a changed mapping names new work and never a chat key.
     """
 
-    __slots__ = ("content_hash", "doc")
+    __slots__ = ("content_hash", "dialect", "doc")
 
-    def __init__(self, doc: PolicyDoc) -> None:
+    def __init__(self, doc: PolicyDoc, dialect: str = CHAT_JSON) -> None:
+        if dialect not in DIALECTS:
+            raise ValueError(f"dialect {dialect!r}: expected one of {', '.join(DIALECTS)}")
+        if dialect == OPENAI_MODERATION and (
+            doc.dialects is None or doc.dialects.openai_moderation is None
+        ):
+            raise ValueError(
+                f"policy {doc.id}@{doc.version} has no dialects: openai-moderation: section "
+                "(which label each category leads to: docs/policies.md)"
+            )
         self.doc = doc
+        self.dialect = dialect
         self.content_hash = hashlib.sha256(canonical_json(doc).encode("utf-8")).hexdigest()
 
+    def in_dialect(self, dialect: str) -> Policy:
+        """The same policy, spoken in ``dialect`` (``ValueError``: it has no section for it)."""
+        return self if dialect == self.dialect else Policy(self.doc, dialect)
+
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Policy) and other.content_hash == self.content_hash
+        return (
+            isinstance(other, Policy)
+            and other.content_hash == self.content_hash
+            and other.key_version == self.key_version
+        )
 
     def __hash__(self) -> int:
-        return hash(self.content_hash)
+        return hash((self.content_hash, self.dialect))
 
     def __repr__(self) -> str:
         return f"Policy({self.identity})"
@@ -257,8 +283,12 @@ class Policy:
 
     @property
     def key_version(self) -> str:
-        """The policy's part of every key and of the code version."""
-        return LEGACY_KEY_VERSIONS.get(self.content_hash, self.identity)
+        """The policy's part of every key and of the code version, in its dialect."""
+        base = LEGACY_KEY_VERSIONS.get(self.content_hash, self.identity)
+        if self.dialect == CHAT_JSON:
+            return base
+        section = dialect_json(self.doc, self.dialect)
+        return f"{base}+{self.dialect}#{hashlib.sha256(section.encode('utf-8')).hexdigest()[:16]}"
 
     @property
     def label_ids(self) -> tuple[str, ...]:

@@ -8,10 +8,9 @@ the strict JSON schema sent as ``response_format``. The gate every answer passes
 
 from __future__ import annotations
 
-import hashlib
 import json
 
-from backfill_assets.domain.policy.document import Policy, dialect_json
+from backfill_assets.domain.policy.document import CHAT_JSON, OPENAI_MODERATION, Policy
 from backfill_assets.domain.policy.file import builtin_policy
 from backfill_assets.domain.policy.moderation_map import moderation_output
 from backfill_assets.domain.policy.output_gate import (
@@ -23,11 +22,7 @@ from backfill_assets.domain.policy.output_gate import (
 from backfill_assets.domain.policy.post_frame import framed
 
 TASK_VERSION = "moderation-2026.1"
-# How the model is spoken to (BACKFILL_MODEL_DIALECT): the policy's JSON contract over chat
-# completions, or OpenAI's moderation endpoint mapped through the policy.
-CHAT_JSON = "chat-json"
-OPENAI_MODERATION = "openai-moderation"
-DIALECTS = (CHAT_JSON, OPENAI_MODERATION)
+
 # Output is a tiny JSON object; a hard cap bounds both cost and the budget reservation.
 MAX_OUTPUT_TOKENS = 64
 
@@ -92,44 +87,28 @@ class Rubric:
     __slots__ = ("contract", "dialect", "policy", "schema", "schema_bytes", "system_prompt")
 
     def __init__(self, policy: Policy | None = None, dialect: str = CHAT_JSON) -> None:
-        self.policy = policy if policy is not None else builtin_policy()
-        if dialect not in DIALECTS:
-            raise ValueError(f"dialect {dialect!r}: expected one of {', '.join(DIALECTS)}")
-        if dialect == OPENAI_MODERATION and self.policy.moderation_map is None:
-            raise ValueError(
-                f"policy {self.policy.identity} has no dialects: openai-moderation: section "
-                "(which label each category leads to: docs/policies.md)"
-            )
+        self.policy = (policy if policy is not None else builtin_policy()).in_dialect(dialect)
         self.dialect = dialect
         self.system_prompt = render_system_prompt(self.policy) if dialect == CHAT_JSON else ""
         self.contract = OutputContract.of(self.policy)
         self.schema = self.contract.json_schema()
-        # Structured outputs put the JSON schema into the prompt as well; other dialects send
-        # none.
-        self.schema_bytes = (
-            len(json.dumps(self.schema).encode("utf-8")) if dialect == CHAT_JSON else 0
-        )
+        # Structured outputs put the JSON schema into the prompt as well; other dialects
+        # send none.
+        chat = dialect == CHAT_JSON
+        self.schema_bytes = len(json.dumps(self.schema).encode("utf-8")) if chat else 0
 
     def __eq__(self, other: object) -> bool:
-        return (
-            isinstance(other, Rubric)
-            and other.policy == self.policy
-            and other.dialect == self.dialect
-            and other.key_version == self.key_version
-        )
+        return isinstance(other, Rubric) and other.policy == self.policy
 
     def __hash__(self) -> int:
-        return hash((self.policy, self.dialect))
+        return hash(self.policy)
 
     @property
     def key_version(self) -> str:
-        """The policy's key version (every word of the policy, so keys and the code version
-        follow), and for another dialect than ``chat-json`` its name and section's hash."""
-        if self.dialect == CHAT_JSON:
-            return self.policy.key_version
-        section = dialect_json(self.policy.doc, self.dialect)
-        digest = hashlib.sha256(section.encode("utf-8")).hexdigest()[:16]
-        return f"{self.policy.key_version}+{self.dialect}#{digest}"
+        """The policy's key version in its dialect (``Policy.key_version``): changes with
+        every word of the policy, and with the dialect's section, so keys and the code version
+        follow."""
+        return self.policy.key_version
 
     def user_message(self, key: str, text: str) -> str:
         """The post as delimited data with its correlation id (the only part that varies),
