@@ -5,9 +5,10 @@ Every hostile mode is off by default: ``SimConfig()`` answers exactly as before 
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+import math
+from typing import Annotated, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 FaultKind = Literal[
     "500",
@@ -37,7 +38,47 @@ RETRY_AFTER_FORMATS: tuple[str, ...] = get_args(RetryAfterFormat)
 # Why every request is refused with 403 ("off": never).
 ForbidMode = Literal["off", "region", "permission"]
 FORBID_MODES: tuple[str, ...] = get_args(ForbidMode)
-DEFAULT_MODELS: tuple[str, ...] = ("gpt-4o-mini", "gpt-4.1-mini", "gpt-4.1-nano")
+DEFAULT_MODELS: tuple[str, ...] = (
+    "gpt-4o-mini",
+    "gpt-4.1-mini",
+    "gpt-4.1-nano",
+    "omni-moderation-latest",
+    "text-moderation-latest",
+)
+# The 13 categories of omni-moderation, in OpenAI's order (see moderations.py).
+MODERATION_CATEGORIES: tuple[str, ...] = (
+    "harassment",
+    "harassment/threatening",
+    "hate",
+    "hate/threatening",
+    "illicit",
+    "illicit/violent",
+    "self-harm",
+    "self-harm/intent",
+    "self-harm/instructions",
+    "sexual",
+    "sexual/minors",
+    "violence",
+    "violence/graphic",
+)
+_HEX = frozenset("0123456789abcdef")
+
+
+def _known_pins(pins: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    # A pin keyed by the text itself, or a misspelt category, would silently never apply.
+    for key, scores in pins.items():
+        if len(key) != 64 or not set(key) <= _HEX:
+            raise ValueError(f"moderation_scores keys are sha256 hex digests, got {key!r}")
+        for category, score in scores.items():
+            if category not in MODERATION_CATEGORIES:
+                raise ValueError(f"unknown moderation category {category!r}")
+            if not (math.isfinite(score) and 0.0 <= score <= 1.0):
+                raise ValueError(f"moderation score must be within [0, 1], got {score!r}")
+    return pins
+
+
+# sha256 hex of a text -> {category: score}; see SimConfig.moderation_scores.
+ModerationPins = Annotated[dict[str, dict[str, float]], AfterValidator(_known_pins)]
 
 
 class FaultRule(BaseModel):
@@ -138,6 +179,12 @@ class SimConfig(BaseModel):
     echo_errors: bool = Field(
         default=False,
         description="Error messages about a request quote its user message verbatim.",
+    )
+    moderation_scores: ModerationPins = Field(
+        default_factory=dict,
+        description="Pinned moderation scores: sha256 hex of an input text (UTF-8) -> "
+        "{category: score in [0, 1]}; the named categories replace the computed scores of "
+        "that text on POST /v1/moderations (and in batch lines), the others stay computed.",
     )
     default_max_tokens: int = Field(
         default=64, gt=0, description="Token reservation when a request sets no max tokens."
