@@ -1,4 +1,5 @@
-"""A local HTTP server speaking OpenAI's chat-completions format, with limits and faults.
+"""A local HTTP server speaking OpenAI's chat-completions and moderations formats, with limits
+and faults.
 
 Used by tests, demos and benchmarks in place of a real provider::
 
@@ -13,10 +14,17 @@ refused, hung or lagging batch creates, and error messages that echo the request
 """
 
 from backfill_assets.providersim.args import add_cli_arguments, config_from_args
-from backfill_assets.providersim.billing.meter import BilledCall, KeyBill, Meter, MeterSnapshot
+from backfill_assets.providersim.billing.meter import (
+    BilledCall,
+    EndpointBill,
+    KeyBill,
+    Meter,
+    MeterSnapshot,
+)
 from backfill_assets.providersim.config import (
     FAULT_KINDS,
     FORBID_MODES,
+    MODERATION_CATEGORIES,
     RETRY_AFTER_FORMATS,
     USAGE_SHAPES,
     FaultKind,
@@ -29,9 +37,11 @@ from backfill_assets.providersim.runner import Simulator, run_forever
 __all__ = [
     "FAULT_KINDS",
     "FORBID_MODES",
+    "MODERATION_CATEGORIES",
     "RETRY_AFTER_FORMATS",
     "USAGE_SHAPES",
     "BilledCall",
+    "EndpointBill",
     "FaultKind",
     "FaultRule",
     "KeyBill",

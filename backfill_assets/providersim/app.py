@@ -1,11 +1,13 @@
-"""Routes of the simulated provider: chat completions, model list and admin endpoints.
+"""Routes of the simulated provider: chat completions, moderations, model list and admin.
 
-Order of checks for ``POST /v1/chat/completions``: API key (401), ``forbid`` (403), body (400),
-``strict_models`` (404), rate limits (429, consuming nothing), then the fault plan for the
-admitted attempt, then latency and the answer. Forced ``429``/``401``/``403``/``404`` faults
-consume no capacity either; every other admitted attempt does, and its attempt number (per
-correlation id, counted from 1) feeds the fault draw. With ``echo_errors`` every JSON error
-but 401/403 quotes the request's user message.
+Order of checks for ``POST /v1/chat/completions`` and ``POST /v1/moderations``: API key (401),
+``forbid`` (403), body (400), ``strict_models`` (404), rate limits (429, consuming nothing),
+then the fault plan for the admitted attempt, then latency and the answer. Forced
+``429``/``401``/``403``/``404`` faults consume no capacity either; every other admitted attempt
+does, and its attempt number (per correlation id, counted from 1) feeds the fault draw. With
+``echo_errors`` every JSON error but 401/403 quotes the request's user message (moderations:
+its first input). Both routes share the rate-limit buckets; see ``moderations.py`` for what a
+moderation request charges, its correlation id and its content faults.
 The Files and Batch APIs (``batch_api.py``) register their routes on the same router.
 """
 
@@ -15,8 +17,9 @@ import asyncio
 import math
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from backfill_assets.providers.models.rules import count_tokens
@@ -28,7 +31,13 @@ from backfill_assets.providersim.answers import (
     fault_error,
 )
 from backfill_assets.providersim.batch.api import BatchApi
-from backfill_assets.providersim.billing.meter import BilledCall, Meter, MeterSnapshot
+from backfill_assets.providersim.billing.meter import (
+    CHAT_ENDPOINT,
+    MODERATIONS_ENDPOINT,
+    BilledCall,
+    Meter,
+    MeterSnapshot,
+)
 from backfill_assets.providersim.billing.org_usage import costs_page, usage_page
 from backfill_assets.providersim.billing.pricing import call_cost_nanos
 from backfill_assets.providersim.billing.usage import (
@@ -46,6 +55,14 @@ from backfill_assets.providersim.limits import (
     exhausted_headers,
     retry_after_headers,
 )
+from backfill_assets.providersim.moderations import (
+    ModerationRequest,
+    input_tokens,
+    moderation_body,
+    moderation_text_in,
+    parse_moderation_request,
+)
+from backfill_assets.providersim.moderations import correlation_id_of as moderation_key
 from backfill_assets.providersim.wire import (
     ApiError,
     ChatRequest,
@@ -61,7 +78,8 @@ from backfill_assets.providersim.wire import (
 
 _STATUS_FAULTS: frozenset[FaultKind] = frozenset({"500", "503", "400"})
 _REFUSAL_FAULTS: frozenset[FaultKind] = frozenset({"401", "403", "404"})
-_CHAT = "POST /v1/chat/completions"
+_CHAT = f"POST {CHAT_ENDPOINT}"
+_MODERATIONS = f"POST {MODERATIONS_ENDPOINT}"
 # What reset_headers_on_5xx claims: every limit used up for six minutes (limits 0 = unset).
 _EXHAUSTED_RESET_SECONDS = 360.0
 _UNSET_LIMITS = {"requests": 500, "tokens": 200_000}
@@ -78,6 +96,19 @@ class _Admitted:
     fault: FaultKind | None
 
 
+@dataclass(frozen=True, slots=True)
+class _AdmittedModeration:
+    """A moderation request that passed every check, with its fault (if any)."""
+
+    request: ModerationRequest
+    correlation_id: str
+    fault: FaultKind | None
+
+
+# What admission hands back: the answer to await, given the request id.
+_Answer = Callable[[str], Awaitable[Reply]]
+
+
 class SimApp:
     """The simulated provider's behaviour; runs on one event loop."""
 
@@ -88,6 +119,7 @@ class SimApp:
         self._rng = random.Random(config.seed)
         self.router = Router()
         self.router.add("POST", "/v1/chat/completions", self.chat_completions)
+        self.router.add("POST", "/v1/moderations", self.moderations)
         self.router.add("GET", "/v1/models", self.list_models)
         self.router.add("GET", "/v1/organization/usage/completions", self.org_usage)
         self.router.add("GET", "/v1/organization/costs", self.org_costs)
@@ -113,17 +145,33 @@ class SimApp:
 
     async def chat_completions(self, request: Request) -> Reply:
         """``POST /v1/chat/completions``."""
-        self.meter.record_request()
+        return await self._serve(request, CHAT_ENDPOINT, self._admit_chat, user_text_in)
+
+    async def moderations(self, request: Request) -> Reply:
+        """``POST /v1/moderations``."""
+        return await self._serve(
+            request, MODERATIONS_ENDPOINT, self._admit_moderation, moderation_text_in
+        )
+
+    async def _serve(
+        self,
+        request: Request,
+        endpoint: str,
+        admit: Callable[[Request], _Answer],
+        echo_text: Callable[[bytes], str | None],
+    ) -> Reply:
+        """What both answering routes share: meter, error bodies, request id, headers."""
+        self.meter.record_request(endpoint)
         request_id = new_request_id()
         started = time.monotonic()
         rate_headers: dict[str, str] | None = None
         try:
-            call = self._admit(request)
+            answer = admit(request)
             # Stamped at admission, before latency, as a provider reports its buckets.
             rate_headers = self.limiter.headers()
-            reply = await self._answer(call, request_id)
+            reply = await answer(request_id)
         except ApiError as exc:
-            error = self._echoing(exc, request)
+            error = self._echoing(exc, request, echo_text)
             reply = Response.json(error.status, error.body(), error.headers)
         if isinstance(reply, Drop):
             return reply
@@ -140,10 +188,12 @@ class SimApp:
             }
         )
 
-    def _echoing(self, error: ApiError, request: Request) -> ApiError:
+    def _echoing(
+        self, error: ApiError, request: Request, echo_text: Callable[[bytes], str | None]
+    ) -> ApiError:
         if not self.config.echo_errors or error.status in (401, 403):
             return error
-        text = user_text_in(request.body)
+        text = echo_text(request.body)
         return error if text is None else error.quoting(text)
 
     def _exhausted_headers(self) -> dict[str, str]:
@@ -151,47 +201,81 @@ class SimApp:
         claimed = {kind: limit or _UNSET_LIMITS[kind] for kind, limit in limits.items()}
         return exhausted_headers(claimed, _EXHAUSTED_RESET_SECONDS)
 
-    def _admit(self, request: Request) -> _Admitted:
+    def _admit_chat(self, request: Request) -> _Answer:
         """Auth, validation, rate limits and the fault draw; no await, so atomic on the loop."""
         self.access.check(request, _CHAT)
         chat = parse_chat_request(request.body)
         self.access.check_model(chat.model, _CHAT)
         prompt = billed_prompt(prompt_tokens(chat), self.config.prompt_token_factor)
         charge = prompt + (chat.max_tokens or self.config.default_max_tokens)
+        user_text = last_user_text(chat)
+        correlation_id = correlation_id_of(user_text)
+        flex = chat.service_tier == "flex"
+        fault = self._gate(request, _CHAT, chat.model, charge, correlation_id, flex=flex)
+        call = _Admitted(chat, prompt, correlation_id, post_text_of(user_text), fault)
+        return partial(self._answer, call)
+
+    def _admit_moderation(self, request: Request) -> _Answer:
+        """As ``_admit_chat``: the charge is the inputs' tokens, the key the first input's."""
+        self.access.check(request, _MODERATIONS)
+        moderation = parse_moderation_request(request.body)
+        self.access.check_model(moderation.model, _MODERATIONS)
+        correlation_id = moderation_key(moderation)
+        charge = input_tokens(moderation)
+        fault = self._gate(request, _MODERATIONS, moderation.model, charge, correlation_id)
+        call = _AdmittedModeration(moderation, correlation_id, fault)
+        return partial(self._answer_moderation, call)
+
+    def _gate(
+        self,
+        request: Request,
+        endpoint: str,
+        model: str,
+        charge: int,
+        correlation_id: str,
+        *,
+        flex: bool = False,
+    ) -> FaultKind | None:
+        """Rate limits, then the attempt's fault draw; consumes capacity unless refused."""
         fmt = self.config.retry_after_format
         denial = self.limiter.check(charge)
         if denial is not None:
-            raise _rate_limited(denial, chat.model, fmt)
-        user_text = last_user_text(chat)
-        correlation_id = correlation_id_of(user_text)
+            raise _rate_limited(denial, model, fmt)
         attempt = self.meter.record_attempt(correlation_id)
-        if chat.service_tier == "flex" and self._flex_unavailable(correlation_id, attempt):
-            raise _resource_unavailable(chat.model)
+        if flex and self._flex_unavailable(correlation_id, attempt):
+            raise _resource_unavailable(model)
         fault = decide_fault(self.config, correlation_id, attempt)
         if fault == "429":
-            error = fault_error("429", chat.model)
+            error = fault_error("429", model)
             error.headers.update(retry_after_headers(FORCED_RETRY_AFTER_SECONDS, fmt))
             raise error
         if fault in _REFUSAL_FAULTS:
-            raise self.access.fault(fault, request, chat.model, _CHAT)
+            raise self.access.fault(fault, request, model, endpoint)
         self.limiter.consume(charge)
         self.meter.record_accepted()
-        return _Admitted(chat, prompt, correlation_id, post_text_of(user_text), fault)
+        return fault
 
-    async def _answer(self, call: _Admitted, request_id: str) -> Reply:
-        """Latency, then the fault's misbehaviour or the billed answer."""
-        if call.fault == "timeout":
+    async def _misbehave(self, fault: FaultKind | None, model: str) -> Reply | None:
+        """Latency, then what a transport or status fault answers (None: answer normally)."""
+        if fault == "timeout":
             await asyncio.sleep(self.config.hang_seconds)
             self.meter.record_drop("timeout")
             return Drop(reset=False)
         await asyncio.sleep(self._latency_seconds())
-        if call.fault == "reset":
+        if fault == "reset":
             self.meter.record_drop("reset")
             return Drop(reset=True)
-        if call.fault == "502":
+        if fault == "502":
             return Response(502, BAD_GATEWAY_HTML, {"content-type": "text/html"})
-        if call.fault in _STATUS_FAULTS:
-            raise fault_error(call.fault, call.chat.model)
+        if fault in _STATUS_FAULTS:
+            raise fault_error(fault, model)
+        return None
+
+    async def _answer(self, call: _Admitted, request_id: str) -> Reply:
+        """Latency, then the fault's misbehaviour or the billed answer."""
+        early = await self._misbehave(call.fault, call.chat.model)
+        if early is not None:
+            return early
         content, finish_reason = answer_content(
             call.fault, call.correlation_id, call.post, call.chat.response_schema
         )
@@ -218,6 +302,27 @@ class SimApp:
             chat_usage_shape(self.config, call.correlation_id), call.prompt, completion, cached
         )
         return Response.json(200, completion_body(model, content, finish_reason, usage, tier))
+
+    async def _answer_moderation(self, call: _AdmittedModeration, request_id: str) -> Reply:
+        """Latency, then the fault's misbehaviour or the answer, billed at zero."""
+        model = call.request.model
+        early = await self._misbehave(call.fault, model)
+        if early is not None:
+            return early
+        body = moderation_body(call.request, self.config.moderation_scores, call.fault)
+        # Free, but billed as a call all the same: ledgers count calls as well as cost.
+        self.meter.bill(
+            BilledCall(
+                request_id,
+                call.correlation_id,
+                model,
+                0,
+                0,
+                billed_at=time.time(),
+                endpoint=MODERATIONS_ENDPOINT,
+            )
+        )
+        return Response(200, body, {"content-type": "application/json"})
 
     def _flex_unavailable(self, correlation_id: str, attempt: int) -> bool:
         share = self.config.flex_unavailable_share
