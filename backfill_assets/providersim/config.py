@@ -6,9 +6,9 @@ Every hostile mode is off by default: ``SimConfig()`` answers exactly as before 
 from __future__ import annotations
 
 import math
-from typing import Literal, get_args
+from typing import Annotated, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 FaultKind = Literal[
     "500",
@@ -62,6 +62,23 @@ MODERATION_CATEGORIES: tuple[str, ...] = (
     "violence/graphic",
 )
 _HEX = frozenset("0123456789abcdef")
+
+
+def _known_pins(pins: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    # A pin keyed by the text itself, or a misspelt category, would silently never apply.
+    for key, scores in pins.items():
+        if len(key) != 64 or not set(key) <= _HEX:
+            raise ValueError(f"moderation_scores keys are sha256 hex digests, got {key!r}")
+        for category, score in scores.items():
+            if category not in MODERATION_CATEGORIES:
+                raise ValueError(f"unknown moderation category {category!r}")
+            if not (math.isfinite(score) and 0.0 <= score <= 1.0):
+                raise ValueError(f"moderation score must be within [0, 1], got {score!r}")
+    return pins
+
+
+# sha256 hex of a text -> {category: score}; see SimConfig.moderation_scores.
+ModerationPins = Annotated[dict[str, dict[str, float]], AfterValidator(_known_pins)]
 
 
 class FaultRule(BaseModel):
@@ -163,7 +180,7 @@ class SimConfig(BaseModel):
         default=False,
         description="Error messages about a request quote its user message verbatim.",
     )
-    moderation_scores: dict[str, dict[str, float]] = Field(
+    moderation_scores: ModerationPins = Field(
         default_factory=dict,
         description="Pinned moderation scores: sha256 hex of an input text (UTF-8) -> "
         "{category: score in [0, 1]}; the named categories replace the computed scores of "
@@ -235,17 +252,3 @@ class SimConfig(BaseModel):
     batch_chunk_metadata_key: str = Field(
         default="chunk_id", description="Batch metadata key whose creates the meter counts."
     )
-
-    @field_validator("moderation_scores")
-    @classmethod
-    def _known_pins(cls, pins: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
-        # A pin keyed by the text itself, or a misspelt category, would silently never apply.
-        for key, scores in pins.items():
-            if len(key) != 64 or not set(key) <= _HEX:
-                raise ValueError(f"moderation_scores keys are sha256 hex digests, got {key!r}")
-            for category, score in scores.items():
-                if category not in MODERATION_CATEGORIES:
-                    raise ValueError(f"unknown moderation category {category!r}")
-                if not (math.isfinite(score) and 0.0 <= score <= 1.0):
-                    raise ValueError(f"moderation score must be within [0, 1], got {score!r}")
-        return pins

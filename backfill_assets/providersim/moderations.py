@@ -240,12 +240,13 @@ def moderation_result(text: str, pins: Mapping[str, Mapping[str, float]]) -> dic
     }
 
 
-def moderation_body(
+def moderation_answer(
     request: ModerationRequest,
     pins: Mapping[str, Mapping[str, float]],
     fault: FaultKind | None = None,
-) -> bytes:
-    """The 200 body for ``request``, distorted as the content ``fault`` says (module docstring)."""
+) -> dict[str, Any]:
+    """The answer to ``request`` as JSON data, distorted by a ``wrong_key``, ``unknown_label``
+    or ``bad_confidence`` fault (``malformed`` is applied to the encoded body)."""
     results = [moderation_result(text, pins) for text in request.texts]
     if fault == "wrong_key":
         results = results[:-1]
@@ -254,7 +255,19 @@ def moderation_body(
             result["scores"] = result.pop("category_scores")
     elif fault == "bad_confidence":
         results[0]["category_scores"]["violence"] = _BAD_SCORE
-    body = {"id": f"modr-{secrets.token_hex(16)}", "model": request.model, "results": results}
-    encoded = json.dumps(body).encode("utf-8")
-    # A body cut off mid-stream, as a dropped proxy connection leaves it: not JSON.
-    return encoded[: len(encoded) // 2] if fault == "malformed" else encoded
+    return {"id": f"modr-{secrets.token_hex(16)}", "model": request.model, "results": results}
+
+
+def cut_off(encoded: str) -> str:
+    """The first half of an encoded body, as a dropped proxy connection leaves it: not JSON."""
+    return encoded[: len(encoded) // 2]
+
+
+def moderation_body(
+    request: ModerationRequest,
+    pins: Mapping[str, Mapping[str, float]],
+    fault: FaultKind | None = None,
+) -> bytes:
+    """The 200 body for ``request``, distorted as the content ``fault`` says (module docstring)."""
+    encoded = json.dumps(moderation_answer(request, pins, fault))
+    return (cut_off(encoded) if fault == "malformed" else encoded).encode("utf-8")

@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from backfill_assets.providers.models.rules import count_tokens
 from backfill_assets.providersim import FaultRule, MeterSnapshot, SimConfig, Simulator
+from backfill_tests.providersim.batchkit import FAST, create, file_lines, jsonl, upload, wait
 
 CATEGORIES = {
     "harassment",
@@ -557,3 +558,117 @@ def test_a_meter_json_without_endpoints_still_reads_as_chat_calls(start_sim) -> 
     del served["billed_by_endpoint"], served["requests_by_endpoint"]  # an older simulator
     [call] = MeterSnapshot.from_dict(served).billed.values()
     assert call.endpoint == "/v1/chat/completions"
+
+
+# --- Batch lines ---------------------------------------------------------------------------
+
+
+def _moderation_lines(inputs: dict[str, Any], model: str | None = None) -> list[dict[str, Any]]:
+    """One ``/v1/moderations`` batch line per custom id."""
+    extra = {} if model is None else {"model": model}
+    return [
+        {
+            "custom_id": cid,
+            "method": "POST",
+            "url": "/v1/moderations",
+            "body": {"input": i, **extra},
+        }
+        for cid, i in inputs.items()
+    ]
+
+
+def _run_batch(client: httpx.Client, items: list[dict[str, Any]]) -> dict[str, Any]:
+    file_id = upload(client, jsonl(items)).json()["id"]
+    created = create(client, file_id, endpoint="/v1/moderations")
+    assert created.status_code == 200, created.text
+    batch, _ = wait(client, created.json())
+    return batch
+
+
+def test_batch_lines_answer_the_synchronous_shape_and_bill_zero(start_sim) -> None:
+    sim = start_sim(**FAST)
+    inputs = {"a": VIOLENT, "b": [HARMLESS, INSULT], "c": [{"type": "text", "text": HATEFUL}]}
+    with httpx.Client(base_url=sim.base_url, timeout=5) as client:
+        batch = _run_batch(client, _moderation_lines(inputs))
+        output = file_lines(client, batch["output_file_id"])
+        sync = {cid: _ok(client, i)["results"] for cid, i in inputs.items()}
+
+    assert batch["status"] == "completed"
+    assert batch["endpoint"] == "/v1/moderations"
+    assert batch["request_counts"] == {"total": 3, "completed": 3, "failed": 0}
+    assert set(output) == set(inputs)
+    for cid, line in output.items():
+        response = line["response"]
+        assert response["status_code"] == 200 and line["error"] is None
+        body = response["body"]
+        assert set(body) == {"id", "model", "results"}
+        assert body["id"].startswith("modr-")
+        assert body["model"] == "omni-moderation-latest"
+        assert body["results"] == sync[cid]
+    assert [r["flagged"] for r in output["b"]["response"]["body"]["results"]] == [False, True]
+    snap = sim.meter.snapshot()
+    in_batch = [c for c in snap.billed.values() if c.batch_id]
+    assert len(in_batch) == 3
+    for call in in_batch:
+        assert call.batch_id == batch["id"]
+        assert (call.endpoint, call.service_tier) == ("/v1/moderations", "batch")
+        assert (call.prompt_tokens, call.completion_tokens, call.cost_nanos) == (0, 0, 0)
+    assert {c.correlation_id for c in in_batch} == {_key(VIOLENT), _key(HARMLESS), _key(HATEFUL)}
+    assert snap.billed_by_endpoint["/v1/moderations"].calls == 6  # 3 in the batch, 3 sync
+
+
+def test_batch_line_faults_follow_the_plan(start_sim) -> None:
+    pins = {
+        _key(VIOLENT): "500",
+        _key(INSULT): "malformed",
+        _key(HATEFUL): "wrong_key",
+        _key(SPAM): "bad_confidence",
+    }
+    sim = start_sim(fault_by_key=pins, moderation_scores={_key(HARMLESS): {"sexual": 0.9}}, **FAST)
+    inputs = {"v": VIOLENT, "i": INSULT, "h": [HATEFUL, HARMLESS], "s": SPAM, "ok": HARMLESS}
+    with httpx.Client(base_url=sim.base_url, timeout=5) as client:
+        batch = _run_batch(client, _moderation_lines(inputs))
+        output = file_lines(client, batch["output_file_id"])
+        errors = file_lines(client, batch["error_file_id"])
+
+    assert set(errors) == {"v"}
+    assert errors["v"]["response"]["status_code"] == 500
+    malformed = output["i"]["response"]["body"]
+    assert isinstance(malformed, str) and malformed.startswith('{"id": "modr-')
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(malformed)
+    assert len(output["h"]["response"]["body"]["results"]) == 1
+    assert output["s"]["response"]["body"]["results"][0]["category_scores"]["violence"] == 1.7
+    [pinned] = output["ok"]["response"]["body"]["results"]
+    assert pinned["category_scores"]["sexual"] == 0.9 and pinned["flagged"] is True
+    assert len([c for c in sim.meter.snapshot().billed.values() if c.batch_id]) == 4
+
+
+def test_batch_validation_uses_moderation_rules(start_sim) -> None:
+    sim = start_sim(strict_models=True, **FAST)
+    image = [{"type": "image_url", "image_url": {"url": "https://x/y.png"}}]
+    with httpx.Client(base_url=sim.base_url, timeout=5) as client:
+        refused = _run_batch(client, _moderation_lines({"a": HARMLESS, "b": image}))
+        content = jsonl(_moderation_lines({"a": HARMLESS}, model="moderation-9000"))
+        file_id = upload(client, content).json()["id"]
+        unknown = create(client, file_id, endpoint="/v1/moderations")
+        chat_lines = jsonl(
+            [{"custom_id": "c", "method": "POST", "url": "/v1/chat/completions", "body": {}}]
+        )
+        mismatch = _run_batch(client, [json.loads(chat_lines)])
+
+    assert refused["status"] == "failed"
+    [error] = refused["errors"]["data"]
+    assert (error["line"], error["param"]) == (2, "input[0]")
+    assert unknown.status_code == 404
+    assert mismatch["status"] == "failed"
+    assert mismatch["errors"]["data"][0]["code"] == "mismatched_endpoint"
+
+
+def test_batch_lines_without_a_model_name_the_default_to_strict_models(start_sim) -> None:
+    sim = start_sim(strict_models=True, models=("gpt-4o-mini",), **FAST)
+    with httpx.Client(base_url=sim.base_url, timeout=5) as client:
+        file_id = upload(client, jsonl(_moderation_lines({"a": HARMLESS}))).json()["id"]
+        resp = create(client, file_id, endpoint="/v1/moderations")
+    assert resp.status_code == 404
+    assert "`omni-moderation-latest`" in resp.json()["error"]["message"]

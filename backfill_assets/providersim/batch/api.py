@@ -114,9 +114,11 @@ class BatchApi:
         return Response(200, stored.content, {"content-type": "application/octet-stream"})
 
     def _file_models(self, body: Any) -> list[str]:
-        file_id = body.get("input_file_id") if isinstance(body, dict) else None
+        if not isinstance(body, dict):
+            return []
         try:
-            return models_named(self.files.get(str(file_id)).content)
+            content = self.files.get(str(body.get("input_file_id"))).content
+            return models_named(content, body.get("endpoint"))
         except ApiError:
             return []  # the create itself answers the unknown file
 

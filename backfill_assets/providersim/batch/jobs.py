@@ -34,7 +34,9 @@ from backfill_assets.providersim.config import SimConfig
 from backfill_assets.providersim.faults import unit_draw
 from backfill_assets.providersim.wire import ApiError
 
-ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/embeddings", "/v1/completions"})
+ENDPOINTS = frozenset(
+    {"/v1/chat/completions", "/v1/embeddings", "/v1/completions", "/v1/moderations"}
+)
 ACTIVE = frozenset({"in_progress", "finalizing"})
 TERMINAL = frozenset({"completed", "failed", "expired", "cancelled"})
 _MAX_METADATA = 16
@@ -189,7 +191,7 @@ class BatchStore:
         if not errors and cfg.enqueued_token_limit:
             active = sum(b.enqueued_tokens for b in self._batches.values() if b.status in ACTIVE)
             if active + batch.enqueued_tokens > cfg.enqueued_token_limit:
-                model = lines[0].chat.model if lines else "unknown"
+                model = lines[0].model if lines else "unknown"
                 message = (
                     f"Enqueued token limit reached for {model} in organization org-providersim. "
                     f"Limit: {cfg.enqueued_token_limit:,} enqueued tokens. Please try again "

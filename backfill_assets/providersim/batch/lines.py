@@ -14,6 +14,12 @@ billed 200 with a distorted answer. ``prompt_token_factor`` applies to a line's 
 (and so to the enqueued-token limit), ``batch_usage_shape`` to the ``usage`` an output line
 shows. With ``echo_errors`` every error about a line (error lines, validation errors) quotes
 its user message verbatim, or the raw line when it has none.
+
+Batches on ``/v1/moderations`` take moderation bodies (see ``moderations.py``) and answer each
+line with the synchronous endpoint's body in ``response.body``, billed at zero as there. A
+line's key is the sha256 hex of its first input, as for a synchronous call; its input tokens
+count against the enqueued-token limit. A ``malformed`` fault makes ``response.body`` the
+first half of the encoded answer, as a JSON string, where an object belongs.
 """
 
 from __future__ import annotations
@@ -27,11 +33,21 @@ from typing import Any
 from backfill_assets.providers.models.rules import count_tokens
 from backfill_assets.providersim.access import refusal
 from backfill_assets.providersim.answers import answer_content, fault_error
-from backfill_assets.providersim.billing.meter import BilledCall, Meter
+from backfill_assets.providersim.billing.meter import MODERATIONS_ENDPOINT, BilledCall, Meter
 from backfill_assets.providersim.billing.pricing import call_cost_nanos
 from backfill_assets.providersim.billing.usage import billed_prompt, cached_tokens, usage_body
 from backfill_assets.providersim.config import FaultKind, SimConfig
 from backfill_assets.providersim.faults import decide_fault
+from backfill_assets.providersim.moderations import (
+    DEFAULT_MODERATION_MODEL,
+    ModerationRequest,
+    cut_off,
+    input_tokens,
+    moderation_answer,
+    moderation_text_in,
+    parse_moderation_request,
+)
+from backfill_assets.providersim.moderations import correlation_id_of as moderation_key
 from backfill_assets.providersim.wire import (
     ApiError,
     ChatRequest,
@@ -58,14 +74,23 @@ _UNFINISHED_MESSAGES = {
 
 @dataclass(frozen=True, slots=True)
 class BatchLine:
-    """One validated request of a batch file."""
+    """One validated request of a batch file: a chat request, or a moderation request."""
 
     custom_id: str
-    chat: ChatRequest
+    chat: ChatRequest | None
+    # Tokens counted against the enqueued-token limit (chat: also the billed prompt).
     prompt: int
     correlation_id: str
     post: str
     user: str
+    moderation: ModerationRequest | None = None
+
+    @property
+    def model(self) -> str:
+        """The model the line asks for."""
+        if self.chat is not None:
+            return self.chat.model
+        return self.moderation.model if self.moderation is not None else "unknown"
 
 
 def error_item(
@@ -82,11 +107,17 @@ def _echo_of(raw: bytes) -> str:
         item = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
         item = None
-    found = user_text_in(item.get("body")) if isinstance(item, dict) else None
+    body = item.get("body") if isinstance(item, dict) else None
+    found = user_text_in(body)
+    if found is None:
+        found = moderation_text_in(body)
     return found if found is not None else raw.decode("utf-8", "replace")
 
 
-def _check_line(raw: bytes, number: int, endpoint: str) -> tuple[ChatRequest, str] | dict[str, Any]:
+_Parsed = ChatRequest | ModerationRequest
+
+
+def _check_line(raw: bytes, number: int, endpoint: str) -> tuple[_Parsed, str] | dict[str, Any]:
     try:
         item = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
@@ -103,8 +134,11 @@ def _check_line(raw: bytes, number: int, endpoint: str) -> tuple[ChatRequest, st
     body = item.get("body")
     if not isinstance(body, dict):
         return error_item("missing_required_parameter", "Missing 'body'.", number, "body")
+    encoded = json.dumps(body).encode("utf-8")
     try:
-        return parse_chat_request(json.dumps(body).encode("utf-8")), custom_id
+        if endpoint == MODERATIONS_ENDPOINT:
+            return parse_moderation_request(encoded), custom_id
+        return parse_chat_request(encoded), custom_id
     except ApiError as exc:
         return error_item(exc.code or "invalid_request", exc.message, number, exc.param)
 
@@ -117,7 +151,18 @@ def _parse_line(
         if config.echo_errors:
             checked = error_item(**checked, echo=_echo_of(raw))
         return checked
-    chat, custom_id = checked
+    request, custom_id = checked
+    if isinstance(request, ModerationRequest):
+        return BatchLine(
+            custom_id,
+            None,
+            input_tokens(request),
+            moderation_key(request),
+            "",
+            request.texts[0],
+            request,
+        )
+    chat = request
     user = last_user_text(chat)
     return BatchLine(
         custom_id,
@@ -129,8 +174,10 @@ def _parse_line(
     )
 
 
-def models_named(content: bytes) -> list[str]:
-    """The distinct ``body.model`` values of a batch input file, in order (best effort)."""
+def models_named(content: bytes, endpoint: Any = None) -> list[str]:
+    """The distinct ``body.model`` values of a batch input file, in order (best effort); on
+    ``/v1/moderations`` a body without one names the default moderation model."""
+    default = DEFAULT_MODERATION_MODEL if endpoint == MODERATIONS_ENDPOINT else None
     found: dict[str, None] = {}
     for raw in content.split(b"\n"):
         try:
@@ -138,7 +185,7 @@ def models_named(content: bytes) -> list[str]:
         except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
             continue
         body = item.get("body") if isinstance(item, dict) else None
-        model = body.get("model") if isinstance(body, dict) else None
+        model = body.get("model", default) if isinstance(body, dict) else None
         if isinstance(model, str):
             found[model] = None
     return list(found)
@@ -169,7 +216,7 @@ def parse_input_file(
             errors.append(error_item("duplicate_custom_id", message, number, "custom_id", echo))
         else:
             seen.add(parsed.custom_id)
-            models.add(parsed.chat.model)
+            models.add(parsed.model)
             lines.append(parsed)
         if len(errors) >= _MAX_ERRORS:
             break
@@ -183,7 +230,7 @@ def answer_line(config: SimConfig, meter: Meter, line: BatchLine, batch_id: str)
     attempt = meter.record_attempt(line.correlation_id)
     fault = decide_fault(config, line.correlation_id, attempt)
     request_id = new_request_id()
-    model = line.chat.model
+    model = line.model
     error: ApiError | None = None
     if fault in _SERVER_SIDE:
         error = fault_error("500", model)
@@ -198,6 +245,9 @@ def answer_line(config: SimConfig, meter: Meter, line: BatchLine, batch_id: str)
             error = error.quoting(line.user)
         response = {"status_code": error.status, "request_id": request_id, "body": error.body()}
         return _output_line(line.custom_id, response, None)
+    if line.moderation is not None:
+        return _moderation_line(config, meter, line, line.moderation, fault, request_id, batch_id)
+    assert line.chat is not None  # a line holds one request or the other
     content, finish_reason = answer_content(
         fault, line.correlation_id, line.post, line.chat.response_schema
     )
@@ -220,6 +270,36 @@ def answer_line(config: SimConfig, meter: Meter, line: BatchLine, batch_id: str)
     )
     usage = usage_body(config.batch_usage_shape, line.prompt, completion, cached)
     body = completion_body(model, content, finish_reason, usage)
+    return _output_line(
+        line.custom_id, {"status_code": 200, "request_id": request_id, "body": body}, None
+    )
+
+
+def _moderation_line(
+    config: SimConfig,
+    meter: Meter,
+    line: BatchLine,
+    request: ModerationRequest,
+    fault: FaultKind | None,
+    request_id: str,
+    batch_id: str,
+) -> dict[str, Any]:
+    """A moderation line's answer, billed at zero like a synchronous moderation call."""
+    meter.bill(
+        BilledCall(
+            request_id,
+            line.correlation_id,
+            request.model,
+            0,
+            0,
+            batch_id,
+            service_tier="batch",
+            billed_at=time.time(),
+            endpoint=MODERATIONS_ENDPOINT,
+        )
+    )
+    answer = moderation_answer(request, config.moderation_scores, fault)
+    body: Any = cut_off(json.dumps(answer)) if fault == "malformed" else answer
     return _output_line(
         line.custom_id, {"status_code": 200, "request_id": request_id, "body": body}, None
     )
