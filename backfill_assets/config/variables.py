@@ -230,6 +230,15 @@ class ModelSettings(Group):
         "dispatch and the standard tier). Part of every key and of the code version.",
         default="chat-json",
     )
+    moderation_inputs_per_request: int = _var(
+        "BACKFILL_MODERATION_INPUTS_PER_REQUEST",
+        "In the `openai-moderation` dialect, the most posts one request carries (its `input` "
+        "array), all of one tenant: posts sent at the same moment are joined, each still its "
+        "own key, attempt and result. 1: one post per request.",
+        default=32,
+        ge=1,
+        le=256,
+    )
     policy_path: str = _var(
         "BACKFILL_POLICY_PATH",
         "The moderation policy file: labels, rules, instructions ([policies.md](policies.md)). "

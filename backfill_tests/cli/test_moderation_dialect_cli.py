@@ -108,6 +108,19 @@ def _ledger(engine: Engine) -> tuple[int, int, int]:
     return int(row[0]), int(row[1]), int(row[2])
 
 
+def _requests(engine: Engine) -> int:
+    """The distinct requests the usage events were booked from, one tenant's each."""
+    with engine.connect() as conn:
+        per = conn.execute(
+            sa.text(
+                "SELECT request_id, count(DISTINCT tenant_id) FROM ledger_events "
+                "WHERE type = 'usage' GROUP BY request_id"
+            )
+        ).all()
+    assert all(n == 1 for _r, n in per)
+    return len(per)
+
+
 def _settled(sim: Any) -> tuple[int, int]:
     """The meter once a killed client's last request has been answered (billed on answer)."""
     seen = _meter(sim)
@@ -134,10 +147,14 @@ def test_a_backfill_maps_the_scores_and_the_ledger_equals_the_meter(
     assert _applied(engine) == labels
     calls, tokens, cost = _ledger(engine)
     assert (calls, tokens, cost) == (len(POSTS), 0, 0)
-    assert _meter(sim) == (calls, cost)
+    # A request carries several posts of one tenant: the meter's calls are the ledger's
+    # distinct requests, never one joining two tenants.
+    assert _meter(sim) == (_requests(engine), cost)
+    assert _requests(engine) < len(POSTS)
     # Nothing is left to do: a rerun sends nothing.
+    sent = _meter(sim)
     assert main(["run"]) == 0
-    assert _meter(sim) == (len(POSTS), 0) and _ledger(engine)[0] == len(POSTS)
+    assert _meter(sim) == sent and _ledger(engine)[0] == len(POSTS)
     # A lower threshold is new work (the dialect's section is in its keys), sent again at $0.
     text = policy.read_text(encoding="utf-8")
     policy.write_text(
@@ -148,7 +165,7 @@ def test_a_backfill_maps_the_scores_and_the_ledger_equals_the_meter(
         encoding="utf-8",
     )
     assert main(["run"]) == 0
-    assert _meter(sim) == (2 * len(POSTS), 0)
+    assert _ledger(engine)[0] == 2 * len(POSTS) and _meter(sim) == (_requests(engine), 0)
     # What the platform sees, per post: the labels under the new section. A 0.45 hate score
     # no longer crosses 0.5, and harassment's 0.3 never did: the post is ok now.
     applied = _applied(engine)
@@ -185,7 +202,7 @@ def test_a_result_with_its_scores_in_the_wrong_field_is_a_dead_letter(
     assert {d[0] for d in dead} == {"schema_rejected"}
     assert all("no category_scores" in d[1] for d in dead)
     # Every call was booked before its answer was read, and equals the meter.
-    assert _ledger(engine)[0] == _meter(hostile)[0] == len(POSTS)
+    assert _ledger(engine)[0] == len(POSTS) and _meter(hostile)[0] == _requests(engine)
 
 
 def test_a_crash_after_the_calls_resumes_without_sending_them_again(

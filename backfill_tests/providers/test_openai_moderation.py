@@ -7,6 +7,7 @@ echo of the key, a 401); the whole path against the simulator is in ``cli/``.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from typing import Any
 
@@ -143,3 +144,64 @@ def test_a_huge_answer_is_refused_without_being_read_whole() -> None:
     )
     with pytest.raises(TransportRejected, match="HTTP 200"):
         _call(httpx.Response(200, content=huge))
+
+
+def _many(per_request: int, posts: list[tuple[str, str]]) -> tuple[list[Any], list[ModelResponse]]:
+    """``posts`` (tenant, text) asked for at once; the bodies the provider got, the answers."""
+    bodies: list[Any] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        bodies.append(body)
+        results = [_result(violence=0.9 if "hurt" in text else 0.01) for text in body["input"]]
+        return httpx.Response(200, json={"results": results}, headers={"x-request-id": "req_m"})
+
+    adapter = OpenAIModerationModel(
+        base_url="http://provider.invalid/v1",
+        model="omni-moderation-latest",
+        limiter=EndpointLimiter(LimiterConfig()),
+        transport=httpx.MockTransport(handler),
+        inputs_per_request=per_request,
+    )
+
+    def ask(tenant: str, i: int, text: str) -> ModelRequest:
+        return dataclasses.replace(
+            _request(),
+            key=f"{i:064x}",
+            tenant_id=tenant,
+            post_id=f"p{i}",
+            messages=RUBRIC.messages(f"{i:064x}", text),
+        )
+
+    async def call() -> list[ModelResponse]:
+        try:
+            return await asyncio.gather(
+                *(adapter.complete(ask(t, i, text)) for i, (t, text) in enumerate(posts))
+            )
+        finally:
+            await adapter.aclose()
+
+    return bodies, asyncio.run(call())
+
+
+def test_posts_of_one_tenant_asked_together_share_a_request_and_keep_their_own_results() -> None:
+    posts = [("acme", f"post {i}") for i in range(5)] + [("acme", "I will hurt you")]
+    posts += [("globex", "globex post"), ("globex", "hurt globex")]
+    bodies, answers = _many(32, posts)
+    # One request per tenant: a request never carries two tenants' posts.
+    assert sorted(len(b["input"]) for b in bodies) == [2, 6]
+    for body in bodies:
+        tenants = {t for t, text in posts if text in body["input"]}
+        assert len(tenants) == 1
+    # Each post gets its own result, in its place.
+    for (_t, text), got in zip(posts, answers, strict=True):
+        score = json.loads(got.raw_text)["category_scores"]["violence"]
+        assert score == (0.9 if "hurt" in text else 0.01)
+        assert got.request_id == "req_m" and got.tokens_in == 0
+
+
+def test_a_request_carries_at_most_its_limit() -> None:
+    bodies, answers = _many(2, [("acme", f"post {i}") for i in range(5)])
+    assert sorted(len(b["input"]) for b in bodies) == [1, 2, 2] and len(answers) == 5
+    bodies, _answers = _many(1, [("acme", f"post {i}") for i in range(3)])
+    assert [len(b["input"]) for b in bodies] == [1, 1, 1]

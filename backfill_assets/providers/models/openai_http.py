@@ -172,6 +172,10 @@ class OpenAIHttpModel(ModelAdapter):
             follow_redirects=False,
         )
 
+    def echoes(self, request: ModelRequest) -> list[str]:
+        """Texts of the request a provider might echo back, scrubbed from every message."""
+        return _post_text(request)
+
     def body(self, request: ModelRequest, tier: Tier) -> dict[str, Any]:
         """The request's JSON body for ``path`` (the chat completion: the policy's schema)."""
         return request_body(request, self._max_tokens_param, tier)
@@ -335,7 +339,7 @@ class OpenAIHttpModel(ModelAdapter):
             status,
             raw,
             response.headers.get("content-type", ""),
-            echoes=_post_text(request),
+            echoes=self.echoes(request),
             secrets=secrets,
         )
         scope = classify(status, error_code(loads_or_none(raw)), message)
@@ -349,7 +353,7 @@ class OpenAIHttpModel(ModelAdapter):
             )
         if scope is Scope.RUN:
             self.limiter.on_failure(permit)
-            endpoint = str(self._client.base_url).rstrip("/") + "/chat/completions"
+            endpoint = str(self._client.base_url).rstrip("/") + self.path
             return RunFatalError(
                 f"{summary} from {endpoint} ({run_fatal_hint(status)})",
                 status=status,

@@ -1,11 +1,11 @@
 """OpenAI's moderation endpoint (``POST {base_url}/moderations``): the ``openai-moderation``
 dialect.
 
-The request is ``{"model": ..., "input": [<the post's text>]}``: one post of one tenant, as
-every other call, and the text alone (no key travels with it, so the answer is bound to the
-request that asked it). A 2xx must be a moderation response: an object whose ``results`` array
-holds exactly one object per input; anything else is a ``RetriableError`` like a chat 2xx that
-is no completion. The one result is returned raw, as canonical JSON, for the output gate to map
+The request is ``{"model": ..., "input": [<text>, ...]}``: posts of one tenant only, each its
+text alone (no key travels with it: each answer is bound to its place in the request that
+asked it). A 2xx must be a moderation response: an object whose ``results`` array holds
+exactly one object per input; anything else is a ``RetriableError`` like a chat 2xx that is no
+completion. Each post's result is returned raw, as canonical JSON, for the output gate to map
 onto the policy (``domain/policy/moderation_map.py``); a result with its scores in the wrong
 field or out of range is refused there, a ``schema_rejected`` dead letter.
 
@@ -16,6 +16,8 @@ limiter, the error taxonomy, the bounded body and the key's redaction are the ch
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
 from typing import Any
 
@@ -31,37 +33,115 @@ from backfill_assets.providers.ratelimit import Permit
 # What the ledger says of a call whose endpoint bills no tokens (never "missing": nothing
 # was left unreported, and no bound is booked in its place).
 NO_USAGE = "none"
+# How long the first post of a request waits for others of its tenant to join it: a moment,
+# so a lone post is not held back (the dispatcher's workers ask at the same time or not at all).
+JOIN_SECONDS = 0.005
 
 
 def moderation_body(request: ModelRequest) -> dict[str, Any]:
-    """The one post's text as the endpoint's ``input`` array (the user message the dialect
-    built: the text alone, unframed)."""
-    return {"model": request.model, "input": [request.messages[-1]["content"]]}
+    """The request's posts as the endpoint's ``input`` array: each user message the dialect
+    built is one post's text, unframed."""
+    return {"model": request.model, "input": [m["content"] for m in request.messages]}
 
 
-def one_result(body: bytes) -> dict[str, Any]:
-    """The single result of a moderation response; ``ValueError`` saying why it is not one."""
+def results_of(body: bytes, inputs: int) -> list[dict[str, Any]]:
+    """The results of a moderation response, one per input; ``ValueError`` saying why not."""
     data = loads_or_none(body)
     if not isinstance(data, dict):
         raise ValueError("2xx body is not a JSON object")
     results = data.get("results")
     if not isinstance(results, list):
         raise ValueError("2xx body has no results array")
-    if len(results) != 1 or not isinstance(results[0], dict):
-        raise ValueError(f"{len(results)} results for 1 input")
-    result: dict[str, Any] = results[0]
-    return result
+    if len(results) != inputs or not all(isinstance(r, dict) for r in results):
+        raise ValueError(f"{len(results)} results for {inputs} input(s)")
+    return results
 
 
 class OpenAIModerationModel(OpenAIHttpModel):
-    """``POST {base_url}/moderations``, admitted by the same shared limiter as chat calls."""
+    """``POST {base_url}/moderations``, admitted by the same shared limiter as chat calls.
+
+    Posts of one tenant asked for together (within ``JOIN_SECONDS``) go in one request of at
+    most ``BACKFILL_MODERATION_INPUTS_PER_REQUEST`` inputs; each comes back as its own
+    response, the request's id shared, so the dispatcher books and validates every key as
+    before. One request takes one slot of the limiter; a failed request fails each of its
+    posts alike (each retried on its own).
+    """
 
     name = "openai_moderation"
     path = "/moderations"
 
+    def __init__(self, *, inputs_per_request: int | None = None, **kw: Any) -> None:
+        super().__init__(**kw)
+        settings = kw.get("settings")
+        per = inputs_per_request or (settings.moderation_inputs_per_request if settings else 32)
+        self.inputs_per_request = max(1, per)
+        # Per tenant: the posts waiting for their request, and the requests being sent.
+        self._open: dict[str, list[tuple[ModelRequest, asyncio.Future[ModelResponse]]]] = {}
+        self._sending: set[asyncio.Task[None]] = set()
+
     def body(self, request: ModelRequest, tier: Tier) -> dict[str, Any]:
         """The moderation request (the endpoint has no tiers: standard only)."""
         return moderation_body(request)
+
+    def echoes(self, request: ModelRequest) -> list[str]:
+        """Every post of the request: a provider may echo any of them in an error."""
+        return [m["content"] for m in request.messages if m.get("content")]
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        """One post's result, sent alone or joined with others of its tenant."""
+        if self.inputs_per_request == 1:
+            return self._one(await super().complete(request), 0)
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[ModelResponse] = loop.create_future()
+        group = self._open.setdefault(request.tenant_id, [])
+        group.append((request, answer))
+        if len(group) >= self.inputs_per_request:
+            self._send(request.tenant_id, group)
+        elif len(group) == 1:
+            loop.call_later(JOIN_SECONDS, self._send, request.tenant_id, group)
+        return await answer
+
+    def _send(self, tenant_id: str, group: list[tuple[ModelRequest, Any]]) -> None:
+        if self._open.get(tenant_id) is not group:
+            return  # already sent (it filled up before its moment)
+        del self._open[tenant_id]
+        task = asyncio.ensure_future(self._request(group))
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+
+    async def _request(self, group: list[tuple[ModelRequest, Any]]) -> None:
+        lead = group[0][0]
+        joined = dataclasses.replace(
+            lead,
+            messages=[r.messages[-1] for r, _a in group],
+            estimated_tokens=sum(r.estimated_tokens for r, _a in group),
+            bound_tokens=sum(r.bound_tokens for r, _a in group),
+        )
+        try:
+            response = await super().complete(joined)
+        except BaseException as exc:  # each post fails alike; a cancel reaches them too
+            for _r, answer in group:
+                if not answer.done():
+                    answer.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        for i, (_r, answer) in enumerate(group):
+            if not answer.done():
+                answer.set_result(self._one(response, i))
+
+    @staticmethod
+    def _one(response: ModelResponse, i: int) -> ModelResponse:
+        """The ``i``-th post's response: its result alone, canonical JSON."""
+        result = json.loads(response.raw_text)[i]
+        raw = json.dumps(result, sort_keys=True, separators=(",", ":"))
+        return dataclasses.replace(response, raw_text=raw)
+
+    async def aclose(self) -> None:
+        """Requests still being sent are cancelled (their posts fail, retried next run)."""
+        for task in list(self._sending):
+            task.cancel()
+        await super().aclose()
 
     def _answered(
         self,
@@ -74,7 +154,7 @@ class OpenAIModerationModel(OpenAIHttpModel):
         secrets = [self._api_key] if self._api_key else []
         request_id = safe_id(response.headers.get("x-request-id"), secrets) or ""
         try:
-            result = one_result(raw)
+            results = results_of(raw, len(request.messages))
         except ValueError as exc:
             self.limiter.on_failure(permit)
             raise RetriableError(
@@ -88,7 +168,7 @@ class OpenAIModerationModel(OpenAIHttpModel):
         self.stats.latencies_ms.append(latency * 1000.0)
         booked = self._prices.booked(request.model, Tier.STANDARD)
         return ModelResponse(
-            raw_text=json.dumps(result, sort_keys=True, separators=(",", ":")),
+            raw_text=json.dumps(results),
             tokens_in=0,
             tokens_out=0,
             request_id=request_id,
