@@ -47,7 +47,7 @@ from backfill_assets.ledger.run.tenants import all_regions
 from backfill_assets.platform_db.sink import SinkError, check, ddl, gap_partitions, sink_of
 from backfill_assets.platform_db.sql_import import SqlImport, SqlSource, import_sql
 from backfill_assets.runner.canary import run_sample
-from backfill_assets.runner.deadline_plan import NoLimitKnown, plan_deadline
+from backfill_assets.runner.deadline_plan import NoLimitKnown, NoTiersToMix, plan_deadline
 from backfill_assets.runner.deadline_run import carry_out, utc
 from backfill_assets.runner.instance import instance
 from backfill_assets.runner.launch import (
@@ -83,6 +83,7 @@ __all__ = [
     "ImportInputError",
     "ImportOptions",
     "NoLimitKnown",
+    "NoTiersToMix",
     "OpenAIModelResource",
     "PartitionRef",
     "Plan",

@@ -42,6 +42,10 @@ class NoLimitKnown(ValueError):
     """The synchronous throughput cannot be known: no configured limit."""
 
 
+class NoTiersToMix(ValueError):
+    """The dialect's endpoint has one tier: there is no mix of batch, flex and standard."""
+
+
 def batch_completion_s(durations: Sequence[float], prior_s: float) -> float:
     """What a plan assumes a batch takes: the 90th percentile of this store's completed
     batches once there are a few, else the configured prior (pessimistic by default)."""
@@ -167,6 +171,12 @@ def plan_deadline(
     now: dt.datetime,
 ) -> DeadlinePlan:
     """The plan for ``tenants``' pending keys (read-only: nothing is sent or stored)."""
+    if settings.model.model_dialect != "chat-json":
+        raise NoTiersToMix(
+            f"BACKFILL_MODEL_DIALECT={settings.model.model_dialect} is sent at one tier, "
+            "synchronously, and is free: there is no mix of batch, flex and standard to plan; "
+            "run without --deadline"
+        )
     engine = store_engine(settings.store)
     model = model_resource(settings)
     versions = versions_for(model, settings.rubric())

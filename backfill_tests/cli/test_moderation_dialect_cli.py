@@ -245,3 +245,11 @@ def test_a_crash_after_the_calls_resumes_without_sending_them_again(
     # The ledger is the meter minus the calls lost in flight, and nothing else was re-sent.
     assert billed == calls + lost and len(POSTS) <= calls <= len(POSTS) + in_flight
     assert len(_applied(engine)) == len(POSTS)
+
+
+def test_a_deadline_plan_is_refused_by_name(
+    moderated: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # One tier, synchronous and free: a plan would mix batch lines this dialect does not send.
+    assert main(["run", "--deadline", "48h", "--dry-run"]) == 2
+    assert "there is no mix of batch, flex and standard to plan" in capsys.readouterr().err

@@ -17,7 +17,13 @@ from typing import TYPE_CHECKING, Any
 from backfill_assets.cli.tables import Human, table, tell
 from backfill_assets.domain.errors import UserError
 from backfill_assets.domain.money import DeadlineError, DeadlinePlan, Tier, parse_deadline, usd
-from backfill_assets.runner.api import NoLimitKnown, carry_out, plan_deadline, utc
+from backfill_assets.runner.api import (
+    NoLimitKnown,
+    NoTiersToMix,
+    carry_out,
+    plan_deadline,
+    utc,
+)
 from backfill_assets.runner.queries import (
     StoredPlan,
     create_plan,
@@ -59,7 +65,7 @@ def cmd_run_deadline(
     try:
         deadline = parse_deadline(args.deadline, now)
         plan = plan_deadline(settings, tenants, deadline, args.margin, now)
-    except (DeadlineError, NoLimitKnown) as exc:
+    except (DeadlineError, NoLimitKnown, NoTiersToMix) as exc:
         raise UserError(f"--deadline: {exc}") from None
     doc: dict[str, object] = {"ok": plan.feasible, "dry_run": args.dry_run, "plan": plan.as_dict()}
     human = plan_lines(plan)
