@@ -213,8 +213,6 @@ def _check_dialect(settings: Settings) -> None:
         raise SettingsError(
             f"{what} needs BACKFILL_MODEL_BACKEND=openai (the fake speaks chat-json)"
         )
-    if settings.batch.dispatch == "batch":
-        raise SettingsError(f"{what} is sent synchronously: unset BACKFILL_DISPATCH=batch")
     if settings.model.service_tier != "standard":
         raise SettingsError(f"{what} has no flex tier: unset BACKFILL_SERVICE_TIER")
 

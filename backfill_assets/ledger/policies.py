@@ -18,10 +18,13 @@ from sqlalchemy.engine import Connection, Engine
 
 from backfill_assets.domain.policy.diff import version_order
 from backfill_assets.domain.policy.document import (
+    CHAT_JSON,
+    DIALECTS,
     LEGACY_KEY_VERSIONS,
     Policy,
     PolicyDoc,
     canonical_json,
+    full_json,
 )
 from backfill_assets.domain.policy.file import builtin_policy
 from backfill_assets.domain.policy.output_gate import OutputContract
@@ -39,7 +42,10 @@ def register(conn: Connection, policy: Policy) -> None:
         "version": policy.version,
         "identity": policy.identity,
         "content_hash": policy.content_hash,
-        "document": canonical_json(policy.doc),
+        # A dialect's version keeps its section: re-reading it must map answers as it did.
+        "document": canonical_json(policy.doc)
+        if policy.dialect == CHAT_JSON
+        else full_json(policy.doc),
         "registered_at": utcnow(),
     }
     conn.execute(insert_for(conn, policy_versions).values(row).on_conflict_do_nothing())
@@ -92,9 +98,27 @@ def registered_policy(conn: Connection, key_version: str) -> Policy | None:
         legacy = LEGACY_KEY_VERSIONS.get(builtin.content_hash)
         return builtin if legacy == key_version else None
     try:
-        return Policy(PolicyDoc.model_validate_json(str(doc)))
-    except ValidationError:
+        policy = Policy(PolicyDoc.model_validate_json(str(doc)))
+        dialect = next((d for d in DIALECTS if f"+{d}#" in key_version), CHAT_JSON)
+        return policy.in_dialect(dialect)
+    except (ValidationError, ValueError):
         return None
+
+
+def rubric_lookup(engine: Engine, rubric: Rubric) -> Callable[[str], Rubric | None]:
+    """A key version -> how its answers are read: the rubric's own, else the registered
+    policy's in its dialect (read once per version)."""
+
+    @functools.cache
+    def other(key_version: str) -> Rubric | None:
+        with read_tx(engine) as conn:
+            policy = registered_policy(conn, key_version)
+        return None if policy is None else Rubric(policy, policy.dialect)
+
+    def lookup(key_version: str) -> Rubric | None:
+        return rubric if key_version == rubric.key_version else other(key_version)
+
+    return lookup
 
 
 def contract_lookup(engine: Engine, rubric: Rubric) -> Callable[[str], OutputContract | None]:

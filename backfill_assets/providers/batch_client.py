@@ -224,12 +224,13 @@ class BatchClient:
         return file_id
 
     async def create(
-        self, file_id: str, metadata: dict[str, str], echoes: Echoes = ()
+        self, file_id: str, metadata: dict[str, str], echoes: Echoes = (), endpoint: str = ENDPOINT
     ) -> BatchObject:
-        """Create a batch over an uploaded file (not idempotent: see ``find``)."""
+        """Create a batch over an uploaded file (not idempotent: see ``find``); ``endpoint``
+        is the lines' ``url`` (chat completions, or moderations)."""
         body = {
             "input_file_id": file_id,
-            "endpoint": ENDPOINT,
+            "endpoint": endpoint,
             "completion_window": "24h",
             "metadata": metadata,
         }

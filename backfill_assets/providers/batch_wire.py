@@ -1,7 +1,8 @@
 """Batch API wire format: input lines, the batch object and output lines (pure, pydantic).
 
-Request bodies are the synchronous adapter's (``models.openai_wire.request_body``), so a key
-costs the same prompt in both modes; answers are parsed with the same envelope model.
+Request bodies are the synchronous adapter's (``models.openai_wire.request_body``, or
+``models.moderation_wire.moderation_body`` for moderations), so a key costs the same prompt in
+both modes; answers are parsed with the same envelope model.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from backfill_assets.providers.models.base import ModelRequest
+from backfill_assets.providers.models.moderation_wire import ENDPOINT as MODERATIONS
+from backfill_assets.providers.models.moderation_wire import moderation_body
 from backfill_assets.providers.models.openai_wire import request_body
 from backfill_assets.providers.provider_text import ProviderId, RecordedId
 
@@ -20,14 +23,13 @@ ENDPOINT = "/v1/chat/completions"
 TERMINAL_STATUSES = frozenset({"completed", "failed", "expired", "cancelled"})
 
 
-def input_line(request: ModelRequest, max_tokens_param: str) -> bytes:
-    """One JSONL request; ``custom_id`` is the key. Canonical JSON: same input, same bytes."""
-    line = {
-        "custom_id": request.key,
-        "method": "POST",
-        "url": ENDPOINT,
-        "body": request_body(request, max_tokens_param),
-    }
+def input_line(request: ModelRequest, max_tokens_param: str, url: str = ENDPOINT) -> bytes:
+    """One JSONL request to ``url`` (chat completions, or moderations: one post as a one-input
+    array); ``custom_id`` is the key. Canonical JSON: same input, same bytes."""
+    body = (
+        moderation_body(request) if url == MODERATIONS else request_body(request, max_tokens_param)
+    )
+    line = {"custom_id": request.key, "method": "POST", "url": url, "body": body}
     text = json.dumps(line, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return text.encode("utf-8") + b"\n"
 

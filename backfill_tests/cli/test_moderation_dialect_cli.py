@@ -253,3 +253,31 @@ def test_a_deadline_plan_is_refused_by_name(
     # One tier, synchronous and free: a plan would mix batch lines this dialect does not send.
     assert main(["run", "--deadline", "48h", "--dry-run"]) == 2
     assert "there is no mix of batch, flex and standard to plan" in capsys.readouterr().err
+
+
+def test_batch_mode_sends_moderation_lines_and_books_them_free(
+    engine: Engine, moderated: Any, start_sim: StartSim, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sim = start_sim(
+        api_key=API_KEY,
+        batch_processing_ms=15,
+        moderation_scores={_sha(t): _scores(p) for t, p in PINNED.items()},
+    )
+    monkeypatch.setenv("BACKFILL_MODEL_BASE_URL", sim.base_url)
+    monkeypatch.setenv("BACKFILL_DISPATCH", "batch")
+    monkeypatch.setenv("BACKFILL_BATCH_POLL_SECONDS", "0.02")
+    assert main(["run"]) == 0
+    labels = _labels(engine)
+    assert labels == {(t, text): EXPECTED[text] for t in ("acme", "globex") for text in PINNED}
+    assert _applied(engine) == labels
+    # One line per post on the moderations endpoint, each billed at $0 and booked alike.
+    calls, tokens, cost = _ledger(engine)
+    assert (calls, tokens, cost) == (len(POSTS), 0, 0)
+    assert _meter(sim) == (calls, cost)
+    with engine.connect() as conn:
+        tiers = conn.execute(
+            sa.text(
+                "SELECT DISTINCT service_tier, usage_shape FROM ledger_events WHERE type = 'usage'"
+            )
+        ).all()
+    assert [tuple(t) for t in tiers] == [("batch", "none")]

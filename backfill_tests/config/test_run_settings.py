@@ -129,7 +129,6 @@ def test_the_moderation_dialect_builds_its_adapter_from_the_same_groups(tmp_path
     ("extra", "why"),
     [
         ({"BACKFILL_MODEL_BACKEND": "fake"}, "needs BACKFILL_MODEL_BACKEND=openai"),
-        ({"BACKFILL_DISPATCH": "batch"}, "sent synchronously"),
         ({"BACKFILL_SERVICE_TIER": "flex"}, "no flex tier"),
         ({"BACKFILL_MODEL_DIALECT": "llama-guardian"}, "BACKFILL_MODEL_DIALECT"),
     ],

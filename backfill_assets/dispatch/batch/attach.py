@@ -110,7 +110,7 @@ async def create(ctx: BatchContext, job: ChunkJob) -> Wait | None:
         return await ctx.db(chunk_echoes, ctx, job)  # read only if the create fails
 
     try:
-        batch = await ctx.client.create(sub.file_id, metadata(job), echoes)
+        batch = await ctx.client.create(sub.file_id, metadata(job), echoes, ctx.endpoint)
     except Unsure as exc:
         # The create may have happened: look it up (after a pause) before creating again.
         ctx.log(f"chunk {sub.chunk_id}: create unsure ({exc}); looking it up before any other")

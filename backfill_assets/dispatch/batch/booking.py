@@ -18,7 +18,8 @@ from backfill_assets.dispatch.batch.texts import line_echoes
 from backfill_assets.dispatch.batch.triage import Disposition, TriagedLine, triage
 from backfill_assets.domain.money.budgets import Reservation, Spend, over_bound
 from backfill_assets.domain.money.prices import Tier, event_cost
-from backfill_assets.domain.policy.output_gate import OutputRejected, parse_output
+from backfill_assets.domain.policy.document import OPENAI_MODERATION
+from backfill_assets.domain.policy.output_gate import OutputRejected
 from backfill_assets.domain.policy.rubric import MAX_OUTPUT_TOKENS
 from backfill_assets.domain.work.keys import Versions
 from backfill_assets.domain.work.outcomes import Outcome
@@ -166,11 +167,12 @@ async def book(ctx: BatchContext, job: ChunkJob) -> ChunkState:
     writer = _writer(ctx)
     writer.start()
     secrets = [ctx.secret] if ctx.secret else []
+    moderation = ctx.rubric.dialect == OPENAI_MODERATION
     try:
         for line in job.lines:
             if line.line_no in closed:
                 continue
-            triaged = triage(found.get(line.key), secrets, echoes.get(line.key, ()))
+            triaged = triage(found.get(line.key), secrets, echoes.get(line.key, ()), moderation)
             _stage(ctx, job, rows, writer, line, triaged)
     finally:
         await writer.close()
@@ -196,11 +198,11 @@ def _stage(
         st.tokens_in += usage["tokens_in"]
         st.tokens_out += usage["tokens_out"]
         st.cost_nanos += usage["cost_nanos"]
-        contract = ctx.contract_for(job.sub.key_version)
+        reader = ctx.reader_for(job.sub.key_version)
         try:
-            if contract is None:
+            if reader is None:
                 raise OutputRejected("output contract: no policy registered for its version")
-            out = parse_output(triaged.content, line.key, contract)
+            out = reader.parse(triaged.content, line.key)
         except OutputRejected as exc:
             writer.stage_dead(rows.dead(line, Outcome.SCHEMA_REJECTED, str(exc)))
             st.outcomes[Outcome.SCHEMA_REJECTED] += 1

@@ -13,15 +13,18 @@ from sqlalchemy.engine import Engine
 from backfill_assets.dispatch.batch_options import BatchOptions
 from backfill_assets.dispatch.partition_run import PartitionStats
 from backfill_assets.domain.money.prices import PriceTable
+from backfill_assets.domain.policy.document import OPENAI_MODERATION
 from backfill_assets.domain.policy.output_gate import OutputContract
 from backfill_assets.domain.policy.rubric import Rubric
 from backfill_assets.domain.work.keys import Versions
 from backfill_assets.domain.work.outcomes import RetryPolicy
 from backfill_assets.ledger.locks.fence import Fence
-from backfill_assets.ledger.policies import contract_lookup
+from backfill_assets.ledger.policies import contract_lookup, rubric_lookup
 from backfill_assets.ledger.run.submissions import LineRow, Submission
 from backfill_assets.providers.batch_client import BatchClient
+from backfill_assets.providers.batch_wire import ENDPOINT
 from backfill_assets.providers.models.base import RunFatalError
+from backfill_assets.providers.models.moderation_wire import ENDPOINT as MODERATIONS
 
 T = TypeVar("T")
 
@@ -80,6 +83,19 @@ class BatchContext:
     # A run-level answer inside a batch's results: the run stops once the chunk is booked.
     fatal: RunFatalError | None = None
     _contracts: Callable[[str], OutputContract | None] | None = field(default=None, repr=False)
+    _readers: Callable[[str], Rubric | None] | None = field(default=None, repr=False)
+
+    @property
+    def endpoint(self) -> str:
+        """The lines' ``url`` and the batch's endpoint: the dialect's API."""
+        return MODERATIONS if self.rubric.dialect == OPENAI_MODERATION else ENDPOINT
+
+    def reader_for(self, key_version: str) -> Rubric | None:
+        """How a chunk's answers are read: by the policy (and dialect) it was sent under, so a
+        chunk re-attached after the policy changed is judged as sent (None: unknown)."""
+        if self._readers is None:
+            self._readers = rubric_lookup(self.engine, self.rubric)
+        return self._readers(key_version)
 
     def contract_for(self, key_version: str) -> OutputContract | None:
         """The output contract of a chunk's policy version: a chunk re-attached after the

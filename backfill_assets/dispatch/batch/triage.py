@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from backfill_assets.domain.caps import ERROR_CODE_CHARS
 from backfill_assets.providers.batch_wire import OutputLine
 from backfill_assets.providers.models.errors import Scope, classify
+from backfill_assets.providers.models.moderation_wire import NO_USAGE, results_of
 from backfill_assets.providers.models.openai_wire import (
     NotACompletion,
     error_code,
@@ -65,8 +66,10 @@ def triage(
     line: OutputLine | None,
     secrets: Sequence[str] = (),
     echoes: Sequence[str] | None = (),
+    moderation: bool = False,
 ) -> TriagedLine:
-    """Classify one key's line (``None``: the key is in neither file)."""
+    """Classify one key's line (``None``: the key is in neither file); ``moderation``: the
+    line's body is a moderation response of one input, not a chat completion."""
     if line is None:
         return TriagedLine(
             Disposition.RETRY, None, "missing from the batch's output and error files"
@@ -78,6 +81,20 @@ def triage(
         return TriagedLine(Disposition.RETRY, None, f"{code}: not run by the batch")
     status = response.status_code
     body = json.dumps(response.body).encode("utf-8")
+    if 200 <= status < 300 and moderation:
+        try:
+            [result] = results_of(body, 1)
+        except ValueError as exc:
+            return TriagedLine(
+                Disposition.RETRY, status, f"HTTP {status}: {exc}", response.request_id
+            )
+        return TriagedLine(
+            Disposition.ANSWERED,
+            status,
+            request_id=response.request_id,
+            content=json.dumps(result, sort_keys=True, separators=(",", ":")),
+            usage_shape=NO_USAGE,
+        )
     if 200 <= status < 300:
         try:
             completion = parse_completion(body)

@@ -327,6 +327,16 @@ def canonical_json(doc: PolicyDoc) -> str:
     )
 
 
+def full_json(doc: PolicyDoc) -> str:
+    """The whole content, ``dialects`` included (its YAML names), as sorted, compact JSON."""
+    return json.dumps(
+        doc.model_dump(mode="json", by_alias=True),
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+    )
+
+
 def dialect_json(doc: PolicyDoc, dialect: str) -> str:
     """One dialect's section as sorted, compact JSON ('' when the policy has none)."""
     section = (

@@ -25,36 +25,15 @@ import httpx
 
 from backfill_assets.domain.money.prices import Tier
 from backfill_assets.providers.models.base import ModelRequest, ModelResponse, RetriableError
+from backfill_assets.providers.models.moderation_wire import NO_USAGE, moderation_body, results_of
 from backfill_assets.providers.models.openai_http import OpenAIHttpModel
-from backfill_assets.providers.models.openai_wire import advertised_limits, loads_or_none
+from backfill_assets.providers.models.openai_wire import advertised_limits
 from backfill_assets.providers.provider_text import safe_id
 from backfill_assets.providers.ratelimit import Permit
 
-# What the ledger says of a call whose endpoint bills no tokens (never "missing": nothing
-# was left unreported, and no bound is booked in its place).
-NO_USAGE = "none"
 # How long the first post of a request waits for others of its tenant to join it: a moment,
 # so a lone post is not held back (the dispatcher's workers ask at the same time or not at all).
 JOIN_SECONDS = 0.005
-
-
-def moderation_body(request: ModelRequest) -> dict[str, Any]:
-    """The request's posts as the endpoint's ``input`` array: each user message the dialect
-    built is one post's text, unframed."""
-    return {"model": request.model, "input": [m["content"] for m in request.messages]}
-
-
-def results_of(body: bytes, inputs: int) -> list[dict[str, Any]]:
-    """The results of a moderation response, one per input; ``ValueError`` saying why not."""
-    data = loads_or_none(body)
-    if not isinstance(data, dict):
-        raise ValueError("2xx body is not a JSON object")
-    results = data.get("results")
-    if not isinstance(results, list):
-        raise ValueError("2xx body has no results array")
-    if len(results) != inputs or not all(isinstance(r, dict) for r in results):
-        raise ValueError(f"{len(results)} results for {inputs} input(s)")
-    return results
 
 
 class OpenAIModerationModel(OpenAIHttpModel):
