@@ -281,3 +281,20 @@ def test_batch_mode_sends_moderation_lines_and_books_them_free(
             )
         ).all()
     assert [tuple(t) for t in tiers] == [("batch", "none")]
+
+
+def test_policy_check_shows_the_mapping_and_refuses_a_bad_one_with_its_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["policy", "check", str(POLICY)]) == 0
+    out = capsys.readouterr().out
+    assert "dialect openai-moderation" in out and "harassment/threatening" in out
+    bad = tmp_path / "bad.yaml"
+    text = POLICY.read_text(encoding="utf-8")
+    line = text.splitlines().index("      hate: {label: abuse, rule: H-2, threshold: 0.4}") + 1
+    bad.write_text(text.replace("rule: H-2, threshold: 0.4", "rule: V-1, threshold: 4"))
+    assert main(["policy", "check", str(bad)]) == 2
+    out = capsys.readouterr().out
+    assert f"{bad}:{line}:" in out
+    assert "rule 'V-1' leads to 'threat', not to 'abuse'" in out
+    assert "less than or equal to 1" in out
