@@ -183,7 +183,7 @@ class PolicyDoc(_Item):
     labels: list[LabelDef] = Field(max_length=256)
     rules: list[RuleDef] = Field(default_factory=list, max_length=1024)
     # Not part of the content hash: a chat model is sent the policy, never this section, so
-    # editing it changes no chat key. A dialect's key carries its own section (rubric.py).
+    # editing it changes no chat key. A dialect's key carries its own section (key_version).
     dialects: Dialects | None = None
 
     @field_validator("id")
