@@ -23,6 +23,7 @@ from typing import Any
 
 import httpx
 
+from backfill_assets.config.variables import ModelSettings
 from backfill_assets.domain.money.prices import Tier
 from backfill_assets.providers.models.base import ModelRequest, ModelResponse, RetriableError
 from backfill_assets.providers.models.moderation_wire import NO_USAGE, moderation_body, results_of
@@ -51,9 +52,10 @@ class OpenAIModerationModel(OpenAIHttpModel):
 
     def __init__(self, *, inputs_per_request: int | None = None, **kw: Any) -> None:
         super().__init__(**kw)
-        settings = kw.get("settings")
-        per = inputs_per_request or (settings.moderation_inputs_per_request if settings else 32)
-        self.inputs_per_request = max(1, per)
+        settings: ModelSettings = kw.get("settings") or ModelSettings()
+        self.inputs_per_request = max(
+            1, inputs_per_request or settings.moderation_inputs_per_request
+        )
         # Per tenant: the posts waiting for their request, and the requests being sent.
         self._open: dict[str, list[tuple[ModelRequest, asyncio.Future[ModelResponse]]]] = {}
         self._sending: set[asyncio.Task[None]] = set()
