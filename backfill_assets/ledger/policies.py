@@ -122,18 +122,11 @@ def rubric_lookup(engine: Engine, rubric: Rubric) -> Callable[[str], Rubric | No
 
 
 def contract_lookup(engine: Engine, rubric: Rubric) -> Callable[[str], OutputContract | None]:
-    """A result's prompt version -> its policy's output contract: the rubric's own, else the
-    registered one's (read once per version)."""
-
-    @functools.cache
-    def other(key_version: str) -> OutputContract | None:
-        with read_tx(engine) as conn:
-            policy = registered_policy(conn, key_version)
-        return None if policy is None else OutputContract.of(policy)
+    """A result's key version -> its policy's output contract (``rubric_lookup``'s)."""
+    readers = rubric_lookup(engine, rubric)
 
     def lookup(key_version: str) -> OutputContract | None:
-        if key_version == rubric.key_version:
-            return rubric.contract
-        return other(key_version)
+        reader = readers(key_version)
+        return None if reader is None else reader.contract
 
     return lookup

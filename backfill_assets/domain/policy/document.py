@@ -233,7 +233,7 @@ class Policy:
     so a changed mapping names new work and never a chat key.
     """
 
-    __slots__ = ("content_hash", "dialect", "doc")
+    __slots__ = ("_key_version", "content_hash", "dialect", "doc")
 
     def __init__(self, doc: PolicyDoc, dialect: str = CHAT_JSON) -> None:
         if dialect not in DIALECTS:
@@ -248,6 +248,8 @@ class Policy:
         self.doc = doc
         self.dialect = dialect
         self.content_hash = hashlib.sha256(canonical_json(doc).encode("utf-8")).hexdigest()
+        # Read per result row (the writer's contract lookup): worked out once.
+        self._key_version = self._work_key_version()
 
     def in_dialect(self, dialect: str) -> Policy:
         """The same policy, spoken in ``dialect`` (``ValueError``: it has no section for it)."""
@@ -284,6 +286,9 @@ class Policy:
     @property
     def key_version(self) -> str:
         """The policy's part of every key and of the code version, in its dialect."""
+        return self._key_version
+
+    def _work_key_version(self) -> str:
         base = LEGACY_KEY_VERSIONS.get(self.content_hash, self.identity)
         if self.dialect == CHAT_JSON:
             return base

@@ -71,7 +71,8 @@ class OpenAIModerationModel(OpenAIHttpModel):
     async def complete(self, request: ModelRequest) -> ModelResponse:
         """One post's result, sent alone or joined with others of its tenant."""
         if self.inputs_per_request == 1:
-            return self._one(await super().complete(request), 0)
+            [one] = _split(await super().complete(request))
+            return one
         loop = asyncio.get_running_loop()
         answer: asyncio.Future[ModelResponse] = loop.create_future()
         group = self._open.setdefault(request.tenant_id, [])
@@ -107,16 +108,9 @@ class OpenAIModerationModel(OpenAIHttpModel):
             if not isinstance(exc, Exception):
                 raise
             return
-        for i, (_r, answer) in enumerate(group):
+        for (_r, answer), one in zip(group, _split(response), strict=True):
             if not answer.done():
-                answer.set_result(self._one(response, i))
-
-    @staticmethod
-    def _one(response: ModelResponse, i: int) -> ModelResponse:
-        """The ``i``-th post's response: its result alone, canonical JSON."""
-        result = json.loads(response.raw_text)[i]
-        raw = json.dumps(result, sort_keys=True, separators=(",", ":"))
-        return dataclasses.replace(response, raw_text=raw)
+                answer.set_result(one)
 
     async def aclose(self) -> None:
         """Requests still being sent are cancelled (their posts fail, retried next run)."""
@@ -160,3 +154,14 @@ class OpenAIModerationModel(OpenAIHttpModel):
             price_booked="" if booked is None else booked.to_json(),
             cost_unknown=booked is None,
         )
+
+
+def _split(response: ModelResponse) -> list[ModelResponse]:
+    """A request's response as one per post: each its result alone, canonical JSON (the
+    results are read once, whatever the request's size)."""
+    return [
+        dataclasses.replace(
+            response, raw_text=json.dumps(result, sort_keys=True, separators=(",", ":"))
+        )
+        for result in json.loads(response.raw_text)
+    ]
