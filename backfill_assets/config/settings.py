@@ -159,7 +159,12 @@ class Settings(BaseModel):
                 except PolicyInvalid as exc:
                     raise SettingsError(f"BACKFILL_POLICY_PATH: {exc}") from None
             try:
-                self._rubric = Rubric(policy, self.model.model_dialect)
+                self._rubric = Rubric(
+                    policy,
+                    self.model.model_dialect,
+                    self.model.dialect_variant,
+                    self.model.max_output_tokens,
+                )
             except ValueError as exc:
                 raise SettingsError(
                     f"BACKFILL_MODEL_DIALECT={self.model.model_dialect}: {exc}"
@@ -215,6 +220,10 @@ def _check_dialect(settings: Settings) -> None:
         )
     if settings.model.service_tier != "standard":
         raise SettingsError(f"{what} has no flex tier: unset BACKFILL_SERVICE_TIER")
+    if dialect in ("llama-guard", "safeguard") and settings.batch.dispatch == "batch":
+        raise SettingsError(
+            f"{what} is served by vLLM, which has no Batch API: unset BACKFILL_DISPATCH"
+        )
 
 
 def _describe(err: Any) -> str:

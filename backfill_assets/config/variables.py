@@ -24,7 +24,7 @@ from backfill_assets.config.urls import checked_model_url, database_url
 from backfill_assets.domain.checks.drift_baseline import LIVE_BASELINE, parse_baseline
 from backfill_assets.domain.checks.rules import CheckBounds, DriftRule
 from backfill_assets.domain.money.prices import PriceError, PriceTable
-from backfill_assets.domain.ranges import MAX_SETTING_SECONDS, MAX_TOKENS
+from backfill_assets.domain.ranges import MAX_OUTPUT_TOKENS, MAX_SETTING_SECONDS, MAX_TOKENS
 from backfill_assets.domain.work.faults import KILL_POINTS, FaultHooks
 from backfill_assets.domain.work.keys import DEFAULT_SLICE_TARGET
 from backfill_assets.domain.work.outcomes import RetryPolicy
@@ -221,14 +221,41 @@ class ModelSettings(Group):
         "`{base}/files` and `{base}/batches`.",
         default="https://api.openai.com/v1",
     )
-    model_dialect: Literal["chat-json", "openai-moderation"] = _var(
+    model_dialect: Literal["chat-json", "openai-moderation", "llama-guard", "safeguard"] = _var(
         "BACKFILL_MODEL_DIALECT",
         "How the model is spoken to: `chat-json` (chat completions answering the policy's JSON "
-        "schema) or `openai-moderation` (OpenAI's moderation endpoint, `omni-moderation-latest`: "
-        "its category scores mapped onto the policy by the policy's `dialects:` section, "
-        "[policies.md](policies.md#dialects); needs `BACKFILL_MODEL_BACKEND=openai`, sync "
-        "dispatch and the standard tier). Part of every key and of the code version.",
+        "schema); `openai-moderation` (OpenAI's moderation endpoint, `omni-moderation-latest`: "
+        "its category scores mapped onto the policy by the policy's `dialects:` section); "
+        "`llama-guard` (Llama Guard 3/4 behind vLLM: its built-in categories through the "
+        "model's chat template when the policy maps them, else the policy's rules as its "
+        "categories through `{base}/completions`); `safeguard` (gpt-oss-safeguard behind vLLM: "
+        "the policy as the system message, `reasoning_effort` from "
+        "`BACKFILL_REASONING_EFFORT`). [policies.md](policies.md#dialects). Every dialect "
+        "but `chat-json` needs `BACKFILL_MODEL_BACKEND=openai` and the standard tier; "
+        "`llama-guard` and `safeguard` need sync dispatch (vLLM has no Batch API). Part of "
+        "every key and of the code version.",
         default="chat-json",
+    )
+    llama_guard_version: Literal["3", "4"] = _var(
+        "BACKFILL_LLAMA_GUARD_VERSION",
+        "In the `llama-guard` dialect, the prompt format sent with the policy's own categories: "
+        "Llama Guard 3's special tokens or Llama Guard 4's. Part of every key.",
+        default="3",
+    )
+    reasoning_effort: Literal["low", "medium", "high"] = _var(
+        "BACKFILL_REASONING_EFFORT",
+        "In the `safeguard` dialect, the `reasoning_effort` of every request. Part of every key: "
+        "a changed effort is new work.",
+        default="medium",
+    )
+    safeguard_max_output_tokens: int = _var(
+        "BACKFILL_SAFEGUARD_MAX_OUTPUT_TOKENS",
+        "In the `safeguard` dialect, the output bound of a call (its reasoning and its answer). "
+        "Generous on purpose (OpenAI's guide warns against capping it): the budget reserves "
+        "it, so a long reasoning is paid for, never cut.",
+        default=8192,
+        ge=256,
+        le=131_072,
     )
     moderation_inputs_per_request: int = _var(
         "BACKFILL_MODERATION_INPUTS_PER_REQUEST",
@@ -343,6 +370,23 @@ class ModelSettings(Group):
         if self.model:
             return self.model
         return DEFAULT_FAKE_MODEL if self.model_backend == "fake" else DEFAULT_OPENAI_MODEL
+
+    @property
+    def dialect_variant(self) -> str:
+        """What else the dialect sends that names the work (``Policy.variant``): Llama Guard's
+        prompt format, safeguard's reasoning effort."""
+        if self.model_dialect == "llama-guard":
+            return self.llama_guard_version
+        if self.model_dialect == "safeguard":
+            return self.reasoning_effort
+        return ""
+
+    @property
+    def max_output_tokens(self) -> int:
+        """A call's output bound in this dialect (reserved by budgets)."""
+        if self.model_dialect == "safeguard":
+            return self.safeguard_max_output_tokens
+        return MAX_OUTPUT_TOKENS
 
     def prices(self) -> PriceTable:
         """The price table: built-in list prices merged with ``BACKFILL_PRICES``."""

@@ -25,8 +25,10 @@ from backfill_assets.domain.work.regions import (
 from backfill_assets.providers.batch_client import BatchEndpoint
 from backfill_assets.providers.models.base import ModelAdapter
 from backfill_assets.providers.models.fake import FakeModel
+from backfill_assets.providers.models.llama_guard import LlamaGuardModel
 from backfill_assets.providers.models.openai_http import OpenAIHttpModel
 from backfill_assets.providers.models.openai_moderation import OpenAIModerationModel
+from backfill_assets.providers.models.safeguard import SafeguardModel
 from backfill_assets.providers.ratelimit import SHARED_LIMITERS, LimiterConfig
 
 
@@ -135,9 +137,7 @@ class OpenAIModelResource(ModelResource):
         """An HTTP adapter sharing the process-wide limiter of this endpoint, model and key."""
         base_url = base_url.rstrip("/")
         m, h = self.settings, self.http
-        adapter = (
-            OpenAIModerationModel if m.model_dialect == "openai-moderation" else OpenAIHttpModel
-        )
+        adapter = ADAPTERS.get(m.model_dialect, OpenAIHttpModel)
         return adapter(
             base_url=base_url,
             model=self.model,
@@ -163,6 +163,14 @@ class OpenAIModelResource(ModelResource):
             settings=self.settings,
             http=self.http,
         )
+
+
+# The adapter of each dialect but chat-json's (``OpenAIHttpModel``).
+ADAPTERS: dict[str, type[OpenAIHttpModel]] = {
+    "openai-moderation": OpenAIModerationModel,
+    "llama-guard": LlamaGuardModel,
+    "safeguard": SafeguardModel,
+}
 
 
 def model_resource(settings: Settings) -> ModelResource:

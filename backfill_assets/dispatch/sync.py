@@ -20,7 +20,6 @@ from backfill_assets.domain.caps import ERROR_MESSAGE_CHARS, REQUEST_ID_CHARS
 from backfill_assets.domain.money.budgets import Reservation, Spend, TenantBudgets, over_bound
 from backfill_assets.domain.policy.output_gate import OutputRejected
 from backfill_assets.domain.policy.rubric import (
-    MAX_OUTPUT_TOKENS,
     Rubric,
     estimate_prompt_tokens,
     messages_token_bound,
@@ -192,12 +191,13 @@ class Dispatcher:
         # tokenizer; the limiter paces on the cheap estimate and settles to the billed figure.
         rubric = self.cfg.rubric
         messages = rubric.messages(item.key, item.text)
-        prompt_bound = messages_token_bound(messages, rubric.schema_bytes)
-        bound = prompt_bound + MAX_OUTPUT_TOKENS
+        prompt_bound = messages_token_bound(messages, rubric.extra_bytes)
+        out_bound = rubric.max_output_tokens
+        bound = prompt_bound + out_bound
         nanos = None  # the dollar bound is worked out only when a budget can bind
         if self.budgets.enabled:
             model = self.cfg.versions.model
-            nanos = self.adapter.cost_bound(model, prompt_bound, MAX_OUTPUT_TOKENS)
+            nanos = self.adapter.cost_bound(model, prompt_bound, out_bound)
         reservation = await self.budgets.reserve(
             item.tenant_id, Spend(bound, nanos or 0), priced=nanos is not None
         )
@@ -213,8 +213,8 @@ class Dispatcher:
             attempt=attempt,
             model=self.cfg.versions.model,
             messages=messages,
-            max_output_tokens=MAX_OUTPUT_TOKENS,
-            estimated_tokens=estimate_prompt_tokens(rubric, item.text) + MAX_OUTPUT_TOKENS,
+            max_output_tokens=out_bound,
+            estimated_tokens=estimate_prompt_tokens(rubric, item.text) + out_bound,
             contract=rubric.contract,
             bound_tokens=bound,
         )
@@ -276,6 +276,8 @@ class Dispatcher:
                 "bound_tokens": reservation.tokens,
             }
         )
+        if response.answer_from:
+            usage["message"] = f"answer_from: {response.answer_from}"
         if response.usage_shape == "missing":
             usage["message"] = "usage_missing: the provider reported no usage; booked the bound"
             st.usage_missing += 1

@@ -9,6 +9,7 @@ rank versions of one policy without trusting the order runs finish in.
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -32,6 +33,9 @@ from backfill_assets.domain.policy.rubric import Rubric
 from backfill_assets.ledger.dialect import insert_for
 from backfill_assets.ledger.engine import read_tx, write_tx
 from backfill_assets.ledger.tables import policy_versions, utcnow
+
+# ``+<dialect>[@<variant>]#<hash16>`` at the end of a key version.
+_DIALECT_SUFFIX = re.compile(r"\+([a-z-]+)(?:@([a-z0-9]+))?#[0-9a-f]{16}$")
 
 
 def register(conn: Connection, policy: Policy) -> None:
@@ -99,10 +103,18 @@ def registered_policy(conn: Connection, key_version: str) -> Policy | None:
         return builtin if legacy == key_version else None
     try:
         policy = Policy(PolicyDoc.model_validate_json(str(doc)))
-        dialect = next((d for d in DIALECTS if f"+{d}#" in key_version), CHAT_JSON)
-        return policy.in_dialect(dialect)
+        dialect, variant = dialect_of(key_version)
+        return policy.in_dialect(dialect, variant)
     except (ValidationError, ValueError):
         return None
+
+
+def dialect_of(key_version: str) -> tuple[str, str]:
+    """The dialect and variant a key version names (``Policy.key_version``'s suffix)."""
+    found = _DIALECT_SUFFIX.search(key_version)
+    if found is None or found[1] not in DIALECTS:
+        return CHAT_JSON, ""
+    return found[1], found[2] or ""
 
 
 def rubric_lookup(engine: Engine, rubric: Rubric) -> Callable[[str], Rubric | None]:
@@ -113,7 +125,7 @@ def rubric_lookup(engine: Engine, rubric: Rubric) -> Callable[[str], Rubric | No
     def other(key_version: str) -> Rubric | None:
         with read_tx(engine) as conn:
             policy = registered_policy(conn, key_version)
-        return None if policy is None else Rubric(policy, policy.dialect)
+        return None if policy is None else Rubric(policy, policy.dialect, policy.variant)
 
     def lookup(key_version: str) -> Rubric | None:
         return rubric if key_version == rubric.key_version else other(key_version)

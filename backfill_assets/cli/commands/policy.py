@@ -8,7 +8,15 @@ from typing import TYPE_CHECKING, Any
 
 from backfill_assets.cli.parsers import command_group
 from backfill_assets.cli.tables import emit, table, tell
-from backfill_assets.domain.policy import Policy, PolicyInvalid, Rubric, diff_policies, load_policy
+from backfill_assets.domain.policy import (
+    GUARD_CODES,
+    LLAMA_GUARD_CATEGORIES,
+    Policy,
+    PolicyInvalid,
+    Rubric,
+    diff_policies,
+    load_policy,
+)
 
 if TYPE_CHECKING:
     from backfill_assets.config.settings import Settings
@@ -84,15 +92,30 @@ def describe(policy: Policy) -> dict[str, Any]:
         "prefix_tokens_estimate": rubric.prefix_token_estimate(),
         "prefix_bytes": len(rubric.system_prompt.encode("utf-8")) + rubric.schema_bytes,
         # How a moderation model's categories map onto the policy (docs/policies.md, Dialects).
-        "dialects": {
-            "openai-moderation": [
-                {"category": name, "label": c.label, "rule": c.rule, "threshold": c.threshold}
-                for name, c in mapping.categories.items()
-            ]
-        }
-        if (mapping := policy.moderation_map) is not None
-        else {},
+        "dialects": _dialects(policy, rubric),
     }
+
+
+def _dialects(policy: Policy, rubric: Rubric) -> dict[str, list[dict[str, Any]]]:
+    """The policy's ``dialects:`` sections as rows: where each category leads."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    if (mapping := policy.moderation_map) is not None:
+        out["openai-moderation"] = [
+            {"category": name, "label": c.label, "rule": c.rule, "threshold": c.threshold}
+            for name, c in mapping.categories.items()
+        ]
+    if (guard := policy.guard_map) is not None:
+        names = dict(zip(GUARD_CODES, LLAMA_GUARD_CATEGORIES, strict=True))
+        out["llama-guard"] = [
+            {
+                "category": code,
+                "name": names[code],
+                "label": rubric.contract.rule_label(rule),
+                "rule": rule,
+            }
+            for code, rule in guard.categories.items()
+        ]
+    return out
 
 
 def cmd_policy_check(args: argparse.Namespace, _settings: Settings) -> int:
@@ -115,7 +138,7 @@ def cmd_policy_check(args: argparse.Namespace, _settings: Settings) -> int:
         table(doc["labels"], ["id", "action", "severity", "rules"], title="labels"),
         table(doc["rules"], ["id", "label", "violates", "safe"], title="rules"),
         *(
-            table(rows, ["category", "label", "rule", "threshold"], title=f"dialect {name}")
+            table(rows, list(rows[0]), title=f"dialect {name}")
             for name, rows in doc["dialects"].items()
         ),
         f"prompt prefix: ~{doc['prefix_tokens_estimate']} tokens ({doc['prefix_bytes']} bytes: "

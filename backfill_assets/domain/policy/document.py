@@ -21,6 +21,8 @@ from backfill_assets.domain.work.keys import TENANT_ID_RE
 # Rule and label ids: short, stable, and safe anywhere (keys, SQL, CSV, a comma-joined list).
 ITEM_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,31}$")
 VERSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,39}$")
+# A dialect's variant inside a key version (``+llama-guard@3#...``): short, no separators.
+VARIANT_RE = re.compile(r"^[a-z0-9]{0,16}$")
 ACTIONS = ("none", "review", "hide")
 # A label's numeric severity: a rank the platform reads, not an amount.
 MAX_SEVERITY = 1_000_000
@@ -111,10 +113,32 @@ class RuleDef(_Item):
 
 
 # How the model is spoken to (BACKFILL_MODEL_DIALECT): the policy's JSON contract over chat
-# completions, or OpenAI's moderation endpoint mapped through the policy's section.
+# completions; OpenAI's moderation endpoint mapped through the policy's section; Llama Guard's
+# safe/unsafe verdict over its categories; gpt-oss-safeguard reading the policy as its system
+# message.
 CHAT_JSON = "chat-json"
 OPENAI_MODERATION = "openai-moderation"
-DIALECTS = (CHAT_JSON, OPENAI_MODERATION)
+LLAMA_GUARD = "llama-guard"
+SAFEGUARD = "safeguard"
+DIALECTS = (CHAT_JSON, OPENAI_MODERATION, LLAMA_GUARD, SAFEGUARD)
+# Llama Guard 3 and 4's built-in (MLCommons) hazard categories, S1..S14 (their model cards).
+LLAMA_GUARD_CATEGORIES = (
+    "Violent Crimes",
+    "Non-Violent Crimes",
+    "Sex Crimes",
+    "Child Sexual Exploitation",
+    "Defamation",
+    "Specialized Advice",
+    "Privacy",
+    "Intellectual Property",
+    "Indiscriminate Weapons",
+    "Hate",
+    "Suicide & Self-Harm",
+    "Sexual Content",
+    "Elections",
+    "Code Interpreter Abuse",
+)
+GUARD_CODES = tuple(f"S{i}" for i in range(1, len(LLAMA_GUARD_CATEGORIES) + 1))
 # omni-moderation-latest's categories (OpenAI's moderation API reference); text-moderation
 # models answer a subset of them.
 MODERATION_CATEGORIES = (
@@ -168,10 +192,29 @@ class ModerationMap(_Item):
         return value
 
 
+class GuardMap(_Item):
+    """``dialects: llama-guard:``: which rule each of Llama Guard's built-in categories
+    (``S1``..``S14``) stands for. Without it, the policy's own rules are the categories."""
+
+    categories: dict[str, str] = Field(min_length=1, max_length=len(GUARD_CODES))
+
+    @field_validator("categories")
+    @classmethod
+    def _known(cls, value: dict[str, str]) -> dict[str, str]:
+        unknown = [c for c in value if c not in GUARD_CODES]
+        if unknown:
+            raise ValueError(
+                f"unknown category {quoted(unknown[0])}: expected one of S1 to "
+                f"S{len(GUARD_CODES)} (Llama Guard's built-in categories)"
+            )
+        return value
+
+
 class Dialects(_Item):
     """How the answers of models that do not speak the policy map onto it (docs/policies.md)."""
 
     openai_moderation: ModerationMap | None = Field(default=None, alias="openai-moderation")
+    llama_guard: GuardMap | None = Field(default=None, alias="llama-guard")
 
 
 class PolicyDoc(_Item):
@@ -229,13 +272,15 @@ class Policy:
     ``dialects``, key order and comments aside). ``identity``: ``<id>@<version>#<hash[:16]>``.
     ``key_version``: what keys, the applied labels and the code version carry: the identity
     (the built-in policy as shipped keeps its legacy one), and in another dialect than
-    ``chat-json`` the dialect's name and the hash of its section (``<key>+<dialect>#<hash>``),
-    so a changed mapping names new work and never a chat key.
+    ``chat-json`` the dialect's name, its variant (what else is sent: Llama Guard's prompt
+    format, safeguard's reasoning effort) and the hash of its section
+    (``<key>+<dialect>[@<variant>]#<hash>``), so a changed mapping names new work and never a
+    chat key.
     """
 
-    __slots__ = ("_key_version", "content_hash", "dialect", "doc")
+    __slots__ = ("_key_version", "content_hash", "dialect", "doc", "variant")
 
-    def __init__(self, doc: PolicyDoc, dialect: str = CHAT_JSON) -> None:
+    def __init__(self, doc: PolicyDoc, dialect: str = CHAT_JSON, variant: str = "") -> None:
         if dialect not in DIALECTS:
             raise ValueError(f"dialect {dialect!r}: expected one of {', '.join(DIALECTS)}")
         if dialect == OPENAI_MODERATION and (
@@ -245,15 +290,25 @@ class Policy:
                 f"policy {doc.id}@{doc.version} has no dialects: openai-moderation: section "
                 "(which label each category leads to: docs/policies.md)"
             )
+        if dialect == LLAMA_GUARD and not doc.rules:
+            raise ValueError(
+                f"policy {doc.id}@{doc.version} has no rules: Llama Guard judges a post against "
+                "categories, which are the policy's rules (docs/policies.md)"
+            )
+        if not VARIANT_RE.fullmatch(variant):
+            raise ValueError(f"variant {variant!r}: must match {VARIANT_RE.pattern}")
         self.doc = doc
         self.dialect = dialect
+        self.variant = variant if dialect != CHAT_JSON else ""
         self.content_hash = hashlib.sha256(canonical_json(doc).encode("utf-8")).hexdigest()
         # Read per result row (the writer's contract lookup): worked out once.
         self._key_version = self._work_key_version()
 
-    def in_dialect(self, dialect: str) -> Policy:
+    def in_dialect(self, dialect: str, variant: str = "") -> Policy:
         """The same policy, spoken in ``dialect`` (``ValueError``: it has no section for it)."""
-        return self if dialect == self.dialect else Policy(self.doc, dialect)
+        if dialect == self.dialect and variant == self.variant:
+            return self
+        return Policy(self.doc, dialect, variant)
 
     def __eq__(self, other: object) -> bool:
         return (
@@ -293,7 +348,9 @@ class Policy:
         if self.dialect == CHAT_JSON:
             return base
         section = dialect_json(self.doc, self.dialect)
-        return f"{base}+{self.dialect}#{hashlib.sha256(section.encode('utf-8')).hexdigest()[:16]}"
+        variant = f"@{self.variant}" if self.variant else ""
+        digest = hashlib.sha256(section.encode("utf-8")).hexdigest()[:16]
+        return f"{base}+{self.dialect}{variant}#{digest}"
 
     @property
     def label_ids(self) -> tuple[str, ...]:
@@ -314,6 +371,11 @@ class Policy:
     def moderation_map(self) -> ModerationMap | None:
         """The ``dialects: openai-moderation:`` section, if the policy has one."""
         return self.doc.dialects.openai_moderation if self.doc.dialects else None
+
+    @property
+    def guard_map(self) -> GuardMap | None:
+        """The ``dialects: llama-guard:`` section, if the policy has one."""
+        return self.doc.dialects.llama_guard if self.doc.dialects else None
 
     @property
     def rule_labels(self) -> tuple[tuple[str, str], ...]:

@@ -285,6 +285,7 @@ def _dialect_problems(
 ) -> Iterator[PolicyProblem]:
     """A dialect's mapping names the policy's own labels and rules, each rule of its label."""
     dialects = data.get("dialects") if isinstance(data, dict) else None
+    yield from _guard_problems(dialects, tree, rules)
     section = dialects.get("openai-moderation") if isinstance(dialects, dict) else None
     categories = section.get("categories") if isinstance(section, dict) else None
     if not isinstance(categories, dict):
@@ -313,6 +314,22 @@ def _dialect_problems(
                     f"category {quoted(str(name))}: rule {quoted(rule)} leads to "
                     f"{quoted(str(rules[rule]))}, not to {quoted(label)}",
                 )
+
+
+def _guard_problems(
+    dialects: Any, tree: _Tree, rules: Mapping[str, Any]
+) -> Iterator[PolicyProblem]:
+    """``dialects: llama-guard: categories:`` maps each code to one of the policy's rules."""
+    section = dialects.get("llama-guard") if isinstance(dialects, dict) else None
+    categories = section.get("categories") if isinstance(section, dict) else None
+    if not isinstance(categories, dict):
+        return
+    for code, rule in categories.items():
+        if isinstance(rule, str) and rule not in rules:
+            line, col = tree.where(("dialects", "llama-guard", "categories", code))
+            yield PolicyProblem(
+                line, col, f"category {quoted(str(code))}: unknown rule {quoted(rule)}"
+            )
 
 
 def parse_policy(text: str, source: str = "<policy>") -> Policy:

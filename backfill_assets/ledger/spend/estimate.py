@@ -17,7 +17,6 @@ from sqlalchemy.engine import Connection
 from backfill_assets.domain.money.nanos import usd, usd_text
 from backfill_assets.domain.money.prices import PriceTable, Tier
 from backfill_assets.domain.policy.rubric import (
-    MAX_OUTPUT_TOKENS,
     Rubric,
     call_token_bound,
     estimate_prompt_tokens,
@@ -89,29 +88,27 @@ def estimate_pending(
         for s in range(SLICE_COUNT):
             for row in pending_posts(conn, tenant, [s], versions):
                 est.keys += 1
+                cap = rubric.max_output_tokens
                 prompt = estimate_prompt_tokens(rubric, row.text)
                 key = work_key(versions, tenant, row.post_id, row.content_hash)
                 bound = call_token_bound(rubric, key, row.text)
-                est.estimated_tokens += prompt + MAX_OUTPUT_TOKENS
+                est.estimated_tokens += prompt + cap
                 est.bound_tokens += bound
                 if prices is not None:
                     model = versions.model
-                    est.estimated_cost_nanos += prices.cost(model, prompt, MAX_OUTPUT_TOKENS)
+                    est.estimated_cost_nanos += prices.cost(model, prompt, cap)
                     est.estimated_cost_nanos_batch += prices.cost(
-                        model, prompt, MAX_OUTPUT_TOKENS, tier=Tier.BATCH
+                        model, prompt, cap, tier=Tier.BATCH
                     )
-                    est.estimated_cost_nanos_flex += prices.cost(
-                        model, prompt, MAX_OUTPUT_TOKENS, tier=Tier.FLEX
-                    )
+                    est.estimated_cost_nanos_flex += prices.cost(model, prompt, cap, tier=Tier.FLEX)
                     # What a dollar budget reserves: sync (standard, and flex, which may be
                     # booked standard) and batch.
-                    prompt_bound = bound - MAX_OUTPUT_TOKENS
+                    prompt_bound = bound - cap
                     est.bound_cost_nanos += (
-                        prices.cost_bound(model, [Tier.STANDARD], prompt_bound, MAX_OUTPUT_TOKENS)
-                        or 0
+                        prices.cost_bound(model, [Tier.STANDARD], prompt_bound, cap) or 0
                     )
                     est.bound_cost_nanos_batch += (
-                        prices.cost_bound(model, [Tier.BATCH], prompt_bound, MAX_OUTPUT_TOKENS) or 0
+                        prices.cost_bound(model, [Tier.BATCH], prompt_bound, cap) or 0
                     )
         out.append(est)
     return out

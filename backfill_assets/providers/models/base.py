@@ -49,6 +49,9 @@ class ModelResponse:
     tokens_cache_written: int = 0
     # Of tokens_out: reasoning tokens, where the provider reports them.
     tokens_reasoning: int = 0
+    # Where the answer was found, when a server may put it in more than one field (safeguard:
+    # ``content``, ``reasoning_content``, ``reasoning_json``); '' otherwise.
+    answer_from: str = ""
     # The tier the provider says it billed, and the price the cost was booked at (JSON of
     # ``core.prices.BookedPrice``; '' when the adapter did not price the call).
     service_tier: str = Tier.STANDARD.value

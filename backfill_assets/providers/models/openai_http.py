@@ -51,6 +51,7 @@ from backfill_assets.providers.models.base import (
 )
 from backfill_assets.providers.models.errors import Scope, classify, run_fatal_hint
 from backfill_assets.providers.models.openai_wire import (
+    Envelope,
     NotACompletion,
     advertised_limits,
     error_code,
@@ -180,6 +181,17 @@ class OpenAIHttpModel(ModelAdapter):
         """The request's JSON body for ``path`` (the chat completion: the policy's schema)."""
         return request_body(request, self._max_tokens_param, tier)
 
+    def path_for(self, request: ModelRequest) -> str:
+        """Where the request goes, under the base URL."""
+        return self.path
+
+    def envelope(self, raw: bytes, request: ModelRequest) -> Envelope:
+        """The 2xx's answer, id and usage (``NotACompletion``: it is no answer at all)."""
+        completion = parse_completion(raw)
+        return Envelope(
+            completion.content, completion.id, completion.billed, completion.served_tier
+        )
+
     def cost_of(self, model: str, tokens_in: int, tokens_out: int) -> int:
         """Cost from the configured price table."""
         return self._prices.cost(model, tokens_in, tokens_out)
@@ -232,7 +244,7 @@ class OpenAIHttpModel(ModelAdapter):
         try:
             async with (
                 asyncio.timeout(self._timeouts.total),
-                self._client.stream("POST", self.path, json=body) as response,
+                self._client.stream("POST", self.path_for(request), json=body) as response,
             ):
                 if 200 <= response.status_code < 300:
                     raw = await read_capped(response, CHAT_MAX_BYTES)
@@ -268,7 +280,7 @@ class OpenAIHttpModel(ModelAdapter):
         request_id = safe_id(response.headers.get("x-request-id"), secrets) or ""
         advertised = advertised_limits(response.headers)
         try:
-            completion = parse_completion(raw)
+            completion = self.envelope(raw, request)
         except NotACompletion as exc:
             self.limiter.on_failure(permit)
             raise RetriableError(
@@ -308,6 +320,7 @@ class OpenAIHttpModel(ModelAdapter):
             tokens_cached=cached,
             tokens_cache_written=written,
             tokens_reasoning=reasoning,
+            answer_from=completion.answer_from,
             service_tier=tier.value,
             price_booked="" if booked is None else booked.to_json(),
             cost_unknown=booked is None,
@@ -353,7 +366,7 @@ class OpenAIHttpModel(ModelAdapter):
             )
         if scope is Scope.RUN:
             self.limiter.on_failure(permit)
-            endpoint = str(self._client.base_url).rstrip("/") + self.path
+            endpoint = str(self._client.base_url).rstrip("/") + self.path_for(request)
             return RunFatalError(
                 f"{summary} from {endpoint} ({run_fatal_hint(status)})",
                 status=status,

@@ -201,6 +201,19 @@ class ChatCompletion(BaseModel):
         return self.choices[0].message.content or ""
 
 
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """What an adapter reads from a 2xx before booking it: the answer to store (its dialect's
+    raw text), the response id, what was billed and at which tier, and where the answer was
+    found when a server may put it in more than one field (safeguard)."""
+
+    content: str
+    id: str | None
+    billed: BilledUsage | None
+    served_tier: Tier = Tier.STANDARD
+    answer_from: str = ""
+
+
 class NotACompletion(ValueError):
     """A 2xx whose body is not a chat completion at all (a proxy page, garbage)."""
 
