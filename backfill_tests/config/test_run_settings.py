@@ -15,7 +15,9 @@ from backfill_assets.config.settings import Settings, SettingsError
 from backfill_assets.config.variables import GROUPS
 from backfill_assets.defs.model_resources import OpenAIModelResource, model_resource
 from backfill_assets.defs.resources import RunResource, resources
+from backfill_assets.providers.models.llama_guard import LlamaGuardModel
 from backfill_assets.providers.models.openai_moderation import OpenAIModerationModel
+from backfill_assets.providers.models.safeguard import SafeguardModel
 from backfill_tests.domain.test_moderation_dialect import BASE, MAPPING
 
 PACKAGE = Path(__file__).resolve().parents[2] / "backfill_assets"
@@ -144,4 +146,36 @@ def test_the_moderation_dialect_needs_the_policys_section(tmp_path: Path) -> Non
     env = _dialect_env(tmp_path)
     Path(env["BACKFILL_POLICY_PATH"]).write_text(BASE, encoding="utf-8")
     with pytest.raises(SettingsError, match="no dialects: openai-moderation: section"):
+        Settings.from_env(env)
+
+
+@pytest.mark.parametrize(
+    ("dialect", "extra", "adapter", "variant"),
+    [
+        ("llama-guard", {}, LlamaGuardModel, "+llama-guard@3#"),
+        ("llama-guard", {"BACKFILL_LLAMA_GUARD_VERSION": "4"}, LlamaGuardModel, "+llama-guard@4#"),
+        ("safeguard", {}, SafeguardModel, "+safeguard@medium#"),
+        ("safeguard", {"BACKFILL_REASONING_EFFORT": "high"}, SafeguardModel, "+safeguard@high#"),
+    ],
+)
+def test_each_guard_dialect_builds_its_adapter_and_names_its_variant(
+    tmp_path: Path, dialect: str, extra: dict[str, str], adapter: type, variant: str
+) -> None:
+    env = _dialect_env(tmp_path, BACKFILL_MODEL_DIALECT=dialect, BACKFILL_ALLOW_UNPRICED="1")
+    settings = Settings.from_env({**env, **extra})
+    assert variant in settings.versions().key_version
+    built = model_resource(settings).build_adapter()
+    assert isinstance(built, adapter)
+    if dialect == "safeguard":
+        assert isinstance(built, SafeguardModel)
+        assert built.reasoning_effort == extra.get("BACKFILL_REASONING_EFFORT", "medium")
+        # The generous bound is what a call reserves.
+        assert settings.rubric().max_output_tokens == 8192
+    asyncio.run(built.aclose())
+
+
+@pytest.mark.parametrize("dialect", ["llama-guard", "safeguard"])
+def test_vllm_dialects_refuse_batch_mode_by_name(tmp_path: Path, dialect: str) -> None:
+    env = _dialect_env(tmp_path, BACKFILL_MODEL_DIALECT=dialect, BACKFILL_DISPATCH="batch")
+    with pytest.raises(SettingsError, match="no Batch API: unset BACKFILL_DISPATCH"):
         Settings.from_env(env)
