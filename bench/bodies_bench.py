@@ -21,7 +21,8 @@ import httpx
 
 from backfill_assets.domain.policy.rubric import MAX_OUTPUT_TOKENS, Rubric
 from backfill_assets.providers.models.base import ModelRequest
-from backfill_assets.providers.models.openai_http import HttpTimeouts, OpenAIHttpModel
+from backfill_assets.providers.models.openai_http import OpenAIHttpModel
+from backfill_assets.providers.models.timeouts import HttpTimeouts
 from backfill_assets.providers.ratelimit import EndpointLimiter, LimiterConfig
 from backfill_assets.providersim.bodies import BodyServer, BodyShape
 

@@ -20,7 +20,7 @@ MAX_TOKENS = 10**18
 MAX_NANOS = 10**18
 # Tokens a provider may report for one call; more is not a real provider's answer.
 MAX_CALL_TOKENS = 10**12
-# A call's output bound (a tiny JSON object or verdict): it bounds both cost and the budget
+# A call's output bound (a tiny JSON object or assessment): it bounds both cost and the budget
 # reservation. The safeguard dialect's reasoning has its own, a setting.
 MAX_OUTPUT_TOKENS = 64
 # USD per million tokens (the dearest list price in 2025 is 600). At this price a call's

@@ -17,10 +17,9 @@ import sqlalchemy as sa
 from pydantic import ValidationError
 from sqlalchemy.engine import Connection, Engine
 
+from backfill_assets.domain.policy.dialects import CHAT_JSON, DIALECTS
 from backfill_assets.domain.policy.diff import version_order
 from backfill_assets.domain.policy.document import (
-    CHAT_JSON,
-    DIALECTS,
     LEGACY_KEY_VERSIONS,
     Policy,
     PolicyDoc,

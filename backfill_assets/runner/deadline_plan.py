@@ -174,7 +174,7 @@ def plan_deadline(
     if settings.model.model_dialect != "chat-json":
         raise NoTiersToMix(
             f"BACKFILL_MODEL_DIALECT={settings.model.model_dialect} is sent at one tier, "
-            "synchronously, and is free: there is no mix of batch, flex and standard to plan; "
+            "synchronously: there is no mix of batch, flex and standard to plan; "
             "run without --deadline"
         )
     engine = store_engine(settings.store)

@@ -28,8 +28,9 @@ from backfill_assets.dispatch.partition_run import DispatchHalted
 from backfill_assets.dispatch.pipeline import RunOptions, RunStopped, run_partitions
 from backfill_assets.domain.work.outcomes import RetryPolicy
 from backfill_assets.providers.models.fake import FakeModel
-from backfill_assets.providers.models.openai_http import HttpTimeouts, OpenAIHttpModel
+from backfill_assets.providers.models.openai_http import OpenAIHttpModel
 from backfill_assets.providers.models.rules import count_tokens
+from backfill_assets.providers.models.timeouts import HttpTimeouts
 from backfill_assets.providers.ratelimit import EndpointLimiter, LimiterConfig
 from backfill_tests.conftest import import_records
 from backfill_tests.pipeline_helpers import (

@@ -9,7 +9,7 @@ import math
 import pytest
 
 from backfill_assets.domain.policy.file import PolicyInvalid, parse_policy
-from backfill_assets.domain.policy.llama_guard import GuardAnswer, template_bytes, verdict
+from backfill_assets.domain.policy.llama_guard import GuardAnswer, assessment, template_bytes
 from backfill_assets.domain.policy.output_gate import OutputRejected
 from backfill_assets.domain.policy.rubric import PROMPT_ROLE, Rubric, prompt_token_bound
 
@@ -110,16 +110,16 @@ def test_with_a_section_the_post_goes_alone_to_the_chat_template_and_its_bytes_a
     ],
 )
 def test_the_reference_parser_reads_what_it_reads(text: str, codes: tuple[str, ...] | None) -> None:
-    assert verdict(text) == codes
+    assert assessment(text) == codes
 
 
 @pytest.mark.parametrize(
     "text",
     ["Safe", "SAFE", "Unsafe\nS1", "unsafe", "unsafe\n", "unsafe\nS1\nS2", "unsafe \nS1", "maybe"],
 )
-def test_anything_else_is_no_verdict(text: str) -> None:
+def test_anything_else_is_no_assessment(text: str) -> None:
     with pytest.raises(OutputRejected, match="neither 'safe' nor 'unsafe'"):
-        verdict(text)
+        assessment(text)
 
 
 def test_the_first_listed_category_decides_the_label_and_its_rules_are_named() -> None:
@@ -146,7 +146,7 @@ def test_built_in_categories_the_section_does_not_map_are_ignored() -> None:
     assert _read(rubric, "unsafe\nS5") == ("ok", ())
 
 
-def test_confidence_and_the_labels_probability_come_from_the_verdict_token() -> None:
+def test_confidence_and_the_labels_probability_come_from_the_assessment_token() -> None:
     from backfill_assets.domain.policy.llama_guard import guard_output
 
     rubric = _custom()

@@ -17,7 +17,8 @@ from backfill_assets.dispatch.pipeline import RunOptions, run_partitions
 from backfill_assets.domain.policy.rubric import TASK_VERSION, Rubric
 from backfill_assets.domain.work.keys import Versions
 from backfill_assets.providers.models.base import ModelRequest, ModelResponse
-from backfill_assets.providers.models.openai_http import HttpTimeouts, OpenAIHttpModel
+from backfill_assets.providers.models.openai_http import OpenAIHttpModel
+from backfill_assets.providers.models.timeouts import HttpTimeouts
 from backfill_assets.providers.ratelimit import EndpointLimiter, LimiterConfig, LimiterRegistry
 from backfill_assets.providersim import Simulator
 from backfill_tests.conftest import StartSim as StartSim  # re-exported for the tests

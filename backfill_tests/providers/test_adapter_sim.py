@@ -21,7 +21,8 @@ from backfill_assets.providers.models.base import (
     RunFatalError,
     TransportRejected,
 )
-from backfill_assets.providers.models.openai_http import HttpTimeouts, OpenAIHttpModel
+from backfill_assets.providers.models.openai_http import OpenAIHttpModel
+from backfill_assets.providers.models.timeouts import HttpTimeouts
 from backfill_assets.providers.ratelimit import EndpointLimiter, LimiterConfig
 from backfill_tests.providers.conftest import (
     API_KEY,

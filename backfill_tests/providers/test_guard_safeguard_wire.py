@@ -1,5 +1,5 @@
 """The wire of the guard dialects (pure): Llama Guard's two request shapes and where each API
-puts the verdict's log-probability; where gpt-oss-safeguard's answer is taken from, with vLLM's
+puts the assessment's log-probability; where gpt-oss-safeguard's answer is taken from, with vLLM's
 reasoning-parser faults, and never from reasoning prose."""
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def _stored(envelope_content: str) -> GuardAnswer:
     return GuardAnswer(data["text"], data["logprob"])
 
 
-def test_the_verdict_tokens_probability_in_both_apis() -> None:
+def test_the_assessment_tokens_probability_in_both_apis() -> None:
     chat = {
         "id": "chatcmpl-1",
         "choices": [

@@ -15,7 +15,8 @@ from backfill_assets.domain.policy.rubric import MAX_OUTPUT_TOKENS, Rubric
 from backfill_assets.providers.batch_client import BatchClient, BatchEndpoint
 from backfill_assets.providers.bounded_body import CHAT_MAX_BYTES, BodyTooLarge
 from backfill_assets.providers.models.base import ModelRequest, TransportRejected
-from backfill_assets.providers.models.openai_http import HttpTimeouts, OpenAIHttpModel
+from backfill_assets.providers.models.openai_http import OpenAIHttpModel
+from backfill_assets.providers.models.timeouts import HttpTimeouts
 from backfill_assets.providers.ratelimit import EndpointLimiter, LimiterConfig
 from backfill_assets.providersim.bodies import BodyServer, BodyShape
 

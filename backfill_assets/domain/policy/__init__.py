@@ -4,8 +4,9 @@ The names the CLI uses are handed on here, so it imports the package, not its mo
 
 from __future__ import annotations
 
+from backfill_assets.domain.policy.dialects import GUARD_CODES, LLAMA_GUARD_CATEGORIES
 from backfill_assets.domain.policy.diff import diff_policies
-from backfill_assets.domain.policy.document import GUARD_CODES, LLAMA_GUARD_CATEGORIES, Policy
+from backfill_assets.domain.policy.document import Policy
 from backfill_assets.domain.policy.evaluation import DEFAULT_TENANT, NO_LABEL
 from backfill_assets.domain.policy.file import PolicyInvalid, load_policy
 from backfill_assets.domain.policy.rubric import Rubric

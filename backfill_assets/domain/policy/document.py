@@ -14,8 +14,18 @@ import re
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
+from backfill_assets.domain.policy.dialects import (
+    CHAT_JSON,
+    DIALECTS,
+    LLAMA_GUARD,
+    OPENAI_MODERATION,
+    Dialects,
+    GuardMap,
+    ModerationMap,
+)
+from backfill_assets.domain.policy.items import Item, quoted
 from backfill_assets.domain.work.keys import TENANT_ID_RE
 
 # Rule and label ids: short, stable, and safe anywhere (keys, SQL, CSV, a comma-joined list).
@@ -29,7 +39,6 @@ MAX_SEVERITY = 1_000_000
 Action = Literal["none", "review", "hide"]
 # Far above any real policy; bounds a text field (and the prompt every call pays for).
 _MAX_TEXT = 100_000
-_SHOWN = 40
 
 # The built-in policy, exactly as shipped, keys its work with the prompt version today's
 # results were stored under before policies were files (the sha256 of that prompt), so an
@@ -37,10 +46,6 @@ _SHOWN = 40
 # identity. A test pins both halves (docs/policies.md, "Upgrading").
 BUILTIN_CONTENT_HASH = "f26961e0a5c1f71ec62d4c573faf1c0eb24819bd7b9ce052d6c3584ad3e55431"
 LEGACY_KEY_VERSIONS: Mapping[str, str] = {BUILTIN_CONTENT_HASH: "policy@d0f22620582d"}
-
-
-class _Item(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 def _text(value: str) -> str:
@@ -53,7 +58,7 @@ def _text(value: str) -> str:
     return value
 
 
-class Examples(_Item):
+class Examples(Item):
     """Posts that break a rule and posts that do not, for the model to read."""
 
     violates: list[str] = Field(default_factory=list, max_length=100)
@@ -65,7 +70,7 @@ class Examples(_Item):
         return [_text(v) for v in value]
 
 
-class LabelDef(_Item):
+class LabelDef(Item):
     """One label of the closed set, and what applying it means to the platform."""
 
     id: str
@@ -93,7 +98,7 @@ class LabelDef(_Item):
         return value
 
 
-class RuleDef(_Item):
+class RuleDef(Item):
     """A rule: a stable id, the label it leads to, its text and examples."""
 
     id: str
@@ -112,112 +117,7 @@ class RuleDef(_Item):
         return _text(value)
 
 
-# How the model is spoken to (BACKFILL_MODEL_DIALECT): the policy's JSON contract over chat
-# completions; OpenAI's moderation endpoint mapped through the policy's section; Llama Guard's
-# safe/unsafe verdict over its categories; gpt-oss-safeguard reading the policy as its system
-# message.
-CHAT_JSON = "chat-json"
-OPENAI_MODERATION = "openai-moderation"
-LLAMA_GUARD = "llama-guard"
-SAFEGUARD = "safeguard"
-DIALECTS = (CHAT_JSON, OPENAI_MODERATION, LLAMA_GUARD, SAFEGUARD)
-# Llama Guard 3 and 4's built-in (MLCommons) hazard categories, S1..S14 (their model cards).
-LLAMA_GUARD_CATEGORIES = (
-    "Violent Crimes",
-    "Non-Violent Crimes",
-    "Sex Crimes",
-    "Child Sexual Exploitation",
-    "Defamation",
-    "Specialized Advice",
-    "Privacy",
-    "Intellectual Property",
-    "Indiscriminate Weapons",
-    "Hate",
-    "Suicide & Self-Harm",
-    "Sexual Content",
-    "Elections",
-    "Code Interpreter Abuse",
-)
-GUARD_CODES = tuple(f"S{i}" for i in range(1, len(LLAMA_GUARD_CATEGORIES) + 1))
-# omni-moderation-latest's categories (OpenAI's moderation API reference); text-moderation
-# models answer a subset of them.
-MODERATION_CATEGORIES = (
-    "harassment",
-    "harassment/threatening",
-    "hate",
-    "hate/threatening",
-    "illicit",
-    "illicit/violent",
-    "self-harm",
-    "self-harm/intent",
-    "self-harm/instructions",
-    "sexual",
-    "sexual/minors",
-    "violence",
-    "violence/graphic",
-)
-
-
-class CategoryMap(_Item):
-    """Where one moderation category leads: a label, optionally one of its rules, and the score
-    from which it applies."""
-
-    label: str
-    rule: str | None = None
-    threshold: float = Field(ge=0.0, le=1.0)
-
-    @field_validator("threshold", mode="before")
-    @classmethod
-    def _number(cls, value: Any) -> Any:
-        # YAML reads 1 as an integer; a boolean is not a threshold.
-        if isinstance(value, int) and not isinstance(value, bool):
-            return float(value)
-        return value
-
-
-class ModerationMap(_Item):
-    """``dialects: openai-moderation:``: the categories the policy reads, and where each leads."""
-
-    categories: dict[str, CategoryMap] = Field(min_length=1, max_length=len(MODERATION_CATEGORIES))
-
-    @field_validator("categories")
-    @classmethod
-    def _known(cls, value: dict[str, CategoryMap]) -> dict[str, CategoryMap]:
-        unknown = [c for c in value if c not in MODERATION_CATEGORIES]
-        if unknown:
-            raise ValueError(
-                f"unknown category {quoted(unknown[0])}: expected one of "
-                + ", ".join(MODERATION_CATEGORIES)
-            )
-        return value
-
-
-class GuardMap(_Item):
-    """``dialects: llama-guard:``: which rule each of Llama Guard's built-in categories
-    (``S1``..``S14``) stands for. Without it, the policy's own rules are the categories."""
-
-    categories: dict[str, str] = Field(min_length=1, max_length=len(GUARD_CODES))
-
-    @field_validator("categories")
-    @classmethod
-    def _known(cls, value: dict[str, str]) -> dict[str, str]:
-        unknown = [c for c in value if c not in GUARD_CODES]
-        if unknown:
-            raise ValueError(
-                f"unknown category {quoted(unknown[0])}: expected one of S1 to "
-                f"S{len(GUARD_CODES)} (Llama Guard's built-in categories)"
-            )
-        return value
-
-
-class Dialects(_Item):
-    """How the answers of models that do not speak the policy map onto it (docs/policies.md)."""
-
-    openai_moderation: ModerationMap | None = Field(default=None, alias="openai-moderation")
-    llama_guard: GuardMap | None = Field(default=None, alias="llama-guard")
-
-
-class PolicyDoc(_Item):
+class PolicyDoc(Item):
     """The policy file's content, validated (``extra="forbid"``: an unknown field is an error)."""
 
     id: str
@@ -252,11 +152,6 @@ class PolicyDoc(_Item):
     @classmethod
     def _instructions(cls, value: str) -> str:
         return _text(value)
-
-
-def quoted(value: str) -> str:
-    """A user's value in a message: quoted, and cut short."""
-    return repr(value[:_SHOWN] + ("..." if len(value) > _SHOWN else ""))
 
 
 def _item_id(value: str) -> str:

@@ -17,7 +17,8 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from backfill_assets.domain.policy.document import ACTIONS, Policy, PolicyDoc, quoted
+from backfill_assets.domain.policy.document import ACTIONS, Policy, PolicyDoc
+from backfill_assets.domain.policy.items import quoted
 
 # Far above any real policy; bounds the parse.
 MAX_POLICY_BYTES = 1 << 20

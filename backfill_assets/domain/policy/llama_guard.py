@@ -12,7 +12,7 @@ Two ways to ask, chosen by the policy:
 The answer is read as Meta's reference shield reads it (llama-stack's ``LlamaGuardShield``):
 surrounding whitespace is stripped; ``safe`` exactly is safe; otherwise it must be ``unsafe``,
 a newline and one line of comma-separated codes (each stripped). Anything else (another case,
-no codes, a third line) is no verdict, and a code that is not a category of the prompt is
+no codes, a third line) is no assessment, and a code that is not a category of the prompt is
 refused naming it: both ``schema_rejected`` dead letters. An unsafe answer takes the label of
 the first listed code's rule and the rules of that label among the listed codes (a label names
 only its own rules: the output contract); codes the section does not map are ignored, and an
@@ -31,11 +31,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from backfill_assets.domain.policy.document import (
-    GUARD_CODES,
-    LLAMA_GUARD_CATEGORIES,
-    Policy,
-)
+from backfill_assets.domain.policy.dialects import GUARD_CODES, LLAMA_GUARD_CATEGORIES
+from backfill_assets.domain.policy.document import Policy
 from backfill_assets.domain.policy.output_gate import (
     ModerationOutput,
     OutputContract,
@@ -70,7 +67,7 @@ _FRAME_BREAKERS = re.compile(r"<(?=\||\s*(?:BEGIN|END) (?:CONVERSATION|UNSAFE CO
 # The reference parser's pattern: ``unsafe``, one newline, one line (no third).
 _UNSAFE = re.compile(r"unsafe\n([^\n]*)")
 _CODE = re.compile(r"S[0-9]{1,4}")
-# An answer is a verdict and a few codes; anything far longer is not one.
+# An answer is an assessment and a few codes; anything far longer is not one.
 _MAX_ANSWER_CHARS = 4096
 
 
@@ -143,7 +140,7 @@ def _answer(raw: str) -> GuardAnswer:
     return GuardAnswer(text, float(lp) if ok else None)
 
 
-def verdict(text: str) -> tuple[str, ...] | None:
+def assessment(text: str) -> tuple[str, ...] | None:
     """The reference parser: None for ``safe``, else the listed codes; ``OutputRejected`` for
     an answer that is neither (it names no text the model wrote)."""
     text = text.strip()
@@ -167,7 +164,7 @@ def guard_output(
     """The label, rules and confidence of one stored Llama Guard answer under ``policy``, and
     the chosen label's probability (None: the server gave no log-probability)."""
     answer = _answer(raw)
-    codes = verdict(answer.text)
+    codes = assessment(answer.text)
     p_first = math.exp(answer.logprob) if answer.logprob is not None else None
     rules = [rule.id for rule in policy.doc.rules]
     section = policy.guard_map

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import json
 
-from backfill_assets.domain.policy.document import (
+from backfill_assets.domain.policy.dialects import (
     CHAT_JSON,
     LLAMA_GUARD,
     OPENAI_MODERATION,
     SAFEGUARD,
-    Policy,
 )
+from backfill_assets.domain.policy.document import Policy
 from backfill_assets.domain.policy.file import builtin_policy
 from backfill_assets.domain.policy.llama_guard import (
     categories_block,

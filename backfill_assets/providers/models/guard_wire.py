@@ -10,7 +10,7 @@ Two requests, both OpenAI-compatible:
   ``logprobs: 2``; the answer is ``choices[0].text`` and the log-probabilities are
   ``choices[0].logprobs.token_logprobs[i]`` beside ``tokens[i]`` (the legacy completions shape).
 
-The verdict's probability is the first generated token that is not whitespace (``safe`` or
+The assessment's probability is the first generated token that is not whitespace (``safe`` or
 ``unsafe``; a template may make the model open with a newline). A server that sends no
 log-probabilities, or unreadable ones, gives none: never an invented number.
 """
@@ -34,7 +34,7 @@ COMPLETIONS_PATH = "/completions"
 # Where the post sits in a rendered prompt (``domain/policy/llama_guard.render_prompt``).
 _POST_START = "<BEGIN CONVERSATION>\n\nUser: "
 _POST_END = "\n\n<END CONVERSATION>"
-# Two alternatives are enough to read the verdict's probability (safe against unsafe).
+# Two alternatives are enough to read the assessment's probability (safe against unsafe).
 TOP_LOGPROBS = 2
 
 
@@ -100,7 +100,7 @@ def _completion_logprob(choice: dict[str, Any]) -> float | None:
 
 
 def guard_answer(body: bytes, raw_prompt: bool) -> Envelope:
-    """The answer of a 2xx as stored (``GuardAnswer``: its text and the verdict's
+    """The answer of a 2xx as stored (``GuardAnswer``: its text and the assessment's
     log-probability), with its id and usage; ``NotACompletion`` when it is no answer of that
     API at all (a body that still says what was billed is booked, then refused)."""
     data = loads_or_none(body)

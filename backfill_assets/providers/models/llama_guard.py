@@ -3,7 +3,7 @@
 A post goes alone to the model's chat template (``{base}/chat/completions``) or inside the
 policy's own prompt (``{base}/completions``, the request's one message of role
 ``PROMPT_ROLE``), asking for the first tokens' log-probabilities (``guard_wire.py``). What comes
-back is stored as the answer's text and the verdict's log-probability, read onto the policy by
+back is stored as the answer's text and the assessment's log-probability, read onto the policy by
 the output gate (``domain/policy/llama_guard.py``). Usage, the limiter, the error taxonomy,
 the bounded body and the key's redaction are the chat adapter's.
 """
@@ -44,7 +44,7 @@ class LlamaGuardModel(OpenAIHttpModel):
         return guard_body(request, self._max_tokens_param, _raw_prompt(request))
 
     def envelope(self, raw: bytes, request: ModelRequest) -> Envelope:
-        """The answer's text and the verdict's log-probability, stored together."""
+        """The answer's text and the assessment's log-probability, stored together."""
         return guard_answer(raw, _raw_prompt(request))
 
     def echoes(self, request: ModelRequest) -> list[str]:

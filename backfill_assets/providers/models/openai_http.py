@@ -23,7 +23,6 @@ import asyncio
 import hashlib
 import logging
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -61,37 +60,12 @@ from backfill_assets.providers.models.openai_wire import (
     request_body,
     retry_after_seconds,
 )
+from backfill_assets.providers.models.timeouts import FLEX_MIN_TIMEOUT_S, HttpTimeouts
 from backfill_assets.providers.provider_text import safe_id
 from backfill_assets.providers.ratelimit import EndpointLimiter, Permit
 
 _USER_AGENT = f"backfill-moderation/{__version__} (+httpx)"
 _log = logging.getLogger(__name__)
-# OpenAI's advice for flex, which queues: a 15-minute timeout.
-FLEX_MIN_TIMEOUT_S = 900.0
-
-
-@dataclass(frozen=True, slots=True)
-class HttpTimeouts:
-    """Seconds: to connect, between bytes read, to write, and for the whole call."""
-
-    connect: float
-    read: float
-    total: float
-    write: float = 10.0
-
-    @classmethod
-    def of(cls, http: HttpSettings) -> HttpTimeouts:
-        """The timeouts the settings give (``BACKFILL_*_TIMEOUT_S``)."""
-        return cls(
-            connect=http.connect_timeout_s, read=http.read_timeout_s, total=http.total_timeout_s
-        )
-
-    def for_httpx(self) -> httpx.Timeout:
-        """Per-phase timeouts; the total is enforced around the call."""
-        # Waiting for a pooled connection is bounded by the total as well.
-        return httpx.Timeout(
-            connect=self.connect, read=self.read, write=self.write, pool=self.total
-        )
 
 
 def _post_text(request: ModelRequest) -> list[str]:
