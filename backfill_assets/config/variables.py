@@ -302,6 +302,14 @@ class ModelSettings(Group):
         "`BACKFILL_POLICY_PATH`.",
         default="",
     )
+    logprobs: Flag = _var(
+        "BACKFILL_LOGPROBS",
+        "On: chat requests (`chat-json`, `safeguard`) ask for the answer's token "
+        "log-probabilities (`logprobs: true`), from which each result's `p_label` (the chosen "
+        "label's probability) is read. Off for a server that refuses the field (OpenAI's "
+        "o-series reasoning models answer 400): `p_label` is then NULL. Never part of a key.",
+        default=True,
+    )
     max_tokens_param: Literal["max_tokens", "max_completion_tokens"] = _var(
         "BACKFILL_MAX_TOKENS_PARAM",
         "`max_completion_tokens` for models that refuse `max_tokens` (OpenAI's reasoning models).",

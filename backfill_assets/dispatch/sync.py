@@ -231,12 +231,12 @@ class Dispatcher:
         st.latencies_ms.append(response.latency_ms or (time.perf_counter() - started) * 1000)
         self._book_usage(item, attempt, attempt_id, response, reservation, st)
         try:
-            out = rubric.parse(response.raw_text, item.key)
+            out, p_label = rubric.read(response.raw_text, item.key, response.logprobs)
         except OutputRejected as exc:
             self.writer.stage_dead(self._dead(item, Outcome.SCHEMA_REJECTED, str(exc), attempt))
             st.outcomes[Outcome.SCHEMA_REJECTED] += 1
             return True
-        row = result_row(self._base(item), out, item.partition, item.had_dead_letter)
+        row = result_row(self._base(item), out, item.partition, item.had_dead_letter, p_label)
         self.writer.stage_result(row)
         st.outcomes[Outcome.ACCEPTED] += 1
         st.labels[out.label] += 1

@@ -79,6 +79,8 @@ results = sa.Table(
     sa.Column("created_at", sa.DateTime, nullable=False),
     # sql/009: the rules that matched, comma-joined ('' for none).
     sa.Column("rule_ids", sa.Text, nullable=False),
+    # sql/022: the chosen label's probability from the wire (NULL: none was given).
+    sa.Column("p_label", sa.Float),
 )
 
 ledger_events = sa.Table(

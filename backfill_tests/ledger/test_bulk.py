@@ -108,6 +108,7 @@ def _result(i: int, post_id: str) -> dict[str, object]:
         "label": "ok",
         "rule_ids": "",
         "confidence": 0.5 + i / 1000,
+        "p_label": None,
         "model": "m",
         "key_version": "p",
         "task_version": "t",

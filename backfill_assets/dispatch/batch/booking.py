@@ -202,12 +202,12 @@ def _stage(
         try:
             if reader is None:
                 raise OutputRejected("output contract: no policy registered for its version")
-            out = reader.parse(triaged.content, line.key)
+            out, p_label = reader.read(triaged.content, line.key)
         except OutputRejected as exc:
             writer.stage_dead(rows.dead(line, Outcome.SCHEMA_REJECTED, str(exc)))
             st.outcomes[Outcome.SCHEMA_REJECTED] += 1
             return
-        writer.stage_result(rows.result(line, out))
+        writer.stage_result(rows.result(line, out, p_label))
         st.outcomes[Outcome.ACCEPTED] += 1
         st.labels[out.label] += 1
         return

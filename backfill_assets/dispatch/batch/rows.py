@@ -93,10 +93,12 @@ class LineRows:
             content_hash=line.content_hash,
         )
 
-    def result(self, line: LineRow, out: ModerationOutput) -> ResultRow:
+    def result(
+        self, line: LineRow, out: ModerationOutput, p_label: float | None = None
+    ) -> ResultRow:
         """An accepted label (the writer validates it again as a frame)."""
         # Clears an earlier retry_exhausted dead letter of the key, if any.
-        return result_row(self._base(line), out, self.partition, had_dead_letter=True)
+        return result_row(self._base(line), out, self.partition, True, p_label)
 
     def dead(self, line: LineRow, outcome: Outcome, reason: str) -> DeadRow:
         """A dead letter (replaces any earlier one for the key)."""

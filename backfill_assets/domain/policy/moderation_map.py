@@ -66,12 +66,15 @@ def _severity_rank(policy: Policy) -> dict[str, tuple[float, int]]:
 
 def moderation_output(
     raw: str, sent_key: str, policy: Policy, mapping: ModerationMap, contract: OutputContract
-) -> ModerationOutput:
-    """The label, rules and confidence of one stored moderation result under ``mapping``."""
+) -> tuple[ModerationOutput, float | None]:
+    """The label, rules and confidence of one stored moderation result under ``mapping``, and
+    the label's probability: the deciding category's score (None for the ``none`` label, which
+    no category decides)."""
     wanted = tuple(mapping.categories)
     scores = _scores(raw, wanted)
     over = [name for name in wanted if scores[name] >= mapping.categories[name].threshold]
     rule_ids: tuple[str, ...] = ()
+    p_label: float | None = None
     if not over:
         top = max(scores.values(), default=0.0)
         label, confidence = policy.none_label, 1.0 - top
@@ -85,14 +88,15 @@ def moderation_output(
         label = mapping.categories[decider].label
         named = {mapping.categories[n].rule for n in over if mapping.categories[n].label == label}
         rule_ids = tuple(r for r, _l in policy.rule_labels if r in named)
-        confidence = scores[decider]
+        confidence = p_label = scores[decider]
     why = contract.problem(label, rule_ids)
     if why is not None:  # the policy check refuses such a mapping; kept as a last guard
         raise OutputRejected(f"output contract: {why}")
-    return ModerationOutput(
+    out = ModerationOutput(
         schema_version=1,
         correlation_id=sent_key,
         label=label,
         rule_ids=rule_ids,
         confidence=confidence,
     )
+    return out, p_label

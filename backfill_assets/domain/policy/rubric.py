@@ -18,6 +18,7 @@ from backfill_assets.domain.policy.dialects import (
 )
 from backfill_assets.domain.policy.document import Policy
 from backfill_assets.domain.policy.file import builtin_policy
+from backfill_assets.domain.policy.label_probability import TokenLogprobs, label_probability
 from backfill_assets.domain.policy.llama_guard import (
     categories_block,
     guard_output,
@@ -228,14 +229,23 @@ class Rubric:
         ]
 
     def parse(self, raw: str, sent_key: str) -> ModerationOutput:
+        """The answer read under this rubric's contract (``read`` without the probability)."""
+        return self.read(raw, sent_key)[0]
+
+    def read(
+        self, raw: str, sent_key: str, logprobs: TokenLogprobs | None = None
+    ) -> tuple[ModerationOutput, float | None]:
         """The answer read under this rubric's contract (``parse_output``), or mapped through
-        the policy (``moderation_output``, ``guard_output``)."""
+        the policy (``moderation_output``, ``guard_output``), and the chosen label's
+        probability where the wire gave one (None otherwise). ``logprobs``: a chat answer's
+        tokens and their log-probabilities, when the server sent them."""
         mapping = self.policy.moderation_map
         if self.dialect == OPENAI_MODERATION and mapping is not None:
             return moderation_output(raw, sent_key, self.policy, mapping, self.contract)
         if self.dialect == LLAMA_GUARD:
-            return guard_output(raw, sent_key, self.policy, self.contract)[0]
-        return parse_output(raw, sent_key, self.contract)
+            return guard_output(raw, sent_key, self.policy, self.contract)
+        out = parse_output(raw, sent_key, self.contract)
+        return out, label_probability(raw, out.label, logprobs)
 
     def prefix_token_estimate(self) -> int:
         """Tokens of the stable prefix (system message and schema), bytes / 3 as ``dry-run``

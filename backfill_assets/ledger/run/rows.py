@@ -35,6 +35,8 @@ class ResultRow(KeyRow):
     label: str
     rule_ids: str
     confidence: float
+    # The chosen label's probability from the wire (None: none was given).
+    p_label: float | None
     correlation_id: str
     schema_version: int
     partition: str
@@ -171,16 +173,21 @@ def _key_of(row: KeyRow) -> KeyRow:
 
 
 def result_row(
-    key: KeyRow, out: ModerationOutput, partition: str, had_dead_letter: bool
+    key: KeyRow,
+    out: ModerationOutput,
+    partition: str,
+    had_dead_letter: bool,
+    p_label: float | None = None,
 ) -> ResultRow:
     """An accepted label on its key's row (``key_row``); the writer validates it again as a
     frame. ``had_dead_letter``: the key may have an earlier retry_exhausted dead letter to
-    clear."""
+    clear; ``p_label``: the label's probability, where the wire gave one."""
     return ResultRow(
         **_key_of(key),
         label=out.label,
         rule_ids=",".join(out.rule_ids),
         confidence=out.confidence,
+        p_label=p_label,
         correlation_id=out.correlation_id,
         schema_version=out.schema_version,
         partition=partition,

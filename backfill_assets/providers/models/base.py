@@ -52,6 +52,9 @@ class ModelResponse:
     # Where the answer was found, when a server may put it in more than one field (safeguard:
     # ``content``, ``reasoning_content``, ``reasoning_json``); '' otherwise.
     answer_from: str = ""
+    # The answer's tokens and their log-probabilities, when the server sent them: the label's
+    # probability is read from them (``domain/policy/label_probability.py``).
+    logprobs: tuple[tuple[str, float], ...] | None = None
     # The tier the provider says it billed, and the price the cost was booked at (JSON of
     # ``core.prices.BookedPrice``; '' when the adapter did not price the call).
     service_tier: str = Tier.STANDARD.value

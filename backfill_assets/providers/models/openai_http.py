@@ -132,6 +132,7 @@ class OpenAIHttpModel(ModelAdapter):
             )
         self._timeouts = timeouts
         self._max_tokens_param = m.max_tokens_param
+        self._logprobs = m.logprobs
         self._share_limit = h.share_limit
         headers = {"user-agent": _USER_AGENT, "accept-encoding": ACCEPT_ENCODING}
         if api_key:
@@ -153,7 +154,7 @@ class OpenAIHttpModel(ModelAdapter):
 
     def body(self, request: ModelRequest, tier: Tier) -> dict[str, Any]:
         """The request's JSON body for ``path`` (the chat completion: the policy's schema)."""
-        return request_body(request, self._max_tokens_param, tier)
+        return request_body(request, self._max_tokens_param, tier, self._logprobs)
 
     def path_for(self, request: ModelRequest) -> str:
         """Where the request goes, under the base URL."""
@@ -163,7 +164,11 @@ class OpenAIHttpModel(ModelAdapter):
         """The 2xx's answer, id and usage (``NotACompletion``: it is no answer at all)."""
         completion = parse_completion(raw)
         return Envelope(
-            completion.content, completion.id, completion.billed, completion.served_tier
+            completion.content,
+            completion.id,
+            completion.billed,
+            completion.served_tier,
+            logprobs=completion.logprobs,
         )
 
     def cost_of(self, model: str, tokens_in: int, tokens_out: int) -> int:
@@ -295,6 +300,7 @@ class OpenAIHttpModel(ModelAdapter):
             tokens_cache_written=written,
             tokens_reasoning=reasoning,
             answer_from=completion.answer_from,
+            logprobs=completion.logprobs,
             service_tier=tier.value,
             price_booked="" if booked is None else booked.to_json(),
             cost_unknown=booked is None,

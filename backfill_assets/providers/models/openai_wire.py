@@ -41,14 +41,20 @@ def _schema_of(contract: OutputContract) -> dict[str, Any]:
 
 
 def request_body(
-    request: ModelRequest, max_tokens_param: str, tier: Tier = Tier.STANDARD
+    request: ModelRequest,
+    max_tokens_param: str,
+    tier: Tier = Tier.STANDARD,
+    logprobs: bool = False,
 ) -> dict[str, Any]:
     """One post of one tenant; strict JSON-schema output built from the rubric's contract.
     The flex tier is asked for with ``service_tier: "flex"``; standard sends no field (what a
-    server without tiers expects)."""
+    server without tiers expects). ``logprobs``: ask for the answer's token log-probabilities
+    (``BACKFILL_LOGPROBS``), from which the label's probability is read."""
     if max_tokens_param not in MAX_TOKENS_PARAMS:
         raise ValueError(f"max_tokens_param must be one of {MAX_TOKENS_PARAMS}")
-    asked = {"service_tier": "flex"} if tier is Tier.FLEX else {}
+    asked: dict[str, Any] = {"service_tier": "flex"} if tier is Tier.FLEX else {}
+    if logprobs:
+        asked["logprobs"] = True
     return {
         **asked,
         "model": request.model,
@@ -169,6 +175,8 @@ class _Choice(BaseModel):
 
     message: _Message
     finish_reason: str | None = None
+    # Kept raw: read by ``token_logprobs``, which trusts none of it.
+    logprobs: Any = None
 
 
 class ChatCompletion(BaseModel):
@@ -194,6 +202,11 @@ class ChatCompletion(BaseModel):
         return billed_usage(self.usage)
 
     @property
+    def logprobs(self) -> tuple[tuple[str, float], ...] | None:
+        """The first choice's tokens and log-probabilities (``token_logprobs``)."""
+        return token_logprobs(self.choices[0].logprobs) if self.choices else None
+
+    @property
     def content(self) -> str:
         """The first choice's text ('' for a refusal or an empty answer: it fails parsing)."""
         if not self.choices:
@@ -212,6 +225,26 @@ class Envelope:
     billed: BilledUsage | None
     served_tier: Tier = Tier.STANDARD
     answer_from: str = ""
+    # The answer's tokens and their log-probabilities, when the server sent them.
+    logprobs: tuple[tuple[str, float], ...] | None = None
+
+
+def token_logprobs(logprobs: object) -> tuple[tuple[str, float], ...] | None:
+    """A choice's ``logprobs.content`` as (token, log-probability) pairs; None unless every
+    entry is a text token with a finite log-probability at most 0."""
+    content = logprobs.get("content") if isinstance(logprobs, dict) else None
+    if not isinstance(content, list) or not content:
+        return None
+    out: list[tuple[str, float]] = []
+    for entry in content:
+        token = entry.get("token") if isinstance(entry, dict) else None
+        lp = entry.get("logprob") if isinstance(entry, dict) else None
+        if not isinstance(token, str) or isinstance(lp, bool) or not isinstance(lp, int | float):
+            return None
+        if not (math.isfinite(lp) and lp <= 0.0):
+            return None
+        out.append((token, float(lp)))
+    return tuple(out)
 
 
 class NotACompletion(ValueError):

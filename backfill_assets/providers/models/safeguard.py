@@ -33,7 +33,7 @@ class SafeguardModel(OpenAIHttpModel):
     def body(self, request: ModelRequest, tier: Tier) -> dict[str, Any]:
         """The chat-json request, with the reasoning effort."""
         return {
-            **request_body(request, self._max_tokens_param, tier),
+            **request_body(request, self._max_tokens_param, tier, self._logprobs),
             "reasoning_effort": (self.reasoning_effort),
         }
 
