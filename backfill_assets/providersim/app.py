@@ -1,13 +1,21 @@
-"""Routes of the simulated provider: chat completions, moderations, model list and admin.
+"""Routes of the simulated provider: chat completions, legacy completions, moderations, model
+list and admin.
 
-Order of checks for ``POST /v1/chat/completions`` and ``POST /v1/moderations``: API key (401),
-``forbid`` (403), body (400), ``strict_models`` (404), rate limits (429, consuming nothing),
-then the fault plan for the admitted attempt, then latency and the answer. Forced
-``429``/``401``/``403``/``404`` faults consume no capacity either; every other admitted attempt
-does, and its attempt number (per correlation id, counted from 1) feeds the fault draw. With
-``echo_errors`` every JSON error but 401/403 quotes the request's user message (moderations:
-its first input). Both routes share the rate-limit buckets; see ``moderations.py`` for what a
-moderation request charges, its correlation id and its content faults.
+Order of checks for ``POST /v1/chat/completions``, ``POST /v1/completions`` and
+``POST /v1/moderations``: API key (401), ``forbid`` (403), body (400), ``strict_models`` (404),
+rate limits (429, consuming nothing), then the fault plan for the admitted attempt, then latency
+and the answer. Forced ``429``/``401``/``403``/``404`` faults consume no capacity either; every
+other admitted attempt does, and its attempt number (per correlation id, counted from 1) feeds
+the fault draw. With ``echo_errors`` every JSON error but 401/403 quotes the request's user
+message (moderations: its first input; completions: the prompt's post). The routes share the
+rate-limit buckets; see ``moderations.py`` for what a moderation request charges, its
+correlation id and its content faults.
+
+A chat request speaks a dialect by its model's name: one holding ``llama-guard`` is Llama Guard
+(``guard.py``: the post is the last user message, its correlation id the post's sha256 hex),
+any other the chat-json dialect. ``POST /v1/completions`` takes Llama Guard prompts only
+(custom categories). Every completion is billed at the simulator's prices, its charge prompt
+plus max tokens.
 The Files and Batch APIs (``batch_api.py``) register their routes on the same router.
 """
 
@@ -33,6 +41,7 @@ from backfill_assets.providersim.answers import (
 from backfill_assets.providersim.batch.api import BatchApi
 from backfill_assets.providersim.billing.meter import (
     CHAT_ENDPOINT,
+    COMPLETIONS_ENDPOINT,
     MODERATIONS_ENDPOINT,
     BilledCall,
     Meter,
@@ -48,6 +57,23 @@ from backfill_assets.providersim.billing.usage import (
 )
 from backfill_assets.providersim.config import FaultKind, RetryAfterFormat, SimConfig
 from backfill_assets.providersim.faults import decide_fault, unit_draw
+from backfill_assets.providersim.guard import (
+    GuardPrompt,
+    builtin_prompt,
+    guard_answer_text,
+    is_guard_model,
+    parse_guard_prompt,
+)
+from backfill_assets.providersim.guard_wire import (
+    CompletionRequest,
+    GuardToken,
+    capped,
+    completion_text_in,
+    guard_chat_body,
+    guard_tokens,
+    parse_completion_request,
+    text_completion_body,
+)
 from backfill_assets.providersim.http import Drop, Reply, Request, Response, Router
 from backfill_assets.providersim.limits import (
     Denial,
@@ -61,6 +87,7 @@ from backfill_assets.providersim.moderations import (
     moderation_body,
     moderation_text_in,
     parse_moderation_request,
+    text_key,
 )
 from backfill_assets.providersim.moderations import correlation_id_of as moderation_key
 from backfill_assets.providersim.wire import (
@@ -80,6 +107,7 @@ _STATUS_FAULTS: frozenset[FaultKind] = frozenset({"500", "503", "400"})
 _REFUSAL_FAULTS: frozenset[FaultKind] = frozenset({"401", "403", "404"})
 _CHAT = f"POST {CHAT_ENDPOINT}"
 _MODERATIONS = f"POST {MODERATIONS_ENDPOINT}"
+_COMPLETIONS = f"POST {COMPLETIONS_ENDPOINT}"
 # What reset_headers_on_5xx claims: every limit used up for six minutes (limits 0 = unset).
 _EXHAUSTED_RESET_SECONDS = 360.0
 _UNSET_LIMITS = {"requests": 500, "tokens": 200_000}
@@ -93,6 +121,17 @@ class _Admitted:
     prompt: int
     correlation_id: str
     post: str
+    fault: FaultKind | None
+
+
+@dataclass(frozen=True, slots=True)
+class _AdmittedCompletion:
+    """A legacy completion (a Llama Guard prompt) that passed every check."""
+
+    request: CompletionRequest
+    guard: GuardPrompt
+    prompt: int
+    correlation_id: str
     fault: FaultKind | None
 
 
@@ -119,6 +158,7 @@ class SimApp:
         self._rng = random.Random(config.seed)
         self.router = Router()
         self.router.add("POST", "/v1/chat/completions", self.chat_completions)
+        self.router.add("POST", "/v1/completions", self.completions)
         self.router.add("POST", "/v1/moderations", self.moderations)
         self.router.add("GET", "/v1/models", self.list_models)
         self.router.add("GET", "/v1/organization/usage/completions", self.org_usage)
@@ -146,6 +186,12 @@ class SimApp:
     async def chat_completions(self, request: Request) -> Reply:
         """``POST /v1/chat/completions``."""
         return await self._serve(request, CHAT_ENDPOINT, self._admit_chat, user_text_in)
+
+    async def completions(self, request: Request) -> Reply:
+        """``POST /v1/completions`` (Llama Guard prompts)."""
+        return await self._serve(
+            request, COMPLETIONS_ENDPOINT, self._admit_completion, completion_text_in
+        )
 
     async def moderations(self, request: Request) -> Reply:
         """``POST /v1/moderations``."""
@@ -209,11 +255,31 @@ class SimApp:
         prompt = billed_prompt(prompt_tokens(chat), self.config.prompt_token_factor)
         charge = prompt + (chat.max_tokens or self.config.default_max_tokens)
         user_text = last_user_text(chat)
-        correlation_id = correlation_id_of(user_text)
+        answer: Callable[[_Admitted, str], Awaitable[Reply]]
+        if is_guard_model(chat.model):
+            # Llama Guard reads the message as it is; no key travels, so the text's hash is one.
+            correlation_id, post, answer = text_key(user_text), user_text, self._answer_guard
+        else:
+            correlation_id, post = correlation_id_of(user_text), post_text_of(user_text)
+            answer = self._answer
         flex = chat.service_tier == "flex"
         fault = self._gate(request, _CHAT, chat.model, charge, correlation_id, flex=flex)
-        call = _Admitted(chat, prompt, correlation_id, post_text_of(user_text), fault)
-        return partial(self._answer, call)
+        return partial(answer, _Admitted(chat, prompt, correlation_id, post, fault))
+
+    def _admit_completion(self, request: Request) -> _Answer:
+        """As ``_admit_chat`` for a Llama Guard prompt: the key is its post's sha256 hex."""
+        self.access.check(request, _COMPLETIONS)
+        completion = parse_completion_request(request.body)
+        guard = parse_guard_prompt(completion.prompt)
+        model = completion.model
+        self.access.check_model(model, _COMPLETIONS)
+        factor = self.config.prompt_token_factor
+        prompt = billed_prompt(count_tokens(completion.prompt), factor)
+        charge = prompt + (completion.max_tokens or self.config.default_max_tokens)
+        correlation_id = text_key(guard.post)
+        fault = self._gate(request, _COMPLETIONS, model, charge, correlation_id)
+        call = _AdmittedCompletion(completion, guard, prompt, correlation_id, fault)
+        return partial(self._answer_completion, call)
 
     def _admit_moderation(self, request: Request) -> _Answer:
         """As ``_admit_chat``: the charge is the inputs' tokens, the key the first input's."""
@@ -280,28 +346,81 @@ class SimApp:
             call.fault, call.correlation_id, call.post, call.chat.response_schema
         )
         completion = count_tokens(content)
-        model = call.chat.model
-        cached = cached_tokens(call.prompt, self.config.cached_prefix_tokens)
-        tier = call.chat.service_tier
-        cost = call_cost_nanos(self.config.prices, model, call.prompt, cached, completion, tier)
-        self.meter.bill(
-            BilledCall(
-                request_id,
-                call.correlation_id,
-                model,
-                call.prompt,
-                completion,
-                "",
-                cached,
-                tier,
-                cost,
-                time.time(),
-            )
-        )
+        model, tier = call.chat.model, call.chat.service_tier
+        cached = self._bill(request_id, call.correlation_id, model, call.prompt, completion, tier)
         usage = usage_body(
             chat_usage_shape(self.config, call.correlation_id), call.prompt, completion, cached
         )
         return Response.json(200, completion_body(model, content, finish_reason, usage, tier))
+
+    async def _answer_guard(self, call: _Admitted, request_id: str) -> Reply:
+        """Llama Guard on the chat route: the built-in categories, logprobs if asked for."""
+        chat = call.chat
+        early = await self._misbehave(call.fault, chat.model)
+        if early is not None:
+            return early
+        prompt = builtin_prompt(call.post)
+        tokens, finish_reason = self._guard_tokens(prompt, call.fault, chat.max_tokens)
+        cid, tier = call.correlation_id, chat.service_tier
+        cached = self._bill(request_id, cid, chat.model, call.prompt, len(tokens), tier)
+        usage = usage_body(chat_usage_shape(self.config, cid), call.prompt, len(tokens), cached)
+        top = chat.top_logprobs if chat.logprobs else None
+        no_choice = call.fault == "wrong_key"
+        body = guard_chat_body(chat.model, tokens, finish_reason, usage, top, no_choice=no_choice)
+        return Response.json(200, body)
+
+    async def _answer_completion(self, call: _AdmittedCompletion, request_id: str) -> Reply:
+        """Llama Guard on the legacy completions route: the prompt's own categories."""
+        model = call.request.model
+        early = await self._misbehave(call.fault, model)
+        if early is not None:
+            return early
+        tokens, finish_reason = self._guard_tokens(call.guard, call.fault, call.request.max_tokens)
+        cid = call.correlation_id
+        cached = self._bill(
+            request_id, cid, model, call.prompt, len(tokens), endpoint=COMPLETIONS_ENDPOINT
+        )
+        usage = usage_body(chat_usage_shape(self.config, cid), call.prompt, len(tokens), cached)
+        no_choice = call.fault == "wrong_key"
+        body = text_completion_body(
+            model, tokens, finish_reason, usage, call.request.logprobs, no_choice=no_choice
+        )
+        return Response.json(200, body)
+
+    def _guard_tokens(
+        self, prompt: GuardPrompt, fault: FaultKind | None, max_tokens: int | None
+    ) -> tuple[tuple[GuardToken, ...], str]:
+        text = guard_answer_text(prompt, self.config, fault)
+        return capped(guard_tokens(text, prompt.post, fault), max_tokens)
+
+    def _bill(
+        self,
+        request_id: str,
+        correlation_id: str,
+        model: str,
+        prompt: int,
+        completion: int,
+        tier: str = "default",
+        endpoint: str = CHAT_ENDPOINT,
+    ) -> int:
+        """Book one answered completion at the simulator's prices; its cached prompt tokens."""
+        cached = cached_tokens(prompt, self.config.cached_prefix_tokens)
+        cost = call_cost_nanos(self.config.prices, model, prompt, cached, completion, tier)
+        call = BilledCall(
+            request_id,
+            correlation_id,
+            model,
+            prompt,
+            completion,
+            "",
+            cached,
+            tier,
+            cost,
+            time.time(),
+            endpoint,
+        )
+        self.meter.bill(call)
+        return cached
 
     async def _answer_moderation(self, call: _AdmittedModeration, request_id: str) -> Reply:
         """Latency, then the fault's misbehaviour or the answer, billed at zero."""
