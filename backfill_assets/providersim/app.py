@@ -13,9 +13,9 @@ correlation id and its content faults.
 
 A chat request speaks a dialect by its model's name: one holding ``llama-guard`` is Llama Guard
 (``guard.py``: the post is the last user message, its correlation id the post's sha256 hex),
-any other the chat-json dialect. ``POST /v1/completions`` takes Llama Guard prompts only
-(custom categories). Every completion is billed at the simulator's prices, its charge prompt
-plus max tokens.
+one holding ``safeguard`` is gpt-oss-safeguard (``safeguard.py``), any other the chat-json
+dialect. ``POST /v1/completions`` takes Llama Guard prompts only (custom categories). Every
+completion is billed at the simulator's prices, its charge prompt plus max tokens.
 The Files and Batch APIs (``batch_api.py``) register their routes on the same router.
 """
 
@@ -90,6 +90,12 @@ from backfill_assets.providersim.moderations import (
     text_key,
 )
 from backfill_assets.providersim.moderations import correlation_id_of as moderation_key
+from backfill_assets.providersim.safeguard import (
+    is_safeguard_model,
+    safeguard_answer,
+    safeguard_body,
+    safeguard_usage,
+)
 from backfill_assets.providersim.wire import (
     ApiError,
     ChatRequest,
@@ -261,7 +267,7 @@ class SimApp:
             correlation_id, post, answer = text_key(user_text), user_text, self._answer_guard
         else:
             correlation_id, post = correlation_id_of(user_text), post_text_of(user_text)
-            answer = self._answer
+            answer = self._answer_safeguard if is_safeguard_model(chat.model) else self._answer
         flex = chat.service_tier == "flex"
         fault = self._gate(request, _CHAT, chat.model, charge, correlation_id, flex=flex)
         return partial(answer, _Admitted(chat, prompt, correlation_id, post, fault))
@@ -392,6 +398,21 @@ class SimApp:
     ) -> tuple[tuple[GuardToken, ...], str]:
         text = guard_answer_text(prompt, self.config, fault)
         return capped(guard_tokens(text, prompt.post, fault), max_tokens)
+
+    async def _answer_safeguard(self, call: _Admitted, request_id: str) -> Reply:
+        """gpt-oss-safeguard: the chat-json answer behind its analysis, capped at max tokens."""
+        chat = call.chat
+        early = await self._misbehave(call.fault, chat.model)
+        if early is not None:
+            return early
+        cid, tier = call.correlation_id, chat.service_tier
+        answer = safeguard_answer(chat, cid, call.post, call.fault, self.config)
+        completion = answer.completion_tokens
+        cached = self._bill(request_id, cid, chat.model, call.prompt, completion, tier)
+        shape = chat_usage_shape(self.config, cid)
+        usage = safeguard_usage(shape, call.prompt, answer, cached, self.config)
+        field = self.config.safeguard_reasoning_field
+        return Response.json(200, safeguard_body(chat.model, answer, usage, tier, field))
 
     def _bill(
         self,
