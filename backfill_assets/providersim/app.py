@@ -14,8 +14,9 @@ correlation id and its content faults.
 A chat request speaks a dialect by its model's name: one holding ``llama-guard`` is Llama Guard
 (``guard.py``: the post is the last user message, its correlation id the post's sha256 hex),
 one holding ``safeguard`` is gpt-oss-safeguard (``safeguard.py``), any other the chat-json
-dialect. ``POST /v1/completions`` takes Llama Guard prompts only (custom categories). Every
-completion is billed at the simulator's prices, its charge prompt plus max tokens.
+dialect. ``POST /v1/completions`` takes Llama Guard prompts only (custom categories). A
+completion's charge is its prompt plus max tokens; what each dialect answers and bills is
+``dialects.py``'s.
 The Files and Batch APIs (``batch_api.py``) register their routes on the same router.
 """
 
@@ -26,7 +27,6 @@ import math
 import random
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -35,7 +35,6 @@ from backfill_assets.providersim.access import Access
 from backfill_assets.providersim.answers import (
     BAD_GATEWAY_HTML,
     FORCED_RETRY_AFTER_SECONDS,
-    answer_content,
     fault_error,
 )
 from backfill_assets.providersim.batch.api import BatchApi
@@ -43,37 +42,21 @@ from backfill_assets.providersim.billing.meter import (
     CHAT_ENDPOINT,
     COMPLETIONS_ENDPOINT,
     MODERATIONS_ENDPOINT,
-    BilledCall,
     Meter,
     MeterSnapshot,
 )
 from backfill_assets.providersim.billing.org_usage import costs_page, usage_page
-from backfill_assets.providersim.billing.pricing import call_cost_nanos
-from backfill_assets.providersim.billing.usage import (
-    billed_prompt,
-    cached_tokens,
-    chat_usage_shape,
-    usage_body,
-)
+from backfill_assets.providersim.billing.usage import billed_prompt
 from backfill_assets.providersim.config import FaultKind, RetryAfterFormat, SimConfig
+from backfill_assets.providersim.dialects import (
+    AdmittedChat,
+    AdmittedCompletion,
+    AdmittedModeration,
+    Dialects,
+)
 from backfill_assets.providersim.faults import decide_fault, unit_draw
-from backfill_assets.providersim.guard import (
-    GuardPrompt,
-    builtin_prompt,
-    guard_answer_text,
-    is_guard_model,
-    parse_guard_prompt,
-)
-from backfill_assets.providersim.guard_wire import (
-    CompletionRequest,
-    GuardToken,
-    capped,
-    completion_text_in,
-    guard_chat_body,
-    guard_tokens,
-    parse_completion_request,
-    text_completion_body,
-)
+from backfill_assets.providersim.guard import is_guard_model, parse_guard_prompt
+from backfill_assets.providersim.guard_wire import completion_text_in, parse_completion_request
 from backfill_assets.providersim.http import Drop, Reply, Request, Response, Router
 from backfill_assets.providersim.limits import (
     Denial,
@@ -81,25 +64,16 @@ from backfill_assets.providersim.limits import (
     exhausted_headers,
     retry_after_headers,
 )
+from backfill_assets.providersim.moderations import correlation_id_of as moderation_key
 from backfill_assets.providersim.moderations import (
-    ModerationRequest,
     input_tokens,
-    moderation_body,
     moderation_text_in,
     parse_moderation_request,
     text_key,
 )
-from backfill_assets.providersim.moderations import correlation_id_of as moderation_key
-from backfill_assets.providersim.safeguard import (
-    is_safeguard_model,
-    safeguard_answer,
-    safeguard_body,
-    safeguard_usage,
-)
+from backfill_assets.providersim.safeguard import is_safeguard_model
 from backfill_assets.providersim.wire import (
     ApiError,
-    ChatRequest,
-    completion_body,
     correlation_id_of,
     last_user_text,
     new_request_id,
@@ -117,39 +91,6 @@ _COMPLETIONS = f"POST {COMPLETIONS_ENDPOINT}"
 # What reset_headers_on_5xx claims: every limit used up for six minutes (limits 0 = unset).
 _EXHAUSTED_RESET_SECONDS = 360.0
 _UNSET_LIMITS = {"requests": 500, "tokens": 200_000}
-
-
-@dataclass(frozen=True, slots=True)
-class _Admitted:
-    """A request that passed auth, validation and the rate limits, with its fault (if any)."""
-
-    chat: ChatRequest
-    prompt: int
-    correlation_id: str
-    post: str
-    fault: FaultKind | None
-
-
-@dataclass(frozen=True, slots=True)
-class _AdmittedCompletion:
-    """A legacy completion (a Llama Guard prompt) that passed every check."""
-
-    request: CompletionRequest
-    guard: GuardPrompt
-    prompt: int
-    correlation_id: str
-    fault: FaultKind | None
-
-
-@dataclass(frozen=True, slots=True)
-class _AdmittedModeration:
-    """A moderation request that passed every check, with its fault (if any)."""
-
-    request: ModerationRequest
-    correlation_id: str
-    fault: FaultKind | None
-
-
 # What admission hands back: the answer to await, given the request id.
 _Answer = Callable[[str], Awaitable[Reply]]
 
@@ -172,6 +113,7 @@ class SimApp:
         self.router.add("GET", "/_sim/meter", self.read_meter)
         self.router.add("POST", "/_sim/reset", self.reset_meter)
         self.access = Access(config, meter)
+        self.dialects = Dialects(config, meter)
         self.batch_api = BatchApi(config, meter, self.access)
         self.batch_api.register(self.router)
 
@@ -261,16 +203,19 @@ class SimApp:
         prompt = billed_prompt(prompt_tokens(chat), self.config.prompt_token_factor)
         charge = prompt + (chat.max_tokens or self.config.default_max_tokens)
         user_text = last_user_text(chat)
-        answer: Callable[[_Admitted, str], Awaitable[Reply]]
+        dialect: Callable[[AdmittedChat, str], Response]
         if is_guard_model(chat.model):
             # Llama Guard reads the message as it is; no key travels, so the text's hash is one.
-            correlation_id, post, answer = text_key(user_text), user_text, self._answer_guard
+            correlation_id, post = text_key(user_text), user_text
+            dialect = self.dialects.guard_chat
         else:
             correlation_id, post = correlation_id_of(user_text), post_text_of(user_text)
-            answer = self._answer_safeguard if is_safeguard_model(chat.model) else self._answer
+            safeguard = is_safeguard_model(chat.model)
+            dialect = self.dialects.safeguard if safeguard else self.dialects.chat_json
         flex = chat.service_tier == "flex"
         fault = self._gate(request, _CHAT, chat.model, charge, correlation_id, flex=flex)
-        return partial(answer, _Admitted(chat, prompt, correlation_id, post, fault))
+        call = AdmittedChat(chat, prompt, correlation_id, post, fault)
+        return partial(self._respond, fault, chat.model, partial(dialect, call))
 
     def _admit_completion(self, request: Request) -> _Answer:
         """As ``_admit_chat`` for a Llama Guard prompt: the key is its post's sha256 hex."""
@@ -284,8 +229,8 @@ class SimApp:
         charge = prompt + (completion.max_tokens or self.config.default_max_tokens)
         correlation_id = text_key(guard.post)
         fault = self._gate(request, _COMPLETIONS, model, charge, correlation_id)
-        call = _AdmittedCompletion(completion, guard, prompt, correlation_id, fault)
-        return partial(self._answer_completion, call)
+        call = AdmittedCompletion(completion, guard, prompt, correlation_id, fault)
+        return partial(self._respond, fault, model, partial(self.dialects.guard_completion, call))
 
     def _admit_moderation(self, request: Request) -> _Answer:
         """As ``_admit_chat``: the charge is the inputs' tokens, the key the first input's."""
@@ -295,8 +240,9 @@ class SimApp:
         correlation_id = moderation_key(moderation)
         charge = input_tokens(moderation)
         fault = self._gate(request, _MODERATIONS, moderation.model, charge, correlation_id)
-        call = _AdmittedModeration(moderation, correlation_id, fault)
-        return partial(self._answer_moderation, call)
+        call = AdmittedModeration(moderation, correlation_id, fault)
+        answer = partial(self.dialects.moderation, call)
+        return partial(self._respond, fault, moderation.model, answer)
 
     def _gate(
         self,
@@ -343,126 +289,16 @@ class SimApp:
             raise fault_error(fault, model)
         return None
 
-    async def _answer(self, call: _Admitted, request_id: str) -> Reply:
-        """Latency, then the fault's misbehaviour or the billed answer."""
-        early = await self._misbehave(call.fault, call.chat.model)
-        if early is not None:
-            return early
-        content, finish_reason = answer_content(
-            call.fault, call.correlation_id, call.post, call.chat.response_schema
-        )
-        completion = count_tokens(content)
-        model, tier = call.chat.model, call.chat.service_tier
-        cached = self._bill(request_id, call.correlation_id, model, call.prompt, completion, tier)
-        usage = usage_body(
-            chat_usage_shape(self.config, call.correlation_id), call.prompt, completion, cached
-        )
-        return Response.json(200, completion_body(model, content, finish_reason, usage, tier))
-
-    async def _answer_guard(self, call: _Admitted, request_id: str) -> Reply:
-        """Llama Guard on the chat route: the built-in categories, logprobs if asked for."""
-        chat = call.chat
-        early = await self._misbehave(call.fault, chat.model)
-        if early is not None:
-            return early
-        prompt = builtin_prompt(call.post)
-        tokens, finish_reason = self._guard_tokens(prompt, call.fault, chat.max_tokens)
-        cid, tier = call.correlation_id, chat.service_tier
-        cached = self._bill(request_id, cid, chat.model, call.prompt, len(tokens), tier)
-        usage = usage_body(chat_usage_shape(self.config, cid), call.prompt, len(tokens), cached)
-        top = chat.top_logprobs if chat.logprobs else None
-        no_choice = call.fault == "wrong_key"
-        body = guard_chat_body(chat.model, tokens, finish_reason, usage, top, no_choice=no_choice)
-        return Response.json(200, body)
-
-    async def _answer_completion(self, call: _AdmittedCompletion, request_id: str) -> Reply:
-        """Llama Guard on the legacy completions route: the prompt's own categories."""
-        model = call.request.model
-        early = await self._misbehave(call.fault, model)
-        if early is not None:
-            return early
-        tokens, finish_reason = self._guard_tokens(call.guard, call.fault, call.request.max_tokens)
-        cid = call.correlation_id
-        cached = self._bill(
-            request_id, cid, model, call.prompt, len(tokens), endpoint=COMPLETIONS_ENDPOINT
-        )
-        usage = usage_body(chat_usage_shape(self.config, cid), call.prompt, len(tokens), cached)
-        no_choice = call.fault == "wrong_key"
-        body = text_completion_body(
-            model, tokens, finish_reason, usage, call.request.logprobs, no_choice=no_choice
-        )
-        return Response.json(200, body)
-
-    def _guard_tokens(
-        self, prompt: GuardPrompt, fault: FaultKind | None, max_tokens: int | None
-    ) -> tuple[tuple[GuardToken, ...], str]:
-        text = guard_answer_text(prompt, self.config, fault)
-        return capped(guard_tokens(text, prompt.post, fault), max_tokens)
-
-    async def _answer_safeguard(self, call: _Admitted, request_id: str) -> Reply:
-        """gpt-oss-safeguard: the chat-json answer behind its analysis, capped at max tokens."""
-        chat = call.chat
-        early = await self._misbehave(call.fault, chat.model)
-        if early is not None:
-            return early
-        cid, tier = call.correlation_id, chat.service_tier
-        answer = safeguard_answer(chat, cid, call.post, call.fault, self.config)
-        completion = answer.completion_tokens
-        cached = self._bill(request_id, cid, chat.model, call.prompt, completion, tier)
-        shape = chat_usage_shape(self.config, cid)
-        usage = safeguard_usage(shape, call.prompt, answer, cached, self.config)
-        field = self.config.safeguard_reasoning_field
-        return Response.json(200, safeguard_body(chat.model, answer, usage, tier, field))
-
-    def _bill(
+    async def _respond(
         self,
-        request_id: str,
-        correlation_id: str,
+        fault: FaultKind | None,
         model: str,
-        prompt: int,
-        completion: int,
-        tier: str = "default",
-        endpoint: str = CHAT_ENDPOINT,
-    ) -> int:
-        """Book one answered completion at the simulator's prices; its cached prompt tokens."""
-        cached = cached_tokens(prompt, self.config.cached_prefix_tokens)
-        cost = call_cost_nanos(self.config.prices, model, prompt, cached, completion, tier)
-        call = BilledCall(
-            request_id,
-            correlation_id,
-            model,
-            prompt,
-            completion,
-            "",
-            cached,
-            tier,
-            cost,
-            time.time(),
-            endpoint,
-        )
-        self.meter.bill(call)
-        return cached
-
-    async def _answer_moderation(self, call: _AdmittedModeration, request_id: str) -> Reply:
-        """Latency, then the fault's misbehaviour or the answer, billed at zero."""
-        model = call.request.model
-        early = await self._misbehave(call.fault, model)
-        if early is not None:
-            return early
-        body = moderation_body(call.request, self.config.moderation_scores, call.fault)
-        # Free, but billed as a call all the same: ledgers count calls as well as cost.
-        self.meter.bill(
-            BilledCall(
-                request_id,
-                call.correlation_id,
-                model,
-                0,
-                0,
-                billed_at=time.time(),
-                endpoint=MODERATIONS_ENDPOINT,
-            )
-        )
-        return Response(200, body, {"content-type": "application/json"})
+        answer: Callable[[str], Response],
+        request_id: str,
+    ) -> Reply:
+        """Latency, then the fault's misbehaviour or the dialect's billed answer."""
+        early = await self._misbehave(fault, model)
+        return early if early is not None else answer(request_id)
 
     def _flex_unavailable(self, correlation_id: str, attempt: int) -> bool:
         share = self.config.flex_unavailable_share
