@@ -12,11 +12,11 @@ rate-limit buckets; see ``moderations.py`` for what a moderation request charges
 correlation id and its content faults.
 
 A chat request speaks a dialect by its model's name: one holding ``llama-guard`` is Llama Guard
-(``guard.py``: the post is the last user message, its correlation id the post's sha256 hex),
-one holding ``safeguard`` is gpt-oss-safeguard (``safeguard.py``), any other the chat-json
-dialect. ``POST /v1/completions`` takes Llama Guard prompts only (custom categories). A
-completion's charge is its prompt plus max tokens; what each dialect answers and bills is
-``dialects.py``'s.
+(``guard_models/llama_guard.py``: the post is the last user message, its correlation id the
+post's sha256 hex), one holding ``safeguard`` is gpt-oss-safeguard
+(``guard_models/safeguard.py``), any other the chat-json dialect. ``POST /v1/completions``
+takes Llama Guard prompts only (custom categories). A completion's charge is its prompt plus
+max tokens; what each dialect answers and bills is ``dialects.py``'s.
 The Files and Batch APIs (``batch_api.py``) register their routes on the same router.
 """
 
@@ -55,8 +55,12 @@ from backfill_assets.providersim.dialects import (
     Dialects,
 )
 from backfill_assets.providersim.faults import decide_fault, unit_draw
-from backfill_assets.providersim.guard import is_guard_model, parse_guard_prompt
-from backfill_assets.providersim.guard_wire import completion_text_in, parse_completion_request
+from backfill_assets.providersim.guard_models.llama_guard import is_guard_model, parse_guard_prompt
+from backfill_assets.providersim.guard_models.llama_guard_wire import (
+    completion_text_in,
+    parse_completion_request,
+)
+from backfill_assets.providersim.guard_models.safeguard import is_safeguard_model
 from backfill_assets.providersim.http import Drop, Reply, Request, Response, Router
 from backfill_assets.providersim.limits import (
     Denial,
@@ -71,7 +75,6 @@ from backfill_assets.providersim.moderations import (
     parse_moderation_request,
     text_key,
 )
-from backfill_assets.providersim.safeguard import is_safeguard_model
 from backfill_assets.providersim.wire import (
     ApiError,
     correlation_id_of,

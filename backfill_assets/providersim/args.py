@@ -198,8 +198,7 @@ _GUARD_SWITCHES = {
     "the end of the reasoning",
     "--safeguard-prose-only": "gpt-oss-safeguard: content null, reasoning prose only",
     "--safeguard-unenforced": "gpt-oss-safeguard: the JSON answer in a ```json fence or prose",
-    "--safeguard-no-reasoning-usage": "gpt-oss-safeguard: usage without "
-    "completion_tokens_details",
+    "--safeguard-no-reasoning-usage": "gpt-oss-safeguard: usage without completion_tokens_details",
 }
 
 

@@ -44,7 +44,7 @@ DEFAULT_MODELS: tuple[str, ...] = (
     "gpt-4.1-nano",
     "omni-moderation-latest",
     "text-moderation-latest",
-    # Guard models as vLLM serves them (guard.py, safeguard.py), by short and Hugging Face name.
+    # Guard models as vLLM serves them (guard_models/), by short and Hugging Face name.
     "llama-guard-3-8b",
     "llama-guard-4-12b",
     "gpt-oss-safeguard-20b",
@@ -226,7 +226,7 @@ class SimConfig(BaseModel):
         default_factory=dict,
         description="Pinned Llama Guard answers: sha256 hex of a post (UTF-8) -> the exact "
         "answer text (e.g. 'unsafe\\nS2', or malformed text), sent verbatim on both routes "
-        "(no guard_* switch applies to it; faults still do). See guard.py.",
+        "(no guard_* switch applies to it; faults still do). See guard_models/llama_guard.py.",
     )
     guard_whitespace: bool = Field(
         default=False,

@@ -7,8 +7,9 @@ here, content faults do. Each answer is a 200 and books exactly one ``BilledCall
 - chat-json (any other chat model): ``answers.answer_content``, completion tokens counted by
   ``count_tokens``;
 - Llama Guard on the chat route (built-in categories) and on ``/v1/completions`` (the prompt's
-  categories): ``guard.py`` and ``guard_wire.py``, completion tokens the answer's tokens;
-- gpt-oss-safeguard: ``safeguard.py``, completion tokens reasoning plus content;
+  categories): ``guard_models/llama_guard.py`` and ``llama_guard_wire.py``, completion
+  tokens the answer's tokens;
+- gpt-oss-safeguard: ``guard_models/safeguard.py``, completion tokens reasoning plus content;
 - moderations: ``moderations.py``, free (0 tokens, cost 0).
 
 Completions are priced with the simulator's own list (``SimConfig.prices``) and report
@@ -33,8 +34,12 @@ from backfill_assets.providersim.billing.meter import (
 from backfill_assets.providersim.billing.pricing import call_cost_nanos
 from backfill_assets.providersim.billing.usage import cached_tokens, chat_usage_shape, usage_body
 from backfill_assets.providersim.config import FaultKind, SimConfig
-from backfill_assets.providersim.guard import GuardPrompt, builtin_prompt, guard_answer_text
-from backfill_assets.providersim.guard_wire import (
+from backfill_assets.providersim.guard_models.llama_guard import (
+    GuardPrompt,
+    builtin_prompt,
+    guard_answer_text,
+)
+from backfill_assets.providersim.guard_models.llama_guard_wire import (
     CompletionRequest,
     GuardToken,
     capped,
@@ -42,9 +47,13 @@ from backfill_assets.providersim.guard_wire import (
     guard_tokens,
     text_completion_body,
 )
+from backfill_assets.providersim.guard_models.safeguard import (
+    safeguard_answer,
+    safeguard_body,
+    safeguard_usage,
+)
 from backfill_assets.providersim.http import Response
 from backfill_assets.providersim.moderations import ModerationRequest, moderation_body
-from backfill_assets.providersim.safeguard import safeguard_answer, safeguard_body, safeguard_usage
 from backfill_assets.providersim.wire import ChatRequest, completion_body
 
 

@@ -11,7 +11,7 @@ rate-limit charge of a request is
 
 ``logprobs`` (a boolean), ``top_logprobs`` (0 to 20, only with ``logprobs: true``) and
 ``reasoning_effort`` (``low``, ``medium`` or ``high``, what vLLM takes) are validated for every
-model; only the guard dialects act on them (``guard_wire.py``, ``safeguard.py``).
+model; only the guard dialects act on them (``guard_models/``).
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from typing import Any
 
 CHAT_ENDPOINT = "/v1/chat/completions"
 MODERATIONS_ENDPOINT = "/v1/moderations"
-# The legacy completions API: Llama Guard's custom-category prompts (see guard.py).
+# The legacy completions API: Llama Guard's custom-category prompts (guard_models/).
 COMPLETIONS_ENDPOINT = "/v1/completions"
 
 

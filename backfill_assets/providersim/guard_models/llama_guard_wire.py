@@ -1,5 +1,5 @@
 """vLLM's wire for Llama Guard: the ``/v1/completions`` request, tokens, logprobs and both
-answer bodies (pure). What the model answers is ``guard.py``'s.
+answer bodies (pure). What the model answers is ``llama_guard.py``'s.
 
 ``POST /v1/completions`` (OpenAI's legacy completions API, which vLLM serves)::
 
@@ -43,7 +43,11 @@ from typing import Any
 
 from backfill_assets.providersim.config import FaultKind
 from backfill_assets.providersim.faults import unit_draw
-from backfill_assets.providersim.guard import bad_logprob, guard_text_in, verdict_probability
+from backfill_assets.providersim.guard_models.llama_guard import (
+    bad_logprob,
+    guard_text_in,
+    verdict_probability,
+)
 from backfill_assets.providersim.wire import (
     ApiError,
     check_temperature,

@@ -20,12 +20,13 @@ chat. The answer, as vLLM's ``--reasoning-parser openai_gptoss`` splits the harm
              "completion_tokens_details": {"reasoning_tokens": R}}
 
 ``SimConfig.safeguard_reasoning_field`` names the analysis ``reasoning`` instead, as later vLLM
-versions do. R is drawn from the post's text within the effort's range (``EFFORT_TOKENS``;
-``medium`` when not sent) and the analysis is prose of exactly R tokens (``count_tokens``)
-that mentions the policy's labels and ends naming the label it chose, with no JSON object in
-it. Completion tokens are the reasoning's plus the content's. When they exceed the request's
-max tokens the output is capped as a real server caps it: ``finish_reason: "length"``,
-content null, the analysis cut at the cap, billed for exactly max tokens. The usage shape
+versions do. R is drawn from the post's text within the effort's range
+(``REASONING_TOKENS_BY_EFFORT``: low 60-150, medium 200-500, high 600-1500; ``medium`` when
+not sent) and the analysis is prose of exactly R tokens (``count_tokens``) that mentions the
+policy's labels and ends naming the label it chose, with no JSON object in it. Completion
+tokens are the reasoning's plus the content's. When they exceed the request's max tokens the
+output is capped as a real server caps it: ``finish_reason: "length"``, content null, the
+analysis cut at the cap, billed for exactly max tokens. The usage shape
 (``usage_shape``) applies; its ``completion_tokens_details`` carry the true reasoning tokens
 (``details_null`` keeps them null).
 
@@ -52,7 +53,7 @@ from backfill_assets.providersim.faults import unit_draw
 from backfill_assets.providersim.wire import ChatRequest, completion_body
 
 # Reasoning tokens per effort, inclusive ranges; gpt-oss reasons at 'medium' unless told.
-EFFORT_TOKENS: dict[str, tuple[int, int]] = {
+REASONING_TOKENS_BY_EFFORT: dict[str, tuple[int, int]] = {
     "low": (60, 150),
     "medium": (200, 500),
     "high": (600, 1500),
@@ -81,7 +82,7 @@ def is_safeguard_model(model: str) -> bool:
 
 def reasoning_tokens(post: str, effort: str | None) -> int:
     """R: drawn from the post's text within the effort's range."""
-    low, high = EFFORT_TOKENS[effort or DEFAULT_EFFORT]
+    low, high = REASONING_TOKENS_BY_EFFORT[effort or DEFAULT_EFFORT]
     return low + int(unit_draw("safeguard-reasoning", post) * (high - low + 1))
 
 

@@ -1,6 +1,6 @@
 """Llama Guard 3 and 4 behind vLLM: the prompt, its categories and the verdict text (pure).
 
-A post reaches the model in one of two shapes (``guard_wire.py`` reads the bodies):
+A post reaches the model in one of two shapes (``llama_guard_wire.py`` reads the bodies):
 
 - ``POST /v1/chat/completions`` whose model name holds ``llama-guard`` (any case): the post is
   the last user message, judged under the model's built-in categories S1..S14
