@@ -189,7 +189,7 @@ def _add_hostile_arguments(parser: argparse.ArgumentParser) -> None:
 # Boolean switches of the guard dialects: flag -> what it does (dest: the SimConfig field).
 _GUARD_SWITCHES = {
     "--guard-whitespace": "Llama Guard answers wrapped in blank lines and spaces",
-    "--guard-case": "Llama Guard's verdict capitalised or upper-case (Unsafe, SAFE)",
+    "--guard-case": "Llama Guard's assessment capitalised or upper-case (Unsafe, SAFE)",
     "--guard-third-line": "unsafe Llama Guard answers carry a third line (the categories' names)",
     "--guard-unknown-code": "unsafe Llama Guard answers list an unknown code (S1,S99)",
     "--safeguard-content-null": "gpt-oss-safeguard: content null, the JSON answer is the "

@@ -235,7 +235,7 @@ class SimConfig(BaseModel):
     )
     guard_case: bool = Field(
         default=False,
-        description="Llama Guard's verdict word is capitalised or upper-case ('Unsafe', "
+        description="Llama Guard's assessment word is capitalised or upper-case ('Unsafe', "
         "'SAFE'), drawn per post.",
     )
     guard_third_line: bool = Field(

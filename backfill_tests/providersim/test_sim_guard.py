@@ -141,7 +141,7 @@ def test_chat_answer_has_vllms_shape_and_usage(start_sim) -> None:
     }
 
 
-def test_chat_logprobs_one_entry_per_token_with_both_verdicts_first(start_sim) -> None:
+def test_chat_logprobs_one_entry_per_token_with_both_assessments_first(start_sim) -> None:
     sim = start_sim()
     with httpx.Client(base_url=sim.base_url, timeout=5) as client:
         first = _chat(client, VIOLENT_HATE, logprobs=True, top_logprobs=2).json()
@@ -162,10 +162,10 @@ def test_chat_logprobs_one_entry_per_token_with_both_verdicts_first(start_sim) -
         for alt in entry["top_logprobs"]:
             assert set(alt) == {"token", "logprob", "bytes"}
             assert alt["bytes"] == list(alt["token"].encode())
-    verdict = entries[0]
-    assert {alt["token"] for alt in verdict["top_logprobs"]} == {"safe", "unsafe"}
-    assert math.log(0.55) <= verdict["logprob"] <= math.log(0.999)
-    assert sum(math.exp(alt["logprob"]) for alt in verdict["top_logprobs"]) <= 1.0
+    assessment = entries[0]
+    assert {alt["token"] for alt in assessment["top_logprobs"]} == {"safe", "unsafe"}
+    assert math.log(0.55) <= assessment["logprob"] <= math.log(0.999)
+    assert sum(math.exp(alt["logprob"]) for alt in assessment["top_logprobs"]) <= 1.0
     assert all(e["logprob"] >= math.log(0.98) for e in entries[1:])
     # Deterministic from the text.
     assert again["choices"][0]["logprobs"] == first["choices"][0]["logprobs"]
@@ -236,10 +236,10 @@ def test_completion_answer_has_the_legacy_shape(start_sim) -> None:
     assert logprobs["tokens"] == ["unsafe", "\n", "S3"]
     assert logprobs["text_offset"] == [0, 6, 7]
     assert len(logprobs["token_logprobs"]) == len(logprobs["top_logprobs"]) == 3
-    verdict = logprobs["top_logprobs"][0]
-    assert set(verdict) == {"unsafe", "safe"}
-    assert verdict["unsafe"] == logprobs["token_logprobs"][0] > verdict["safe"]
-    assert math.exp(verdict["unsafe"]) + math.exp(verdict["safe"]) <= 1.0
+    assessment = logprobs["top_logprobs"][0]
+    assert set(assessment) == {"unsafe", "safe"}
+    assert assessment["unsafe"] == logprobs["token_logprobs"][0] > assessment["safe"]
+    assert math.exp(assessment["unsafe"]) + math.exp(assessment["safe"]) <= 1.0
     for token, top in zip(logprobs["tokens"], logprobs["top_logprobs"], strict=True):
         assert len(top) == 2 and max(top, key=top.__getitem__) == token
     assert data["usage"] == {
@@ -347,22 +347,22 @@ def test_whitespace_switch_wraps_the_answer(start_sim) -> None:
     entries = unsafe["choices"][0]["logprobs"]["content"]
     assert [e["token"] for e in entries] == ["\n", "\n", " ", "unsafe", "\n", "S1", " ", "\n"]
     assert unsafe["usage"]["completion_tokens"] == 8
-    # The verdict's token carries the verdict's probability, wherever it stands.
+    # The assessment's token carries the assessment's probability, wherever it stands.
     assert {alt["token"] for alt in entries[3]["top_logprobs"]} == {"safe", "unsafe"}
 
 
-def test_case_switch_capitalises_or_upper_cases_the_verdict(start_sim) -> None:
+def test_case_switch_capitalises_or_upper_cases_the_assessment(start_sim) -> None:
     sim = start_sim(guard_case=True)
     posts = [f"post number {i}" for i in range(12)] + [f"kill number {i}" for i in range(12)]
     with httpx.Client(base_url=sim.base_url, timeout=5) as client:
         answers = [_chat_text(client, post) for post in posts]
         logprobs = _chat(client, VIOLENT, logprobs=True, top_logprobs=2).json()
-    verdicts = {answer.split("\n")[0] for answer in answers}
-    assert verdicts == {"Safe", "SAFE", "Unsafe", "UNSAFE"}
+    assessments = {answer.split("\n")[0] for answer in answers}
+    assert assessments == {"Safe", "SAFE", "Unsafe", "UNSAFE"}
     assert all(a.split("\n")[1:] in ([], ["S1"]) for a in answers)
-    verdict = logprobs["choices"][0]["logprobs"]["content"][0]
-    assert {alt["token"].lower() for alt in verdict["top_logprobs"]} == {"safe", "unsafe"}
-    assert verdict["top_logprobs"][1]["token"] in {"Safe", "SAFE"}
+    assessment = logprobs["choices"][0]["logprobs"]["content"][0]
+    assert {alt["token"].lower() for alt in assessment["top_logprobs"]} == {"safe", "unsafe"}
+    assert assessment["top_logprobs"][1]["token"] in {"Safe", "SAFE"}
 
 
 def test_third_line_switch_adds_the_categories_names_to_unsafe_answers(start_sim) -> None:
@@ -428,9 +428,9 @@ def test_content_faults_distort_the_answer(start_sim) -> None:
     assert unknown == "unsafe\nS99"
     assert wrong_chat["choices"] == wrong_legacy["choices"] == []
     assert wrong_chat["usage"]["completion_tokens"] == 3  # billed all the same
-    verdict = bad["choices"][0]["logprobs"]["content"][0]
-    assert verdict["token"] == "unsafe"
-    assert verdict["logprob"] == pytest.approx(math.log(1.7), abs=1e-6)
+    assessment = bad["choices"][0]["logprobs"]["content"][0]
+    assert assessment["token"] == "unsafe"
+    assert assessment["logprob"] == pytest.approx(math.log(1.7), abs=1e-6)
     assert bad_legacy["choices"][0]["logprobs"]["token_logprobs"][0] > 0.0
     assert len(sim.meter.snapshot().billed) == 6
 

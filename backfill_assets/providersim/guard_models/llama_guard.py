@@ -1,4 +1,4 @@
-"""Llama Guard 3 and 4 behind vLLM: the prompt, its categories and the verdict text (pure).
+"""Llama Guard 3 and 4 behind vLLM: the prompt, its categories and the assessment text (pure).
 
 A post reaches the model in one of two shapes (``llama_guard_wire.py`` reads the bodies):
 
@@ -44,15 +44,15 @@ A code the categories do not hold is never answered unless a fault or switch ask
 
 Switches (``SimConfig``, off by default; none applies to a pinned answer) copy real servers:
 ``guard_whitespace`` wraps the answer in blank lines and spaces (``\\n\\n unsafe\\nS1 \\n``),
-``guard_case`` writes the verdict ``Safe``/``Unsafe`` or ``SAFE``/``UNSAFE`` (drawn per post),
+``guard_case`` writes the assessment ``Safe``/``Unsafe`` or ``SAFE``/``UNSAFE`` (drawn per post),
 ``guard_third_line`` adds a third line to an unsafe answer (the categories' names),
 ``guard_unknown_code`` lists an unknown code after an unsafe answer's codes (``S1,S99``).
 
 Content faults, each a billed 200 the client must refuse: ``malformed`` answers text that is
-neither verdict (``MALFORMED_ANSWER``); ``unknown_label`` answers ``unsafe`` with one unknown
+neither assessment (``MALFORMED_ANSWER``); ``unknown_label`` answers ``unsafe`` with one unknown
 code (``S99``, or the next number the categories do not use); ``wrong_key`` (no key travels
 with this dialect: an answer that is no answer to this request) sends no choice at all
-(``choices: []``); ``bad_confidence`` gives the verdict's token a log-probability above 0 (a
+(``choices: []``); ``bad_confidence`` gives the assessment's token a log-probability above 0 (a
 probability of 1.7), so it shows only when logprobs were asked for.
 """
 
@@ -94,7 +94,7 @@ _CONVERSATION_CLOSE = "<END CONVERSATION>"
 _USER = "User: "
 _CODE_LINE = re.compile(r"^(S\d+): (.*)$")
 _WORD = re.compile(r"[a-z0-9']+")
-# The verdict's probability: argmax at temperature 0, so at least a half.
+# The assessment's probability: argmax at temperature 0, so at least a half.
 _P_LOW, _P_SPAN = 0.55, 0.449
 
 # Phrases (whole words, lower case) -> the built-in code they violate. S3-S6, S13 and S14
@@ -227,26 +227,26 @@ def unknown_code(categories: Mapping[str, str]) -> str:
     return f"S{number}"
 
 
-def verdict_probability(post: str) -> float:
-    """The probability of the answer's verdict token, in [0.55, 0.999], from the post."""
-    return _P_LOW + _P_SPAN * unit_draw("guard-verdict", post)
+def assessment_probability(post: str) -> float:
+    """The probability of the answer's assessment token, in [0.55, 0.999], from the post."""
+    return _P_LOW + _P_SPAN * unit_draw("guard-assessment", post)
 
 
 def bad_logprob() -> float:
-    """What ``bad_confidence`` reports as the verdict's log-probability: ln 1.7, above 0."""
+    """What ``bad_confidence`` reports as the assessment's log-probability: ln 1.7, above 0."""
     return math.log(1.7)
 
 
 def _with_switches(codes: tuple[str, ...], prompt: GuardPrompt, config: SimConfig) -> str:
-    verdict, lines = ("unsafe", [",".join(codes)]) if codes else ("safe", [])
+    assessment, lines = ("unsafe", [",".join(codes)]) if codes else ("safe", [])
     if codes and config.guard_unknown_code:
         lines[0] += "," + unknown_code(prompt.categories)
     if codes and config.guard_third_line:
         lines.append(", ".join(prompt.categories[code] for code in codes))
     if config.guard_case:
         upper = unit_draw("guard-case", prompt.post) < 0.5
-        verdict = verdict.upper() if upper else verdict.capitalize()
-    text = "\n".join([verdict, *lines])
+        assessment = assessment.upper() if upper else assessment.capitalize()
+    text = "\n".join([assessment, *lines])
     return f"\n\n {text} \n" if config.guard_whitespace else text
 
 

@@ -24,8 +24,8 @@ On ``POST /v1/chat/completions`` the answer is a chat completion whose
 
 Tokens: the answer split simply: each newline, each run of other whitespace, each comma and
 each word (``safe``/``unsafe``, a code) is a token; the completion tokens billed are their
-number. The verdict's token (the first ``safe``/``unsafe`` in any case) carries the verdict's
-log-probability and, as alternatives, both verdicts (their probabilities sum to less than 1);
+number. The assessment's token (the first ``safe``/``unsafe`` in any case) carries the assessment's
+log-probability and, as alternatives, both assessments (their probabilities sum to less than 1);
 every other token is near-certain (p >= 0.98). A ``max_tokens`` below the answer's tokens cuts
 it there, with ``finish_reason: "length"``. Under a legacy request, ``top_logprobs`` holds at
 least the sampled token, as vLLM's does.
@@ -44,9 +44,9 @@ from typing import Any
 from backfill_assets.providersim.config import FaultKind
 from backfill_assets.providersim.faults import unit_draw
 from backfill_assets.providersim.guard_models.llama_guard import (
+    assessment_probability,
     bad_logprob,
     guard_text_in,
-    verdict_probability,
 )
 from backfill_assets.providersim.wire import (
     ApiError,
@@ -58,7 +58,7 @@ from backfill_assets.providersim.wire import (
 )
 
 _TOKEN = re.compile(r"\n|[^\S\n]+|,|[^\s,]+")
-_OTHER_VERDICT = {"safe": "unsafe", "unsafe": "safe"}
+_OTHER_ASSESSMENT = {"safe": "unsafe", "unsafe": "safe"}
 _SURE_LOW, _SURE_SPAN = 0.98, 0.0199
 # The runner-up gets this share of what the sampled token leaves: the two sum to below 1.
 _RUNNER_UP_SHARE = 0.9
@@ -124,9 +124,9 @@ def _log(p: float) -> float:
     return round(math.log(p), 6)
 
 
-def _other_verdict(token: str) -> str:
-    """The other verdict, written as ``token`` is (lower, capitalised or upper case)."""
-    other = _OTHER_VERDICT[token.lower()]
+def _other_assessment(token: str) -> str:
+    """The other assessment, written as ``token`` is (lower, capitalised or upper case)."""
+    other = _OTHER_ASSESSMENT[token.lower()]
     if token.isupper():
         return other.upper()
     return other.capitalize() if token[:1].isupper() else other
@@ -134,13 +134,13 @@ def _other_verdict(token: str) -> str:
 
 def guard_tokens(text: str, post: str, fault: FaultKind | None = None) -> tuple[GuardToken, ...]:
     """``text`` as generated tokens with their log-probabilities (module docstring); under
-    ``bad_confidence`` the verdict's log-probability is above 0."""
+    ``bad_confidence`` the assessment's log-probability is above 0."""
     tokens: list[GuardToken] = []
-    verdict_done = False
+    assessment_done = False
     for index, piece in enumerate(_TOKEN.findall(text)):
-        if not verdict_done and piece.lower() in _OTHER_VERDICT:
-            verdict_done = True
-            p, other = verdict_probability(post), _other_verdict(piece)
+        if not assessment_done and piece.lower() in _OTHER_ASSESSMENT:
+            assessment_done = True
+            p, other = assessment_probability(post), _other_assessment(piece)
             logprob = round(bad_logprob(), 6) if fault == "bad_confidence" else _log(p)
         else:
             p = _SURE_LOW + _SURE_SPAN * unit_draw("guard-token", post, index)
