@@ -1,13 +1,22 @@
-"""Routes of the simulated provider: chat completions, moderations, model list and admin.
+"""Routes of the simulated provider: chat completions, legacy completions, moderations, model
+list and admin.
 
-Order of checks for ``POST /v1/chat/completions`` and ``POST /v1/moderations``: API key (401),
-``forbid`` (403), body (400), ``strict_models`` (404), rate limits (429, consuming nothing),
-then the fault plan for the admitted attempt, then latency and the answer. Forced
-``429``/``401``/``403``/``404`` faults consume no capacity either; every other admitted attempt
-does, and its attempt number (per correlation id, counted from 1) feeds the fault draw. With
-``echo_errors`` every JSON error but 401/403 quotes the request's user message (moderations:
-its first input). Both routes share the rate-limit buckets; see ``moderations.py`` for what a
-moderation request charges, its correlation id and its content faults.
+Order of checks for ``POST /v1/chat/completions``, ``POST /v1/completions`` and
+``POST /v1/moderations``: API key (401), ``forbid`` (403), body (400), ``strict_models`` (404),
+rate limits (429, consuming nothing), then the fault plan for the admitted attempt, then latency
+and the answer. Forced ``429``/``401``/``403``/``404`` faults consume no capacity either; every
+other admitted attempt does, and its attempt number (per correlation id, counted from 1) feeds
+the fault draw. With ``echo_errors`` every JSON error but 401/403 quotes the request's user
+message (moderations: its first input; completions: the prompt's post). The routes share the
+rate-limit buckets; see ``moderations.py`` for what a moderation request charges, its
+correlation id and its content faults.
+
+A chat request speaks a dialect by its model's name: one holding ``llama-guard`` is Llama Guard
+(``guard_models/llama_guard.py``: the post is the last user message, its correlation id the
+post's sha256 hex), one holding ``safeguard`` is gpt-oss-safeguard
+(``guard_models/safeguard.py``), any other the chat-json dialect. ``POST /v1/completions``
+takes Llama Guard prompts only (custom categories). A completion's charge is its prompt plus
+max tokens; what each dialect answers and bills is ``dialects.py``'s.
 The Files and Batch APIs (``batch_api.py``) register their routes on the same router.
 """
 
@@ -18,7 +27,6 @@ import math
 import random
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -27,27 +35,32 @@ from backfill_assets.providersim.access import Access
 from backfill_assets.providersim.answers import (
     BAD_GATEWAY_HTML,
     FORCED_RETRY_AFTER_SECONDS,
-    answer_content,
     fault_error,
 )
 from backfill_assets.providersim.batch.api import BatchApi
 from backfill_assets.providersim.billing.meter import (
     CHAT_ENDPOINT,
+    COMPLETIONS_ENDPOINT,
     MODERATIONS_ENDPOINT,
-    BilledCall,
     Meter,
     MeterSnapshot,
 )
 from backfill_assets.providersim.billing.org_usage import costs_page, usage_page
-from backfill_assets.providersim.billing.pricing import call_cost_nanos
-from backfill_assets.providersim.billing.usage import (
-    billed_prompt,
-    cached_tokens,
-    chat_usage_shape,
-    usage_body,
-)
+from backfill_assets.providersim.billing.usage import billed_prompt
 from backfill_assets.providersim.config import FaultKind, RetryAfterFormat, SimConfig
+from backfill_assets.providersim.dialects import (
+    AdmittedChat,
+    AdmittedCompletion,
+    AdmittedModeration,
+    Dialects,
+)
 from backfill_assets.providersim.faults import decide_fault, unit_draw
+from backfill_assets.providersim.guard_models.llama_guard import is_guard_model, parse_guard_prompt
+from backfill_assets.providersim.guard_models.llama_guard_wire import (
+    completion_text_in,
+    parse_completion_request,
+)
+from backfill_assets.providersim.guard_models.safeguard import is_safeguard_model
 from backfill_assets.providersim.http import Drop, Reply, Request, Response, Router
 from backfill_assets.providersim.limits import (
     Denial,
@@ -55,18 +68,15 @@ from backfill_assets.providersim.limits import (
     exhausted_headers,
     retry_after_headers,
 )
+from backfill_assets.providersim.moderations import correlation_id_of as moderation_key
 from backfill_assets.providersim.moderations import (
-    ModerationRequest,
     input_tokens,
-    moderation_body,
     moderation_text_in,
     parse_moderation_request,
+    text_key,
 )
-from backfill_assets.providersim.moderations import correlation_id_of as moderation_key
 from backfill_assets.providersim.wire import (
     ApiError,
-    ChatRequest,
-    completion_body,
     correlation_id_of,
     last_user_text,
     new_request_id,
@@ -80,31 +90,10 @@ _STATUS_FAULTS: frozenset[FaultKind] = frozenset({"500", "503", "400"})
 _REFUSAL_FAULTS: frozenset[FaultKind] = frozenset({"401", "403", "404"})
 _CHAT = f"POST {CHAT_ENDPOINT}"
 _MODERATIONS = f"POST {MODERATIONS_ENDPOINT}"
+_COMPLETIONS = f"POST {COMPLETIONS_ENDPOINT}"
 # What reset_headers_on_5xx claims: every limit used up for six minutes (limits 0 = unset).
 _EXHAUSTED_RESET_SECONDS = 360.0
 _UNSET_LIMITS = {"requests": 500, "tokens": 200_000}
-
-
-@dataclass(frozen=True, slots=True)
-class _Admitted:
-    """A request that passed auth, validation and the rate limits, with its fault (if any)."""
-
-    chat: ChatRequest
-    prompt: int
-    correlation_id: str
-    post: str
-    fault: FaultKind | None
-
-
-@dataclass(frozen=True, slots=True)
-class _AdmittedModeration:
-    """A moderation request that passed every check, with its fault (if any)."""
-
-    request: ModerationRequest
-    correlation_id: str
-    fault: FaultKind | None
-
-
 # What admission hands back: the answer to await, given the request id.
 _Answer = Callable[[str], Awaitable[Reply]]
 
@@ -119,6 +108,7 @@ class SimApp:
         self._rng = random.Random(config.seed)
         self.router = Router()
         self.router.add("POST", "/v1/chat/completions", self.chat_completions)
+        self.router.add("POST", "/v1/completions", self.completions)
         self.router.add("POST", "/v1/moderations", self.moderations)
         self.router.add("GET", "/v1/models", self.list_models)
         self.router.add("GET", "/v1/organization/usage/completions", self.org_usage)
@@ -126,6 +116,7 @@ class SimApp:
         self.router.add("GET", "/_sim/meter", self.read_meter)
         self.router.add("POST", "/_sim/reset", self.reset_meter)
         self.access = Access(config, meter)
+        self.dialects = Dialects(config, meter)
         self.batch_api = BatchApi(config, meter, self.access)
         self.batch_api.register(self.router)
 
@@ -146,6 +137,12 @@ class SimApp:
     async def chat_completions(self, request: Request) -> Reply:
         """``POST /v1/chat/completions``."""
         return await self._serve(request, CHAT_ENDPOINT, self._admit_chat, user_text_in)
+
+    async def completions(self, request: Request) -> Reply:
+        """``POST /v1/completions`` (Llama Guard prompts)."""
+        return await self._serve(
+            request, COMPLETIONS_ENDPOINT, self._admit_completion, completion_text_in
+        )
 
     async def moderations(self, request: Request) -> Reply:
         """``POST /v1/moderations``."""
@@ -209,11 +206,34 @@ class SimApp:
         prompt = billed_prompt(prompt_tokens(chat), self.config.prompt_token_factor)
         charge = prompt + (chat.max_tokens or self.config.default_max_tokens)
         user_text = last_user_text(chat)
-        correlation_id = correlation_id_of(user_text)
+        dialect: Callable[[AdmittedChat, str], Response]
+        if is_guard_model(chat.model):
+            # Llama Guard reads the message as it is; no key travels, so the text's hash is one.
+            correlation_id, post = text_key(user_text), user_text
+            dialect = self.dialects.guard_chat
+        else:
+            correlation_id, post = correlation_id_of(user_text), post_text_of(user_text)
+            safeguard = is_safeguard_model(chat.model)
+            dialect = self.dialects.safeguard if safeguard else self.dialects.chat_json
         flex = chat.service_tier == "flex"
         fault = self._gate(request, _CHAT, chat.model, charge, correlation_id, flex=flex)
-        call = _Admitted(chat, prompt, correlation_id, post_text_of(user_text), fault)
-        return partial(self._answer, call)
+        call = AdmittedChat(chat, prompt, correlation_id, post, fault)
+        return partial(self._respond, fault, chat.model, partial(dialect, call))
+
+    def _admit_completion(self, request: Request) -> _Answer:
+        """As ``_admit_chat`` for a Llama Guard prompt: the key is its post's sha256 hex."""
+        self.access.check(request, _COMPLETIONS)
+        completion = parse_completion_request(request.body)
+        guard = parse_guard_prompt(completion.prompt)
+        model = completion.model
+        self.access.check_model(model, _COMPLETIONS)
+        factor = self.config.prompt_token_factor
+        prompt = billed_prompt(count_tokens(completion.prompt), factor)
+        charge = prompt + (completion.max_tokens or self.config.default_max_tokens)
+        correlation_id = text_key(guard.post)
+        fault = self._gate(request, _COMPLETIONS, model, charge, correlation_id)
+        call = AdmittedCompletion(completion, guard, prompt, correlation_id, fault)
+        return partial(self._respond, fault, model, partial(self.dialects.guard_completion, call))
 
     def _admit_moderation(self, request: Request) -> _Answer:
         """As ``_admit_chat``: the charge is the inputs' tokens, the key the first input's."""
@@ -223,8 +243,9 @@ class SimApp:
         correlation_id = moderation_key(moderation)
         charge = input_tokens(moderation)
         fault = self._gate(request, _MODERATIONS, moderation.model, charge, correlation_id)
-        call = _AdmittedModeration(moderation, correlation_id, fault)
-        return partial(self._answer_moderation, call)
+        call = AdmittedModeration(moderation, correlation_id, fault)
+        answer = partial(self.dialects.moderation, call)
+        return partial(self._respond, fault, moderation.model, answer)
 
     def _gate(
         self,
@@ -271,58 +292,16 @@ class SimApp:
             raise fault_error(fault, model)
         return None
 
-    async def _answer(self, call: _Admitted, request_id: str) -> Reply:
-        """Latency, then the fault's misbehaviour or the billed answer."""
-        early = await self._misbehave(call.fault, call.chat.model)
-        if early is not None:
-            return early
-        content, finish_reason = answer_content(
-            call.fault, call.correlation_id, call.post, call.chat.response_schema
-        )
-        completion = count_tokens(content)
-        model = call.chat.model
-        cached = cached_tokens(call.prompt, self.config.cached_prefix_tokens)
-        tier = call.chat.service_tier
-        cost = call_cost_nanos(self.config.prices, model, call.prompt, cached, completion, tier)
-        self.meter.bill(
-            BilledCall(
-                request_id,
-                call.correlation_id,
-                model,
-                call.prompt,
-                completion,
-                "",
-                cached,
-                tier,
-                cost,
-                time.time(),
-            )
-        )
-        usage = usage_body(
-            chat_usage_shape(self.config, call.correlation_id), call.prompt, completion, cached
-        )
-        return Response.json(200, completion_body(model, content, finish_reason, usage, tier))
-
-    async def _answer_moderation(self, call: _AdmittedModeration, request_id: str) -> Reply:
-        """Latency, then the fault's misbehaviour or the answer, billed at zero."""
-        model = call.request.model
-        early = await self._misbehave(call.fault, model)
-        if early is not None:
-            return early
-        body = moderation_body(call.request, self.config.moderation_scores, call.fault)
-        # Free, but billed as a call all the same: ledgers count calls as well as cost.
-        self.meter.bill(
-            BilledCall(
-                request_id,
-                call.correlation_id,
-                model,
-                0,
-                0,
-                billed_at=time.time(),
-                endpoint=MODERATIONS_ENDPOINT,
-            )
-        )
-        return Response(200, body, {"content-type": "application/json"})
+    async def _respond(
+        self,
+        fault: FaultKind | None,
+        model: str,
+        answer: Callable[[str], Response],
+        request_id: str,
+    ) -> Reply:
+        """Latency, then the fault's misbehaviour or the dialect's billed answer."""
+        early = await self._misbehave(fault, model)
+        return early if early is not None else answer(request_id)
 
     def _flex_unavailable(self, correlation_id: str, attempt: int) -> bool:
         share = self.config.flex_unavailable_share

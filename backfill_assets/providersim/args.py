@@ -11,6 +11,7 @@ from backfill_assets.providersim.config import (
     FAULT_KINDS,
     FORBID_MODES,
     RETRY_AFTER_FORMATS,
+    SAFEGUARD_REASONING_FIELDS,
     USAGE_SHAPES,
     FaultRule,
     SimConfig,
@@ -185,6 +186,43 @@ def _add_hostile_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+# Boolean switches of the guard dialects: flag -> what it does (dest: the SimConfig field).
+_GUARD_SWITCHES = {
+    "--guard-whitespace": "Llama Guard answers wrapped in blank lines and spaces",
+    "--guard-case": "Llama Guard's assessment capitalised or upper-case (Unsafe, SAFE)",
+    "--guard-third-line": "unsafe Llama Guard answers carry a third line (the categories' names)",
+    "--guard-unknown-code": "unsafe Llama Guard answers list an unknown code (S1,S99)",
+    "--safeguard-content-null": "gpt-oss-safeguard: content null, the JSON answer is the "
+    "whole reasoning",
+    "--safeguard-answer-in-reasoning": "gpt-oss-safeguard: content null, the JSON answer at "
+    "the end of the reasoning",
+    "--safeguard-prose-only": "gpt-oss-safeguard: content null, reasoning prose only",
+    "--safeguard-unenforced": "gpt-oss-safeguard: the JSON answer in a ```json fence or prose",
+    "--safeguard-no-reasoning-usage": "gpt-oss-safeguard: usage without completion_tokens_details",
+}
+
+
+def _add_guard_arguments(parser: argparse.ArgumentParser) -> None:
+    guard = parser.add_argument_group("Guard models behind vLLM (all off by default)")
+    for flag, help_text in _GUARD_SWITCHES.items():
+        guard.add_argument(flag, action="store_true", help=help_text)
+    guard.add_argument(
+        "--safeguard-reasoning-field",
+        choices=SAFEGUARD_REASONING_FIELDS,
+        default="reasoning_content",
+        help="the message field gpt-oss-safeguard's analysis is sent in",
+    )
+
+
+def _guard_settings(ns: argparse.Namespace) -> dict[str, object]:
+    """The guard dialects' SimConfig fields, named as their flags."""
+    names = [flag[2:].replace("-", "_") for flag in _GUARD_SWITCHES]
+    return {
+        **{name: getattr(ns, name) for name in names},
+        "safeguard_reasoning_field": ns.safeguard_reasoning_field,
+    }
+
+
 def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the simulator's options; ``--fault`` and ``--fault-sticky`` keep their given order."""
     parser.add_argument("--host", default="127.0.0.1", help="interface to bind")
@@ -265,6 +303,7 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
         "--batch-usage-shape", choices=USAGE_SHAPES, default="plain", help="usage in output lines"
     )
     _add_hostile_arguments(parser)
+    _add_guard_arguments(parser)
 
 
 def config_from_args(ns: argparse.Namespace) -> SimConfig:
@@ -301,4 +340,5 @@ def config_from_args(ns: argparse.Namespace) -> SimConfig:
         batch_create_hang_count=ns.batch_create_hang_count,
         batch_list_lag_ms=ns.batch_list_lag_ms,
         batch_usage_shape=ns.batch_usage_shape,
+        **_guard_settings(ns),
     )

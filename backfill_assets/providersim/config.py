@@ -44,7 +44,32 @@ DEFAULT_MODELS: tuple[str, ...] = (
     "gpt-4.1-nano",
     "omni-moderation-latest",
     "text-moderation-latest",
+    # Guard models as vLLM serves them (guard_models/), by short and Hugging Face name.
+    "llama-guard-3-8b",
+    "llama-guard-4-12b",
+    "gpt-oss-safeguard-20b",
+    "gpt-oss-safeguard-120b",
+    "meta-llama/Llama-Guard-3-8B",
+    "meta-llama/Llama-Guard-4-12B",
+    "openai/gpt-oss-safeguard-20b",
+    "openai/gpt-oss-safeguard-120b",
 )
+# The simulator's own prices, USD per 1M tokens: (input, cached input, output). vLLM has no
+# prompt-cache discount, so the guard models' cached price is their input price.
+DEFAULT_PRICES: dict[str, tuple[str, str, str]] = {
+    "gpt-4o-mini": ("0.15", "0.075", "0.60"),
+    "llama-guard-3-8b": ("0.20", "0.20", "0.20"),
+    "llama-guard-4-12b": ("0.20", "0.20", "0.20"),
+    "gpt-oss-safeguard-20b": ("0.075", "0.075", "0.30"),
+    "gpt-oss-safeguard-120b": ("0.18", "0.18", "0.60"),
+    "meta-llama/Llama-Guard-3-8B": ("0.20", "0.20", "0.20"),
+    "meta-llama/Llama-Guard-4-12B": ("0.20", "0.20", "0.20"),
+    "openai/gpt-oss-safeguard-20b": ("0.075", "0.075", "0.30"),
+    "openai/gpt-oss-safeguard-120b": ("0.18", "0.18", "0.60"),
+}
+# Where vLLM's gpt-oss reasoning parser puts the analysis: older versions, then newer ones.
+SafeguardReasoningField = Literal["reasoning_content", "reasoning"]
+SAFEGUARD_REASONING_FIELDS: tuple[str, ...] = get_args(SafeguardReasoningField)
 # The 13 categories of omni-moderation, in OpenAI's order (see moderations.py).
 MODERATION_CATEGORIES: tuple[str, ...] = (
     "harassment",
@@ -79,6 +104,17 @@ def _known_pins(pins: dict[str, dict[str, float]]) -> dict[str, dict[str, float]
 
 # sha256 hex of a text -> {category: score}; see SimConfig.moderation_scores.
 ModerationPins = Annotated[dict[str, dict[str, float]], AfterValidator(_known_pins)]
+
+
+def _hex_keys(pins: dict[str, str]) -> dict[str, str]:
+    for key in pins:
+        if len(key) != 64 or not set(key) <= _HEX:
+            raise ValueError(f"guard_answers keys are sha256 hex digests, got {key!r}")
+    return pins
+
+
+# sha256 hex of a post -> the exact answer text; see SimConfig.guard_answers.
+GuardPins = Annotated[dict[str, str], AfterValidator(_hex_keys)]
 
 
 class FaultRule(BaseModel):
@@ -164,7 +200,7 @@ class SimConfig(BaseModel):
         "resource_unavailable, drawn per key and attempt (1.0: flex is down).",
     )
     prices: dict[str, tuple[str, str, str]] = Field(
-        default_factory=lambda: {"gpt-4o-mini": ("0.15", "0.075", "0.60")},
+        default_factory=lambda: dict(DEFAULT_PRICES),
         description="The simulator's own price list, USD per 1M tokens at the standard tier: "
         "model -> (input, cached input, output); flex and batch bill half. Its meter prices "
         "every billed call with it, independently of the client's table.",
@@ -185,6 +221,62 @@ class SimConfig(BaseModel):
         description="Pinned moderation scores: sha256 hex of an input text (UTF-8) -> "
         "{category: score in [0, 1]}; the named categories replace the computed scores of "
         "that text on POST /v1/moderations (and in batch lines), the others stay computed.",
+    )
+    guard_answers: GuardPins = Field(
+        default_factory=dict,
+        description="Pinned Llama Guard answers: sha256 hex of a post (UTF-8) -> the exact "
+        "answer text (e.g. 'unsafe\\nS2', or malformed text), sent verbatim on both routes "
+        "(no guard_* switch applies to it; faults still do). See guard_models/llama_guard.py.",
+    )
+    guard_whitespace: bool = Field(
+        default=False,
+        description="Llama Guard answers come wrapped in blank lines and spaces "
+        "('\\n\\n unsafe\\nS1 \\n').",
+    )
+    guard_case: bool = Field(
+        default=False,
+        description="Llama Guard's assessment word is capitalised or upper-case ('Unsafe', "
+        "'SAFE'), drawn per post.",
+    )
+    guard_third_line: bool = Field(
+        default=False,
+        description="Unsafe Llama Guard answers carry a third line after the codes: the "
+        "violated categories' names.",
+    )
+    guard_unknown_code: bool = Field(
+        default=False,
+        description="Unsafe Llama Guard answers list an unknown code after the real ones "
+        "('unsafe\\nS1,S99').",
+    )
+    safeguard_reasoning_field: SafeguardReasoningField = Field(
+        default="reasoning_content",
+        description="The message field gpt-oss-safeguard's analysis is sent in: "
+        "'reasoning_content' (vLLM until 0.10) or 'reasoning' (later vLLM).",
+    )
+    safeguard_content_null: bool = Field(
+        default=False,
+        description="gpt-oss-safeguard: content null, the final JSON answer is the whole "
+        "reasoning field (the reasoning parser took the final channel for analysis).",
+    )
+    safeguard_answer_in_reasoning: bool = Field(
+        default=False,
+        description="gpt-oss-safeguard: content null, the final JSON answer at the end of the "
+        "reasoning prose.",
+    )
+    safeguard_prose_only: bool = Field(
+        default=False,
+        description="gpt-oss-safeguard: content null, reasoning prose only, naming a label but "
+        "holding no JSON object.",
+    )
+    safeguard_unenforced: bool = Field(
+        default=False,
+        description="gpt-oss-safeguard: structured output not enforced, the content is the "
+        "JSON answer wrapped in prose or in a ```json fence (drawn per post).",
+    )
+    safeguard_no_reasoning_usage: bool = Field(
+        default=False,
+        description="gpt-oss-safeguard: usage without completion_tokens_details (so without "
+        "reasoning_tokens).",
     )
     default_max_tokens: int = Field(
         default=64, gt=0, description="Token reservation when a request sets no max tokens."

@@ -8,6 +8,10 @@ Token accounting is deterministic so tests can predict bills exactly::
 where ``count_tokens`` is ``backfill_assets.providers.models.rules.count_tokens``. The
 rate-limit charge of a request is
 ``prompt_tokens + (max_completion_tokens or max_tokens or default)``.
+
+``logprobs`` (a boolean), ``top_logprobs`` (0 to 20, only with ``logprobs: true``) and
+``reasoning_effort`` (``low``, ``medium`` or ``high``, what vLLM takes) are validated for every
+model; only the guard dialects act on them (``guard_models/``).
 """
 
 from __future__ import annotations
@@ -95,6 +99,11 @@ class ChatRequest:
     response_schema: Any = None
     # What was asked for: 'flex', or 'default' (also for 'auto' and no field).
     service_tier: str = "default"
+    # Log-probabilities asked for, and how many alternatives per token (0 to 20).
+    logprobs: bool = False
+    top_logprobs: int = 0
+    # 'low', 'medium' or 'high' as sent (None: not sent); only safeguard models act on it.
+    reasoning_effort: str | None = None
 
 
 def _invalid(message: str, param: str | None, code: str | None = "invalid_type") -> ApiError:
@@ -149,9 +158,13 @@ def _parse_max_tokens(body: dict[str, Any]) -> int | None:
 
 
 _SERVICE_TIERS = frozenset({"auto", "default", "flex", "scale", "priority"})
+# What vLLM's chat request accepts for reasoning_effort.
+REASONING_EFFORTS: tuple[str, ...] = ("low", "medium", "high")
+_MAX_TOP_LOGPROBS = 20
 
 
-def _check_options(body: dict[str, Any]) -> None:
+def check_temperature(body: dict[str, Any]) -> None:
+    """400 unless ``temperature`` is absent or a number from 0 to 2."""
     temperature = body.get("temperature")
     if temperature is not None and (
         isinstance(temperature, bool)
@@ -159,6 +172,10 @@ def _check_options(body: dict[str, Any]) -> None:
         or not 0 <= temperature <= 2
     ):
         raise _invalid("Invalid 'temperature': expected a number from 0 to 2.", "temperature")
+
+
+def _check_options(body: dict[str, Any]) -> None:
+    check_temperature(body)
     fmt = body.get("response_format")
     if fmt is None:
         return
@@ -174,8 +191,8 @@ def _check_options(body: dict[str, Any]) -> None:
             )
 
 
-def parse_chat_request(raw: bytes) -> ChatRequest:
-    """Validate a request body the way the API does; raises ``ApiError`` (400) if invalid."""
+def json_object(raw: bytes) -> dict[str, Any]:
+    """A request body that must be a JSON object; ``ApiError`` (400) as the API words it."""
     try:
         body = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
@@ -186,6 +203,11 @@ def parse_chat_request(raw: bytes) -> ChatRequest:
         ) from None
     if not isinstance(body, dict):
         raise _invalid("Invalid request body: expected a JSON object.", None)
+    return body
+
+
+def required_model(body: dict[str, Any]) -> str:
+    """The body's ``model``: required, a non-empty string."""
     model = body.get("model")
     if model is None:
         raise _invalid(
@@ -193,6 +215,53 @@ def parse_chat_request(raw: bytes) -> ChatRequest:
         )
     if not isinstance(model, str) or not model:
         raise _invalid("Invalid 'model': expected a non-empty string.", "model")
+    return model
+
+
+def optional_int(body: dict[str, Any], param: str, low: int, high: int) -> int | None:
+    """An optional integer parameter within ``[low, high]`` (null: absent)."""
+    value = body.get(param)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise _invalid(
+            f"Invalid '{param}': expected an integer from {low} to {high}.", param, "invalid_value"
+        )
+    return value
+
+
+def _parse_logprobs(body: dict[str, Any]) -> tuple[bool, int | None]:
+    """``logprobs`` (a boolean) and ``top_logprobs`` (0 to 20, only with logprobs)."""
+    logprobs = body.get("logprobs")
+    if logprobs is not None and not isinstance(logprobs, bool):
+        raise _invalid("Invalid type for 'logprobs': expected a boolean.", "logprobs")
+    top = optional_int(body, "top_logprobs", 0, _MAX_TOP_LOGPROBS)
+    if top is not None and logprobs is not True:
+        raise _invalid(
+            "Invalid value for 'top_logprobs': 'logprobs' must be set to true when "
+            "'top_logprobs' is used.",
+            "top_logprobs",
+            "invalid_value",
+        )
+    return logprobs is True, top
+
+
+def _parse_effort(body: dict[str, Any]) -> str | None:
+    effort = body.get("reasoning_effort")
+    if effort is not None and effort not in REASONING_EFFORTS:
+        raise _invalid(
+            f"Invalid value for 'reasoning_effort': {effort!r}. Expected one of "
+            f"{', '.join(REASONING_EFFORTS)}.",
+            "reasoning_effort",
+            "invalid_value",
+        )
+    return effort
+
+
+def parse_chat_request(raw: bytes) -> ChatRequest:
+    """Validate a request body the way the API does; raises ``ApiError`` (400) if invalid."""
+    body = json_object(raw)
+    model = required_model(body)
     messages = _parse_messages(body.get("messages"))
     max_tokens = _parse_max_tokens(body)
     _check_options(body)
@@ -203,12 +272,16 @@ def parse_chat_request(raw: bytes) -> ChatRequest:
         raise _invalid(
             f"Invalid value for 'service_tier': {tier!r}.", "service_tier", "invalid_value"
         )
+    logprobs, top_logprobs = _parse_logprobs(body)
     return ChatRequest(
         model=model,
         messages=messages,
         max_tokens=max_tokens,
         response_schema=schema,
         service_tier="flex" if tier == "flex" else "default",
+        logprobs=logprobs,
+        top_logprobs=top_logprobs or 0,
+        reasoning_effort=_parse_effort(body),
     )
 
 
@@ -273,6 +346,7 @@ def completion_body(
     finish_reason: str,
     usage: dict[str, Any] | None,
     service_tier: str = "default",
+    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A 200 body of ``POST /v1/chat/completions``; no ``usage`` key when ``usage`` is None."""
     body: dict[str, Any] = {
@@ -284,7 +358,7 @@ def completion_body(
             {
                 "index": 0,
                 "message": {"role": "assistant", "content": content, "refusal": None},
-                "logprobs": None,
+                "logprobs": logprobs,
                 "finish_reason": finish_reason,
             }
         ],

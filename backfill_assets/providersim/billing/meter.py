@@ -10,10 +10,12 @@ Refusals by the access checks (401, 403, 404) are counted per status and per end
 
 Moderation calls (``POST /v1/moderations``, free) are billed too: one ``BilledCall`` per
 answered 200 with 0 prompt and 0 completion tokens, cost 0 and ``endpoint``
-``/v1/moderations``, so a client's ledger can be compared call for call. In the JSON of
-``GET /_sim/meter`` a billed item carries ``"endpoint"`` only when it is not a chat completion,
-so chat items keep their historical shape; ``billed_by_endpoint`` sums calls and cost per
-endpoint and ``requests_by_endpoint`` counts arrivals (``requests_total`` counts both routes).
+``/v1/moderations``, so a client's ledger can be compared call for call. Legacy completions
+(``POST /v1/completions``, Llama Guard's custom categories) are billed like chat calls, with
+``endpoint`` ``/v1/completions``. In the JSON of ``GET /_sim/meter`` a billed item carries
+``"endpoint"`` only when it is not a chat completion, so chat items keep their historical
+shape; ``billed_by_endpoint`` sums calls and cost per endpoint and ``requests_by_endpoint``
+counts arrivals (``requests_total`` counts every answering route).
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from typing import Any
 
 CHAT_ENDPOINT = "/v1/chat/completions"
 MODERATIONS_ENDPOINT = "/v1/moderations"
+# The legacy completions API: Llama Guard's custom-category prompts (guard_models/).
+COMPLETIONS_ENDPOINT = "/v1/completions"
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +49,8 @@ class BilledCall:
     # What the simulator's own price list charged for the call, and when (epoch seconds).
     cost_nanos: int = 0
     billed_at: float = 0.0
-    # Which API answered: chat completions, or moderations (free: no tokens, no cost).
+    # Which API answered: chat completions, legacy completions, or moderations (free: no
+    # tokens, no cost).
     endpoint: str = CHAT_ENDPOINT
 
     @property
@@ -99,7 +104,8 @@ class MeterSnapshot:
     batch_create_requests: int = 0
     refusals_by_status: dict[int, int] = field(default_factory=dict)
     refusals_by_endpoint: dict[str, int] = field(default_factory=dict)
-    # Arrivals per answering route (chat completions, moderations); they sum to requests_total.
+    # Arrivals per answering route (chat, legacy completions, moderations); they sum to
+    # requests_total.
     requests_by_endpoint: dict[str, int] = field(default_factory=dict)
 
     @property

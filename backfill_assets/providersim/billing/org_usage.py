@@ -5,7 +5,8 @@ Usage results are grouped by model (``group_by=model``, the only grouping served
 one result per day, ``amount.value`` in USD from the meter's own prices.
 Parameters: ``start_time`` (Unix seconds, required), ``end_time``, ``limit`` (buckets per page,
 default 7, at most 31) and ``page`` (the cursor a previous page's ``next_page`` gave).
-Moderation calls are left out of both: they are no completions and cost nothing.
+Chat and legacy completions (``/v1/completions``) count; moderation calls are left out of
+both: they are no completions and cost nothing.
 """
 
 from __future__ import annotations
@@ -15,10 +16,16 @@ from decimal import Decimal
 from typing import Any
 from urllib.parse import parse_qs
 
-from backfill_assets.providersim.billing.meter import CHAT_ENDPOINT, BilledCall, MeterSnapshot
+from backfill_assets.providersim.billing.meter import (
+    CHAT_ENDPOINT,
+    COMPLETIONS_ENDPOINT,
+    BilledCall,
+    MeterSnapshot,
+)
 from backfill_assets.providersim.wire import ApiError
 
 _DAY = 86_400
+_COMPLETION_ENDPOINTS = frozenset({CHAT_ENDPOINT, COMPLETIONS_ENDPOINT})
 
 
 def _int(params: dict[str, list[str]], name: str, default: int | None) -> int:
@@ -53,7 +60,7 @@ def _day_of(call: BilledCall) -> int:
 
 
 def _completions(snapshot: MeterSnapshot) -> list[BilledCall]:
-    return [call for call in snapshot.billed.values() if call.endpoint == CHAT_ENDPOINT]
+    return [call for call in snapshot.billed.values() if call.endpoint in _COMPLETION_ENDPOINTS]
 
 
 def _page(buckets: list[dict[str, Any]], next_page: str | None) -> dict[str, Any]:
