@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from backfill_assets.domain.policy.calibration import (
     THRESHOLDS,
@@ -64,6 +66,14 @@ def test_pr_above_every_score_has_recall_0_and_no_precision() -> None:
     assert got.precision == (0.5, 1.0, None)
     assert got.recall == (0.5, 0.5, 0.0)
     assert pr_curve([0.5], [False], positives=0, thresholds=[0.1]).recall == (None,)
+
+
+@given(st.lists(st.tuples(st.one_of(st.none(), st.floats(0.0, 1.0)), st.booleans()), max_size=40))
+def test_pr_counts_equal_a_row_by_row_count(rows: list[tuple[float | None, bool]]) -> None:
+    got = pr_curve([s for s, _ in rows], [h for _, h in rows], positives=len(rows))
+    for i, t in enumerate(THRESHOLDS):
+        above = [h for s, h in rows if s is not None and s >= t]
+        assert (got.predicted[i], got.true_positives[i]) == (len(above), sum(above))
 
 
 def test_the_threshold_grid_is_0_to_1_by_hundredths() -> None:

@@ -145,13 +145,18 @@ def pr_curve(
     rows are right to predict (the recall's denominator)."""
     if len(scores) != len(hits):
         raise ValueError("scores and hits differ in length")
-    scored = [(s, h) for s, h in zip(scores, hits, strict=True) if s is not None]
+    scored = sorted((s, h) for s, h in zip(scores, hits, strict=True) if s is not None)
+    ordered = [s for s, _ in scored]
+    # hits_from[i]: the hits among scored[i:], so each threshold is a bisection, not a pass.
+    hits_from = [0] * (len(scored) + 1)
+    for i in range(len(scored) - 1, -1, -1):
+        hits_from[i] = hits_from[i + 1] + int(scored[i][1])
     predicted: list[int] = []
     true_positives: list[int] = []
     for t in thresholds:
-        above = [h for s, h in scored if s >= t]
-        predicted.append(len(above))
-        true_positives.append(sum(above))
+        first = bisect.bisect_left(ordered, t)
+        predicted.append(len(scored) - first)
+        true_positives.append(hits_from[first])
     return PrCurve(
         thresholds=tuple(thresholds),
         positives=positives,
