@@ -11,6 +11,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from backfill_assets.domain.policy.calibration import P_LABEL, label_score
 from backfill_assets.domain.policy.document import Policy
 from backfill_assets.domain.work.events import EventKind
 from backfill_assets.domain.work.keys import Versions, work_key
@@ -69,11 +70,20 @@ def claim_tenant(conn: Connection, tenant_id: str) -> bool:
 @dataclass(frozen=True, slots=True)
 class Answer:
     """What a policy answered for one gold post: a label (None if none was accepted), its
-    rule ids, and the outcome (``accepted``, a dead letter's, or ``missing``)."""
+    rule ids, the outcome (``accepted``, a dead letter's, or ``missing``), and with a label
+    its score and the score's source (``label_score``)."""
 
     label: str | None
     rule_ids: tuple[str, ...]
     outcome: str
+    score: float | None = None
+    score_source: str | None = None
+
+
+# The stored probability of the chosen label, read once the results table has the column
+# (nullable); until then NULL, and label_score falls back to the model's confidence.
+_P_LABEL = results.c.get(P_LABEL)
+_P_LABEL_OR_NULL = (_P_LABEL if _P_LABEL is not None else sa.null()).label(P_LABEL)
 
 
 def _chunks(items: Sequence[str]) -> Iterable[list[str]]:
@@ -98,13 +108,22 @@ def answers(
     out = {p: Answer(None, (), "missing") for p in post_ids}
     key_list = sorted(keys)
     for chunk in _chunks(key_list):
-        for key, label, rules in conn.execute(
-            sa.select(results.c.key, results.c.label, results.c.rule_ids).where(
-                results.c.key.in_(chunk)
-            )
+        for key, label, rules, confidence, p_label in conn.execute(
+            sa.select(
+                results.c.key,
+                results.c.label,
+                results.c.rule_ids,
+                results.c.confidence,
+                _P_LABEL_OR_NULL,
+            ).where(results.c.key.in_(chunk))
         ):
+            score, source = label_score(p_label, confidence)
             out[keys[key]] = Answer(
-                str(label), tuple(str(rules).split(",")) if rules else (), "accepted"
+                str(label),
+                tuple(str(rules).split(",")) if rules else (),
+                "accepted",
+                score,
+                source,
             )
         for key, outcome in conn.execute(
             sa.select(dead_letters.c.key, dead_letters.c.outcome).where(

@@ -269,3 +269,57 @@ def test_run_sample_is_a_canary_the_full_run_does_not_pay_again(
     assert [t["calls"] for t in again["tenants"]] == [0, 0]  # the same sample: nothing to pay
     code, doc, _ = _cli(["run", "--json"], capsys)
     assert code == 0 and doc["totals"]["model_calls"] == 70 - 16
+
+
+def _ece_of(bins: list[dict[str, Any]]) -> float:
+    n = sum(b["count"] for b in bins)
+    return sum(b["count"] / n * abs(b["accuracy"] - b["mean_score"]) for b in bins if b["count"])
+
+
+# SQLite only: a CLI flow; the store queries behind it run on both stores above.
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+def test_calibration_is_the_stored_confidences_against_the_gold_labels(
+    engine: Engine, env: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, doc, _ = _cli(["evaluate", str(GOLD), "--json"], capsys)
+    assert code == 0
+    [v5] = doc["policies"]
+    cal = v5["calibration"]
+    assert (cal["score"], cal["rows"], cal["scored_rows"], cal["bins"]) == (
+        "confidence",
+        62,
+        62,
+        10,
+    )
+    with engine.connect() as conn:
+        stored = conn.execute(sa.text("SELECT confidence FROM results")).scalars().all()
+    # The bins hold the stored confidences: the same count and sum ([lower, upper), the last
+    # bin closed).
+    bins = cal["overall"]["reliability"]
+    counts = [
+        sum(1 for s in stored if b["lower"] <= s < b["upper"] or (k == 9 and s == 1.0))
+        for k, b in enumerate(bins)
+    ]
+    assert counts == [b["count"] for b in bins] and sum(counts) == 62
+    total = sum(b["mean_score"] * b["count"] for b in bins if b["count"])
+    assert total == pytest.approx(sum(stored))
+    # Right in the bins: the accuracy's 52 of 62.
+    right = sum(round(b["accuracy"] * b["count"]) for b in bins if b["count"])
+    assert right == 52
+    assert cal["overall"]["ece"] == pytest.approx(_ece_of(bins)) and cal["overall"]["ece"] > 0
+    # At threshold 0 every labelled row is predicted: the label's precision and recall; above
+    # every confidence (the fake model's are at most 0.99) none is.
+    figures = _by_label(v5)
+    for c in cal["labels"]:
+        got = figures[c["label"]]
+        assert c["rows"] == got["predicted"] and c["pr"]["positives"] == got["support"]
+        assert c["pr"]["precision"][0] == pytest.approx(got["precision"])
+        assert c["pr"]["recall"][0] == pytest.approx(got["recall"])
+        assert (c["pr"]["predicted"][-1], c["pr"]["precision"][-1]) == (0, None)
+        assert c["pr"]["recall"][-1] == 0.0
+    assert cal["thresholds"][:3] == [0.0, 0.01, 0.02] and len(cal["thresholds"]) == 101
+    # The human output: overall ECE, its bins, each label's ECE; the PR table is left out.
+    code, out, _ = _cli(["evaluate", str(GOLD)], capsys)
+    assert f"calibration (score: confidence): ECE {cal['overall']['ece']:.3f}" in out
+    assert "reliability (bins with rows)" in out and "ECE per label" in out
+    assert "precision_recall" not in out

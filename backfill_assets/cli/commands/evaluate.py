@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     from backfill_assets.config.settings import Settings
 
 LABEL_COLUMNS = ["label", "support", "precision", "precision_ci95", "recall", "recall_ci95", "f1"]
+BIN_COLUMNS = ["bin", "rows", "mean score", "accuracy"]
+ECE_COLUMNS = ["label", "scored rows", "ECE"]
 
 
 def add_evaluate_command(add: Callable[[str, str], argparse.ArgumentParser]) -> None:
@@ -57,6 +59,39 @@ def _ci(value: list[float] | None) -> str:
     return "-" if not value else f"{value[0]:.1%}-{value[1]:.1%}"
 
 
+def _ece(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def _calibration(cal: dict[str, Any]) -> list[Human]:
+    """Overall ECE and reliability table, each label's ECE (the PR table is in --json and
+    --report's calibration.json: 101 rows a label)."""
+    overall = cal["overall"]
+    head = (
+        f"calibration (score: {cal['score']}): ECE {_ece(overall['ece'])} over "
+        f"{overall['rows']} scored rows of {cal['rows']}"
+    )
+    bins = [
+        {
+            "bin": f"{b['lower']:.1f}-{b['upper']:.1f}",
+            "rows": b["count"],
+            "mean score": f"{b['mean_score']:.3f}",
+            "accuracy": _pct(b["accuracy"]),
+        }
+        for b in overall["reliability"]
+        if b["count"]
+    ]
+    eces = [
+        {"label": c["label"], "scored rows": c["rows"], "ECE": _ece(c["ece"])}
+        for c in cal["labels"]
+    ]
+    return [
+        head,
+        table(bins, BIN_COLUMNS, title="reliability (bins with rows)"),
+        table(eces, ECE_COLUMNS, title="ECE per label"),
+    ]
+
+
 def _human(report: dict[str, Any]) -> list[Human]:
     head = (
         f"{report['policy']} ({report['model']}): {report['rows']} rows, accuracy "
@@ -84,6 +119,7 @@ def _human(report: dict[str, Any]) -> list[Human]:
         head,
         table(rows, LABEL_COLUMNS, title="per label (95% Wilson intervals)"),
         table(matrix, ["expected", *cols], title="confusion (expected x answered)"),
+        *_calibration(report["calibration"]),
     ]
 
 

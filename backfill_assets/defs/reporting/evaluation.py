@@ -26,6 +26,7 @@ from backfill_assets.defs.asset_keys import POLICY_EVALUATION
 from backfill_assets.defs.model_resources import ModelResource, versions_for
 from backfill_assets.defs.partitions import partition_key_for
 from backfill_assets.defs.reporting.evaluation_tables import (
+    calibration_table,
     confusion_table,
     evaluations_table,
     per_label_table,
@@ -34,6 +35,7 @@ from backfill_assets.defs.sealing import NO_CONFIG
 from backfill_assets.dispatch.partition_run import PartitionRef, RunOptions
 from backfill_assets.dispatch.pipeline import run_partitions, with_levels
 from backfill_assets.domain.money.nanos import usd_text, whole_nanos
+from backfill_assets.domain.policy.calibration import calibration
 from backfill_assets.domain.policy.evaluation import Comparison, Gate, compare, figures
 from backfill_assets.domain.policy.rubric import Rubric
 from backfill_assets.domain.work.keys import SLICE_KEYS, Versions, work_key
@@ -86,8 +88,14 @@ def _report(
     ids = [row.post.post_id for row in gold.rows]
     got = [answers[i] for i in ids]
     labels = [a.label for a in got]
-    fig = figures(
-        [row.label for row in gold.rows], labels, rubric.policy.label_ids, [a.outcome for a in got]
+    expected = [row.label for row in gold.rows]
+    fig = figures(expected, labels, rubric.policy.label_ids, [a.outcome for a in got])
+    cal = calibration(
+        expected,
+        labels,
+        [a.score for a in got],
+        rubric.policy.label_ids,
+        [a.score_source for a in got],
     )
     rules: dict[str, dict[str, int]] = {}
     for row, answer in zip(gold.rows, got, strict=True):
@@ -118,6 +126,7 @@ def _report(
         "cost_per_1000_posts_usd": usd_text(whole_nanos(Decimal(cost) * 1000 / n) if n else 0),
         "calls_booked": calls,
         "calls_this_run": calls_now,
+        "calibration": cal.as_dict(),
     }
     return report, labels
 
@@ -256,6 +265,12 @@ def evaluation_metadata(engine: Engine, rubric: Rubric, model: str) -> dict[str,
         md["accuracy"] = dg.MetadataValue.float(current.accuracy)
         md["per_label"] = dg.MetadataValue.md(per_label_table(current.report))
         md["confusion_matrix"] = dg.MetadataValue.md(confusion_table(current.report))
+        # Evaluations stored before calibration was measured have none.
+        if "calibration" in current.report:
+            ece = current.report["calibration"]["overall"]["ece"]
+            if ece is not None:
+                md["ece"] = dg.MetadataValue.float(ece)
+            md["calibration"] = dg.MetadataValue.md(calibration_table(current.report))
     return md
 
 

@@ -1,5 +1,5 @@
 """The markdown tables ``policy_evaluation`` shows: every policy version's latest evaluation,
-and one evaluation's per-label figures and confusion matrix."""
+and one evaluation's per-label figures, confusion matrix and calibration."""
 
 from __future__ import annotations
 
@@ -42,6 +42,21 @@ def confusion_table(report: dict[str, Any]) -> str:
     lines = ["| expected \\ answered | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
     for label, row in rows.items():
         lines.append(f"| {label} | " + " | ".join(str(row[c]) for c in cols) + " |")
+    return "\n".join(lines)
+
+
+def calibration_table(report: dict[str, Any]) -> str:
+    """Markdown: the expected calibration error overall and of each label the policy gave."""
+    cal = report["calibration"]
+    lines = [
+        f"score: {cal['score']}",
+        "",
+        "| label | scored rows | ECE |",
+        "|---|---:|---:|",
+    ]
+    for name, part in [("overall", cal["overall"]), *((c["label"], c) for c in cal["labels"])]:
+        ece = "-" if part["ece"] is None else f"{part['ece']:.3f}"
+        lines.append(f"| {name} | {part['rows']} | {ece} |")
     return "\n".join(lines)
 
 
