@@ -162,27 +162,38 @@ def record(
     tenant_id: str,
     gold: tuple[str, str, int],
     report: dict[str, Any],
-) -> None:
-    """Store one evaluation (``gold``: source, sha256, rows; ``report``: figures only)."""
+) -> int:
+    """Store one evaluation (``gold``: source, sha256, rows; ``report``: figures only);
+    returns its id."""
     source, sha, rows = gold
-    conn.execute(
-        policy_evaluations.insert().values(
-            key_version=policy.key_version,
-            identity=policy.identity,
-            policy_id=policy.policy_id,
-            version=policy.version,
-            model=model,
-            tenant_id=tenant_id,
-            gold_source=source[:500],
-            gold_sha256=sha,
-            gold_rows=rows,
-            accuracy=float(report["accuracy"]),
-            macro_f1=float(report["macro_f1"]),
-            schema_rejected_share=float(report["schema_rejected_share"]),
-            report=json.dumps(report, sort_keys=True),
-            created_at=utcnow(),
-        )
+    return int(
+        conn.execute(
+            policy_evaluations.insert()
+            .values(
+                key_version=policy.key_version,
+                identity=policy.identity,
+                policy_id=policy.policy_id,
+                version=policy.version,
+                model=model,
+                tenant_id=tenant_id,
+                gold_source=source[:500],
+                gold_sha256=sha,
+                gold_rows=rows,
+                accuracy=float(report["accuracy"]),
+                macro_f1=float(report["macro_f1"]),
+                schema_rejected_share=float(report["schema_rejected_share"]),
+                report=json.dumps(report, sort_keys=True),
+                created_at=utcnow(),
+            )
+            .returning(policy_evaluations.c.id)
+        ).scalar_one()
     )
+
+
+def set_report_dir(conn: Connection, evaluation_id: int, folder: str) -> None:
+    """Record where ``evaluate --report`` wrote an evaluation's pictures (once they are there)."""
+    pe = policy_evaluations
+    conn.execute(pe.update().where(pe.c.id == evaluation_id).values(report_dir=folder))
 
 
 @dataclass(frozen=True)
@@ -199,6 +210,7 @@ class Evaluation:
     schema_rejected_share: float
     report: dict[str, Any]
     created_at: object
+    report_dir: str | None = None
 
 
 def _evaluation(row: Any) -> Evaluation:
@@ -213,6 +225,7 @@ def _evaluation(row: Any) -> Evaluation:
         schema_rejected_share=float(row.schema_rejected_share),
         report=json.loads(row.report),
         created_at=row.created_at,
+        report_dir=None if row.report_dir is None else str(row.report_dir),
     )
 
 

@@ -271,6 +271,9 @@ def test_run_sample_is_a_canary_the_full_run_does_not_pay_again(
     assert code == 0 and doc["totals"]["model_calls"] == 70 - 16
 
 
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
 def _ece_of(bins: list[dict[str, Any]]) -> float:
     n = sum(b["count"] for b in bins)
     return sum(b["count"] / n * abs(b["accuracy"] - b["mean_score"]) for b in bins if b["count"])
@@ -323,3 +326,95 @@ def test_calibration_is_the_stored_confidences_against_the_gold_labels(
     assert f"calibration (score: confidence): ECE {cal['overall']['ece']:.3f}" in out
     assert "reliability (bins with rows)" in out and "ECE per label" in out
     assert "precision_recall" not in out
+
+
+# SQLite only: a CLI flow; the store queries behind it run on both stores above.
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+def test_report_writes_the_pictures_and_policy_evaluation_links_them(
+    engine: Engine, env: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = tmp_path / "reports" / "v5"  # made, parents too
+    code, doc, err = _cli(["evaluate", str(GOLD), "--report", str(folder), "--json"], capsys)
+    assert code == 0, err
+    pictures = ["confusion_matrix.png", "reliability.png", "precision_recall.png"]
+    assert doc["report"] == {
+        "dir": str(folder),
+        "files": [str(folder / n) for n in [*pictures, "calibration.json"]],
+    }
+    for name in pictures:
+        data = (folder / name).read_bytes()
+        assert data.startswith(PNG_MAGIC) and len(data) > 10_000, name
+    [v5] = doc["policies"]
+    assert json.loads((folder / "calibration.json").read_text()) == v5["calibration"]
+    with engine.connect() as conn:
+        dirs = conn.execute(sa.text("SELECT report_dir FROM policy_evaluations")).scalars().all()
+    assert dirs == [str(folder)]
+
+    # The UI: evaluate's own record of policy_evaluation, and the asset materialised, link
+    # the pictures and carry the overall ECE.
+    instance = dg.DagsterInstance.from_config(env["DAGSTER_HOME"])
+    try:
+        for materialise in (False, True):
+            if materialise:
+                defs = build_definitions(env)
+                result = dg.materialize(
+                    [defs.resolve_assets_def("policy_evaluation")], instance=instance
+                )
+                assert result.success
+            mat = instance.get_latest_materialization_event(POLICY_EVALUATION)
+            assert mat is not None and mat.asset_materialization is not None
+            md = mat.asset_materialization.metadata
+            for name in pictures:
+                link = md[name.replace(".", "_")]
+                assert isinstance(link, dg.PathMetadataValue) and link.path == str(folder / name)
+            assert md["report_dir"].value == str(folder)
+            assert md["ece"].value == pytest.approx(v5["calibration"]["overall"]["ece"])
+            assert "| overall | 62 |" in md["calibration"].value
+    finally:
+        instance.dispose()
+
+    # A later evaluation without --report links no pictures; its ECE is still shown.
+    code, doc, _ = _cli(["evaluate", str(GOLD), "--json"], capsys)
+    assert code == 0 and "report" not in doc
+    instance = dg.DagsterInstance.from_config(env["DAGSTER_HOME"])
+    try:
+        mat = instance.get_latest_materialization_event(POLICY_EVALUATION)
+        md = mat.asset_materialization.metadata  # type: ignore[union-attr]
+        assert "reliability_png" not in md and "report_dir" not in md and "ece" in md
+    finally:
+        instance.dispose()
+
+
+# SQLite only: a CLI flow; the store queries behind it run on both stores above.
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+def test_report_with_against_puts_the_baseline_in_its_subfolder(
+    engine: Engine, env: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = tmp_path / "r"
+    argv = ["evaluate", str(GOLD), "--against", str(COURSE_V4), "--report", str(folder)]
+    code, doc, err = _cli([*argv, "--json"], capsys)
+    assert code == 0, err
+    v4, v5 = doc["policies"]
+    assert json.loads((folder / "calibration.json").read_text()) == v5["calibration"]
+    assert json.loads((folder / "against" / "calibration.json").read_text()) == v4["calibration"]
+    assert (folder / "against" / "reliability.png").read_bytes().startswith(PNG_MAGIC)
+
+
+# SQLite only: a CLI flow; the store queries behind it run on both stores above.
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+@pytest.mark.parametrize("where", ["a file", "under a file"])
+def test_a_report_folder_that_cannot_be_made_is_refused_before_any_call(
+    engine: Engine,
+    env: dict[str, str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    where: str,
+) -> None:
+    taken = tmp_path / "taken.txt"
+    taken.write_text("mine")
+    folder = taken if where == "a file" else taken / "report"
+    code, _, err = _cli(["evaluate", str(GOLD), "--report", str(folder)], capsys)
+    assert code == 2 and "argument --report" in err and "not a folder" in err, err
+    assert taken.read_text() == "mine"
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM ledger_events")).scalar_one() == 0

@@ -1,5 +1,6 @@
-"""``evaluate GOLD [--policy FILE] [--against FILE] [--tenant T]``: a policy measured on a
-gold set before the sweep, through the backfill's own keys, ledger and dispatcher."""
+"""``evaluate GOLD [--policy FILE] [--against FILE] [--tenant T] [--report DIR]``: a policy
+measured on a gold set before the sweep, through the backfill's own keys, ledger and
+dispatcher, with its calibration (and with ``--report``, pictures of it)."""
 
 from __future__ import annotations
 
@@ -47,6 +48,13 @@ def add_evaluate_command(add: Callable[[str, str], argparse.ArgumentParser]) -> 
         "--tenant",
         default=DEFAULT_TENANT,
         help=f"the tenant the calls are booked to (default {DEFAULT_TENANT}; never a customer's)",
+    )
+    sp.add_argument(
+        "--report",
+        metavar="DIR",
+        help="also write confusion_matrix.png, reliability.png, precision_recall.png and "
+        "calibration.json into DIR (made if missing; with --against, the baseline's in "
+        "DIR/against)",
     )
     sp.set_defaults(func=cmd_evaluate)
 
@@ -135,8 +143,10 @@ def cmd_evaluate(args: argparse.Namespace, settings: Settings) -> int:
     run-level error stopped it, 2 for bad input."""
     from backfill_assets.runner.api import (
         GoldError,
+        ReportDirError,
         RunResource,
         RunStopped,
+        check_report_dir,
         comparison,
         evaluate_policies,
         gate_result,
@@ -162,6 +172,10 @@ def cmd_evaluate(args: argparse.Namespace, settings: Settings) -> int:
         gold = read_gold(args.gold, tenant)
     except GoldError as exc:
         raise UserError(f"argument GOLD: {exc}") from None
+    try:
+        report_dir = check_report_dir(args.report) if args.report else None
+    except ReportDirError as exc:
+        raise UserError(f"argument --report: {exc}") from None
     engine = engine_for(settings.store.url)
     source = str(Path(args.gold).resolve())
     try:
@@ -193,6 +207,9 @@ def cmd_evaluate(args: argparse.Namespace, settings: Settings) -> int:
     ]
     for result in results:
         human += _human(result.report)
+    if report_dir is not None:
+        doc["report"] = _write_reports(engine, report_dir, results)
+        human.append(f"report: {', '.join(doc['report']['files'])}")
     if args.against:
         doc["comparison"] = comparison(results[0], results[1])
         cmp = doc["comparison"]
@@ -210,6 +227,21 @@ def cmd_evaluate(args: argparse.Namespace, settings: Settings) -> int:
     _record_in_dagster(settings, engine, current, model.model, check_result)
     emit(args, doc, *human)
     return 0
+
+
+def _write_reports(engine: Any, folder: Path, results: list[Any]) -> dict[str, Any]:
+    """Each policy's report: the one evaluated in ``folder``, the baseline (``--against``,
+    evaluated first) in its subfolder."""
+    from backfill_assets.runner.api import AGAINST, ReportDirError, write_report
+
+    folders = [folder / AGAINST, folder] if len(results) == 2 else [folder]
+    written: list[Path] = []
+    try:
+        for where, result in zip(folders, results, strict=True):
+            written += write_report(engine, where, result.report, result.evaluation_id)
+    except ReportDirError as exc:
+        raise UserError(f"argument --report: {exc}") from None
+    return {"dir": str(folder), "files": [str(p) for p in written]}
 
 
 def _record_in_dagster(

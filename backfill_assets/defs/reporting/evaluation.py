@@ -25,6 +25,7 @@ from backfill_assets.config.variables import StoreSettings
 from backfill_assets.defs.asset_keys import POLICY_EVALUATION
 from backfill_assets.defs.model_resources import ModelResource, versions_for
 from backfill_assets.defs.partitions import partition_key_for
+from backfill_assets.defs.reporting.evaluation_report import report_links
 from backfill_assets.defs.reporting.evaluation_tables import (
     calibration_table,
     confusion_table,
@@ -69,12 +70,14 @@ def store_gold(engine: Engine, gold: GoldSet, tenant: str, source: str, target: 
 
 @dataclass
 class PolicyResult:
-    """One policy's evaluation: its figures as a JSON report, and each row's answer."""
+    """One policy's evaluation: its figures as a JSON report, each row's answer, and the id
+    of the evaluation stored."""
 
     rubric: Rubric
     versions: Versions
     report: dict[str, Any]
     labels: list[str | None]
+    evaluation_id: int
 
 
 def _report(
@@ -178,8 +181,10 @@ def evaluate_policies(
         report["tenant"] = tenant
         report["gold"] = {"file": source[0], "sha256": source[1], "rows": len(ids)}
         with write_tx(engine) as conn:
-            evals.record(conn, rubric.policy, versions.model, tenant, (*source, len(ids)), report)
-        out.append(PolicyResult(rubric, versions, report, labels))
+            evaluation_id = evals.record(
+                conn, rubric.policy, versions.model, tenant, (*source, len(ids)), report
+            )
+        out.append(PolicyResult(rubric, versions, report, labels, evaluation_id))
     return out
 
 
@@ -271,6 +276,8 @@ def evaluation_metadata(engine: Engine, rubric: Rubric, model: str) -> dict[str,
             if ece is not None:
                 md["ece"] = dg.MetadataValue.float(ece)
             md["calibration"] = dg.MetadataValue.md(calibration_table(current.report))
+        if current.report_dir is not None:
+            md.update(report_links(current.report_dir))
     return md
 
 
