@@ -2,7 +2,8 @@
 matrix, the reliability diagram (overall and per label) and the precision-recall curves.
 
 Figures are made with matplotlib's object API and its Agg canvas, never ``pyplot``: no GUI
-backend is chosen, no global figure state is kept, and nothing here needs a display.
+backend is chosen, no global figure state is kept, and nothing here needs a display. Titles
+name the policy and the model as given, so they are not parsed as mathtext (a '$' is text).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ def confusion_matrix(report: dict[str, Any], path: Path) -> Path:
     ax.set_title(
         f"confusion on {report['rows']} gold rows\n{report['policy']} ({report['model']})",
         fontsize=10,
+        parse_math=False,
     )
     return _save(fig, path)
 
@@ -101,7 +103,9 @@ def reliability_diagram(report: dict[str, Any], path: Path) -> Path:
         else:
             ax.set_axis_off()
     axes[0][0].legend(loc="upper left", fontsize=7)
-    fig.suptitle(f"reliability (score: {cal['score']})\n{report['policy']}", fontsize=10)
+    fig.suptitle(
+        f"reliability (score: {cal['score']})\n{report['policy']}", fontsize=10, parse_math=False
+    )
     return _save(fig, path)
 
 
@@ -132,7 +136,11 @@ def precision_recall(report: dict[str, Any], path: Path) -> Path:
     ax.set_xlabel("recall")
     ax.set_ylabel("precision")
     # Two lines: a policy identity is long enough to run past the figure on one.
-    ax.set_title(f"precision-recall (score: {cal['score']})\n{report['policy']}", fontsize=10)
+    ax.set_title(
+        f"precision-recall (score: {cal['score']})\n{report['policy']}",
+        fontsize=10,
+        parse_math=False,
+    )
     if ax.get_legend_handles_labels()[0]:
         ax.legend(loc="lower left", fontsize=8)
     return _save(fig, path)
