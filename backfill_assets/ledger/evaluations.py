@@ -11,6 +11,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from backfill_assets.domain.policy.calibration import P_LABEL, label_score
 from backfill_assets.domain.policy.document import Policy
 from backfill_assets.domain.work.events import EventKind
 from backfill_assets.domain.work.keys import Versions, work_key
@@ -69,11 +70,20 @@ def claim_tenant(conn: Connection, tenant_id: str) -> bool:
 @dataclass(frozen=True, slots=True)
 class Answer:
     """What a policy answered for one gold post: a label (None if none was accepted), its
-    rule ids, and the outcome (``accepted``, a dead letter's, or ``missing``)."""
+    rule ids, the outcome (``accepted``, a dead letter's, or ``missing``), and with a label
+    its score and the score's source (``label_score``)."""
 
     label: str | None
     rule_ids: tuple[str, ...]
     outcome: str
+    score: float | None = None
+    score_source: str | None = None
+
+
+# The stored probability of the chosen label, read once the results table has the column
+# (nullable); until then NULL, and label_score falls back to the model's confidence.
+_P_LABEL = results.c.get(P_LABEL)
+_P_LABEL_OR_NULL = (_P_LABEL if _P_LABEL is not None else sa.null()).label(P_LABEL)
 
 
 def _chunks(items: Sequence[str]) -> Iterable[list[str]]:
@@ -98,13 +108,22 @@ def answers(
     out = {p: Answer(None, (), "missing") for p in post_ids}
     key_list = sorted(keys)
     for chunk in _chunks(key_list):
-        for key, label, rules in conn.execute(
-            sa.select(results.c.key, results.c.label, results.c.rule_ids).where(
-                results.c.key.in_(chunk)
-            )
+        for key, label, rules, confidence, p_label in conn.execute(
+            sa.select(
+                results.c.key,
+                results.c.label,
+                results.c.rule_ids,
+                results.c.confidence,
+                _P_LABEL_OR_NULL,
+            ).where(results.c.key.in_(chunk))
         ):
+            score, source = label_score(p_label, confidence)
             out[keys[key]] = Answer(
-                str(label), tuple(str(rules).split(",")) if rules else (), "accepted"
+                str(label),
+                tuple(str(rules).split(",")) if rules else (),
+                "accepted",
+                score,
+                source,
             )
         for key, outcome in conn.execute(
             sa.select(dead_letters.c.key, dead_letters.c.outcome).where(
@@ -143,27 +162,38 @@ def record(
     tenant_id: str,
     gold: tuple[str, str, int],
     report: dict[str, Any],
-) -> None:
-    """Store one evaluation (``gold``: source, sha256, rows; ``report``: figures only)."""
+) -> int:
+    """Store one evaluation (``gold``: source, sha256, rows; ``report``: figures only);
+    returns its id."""
     source, sha, rows = gold
-    conn.execute(
-        policy_evaluations.insert().values(
-            key_version=policy.key_version,
-            identity=policy.identity,
-            policy_id=policy.policy_id,
-            version=policy.version,
-            model=model,
-            tenant_id=tenant_id,
-            gold_source=source[:500],
-            gold_sha256=sha,
-            gold_rows=rows,
-            accuracy=float(report["accuracy"]),
-            macro_f1=float(report["macro_f1"]),
-            schema_rejected_share=float(report["schema_rejected_share"]),
-            report=json.dumps(report, sort_keys=True),
-            created_at=utcnow(),
-        )
+    return int(
+        conn.execute(
+            policy_evaluations.insert()
+            .values(
+                key_version=policy.key_version,
+                identity=policy.identity,
+                policy_id=policy.policy_id,
+                version=policy.version,
+                model=model,
+                tenant_id=tenant_id,
+                gold_source=source[:500],
+                gold_sha256=sha,
+                gold_rows=rows,
+                accuracy=float(report["accuracy"]),
+                macro_f1=float(report["macro_f1"]),
+                schema_rejected_share=float(report["schema_rejected_share"]),
+                report=json.dumps(report, sort_keys=True),
+                created_at=utcnow(),
+            )
+            .returning(policy_evaluations.c.id)
+        ).scalar_one()
     )
+
+
+def set_report_dir(conn: Connection, evaluation_id: int, folder: str) -> None:
+    """Record where ``evaluate --report`` wrote an evaluation's pictures (once they are there)."""
+    pe = policy_evaluations
+    conn.execute(pe.update().where(pe.c.id == evaluation_id).values(report_dir=folder))
 
 
 @dataclass(frozen=True)
@@ -180,6 +210,7 @@ class Evaluation:
     schema_rejected_share: float
     report: dict[str, Any]
     created_at: object
+    report_dir: str | None = None
 
 
 def _evaluation(row: Any) -> Evaluation:
@@ -194,6 +225,7 @@ def _evaluation(row: Any) -> Evaluation:
         schema_rejected_share=float(row.schema_rejected_share),
         report=json.loads(row.report),
         created_at=row.created_at,
+        report_dir=None if row.report_dir is None else str(row.report_dir),
     )
 
 

@@ -289,6 +289,8 @@ policy_evaluations = sa.Table(
     sa.Column("schema_rejected_share", sa.Float, nullable=False),
     sa.Column("report", sa.Text, nullable=False),
     sa.Column("created_at", sa.DateTime, nullable=False),
+    # sql/023: the folder `evaluate --report` wrote the pictures to (NULL: none written).
+    sa.Column("report_dir", sa.Text),
 )
 
 # sql/016: each partition's write-back into the platform's table, per sink.

@@ -29,6 +29,12 @@ from backfill_assets.defs.reporting.evaluation import (
     gold_sha256,
     store_gold,
 )
+from backfill_assets.defs.reporting.evaluation_report import (
+    AGAINST,
+    ReportDirError,
+    check_report_dir,
+    write_report,
+)
 from backfill_assets.defs.reporting.usage import REPRICE_COLUMNS, USAGE_COLUMNS, reprice, usage_csv
 from backfill_assets.defs.resources import RunResource
 from backfill_assets.demo.generate import write_export
@@ -71,6 +77,7 @@ if TYPE_CHECKING:
     from backfill_assets.config.settings import Settings
 
 __all__ = [
+    "AGAINST",
     "BLOCKING_GROUPS",
     "CHECK_STATES",
     "DONE_STATUSES",
@@ -87,6 +94,7 @@ __all__ = [
     "OpenAIModelResource",
     "PartitionRef",
     "Plan",
+    "ReportDirError",
     "RunRecord",
     "RunResource",
     "RunStopped",
@@ -96,6 +104,7 @@ __all__ = [
     "by_tenant",
     "carry_out",
     "check",
+    "check_report_dir",
     "check_results_for",
     "check_status",
     "comparison",
@@ -133,6 +142,7 @@ __all__ = [
     "with_levels",
     "write_back",
     "write_export",
+    "write_report",
 ]
 
 

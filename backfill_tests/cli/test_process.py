@@ -16,10 +16,12 @@ import pytest
 import backfill_assets
 
 PACKAGE = Path(backfill_assets.__file__).parent
-# What the light commands must not load: Dagster, the provider stack, the data frame stack.
+# What the light commands must not load: Dagster, the provider stack, the data frame stack,
+# the plotting stack.
 HEAVY = (
     "dagster",
     "httpx",
+    "matplotlib",
     "pandas",
     "pandera",
     "backfill_assets.providers",
@@ -205,6 +207,30 @@ def test_run_freezes_the_heap_once_dagster_is_loaded(imported: tuple[Path, dict[
     doc = json.loads(done.stdout.strip().splitlines()[-1])
     assert doc["code"] == 0, done.stderr
     assert doc["frozen"] > FROZEN_AFTER_DAGSTER, doc
+
+
+def test_evaluate_loads_matplotlib_only_to_draw_its_report(
+    imported: tuple[Path, dict[str, str]],
+) -> None:
+    tmp, env = imported
+    gold = PACKAGE.parent / "docs" / "policies" / "course-gold.csv"
+    done = _python_env(
+        f"""
+        import contextlib, io, json, sys
+        from backfill_assets.cli import main
+
+        loaded = []
+        for extra in ([], ["--report", "{tmp / "report"}"]):
+            with contextlib.redirect_stdout(io.StringIO()):
+                code = main(["evaluate", "{gold}", "--json", *extra])
+            loaded.append([code, "matplotlib" in sys.modules])
+        print(json.dumps(loaded))
+        """,
+        tmp,
+        env,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == [[0, False], [0, True]]
 
 
 def _internal_imports() -> set[str]:

@@ -11,7 +11,9 @@ from sqlalchemy.engine import Engine
 
 from backfill_tests.cli_runs import clear_settings, cli_main
 from backfill_tests.conftest import import_records
+from backfill_tests.policy_helpers import DOCS_POLICIES
 
+GOLD = DOCS_POLICIES / "course-gold.csv"
 POSTS = [{"tenant_id": "acme", "post_id": f"p{i}", "text": f"post {i}"} for i in range(3)]
 
 
@@ -29,6 +31,8 @@ def store(engine: Engine, tmp_path: Path, cli_store: dict[str, str]) -> Engine:
         (["export", "--out", "OUT", "--tenant", "acmee"], "did you mean acme?"),
         (["export", "--out", "OUT", "--format", "xml"], "argument --format"),
         (["demo-data", "--out", "OUT", "--tenants", "0"], "argument --tenants"),
+        (["evaluate", str(GOLD), "--report", "OUT", "--tenant", "../x"], "argument --tenant"),
+        (["evaluate", str(GOLD), "--report", "OUT", "--tenant", "acme"], "customer"),
     ],
 )
 def test_a_refused_command_creates_nothing_it_was_pointed_at(

@@ -269,3 +269,152 @@ def test_run_sample_is_a_canary_the_full_run_does_not_pay_again(
     assert [t["calls"] for t in again["tenants"]] == [0, 0]  # the same sample: nothing to pay
     code, doc, _ = _cli(["run", "--json"], capsys)
     assert code == 0 and doc["totals"]["model_calls"] == 70 - 16
+
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _ece_of(bins: list[dict[str, Any]]) -> float:
+    n = sum(b["count"] for b in bins)
+    return sum(b["count"] / n * abs(b["accuracy"] - b["mean_score"]) for b in bins if b["count"])
+
+
+# SQLite only: a CLI flow; the store queries behind it run on both stores above.
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+def test_calibration_is_the_stored_confidences_against_the_gold_labels(
+    engine: Engine, env: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, doc, _ = _cli(["evaluate", str(GOLD), "--json"], capsys)
+    assert code == 0
+    [v5] = doc["policies"]
+    cal = v5["calibration"]
+    assert (cal["score"], cal["rows"], cal["scored_rows"], cal["bins"]) == (
+        "confidence",
+        62,
+        62,
+        10,
+    )
+    with engine.connect() as conn:
+        stored = conn.execute(sa.text("SELECT confidence FROM results")).scalars().all()
+    # The bins hold the stored confidences: the same count and sum ([lower, upper), the last
+    # bin closed).
+    bins = cal["overall"]["reliability"]
+    counts = [
+        sum(1 for s in stored if b["lower"] <= s < b["upper"] or (k == 9 and s == 1.0))
+        for k, b in enumerate(bins)
+    ]
+    assert counts == [b["count"] for b in bins] and sum(counts) == 62
+    total = sum(b["mean_score"] * b["count"] for b in bins if b["count"])
+    assert total == pytest.approx(sum(stored))
+    # Right in the bins: the accuracy's 52 of 62.
+    right = sum(round(b["accuracy"] * b["count"]) for b in bins if b["count"])
+    assert right == 52
+    assert cal["overall"]["ece"] == pytest.approx(_ece_of(bins)) and cal["overall"]["ece"] > 0
+    # At threshold 0 every labelled row is predicted: the label's precision and recall; above
+    # every confidence (the fake model's are at most 0.99) none is.
+    figures = _by_label(v5)
+    for c in cal["labels"]:
+        got = figures[c["label"]]
+        assert c["rows"] == got["predicted"] and c["pr"]["positives"] == got["support"]
+        assert c["pr"]["precision"][0] == pytest.approx(got["precision"])
+        assert c["pr"]["recall"][0] == pytest.approx(got["recall"])
+        assert (c["pr"]["predicted"][-1], c["pr"]["precision"][-1]) == (0, None)
+        assert c["pr"]["recall"][-1] == 0.0
+    assert cal["thresholds"][:3] == [0.0, 0.01, 0.02] and len(cal["thresholds"]) == 101
+    # The human output: overall ECE, its bins, each label's ECE; the PR table is left out.
+    code, out, _ = _cli(["evaluate", str(GOLD)], capsys)
+    assert f"calibration (score: confidence): ECE {cal['overall']['ece']:.3f}" in out
+    assert "reliability (bins with rows)" in out and "ECE per label" in out
+    assert "precision_recall" not in out
+
+
+# SQLite only: a CLI flow; the store queries behind it run on both stores above.
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+def test_report_writes_the_pictures_and_policy_evaluation_links_them(
+    engine: Engine, env: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = tmp_path / "reports" / "v5"  # made, parents too
+    code, doc, err = _cli(["evaluate", str(GOLD), "--report", str(folder), "--json"], capsys)
+    assert code == 0, err
+    pictures = ["confusion_matrix.png", "reliability.png", "precision_recall.png"]
+    assert doc["report"] == {
+        "dir": str(folder),
+        "files": [str(folder / n) for n in [*pictures, "calibration.json"]],
+    }
+    for name in pictures:
+        data = (folder / name).read_bytes()
+        assert data.startswith(PNG_MAGIC) and len(data) > 10_000, name
+    [v5] = doc["policies"]
+    assert json.loads((folder / "calibration.json").read_text()) == v5["calibration"]
+    with engine.connect() as conn:
+        dirs = conn.execute(sa.text("SELECT report_dir FROM policy_evaluations")).scalars().all()
+    assert dirs == [str(folder)]
+
+    # The UI: evaluate's own record of policy_evaluation, and the asset materialised, link
+    # the pictures and carry the overall ECE.
+    instance = dg.DagsterInstance.from_config(env["DAGSTER_HOME"])
+    try:
+        for materialise in (False, True):
+            if materialise:
+                defs = build_definitions(env)
+                result = dg.materialize(
+                    [defs.resolve_assets_def("policy_evaluation")], instance=instance
+                )
+                assert result.success
+            mat = instance.get_latest_materialization_event(POLICY_EVALUATION)
+            assert mat is not None and mat.asset_materialization is not None
+            md = mat.asset_materialization.metadata
+            for name in pictures:
+                link = md[name.replace(".", "_")]
+                assert isinstance(link, dg.PathMetadataValue) and link.path == str(folder / name)
+            assert md["report_dir"].value == str(folder)
+            assert md["ece"].value == pytest.approx(v5["calibration"]["overall"]["ece"])
+            assert "| overall | 62 |" in md["calibration"].value
+    finally:
+        instance.dispose()
+
+    # A later evaluation without --report links no pictures; its ECE is still shown.
+    code, doc, _ = _cli(["evaluate", str(GOLD), "--json"], capsys)
+    assert code == 0 and "report" not in doc
+    instance = dg.DagsterInstance.from_config(env["DAGSTER_HOME"])
+    try:
+        mat = instance.get_latest_materialization_event(POLICY_EVALUATION)
+        md = mat.asset_materialization.metadata  # type: ignore[union-attr]
+        assert "reliability_png" not in md and "report_dir" not in md and "ece" in md
+    finally:
+        instance.dispose()
+
+
+# SQLite only: a CLI flow; the store queries behind it run on both stores above.
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+def test_report_with_against_puts_the_baseline_in_its_subfolder(
+    engine: Engine, env: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = tmp_path / "r"
+    argv = ["evaluate", str(GOLD), "--against", str(COURSE_V4), "--report", str(folder)]
+    code, doc, err = _cli([*argv, "--json"], capsys)
+    assert code == 0, err
+    v4, v5 = doc["policies"]
+    assert json.loads((folder / "calibration.json").read_text()) == v5["calibration"]
+    assert json.loads((folder / "against" / "calibration.json").read_text()) == v4["calibration"]
+    assert (folder / "against" / "reliability.png").read_bytes().startswith(PNG_MAGIC)
+
+
+# SQLite only: a CLI flow; the store queries behind it run on both stores above.
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+@pytest.mark.parametrize("where", ["a file", "under a file"])
+def test_a_report_folder_that_cannot_be_made_is_refused_before_any_call(
+    engine: Engine,
+    env: dict[str, str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    where: str,
+) -> None:
+    taken = tmp_path / "taken.txt"
+    taken.write_text("mine")
+    folder = taken if where == "a file" else taken / "report"
+    code, _, err = _cli(["evaluate", str(GOLD), "--report", str(folder)], capsys)
+    assert code == 2 and "argument --report" in err and "not a folder" in err, err
+    assert taken.read_text() == "mine"
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM ledger_events")).scalar_one() == 0

@@ -1,5 +1,6 @@
-"""``evaluate GOLD [--policy FILE] [--against FILE] [--tenant T]``: a policy measured on a
-gold set before the sweep, through the backfill's own keys, ledger and dispatcher."""
+"""``evaluate GOLD [--policy FILE] [--against FILE] [--tenant T] [--report DIR]``: a policy
+measured on a gold set before the sweep, through the backfill's own keys, ledger and
+dispatcher, with its calibration (and with ``--report``, pictures of it)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ if TYPE_CHECKING:
     from backfill_assets.config.settings import Settings
 
 LABEL_COLUMNS = ["label", "support", "precision", "precision_ci95", "recall", "recall_ci95", "f1"]
+BIN_COLUMNS = ["bin", "rows", "mean score", "accuracy"]
+ECE_COLUMNS = ["label", "scored rows", "ECE"]
 
 
 def add_evaluate_command(add: Callable[[str, str], argparse.ArgumentParser]) -> None:
@@ -46,6 +49,13 @@ def add_evaluate_command(add: Callable[[str, str], argparse.ArgumentParser]) -> 
         default=DEFAULT_TENANT,
         help=f"the tenant the calls are booked to (default {DEFAULT_TENANT}; never a customer's)",
     )
+    sp.add_argument(
+        "--report",
+        metavar="DIR",
+        help="also write confusion_matrix.png, reliability.png, precision_recall.png and "
+        "calibration.json into DIR (made if missing; with --against, the baseline's in "
+        "DIR/against)",
+    )
     sp.set_defaults(func=cmd_evaluate)
 
 
@@ -55,6 +65,39 @@ def _pct(value: float | None) -> str:
 
 def _ci(value: list[float] | None) -> str:
     return "-" if not value else f"{value[0]:.1%}-{value[1]:.1%}"
+
+
+def _ece(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def _calibration(cal: dict[str, Any]) -> list[Human]:
+    """Overall ECE and reliability table, each label's ECE (the PR table is in --json and
+    --report's calibration.json: 101 rows a label)."""
+    overall = cal["overall"]
+    head = (
+        f"calibration (score: {cal['score']}): ECE {_ece(overall['ece'])} over "
+        f"{overall['rows']} scored rows of {cal['rows']}"
+    )
+    bins = [
+        {
+            "bin": f"{b['lower']:.1f}-{b['upper']:.1f}",
+            "rows": b["count"],
+            "mean score": f"{b['mean_score']:.3f}",
+            "accuracy": _pct(b["accuracy"]),
+        }
+        for b in overall["reliability"]
+        if b["count"]
+    ]
+    eces = [
+        {"label": c["label"], "scored rows": c["rows"], "ECE": _ece(c["ece"])}
+        for c in cal["labels"]
+    ]
+    return [
+        head,
+        table(bins, BIN_COLUMNS, title="reliability (bins with rows)"),
+        table(eces, ECE_COLUMNS, title="ECE per label"),
+    ]
 
 
 def _human(report: dict[str, Any]) -> list[Human]:
@@ -84,6 +127,7 @@ def _human(report: dict[str, Any]) -> list[Human]:
         head,
         table(rows, LABEL_COLUMNS, title="per label (95% Wilson intervals)"),
         table(matrix, ["expected", *cols], title="confusion (expected x answered)"),
+        *_calibration(report["calibration"]),
     ]
 
 
@@ -99,8 +143,10 @@ def cmd_evaluate(args: argparse.Namespace, settings: Settings) -> int:
     run-level error stopped it, 2 for bad input."""
     from backfill_assets.runner.api import (
         GoldError,
+        ReportDirError,
         RunResource,
         RunStopped,
+        check_report_dir,
         comparison,
         evaluate_policies,
         gate_result,
@@ -126,6 +172,10 @@ def cmd_evaluate(args: argparse.Namespace, settings: Settings) -> int:
         gold = read_gold(args.gold, tenant)
     except GoldError as exc:
         raise UserError(f"argument GOLD: {exc}") from None
+    try:
+        report_dir = check_report_dir(args.report) if args.report else None
+    except ReportDirError as exc:
+        raise UserError(f"argument --report: {exc}") from None
     engine = engine_for(settings.store.url)
     source = str(Path(args.gold).resolve())
     try:
@@ -157,6 +207,9 @@ def cmd_evaluate(args: argparse.Namespace, settings: Settings) -> int:
     ]
     for result in results:
         human += _human(result.report)
+    if report_dir is not None:
+        doc["report"] = _write_reports(engine, report_dir, results)
+        human.append(f"report: {', '.join(doc['report']['files'])}")
     if args.against:
         doc["comparison"] = comparison(results[0], results[1])
         cmp = doc["comparison"]
@@ -174,6 +227,21 @@ def cmd_evaluate(args: argparse.Namespace, settings: Settings) -> int:
     _record_in_dagster(settings, engine, current, model.model, check_result)
     emit(args, doc, *human)
     return 0
+
+
+def _write_reports(engine: Any, folder: Path, results: list[Any]) -> dict[str, Any]:
+    """Each policy's report: the one evaluated in ``folder``, the baseline (``--against``,
+    evaluated first) in its subfolder."""
+    from backfill_assets.runner.api import AGAINST, ReportDirError, write_report
+
+    folders = [folder / AGAINST, folder] if len(results) == 2 else [folder]
+    written: list[Path] = []
+    try:
+        for where, result in zip(folders, results, strict=True):
+            written += write_report(engine, where, result.report, result.evaluation_id)
+    except ReportDirError as exc:
+        raise UserError(f"argument --report: {exc}") from None
+    return {"dir": str(folder), "files": [str(p) for p in written]}
 
 
 def _record_in_dagster(

@@ -25,17 +25,19 @@ from backfill_assets.config.variables import StoreSettings
 from backfill_assets.defs.asset_keys import POLICY_EVALUATION
 from backfill_assets.defs.model_resources import ModelResource, versions_for
 from backfill_assets.defs.partitions import partition_key_for
+from backfill_assets.defs.reporting.evaluation_report import report_links
+from backfill_assets.defs.reporting.evaluation_tables import (
+    calibration_table,
+    confusion_table,
+    evaluations_table,
+    per_label_table,
+)
 from backfill_assets.defs.sealing import NO_CONFIG
 from backfill_assets.dispatch.partition_run import PartitionRef, RunOptions
 from backfill_assets.dispatch.pipeline import run_partitions, with_levels
 from backfill_assets.domain.money.nanos import usd_text, whole_nanos
-from backfill_assets.domain.policy.evaluation import (
-    NO_LABEL,
-    Comparison,
-    Gate,
-    compare,
-    figures,
-)
+from backfill_assets.domain.policy.calibration import calibration
+from backfill_assets.domain.policy.evaluation import Comparison, Gate, compare, figures
 from backfill_assets.domain.policy.rubric import Rubric
 from backfill_assets.domain.work.keys import SLICE_KEYS, Versions, work_key
 from backfill_assets.domain.work.records import Post, Rejection
@@ -68,12 +70,14 @@ def store_gold(engine: Engine, gold: GoldSet, tenant: str, source: str, target: 
 
 @dataclass
 class PolicyResult:
-    """One policy's evaluation: its figures as a JSON report, and each row's answer."""
+    """One policy's evaluation: its figures as a JSON report, each row's answer, and the id
+    of the evaluation stored."""
 
     rubric: Rubric
     versions: Versions
     report: dict[str, Any]
     labels: list[str | None]
+    evaluation_id: int
 
 
 def _report(
@@ -87,8 +91,14 @@ def _report(
     ids = [row.post.post_id for row in gold.rows]
     got = [answers[i] for i in ids]
     labels = [a.label for a in got]
-    fig = figures(
-        [row.label for row in gold.rows], labels, rubric.policy.label_ids, [a.outcome for a in got]
+    expected = [row.label for row in gold.rows]
+    fig = figures(expected, labels, rubric.policy.label_ids, [a.outcome for a in got])
+    cal = calibration(
+        expected,
+        labels,
+        [a.score for a in got],
+        rubric.policy.label_ids,
+        [a.score_source for a in got],
     )
     rules: dict[str, dict[str, int]] = {}
     for row, answer in zip(gold.rows, got, strict=True):
@@ -119,6 +129,7 @@ def _report(
         "cost_per_1000_posts_usd": usd_text(whole_nanos(Decimal(cost) * 1000 / n) if n else 0),
         "calls_booked": calls,
         "calls_this_run": calls_now,
+        "calibration": cal.as_dict(),
     }
     return report, labels
 
@@ -170,8 +181,10 @@ def evaluate_policies(
         report["tenant"] = tenant
         report["gold"] = {"file": source[0], "sha256": source[1], "rows": len(ids)}
         with write_tx(engine) as conn:
-            evals.record(conn, rubric.policy, versions.model, tenant, (*source, len(ids)), report)
-        out.append(PolicyResult(rubric, versions, report, labels))
+            evaluation_id = evals.record(
+                conn, rubric.policy, versions.model, tenant, (*source, len(ids)), report
+            )
+        out.append(PolicyResult(rubric, versions, report, labels, evaluation_id))
     return out
 
 
@@ -241,57 +254,6 @@ def gate_result(engine: Engine, rubric: Rubric, model: str, gate: Gate | None) -
 # ------------------------------------------------------------------- the asset and its check
 
 
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{x:.1%}"
-
-
-def _ci(x: Sequence[float] | None) -> str:
-    return "-" if not x else f"{x[0]:.1%}-{x[1]:.1%}"
-
-
-def per_label_table(report: dict[str, Any]) -> str:
-    """Markdown: each label's precision, recall, F1 and support, with 95% Wilson intervals."""
-    lines = [
-        "| label | support | precision | 95% CI | recall | 95% CI | F1 |",
-        "|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for f in report["labels"]:
-        lines.append(
-            f"| {f['label']} | {f['support']} | {_pct(f['precision'])} | "
-            f"{_ci(f['precision_ci95'])} | {_pct(f['recall'])} | {_ci(f['recall_ci95'])} | "
-            f"{f['f1']:.3f} |"
-        )
-    return "\n".join(lines)
-
-
-def confusion_table(report: dict[str, Any]) -> str:
-    """Markdown: expected label (rows) x answered label (columns)."""
-    rows: dict[str, dict[str, int]] = report["confusion"]
-    cols = [*next(iter(rows.values())).keys()] if rows else [NO_LABEL]
-    lines = ["| expected \\ answered | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
-    for label, row in rows.items():
-        lines.append(f"| {label} | " + " | ".join(str(row[c]) for c in cols) + " |")
-    return "\n".join(lines)
-
-
-def evaluations_table(evaluations: Sequence[evals.Evaluation]) -> str:
-    """Markdown: each policy version's latest evaluation."""
-    lines = [
-        "| policy | model | gold | rows | accuracy | macro-F1 | schema_rejected "
-        "| cost / 1k posts |",
-        "|---|---|---|---:|---:|---:|---:|---:|",
-    ]
-    for e in evaluations:
-        lines.append(
-            f"| {e.identity} | {e.model} | {Path(e.gold_source).name} | {e.gold_rows} | "
-            f"{e.accuracy:.1%} | {e.macro_f1:.3f} | {e.schema_rejected_share:.1%} | "
-            f"{Decimal(str(e.report.get('cost_per_1000_posts_usd', 0))):.6f} |"
-        )
-    if not evaluations:
-        lines.append("| (none yet: `backfill-moderation evaluate GOLD`) | | | | | | | |")
-    return "\n".join(lines)
-
-
 def evaluation_metadata(engine: Engine, rubric: Rubric, model: str) -> dict[str, Any]:
     """What ``policy_evaluation`` shows: every version's latest evaluation, and the policy in
     force's per-label figures and confusion matrix."""
@@ -308,6 +270,14 @@ def evaluation_metadata(engine: Engine, rubric: Rubric, model: str) -> dict[str,
         md["accuracy"] = dg.MetadataValue.float(current.accuracy)
         md["per_label"] = dg.MetadataValue.md(per_label_table(current.report))
         md["confusion_matrix"] = dg.MetadataValue.md(confusion_table(current.report))
+        # Evaluations stored before calibration was measured have none.
+        if "calibration" in current.report:
+            ece = current.report["calibration"]["overall"]["ece"]
+            if ece is not None:
+                md["ece"] = dg.MetadataValue.float(ece)
+            md["calibration"] = dg.MetadataValue.md(calibration_table(current.report))
+        if current.report_dir is not None:
+            md.update(report_links(current.report_dir))
     return md
 
 
