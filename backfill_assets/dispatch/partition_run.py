@@ -74,6 +74,15 @@ class PartitionStats:
     service_tiers: Counter[str] = field(default_factory=Counter)
     # Calls of a model with no price (BACKFILL_ALLOW_UNPRICED): cost unknown, not 0.
     calls_cost_unknown: int = 0
+    # Accepted labels whose probability the wire gave (p_label), and their sum.
+    p_label_known: int = 0
+    p_label_sum: float = 0.0
+
+    def note_p_label(self, p_label: float | None, sign: int = 1) -> None:
+        """Count an accepted label's probability (``sign`` -1: a row the frame refused)."""
+        if p_label is not None:
+            self.p_label_known += sign
+            self.p_label_sum += sign * p_label
 
 
 class DispatchHalted(RuntimeError):
@@ -259,6 +268,10 @@ class PartitionReport:
             "labels_total": dict(sorted(self.labels_total.items())),
             "rules_total": dict(sorted(self.rules_total.items())),
             "dead_letters_total": dict(sorted(self.dead_total.items())),
+            "p_label_known": st.p_label_known,
+            "p_label_mean": round(st.p_label_sum / st.p_label_known, 4)
+            if st.p_label_known
+            else None,
             "latency_p50_ms": round(statistics.median(lat), 2) if lat else None,
             "latency_p95_ms": round(lat[int(0.95 * (len(lat) - 1))], 2) if lat else None,
         }

@@ -112,6 +112,7 @@ class Dispatcher:
             st = self.stats_for(row["partition"])
             st.outcomes[Outcome.ACCEPTED] -= 1
             st.labels[row["label"]] -= 1
+            st.note_p_label(row["p_label"], -1)
             st.outcomes[Outcome.SCHEMA_REJECTED] += 1
 
     async def run(self, items: Iterable[WorkItem]) -> None:
@@ -240,6 +241,7 @@ class Dispatcher:
         self.writer.stage_result(row)
         st.outcomes[Outcome.ACCEPTED] += 1
         st.labels[out.label] += 1
+        st.note_p_label(p_label)
         return True
 
     def _book_usage(

@@ -11,7 +11,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from backfill_assets.domain.policy.calibration import P_LABEL, label_score
+from backfill_assets.domain.policy.calibration import label_score
 from backfill_assets.domain.policy.document import Policy
 from backfill_assets.domain.work.events import EventKind
 from backfill_assets.domain.work.keys import Versions, work_key
@@ -80,12 +80,6 @@ class Answer:
     score_source: str | None = None
 
 
-# The stored probability of the chosen label, read once the results table has the column
-# (nullable); until then NULL, and label_score falls back to the model's confidence.
-_P_LABEL = results.c.get(P_LABEL)
-_P_LABEL_OR_NULL = (_P_LABEL if _P_LABEL is not None else sa.null()).label(P_LABEL)
-
-
 def _chunks(items: Sequence[str]) -> Iterable[list[str]]:
     for i in range(0, len(items), _IN_CHUNK):
         yield list(items[i : i + _IN_CHUNK])
@@ -114,7 +108,7 @@ def answers(
                 results.c.label,
                 results.c.rule_ids,
                 results.c.confidence,
-                _P_LABEL_OR_NULL,
+                results.c.p_label,
             ).where(results.c.key.in_(chunk))
         ):
             score, source = label_score(p_label, confidence)

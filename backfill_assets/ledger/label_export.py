@@ -24,6 +24,8 @@ class LabelRow:
     label: str
     rule_ids: tuple[str, ...]
     confidence: float
+    # The chosen label's probability from the wire (None: none was given).
+    p_label: float | None
     policy_id: str | None
     policy_version: str | None
     policy_identity: str | None
@@ -44,6 +46,7 @@ def tenant_labels(
             r.c.label,
             r.c.rule_ids,
             r.c.confidence,
+            r.c.p_label,
             pv.c.policy_id,
             pv.c.version,
             pv.c.identity,
@@ -73,6 +76,7 @@ def tenant_labels(
             label=row.label,
             rule_ids=tuple(x for x in row.rule_ids.split(",") if x),
             confidence=float(row.confidence),
+            p_label=None if row.p_label is None else float(row.p_label),
             policy_id=row.policy_id,
             policy_version=row.version,
             policy_identity=row.identity,

@@ -32,16 +32,19 @@ from backfill_assets.ledger.engine import write_tx
 from backfill_assets.ledger.run.posts import slice_levels
 from backfill_assets.ledger.tables import applied_labels, posts, results, sink_writes, utcnow
 from backfill_assets.platform_db.connections import PlatformDbError, failure_text, platform_engine
-from backfill_assets.platform_db.sink_upsert import KEY, upsert
+from backfill_assets.platform_db.sink_upsert import KEY, OPTIONAL, upsert
 
 
 class SinkError(PlatformDbError):
     """The sink cannot be written or does not have the table it needs (never its password)."""
 
 
-def sink_table(name: str = DEFAULT_TABLE) -> sa.Table:
-    """The sink table's definition: one row per (tenant, post, policy), the label in force."""
+def sink_table(name: str = DEFAULT_TABLE, optional: Sequence[str] = OPTIONAL) -> sa.Table:
+    """The sink table's definition: one row per (tenant, post, policy), the label in force;
+    ``optional``: the optional columns it has (``p_label``: the label's probability, NULL where
+    none was given), after the others."""
     schema, table = split_table_name(name)
+    extra = [sa.Column("p_label", sa.Float, nullable=True)] if "p_label" in optional else []
     return sa.Table(
         table,
         sa.MetaData(schema=schema),
@@ -57,6 +60,7 @@ def sink_table(name: str = DEFAULT_TABLE) -> sa.Table:
         sa.Column("content_hash", sa.Text, nullable=False),
         sa.Column("labelled_at", sa.DateTime, nullable=False),
         sa.Column("written_at", sa.DateTime, nullable=False),
+        *extra,
         sa.PrimaryKeyConstraint(*KEY, name=f"{table}_pkey"),
     )
 
@@ -110,7 +114,7 @@ def check(sink: Sink) -> list[str]:
             if not inspector.has_table(table, schema=schema):
                 return [f"table {sink.table} does not exist (`backfill-moderation sink ddl`)"]
             have = {c["name"] for c in inspector.get_columns(table, schema=schema)}
-            wanted = [c.name for c in sink_table(sink.table).columns]
+            wanted = [c.name for c in sink_table(sink.table, ()).columns]
             problems = [f"column {c} is missing" for c in wanted if c not in have]
             pk = inspector.get_pk_constraint(table, schema=schema).get("constrained_columns")
             keys: list[set[object]] = [set(pk or [])]
@@ -144,9 +148,12 @@ class SinkReport:
 
 
 def _partition_rows(
-    tenant_id: str, slices: Sequence[int], key_version: str, policy_id: str
+    tenant_id: str, slices: Sequence[int], key_version: str, policy_id: str, table: sa.Table
 ) -> sa.Select[Any]:
+    """The sink's columns of a partition's labels, ``applied_at`` where ``written_at`` goes,
+    then the optional columns ``table`` has."""
     al = applied_labels
+    optional = [results.c[c] for c in OPTIONAL if c in table.c]
     return (
         sa.select(
             al.c.tenant_id,
@@ -161,6 +168,7 @@ def _partition_rows(
             al.c.content_hash,
             results.c.created_at.label("labelled_at"),
             al.c.applied_at,
+            *optional,
         )
         .join(posts, sa.and_(posts.c.tenant_id == al.c.tenant_id, posts.c.post_id == al.c.post_id))
         .join(results, results.c.key == al.c.result_key)
@@ -201,16 +209,17 @@ def write_partition(
     """Write one partition's applied labels of ``policy`` into the sink, a batch per
     transaction, then record the write-back in the store. Raises ``SinkError`` (nothing is
     recorded; the batches already committed stay, and a rerun writes the rest)."""
-    table = sink_table(sink.table)
     report = SinkReport()
     through: dt.datetime | None = None
-    stmt = _partition_rows(tenant_id, slices, policy.key_version, policy.policy_id)
     try:
+        table = sink_table(sink.table, _optional_present(sink_conn, sink.table))
+        stmt = _partition_rows(tenant_id, slices, policy.key_version, policy.policy_id, table)
+        at = _WRITTEN_AT
         for batch in _batches(store, stmt, sink.batch):
             now = utcnow()
             # The select's columns are the sink's, with applied_at where written_at goes.
-            rows = [(*r[:-1], now) for r in batch]
-            newest = max(r[-1] for r in batch)
+            rows = [(*r[:at], now, *r[at + 1 :]) for r in batch]
+            newest = max(r[at] for r in batch)
             through = newest if through is None else max(through, newest)
             with sink_conn.begin():
                 report.changed += upsert(sink_conn, table, rows, newer)
@@ -220,6 +229,18 @@ def write_partition(
         raise sink.error(exc) from None
     _record(store, sink, tenant_id, slices, policy.key_version, report.rows, through)
     return report
+
+
+# Where written_at (applied_at, in the select) sits among the sink's columns.
+_WRITTEN_AT = 11
+
+
+def _optional_present(conn: Connection, name: str) -> tuple[str, ...]:
+    """The optional columns the sink's table has (a table made before them lacks them)."""
+    schema, table = split_table_name(name)
+    with conn.begin():  # its own: each batch then begins one
+        have = {c["name"] for c in sa.inspect(conn).get_columns(table, schema=schema)}
+    return tuple(c for c in OPTIONAL if c in have)
 
 
 def _record(

@@ -28,6 +28,8 @@ VALUES = (
     "content_hash",
     "labelled_at",
 )
+# Columns a sink table may lack (added after tables were created): written where present.
+OPTIONAL = ("p_label",)
 # Databases with INSERT ... ON CONFLICT; others take the portable read-then-write path.
 _NATIVE_UPSERT = frozenset({"postgresql", "sqlite"})
 
@@ -54,15 +56,21 @@ def upsert(conn: Connection, table: sa.Table, rows: list[SinkRow], newer: list[s
     return len(conn.execute(stmt, dicts).all())
 
 
+def values_of(table: sa.Table) -> tuple[str, ...]:
+    """What a changed label rewrites in ``table``: ``VALUES`` and the optional columns it has."""
+    return (*VALUES, *(c for c in OPTIONAL if c in table.c))
+
+
 def _on_conflict(insert: Any, table: sa.Table, newer: list[str]) -> Any:
     """``insert`` as the keyed upsert: rewrite only what differs, never a newer version's."""
     excluded = insert.excluded
-    differs = sa.or_(*(table.c[c].is_distinct_from(excluded[c]) for c in VALUES))
+    values = values_of(table)
+    differs = sa.or_(*(table.c[c].is_distinct_from(excluded[c]) for c in values))
     # One comparison per newer version, not NOT IN: an expanding list cannot be executemany'd.
     guard = sa.and_(differs, *(table.c.key_version != v for v in newer))
     return insert.on_conflict_do_update(
         index_elements=[table.c[c] for c in KEY],
-        set_={**{c: excluded[c] for c in VALUES}, "written_at": excluded.written_at},
+        set_={**{c: excluded[c] for c in values}, "written_at": excluded.written_at},
         where=guard,
     )
 
@@ -88,7 +96,12 @@ def _upsert_copy(conn: Connection, table: sa.Table, rows: list[SinkRow], newer: 
     csv.writer(body, quoting=csv.QUOTE_NONNUMERIC, lineterminator="\n").writerows(rows)
     body.seek(0)
     with raw.cursor() as cur:
-        cur.copy_expert(f"COPY {_STAGE} ({', '.join(columns)}) FROM STDIN WITH (FORMAT csv)", body)
+        # QUOTE_NONNUMERIC writes None as "": read back as NULL in the nullable columns.
+        nulls = [c.name for c in table.columns if c.nullable and c.name in OPTIONAL]
+        force = f", FORCE_NULL ({', '.join(nulls)})" if nulls else ""
+        cur.copy_expert(
+            f"COPY {_STAGE} ({', '.join(columns)}) FROM STDIN WITH (FORMAT csv{force})", body
+        )
     insert = postgresql.insert(table).from_select(columns, sa.select(stage))
     return len(conn.execute(_on_conflict(insert, table, newer).returning(table.c.post_id)).all())
 
@@ -100,12 +113,13 @@ def upsert_portable(
     what differs (and no newer version holds), insert what is missing."""
     columns = [c.name for c in table.columns]
     rows = [dict(zip(columns, r, strict=True)) for r in batch]
+    values = values_of(table)
     t = table.c
     tenant, policy = rows[0]["tenant_id"], rows[0]["policy_id"]
     held = {
         r.post_id: r
         for r in conn.execute(
-            sa.select(t.post_id, *(t[c] for c in VALUES)).where(
+            sa.select(t.post_id, *(t[c] for c in values)).where(
                 t.tenant_id == tenant,
                 t.policy_id == policy,
                 t.post_id.in_([r["post_id"] for r in rows]),
@@ -118,7 +132,7 @@ def upsert_portable(
         for r in rows
         if r["post_id"] in held
         and held[r["post_id"]].key_version not in newer
-        and any(getattr(held[r["post_id"]], c) != r[c] for c in VALUES)
+        and any(getattr(held[r["post_id"]], c) != r[c] for c in values)
     ]
     if inserts:
         conn.execute(table.insert(), inserts)
@@ -127,11 +141,11 @@ def upsert_portable(
         conn.execute(
             table.update()
             .where(key)
-            .values({c: sa.bindparam(f"v_{c}") for c in (*VALUES, "written_at")}),
+            .values({c: sa.bindparam(f"v_{c}") for c in (*values, "written_at")}),
             [
                 {
                     **{f"k_{c}": r[c] for c in KEY},
-                    **{f"v_{c}": r[c] for c in (*VALUES, "written_at")},
+                    **{f"v_{c}": r[c] for c in (*values, "written_at")},
                 }
                 for r in updates
             ],

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import re
 from typing import Any
 
 from backfill_assets.domain.policy.file import builtin_policy
@@ -88,3 +90,40 @@ def fault_error(kind: FaultKind, model: str) -> ApiError:
             error_type="server_error",
         )
     raise ValueError(f"{kind!r} is not answered with a JSON error")
+
+
+# A chat answer's tokens as the simulator counts them: words, runs of space, single marks.
+_CHAT_TOKEN = re.compile(r"[A-Za-z0-9_]+|\s+|[^A-Za-z0-9_\s]")
+_LABEL_VALUE = re.compile(r'"label"\s*:\s*"([^"]*)"')
+
+
+def answer_logprobs(content: str, correlation_id: str, top_n: int) -> dict[str, Any]:
+    """``choices[0].logprobs`` of a chat-json answer: every token at p = 0.999 but those that
+    spell the label's value, whose probability is drawn from the key (0.55 to 0.999, spread
+    over them), so a client reading the label's probability gets a known number."""
+    found = _LABEL_VALUE.search(content)
+    span = found.span(1) if found else (0, 0)
+    tokens = [(m.group(0), m.start(), m.end()) for m in _CHAT_TOKEN.finditer(content)]
+    spelled = [t for t in tokens if t[2] > span[0] and t[1] < span[1]]
+    p_label = label_probability_of(correlation_id)
+    each = math.log(p_label) / len(spelled) if spelled else 0.0
+    entries = []
+    for text, start, end in tokens:
+        lp = each if end > span[0] and start < span[1] else math.log(0.999)
+        entries.append(
+            {
+                "token": text,
+                "logprob": lp,
+                "bytes": list(text.encode("utf-8")),
+                "top_logprobs": [
+                    {"token": text, "logprob": lp, "bytes": list(text.encode("utf-8"))}
+                ][:top_n],
+            }
+        )
+    return {"content": entries}
+
+
+def label_probability_of(correlation_id: str) -> float:
+    """The probability the simulator gives a key's label (0.55 to 0.999, from the key)."""
+    draw = int(hashlib.sha256(f"p_label:{correlation_id}".encode()).hexdigest()[:8], 16)
+    return 0.55 + (draw / 0xFFFFFFFF) * 0.449

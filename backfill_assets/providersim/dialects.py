@@ -5,7 +5,8 @@ drawn its attempt's fault and waited out the latency; transport and status fault
 here, content faults do. Each answer is a 200 and books exactly one ``BilledCall``:
 
 - chat-json (any other chat model): ``answers.answer_content``, completion tokens counted by
-  ``count_tokens``;
+  ``count_tokens``, and with ``logprobs: true`` its tokens' log-probabilities
+  (``answers.answer_logprobs``: the label's value at a probability drawn from the key);
 - Llama Guard on the chat route (built-in categories) and on ``/v1/completions`` (the prompt's
   categories): ``guard_models/llama_guard.py`` and ``llama_guard_wire.py``, completion
   tokens the answer's tokens;
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from backfill_assets.providers.models.rules import count_tokens
-from backfill_assets.providersim.answers import answer_content
+from backfill_assets.providersim.answers import answer_content, answer_logprobs
 from backfill_assets.providersim.billing.meter import (
     CHAT_ENDPOINT,
     COMPLETIONS_ENDPOINT,
@@ -103,7 +104,14 @@ class Dialects:
         )
         completion = count_tokens(content)
         usage = self._bill(request_id, call.correlation_id, chat, call.prompt, completion)
-        body = completion_body(chat.model, content, finish_reason, usage, chat.service_tier)
+        logprobs = (
+            answer_logprobs(content, call.correlation_id, chat.top_logprobs)
+            if chat.logprobs
+            else None
+        )
+        body = completion_body(
+            chat.model, content, finish_reason, usage, chat.service_tier, logprobs
+        )
         return Response.json(200, body)
 
     def guard_chat(self, call: AdmittedChat, request_id: str) -> Response:

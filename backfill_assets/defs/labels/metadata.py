@@ -81,6 +81,10 @@ def partition_metadata(
         out["rebilled_tokens_total"] = int_value(spend["rebilled_tokens"])
     for outcome, n in s["outcomes"].items():
         out[f"outcome_{outcome}"] = int_value(int(n))
+    # How sure the model was of the labels this run accepted, where the wire said (p_label).
+    out["p_label_known"] = int_value(s["p_label_known"])
+    if s["p_label_mean"] is not None:
+        out["p_label_mean"] = dg.MetadataValue.float(float(s["p_label_mean"]))
     if s["latency_p95_ms"] is not None:
         out["latency_p50_ms"] = dg.MetadataValue.float(float(s["latency_p50_ms"]))
         out["latency_p95_ms"] = dg.MetadataValue.float(float(s["latency_p95_ms"]))

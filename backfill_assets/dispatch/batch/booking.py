@@ -50,6 +50,7 @@ def _writer(ctx: BatchContext) -> LedgerWriter:
             st = ctx.stats_for(row["partition"])
             st.outcomes[Outcome.ACCEPTED] -= 1
             st.labels[row["label"]] -= 1
+            st.note_p_label(row["p_label"], -1)
             st.outcomes[Outcome.SCHEMA_REJECTED] += 1
 
     return LedgerWriter(
@@ -210,6 +211,7 @@ def _stage(
         writer.stage_result(rows.result(line, out, p_label))
         st.outcomes[Outcome.ACCEPTED] += 1
         st.labels[out.label] += 1
+        st.note_p_label(p_label)
         return
     writer.stage_event(rows.error(line, triaged.status, triaged.message), chunk=release)
     if triaged.status == 429:
