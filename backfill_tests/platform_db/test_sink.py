@@ -289,3 +289,33 @@ def test_sink_write_fills_the_gaps_without_a_run_and_all_refills_an_emptied_tabl
     assert main(["sink", "write", "--all", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["changed"] == 2 * POSTS
     assert {k: as_store(v) for k, v in sink_rows(sink_url).items()} == store_rows(posts)
+
+
+def test_p_label_reaches_a_sink_with_the_column_and_a_table_made_before_it_still_works(
+    posts: Engine, sink_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert main(["run"]) == 0  # the fake model gives no probability: p_label is NULL
+    with posts.begin() as conn:
+        conn.execute(sa.text("UPDATE results SET p_label = 0.75 WHERE post_id < 'p010'"))
+    monkeypatch.setenv("BACKFILL_SINK_URL", with_password(sink_url))
+    assert main(["run"]) == 0
+    rows = sink_rows(sink_url)
+    assert len(rows) == len(TENANTS) * POSTS
+    assert {k[1]: r["p_label"] for k, r in rows.items() if k[1] < "p010"} == {
+        f"p{i:03d}": 0.75 for i in range(10)
+    }
+    assert all(r["p_label"] is None for k, r in rows.items() if k[1] >= "p010")
+    # An operator's table from before p_label: checked fine, written without it.
+    old = f"sqlite:///{tmp_path / 'old-platform.db'}"
+    legacy = sa.create_engine(old)
+    with legacy.begin() as conn:
+        table = sink_table("moderation_labels", ())
+        conn.exec_driver_sql(str(sa.schema.CreateTable(table).compile(legacy)))
+    monkeypatch.setenv("BACKFILL_SINK_URL", old)
+    assert main(["sink", "check"]) == 0
+    assert main(["run"]) == 0
+    with legacy.connect() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM moderation_labels")).scalar_one() == (
+            len(TENANTS) * POSTS
+        )
+    legacy.dispose()
