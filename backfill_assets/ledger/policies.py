@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from pydantic import ValidationError
 from sqlalchemy.engine import Connection, Engine
 
-from backfill_assets.domain.policy.dialects import CHAT_JSON, DIALECTS
+from backfill_assets.domain.policy.dialect_sections import CHAT_JSON, DIALECTS
 from backfill_assets.domain.policy.diff import version_order
 from backfill_assets.domain.policy.document import (
     LEGACY_KEY_VERSIONS,

@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from backfill_assets.domain.money.prices import Tier
 from backfill_assets.providers.models.base import ModelRequest
 from backfill_assets.providers.models.moderation_wire import ENDPOINT as MODERATIONS
 from backfill_assets.providers.models.moderation_wire import moderation_body
@@ -26,8 +27,11 @@ TERMINAL_STATUSES = frozenset({"completed", "failed", "expired", "cancelled"})
 def input_line(request: ModelRequest, max_tokens_param: str, url: str = ENDPOINT) -> bytes:
     """One JSONL request to ``url`` (chat completions, or moderations: one post as a one-input
     array); ``custom_id`` is the key. Canonical JSON: same input, same bytes."""
+    # A batch line's answer is not read for its probabilities: none are asked for.
     body = (
-        moderation_body(request) if url == MODERATIONS else request_body(request, max_tokens_param)
+        moderation_body(request)
+        if url == MODERATIONS
+        else request_body(request, max_tokens_param, Tier.STANDARD, logprobs=False)
     )
     line = {"custom_id": request.key, "method": "POST", "url": url, "body": body}
     text = json.dumps(line, sort_keys=True, separators=(",", ":"), ensure_ascii=False)

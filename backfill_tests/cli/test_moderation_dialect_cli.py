@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from backfill_assets.cli import main
-from backfill_assets.domain.policy.dialects import MODERATION_CATEGORIES
+from backfill_assets.domain.policy.dialect_sections import MODERATION_CATEGORIES
 from backfill_assets.providersim.billing.meter import MODERATIONS_ENDPOINT
 from backfill_tests.cli_runs import clean_env, run_cli
 from backfill_tests.conftest import import_records

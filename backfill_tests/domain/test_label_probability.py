@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from backfill_assets.domain.policy.dialects import MODERATION_CATEGORIES
+from backfill_assets.domain.policy.dialect_sections import MODERATION_CATEGORIES
 from backfill_assets.domain.policy.file import parse_policy
 from backfill_assets.domain.policy.label_probability import label_probability
 from backfill_assets.domain.policy.rubric import Rubric

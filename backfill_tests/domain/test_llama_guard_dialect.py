@@ -8,8 +8,12 @@ import math
 
 import pytest
 
+from backfill_assets.domain.policy.dialects.llama_guard import (
+    GuardAnswer,
+    assessment,
+    template_bytes,
+)
 from backfill_assets.domain.policy.file import PolicyInvalid, parse_policy
-from backfill_assets.domain.policy.llama_guard import GuardAnswer, assessment, template_bytes
 from backfill_assets.domain.policy.output_gate import OutputRejected
 from backfill_assets.domain.policy.rubric import PROMPT_ROLE, Rubric, prompt_token_bound
 
@@ -147,7 +151,7 @@ def test_built_in_categories_the_section_does_not_map_are_ignored() -> None:
 
 
 def test_confidence_and_the_labels_probability_come_from_the_assessment_token() -> None:
-    from backfill_assets.domain.policy.llama_guard import guard_output
+    from backfill_assets.domain.policy.dialects.llama_guard import guard_output
 
     rubric = _custom()
     lp = math.log(0.8)

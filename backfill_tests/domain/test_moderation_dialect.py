@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from backfill_assets.domain.policy.dialects import MODERATION_CATEGORIES
+from backfill_assets.domain.policy.dialect_sections import MODERATION_CATEGORIES
 from backfill_assets.domain.policy.file import PolicyInvalid, parse_policy
 from backfill_assets.domain.policy.output_gate import OutputRejected
 from backfill_assets.domain.policy.rubric import Rubric

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from backfill_assets.domain.policy.dialects.llama_guard import GuardAnswer
 from backfill_assets.domain.policy.file import parse_policy
-from backfill_assets.domain.policy.llama_guard import GuardAnswer
 from backfill_assets.domain.policy.rubric import Rubric
 from backfill_assets.providers.models.base import ModelRequest
 from backfill_assets.providers.models.guard_wire import guard_answer, guard_body, post_in_prompt

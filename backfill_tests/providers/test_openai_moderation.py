@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from backfill_assets.domain.policy.dialects import MODERATION_CATEGORIES
+from backfill_assets.domain.policy.dialect_sections import MODERATION_CATEGORIES
 from backfill_assets.domain.policy.file import parse_policy
 from backfill_assets.domain.policy.rubric import MAX_OUTPUT_TOKENS, Rubric
 from backfill_assets.providers.models.base import (

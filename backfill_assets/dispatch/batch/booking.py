@@ -18,7 +18,7 @@ from backfill_assets.dispatch.batch.texts import line_echoes
 from backfill_assets.dispatch.batch.triage import Disposition, TriagedLine, triage
 from backfill_assets.domain.money.budgets import Reservation, Spend, over_bound
 from backfill_assets.domain.money.prices import Tier, event_cost
-from backfill_assets.domain.policy.dialects import OPENAI_MODERATION
+from backfill_assets.domain.policy.dialect_sections import OPENAI_MODERATION
 from backfill_assets.domain.policy.output_gate import OutputRejected
 from backfill_assets.domain.policy.rubric import MAX_OUTPUT_TOKENS
 from backfill_assets.domain.work.keys import Versions

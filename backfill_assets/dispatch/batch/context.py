@@ -13,7 +13,7 @@ from sqlalchemy.engine import Engine
 from backfill_assets.dispatch.batch_options import BatchOptions
 from backfill_assets.dispatch.partition_run import PartitionStats
 from backfill_assets.domain.money.prices import PriceTable
-from backfill_assets.domain.policy.dialects import OPENAI_MODERATION
+from backfill_assets.domain.policy.dialect_sections import OPENAI_MODERATION
 from backfill_assets.domain.policy.output_gate import OutputContract
 from backfill_assets.domain.policy.rubric import Rubric
 from backfill_assets.domain.work.keys import Versions

@@ -4,7 +4,7 @@ The names the CLI uses are handed on here, so it imports the package, not its mo
 
 from __future__ import annotations
 
-from backfill_assets.domain.policy.dialects import GUARD_CODES, LLAMA_GUARD_CATEGORIES
+from backfill_assets.domain.policy.dialect_sections import GUARD_CODES, LLAMA_GUARD_CATEGORIES
 from backfill_assets.domain.policy.diff import diff_policies
 from backfill_assets.domain.policy.document import Policy
 from backfill_assets.domain.policy.evaluation import DEFAULT_TENANT, NO_LABEL

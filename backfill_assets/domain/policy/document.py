@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from backfill_assets.domain.policy.dialects import (
+from backfill_assets.domain.policy.dialect_sections import (
     CHAT_JSON,
     DIALECTS,
     LLAMA_GUARD,

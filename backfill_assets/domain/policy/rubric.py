@@ -10,23 +10,23 @@ from __future__ import annotations
 
 import json
 
-from backfill_assets.domain.policy.dialects import (
+from backfill_assets.domain.policy.dialect_sections import (
     CHAT_JSON,
     LLAMA_GUARD,
     OPENAI_MODERATION,
     SAFEGUARD,
 )
-from backfill_assets.domain.policy.document import Policy
-from backfill_assets.domain.policy.file import builtin_policy
-from backfill_assets.domain.policy.label_probability import TokenLogprobs, label_probability
-from backfill_assets.domain.policy.llama_guard import (
+from backfill_assets.domain.policy.dialects.llama_guard import (
     categories_block,
     guard_output,
     neutral,
     render_prompt,
     template_bytes,
 )
-from backfill_assets.domain.policy.moderation_map import moderation_output
+from backfill_assets.domain.policy.dialects.moderation_map import moderation_output
+from backfill_assets.domain.policy.document import Policy
+from backfill_assets.domain.policy.file import builtin_policy
+from backfill_assets.domain.policy.label_probability import TokenLogprobs, label_probability
 from backfill_assets.domain.policy.output_gate import (
     SCHEMA_VERSION,
     ModerationOutput,

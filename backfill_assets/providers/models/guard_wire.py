@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from backfill_assets.domain.policy.llama_guard import GuardAnswer
+from backfill_assets.domain.policy.dialects.llama_guard import GuardAnswer
 from backfill_assets.providers.models.base import ModelRequest
 from backfill_assets.providers.models.openai_wire import (
     Envelope,

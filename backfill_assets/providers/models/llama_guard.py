@@ -4,7 +4,7 @@ A post goes alone to the model's chat template (``{base}/chat/completions``) or 
 policy's own prompt (``{base}/completions``, the request's one message of role
 ``PROMPT_ROLE``), asking for the first tokens' log-probabilities (``guard_wire.py``). What comes
 back is stored as the answer's text and the assessment's log-probability, read onto the policy by
-the output gate (``domain/policy/llama_guard.py``). Usage, the limiter, the error taxonomy,
+the output gate (``domain/policy/dialects/llama_guard.py``). Usage, the limiter, the error taxonomy,
 the bounded body and the key's redaction are the chat adapter's.
 """
 

@@ -6,8 +6,8 @@ text alone (no key travels with it: each answer is bound to its place in the req
 asked it). A 2xx must be a moderation response: an object whose ``results`` array holds
 exactly one object per input; anything else is a ``RetriableError`` like a chat 2xx that is no
 completion. Each post's result is returned raw, as canonical JSON, for the output gate to map
-onto the policy (``domain/policy/moderation_map.py``); a result with its scores in the wrong
-field or out of range is refused there, a ``schema_rejected`` dead letter.
+onto the policy (``domain/policy/dialects/moderation_map.py``); a result with its scores in
+the wrong field or out of range is refused there, a ``schema_rejected`` dead letter.
 
 The endpoint is free and reports no usage: a call books zero tokens (``usage_shape`` ``none``)
 at the model's list price per token, zero for the moderation models in the built-in table. The

@@ -43,8 +43,8 @@ def _schema_of(contract: OutputContract) -> dict[str, Any]:
 def request_body(
     request: ModelRequest,
     max_tokens_param: str,
-    tier: Tier = Tier.STANDARD,
-    logprobs: bool = False,
+    tier: Tier,
+    logprobs: bool,
 ) -> dict[str, Any]:
     """One post of one tenant; strict JSON-schema output built from the rubric's contract.
     The flex tier is asked for with ``service_tier: "flex"``; standard sends no field (what a

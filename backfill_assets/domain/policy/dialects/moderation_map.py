@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from backfill_assets.domain.policy.dialects import ModerationMap
+from backfill_assets.domain.policy.dialect_sections import ModerationMap
 from backfill_assets.domain.policy.document import Policy
 from backfill_assets.domain.policy.output_gate import (
     ModerationOutput,

@@ -31,7 +31,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from backfill_assets.domain.policy.dialects import GUARD_CODES, LLAMA_GUARD_CATEGORIES
+from backfill_assets.domain.policy.dialect_sections import GUARD_CODES, LLAMA_GUARD_CATEGORIES
 from backfill_assets.domain.policy.document import Policy
 from backfill_assets.domain.policy.output_gate import (
     ModerationOutput,

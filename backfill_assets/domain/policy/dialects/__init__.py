@@ -1,0 +1,1 @@
+"""How the answer of each dialect that does not speak the policy's contract maps onto it."""
