@@ -173,7 +173,10 @@ class Settings(BaseModel):
 
     def versions(self) -> Versions:
         """The versions (and so the code version) these settings select."""
-        return Versions(TASK_VERSION, self.rubric().key_version, self.model.name)
+        rubric = self.rubric()
+        return Versions(
+            TASK_VERSION, rubric.key_version, self.model.name, rubric.policy.mapping_version
+        )
 
     def policy_gate(self) -> Gate | None:
         """The evaluation gate (None: ``BACKFILL_POLICY_MIN_MACRO_F1`` is not set)."""

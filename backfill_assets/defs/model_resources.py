@@ -189,7 +189,7 @@ def _key_id(api_key: str) -> str:
 
 def versions_for(model: ModelResource, rubric: Rubric) -> Versions:
     """Task, policy and model versions that name the work of ``rubric`` with ``model``."""
-    return Versions(TASK_VERSION, rubric.key_version, model.model)
+    return Versions(TASK_VERSION, rubric.key_version, model.model, rubric.policy.mapping_version)
 
 
 def run_versions(model: ModelResource, rubric: Rubric, loaded: str | None) -> Versions:

@@ -74,6 +74,10 @@ class PartitionStats:
     service_tiers: Counter[str] = field(default_factory=Counter)
     # Calls of a model with no price (BACKFILL_ALLOW_UNPRICED): cost unknown, not 0.
     calls_cost_unknown: int = 0
+    # Results re-read from their stored answers under a changed mapping (no call), and those
+    # the new mapping could not read (left as they were).
+    relabelled: int = 0
+    relabel_unreadable: int = 0
     # Accepted labels whose probability the wire gave (p_label), and their sum.
     p_label_known: int = 0
     p_label_sum: float = 0.0
@@ -268,6 +272,8 @@ class PartitionReport:
             "labels_total": dict(sorted(self.labels_total.items())),
             "rules_total": dict(sorted(self.rules_total.items())),
             "dead_letters_total": dict(sorted(self.dead_total.items())),
+            "relabelled": st.relabelled,
+            "relabel_unreadable": st.relabel_unreadable,
             "p_label_known": st.p_label_known,
             "p_label_mean": round(st.p_label_sum / st.p_label_known, 4)
             if st.p_label_known

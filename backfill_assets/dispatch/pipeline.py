@@ -41,6 +41,7 @@ from backfill_assets.ledger.run.partition_counts import (
 )
 from backfill_assets.ledger.run.partition_groups import grouped_by_posts, owners_of_all
 from backfill_assets.ledger.run.posts import slice_levels
+from backfill_assets.ledger.run.relabel import relabel
 from backfill_assets.ledger.run.tenants import tenant_regions
 from backfill_assets.ledger.run.work import (
     PendingPost,
@@ -111,6 +112,11 @@ def run_partitions(
             else:
                 reports[ref.key].busy = True
                 log(f"skipping {ref.key}: {why}")
+        # A changed mapping re-reads stored answers first, under the partitions' locks.
+        for ref in owned:
+            again = relabel(engine, ref.tenant_id, ref.slices, versions, rubric)
+            reports[ref.key].stats.relabelled = again.changed
+            reports[ref.key].stats.relabel_unreadable = again.unreadable
         stopped: Exception | None = None
         job = DispatchJob(engine, locks, versions, rubric, run_id, options, log)
         if options.dispatch_mode == "batch":

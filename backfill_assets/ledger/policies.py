@@ -33,8 +33,8 @@ from backfill_assets.ledger.dialect import insert_for
 from backfill_assets.ledger.engine import read_tx, write_tx
 from backfill_assets.ledger.tables import policy_versions, utcnow
 
-# ``+<dialect>[@<variant>]#<hash16>`` at the end of a key version.
-_DIALECT_SUFFIX = re.compile(r"\+([a-z-]+)(?:@([a-z0-9]+))?#[0-9a-f]{16}$")
+# ``+<dialect>[@<variant>]`` at the end of a key version.
+_DIALECT_SUFFIX = re.compile(r"\+([a-z-]+)(?:@([a-z0-9]+))?$")
 
 
 def register(conn: Connection, policy: Policy) -> None:

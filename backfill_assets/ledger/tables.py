@@ -79,8 +79,11 @@ results = sa.Table(
     sa.Column("created_at", sa.DateTime, nullable=False),
     # sql/009: the rules that matched, comma-joined ('' for none).
     sa.Column("rule_ids", sa.Text, nullable=False),
-    # sql/022: the chosen label's probability from the wire (NULL: none was given).
+    # sql/022: the chosen label's probability from the wire (NULL: none was given), and in a
+    # mapped dialect the answer as returned and the section's hash it was read under.
     sa.Column("p_label", sa.Float),
+    sa.Column("raw_result", sa.Text),
+    sa.Column("mapping", sa.Text),
 )
 
 ledger_events = sa.Table(

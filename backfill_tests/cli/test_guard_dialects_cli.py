@@ -173,7 +173,11 @@ def test_the_policys_rules_as_categories_label_every_post_and_the_ledger_equals_
 
 
 def test_the_built_in_categories_go_through_the_chat_template_as_the_section_maps_them(
-    engine: Engine, guarded: Any, start_sim: StartSim, monkeypatch: pytest.MonkeyPatch
+    engine: Engine,
+    guarded: Any,
+    start_sim: StartSim,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     _sim, policy = guarded
     sim = start_sim(api_key=API_KEY, guard_answers={_sha(t): a for t, a in BUILTIN_PINNED.items()})
@@ -188,6 +192,22 @@ def test_the_built_in_categories_go_through_the_chat_template_as_the_section_map
     assert all(v[2] is None for (_t, text), v in got.items() if text.startswith("you are"))
     assert _ledger(engine) == _meter(sim, CHAT_ENDPOINT)
     assert _meter(sim, COMPLETIONS_ENDPOINT)[0] == 0
+    # Hate now stands for the insult rule, and Defamation is read too: the section is not
+    # sent, so the stored answers are read again under it, and not one call is made.
+    sent = _meter(sim, CHAT_ENDPOINT)
+    text = policy.read_text(encoding="utf-8")
+    policy.write_text(text.replace("S10: H-2", "S10: H-1\n      S5: H-1"), encoding="utf-8")
+    assert main(["run"]) == 0
+    assert _meter(sim, CHAT_ENDPOINT) == sent and _ledger(engine) == sent
+    again = _rows(engine)
+    assert {k: v[:2] for k, v in _rows(engine, "applied_labels").items()} == {
+        k: v[:2] for k, v in again.items()
+    }
+    for tenant in TENANTS:
+        assert again[(tenant, "people who hate them are vermin, idiots")][:2] == ("abuse", "H-1")
+        assert again[(tenant, "you are a worthless idiot")][:2] == ("abuse", "H-1")
+        assert again[(tenant, "I will kill you")][:2] == ("threat", "V-1")
+    assert f"relabelled from stored results: {len(POSTS)}" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(

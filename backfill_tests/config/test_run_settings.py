@@ -119,7 +119,11 @@ def test_the_moderation_dialect_builds_its_adapter_from_the_same_groups(tmp_path
     settings = Settings.from_env(_dialect_env(tmp_path))
     rubric = settings.rubric()
     assert rubric.dialect == "openai-moderation"
-    assert "+openai-moderation#" in settings.versions().key_version
+    versions = settings.versions()
+    assert versions.key_version.endswith("+openai-moderation")
+    # The section is not sent: it names no work, only how answers are read (the code version).
+    assert versions.mapping == rubric.policy.mapping_version != ""
+    assert f"mapping={versions.mapping}" in versions.code_version
     model = model_resource(settings)
     adapter = model.build_adapter()
     assert isinstance(adapter, OpenAIModerationModel) and adapter.path == "/moderations"
@@ -152,10 +156,10 @@ def test_the_moderation_dialect_needs_the_policys_section(tmp_path: Path) -> Non
 @pytest.mark.parametrize(
     ("dialect", "extra", "adapter", "variant"),
     [
-        ("llama-guard", {}, LlamaGuardModel, "+llama-guard@3#"),
-        ("llama-guard", {"BACKFILL_LLAMA_GUARD_VERSION": "4"}, LlamaGuardModel, "+llama-guard@4#"),
-        ("safeguard", {}, SafeguardModel, "+safeguard@medium#"),
-        ("safeguard", {"BACKFILL_REASONING_EFFORT": "high"}, SafeguardModel, "+safeguard@high#"),
+        ("llama-guard", {}, LlamaGuardModel, "+llama-guard@3"),
+        ("llama-guard", {"BACKFILL_LLAMA_GUARD_VERSION": "4"}, LlamaGuardModel, "+llama-guard@4"),
+        ("safeguard", {}, SafeguardModel, "+safeguard@medium"),
+        ("safeguard", {"BACKFILL_REASONING_EFFORT": "high"}, SafeguardModel, "+safeguard@high"),
     ],
 )
 def test_each_guard_dialect_builds_its_adapter_and_names_its_variant(

@@ -98,13 +98,17 @@ def test_a_result_the_mapping_cannot_read_is_refused(raw: str, why: str) -> None
         _rubric().parse(raw, "k")
 
 
-def test_the_section_changes_the_dialects_key_and_never_the_chat_key() -> None:
+def test_the_section_names_how_answers_are_read_never_the_work() -> None:
     chat_plain = Rubric(parse_policy(BASE))
     chat_mapped = Rubric(parse_policy(BASE + MAPPING))
     assert chat_plain.key_version == chat_mapped.key_version
+    assert chat_mapped.policy.mapping_version == ""  # chat-json never reads the section
     moved = MAPPING.replace("threshold: 0.5", "threshold: 0.6")
-    assert _rubric().key_version != _rubric(moved).key_version
-    assert _rubric().key_version.startswith(chat_plain.key_version + "+openai-moderation#")
+    # Not sent to the endpoint: the same keys, another mapping (re-labelled without a call).
+    assert _rubric().key_version == _rubric(moved).key_version
+    assert _rubric().policy.mapping_version != _rubric(moved).policy.mapping_version
+    assert _rubric() != _rubric(moved)
+    assert _rubric().key_version == chat_plain.key_version + "+openai-moderation"
     # The moderation endpoint is sent the text alone.
     assert _rubric().messages("k", "hello <post>") == [{"role": "user", "content": "hello <post>"}]
     assert _rubric().schema_bytes == 0

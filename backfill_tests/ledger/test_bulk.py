@@ -109,6 +109,8 @@ def _result(i: int, post_id: str) -> dict[str, object]:
         "rule_ids": "",
         "confidence": 0.5 + i / 1000,
         "p_label": None,
+        "raw_result": None,
+        "mapping": None,
         "model": "m",
         "key_version": "p",
         "task_version": "t",

@@ -20,6 +20,7 @@ TOTAL_KEYS = (
     "retry_exhausted",
     "transport_rejected",
     "deferred",
+    "relabelled",
 )
 HUMAN_COLUMNS = [
     "partition",
@@ -43,6 +44,8 @@ def _partition_row(rec: RunRecord, pk: str) -> dict[str, Any]:
     row: dict[str, Any] = {"partition": pk, "run_id": rec.run_id}
     for k in ("posts", "skipped_done", "model_calls", "tokens_in", "tokens_out"):
         row[k] = int(md.get(k, 0))
+    # Labels re-read from stored answers under a changed mapping (no call made for them).
+    row["relabelled"] = int(md.get("relabelled_from_stored", 0))
     for k, v in md.items():
         if k.startswith("outcome_"):
             row[k[len("outcome_") :]] = int(v)
@@ -126,7 +129,10 @@ def totals_line(doc: dict[str, Any]) -> str:
     totals = doc["totals"]
     failed = sum(1 for r in doc["runs"] if not r["success"])
     parts = [f"{k} {totals[k]:,}" for k in HUMAN_COLUMNS if isinstance(totals.get(k), int)]
-    return "totals: " + ", ".join([*parts, f"runs {len(doc['runs'])}", f"failed runs {failed}"])
+    line = "totals: " + ", ".join([*parts, f"runs {len(doc['runs'])}", f"failed runs {failed}"])
+    if totals.get("relabelled"):
+        line += f"\nrelabelled from stored results: {totals['relabelled']:,} (no call made)"
+    return line
 
 
 def skipped_line(doc: dict[str, Any]) -> str | None:

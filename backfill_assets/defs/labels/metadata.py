@@ -81,6 +81,8 @@ def partition_metadata(
         out["rebilled_tokens_total"] = int_value(spend["rebilled_tokens"])
     for outcome, n in s["outcomes"].items():
         out[f"outcome_{outcome}"] = int_value(int(n))
+    # Labels re-read from stored answers under a changed mapping: no call was made for them.
+    out["relabelled_from_stored"] = int_value(s["relabelled"])
     # How sure the model was of the labels this run accepted, where the wire said (p_label).
     out["p_label_known"] = int_value(s["p_label_known"])
     if s["p_label_mean"] is not None:

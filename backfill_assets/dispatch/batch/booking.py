@@ -208,7 +208,7 @@ def _stage(
             writer.stage_dead(rows.dead(line, Outcome.SCHEMA_REJECTED, str(exc)))
             st.outcomes[Outcome.SCHEMA_REJECTED] += 1
             return
-        writer.stage_result(rows.result(line, out, p_label))
+        writer.stage_result(rows.result(line, out, p_label, reader.stored(triaged.content)))
         st.outcomes[Outcome.ACCEPTED] += 1
         st.labels[out.label] += 1
         st.note_p_label(p_label)

@@ -94,11 +94,15 @@ class LineRows:
         )
 
     def result(
-        self, line: LineRow, out: ModerationOutput, p_label: float | None = None
+        self,
+        line: LineRow,
+        out: ModerationOutput,
+        p_label: float | None = None,
+        stored: tuple[str, str] | None = None,
     ) -> ResultRow:
         """An accepted label (the writer validates it again as a frame)."""
         # Clears an earlier retry_exhausted dead letter of the key, if any.
-        return result_row(self._base(line), out, self.partition, True, p_label)
+        return result_row(self._base(line), out, self.partition, True, p_label, stored)
 
     def dead(self, line: LineRow, outcome: Outcome, reason: str) -> DeadRow:
         """A dead letter (replaces any earlier one for the key)."""

@@ -31,7 +31,7 @@ from backfill_assets.domain.work.keys import TENANT_ID_RE
 # Rule and label ids: short, stable, and safe anywhere (keys, SQL, CSV, a comma-joined list).
 ITEM_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,31}$")
 VERSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,39}$")
-# A dialect's variant inside a key version (``+llama-guard@3#...``): short, no separators.
+# A dialect's variant at the end of a key version (``+llama-guard@3``): short, no separators.
 VARIANT_RE = re.compile(r"^[a-z0-9]{0,16}$")
 ACTIONS = ("none", "review", "hide")
 # A label's numeric severity: a rank the platform reads, not an amount.
@@ -167,13 +167,13 @@ class Policy:
     ``dialects``, key order and comments aside). ``identity``: ``<id>@<version>#<hash[:16]>``.
     ``key_version``: what keys, the applied labels and the code version carry: the identity
     (the built-in policy as shipped keeps its legacy one), and in another dialect than
-    ``chat-json`` the dialect's name, its variant (what else is sent: Llama Guard's prompt
-    format, safeguard's reasoning effort) and the hash of its section
-    (``<key>+<dialect>[@<variant>]#<hash>``), so a changed mapping names new work and never a
-    chat key.
+    ``chat-json`` the dialect's name and its variant (what else is sent: Llama Guard's prompt
+    format, safeguard's reasoning effort): ``<key>+<dialect>[@<variant>]``. The dialect's
+    section is not sent, so it names no work: ``mapping_version`` says which section a stored
+    answer was read under, and a changed one re-labels stored answers without a call.
     """
 
-    __slots__ = ("_key_version", "content_hash", "dialect", "doc", "variant")
+    __slots__ = ("_key_version", "_mapping_version", "content_hash", "dialect", "doc", "variant")
 
     def __init__(self, doc: PolicyDoc, dialect: str = CHAT_JSON, variant: str = "") -> None:
         if dialect not in DIALECTS:
@@ -198,6 +198,10 @@ class Policy:
         self.content_hash = hashlib.sha256(canonical_json(doc).encode("utf-8")).hexdigest()
         # Read per result row (the writer's contract lookup): worked out once.
         self._key_version = self._work_key_version()
+        section = dialect_json(doc, dialect) if dialect != CHAT_JSON else ""
+        self._mapping_version = (
+            hashlib.sha256(section.encode("utf-8")).hexdigest()[:16] if section else ""
+        )
 
     def in_dialect(self, dialect: str, variant: str = "") -> Policy:
         """The same policy, spoken in ``dialect`` (``ValueError``: it has no section for it)."""
@@ -210,10 +214,11 @@ class Policy:
             isinstance(other, Policy)
             and other.content_hash == self.content_hash
             and other.key_version == self.key_version
+            and other.mapping_version == self.mapping_version
         )
 
     def __hash__(self) -> int:
-        return hash((self.content_hash, self.dialect))
+        return hash((self.content_hash, self.dialect, self.variant, self.mapping_version))
 
     def __repr__(self) -> str:
         return f"Policy({self.identity})"
@@ -242,10 +247,16 @@ class Policy:
         base = LEGACY_KEY_VERSIONS.get(self.content_hash, self.identity)
         if self.dialect == CHAT_JSON:
             return base
-        section = dialect_json(self.doc, self.dialect)
         variant = f"@{self.variant}" if self.variant else ""
-        digest = hashlib.sha256(section.encode("utf-8")).hexdigest()[:16]
-        return f"{base}+{self.dialect}{variant}#{digest}"
+        return f"{base}+{self.dialect}{variant}"
+
+    @property
+    def mapping_version(self) -> str:
+        """How a stored answer is read onto the policy, where that is not sent to the model:
+        the hash of the dialect's section ('' when there is none, or in chat-json). Not part
+        of the keys (a changed threshold re-labels stored answers without a call); part of
+        the code version."""
+        return self._mapping_version
 
     @property
     def label_ids(self) -> tuple[str, ...]:

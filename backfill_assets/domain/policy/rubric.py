@@ -197,6 +197,12 @@ class Rubric:
         code version follow."""
         return self.policy.key_version
 
+    def stored(self, raw: str) -> tuple[str, str] | None:
+        """What a result keeps of an answer to re-label it later (``Policy.mapping_version``):
+        (the answer, the mapping read under) in a mapped dialect, else None."""
+        mapping = self.policy.mapping_version
+        return (raw, mapping) if mapping else None
+
     @property
     def guard_version(self) -> str:
         """Llama Guard's prompt format (the variant; 3 unless said)."""

@@ -55,11 +55,15 @@ class Versions:
     task_version: str
     key_version: str
     model: str
+    # How stored answers are read onto the policy (``Policy.mapping_version``): not part of
+    # any key, part of the code version ('' in chat-json).
+    mapping: str = ""
 
     @property
     def code_version(self) -> str:
         """The Dagster code version of the labels asset."""
-        return f"task={self.task_version};prompt={self.key_version};model={self.model}"
+        base = f"task={self.task_version};prompt={self.key_version};model={self.model}"
+        return f"{base};mapping={self.mapping}" if self.mapping else base
 
 
 def work_key(versions: Versions, tenant_id: str, post_id: str, text_hash: str) -> str:

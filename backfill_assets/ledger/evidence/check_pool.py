@@ -101,7 +101,12 @@ def check_chunks(
     common = {
         "url": engine.url.render_as_string(hide_password=False),
         "dead_peer_s": engine_dead_peer(engine).seconds,
-        "versions": [versions.task_version, versions.key_version, versions.model],
+        "versions": [
+            versions.task_version,
+            versions.key_version,
+            versions.model,
+            versions.mapping,
+        ],
         "contract": {
             "labels": list(setup.contract.labels),
             "none_label": setup.contract.none_label,

@@ -37,6 +37,9 @@ class ResultRow(KeyRow):
     confidence: float
     # The chosen label's probability from the wire (None: none was given).
     p_label: float | None
+    # In a mapped dialect: the answer as returned and the section's hash it was read under.
+    raw_result: str | None
+    mapping: str | None
     correlation_id: str
     schema_version: int
     partition: str
@@ -178,16 +181,20 @@ def result_row(
     partition: str,
     had_dead_letter: bool,
     p_label: float | None = None,
+    stored: tuple[str, str] | None = None,
 ) -> ResultRow:
     """An accepted label on its key's row (``key_row``); the writer validates it again as a
     frame. ``had_dead_letter``: the key may have an earlier retry_exhausted dead letter to
-    clear; ``p_label``: the label's probability, where the wire gave one."""
+    clear; ``p_label``: the label's probability, where the wire gave one; ``stored``: in a
+    mapped dialect, (the answer as returned, the mapping it was read under)."""
     return ResultRow(
         **_key_of(key),
         label=out.label,
         rule_ids=",".join(out.rule_ids),
         confidence=out.confidence,
         p_label=p_label,
+        raw_result=stored[0] if stored else None,
+        mapping=stored[1] if stored else None,
         correlation_id=out.correlation_id,
         schema_version=out.schema_version,
         partition=partition,

@@ -51,7 +51,6 @@ _HEADERS = {
         "<|eot|><|header_start|>assistant<|header_end|>\n\n",
     ),
 }
-VERSIONS = tuple(_HEADERS)
 _TASK = (
     "Task: Check if there is unsafe content in 'User' messages in conversations according our "
     "safety policy with the below categories.\n\n"
