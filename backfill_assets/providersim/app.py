@@ -55,7 +55,11 @@ from backfill_assets.providersim.dialects import (
     Dialects,
 )
 from backfill_assets.providersim.faults import decide_fault, unit_draw
-from backfill_assets.providersim.guard_models.llama_guard import is_guard_model, parse_guard_prompt
+from backfill_assets.providersim.guard_models.llama_guard import (
+    is_guard_model,
+    parse_guard_prompt,
+    template_tokens,
+)
 from backfill_assets.providersim.guard_models.llama_guard_wire import (
     completion_text_in,
     parse_completion_request,
@@ -209,6 +213,9 @@ class SimApp:
         dialect: Callable[[AdmittedChat, str], Response]
         if is_guard_model(chat.model):
             # Llama Guard reads the message as it is; no key travels, so the text's hash is one.
+            # Its chat template wraps the post in the task and categories: billed as prompt.
+            prompt += template_tokens()
+            charge += template_tokens()
             correlation_id, post = text_key(user_text), user_text
             dialect = self.dialects.guard_chat
         else:

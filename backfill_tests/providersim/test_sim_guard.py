@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from backfill_assets.providers.models.rules import count_tokens
 from backfill_assets.providersim import SimConfig, add_cli_arguments, config_from_args
+from backfill_assets.providersim.guard_models.llama_guard import template_tokens
 
 GUARD3 = "meta-llama/Llama-Guard-3-8B"
 GUARD4 = "llama-guard-4-12b"
@@ -132,7 +133,8 @@ def test_chat_answer_has_vllms_shape_and_usage(start_sim) -> None:
     assert choice["message"]["role"] == "assistant"
     assert choice["finish_reason"] == "stop"
     assert choice["logprobs"] is None  # not asked for
-    prompt = count_tokens(VIOLENT_HATE) + 4
+    # The post and its message, and the task and categories the chat template wraps it in.
+    prompt = count_tokens(VIOLENT_HATE) + 4 + template_tokens()
     # unsafe, \n, S1, ",", S10
     assert data["usage"] == {
         "prompt_tokens": prompt,

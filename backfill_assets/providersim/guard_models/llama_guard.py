@@ -58,11 +58,13 @@ probability of 1.7), so it shows only when logprobs were asked for.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from backfill_assets.providers.models.rules import count_tokens
 from backfill_assets.providersim.config import FaultKind, SimConfig
 from backfill_assets.providersim.faults import unit_draw
 from backfill_assets.providersim.moderations import text_key
@@ -128,6 +130,22 @@ class GuardPrompt:
 def builtin_prompt(post: str) -> GuardPrompt:
     """What the chat route's template gives the model: the built-in categories and ``post``."""
     return GuardPrompt(LLAMA_GUARD_CATEGORIES, post, builtin=True)
+
+
+@functools.cache
+def template_tokens() -> int:
+    """Tokens the model's chat template adds around the post on the chat route (the task, the
+    built-in categories and the instructions), billed as prompt tokens as vLLM bills them."""
+    categories = "\n".join(f"{code}: {name}." for code, name in LLAMA_GUARD_CATEGORIES.items())
+    text = (
+        "Task: Check if there is unsafe content in 'User' messages in conversations according "
+        "our safety policy with the below categories.\n\n<BEGIN UNSAFE CONTENT CATEGORIES>\n"
+        f"{categories}\n<END UNSAFE CONTENT CATEGORIES>\n\n<BEGIN CONVERSATION>\n\nUser: "
+        "\n\n<END CONVERSATION>\n\nProvide your safety assessment for ONLY THE LAST User "
+        "message in the above conversation:\n - First line must read 'safe' or 'unsafe'.\n - "
+        "If unsafe, a second line must include a comma-separated list of violated categories."
+    )
+    return count_tokens(text)
 
 
 def is_guard_model(model: str) -> bool:
