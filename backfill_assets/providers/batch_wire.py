@@ -24,14 +24,16 @@ ENDPOINT = "/v1/chat/completions"
 TERMINAL_STATUSES = frozenset({"completed", "failed", "expired", "cancelled"})
 
 
-def input_line(request: ModelRequest, max_tokens_param: str, url: str = ENDPOINT) -> bytes:
+def input_line(
+    request: ModelRequest, max_tokens_param: str, url: str = ENDPOINT, *, logprobs: bool
+) -> bytes:
     """One JSONL request to ``url`` (chat completions, or moderations: one post as a one-input
-    array); ``custom_id`` is the key. Canonical JSON: same input, same bytes."""
-    # A batch line's answer is not read for its probabilities: none are asked for.
+    array); ``custom_id`` is the key. Canonical JSON: same input, same bytes. ``logprobs``:
+    a chat line asks for its answer's token log-probabilities (``BACKFILL_LOGPROBS``)."""
     body = (
         moderation_body(request)
         if url == MODERATIONS
-        else request_body(request, max_tokens_param, Tier.STANDARD, logprobs=False)
+        else request_body(request, max_tokens_param, Tier.STANDARD, logprobs)
     )
     line = {"custom_id": request.key, "method": "POST", "url": url, "body": body}
     text = json.dumps(line, sort_keys=True, separators=(",", ":"), ensure_ascii=False)

@@ -438,3 +438,30 @@ def test_a_chat_models_label_probability_is_read_from_its_logprobs(
     with engine.connect() as conn:
         assert conn.execute(sa.text("SELECT count(p_label) FROM results")).scalar_one() == 0
     assert not math.isnan(sum(got.values()))
+
+
+def test_batch_lines_ask_for_logprobs_and_keep_the_labels_probability(
+    engine: Engine,
+    tmp_path: Path,
+    cli_store: dict[str, str],
+    start_sim: StartSim,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from backfill_assets.providersim.answers import label_probability_of
+
+    import_records(engine, tmp_path, POSTS)
+    sim = start_sim(api_key=API_KEY, batch_processing_ms=15)
+    _use(
+        monkeypatch,
+        BACKFILL_MODEL_BACKEND="openai",
+        BACKFILL_MODEL="gpt-4o-mini",
+        BACKFILL_MODEL_BASE_URL=sim.base_url,
+        BACKFILL_MODEL_API_KEY=API_KEY,
+        BACKFILL_DISPATCH="batch",
+        BACKFILL_BATCH_POLL_SECONDS="0.02",
+    )
+    assert main(["run"]) == 0
+    with engine.connect() as conn:
+        got = dict(conn.execute(sa.text("SELECT key, p_label FROM results")).all())
+    assert len(got) == len(POSTS)
+    assert all(p == pytest.approx(label_probability_of(k)) for k, p in got.items())

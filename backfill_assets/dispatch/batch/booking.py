@@ -203,7 +203,7 @@ def _stage(
         try:
             if reader is None:
                 raise OutputRejected("output contract: no policy registered for its version")
-            out, p_label = reader.read(triaged.content, line.key)
+            out, p_label = reader.read(triaged.content, line.key, triaged.logprobs)
         except OutputRejected as exc:
             writer.stage_dead(rows.dead(line, Outcome.SCHEMA_REJECTED, str(exc)))
             st.outcomes[Outcome.SCHEMA_REJECTED] += 1

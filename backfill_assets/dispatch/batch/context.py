@@ -68,6 +68,8 @@ class BatchContext:
     retry: RetryPolicy
     prices: PriceTable
     max_tokens_param: str
+    # Chat lines ask for their answers' token log-probabilities (the label's probability).
+    logprobs: bool
     log: Callable[[str], None]
     flush_rows: int = 2048
     flush_interval_s: float = 0.1

@@ -57,6 +57,7 @@ async def run_batch(
         retry=options.retry,
         prices=endpoint.settings.prices(),
         max_tokens_param=endpoint.settings.max_tokens_param,
+        logprobs=endpoint.settings.logprobs,
         log=log,
         flush_rows=options.flush_rows,
         flush_interval_s=options.flush_interval_s,

@@ -46,7 +46,7 @@ def _line_bytes(ctx: BatchContext, tenant_id: str, line: ChunkLine) -> bytes:
         estimated_tokens=0,
         contract=ctx.rubric.contract,
     )
-    return input_line(request, ctx.max_tokens_param, ctx.endpoint)
+    return input_line(request, ctx.max_tokens_param, ctx.endpoint, logprobs=ctx.logprobs)
 
 
 def _free(ctx: BatchContext, tenant_id: str) -> tuple[Caps, Spend]:

@@ -60,6 +60,8 @@ class TriagedLine:
     tokens_cached: int = 0
     tokens_cache_written: int = 0
     tokens_reasoning: int = 0
+    # The answer's tokens and their log-probabilities, when the line's body carried them.
+    logprobs: tuple[tuple[str, float], ...] | None = None
 
 
 def triage(
@@ -114,6 +116,7 @@ def triage(
             tokens_cached=billed.cached if billed else 0,
             tokens_cache_written=billed.cache_written if billed else 0,
             tokens_reasoning=billed.reasoning if billed else 0,
+            logprobs=completion.logprobs,
         )
     # Only the scrubbed summary is kept: a provider may echo the request (post text).
     summary, _raw = error_summary(

@@ -32,7 +32,7 @@ from typing import Any
 
 from backfill_assets.providers.models.rules import count_tokens
 from backfill_assets.providersim.access import refusal
-from backfill_assets.providersim.answers import answer_content, fault_error
+from backfill_assets.providersim.answers import answer_content, answer_logprobs, fault_error
 from backfill_assets.providersim.billing.meter import MODERATIONS_ENDPOINT, BilledCall, Meter
 from backfill_assets.providersim.billing.pricing import call_cost_nanos
 from backfill_assets.providersim.billing.usage import billed_prompt, cached_tokens, usage_body
@@ -269,7 +269,11 @@ def answer_line(config: SimConfig, meter: Meter, line: BatchLine, batch_id: str)
         )
     )
     usage = usage_body(config.batch_usage_shape, line.prompt, completion, cached)
-    body = completion_body(model, content, finish_reason, usage)
+    chat = line.chat
+    logprobs = (
+        answer_logprobs(content, line.correlation_id, chat.top_logprobs) if chat.logprobs else None
+    )
+    body = completion_body(model, content, finish_reason, usage, "default", logprobs)
     return _output_line(
         line.custom_id, {"status_code": 200, "request_id": request_id, "body": body}, None
     )
