@@ -31,6 +31,7 @@ from backfill_assets.domain.work.keys import (
 )
 from backfill_assets.domain.work.regions import unavailable_message
 from backfill_assets.ledger.engine import read_tx, refresh_planner_stats
+from backfill_assets.ledger.labels.relabel import relabel
 from backfill_assets.ledger.locks.writer_locks import WriterLocks, while_held
 from backfill_assets.ledger.policies import contract_lookup, register_policy
 from backfill_assets.ledger.run.partition_counts import (
@@ -41,7 +42,6 @@ from backfill_assets.ledger.run.partition_counts import (
 )
 from backfill_assets.ledger.run.partition_groups import grouped_by_posts, owners_of_all
 from backfill_assets.ledger.run.posts import slice_levels
-from backfill_assets.ledger.run.relabel import relabel
 from backfill_assets.ledger.run.tenants import tenant_regions
 from backfill_assets.ledger.run.work import (
     PendingPost,

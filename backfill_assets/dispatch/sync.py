@@ -237,14 +237,9 @@ class Dispatcher:
             self.writer.stage_dead(self._dead(item, Outcome.SCHEMA_REJECTED, str(exc), attempt))
             st.outcomes[Outcome.SCHEMA_REJECTED] += 1
             return True
-        row = result_row(
-            self._base(item),
-            out,
-            item.partition,
-            item.had_dead_letter,
-            p_label,
-            rubric.stored(response.raw_text),
-        )
+        stored = rubric.stored(response.raw_text)
+        base, part = self._base(item), item.partition
+        row = result_row(base, out, part, item.had_dead_letter, p_label, stored)
         self.writer.stage_result(row)
         st.outcomes[Outcome.ACCEPTED] += 1
         st.labels[out.label] += 1

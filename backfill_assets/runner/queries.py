@@ -10,7 +10,7 @@ from backfill_assets.config.urls import database_url
 from backfill_assets.ledger.engine import read_tx, write_tx
 from backfill_assets.ledger.engines import engine_for, store_engine
 from backfill_assets.ledger.evaluations import CustomerTenant
-from backfill_assets.ledger.label_export import LabelRow, tenant_labels
+from backfill_assets.ledger.labels.export import LabelRow, tenant_labels
 from backfill_assets.ledger.migrate import migrate, schema_versions
 from backfill_assets.ledger.reports import tenant_ids
 from backfill_assets.ledger.run.dead_letters import requeue

@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy.engine import Engine
 
 from backfill_assets.definitions import APPLY_JOB, build_definitions
-from backfill_assets.ledger.apply import apply_partitions
+from backfill_assets.ledger.labels.apply import apply_partitions
 from backfill_assets.runner.orchestrate import materialize
 from backfill_tests.conftest import import_records
 from backfill_tests.moderation_helpers import (

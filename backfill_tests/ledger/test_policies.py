@@ -24,7 +24,7 @@ from backfill_assets.defs.labels.checks import check_results_for
 from backfill_assets.dispatch.partition_run import PartitionRef
 from backfill_assets.domain.policy.file import load_policy, parse_policy
 from backfill_assets.domain.policy.rubric import Rubric
-from backfill_assets.ledger.apply import apply_partitions
+from backfill_assets.ledger.labels.apply import apply_partitions
 from backfill_assets.providers.models.base import ModelAdapter, ModelRequest, ModelResponse
 from backfill_assets.runner.orchestrate import materialize
 from backfill_assets.runner.verify import verify_store

@@ -1,4 +1,4 @@
-"""Re-labelling from stored answers (``ledger/run/relabel.py``), on both stores: only the
+"""Re-labelling from stored answers (``ledger/labels/relabel.py``), on both stores: only the
 partition's results of these versions stored under another mapping are re-read; an answer the
 new mapping cannot read keeps its label; a result with nothing stored is never touched."""
 
@@ -13,7 +13,7 @@ from backfill_assets.domain.policy.dialect_sections import MODERATION_CATEGORIES
 from backfill_assets.domain.policy.file import parse_policy
 from backfill_assets.domain.policy.rubric import Rubric
 from backfill_assets.domain.work.keys import Versions
-from backfill_assets.ledger.run.relabel import relabel
+from backfill_assets.ledger.labels.relabel import relabel
 from backfill_assets.ledger.tables import results, utcnow
 from backfill_tests.domain.test_moderation_dialect import BASE, MAPPING
 

@@ -20,9 +20,9 @@ from backfill_assets.dispatch.pipeline import with_levels
 from backfill_assets.domain.checks.catalog import BLOCKING_CHECKS, blocking_failures
 from backfill_assets.domain.policy.document import Policy
 from backfill_assets.domain.policy.rubric import Rubric
-from backfill_assets.ledger.apply import ApplyReport, apply_partitions, newer_versions
 from backfill_assets.ledger.engine import read_tx, refresh_planner_stats, write_tx
 from backfill_assets.ledger.engines import store_engine
+from backfill_assets.ledger.labels.apply import ApplyReport, apply_partitions, newer_versions
 from backfill_assets.ledger.run import partition_marks
 from backfill_assets.ledger.run.partition_counts import post_counts
 from backfill_assets.ledger.run.partition_groups import grouped_by_posts

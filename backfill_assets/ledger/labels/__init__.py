@@ -1,0 +1,1 @@
+"""The accepted labels once booked: applied, re-labelled from stored answers, exported."""
