@@ -258,8 +258,12 @@ def _settled(sim: Any, endpoint: str) -> tuple[int, int, int]:
         seen = now
 
 
+@pytest.mark.parametrize(
+    ("dialect", "model", "endpoint"),
+    [("llama-guard", GUARD, COMPLETIONS_ENDPOINT), ("safeguard", SAFEGUARD, CHAT_ENDPOINT)],
+)
 def test_a_crash_resumes_and_re_pays_at_most_what_was_in_flight(
-    engine: Engine, guarded: Any, start_sim: StartSim
+    engine: Engine, guarded: Any, start_sim: StartSim, dialect: str, model: str, endpoint: str
 ) -> None:
     sim = start_sim(
         api_key=API_KEY,
@@ -272,17 +276,20 @@ def test_a_crash_resumes_and_re_pays_at_most_what_was_in_flight(
             "BACKFILL_CONCURRENCY": "1",
             "BACKFILL_FLUSH_MS": "10",
             "BACKFILL_MODEL_BASE_URL": sim.base_url,
+            "BACKFILL_MODEL_DIALECT": dialect,
+            "BACKFILL_MODEL": model,
+            "BACKFILL_REASONING_EFFORT": "low",
         }
     )
     killed = run_cli(["run", "--json"], {**env, "BACKFILL_KILL_AFTER_USAGE": "3"})
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     booked = _ledger(engine)[0]
-    lost = _settled(sim, COMPLETIONS_ENDPOINT)[0] - booked
+    lost = _settled(sim, endpoint)[0] - booked
     assert 3 <= booked < len(POSTS) and 0 <= lost <= 1  # one call in flight at most
     resumed = run_cli(["run", "--json"], env)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     calls, tokens, cost = _ledger(engine)
-    billed, billed_tokens, billed_cost = _meter(sim, COMPLETIONS_ENDPOINT)
+    billed, billed_tokens, billed_cost = _meter(sim, endpoint)
     assert billed == calls + lost and len(POSTS) <= calls <= len(POSTS) + 1
     if lost == 0:
         assert (tokens, cost) == (billed_tokens, billed_cost)
