@@ -10,7 +10,7 @@ from email.utils import format_datetime
 import httpx
 import pytest
 
-from backfill_assets.domain.money.prices import PriceError, PriceTable
+from backfill_assets.domain.money.prices import PriceError, PriceTable, Tier
 from backfill_assets.domain.policy.output_gate import ModerationOutput
 from backfill_assets.domain.policy.rubric import MAX_OUTPUT_TOKENS
 from backfill_assets.providers.models.base import ModelRequest, TransportRejected
@@ -47,8 +47,8 @@ def _request(text: str = POST) -> ModelRequest:
 
 
 def test_request_body_is_one_post_with_a_strict_schema_from_the_output_model() -> None:
-    body = request_body(_request(), "max_completion_tokens")
-    assert body["model"] == "gpt-4o-mini-2024-07-18"
+    body = request_body(_request(), "max_completion_tokens", Tier.STANDARD, logprobs=False)
+    assert body["model"] == "gpt-4o-mini-2024-07-18" and "logprobs" not in body
     assert [m["role"] for m in body["messages"]] == ["system", "user"]
     assert body["messages"][0]["content"] == RUBRIC.system_prompt
     assert f"<post>\n{POST}\n</post>" in body["messages"][1]["content"]
@@ -63,7 +63,9 @@ def test_request_body_is_one_post_with_a_strict_schema_from_the_output_model() -
     assert schema == RUBRIC.schema
     assert schema["additionalProperties"] is False
     with pytest.raises(ValueError):
-        request_body(_request(), "max_output")
+        request_body(_request(), "max_output", Tier.STANDARD, logprobs=False)
+    # Asked for, the answer's token log-probabilities (the label's probability).
+    assert request_body(_request(), "max_tokens", Tier.STANDARD, logprobs=True)["logprobs"] is True
 
 
 @pytest.mark.parametrize(
