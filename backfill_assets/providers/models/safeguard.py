@@ -34,7 +34,7 @@ class SafeguardModel(OpenAIHttpModel):
         """The chat-json request, with the reasoning effort."""
         return {
             **request_body(request, self._max_tokens_param, tier, self._logprobs),
-            "reasoning_effort": (self.reasoning_effort),
+            "reasoning_effort": self.reasoning_effort,
         }
 
     def envelope(self, raw: bytes, request: ModelRequest) -> Envelope:
