@@ -171,9 +171,15 @@ def test_confidence_and_the_labels_probability_come_from_the_assessment_token() 
 def test_the_variant_and_the_section_name_the_work() -> None:
     three, four = _custom("3").key_version, _custom("4").key_version
     assert three.endswith("+llama-guard@3") and four.endswith("+llama-guard@4")
-    # The section is not sent: the same work, read another way.
-    assert _mapped().key_version == three and _mapped().policy.mapping_version != ""
-    assert _custom("3").policy.mapping_version == ""
+    # With a section the post goes alone to the model's template: other work than the rules
+    # rendered as categories, whatever the prompt format.
+    mapped = _mapped().key_version
+    assert mapped.endswith("+llama-guard@builtin") and mapped != three
+    assert _mapped().policy.mapping_version != "" and _custom("3").policy.mapping_version == ""
+    # The section itself is not sent: another mapping is the same work, read another way.
+    moved = Rubric(parse_policy(BASE + SECTION.replace("S10: A2", "S10: A1")), "llama-guard", "4")
+    assert moved.key_version == mapped
+    assert moved.policy.mapping_version != _mapped().policy.mapping_version
     chat = Rubric(parse_policy(BASE)).key_version
     assert three.startswith(chat + "+")
     effort = {e: Rubric(parse_policy(BASE), "safeguard", e).key_version for e in ("low", "high")}

@@ -33,6 +33,8 @@ ITEM_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,31}$")
 VERSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,39}$")
 # A dialect's variant at the end of a key version (``+llama-guard@3``): short, no separators.
 VARIANT_RE = re.compile(r"^[a-z0-9]{0,16}$")
+# The variant of Llama Guard asked through its own chat template (the built-in categories).
+BUILTIN_TEMPLATE = "builtin"
 ACTIONS = ("none", "review", "hide")
 # A label's numeric severity: a rank the platform reads, not an amount.
 MAX_SEVERITY = 1_000_000
@@ -168,7 +170,8 @@ class Policy:
     ``key_version``: what keys, the applied labels and the code version carry: the identity
     (the built-in policy as shipped keeps its legacy one), and in another dialect than
     ``chat-json`` the dialect's name and its variant (what else is sent: Llama Guard's prompt
-    format, safeguard's reasoning effort): ``<key>+<dialect>[@<variant>]``. The dialect's
+    format, or ``builtin`` for its own chat template; safeguard's reasoning effort):
+    ``<key>+<dialect>[@<variant>]``. The dialect's
     section is not sent, so it names no work: ``mapping_version`` says which section a stored
     answer was read under, and a changed one re-labels stored answers without a call.
     """
@@ -218,7 +221,7 @@ class Policy:
         )
 
     def __hash__(self) -> int:
-        return hash((self.content_hash, self.dialect, self.variant, self.mapping_version))
+        return hash((self.content_hash, self.key_version, self.mapping_version))
 
     def __repr__(self) -> str:
         return f"Policy({self.identity})"
@@ -247,8 +250,12 @@ class Policy:
         base = LEGACY_KEY_VERSIONS.get(self.content_hash, self.identity)
         if self.dialect == CHAT_JSON:
             return base
-        variant = f"@{self.variant}" if self.variant else ""
-        return f"{base}+{self.dialect}{variant}"
+        variant = self.variant
+        if self.dialect == LLAMA_GUARD and self.guard_map is not None:
+            # Sent alone to the model's own chat template: no prompt format of ours is sent,
+            # and the post alone is other work than the policy's rules rendered as categories.
+            variant = BUILTIN_TEMPLATE
+        return f"{base}+{self.dialect}" + (f"@{variant}" if variant else "")
 
     @property
     def mapping_version(self) -> str:

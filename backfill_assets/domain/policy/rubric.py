@@ -206,7 +206,7 @@ class Rubric:
     @property
     def guard_version(self) -> str:
         """Llama Guard's prompt format (the variant; 3 unless said)."""
-        return self.policy.variant or "3"
+        return self.policy.variant if self.policy.variant in ("3", "4") else "3"
 
     @property
     def extra_bytes(self) -> int:
