@@ -4,6 +4,7 @@ new mapping cannot read keeps its label; a result with nothing stored is never t
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 
 import sqlalchemy as sa
@@ -14,7 +15,7 @@ from backfill_assets.domain.policy.file import parse_policy
 from backfill_assets.domain.policy.rubric import Rubric
 from backfill_assets.domain.work.keys import Versions
 from backfill_assets.ledger.labels.relabel import relabel
-from backfill_assets.ledger.tables import results, utcnow
+from backfill_assets.ledger.tables import applied_labels, results, utcnow
 from backfill_tests.domain.test_moderation_dialect import BASE, MAPPING
 
 
@@ -58,8 +59,26 @@ def test_only_this_partitions_stale_answers_are_read_again(engine: Engine) -> No
         _row("a5", "acme", 4, hot, "old"),  # another partition
         _row("b1", "globex", 3, hot, "old"),  # another tenant
     ]
+    old = utcnow() - dt.timedelta(days=1)
+    applied = [
+        {
+            "tenant_id": row["tenant_id"],
+            "post_id": row["post_id"],
+            "policy_id": rubric.policy.policy_id,
+            "label": "ok",
+            "rule_ids": "",
+            "policy_version": "3",
+            "key_version": "kv",
+            "model": row["model"],
+            "result_key": row["key"],
+            "content_hash": row["content_hash"],
+            "applied_at": old,
+        }
+        for row in rows
+    ]
     with engine.begin() as conn:
         conn.execute(results.insert(), rows)
+        conn.execute(applied_labels.insert(), applied)
     done = relabel(engine, "acme", [3], versions, rubric)
     assert (done.changed, done.unreadable) == (1, 1)
     with engine.connect() as conn:
@@ -70,6 +89,13 @@ def test_only_this_partitions_stale_answers_are_read_again(engine: Engine) -> No
     assert got["a1"] == ("threat", "T1", 0.9, versions.mapping)
     for untouched in ("a2", "a3", "a4", "a5", "b1"):
         assert got[untouched][0] == "ok", untouched
+    # The re-read post's applied row is stamped now (the sink takes its new confidence and
+    # probability even under an unchanged label); no other row is touched.
+    with engine.connect() as conn:
+        stamped = dict(
+            conn.execute(sa.select(applied_labels.c.post_id, applied_labels.c.applied_at)).all()
+        )
+    assert stamped["a1"] > old and all(stamped[k] == old for k in stamped if k != "a1")
     # A second pass has nothing left to read.
     assert relabel(engine, "acme", [3], versions, rubric).changed == 0
     # Outside a mapped dialect, no query at all.

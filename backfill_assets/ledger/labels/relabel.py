@@ -5,7 +5,9 @@ the answer as the call returned it and the section's hash it was read under (``r
 ``mapping``; sql/022). The section is not sent to the model, so it is not part of the keys: when
 it changes, a partition's results of the same keys are read again under the new section, here,
 without a call, and updated in place (label, rules, confidence, probability, mapping). The apply
-then carries the new labels to ``applied_labels``, the posts and the sink as any change.
+then carries the new labels to ``applied_labels``, the posts and the sink as any change; the
+applied rows of re-read results are stamped applied now, so the sink also takes a new
+confidence or probability under an unchanged label.
 
 An answer the new section cannot read (it names a category the stored answer lacks) keeps its
 label and is counted apart, never guessed.
@@ -23,7 +25,7 @@ from backfill_assets.domain.policy.output_gate import OutputRejected
 from backfill_assets.domain.policy.rubric import Rubric
 from backfill_assets.domain.work.keys import Versions
 from backfill_assets.ledger.engine import read_tx, write_tx
-from backfill_assets.ledger.tables import results
+from backfill_assets.ledger.tables import applied_labels, results, utcnow
 
 # Results re-read and updated per transaction: bounds memory on a large partition.
 _BATCH = 5_000
@@ -47,7 +49,7 @@ def relabel(
         return done
     r = results.c
     stale = (
-        sa.select(r.key, r.raw_result)
+        sa.select(r.key, r.raw_result, r.post_id)
         .where(
             r.tenant_id == tenant_id,
             r.slice.in_(list(slices)),
@@ -66,7 +68,7 @@ def relabel(
         if not rows:
             return done
         updates = []
-        for key, raw in rows:
+        for key, raw, post_id in rows:
             try:
                 out, p_label = rubric.read(str(raw), str(key))
             except OutputRejected:
@@ -75,6 +77,7 @@ def relabel(
             updates.append(
                 {
                     "k": key,
+                    "post": post_id,
                     "label": out.label,
                     "rule_ids": ",".join(out.rule_ids),
                     "confidence": out.confidence,
@@ -95,6 +98,18 @@ def relabel(
                         mapping=sa.bindparam("mapping"),
                     ),
                     updates,
+                )
+                al = applied_labels.c
+                conn.execute(
+                    applied_labels.update()
+                    .where(
+                        al.tenant_id == tenant_id,
+                        al.post_id == sa.bindparam("post"),
+                        al.policy_id == rubric.policy.policy_id,
+                        al.result_key == sa.bindparam("k"),
+                    )
+                    .values(applied_at=utcnow()),
+                    [{"k": u["k"], "post": u["post"]} for u in updates],
                 )
             done.changed += len(updates)
         after = str(rows[-1][0])
