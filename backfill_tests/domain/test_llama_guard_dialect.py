@@ -16,34 +16,8 @@ from backfill_assets.domain.policy.dialects.llama_guard import (
 from backfill_assets.domain.policy.file import PolicyInvalid, parse_policy
 from backfill_assets.domain.policy.output_gate import OutputRejected
 from backfill_assets.domain.policy.rubric import PROMPT_ROLE, Rubric, prompt_token_bound
+from backfill_tests.domain.test_moderation_dialect import BASE
 
-BASE = """\
-id: forum
-version: "3"
-instructions: Classify the post.
-labels:
-  - id: threat
-    description: Threats of violence.
-    action: hide
-    severity: 90
-  - id: abuse
-    description: Harassment and hate.
-    action: hide
-    severity: 50
-  - id: ok
-    description: Nothing applies.
-    action: none
-rules:
-  - id: T1
-    label: threat
-    description: A threat to hurt someone.
-  - id: A1
-    label: abuse
-    description: Insults.
-  - id: A2
-    label: abuse
-    description: Hate.
-"""
 SECTION = """\
 dialects:
   llama-guard:

@@ -17,7 +17,7 @@ from backfill_assets.providers.models.base import ModelRequest
 from backfill_assets.providers.models.guard_wire import guard_answer, guard_body, post_in_prompt
 from backfill_assets.providers.models.openai_wire import NotACompletion
 from backfill_assets.providers.models.safeguard_wire import chosen_answer, last_json_object
-from backfill_tests.domain.test_llama_guard_dialect import BASE
+from backfill_tests.domain.test_moderation_dialect import BASE
 
 USAGE = {"prompt_tokens": 300, "completion_tokens": 4, "total_tokens": 304}
 

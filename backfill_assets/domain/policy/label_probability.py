@@ -18,6 +18,15 @@ from collections.abc import Sequence
 TokenLogprobs = Sequence[tuple[str, float]]
 
 
+def readable_logprob(value: object) -> float | None:
+    """A log-probability as a server sent it, if it is one: a finite number at most 0 (not a
+    boolean); None otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) and value <= 0.0 else None
+
+
 def label_probability(raw: str, label: str, logprobs: TokenLogprobs | None) -> float | None:
     """The probability of ``label``'s tokens in ``raw`` (None: not known)."""
     if not logprobs:
@@ -33,10 +42,9 @@ def label_probability(raw: str, label: str, logprobs: TokenLogprobs | None) -> f
     for token, lp in logprobs:
         nxt = at + len(token)
         if nxt > start and at < end:
-            if isinstance(lp, bool) or not isinstance(lp, int | float) or not lp <= 0.0:
-                return None  # NaN fails the comparison too
-            if not math.isfinite(lp):
+            readable = readable_logprob(lp)
+            if readable is None:
                 return None
-            total += lp
+            total += readable
         at = nxt
     return math.exp(total)

@@ -17,16 +17,15 @@ log-probabilities, or unreadable ones, gives none: never an invented number.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from backfill_assets.domain.policy.dialects.llama_guard import GuardAnswer
+from backfill_assets.domain.policy.label_probability import readable_logprob
 from backfill_assets.providers.models.base import ModelRequest
 from backfill_assets.providers.models.openai_wire import (
     Envelope,
     NotACompletion,
-    billed_usage,
-    loads_or_none,
+    first_choice,
 )
 
 CHAT_PATH = "/chat/completions"
@@ -59,18 +58,11 @@ def guard_body(request: ModelRequest, max_tokens_param: str, raw_prompt: bool) -
     }
 
 
-def _logprob(value: object) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    value = float(value)
-    return value if math.isfinite(value) and value <= 0.0 else None
-
-
 def _first_word(pairs: list[tuple[object, object]]) -> float | None:
     """The log-probability of the first token that is not whitespace."""
     for token, lp in pairs:
         if isinstance(token, str) and token.strip():
-            return _logprob(lp)
+            return readable_logprob(lp)
         if not isinstance(token, str):
             return None
     return None
@@ -103,14 +95,8 @@ def guard_answer(body: bytes, raw_prompt: bool) -> Envelope:
     """The answer of a 2xx as stored (``GuardAnswer``: its text and the assessment's
     log-probability), with its id and usage; ``NotACompletion`` when it is no answer of that
     API at all (a body that still says what was billed is booked, then refused)."""
-    data = loads_or_none(body)
-    if not isinstance(data, dict):
-        raise NotACompletion("2xx body is not a JSON object")
-    billed = billed_usage(data.get("usage"))
-    rid = data.get("id") if isinstance(data.get("id"), str) else None
-    choices = data.get("choices")
-    choice = choices[0] if isinstance(choices, list) and choices else None
-    if not isinstance(choice, dict):
+    choice, billed, rid = first_choice(body)
+    if choice is None:
         if billed is not None:
             return Envelope(GuardAnswer("").to_raw(), rid, billed)
         raise NotACompletion("2xx body has no choices")

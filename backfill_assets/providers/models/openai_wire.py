@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from backfill_assets.domain.caps import ERROR_CODE_CHARS
 from backfill_assets.domain.money.prices import Tier, tier_served
+from backfill_assets.domain.policy.label_probability import readable_logprob
 from backfill_assets.domain.policy.output_gate import OutputContract
 from backfill_assets.domain.ranges import MAX_CALL_TOKENS
 from backfill_assets.providers.models.base import ModelRequest
@@ -239,16 +240,27 @@ def token_logprobs(logprobs: object) -> tuple[tuple[str, float], ...] | None:
     for entry in content:
         token = entry.get("token") if isinstance(entry, dict) else None
         lp = entry.get("logprob") if isinstance(entry, dict) else None
-        if not isinstance(token, str) or isinstance(lp, bool) or not isinstance(lp, int | float):
+        readable = readable_logprob(lp)
+        if not isinstance(token, str) or readable is None:
             return None
-        if not (math.isfinite(lp) and lp <= 0.0):
-            return None
-        out.append((token, float(lp)))
+        out.append((token, readable))
     return tuple(out)
 
 
 class NotACompletion(ValueError):
     """A 2xx whose body is not a chat completion at all (a proxy page, garbage)."""
+
+
+def first_choice(body: bytes) -> tuple[dict[str, Any] | None, BilledUsage | None, str | None]:
+    """A 2xx body's first choice (None: it has none), what it billed and its id, read without
+    trusting any of it; ``NotACompletion`` when the body is no JSON object."""
+    data = loads_or_none(body)
+    if not isinstance(data, dict):
+        raise NotACompletion("2xx body is not a JSON object")
+    rid = data.get("id") if isinstance(data.get("id"), str) else None
+    choices = data.get("choices")
+    choice = choices[0] if isinstance(choices, list) and choices else None
+    return (choice if isinstance(choice, dict) else None), billed_usage(data.get("usage")), rid
 
 
 def loads_or_none(body: bytes | str) -> Any:

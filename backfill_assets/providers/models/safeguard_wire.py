@@ -23,7 +23,7 @@ from backfill_assets.domain.policy.output_gate import MAX_ANSWER_CHARS
 from backfill_assets.providers.models.openai_wire import (
     Envelope,
     NotACompletion,
-    billed_usage,
+    first_choice,
     loads_or_none,
 )
 
@@ -77,14 +77,8 @@ def chosen_answer(message: dict[str, Any]) -> tuple[str, str]:
 def safeguard_answer(body: bytes) -> Envelope:
     """The answer of a 2xx with its id and usage; ``NotACompletion`` when it is no chat
     completion at all (a body that still says what was billed is booked, then refused)."""
-    data = loads_or_none(body)
-    if not isinstance(data, dict):
-        raise NotACompletion("2xx body is not a JSON object")
-    billed = billed_usage(data.get("usage"))
-    rid = data.get("id") if isinstance(data.get("id"), str) else None
-    choices = data.get("choices")
-    choice = choices[0] if isinstance(choices, list) and choices else None
-    message = choice.get("message") if isinstance(choice, dict) else None
+    choice, billed, rid = first_choice(body)
+    message = choice.get("message") if choice is not None else None
     if not isinstance(message, dict):
         if billed is not None:
             return Envelope("", rid, billed, answer_from="none")

@@ -33,6 +33,7 @@ from typing import Any
 
 from backfill_assets.domain.policy.dialect_sections import GUARD_CODES, LLAMA_GUARD_CATEGORIES
 from backfill_assets.domain.policy.document import Policy
+from backfill_assets.domain.policy.label_probability import readable_logprob
 from backfill_assets.domain.policy.output_gate import (
     ModerationOutput,
     OutputContract,
@@ -134,9 +135,7 @@ def _answer(raw: str) -> GuardAnswer:
     text = data.get("text") if isinstance(data, dict) else None
     if not isinstance(text, str):
         raise OutputRejected("llama-guard answer: no text")
-    lp = data.get("logprob")
-    ok = isinstance(lp, int | float) and not isinstance(lp, bool) and math.isfinite(lp) and lp <= 0
-    return GuardAnswer(text, float(lp) if ok else None)
+    return GuardAnswer(text, readable_logprob(data.get("logprob")))
 
 
 def assessment(text: str) -> tuple[str, ...] | None:
