@@ -176,8 +176,7 @@ class _Choice(BaseModel):
 
     message: _Message
     finish_reason: str | None = None
-    # Kept raw: read by ``token_logprobs``, which trusts none of it.
-    logprobs: Any = None
+    logprobs: Any = None  # kept raw: ``token_logprobs`` trusts none of it
 
 
 class ChatCompletion(BaseModel):
@@ -226,13 +225,11 @@ class Envelope:
     billed: BilledUsage | None
     served_tier: Tier = Tier.STANDARD
     answer_from: str = ""
-    # The answer's tokens and their log-probabilities, when the server sent them.
-    logprobs: tuple[tuple[str, float], ...] | None = None
+    logprobs: tuple[tuple[str, float], ...] | None = None  # the answer's tokens, if sent
 
 
 def token_logprobs(logprobs: object) -> tuple[tuple[str, float], ...] | None:
-    """A choice's ``logprobs.content`` as (token, log-probability) pairs; None unless every
-    entry is a text token with a finite log-probability at most 0."""
+    """A choice's ``logprobs.content`` as (token, log-probability) pairs, all readable, or None."""
     content = logprobs.get("content") if isinstance(logprobs, dict) else None
     if not isinstance(content, list) or not content:
         return None
@@ -252,8 +249,7 @@ class NotACompletion(ValueError):
 
 
 def first_choice(body: bytes) -> tuple[dict[str, Any] | None, BilledUsage | None, str | None]:
-    """A 2xx body's first choice (None: it has none), what it billed and its id, read without
-    trusting any of it; ``NotACompletion`` when the body is no JSON object."""
+    """A 2xx body's first choice (or None), usage and id; ``NotACompletion``: no JSON object."""
     data = loads_or_none(body)
     if not isinstance(data, dict):
         raise NotACompletion("2xx body is not a JSON object")
