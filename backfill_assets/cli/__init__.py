@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from backfill_assets.cli.commands import store as commands
+from backfill_assets.cli.commands.cascade import add_cascade_commands
 from backfill_assets.cli.commands.evaluate import add_evaluate_command
 from backfill_assets.cli.commands.export import FORMATS, cmd_export
 from backfill_assets.cli.commands.ingest import add_ingest_commands
@@ -175,6 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_tenant_commands(add)
     add_sink_commands(add)
     add_policy_commands(add)
+    add_cascade_commands(add)
     add_evaluate_command(add)
     add_provider_sim_command(sub)
     return p
@@ -217,7 +219,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = Settings.from_env(os.environ, load_policy=args.command != "policy")
         code: int = args.func(args, settings)
     except (SettingsError, UserError) as exc:
-        sub = getattr(args, "tenant_command", None) or getattr(args, "policy_command", None)
+        groups = ("tenant_command", "policy_command", "cascade_command")
+        sub = next((getattr(args, g) for g in groups if getattr(args, g, None)), None)
         name = " ".join(filter(None, (args.command, sub)))
         tell(f"backfill-moderation {name}: error: {exc}")
         return 2

@@ -9,162 +9,43 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
 from backfill_assets.domain.policy.document import ACTIONS, Policy, PolicyDoc
-from backfill_assets.domain.policy.items import quoted
+from backfill_assets.domain.yaml_positions import (
+    FileProblem,
+    Tree,
+    YamlPath,
+    describe,
+    parse_yaml,
+    quoted,
+    read_text,
+    too_large,
+)
 
 # Far above any real policy; bounds the parse.
 MAX_POLICY_BYTES = 1 << 20
-_MAX_NODES = 100_000
 
 BUILTIN_POLICY_FILE = "default.yaml"
-
-
-@dataclass(frozen=True, slots=True)
-class PolicyProblem:
-    """One thing wrong with a policy file, where it is (1-based line and column)."""
-
-    line: int
-    column: int
-    message: str
-
-    def render(self, source: str) -> str:
-        """``FILE:LINE:COLUMN: message``, as compilers print it."""
-        return f"{source}:{self.line}:{self.column}: {self.message}"
+_WHOLE = "the policy"
 
 
 class PolicyInvalid(ValueError):
     """A policy file with problems; ``problems`` lists every one of them."""
 
-    def __init__(self, source: str, problems: Sequence[PolicyProblem]) -> None:
+    def __init__(self, source: str, problems: Sequence[FileProblem]) -> None:
         self.source = source
         self.problems = list(problems)
         lines = [p.render(source) for p in self.problems]
         super().__init__(f"{len(lines)} problem(s) in policy {source}:\n" + "\n".join(lines))
 
 
-Path_ = tuple[int | str, ...]
-
-
-class _Tree:
-    """A YAML document as plain values, with the position of every value and every key."""
-
-    def __init__(self, loader: yaml.SafeLoader) -> None:
-        self._loader = loader
-        self.at: dict[Path_, tuple[int, int]] = {}
-        self.key_at: dict[Path_, tuple[int, int]] = {}
-        self.problems: list[PolicyProblem] = []
-        # Scalars already reported as unreadable (their field's check says nothing more).
-        self.unreadable: set[Path_] = set()
-        self._nodes = 0
-
-    def value(self, node: yaml.Node, path: Path_) -> Any:
-        self._nodes += 1
-        if self._nodes > _MAX_NODES:
-            raise _TooBig
-        self.at[path] = _mark(node)
-        if isinstance(node, yaml.MappingNode):
-            out: dict[str, Any] = {}
-            for key_node, value_node in node.value:
-                key = self._loader.construct_object(key_node)
-                if not isinstance(key, str):
-                    line, col = _mark(key_node)
-                    self.problems.append(PolicyProblem(line, col, "a key that is not text"))
-                    continue
-                if key in out:
-                    line, col = _mark(key_node)
-                    self.problems.append(
-                        PolicyProblem(line, col, f"duplicate key {quoted(key)} in {_where(path)}")
-                    )
-                    continue
-                self.key_at[(*path, key)] = _mark(key_node)
-                out[key] = self.value(value_node, (*path, key))
-            return out
-        if isinstance(node, yaml.SequenceNode):
-            return [self.value(item, (*path, i)) for i, item in enumerate(node.value)]
-        try:
-            return self._loader.construct_object(node)
-        except (ValueError, OverflowError):
-            # A plain scalar YAML resolves to a number or a date it cannot hold: 5,000 digits
-            # (Python's int() refuses over 4,300), 2020-13-45. Reported here, once, at its
-            # place; the field's own check then sees the text as written.
-            line, col = _mark(node)
-            kind = _SCALAR_KINDS.get(node.tag, "value")
-            self.problems.append(
-                PolicyProblem(
-                    line,
-                    col,
-                    f"{_where(path)}: {quoted(node.value)} is not a {kind} YAML can read "
-                    "(quote it to mean text)",
-                )
-            )
-            self.unreadable.add(path)
-            return node.value
-
-    def where(self, path: Path_, key: bool = False) -> tuple[int, int]:
-        """The position of ``path`` (of its key with ``key``), else of its nearest parent."""
-        if key and path in self.key_at:
-            return self.key_at[path]
-        while path and path not in self.at:
-            path = path[:-1]
-        return self.at.get(path, (1, 1))
-
-
-class _TooBig(Exception):
-    pass
-
-
-_SCALAR_KINDS = {
-    "tag:yaml.org,2002:int": "number",
-    "tag:yaml.org,2002:float": "number",
-    "tag:yaml.org,2002:timestamp": "date",
-}
-
-
-def _mark(node: yaml.Node) -> tuple[int, int]:
-    mark = node.start_mark
-    return (mark.line + 1, mark.column + 1)
-
-
-def _where(path: Path_) -> str:
-    out = ""
-    for part in path:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out or "the policy"
-
-
-def _parse_yaml(text: str) -> tuple[Any, _Tree] | PolicyProblem:
-    try:
-        # The reader refuses control characters as it is built, before any mark exists.
-        loader = yaml.SafeLoader(text)
-    except yaml.reader.ReaderError as exc:
-        before = text[: exc.position]
-        line, col = before.count("\n") + 1, len(before) - before.rfind("\n")
-        char = exc.character if isinstance(exc.character, int) else ord(exc.character[:1] or "?")
-        return PolicyProblem(line, col, f"character U+{char:04X} is not allowed in YAML")
-    try:
-        node = loader.get_single_node()
-        tree = _Tree(loader)
-        if node is None:
-            return PolicyProblem(1, 1, "the file is empty: a policy needs id, version, ...")
-        return tree.value(node, ()), tree
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line, col = (mark.line + 1, mark.column + 1) if mark is not None else (1, 1)
-        return PolicyProblem(line, col, f"YAML syntax: {exc.problem or exc.context}")
-    except yaml.YAMLError as exc:
-        return PolicyProblem(1, 1, f"YAML: {type(exc).__name__}")
-    except (_TooBig, RecursionError):
-        return PolicyProblem(1, 1, f"more than {_MAX_NODES} YAML nodes")
-    finally:
-        loader.dispose()
+def _where(path: YamlPath) -> str:
+    return describe(path, _WHOLE)
 
 
 # ------------------------------------------------------------------------------------ checking
@@ -181,7 +62,7 @@ _MESSAGES = {
 }
 
 
-def _pydantic_problems(exc: ValidationError, tree: _Tree) -> Iterator[PolicyProblem]:
+def _pydantic_problems(exc: ValidationError, tree: Tree) -> Iterator[FileProblem]:
     for err in exc.errors():
         loc = tuple(err["loc"])
         kind = err["type"]
@@ -205,7 +86,7 @@ def _pydantic_problems(exc: ValidationError, tree: _Tree) -> Iterator[PolicyProb
             line, col = tree.where(loc)
             text = _MESSAGES.get(kind) or str(err.get("msg", kind)).removeprefix("Value error, ")
             msg = f"{name}: {text}"
-        yield PolicyProblem(line, col, msg)
+        yield FileProblem(line, col, msg)
 
 
 def _items(data: Any, name: str) -> list[tuple[int, dict[str, Any]]]:
@@ -215,7 +96,7 @@ def _items(data: Any, name: str) -> list[tuple[int, dict[str, Any]]]:
     return [(i, item) for i, item in enumerate(got) if isinstance(item, dict)]
 
 
-def _semantic_problems(data: Any, tree: _Tree) -> Iterator[PolicyProblem]:
+def _semantic_problems(data: Any, tree: Tree) -> Iterator[FileProblem]:
     """Problems of the whole: duplicates, rules to unknown labels, the one ``none`` label.
 
     Read from the raw values, so they are reported beside any field error in the same run.
@@ -224,7 +105,7 @@ def _semantic_problems(data: Any, tree: _Tree) -> Iterator[PolicyProblem]:
     raw_labels = data.get("labels") if isinstance(data, dict) else None
     if isinstance(raw_labels, list) and not raw_labels:
         line, col = tree.where(("labels",))
-        yield PolicyProblem(line, col, "labels: empty; a policy needs at least one label")
+        yield FileProblem(line, col, "labels: empty; a policy needs at least one label")
     first_label: dict[str, tuple[int, int]] = {}
     nones: list[tuple[int, str]] = []
     for i, label in labels:
@@ -232,7 +113,7 @@ def _semantic_problems(data: Any, tree: _Tree) -> Iterator[PolicyProblem]:
         if isinstance(lid, str):
             if lid in first_label:
                 line, col = tree.where(("labels", i, "id"))
-                yield PolicyProblem(
+                yield FileProblem(
                     line,
                     col,
                     f"duplicate label id {quoted(lid)} (first at line {first_label[lid][0]})",
@@ -243,12 +124,12 @@ def _semantic_problems(data: Any, tree: _Tree) -> Iterator[PolicyProblem]:
             nones.append((i, str(lid)))
     if labels and not nones:
         line, col = tree.where(("labels",))
-        yield PolicyProblem(
+        yield FileProblem(
             line, col, "labels: no label has action none (exactly one says nothing applies)"
         )
     for i, lid in nones[1:]:
         line, col = tree.where(("labels", i, "action"))
-        yield PolicyProblem(
+        yield FileProblem(
             line,
             col,
             f"labels[{i}]: a second label with action none ({quoted(lid)}; the first is "
@@ -260,7 +141,7 @@ def _semantic_problems(data: Any, tree: _Tree) -> Iterator[PolicyProblem]:
         if isinstance(rid, str):
             if rid in first_rule:
                 line, col = tree.where(("rules", i, "id"))
-                yield PolicyProblem(
+                yield FileProblem(
                     line, col, f"duplicate rule id {quoted(rid)} (first at line {first_rule[rid]})"
                 )
             else:
@@ -268,7 +149,7 @@ def _semantic_problems(data: Any, tree: _Tree) -> Iterator[PolicyProblem]:
         target = rule.get("label")
         if isinstance(target, str) and labels and target not in first_label:
             line, col = tree.where(("rules", i, "label"))
-            yield PolicyProblem(line, col, f"rules[{i}]: leads to unknown label {quoted(target)}")
+            yield FileProblem(line, col, f"rules[{i}]: leads to unknown label {quoted(target)}")
     yield from _dialect_problems(data, tree, first_label, _rule_targets(data))
 
 
@@ -282,8 +163,8 @@ def _rule_targets(data: Any) -> dict[str, Any]:
 
 
 def _dialect_problems(
-    data: Any, tree: _Tree, labels: Mapping[str, Any], rules: Mapping[str, Any]
-) -> Iterator[PolicyProblem]:
+    data: Any, tree: Tree, labels: Mapping[str, Any], rules: Mapping[str, Any]
+) -> Iterator[FileProblem]:
     """A dialect's mapping names the policy's own labels and rules, each rule of its label."""
     dialects = data.get("dialects") if isinstance(data, dict) else None
     yield from _guard_problems(dialects, tree, rules)
@@ -298,18 +179,18 @@ def _dialect_problems(
         label, rule = entry.get("label"), entry.get("rule")
         if isinstance(label, str) and labels and label not in labels:
             line, col = tree.where((*base, name, "label"))
-            yield PolicyProblem(
+            yield FileProblem(
                 line, col, f"category {quoted(str(name))}: unknown label {quoted(label)}"
             )
         if isinstance(rule, str):
             if rule not in rules:
                 line, col = tree.where((*base, name, "rule"))
-                yield PolicyProblem(
+                yield FileProblem(
                     line, col, f"category {quoted(str(name))}: unknown rule {quoted(rule)}"
                 )
             elif isinstance(label, str) and rules[rule] != label:
                 line, col = tree.where((*base, name, "rule"))
-                yield PolicyProblem(
+                yield FileProblem(
                     line,
                     col,
                     f"category {quoted(str(name))}: rule {quoted(rule)} leads to "
@@ -317,9 +198,7 @@ def _dialect_problems(
                 )
 
 
-def _guard_problems(
-    dialects: Any, tree: _Tree, rules: Mapping[str, Any]
-) -> Iterator[PolicyProblem]:
+def _guard_problems(dialects: Any, tree: Tree, rules: Mapping[str, Any]) -> Iterator[FileProblem]:
     """``dialects: llama-guard: categories:`` maps each code to one of the policy's rules."""
     section = dialects.get("llama-guard") if isinstance(dialects, dict) else None
     categories = section.get("categories") if isinstance(section, dict) else None
@@ -328,24 +207,24 @@ def _guard_problems(
     for code, rule in categories.items():
         if isinstance(rule, str) and rule not in rules:
             line, col = tree.where(("dialects", "llama-guard", "categories", code))
-            yield PolicyProblem(
+            yield FileProblem(
                 line, col, f"category {quoted(str(code))}: unknown rule {quoted(rule)}"
             )
 
 
 def parse_policy(text: str, source: str = "<policy>") -> Policy:
     """Check a policy's YAML text; ``PolicyInvalid`` lists every problem with line and column."""
-    if len(text.encode("utf-8", "surrogatepass")) > MAX_POLICY_BYTES:
-        raise PolicyInvalid(source, [PolicyProblem(1, 1, f"larger than {MAX_POLICY_BYTES} bytes")])
-    parsed = _parse_yaml(text)
-    if isinstance(parsed, PolicyProblem):
+    if (big := too_large(text, MAX_POLICY_BYTES)) is not None:
+        raise PolicyInvalid(source, [big])
+    parsed = parse_yaml(text, _WHOLE, "the file is empty: a policy needs id, version, ...")
+    if isinstance(parsed, FileProblem):
         raise PolicyInvalid(source, [parsed])
     data, tree = parsed
     problems = list(tree.problems)
     if not isinstance(data, dict):
         line, col = tree.where(())
         raise PolicyInvalid(
-            source, [*problems, PolicyProblem(line, col, "a policy is a mapping of fields")]
+            source, [*problems, FileProblem(line, col, "a policy is a mapping of fields")]
         )
     doc: PolicyDoc | None = None
     try:
@@ -361,20 +240,10 @@ def parse_policy(text: str, source: str = "<policy>") -> Policy:
 
 def load_policy(path: str | Path) -> Policy:
     """Read and check a policy file (``PolicyInvalid`` when it cannot be used)."""
-    source = str(path)
-    try:
-        raw = Path(path).read_bytes()
-    except OSError as exc:
-        problem = PolicyProblem(1, 1, f"cannot read: {exc.strerror or exc}")
-        raise PolicyInvalid(source, [problem]) from None
-    if len(raw) > MAX_POLICY_BYTES:
-        raise PolicyInvalid(source, [PolicyProblem(1, 1, f"larger than {MAX_POLICY_BYTES} bytes")])
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = raw[: exc.start].count(b"\n") + 1
-        raise PolicyInvalid(source, [PolicyProblem(line, 1, "not valid UTF-8")]) from None
-    return parse_policy(text.removeprefix("\ufeff"), source)
+    text = read_text(path, MAX_POLICY_BYTES)
+    if isinstance(text, FileProblem):
+        raise PolicyInvalid(str(path), [text])
+    return parse_policy(text, str(path))
 
 
 def builtin_policy_text() -> str:
