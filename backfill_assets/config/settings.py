@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
+from backfill_assets.config.stages import Stages, StagesInvalid, load_stages, stage_variables
 from backfill_assets.config.urls import checked_model_url
 from backfill_assets.config.variables import (
     GROUPS,
@@ -29,6 +30,7 @@ from backfill_assets.config.variables import (
     RunSettings,
     StoreSettings,
 )
+from backfill_assets.domain.cascade import Cascade, CascadeInvalid, load_cascade
 from backfill_assets.domain.checks.drift_baseline import (
     LIVE_BASELINE,
     BaselineError,
@@ -97,6 +99,7 @@ class Settings(BaseModel):
     region_base_urls: dict[str, str] = Field(default_factory=dict)
     api_key_set: bool = False
     _rubric: Rubric | None = PrivateAttr(default=None)
+    _stages: Stages | None = PrivateAttr(default=None)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], *, load_policy: bool = True) -> Settings:
@@ -115,12 +118,15 @@ class Settings(BaseModel):
                 problems += [_describe(e) for e in exc.errors()]
         if problems:
             raise SettingsError("; ".join(problems[:3]))
-        settings = cls(
-            **groups, region_base_urls=region_base_urls(env), api_key_set=bool(env.get(API_KEY_VAR))
-        )
+        model: ModelSettings = groups["model"]
+        cascade = _read_cascade(env, model)
+        regions = region_base_urls({k: v for k, v in env.items() if k not in cascade[1]})
+        settings = cls(**groups, region_base_urls=regions, api_key_set=bool(env.get(API_KEY_VAR)))
         if settings.batch.dispatch == "batch" and settings.model.model_backend != "openai":
             raise SettingsError("BACKFILL_DISPATCH=batch needs BACKFILL_MODEL_BACKEND=openai")
         _check_dialect(settings)
+        if cascade[0] is not None:
+            settings._stages = _stages_of(settings, cascade[0], env)
         if load_policy:
             settings._check_policy()
         return settings
@@ -131,7 +137,12 @@ class Settings(BaseModel):
         update = {g: getattr(self, g).model_copy(update=dict(v)) for g, v in changes.items()}
         copy = self.model_copy(update=update)
         copy._rubric = self._rubric
+        copy._stages = self._stages
         return copy
+
+    def stages(self) -> Stages | None:
+        """The cascade in force (``BACKFILL_CASCADE_PATH``), None for one model."""
+        return self._stages
 
     def require_price(self) -> None:
         """For what prices or sends (``run``, ``dry-run``, ``evaluate``, ``launch``, the code
@@ -139,9 +150,13 @@ class Settings(BaseModel):
         fake model bills no one; commands that only read or write the store never ask."""
         if self.model.model_backend != "openai" or self.model.allow_unpriced:
             return
-        if self.model.prices().price_for(self.model.name) is None:
+        names = [s.model.name for s in self._stages.stages] if self._stages else [self.model.name]
+        for name in names:
+            if self.model.prices().price_for(name) is not None:
+                continue
+            what = "a stage's model" if self._stages else "BACKFILL_MODEL"
             raise SettingsError(
-                f"BACKFILL_MODEL {self.model.name!r} has no price: add it to BACKFILL_PRICES (or "
+                f"{what} {name!r} has no price: add it to BACKFILL_PRICES (or "
                 "the file BACKFILL_PRICES_PATH names) "
                 '({"model": {"input": usd_per_1M, "output": usd_per_1M}}), or set '
                 "BACKFILL_ALLOW_UNPRICED=1 to book its calls at $0"
@@ -149,7 +164,10 @@ class Settings(BaseModel):
 
     def rubric(self) -> Rubric:
         """The moderation policy in force (``BACKFILL_POLICY_PATH``, else the built-in one),
-        compiled; read once, so the keys and the requests of a process use the same text."""
+        compiled; read once, so the keys and the requests of a process use the same text.
+        Under a cascade, the labels' rubric (``Stages.rubric``): nothing is sent in it."""
+        if self._stages is not None:
+            return self._stages.rubric
         if self._rubric is None:
             if not self.model.policy_path:
                 policy = builtin_policy()
@@ -173,6 +191,8 @@ class Settings(BaseModel):
 
     def versions(self) -> Versions:
         """The versions (and so the code version) these settings select."""
+        if self._stages is not None:
+            return self._stages.versions
         rubric = self.rubric()
         return Versions(
             TASK_VERSION, rubric.key_version, self.model.name, rubric.policy.mapping_version
@@ -227,6 +247,39 @@ def _check_dialect(settings: Settings) -> None:
         raise SettingsError(
             f"{what} is served by vLLM, which has no Batch API: unset BACKFILL_DISPATCH"
         )
+
+
+def _read_cascade(env: Mapping[str, str], model: ModelSettings) -> tuple[Cascade | None, set[str]]:
+    """The cascade file (None: one model) and the variables that belong to its stages, which
+    are not regions of the default endpoint."""
+    if not model.cascade_path:
+        return None, set()
+    try:
+        cascade = load_cascade(model.cascade_path)
+    except CascadeInvalid as exc:
+        raise SettingsError(f"BACKFILL_CASCADE_PATH: {exc}") from None
+    return cascade, stage_variables(env, [s.env_suffix for s in cascade.stages])
+
+
+def _stages_of(settings: Settings, cascade: Cascade, env: Mapping[str, str]) -> Stages:
+    """The cascade's stages; what a cascade cannot do yet is refused by name."""
+    what = "BACKFILL_CASCADE_PATH"
+    if settings.model.model_backend != "openai":
+        raise SettingsError(f"{what} needs BACKFILL_MODEL_BACKEND=openai")
+    if settings.batch.dispatch == "batch":
+        raise SettingsError(
+            f"{what}: batch mode does not run a cascade yet (each stage's batch, then the next "
+            "stage's): unset BACKFILL_DISPATCH"
+        )
+    if settings.model.service_tier != "standard":
+        raise SettingsError(
+            f"{what}: a cascade runs at the standard tier: unset BACKFILL_SERVICE_TIER"
+        )
+    policy = settings.rubric().policy
+    try:
+        return load_stages(cascade, env, settings.model, policy, settings.region_base_urls)
+    except StagesInvalid as exc:
+        raise SettingsError(f"{what}: {exc}") from None
 
 
 def _describe(err: Any) -> str:

@@ -275,6 +275,17 @@ class ModelSettings(Group):
         shown="built-in policy (`backfill_assets/policies/default.yaml`)",
         default="",
     )
+    cascade_path: str = _var(
+        "BACKFILL_CASCADE_PATH",
+        "A cascade file ([cascade.md](cascade.md)): stages of models, each deciding the posts "
+        "it is sure of and passing the rest on, so the strong model is paid only for the hard "
+        "posts. Each stage's endpoint and key come from `BACKFILL_MODEL_BASE_URL__<STAGE>` and "
+        "`BACKFILL_MODEL_API_KEY__<STAGE>` (else the default endpoint's). Its stages name the "
+        "work (the key version gains `+cascade@<hash>`), its decide rules the mapping version. "
+        "Needs `BACKFILL_MODEL_BACKEND=openai` and sync dispatch.",
+        shown="none (one model)",
+        default="",
+    )
     policy_min_macro_f1: float | None = _var(
         "BACKFILL_POLICY_MIN_MACRO_F1",
         "The evaluation gate: `run` and `launch` exit 2 (and `moderation_labels` refuses) "

@@ -11,7 +11,9 @@ from dataclasses import dataclass, field
 import dagster as dg
 
 from backfill_assets.config.settings import Settings
+from backfill_assets.config.stages import CASCADE_MODEL, Stage, Stages
 from backfill_assets.config.variables import DrillSettings, HttpSettings, ModelSettings
+from backfill_assets.dispatch.cascade_run import StageRun
 from backfill_assets.dispatch.partition_run import Lanes
 from backfill_assets.domain.money.prices import PriceTable
 from backfill_assets.domain.policy.rubric import TASK_VERSION, Rubric
@@ -20,8 +22,10 @@ from backfill_assets.domain.work.regions import (
     API_KEY_VAR,
     InvalidRegion,
     api_key_var,
+    env_suffix,
     validate_region,
 )
+from backfill_assets.ledger.labels.cascade_routes import RouteStage
 from backfill_assets.providers.batch_client import BatchEndpoint
 from backfill_assets.providers.models.base import ModelAdapter
 from backfill_assets.providers.models.fake import FakeModel
@@ -97,6 +101,9 @@ class OpenAIModelResource(ModelResource):
     api_key_set: bool = False
     # Connections per adapter: a pool large enough for BACKFILL_CONCURRENCY's most.
     max_connections: int = 256
+    # Where the keys are read from: a cascade's stage with its own endpoint has its own.
+    api_key_var: str = API_KEY_VAR
+    region_key_vars: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # A region name is part of a variable's name and of a run tag: checked however the
@@ -112,7 +119,7 @@ class OpenAIModelResource(ModelResource):
         return LimiterConfig(self.http)
 
     def _default_key(self) -> str:
-        return (dg.EnvVar(API_KEY_VAR).get_value("") or "") if self.api_key_set else ""
+        return (dg.EnvVar(self.api_key_var).get_value("") or "") if self.api_key_set else ""
 
     def build_adapter(self) -> ModelAdapter:
         """An HTTP adapter for the default endpoint (tenants without a region)."""
@@ -124,7 +131,10 @@ class OpenAIModelResource(ModelResource):
         A region's key is resolved here, at run time, from the run process's environment by
         its fixed name; no other endpoint's key is ever sent to a region's URL.
         """
-        keys = {r: dg.EnvVar(api_key_var(r)).get_value("") or "" for r in self.region_base_urls}
+        keys = {
+            r: dg.EnvVar(self.region_key_vars.get(r) or api_key_var(r)).get_value("") or ""
+            for r in self.region_base_urls
+        }
         return Lanes(
             adapters={
                 r: functools.partial(self._http_adapter, url, keys[r])
@@ -173,8 +183,64 @@ ADAPTERS: dict[str, type[OpenAIHttpModel]] = {
 }
 
 
+@dataclass(frozen=True)
+class CascadeModelResource(ModelResource):
+    """A cascade's stages (``BACKFILL_CASCADE_PATH``), each with its own endpoint resource;
+    the labels they decide carry the model ``cascade`` (``stages.py``)."""
+
+    stages: Stages | None = None
+    endpoints: tuple[OpenAIModelResource, ...] = ()
+
+    @property
+    def model(self) -> str:
+        """The labels' model column: the deciding stage is in their ``stage``."""
+        return CASCADE_MODEL
+
+    def build_adapter(self) -> ModelAdapter:
+        """Nothing is sent as the cascade itself: each stage sends through its endpoint."""
+        raise RuntimeError("a cascade sends through its stages' endpoints")
+
+
+def stage_runs(model: CascadeModelResource) -> list[StageRun]:
+    """The cascade's stages as a run sends through them (adapters built on the run's loop)."""
+    assert model.stages is not None
+    return [
+        StageRun(
+            RouteStage(s.name, s.versions, s.decide, s.rubric.dialect),
+            s.rubric,
+            endpoint.build_adapter,
+            endpoint.lanes(),
+            endpoint.price_table(),
+        )
+        for s, endpoint in zip(model.stages.stages, model.endpoints, strict=True)
+    ]
+
+
+def stage_models(model: ModelResource) -> list[tuple[Rubric, str]] | None:
+    """A cascade's stages as an estimate counts them, each post through all (None: one
+    model)."""
+    if not isinstance(model, CascadeModelResource) or model.stages is None:
+        return None
+    return [(s.rubric, s.model.name) for s in model.stages.stages]
+
+
+def _stage_endpoint(settings: Settings, stage: Stage) -> OpenAIModelResource:
+    return OpenAIModelResource(
+        stage.model,
+        settings.http,
+        stage.region_base_urls,
+        api_key_set=True,
+        api_key_var=stage.api_key_var,
+        region_key_vars={r: stage.region_key_var(env_suffix(r)) for r in stage.region_base_urls},
+    )
+
+
 def model_resource(settings: Settings) -> ModelResource:
     """The model resource ``BACKFILL_MODEL_BACKEND`` selects (default: the fake)."""
+    stages = settings.stages()
+    if stages is not None:
+        endpoints = tuple(_stage_endpoint(settings, s) for s in stages.stages)
+        return CascadeModelResource(settings.model, stages, endpoints)
     if settings.model.model_backend == "fake":
         return FakeModelResource(settings.model, settings.drills)
     return OpenAIModelResource(

@@ -17,6 +17,7 @@ from sqlalchemy.engine import Engine
 
 from backfill_assets.config.variables import RunSettings, default_retry
 from backfill_assets.dispatch.batch_options import BatchOptions
+from backfill_assets.domain.money.budgets import Spend
 from backfill_assets.domain.money.nanos import cached_share, cost_text
 from backfill_assets.domain.policy.rubric import Rubric
 from backfill_assets.domain.work.faults import UsageHook
@@ -78,6 +79,8 @@ class PartitionStats:
     # the new mapping could not read (left as they were).
     relabelled: int = 0
     relabel_unreadable: int = 0
+    # A cascade's labels changed or withdrawn by a changed decide rule (no call).
+    rerouted: int = 0
     # Accepted labels whose probability the wire gave (p_label), and their sum.
     p_label_known: int = 0
     p_label_sum: float = 0.0
@@ -192,6 +195,9 @@ class RunOptions:
     batch: BatchOptions | None = None
     # Regional endpoints (routing.py); without them only tenants with no region are sent.
     lanes: Lanes = field(default_factory=Lanes)
+    # A cascade's stages after this one: what they may cost for a post's text, reserved with
+    # each call (cascade_run.py).
+    ahead: Callable[[str], Spend] | None = None
 
     @property
     def concurrency(self) -> int:
@@ -238,6 +244,8 @@ class PartitionReport:
     # Accepted results per rule id (a result naming two rules counts for both).
     rules_total: dict[str, int] = field(default_factory=dict)
     dead_total: dict[str, int] = field(default_factory=dict)
+    # A cascade's stages: per stage name, posts sent, calls, cost (nanos) and posts decided.
+    stages: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def skipped(self) -> int:
@@ -274,6 +282,8 @@ class PartitionReport:
             "dead_letters_total": dict(sorted(self.dead_total.items())),
             "relabelled": st.relabelled,
             "relabel_unreadable": st.relabel_unreadable,
+            "rerouted": st.rerouted,
+            "stages": {k: dict(v) for k, v in self.stages.items()},
             "p_label_known": st.p_label_known,
             "p_label_mean": round(st.p_label_sum / st.p_label_known, 4)
             if st.p_label_known

@@ -76,10 +76,13 @@ def run_partitions(
     options: RunOptions,
     log: Callable[[str], None] = lambda _m: None,
     only_posts: Collection[str] | None = None,
+    escalated: Mapping[str, Collection[tuple[str, str]]] | None = None,
 ) -> list[PartitionReport]:
     """Process the partitions' remaining keys; one writer per partition, all in one event loop.
 
     ``only_posts``: send only these posts' keys (a gold set, a canary sample; sync mode only).
+    ``escalated``: per partition key, the (post, text hash) a cascade's earlier stages passed
+    on to this stage (``cascade_run.py``); no other post of the partition is sent.
 
     Each tenant's requests go to its region's lane only. Partitions of a tenant whose region
     has no endpoint here are not dispatched; once the others are done, ``RegionUnavailable``
@@ -87,7 +90,7 @@ def run_partitions(
     """
     if versions.key_version != rubric.key_version:
         raise ValueError("the versions name another policy than the rubric sent")
-    if only_posts is not None and options.dispatch_mode != "sync":
+    if (only_posts is not None or escalated is not None) and options.dispatch_mode != "sync":
         raise ValueError("a chosen set of posts is sent in sync mode")
     reports = {r.key: PartitionReport(ref=r) for r in refs}
     # Registered before the first call: the version's labels and rules are on record for
@@ -123,7 +126,7 @@ def run_partitions(
             work = batch_lanes(job, routing, owned, reports)
         else:
             adapters = lane_adapters(routing, make_adapter, options.lanes)
-            work = _dispatch(job, owned, reports, adapters, only_posts)
+            work = _dispatch(job, owned, reports, adapters, only_posts, escalated)
         try:
             asyncio.run(while_held(locks, work))
         except DispatchHalted as exc:
@@ -167,6 +170,7 @@ def _work(
     versions: Versions,
     log: Callable[[str], None],
     only_posts: Collection[str] | None = None,
+    escalated: Mapping[str, Collection[tuple[str, str]]] | None = None,
 ) -> Iterator[WorkItem]:
     # Read a group of partitions at a time: memory is bounded by a group (or the largest
     # slice), not the archive, and small tenants' partitions share one query.
@@ -185,9 +189,13 @@ def _work(
                 if r.tenant_id in batching
             }
         for ref in group:
+            todo = pending[ref.key]
+            if escalated is not None:
+                passed_on = escalated.get(ref.key, ())
+                todo = [p for p in todo if (p.post_id, p.content_hash) in passed_on]
             yield from _items(
                 ref,
-                pending[ref.key],
+                todo,
                 sizes,
                 waiting.get(ref.key, 0),
                 reports,
@@ -235,6 +243,7 @@ async def _dispatch(
     reports: dict[str, PartitionReport],
     make_adapter: Callable[[], ModelAdapter],
     only_posts: Collection[str] | None = None,
+    escalated: Mapping[str, Collection[tuple[str, str]]] | None = None,
 ) -> None:
     engine, options, run_id, log = job.engine, job.options, job.run_id, job.log
     versions, rubric = job.versions, job.rubric
@@ -269,6 +278,7 @@ async def _dispatch(
             retry=options.retry,
             seed=options.seed,
             log=log,
+            ahead=options.ahead,
         ),
     )
     for ref in refs:
@@ -277,7 +287,7 @@ async def _dispatch(
     progress = asyncio.create_task(_progress(dispatcher, log))
     try:
         with _shared_limit(adapter, engine):
-            await dispatcher.run(_work(engine, refs, reports, versions, log, only_posts))
+            await dispatcher.run(_work(engine, refs, reports, versions, log, only_posts, escalated))
     finally:
         progress.cancel()
         try:

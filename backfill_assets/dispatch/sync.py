@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import itertools
 import random
 import time
@@ -28,7 +29,6 @@ from backfill_assets.domain.work.events import EventKind
 from backfill_assets.domain.work.keys import Versions
 from backfill_assets.domain.work.outcomes import Outcome, RetryPolicy
 from backfill_assets.ledger.run.rows import (
-    DeadRow,
     EventRow,
     KeyRow,
     dead_row,
@@ -61,6 +61,8 @@ class DispatchConfig:
     retry: RetryPolicy
     seed: int | None = None
     log: Callable[[str], None] = lambda _m: None
+    # What a cascade's stages ahead may cost for a post's text (``cascade_run.py``).
+    ahead: Callable[[str], Spend] | None = None
 
 
 class Dispatcher:
@@ -195,16 +197,17 @@ class Dispatcher:
         prompt_bound = messages_token_bound(messages, rubric.extra_bytes)
         out_bound = rubric.max_output_tokens
         bound = prompt_bound + out_bound
-        nanos = None  # the dollar bound is worked out only when a budget can bind
+        nanos, ahead = None, Spend()  # dollar bounds are worked out only when a budget binds
         if self.budgets.enabled:
-            model = self.cfg.versions.model
-            nanos = self.adapter.cost_bound(model, prompt_bound, out_bound)
+            nanos = self.adapter.cost_bound(self.cfg.versions.model, prompt_bound, out_bound)
+            ahead = self.cfg.ahead(item.text) if self.cfg.ahead is not None else ahead
         reservation = await self.budgets.reserve(
-            item.tenant_id, Spend(bound, nanos or 0), priced=nanos is not None
+            item.tenant_id, Spend(bound, nanos or 0) + ahead, priced=nanos is not None
         )
         if reservation is None:
             st.outcomes[Outcome.DEFERRED] += 1
             return True
+        reservation = dataclasses.replace(reservation, ahead=ahead)
         attempt_id = f"{self._id_prefix}-{next(self._ids)}"
         await self.writer.record_attempt(self._event(item, attempt, attempt_id, EventKind.ATTEMPT))
         request = ModelRequest(
@@ -234,9 +237,7 @@ class Dispatcher:
         try:
             out, p_label = rubric.read(response.raw_text, item.key, response.logprobs)
         except OutputRejected as exc:
-            self.writer.stage_dead(self._dead(item, Outcome.SCHEMA_REJECTED, str(exc), attempt))
-            st.outcomes[Outcome.SCHEMA_REJECTED] += 1
-            return True
+            return self._give_up(item, Outcome.SCHEMA_REJECTED, str(exc), attempt, st)
         stored = rubric.stored(response.raw_text)
         base, part = self._base(item), item.partition
         row = result_row(base, out, part, item.had_dead_letter, p_label, stored)
@@ -277,7 +278,7 @@ class Dispatcher:
                 "request_id": response.request_id[:REQUEST_ID_CHARS],
                 "status": 200,
                 "usage_shape": response.usage_shape,
-                "bound_tokens": reservation.tokens,
+                "bound_tokens": reservation.call_bound.tokens,
             }
         )
         if response.answer_from:
@@ -357,14 +358,10 @@ class Dispatcher:
                     )
         if isinstance(exc, TransportRejected):
             reason = f"HTTP {exc.status}: {str(exc)[:ERROR_MESSAGE_CHARS]}"
-            self.writer.stage_dead(self._dead(item, Outcome.TRANSPORT_REJECTED, reason, attempt))
-            st.outcomes[Outcome.TRANSPORT_REJECTED] += 1
-            return True
+            return self._give_up(item, Outcome.TRANSPORT_REJECTED, reason, attempt, st)
         if self.cfg.retry.exhausted(attempt):
             reason = f"{attempt} attempts; last: {str(exc)[:ERROR_MESSAGE_CHARS]}"
-            self.writer.stage_dead(self._dead(item, Outcome.RETRY_EXHAUSTED, reason, attempt))
-            st.outcomes[Outcome.RETRY_EXHAUSTED] += 1
-            return True
+            return self._give_up(item, Outcome.RETRY_EXHAUSTED, reason, attempt, st)
         st.retries += 1
         self._requeue_later(
             item, attempt + 1, self.cfg.retry.delay(attempt, exc.retry_after, self._rng)
@@ -396,5 +393,8 @@ class Dispatcher:
             content_hash=item.content_hash,
         )
 
-    def _dead(self, item: WorkItem, outcome: Outcome, reason: str, attempts: int) -> DeadRow:
-        return dead_row(self._base(item), outcome, reason, attempts)
+    def _give_up(self, item: WorkItem, out: Outcome, why: str, n: int, st: PartitionStats) -> bool:
+        """A terminal failure: the key's dead letter, counted; True (the key is done)."""
+        self.writer.stage_dead(dead_row(self._base(item), out, why, n))
+        st.outcomes[out] += 1
+        return True

@@ -84,6 +84,8 @@ results = sa.Table(
     sa.Column("p_label", sa.Float),
     sa.Column("raw_result", sa.Text),
     sa.Column("mapping", sa.Text),
+    # sql/024: the cascade stage that decided a cascade's label (NULL elsewhere).
+    sa.Column("stage", sa.Text),
 )
 
 ledger_events = sa.Table(

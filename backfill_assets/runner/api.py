@@ -18,7 +18,12 @@ from backfill_assets.defs.asset_keys import BLOCKING_GROUPS, POLICY_EVALUATION
 from backfill_assets.defs.instance_api import CHECK_STATES
 from backfill_assets.defs.labels.applied import write_back
 from backfill_assets.defs.labels.checks import check_results_for, check_status
-from backfill_assets.defs.model_resources import OpenAIModelResource, model_resource, versions_for
+from backfill_assets.defs.model_resources import (
+    OpenAIModelResource,
+    model_resource,
+    stage_models,
+    versions_for,
+)
 from backfill_assets.defs.partitions import ensure_partitions, partition_key_for, partition_ref
 from backfill_assets.defs.reporting.evaluation import (
     comparison,
@@ -134,6 +139,7 @@ __all__ = [
     "run_work",
     "select_partitions",
     "sink_of",
+    "stage_models",
     "store_gold",
     "usage_csv",
     "utc",

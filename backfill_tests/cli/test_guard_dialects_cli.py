@@ -285,15 +285,33 @@ def test_a_crash_resumes_and_re_pays_at_most_what_was_in_flight(
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     booked = _ledger(engine)[0]
     lost = _settled(sim, endpoint)[0] - booked
-    assert 3 <= booked < len(POSTS) and 0 <= lost <= 1  # one call in flight at most
+    # What the provider billed and the ledger lacks is at most what was announced and not
+    # booked: the call in flight, and calls answered but not yet durable (the kill lands on a
+    # group commit, which a loaded machine delays).
+    in_flight = _unanswered(engine)
+    assert 3 <= booked < len(POSTS) and 0 <= lost <= in_flight
     resumed = run_cli(["run", "--json"], env)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     calls, tokens, cost = _ledger(engine)
     billed, billed_tokens, billed_cost = _meter(sim, endpoint)
-    assert billed == calls + lost and len(POSTS) <= calls <= len(POSTS) + 1
+    assert billed == calls + lost and len(POSTS) <= calls <= len(POSTS) + in_flight
     if lost == 0:
         assert (tokens, cost) == (billed_tokens, billed_cost)
     assert len(_rows(engine, "applied_labels")) == len(POSTS)
+
+
+def _unanswered(engine: Engine) -> int:
+    """Attempts with no outcome: the calls a killed run had announced."""
+    with engine.connect() as conn:
+        return int(
+            conn.execute(
+                sa.text(
+                    "SELECT count(*) FROM ledger_events a WHERE a.type = 'attempt' AND NOT EXISTS"
+                    " (SELECT 1 FROM ledger_events e WHERE e.attempt_id = a.attempt_id"
+                    " AND e.type <> 'attempt')"
+                )
+            ).scalar_one()
+        )
 
 
 def test_a_token_budget_stops_a_tenant_at_its_cap(

@@ -111,6 +111,7 @@ def _result(i: int, post_id: str) -> dict[str, object]:
         "p_label": None,
         "raw_result": None,
         "mapping": None,
+        "stage": None,
         "model": "m",
         "key_version": "p",
         "task_version": "t",

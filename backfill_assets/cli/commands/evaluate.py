@@ -164,6 +164,9 @@ def cmd_evaluate(args: argparse.Namespace, settings: Settings) -> int:
     except InvalidTenantId as exc:
         raise UserError(f"argument --tenant: {exc}") from None
     settings.require_price()
+    if settings.stages() is not None and (args.policy or args.against):
+        # A cascade is evaluated as it is configured: its stages under the policy in force.
+        raise UserError("--policy and --against evaluate one model: not with BACKFILL_CASCADE_PATH")
     policy = Rubric(load_user_policy(args.policy)) if args.policy else settings.rubric()
     rubrics = [policy]
     if args.against:

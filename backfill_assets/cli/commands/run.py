@@ -47,6 +47,12 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     # is spared it (process.py).
     freeze_heap()
     _check_flags(args)
+    if settings.stages() is not None and (args.deadline or args.sample):
+        # A plan or a sample prices one model; a cascade's cost depends on what its first
+        # stages decide, known only once they have answered (docs/cascade.md).
+        raise UserError(
+            "--deadline and --sample plan one model's calls: not with BACKFILL_CASCADE_PATH"
+        )
     settings.require_price()
     engine = store_engine(settings.store)
     tenants = store_tenants(engine, args.tenant)

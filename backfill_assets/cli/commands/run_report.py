@@ -6,6 +6,8 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from backfill_assets.domain.money import usd_text
+
 if TYPE_CHECKING:
     from backfill_assets.runner.api import Plan, RunRecord
 
@@ -21,7 +23,10 @@ TOTAL_KEYS = (
     "transport_rejected",
     "deferred",
     "relabelled",
+    "rerouted",
 )
+# What a cascade's run says per stage: posts sent, calls, their cost, posts whose label it decided.
+_STAGE_FIGURES = ("sent", "calls", "cost_nanos", "decided")
 HUMAN_COLUMNS = [
     "partition",
     "posts",
@@ -46,6 +51,11 @@ def _partition_row(rec: RunRecord, pk: str) -> dict[str, Any]:
         row[k] = int(md.get(k, 0))
     # Labels re-read from stored answers under a changed mapping (no call made for them).
     row["relabelled"] = int(md.get("relabelled_from_stored", 0))
+    # A cascade's labels re-routed by a changed decide rule, and its stages (no call made).
+    row["rerouted"] = int(md.get("rerouted_from_stored", 0))
+    stages = md.get("stages")
+    if isinstance(stages, dict):
+        row["stages"] = {str(k): dict(v) for k, v in stages.items() if isinstance(v, dict)}
     for k, v in md.items():
         if k.startswith("outcome_"):
             row[k[len("outcome_") :]] = int(v)
@@ -68,12 +78,17 @@ def run_document(
     # Every total is present, 0 included: a run with nothing to do still reports its totals.
     totals: dict[str, int] = defaultdict(int, {k: 0 for k in TOTAL_KEYS})
     rows = []
+    stages: dict[str, dict[str, int]] = {}
     for rec in records:
         for pk in rec.partitions:
             row = _partition_row(rec, pk)
             for k, v in row.items():
                 if isinstance(v, int):
                     totals[k] += v
+            for name, figures in row.get("stages", {}).items():
+                into = stages.setdefault(name, dict.fromkeys(_STAGE_FIGURES, 0))
+                for k, v in figures.items():
+                    into[k] = into.get(k, 0) + int(v)
             row["checks"] = checks.get(pk, [])
             row["blocking_failed"] = [
                 c["name"] for c in row["checks"] if c["blocking"] and not c["passed"]
@@ -106,6 +121,7 @@ def run_document(
         "blocked_partitions": blocked,
         "applied_partitions": len(applied),
         "totals": dict(totals),
+        **({"stages": stages} if stages else {}),
     }
 
 
@@ -132,6 +148,13 @@ def totals_line(doc: dict[str, Any]) -> str:
     line = "totals: " + ", ".join([*parts, f"runs {len(doc['runs'])}", f"failed runs {failed}"])
     if totals.get("relabelled"):
         line += f"\nrelabelled from stored results: {totals['relabelled']:,} (no call made)"
+    for name, f in doc.get("stages", {}).items():
+        line += (
+            f"\nstage {name}: sent {f.get('sent', 0):,}, calls {f.get('calls', 0):,}, "
+            f"decided {f.get('decided', 0):,}, cost ${usd_text(int(f.get('cost_nanos', 0)))}"
+        )
+    if totals.get("rerouted"):
+        line += f"\nre-routed from stored results: {totals['rerouted']:,} (no call made)"
     return line
 
 

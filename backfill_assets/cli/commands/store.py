@@ -84,6 +84,15 @@ def cmd_usage(args: argparse.Namespace, settings: Settings) -> int:
     with read_tx(engine) as conn:
         rows = usage_by_tenant_model(conn) if args.totals else usage_by_day(conn)
     cols = [c for c in USAGE_COLUMNS if not (args.totals and c == "day")]
+    stages = settings.stages()
+    if stages is not None:
+        # Under a cascade, each row says which of its stages the model's calls were: the cost
+        # per stage (two stages of one model share their rows).
+        named: dict[str, list[str]] = {}
+        for st in stages.stages:
+            named.setdefault(st.model.name, []).append(st.name)
+        rows = [{**r, "stage": "+".join(named.get(str(r["model"]), ["-"]))} for r in rows]
+        cols.insert(cols.index("model") + 1, "stage")
     if args.csv:
         show_csv(usage_csv(rows, cols))
         return 0
@@ -131,7 +140,7 @@ def _reconcile(args: argparse.Namespace, engine: sa.Engine, report: ProviderRepo
 
 def cmd_dry_run(args: argparse.Namespace, settings: Settings) -> int:
     """Pending keys per tenant, with estimated tokens and cost and the reserved upper bound."""
-    from backfill_assets.runner.api import model_resource, versions_for
+    from backfill_assets.runner.api import model_resource, stage_models, versions_for
     from backfill_assets.runner.queries import (
         budget_status,
         estimate_pending,
@@ -141,17 +150,22 @@ def cmd_dry_run(args: argparse.Namespace, settings: Settings) -> int:
 
     settings.require_price()
     rubric = settings.rubric()
+    if args.policy and settings.stages() is not None:
+        raise UserError("dry-run --policy prices one model's calls: not with BACKFILL_CASCADE_PATH")
     if args.policy:
         # What another policy would cost, before switching BACKFILL_POLICY_PATH to it.
         rubric = Rubric(load_user_policy(args.policy))
     engine = store_engine(settings.store)
-    versions = versions_for(model_resource(settings), rubric)
+    model = model_resource(settings)
+    versions = versions_for(model, rubric)
     tenants = store_tenants(engine, args.tenant)
     default_tokens = settings.run.tenant_budget_tokens or None
     with read_tx(engine) as conn:
         rows = [
             e.as_dict()
-            for e in estimate_pending(conn, tenants, versions, rubric, settings.model.prices())
+            for e in estimate_pending(
+                conn, tenants, versions, rubric, settings.model.prices(), stage_models(model)
+            )
         ]
         for row in rows:
             row.update(budget_status(conn, row["tenant"], default_tokens).as_dict())
@@ -172,6 +186,8 @@ def cmd_dry_run(args: argparse.Namespace, settings: Settings) -> int:
         "a strict budget reserves (every byte a token + template + schema + max_tokens, at the "
         "dearest input price); free: budget minus billed minus reserved by runs in flight"
     )
+    if settings.stages() is not None:
+        note += "; a cascade: every pending post counted through every stage (the worst case)"
     emit(
         args,
         doc,

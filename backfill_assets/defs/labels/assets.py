@@ -8,11 +8,17 @@ from backfill_assets.config.variables import StoreSettings
 from backfill_assets.defs.asset_keys import LABELS, POSTS
 from backfill_assets.defs.instance_api import add_partition_metadata
 from backfill_assets.defs.labels.metadata import partition_metadata
-from backfill_assets.defs.model_resources import ModelResource, run_versions
+from backfill_assets.defs.model_resources import (
+    CascadeModelResource,
+    ModelResource,
+    run_versions,
+    stage_runs,
+)
 from backfill_assets.defs.partitions import moderation_partitions, run_refs
 from backfill_assets.defs.reporting.evaluation import gate_result
 from backfill_assets.defs.resources import RunResource
 from backfill_assets.defs.sealing import NO_CONFIG
+from backfill_assets.dispatch.cascade_run import run_cascade
 from backfill_assets.dispatch.partition_run import RunStopped
 from backfill_assets.dispatch.pipeline import run_partitions, with_levels
 from backfill_assets.domain.policy.evaluation import Gate
@@ -87,16 +93,28 @@ def _labels_asset(
             partition_marks.clear(conn, [r.mark for r in refs])
         stopped: RunStopped | None = None
         try:
-            reports = run_partitions(
-                store_engine(store),
-                refs,
-                model.build_adapter,
-                versions,
-                rubric,
-                context.run.run_id,
-                settings.run_options(model, faults),
-                log=context.log.info,
-            )
+            if isinstance(model, CascadeModelResource):
+                reports = run_cascade(
+                    store_engine(store),
+                    refs,
+                    stage_runs(model),
+                    versions,
+                    rubric,
+                    context.run.run_id,
+                    settings.run_options(None, faults),
+                    log=context.log.info,
+                )
+            else:
+                reports = run_partitions(
+                    store_engine(store),
+                    refs,
+                    model.build_adapter,
+                    versions,
+                    rubric,
+                    context.run.run_id,
+                    settings.run_options(model, faults),
+                    log=context.log.info,
+                )
         except RunStopped as exc:
             stopped, reports = exc, exc.reports
         except LockLost as exc:

@@ -83,6 +83,11 @@ def partition_metadata(
         out[f"outcome_{outcome}"] = int_value(int(n))
     # Labels re-read from stored answers under a changed mapping: no call was made for them.
     out["relabelled_from_stored"] = int_value(s["relabelled"])
+    if s["stages"]:
+        # A cascade: what each stage was sent, cost and decided; labels re-routed by a changed
+        # decide rule without a call.
+        out["rerouted_from_stored"] = int_value(s["rerouted"])
+        out["stages"] = dg.MetadataValue.json(s["stages"])
     # How sure the model was of the labels this run accepted, where the wire said (p_label).
     out["p_label_known"] = int_value(s["p_label_known"])
     if s["p_label_mean"] is not None:

@@ -14,7 +14,7 @@ import dagster as dg
 
 from backfill_assets.config.variables import StoreSettings
 from backfill_assets.defs.asset_keys import POSTS
-from backfill_assets.defs.model_resources import ModelResource, versions_for
+from backfill_assets.defs.model_resources import ModelResource, stage_models, versions_for
 from backfill_assets.defs.sealing import NO_CONFIG
 from backfill_assets.defs.sensors import refresh_condition
 from backfill_assets.domain.money.nanos import usd_text
@@ -102,7 +102,9 @@ def deadline_table(plan: StoredPlan, rows: list[TenantEstimate], now: dt.datetim
 def _plan(store: StoreSettings, model: ModelResource, rubric: Rubric) -> dg.MaterializeResult[None]:
     versions = versions_for(model, rubric)
     with read_tx(store_engine(store)) as conn:
-        rows = estimate_pending(conn, tenant_ids(conn), versions, rubric, model.price_table())
+        rows = estimate_pending(
+            conn, tenant_ids(conn), versions, rubric, model.price_table(), stage_models(model)
+        )
         running = open_plan(conn, versions.code_version)
     metadata: dict[str, Any] = {
         "plan": dg.MetadataValue.md(plan_table(rows)),

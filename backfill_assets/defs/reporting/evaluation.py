@@ -23,7 +23,12 @@ from sqlalchemy.engine import Engine
 
 from backfill_assets.config.variables import StoreSettings
 from backfill_assets.defs.asset_keys import POLICY_EVALUATION
-from backfill_assets.defs.model_resources import ModelResource, versions_for
+from backfill_assets.defs.model_resources import (
+    CascadeModelResource,
+    ModelResource,
+    stage_runs,
+    versions_for,
+)
 from backfill_assets.defs.partitions import partition_key_for
 from backfill_assets.defs.reporting.evaluation_report import report_links
 from backfill_assets.defs.reporting.evaluation_tables import (
@@ -33,6 +38,7 @@ from backfill_assets.defs.reporting.evaluation_tables import (
     per_label_table,
 )
 from backfill_assets.defs.sealing import NO_CONFIG
+from backfill_assets.dispatch.cascade_run import run_cascade
 from backfill_assets.dispatch.partition_run import PartitionRef, RunOptions
 from backfill_assets.dispatch.pipeline import run_partitions, with_levels
 from backfill_assets.domain.money.nanos import usd_text, whole_nanos
@@ -158,22 +164,34 @@ def evaluate_policies(
     out: list[PolicyResult] = []
     for rubric in rubrics:
         versions = versions_for(model, rubric)
-        reports = run_partitions(
-            engine,
-            refs,
-            model.build_adapter,
-            versions,
-            rubric,
-            f"evaluate-{uuid.uuid4().hex[:12]}",
-            sync,
-            log=log,
-            only_posts=wanted,
-        )
+        run_id = f"evaluate-{uuid.uuid4().hex[:12]}"
+        # The calls of a cascade are its stages' (each under its own keys); its labels are
+        # composed from them.
+        sent = [versions]
+        if isinstance(model, CascadeModelResource):
+            stages = stage_runs(model)
+            sent = [s.route.versions for s in stages]
+            reports = run_cascade(
+                engine, refs, stages, versions, rubric, run_id, sync, log, only_posts=wanted
+            )
+        else:
+            reports = run_partitions(
+                engine,
+                refs,
+                model.build_adapter,
+                versions,
+                rubric,
+                run_id,
+                sync,
+                log=log,
+                only_posts=wanted,
+            )
         calls_now = sum(r.stats.calls for r in reports)
         with read_tx(engine) as conn:
             answers = evals.answers(conn, tenant, ids, versions)
             keys = [
-                work_key(versions, tenant, row.post.post_id, row.post.content_hash)
+                work_key(v, tenant, row.post.post_id, row.post.content_hash)
+                for v in sent
                 for row in gold.rows
             ]
             spend = evals.booked(conn, tenant, keys)

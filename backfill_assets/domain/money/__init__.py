@@ -5,7 +5,7 @@ The names the CLI uses are handed on here, so it imports the package, not its mo
 from __future__ import annotations
 
 from backfill_assets.domain.money.deadline import DeadlineError, DeadlinePlan, parse_deadline
-from backfill_assets.domain.money.nanos import nanos_of_usd, usd
+from backfill_assets.domain.money.nanos import nanos_of_usd, usd, usd_text
 from backfill_assets.domain.money.prices import Tier
 from backfill_assets.domain.money.reconcile import ProviderReport, ReportError, compare, read_report
 
@@ -20,4 +20,5 @@ __all__ = [
     "parse_deadline",
     "read_report",
     "usd",
+    "usd_text",
 ]

@@ -121,23 +121,29 @@ class Reservation:
     # False: no dollar bound was worked out (an unpriced model, or no budget binds in the
     # run), so bound.nanos is 0 and means nothing.
     priced: bool = True
+    # Of ``bound``: what a cascade's stages still ahead of this call may cost (reserved with
+    # it, so a post is not screened when its tenant cannot pay for the rest; released with it).
+    ahead: Spend = Spend()
 
     @property
     def tokens(self) -> int:
         """The tokens reserved."""
         return self.bound.tokens
 
+    @property
+    def call_bound(self) -> Spend:
+        """What the call itself may bill: the bound without the stages ahead."""
+        return self.bound - self.ahead
+
 
 def over_bound(billed: Spend, reservation: Reservation) -> str:
     """Why a call billed past what was reserved for it ('' if it did not): the caps can no
     longer be promised for its tenant. Dollars count only where the call was priced."""
-    if billed.tokens > reservation.bound.tokens:
-        return f"over_bound: billed {billed.tokens} > reserved bound {reservation.bound.tokens}"
-    if reservation.priced and billed.nanos > reservation.bound.nanos:
-        return (
-            f"over_bound: billed {billed.nanos} nano-dollars > reserved bound "
-            f"{reservation.bound.nanos}"
-        )
+    bound = reservation.call_bound
+    if billed.tokens > bound.tokens:
+        return f"over_bound: billed {billed.tokens} > reserved bound {bound.tokens}"
+    if reservation.priced and billed.nanos > bound.nanos:
+        return f"over_bound: billed {billed.nanos} nano-dollars > reserved bound {bound.nanos}"
     return ""
 
 

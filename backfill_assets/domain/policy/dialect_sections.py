@@ -18,6 +18,9 @@ OPENAI_MODERATION = "openai-moderation"
 LLAMA_GUARD = "llama-guard"
 SAFEGUARD = "safeguard"
 DIALECTS = (CHAT_JSON, OPENAI_MODERATION, LLAMA_GUARD, SAFEGUARD)
+# Not a way of speaking to a model: the labels a cascade of stages decided (issue 49). Its key
+# version names the stages, its mapping version their decide rules; nothing is sent in it.
+CASCADE = "cascade"
 # Llama Guard 3 and 4's built-in (MLCommons) hazard categories, S1..S14 (their model cards).
 LLAMA_GUARD_CATEGORIES = (
     "Violent Crimes",

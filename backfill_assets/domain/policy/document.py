@@ -17,6 +17,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from backfill_assets.domain.policy.dialect_sections import (
+    CASCADE,
     CHAT_JSON,
     DIALECTS,
     LLAMA_GUARD,
@@ -178,8 +179,10 @@ class Policy:
 
     __slots__ = ("_key_version", "_mapping_version", "content_hash", "dialect", "doc", "variant")
 
-    def __init__(self, doc: PolicyDoc, dialect: str = CHAT_JSON, variant: str = "") -> None:
-        if dialect not in DIALECTS:
+    def __init__(
+        self, doc: PolicyDoc, dialect: str = CHAT_JSON, variant: str = "", routing: str = ""
+    ) -> None:
+        if dialect not in DIALECTS and dialect != CASCADE:
             raise ValueError(f"dialect {dialect!r}: expected one of {', '.join(DIALECTS)}")
         if dialect == OPENAI_MODERATION and (
             doc.dialects is None or doc.dialects.openai_moderation is None
@@ -201,10 +204,16 @@ class Policy:
         self.content_hash = hashlib.sha256(canonical_json(doc).encode("utf-8")).hexdigest()
         # Read per result row (the writer's contract lookup): worked out once.
         self._key_version = self._work_key_version()
-        section = dialect_json(doc, dialect) if dialect != CHAT_JSON else ""
+        section = dialect_json(doc, dialect) if dialect not in (CHAT_JSON, CASCADE) else ""
         self._mapping_version = (
-            hashlib.sha256(section.encode("utf-8")).hexdigest()[:16] if section else ""
+            hashlib.sha256(section.encode("utf-8")).hexdigest()[:16] if section else routing
         )
+
+    def in_cascade(self, stages: str, routing: str) -> Policy:
+        """The policy of a cascade's labels: ``stages`` (a hash of what each stage sends) is its
+        variant, so in its key version; ``routing`` (a hash of the decide rules) its mapping
+        version, so a changed threshold re-routes stored answers without a call."""
+        return Policy(self.doc, CASCADE, stages, routing)
 
     def in_dialect(self, dialect: str, variant: str = "") -> Policy:
         """The same policy, spoken in ``dialect`` (``ValueError``: it has no section for it)."""

@@ -40,6 +40,8 @@ class ResultRow(KeyRow):
     # In a mapped dialect: the answer as returned and the section's hash it was read under.
     raw_result: str | None
     mapping: str | None
+    # A cascade's stage that decided (only on its composed labels: cascade_routes.py).
+    stage: str | None
     correlation_id: str
     schema_version: int
     partition: str
@@ -195,6 +197,7 @@ def result_row(
         p_label=p_label,
         raw_result=stored[0] if stored else None,
         mapping=stored[1] if stored else None,
+        stage=None,
         correlation_id=out.correlation_id,
         schema_version=out.schema_version,
         partition=partition,

@@ -7,7 +7,7 @@ token, plus template, schema and ``max_tokens``), which is what a strict cap has
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -80,35 +80,48 @@ def estimate_pending(
     versions: Versions,
     rubric: Rubric,
     prices: PriceTable | None = None,
+    stages: Sequence[tuple[Rubric, str]] | None = None,
 ) -> list[TenantEstimate]:
-    """Stream every tenant's pending posts (one stored slice at a time) and add them up."""
+    """Stream every tenant's pending posts (one stored slice at a time) and add them up.
+
+    ``stages``: a cascade's stages (rubric, model): a pending post is counted through every
+    one of them, the worst case, since which posts a stage passes on is known only once it
+    has answered."""
     out: list[TenantEstimate] = []
+    sent = list(stages) if stages is not None else [(rubric, versions.model)]
     for tenant in tenants:
         est = TenantEstimate(tenant)
         for s in range(SLICE_COUNT):
             for row in pending_posts(conn, tenant, [s], versions):
                 est.keys += 1
-                cap = rubric.max_output_tokens
-                prompt = estimate_prompt_tokens(rubric, row.text)
                 key = work_key(versions, tenant, row.post_id, row.content_hash)
-                bound = call_token_bound(rubric, key, row.text)
-                est.estimated_tokens += prompt + cap
-                est.bound_tokens += bound
-                if prices is not None:
-                    model = versions.model
-                    est.estimated_cost_nanos += prices.cost(model, prompt, cap)
-                    est.estimated_cost_nanos_batch += prices.cost(
-                        model, prompt, cap, tier=Tier.BATCH
-                    )
-                    est.estimated_cost_nanos_flex += prices.cost(model, prompt, cap, tier=Tier.FLEX)
-                    # What a dollar budget reserves: sync (standard, and flex, which may be
-                    # booked standard) and batch.
-                    prompt_bound = bound - cap
-                    est.bound_cost_nanos += (
-                        prices.cost_bound(model, [Tier.STANDARD], prompt_bound, cap) or 0
-                    )
-                    est.bound_cost_nanos_batch += (
-                        prices.cost_bound(model, [Tier.BATCH], prompt_bound, cap) or 0
-                    )
+                for stage_rubric, model in sent:
+                    _add_call(est, stage_rubric, model, key, row.text, prices)
         out.append(est)
     return out
+
+
+def _add_call(
+    est: TenantEstimate,
+    rubric: Rubric,
+    model: str,
+    key: str,
+    text: str,
+    prices: PriceTable | None,
+) -> None:
+    """One call's estimate and bound, added to the tenant's."""
+    cap = rubric.max_output_tokens
+    prompt = estimate_prompt_tokens(rubric, text)
+    bound = call_token_bound(rubric, key, text)
+    est.estimated_tokens += prompt + cap
+    est.bound_tokens += bound
+    if prices is None:
+        return
+    est.estimated_cost_nanos += prices.cost(model, prompt, cap)
+    est.estimated_cost_nanos_batch += prices.cost(model, prompt, cap, tier=Tier.BATCH)
+    est.estimated_cost_nanos_flex += prices.cost(model, prompt, cap, tier=Tier.FLEX)
+    # What a dollar budget reserves: sync (standard, and flex, which may be booked standard)
+    # and batch.
+    prompt_bound = bound - cap
+    est.bound_cost_nanos += prices.cost_bound(model, [Tier.STANDARD], prompt_bound, cap) or 0
+    est.bound_cost_nanos_batch += prices.cost_bound(model, [Tier.BATCH], prompt_bound, cap) or 0

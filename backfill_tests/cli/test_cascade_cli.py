@@ -1,0 +1,305 @@
+"""``run`` with a cascade (``BACKFILL_CASCADE_PATH``), end to end through the CLI against the
+simulator, on both stores: the free moderation endpoint screens every post, and only the posts
+it is not sure of reach the chat model. A post decided at the screen is never sent to the
+judge, an escalated one once; the ledger books each stage's calls and equals the simulator's
+bill; a changed decide rule re-routes from stored results and pays only for the posts that now
+escalate further; a SIGKILL between the stages re-pays at most the calls in flight."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from backfill_assets.cli import main
+from backfill_assets.domain.policy.dialect_sections import MODERATION_CATEGORIES
+from backfill_assets.providersim.billing.meter import CHAT_ENDPOINT, MODERATIONS_ENDPOINT
+from backfill_tests.cli_runs import clean_env, run_cli
+from backfill_tests.conftest import import_records
+from backfill_tests.providers.conftest import StartSim
+
+POLICY = Path(__file__).resolve().parents[2] / "docs" / "policies" / "forum-moderation.yaml"
+API_KEY = "sk-cascade-cli-0123456789abcdef"
+JUDGE = "gpt-4o-mini"
+# Post text -> the scores the moderation endpoint answers for it (the rest near 0).
+PINNED: dict[str, dict[str, float]] = {
+    "I will find you and hurt you": {"violence": 0.91, "harassment/threatening": 0.62},
+    "you are a worthless idiot": {"harassment": 0.83},
+    "people like them are vermin": {"hate": 0.45, "harassment": 0.3},
+    "some days I want to disappear": {"self-harm": 0.35, "self-harm/intent": 0.2},
+    "the match was close": {},
+    "nice weather today": {},
+    # ok at 0.98 (one minus its highest score): decided under 0.97, passed on under 0.99.
+    "see you at the meetup": {"harassment": 0.02},
+}
+SURE_OK = {"the match was close", "nice weather today", "see you at the meetup"}
+TENANTS = ("acme", "globex")
+POSTS = [
+    {"tenant_id": t, "post_id": f"p{i}", "text": text}
+    for t in TENANTS
+    for i, text in enumerate(PINNED)
+]
+
+
+def _cascade(min_score: float) -> str:
+    return (
+        "stages:\n"
+        "  - name: screen\n"
+        "    dialect: openai-moderation\n"
+        "    model: omni-moderation-latest\n"
+        f"    decide: {{when: none_label, min_score: {min_score}}}\n"
+        "  - name: judge\n"
+        "    dialect: chat-json\n"
+        f"    model: {JUDGE}\n"
+    )
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _scores(pins: dict[str, float]) -> dict[str, float]:
+    return {c: pins.get(c, 0.001) for c in MODERATION_CATEGORIES}
+
+
+@pytest.fixture
+def cascade(
+    engine: Engine,
+    tmp_path: Path,
+    cli_store: dict[str, str],
+    start_sim: StartSim,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Any:
+    import_records(engine, tmp_path, POSTS)
+    sim = start_sim(
+        api_key=API_KEY,
+        latency_median_ms=5,
+        moderation_scores={_sha(t): _scores(p) for t, p in PINNED.items()},
+    )
+    policy = tmp_path / "forum.yaml"
+    policy.write_text(POLICY.read_text(encoding="utf-8"), encoding="utf-8")
+    path = tmp_path / "cascade.yaml"
+    path.write_text(_cascade(0.97), encoding="utf-8")
+    for name, value in {
+        "BACKFILL_MODEL_BACKEND": "openai",
+        "BACKFILL_CASCADE_PATH": str(path),
+        "BACKFILL_MODEL_BASE_URL": sim.base_url,
+        "BACKFILL_MODEL_API_KEY": API_KEY,
+        "BACKFILL_POLICY_PATH": str(policy),
+    }.items():
+        monkeypatch.setenv(name, value)
+    return sim, path
+
+
+def _meter(sim: Any, endpoint: str) -> tuple[int, int]:
+    bill = sim.meter.snapshot().billed_by_endpoint.get(endpoint)
+    return (0, 0) if bill is None else (bill.calls, bill.cost_nanos)
+
+
+def _booked(engine: Engine) -> dict[str, tuple[int, int]]:
+    """Per model: usage events and their cost."""
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.text(
+                "SELECT model, count(*), coalesce(sum(cost_nanos), 0) FROM ledger_events "
+                "WHERE type = 'usage' GROUP BY model"
+            )
+        ).all()
+    return {str(m): (int(n), int(c)) for m, n, c in rows}
+
+
+def _sent_to_judge(engine: Engine) -> set[tuple[str, str]]:
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.text(
+                "SELECT p.tenant_id, p.text FROM ledger_events e JOIN posts p ON "
+                "p.tenant_id = e.tenant_id AND p.post_id = e.post_id "
+                "WHERE e.type = 'attempt' AND e.model = :m"
+            ),
+            {"m": JUDGE},
+        ).all()
+    return {(str(t), str(x)) for t, x in rows}
+
+
+def _decided(engine: Engine) -> dict[tuple[str, str], tuple[str, str]]:
+    """The cascade's labels: (tenant, text) -> (stage, label)."""
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.text(
+                "SELECT r.tenant_id, p.text, r.stage, r.label FROM results r JOIN posts p ON "
+                "p.tenant_id = r.tenant_id AND p.post_id = r.post_id WHERE r.model = 'cascade'"
+            )
+        ).all()
+    return {(str(t), str(x)): (str(s), str(label)) for t, x, s, label in rows}
+
+
+def _applied(engine: Engine) -> dict[tuple[str, str], str]:
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.text(
+                "SELECT a.tenant_id, p.text, a.label FROM applied_labels a "
+                "JOIN posts p ON p.tenant_id = a.tenant_id AND p.post_id = a.post_id"
+            )
+        ).all()
+    return {(str(t), str(x)): str(label) for t, x, label in rows}
+
+
+def _judge_labels(engine: Engine) -> dict[tuple[str, str], str]:
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.text(
+                "SELECT r.tenant_id, p.text, r.label FROM results r JOIN posts p ON "
+                "p.tenant_id = r.tenant_id AND p.post_id = r.post_id WHERE r.model = :m"
+            ),
+            {"m": JUDGE},
+        ).all()
+    return {(str(t), str(x)): str(label) for t, x, label in rows}
+
+
+def test_the_screen_decides_the_sure_posts_and_only_the_rest_reach_the_judge(
+    engine: Engine, cascade: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sim, _path = cascade
+    assert main(["run"]) == 0
+    out = capsys.readouterr().out
+    hard = {(t, x) for t in TENANTS for x in PINNED if x not in SURE_OK}
+    # Every post was screened once; the judge was sent exactly the posts the screen was not
+    # sure of, each once.
+    assert _sent_to_judge(engine) == hard
+    booked = _booked(engine)
+    assert booked["omni-moderation-latest"][0] == len(POSTS)
+    assert booked[JUDGE][0] == len(hard)
+    # The ledger is the simulator's bill, stage by stage.
+    assert _meter(sim, CHAT_ENDPOINT) == (len(hard), booked[JUDGE][1])
+    assert _meter(sim, MODERATIONS_ENDPOINT)[1] == booked["omni-moderation-latest"][1] == 0
+    # Each post's label says which stage decided it, and the applied label is that one.
+    decided = _decided(engine)
+    assert {k for k, (stage, _l) in decided.items() if stage == "screen"} == {
+        (t, x) for t in TENANTS for x in SURE_OK
+    }
+    assert all(decided[k] == ("screen", "ok") for k in decided if k[1] in SURE_OK)
+    judged = _judge_labels(engine)
+    assert all(decided[k] == ("judge", judged[k]) for k in hard)
+    assert _applied(engine) == {k: label for k, (_s, label) in decided.items()}
+    assert "stage screen: sent 14, calls" in out and "stage judge: sent 8" in out
+    # A rerun has nothing to do at any stage.
+    before = (_meter(sim, CHAT_ENDPOINT), _meter(sim, MODERATIONS_ENDPOINT))
+    assert main(["run"]) == 0
+    assert (_meter(sim, CHAT_ENDPOINT), _meter(sim, MODERATIONS_ENDPOINT)) == before
+    assert _booked(engine) == booked
+
+
+def test_a_changed_threshold_reroutes_and_pays_only_for_the_posts_passed_on(
+    engine: Engine, cascade: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sim, path = cascade
+    assert main(["run"]) == 0
+    booked = _booked(engine)
+    screened = _meter(sim, MODERATIONS_ENDPOINT)
+    capsys.readouterr()
+    # Stricter: the post at 0.98 is no longer sure, in either tenant, and goes to the judge.
+    path.write_text(_cascade(0.99), encoding="utf-8")
+    assert main(["run"]) == 0
+    out = capsys.readouterr().out
+    assert _meter(sim, MODERATIONS_ENDPOINT) == screened
+    assert _booked(engine)[JUDGE][0] == booked[JUDGE][0] + len(TENANTS)
+    decided = _decided(engine)
+    assert all(decided[(t, "see you at the meetup")][0] == "judge" for t in TENANTS)
+    assert "re-routed from stored results: 2 (no call made)" in out
+    # Back to 0.97: every answer needed is stored, so nothing is sent at all.
+    judged = _meter(sim, CHAT_ENDPOINT)
+    path.write_text(_cascade(0.97), encoding="utf-8")
+    assert main(["run"]) == 0
+    assert _meter(sim, CHAT_ENDPOINT) == judged
+    assert _meter(sim, MODERATIONS_ENDPOINT) == screened
+    assert all(_decided(engine)[(t, "see you at the meetup")] == ("screen", "ok") for t in TENANTS)
+    assert all(_applied(engine)[(t, "see you at the meetup")] == "ok" for t in TENANTS)
+
+
+def test_a_crash_in_the_judge_stage_repays_at_most_the_calls_in_flight(
+    engine: Engine, cascade: Any, start_sim: StartSim
+) -> None:
+    sim = start_sim(
+        api_key=API_KEY,
+        latency_median_ms=50,
+        moderation_scores={_sha(t): _scores(p) for t, p in PINNED.items()},
+    )
+    env = clean_env(
+        **{
+            **{k: v for k, v in os.environ.items() if k.startswith(("BACKFILL_", "DAGSTER_"))},
+            "BACKFILL_CONCURRENCY": "1",
+            "BACKFILL_FLUSH_MS": "10",
+            "BACKFILL_MODEL_BASE_URL": sim.base_url,
+        }
+    )
+    # The screen books 14 usages; the drill counts over the stages, so the kill lands right
+    # after the judge's second.
+    killed = run_cli(["run", "--json"], {**env, "BACKFILL_KILL_AFTER_USAGE": str(len(POSTS) + 2)})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert _booked(engine)[JUDGE][0] == 2
+    resumed = run_cli(["run", "--json"], env)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    _settle(sim)
+    booked = _booked(engine)
+    hard = {(t, x) for t in TENANTS for x in PINNED if x not in SURE_OK}
+    calls, _cost = _meter(sim, CHAT_ENDPOINT)
+    with engine.connect() as conn:
+        in_flight = conn.execute(
+            sa.text(
+                "SELECT count(*) FROM ledger_events a WHERE a.type = 'attempt' AND NOT EXISTS"
+                " (SELECT 1 FROM ledger_events e WHERE e.attempt_id = a.attempt_id"
+                " AND e.type <> 'attempt')"
+            )
+        ).scalar_one()
+    assert booked["omni-moderation-latest"][0] == len(POSTS)
+    # What the simulator billed beyond the ledger is what was in flight at the kill (attempts
+    # with no outcome), and no post went to the judge that the screen had decided.
+    assert len(hard) <= booked[JUDGE][0] <= calls <= booked[JUDGE][0] + in_flight
+    assert _sent_to_judge(engine) == hard
+    assert len(_applied(engine)) == len(POSTS)
+
+
+def _settle(sim: Any) -> None:
+    seen = _meter(sim, CHAT_ENDPOINT)
+    while True:
+        time.sleep(0.3)
+        now = _meter(sim, CHAT_ENDPOINT)
+        if now == seen:
+            return
+        seen = now
+
+
+def test_what_a_cascade_cannot_do_yet_is_refused_by_name(
+    cascade: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("BACKFILL_DISPATCH", "batch")
+    assert main(["run"]) == 2
+    assert "batch mode does not run a cascade yet" in capsys.readouterr().err
+    monkeypatch.delenv("BACKFILL_DISPATCH")
+    monkeypatch.setenv("BACKFILL_MODEL_BACKEND", "fake")
+    assert main(["run"]) == 2
+    assert "BACKFILL_CASCADE_PATH needs BACKFILL_MODEL_BACKEND=openai" in capsys.readouterr().err
+
+
+def test_a_budget_reserves_the_stages_ahead_before_the_screen_is_sent(
+    engine: Engine, cascade: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sim, _path = cascade
+    # Enough for any screen call (the endpoint is free, its bound is the text) but not for the
+    # judge's prompt after it: nothing is screened, since the post could not be judged.
+    monkeypatch.setenv("BACKFILL_TENANT_BUDGET_TOKENS", "600")
+    main(["run"])
+    assert _meter(sim, MODERATIONS_ENDPOINT) == (0, 0) and _meter(sim, CHAT_ENDPOINT) == (0, 0)
+    assert _booked(engine) == {} and _decided(engine) == {}
+    # With room for the whole way, every post goes through, as without a budget.
+    monkeypatch.setenv("BACKFILL_TENANT_BUDGET_TOKENS", "1000000")
+    assert main(["run"]) == 0
+    assert len(_decided(engine)) == len(POSTS)
+    assert _booked(engine)[JUDGE][0] == len(POSTS) - len(SURE_OK) * len(TENANTS)
