@@ -266,10 +266,11 @@ def _stages_of(settings: Settings, cascade: Cascade, env: Mapping[str, str]) -> 
     what = "BACKFILL_CASCADE_PATH"
     if settings.model.model_backend != "openai":
         raise SettingsError(f"{what} needs BACKFILL_MODEL_BACKEND=openai")
-    if settings.batch.dispatch == "batch":
+    served_by_vllm = [s for s in cascade.stages if s.dialect in ("llama-guard", "safeguard")]
+    if settings.batch.dispatch == "batch" and served_by_vllm:
         raise SettingsError(
-            f"{what}: batch mode does not run a cascade yet (each stage's batch, then the next "
-            "stage's): unset BACKFILL_DISPATCH"
+            f"{what}: stage {served_by_vllm[0].name} ({served_by_vllm[0].dialect}) is served by "
+            "vLLM, which has no Batch API: unset BACKFILL_DISPATCH"
         )
     if settings.model.service_tier != "standard":
         raise SettingsError(

@@ -211,6 +211,7 @@ def stage_runs(model: CascadeModelResource) -> list[StageRun]:
             endpoint.build_adapter,
             endpoint.lanes(),
             endpoint.price_table(),
+            endpoint.batch_endpoint(),
         )
         for s, endpoint in zip(model.stages.stages, model.endpoints, strict=True)
     ]

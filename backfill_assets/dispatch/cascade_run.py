@@ -38,6 +38,7 @@ from backfill_assets.ledger.labels.cascade_routes import Post, RouteStage, route
 from backfill_assets.ledger.locks.writer_locks import WriterLocks
 from backfill_assets.ledger.policies import register_policy
 from backfill_assets.ledger.run.partition_counts import partition_counts
+from backfill_assets.providers.batch_client import BatchEndpoint
 from backfill_assets.providers.models.base import ModelAdapter
 
 
@@ -50,6 +51,8 @@ class StageRun:
     make_adapter: Callable[[], ModelAdapter]
     lanes: Lanes
     prices: PriceTable
+    # The stage's Batch API (None: its server has none; batch mode is then refused at start).
+    batch: BatchEndpoint | None = None
 
     def call_bound(self, text: str) -> Spend:
         """The most one call of this stage can bill for ``text`` (tokens, and nano-dollars at
@@ -118,9 +121,7 @@ def run_cascade(
                 stage.route.versions,
                 stage.rubric,
                 run_id,
-                dataclasses.replace(
-                    options, lanes=stage.lanes, after_usage=drill, ahead=_ahead(stages[k + 1 :])
-                ),
+                _stage_options(options, stage, drill, stages[k + 1 :]),
                 log=_prefixed(log, name),
                 only_posts=only_posts if k == 0 else None,
                 escalated=escalated,
@@ -168,6 +169,21 @@ def _reaching(
             if reach:
                 out[ref.key] = reach
     return out
+
+
+def _stage_options(
+    options: RunOptions, stage: StageRun, drill: UsageHook | None, later: Sequence[StageRun]
+) -> RunOptions:
+    """The run's options as one stage sends: its lanes and Batch API, the drill counted over
+    the stages, and (sync) the bound of the stages after it reserved with each call."""
+    batch = options.batch
+    if batch is not None:
+        batch = dataclasses.replace(batch, endpoint=stage.batch)
+    # A batch chunk reserves its own lines' bounds in its row (batch/submit.py).
+    ahead = _ahead(later) if options.dispatch_mode == "sync" else None
+    return dataclasses.replace(
+        options, lanes=stage.lanes, batch=batch, after_usage=drill, ahead=ahead
+    )
 
 
 def _prefixed(log: Callable[[str], None], stage: str) -> Callable[[str], None]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -227,6 +227,9 @@ class DispatchJob:
     run_id: str
     options: RunOptions
     log: Callable[[str], None]
+    # A cascade's later stage: per partition, the (post, text hash) passed on to it; no other
+    # post of the partition is sent (cascade_run.py).
+    passed_on: Mapping[str, Collection[tuple[str, str]]] | None = None
 
 
 @dataclass

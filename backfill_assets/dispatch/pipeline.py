@@ -90,7 +90,7 @@ def run_partitions(
     """
     if versions.key_version != rubric.key_version:
         raise ValueError("the versions name another policy than the rubric sent")
-    if (only_posts is not None or escalated is not None) and options.dispatch_mode != "sync":
+    if only_posts is not None and options.dispatch_mode != "sync":
         raise ValueError("a chosen set of posts is sent in sync mode")
     reports = {r.key: PartitionReport(ref=r) for r in refs}
     # Registered before the first call: the version's labels and rules are on record for
@@ -121,7 +121,7 @@ def run_partitions(
             reports[ref.key].stats.relabelled = again.changed
             reports[ref.key].stats.relabel_unreadable = again.unreadable
         stopped: Exception | None = None
-        job = DispatchJob(engine, locks, versions, rubric, run_id, options, log)
+        job = DispatchJob(engine, locks, versions, rubric, run_id, options, log, escalated)
         if options.dispatch_mode == "batch":
             work = batch_lanes(job, routing, owned, reports)
         else:

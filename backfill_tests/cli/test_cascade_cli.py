@@ -276,13 +276,59 @@ def _settle(sim: Any) -> None:
         seen = now
 
 
-def test_what_a_cascade_cannot_do_yet_is_refused_by_name(
-    cascade: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+def test_batch_mode_runs_each_stages_batch_and_the_next_only_over_what_it_passed_on(
+    engine: Engine, cascade: Any, start_sim: StartSim, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    sim = start_sim(
+        api_key=API_KEY,
+        batch_processing_ms=15,
+        moderation_scores={_sha(t): _scores(p) for t, p in PINNED.items()},
+    )
+    monkeypatch.setenv("BACKFILL_MODEL_BASE_URL", sim.base_url)
+    monkeypatch.setenv("BACKFILL_DISPATCH", "batch")
+    monkeypatch.setenv("BACKFILL_BATCH_POLL_SECONDS", "0.02")
+    assert main(["run"]) == 0
+    hard = {(t, x) for t in TENANTS for x in PINNED if x not in SURE_OK}
+    # The screen's batch had every post; the judge's only the posts the screen passed on.
+    assert _sent_to_judge(engine) == hard
+    booked = _booked(engine)
+    assert booked["omni-moderation-latest"][0] == len(POSTS)
+    assert booked[JUDGE][0] == len(hard)
+    assert _meter(sim, CHAT_ENDPOINT) == (len(hard), booked[JUDGE][1])
+    with engine.connect() as conn:
+        tiers = conn.execute(
+            sa.text("SELECT DISTINCT service_tier FROM ledger_events WHERE type = 'usage'")
+        ).all()
+    assert [t[0] for t in tiers] == ["batch"]
+    assert len(_decided(engine)) == len(POSTS)
+    before = _booked(engine)
+    assert main(["run"]) == 0
+    assert _booked(engine) == before
+
+
+def test_what_a_cascade_cannot_do_is_refused_by_name(
+    cascade: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    _sim, path = cascade
+    guarded = tmp_path / "guarded.yaml"
+    guarded.write_text(
+        path.read_text(encoding="utf-8").replace(
+            "dialect: chat-json\n    model: gpt-4o-mini",
+            "dialect: safeguard\n    model: gpt-oss-safeguard-20b",
+        ),
+        encoding="utf-8",
+    )
+    monkeypatch.setenv("BACKFILL_CASCADE_PATH", str(guarded))
     monkeypatch.setenv("BACKFILL_DISPATCH", "batch")
     assert main(["run"]) == 2
-    assert "batch mode does not run a cascade yet" in capsys.readouterr().err
+    assert "stage judge (safeguard) is served by vLLM" in capsys.readouterr().err
+    monkeypatch.setenv("BACKFILL_CASCADE_PATH", str(path))
     monkeypatch.delenv("BACKFILL_DISPATCH")
+    assert main(["run", "--sample", "3"]) == 2
+    assert "not with BACKFILL_CASCADE_PATH" in capsys.readouterr().err
     monkeypatch.setenv("BACKFILL_MODEL_BACKEND", "fake")
     assert main(["run"]) == 2
     assert "BACKFILL_CASCADE_PATH needs BACKFILL_MODEL_BACKEND=openai" in capsys.readouterr().err

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -71,6 +71,8 @@ class BatchContext:
     # Chat lines ask for their answers' token log-probabilities (the label's probability).
     logprobs: bool
     log: Callable[[str], None]
+    # A cascade's later stage: per partition, the posts passed on to it (DispatchJob's).
+    passed_on: Mapping[str, Collection[tuple[str, str]]] | None = None
     flush_rows: int = 2048
     flush_interval_s: float = 0.1
     # The API key, only to scrub it from stored messages.

@@ -59,6 +59,7 @@ async def run_batch(
         max_tokens_param=endpoint.settings.max_tokens_param,
         logprobs=endpoint.settings.logprobs,
         log=log,
+        passed_on=job.passed_on,
         flush_rows=options.flush_rows,
         flush_interval_s=options.flush_interval_s,
         secret=endpoint.api_key,

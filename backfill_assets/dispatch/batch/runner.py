@@ -113,7 +113,11 @@ class BatchRunner:
             sizes = post_counts(conn, [ref.tenant_id])
             size = held_posts(sizes, ref.tenant_id, ref.slices)
             waiting = in_open_batch(conn, ref.tenant_id, ref.slices, versions)
-            return size, waiting, pending_posts(conn, ref.tenant_id, ref.slices, versions)
+            pending = pending_posts(conn, ref.tenant_id, ref.slices, versions)
+        if self.ctx.passed_on is not None:
+            passed_on = self.ctx.passed_on.get(ref.key, ())
+            pending = [p for p in pending if (p.post_id, p.content_hash) in passed_on]
+        return size, waiting, pending
 
     async def _plan(self) -> None:
         ctx = self.ctx
