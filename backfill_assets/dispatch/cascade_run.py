@@ -98,7 +98,10 @@ def run_cascade(
     sum the stages' calls and cost, and say per stage what was sent and decided.
     ``only_posts``: the first stage is sent only these posts (a gold set)."""
     register_policy(engine, rubric.policy)
-    reports = {r.key: PartitionReport(ref=r) for r in refs}
+    # Every stage has its row in every partition's report, in the cascade's order.
+    reports = {
+        r.key: PartitionReport(ref=r, stages={s.route.name: {} for s in stages}) for r in refs
+    }
     route_stages = [s.route for s in stages]
     none_label = rubric.policy.none_label
     stopped: RunStopped | None = None

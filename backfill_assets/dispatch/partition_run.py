@@ -286,7 +286,8 @@ class PartitionReport:
             "relabelled": st.relabelled,
             "relabel_unreadable": st.relabel_unreadable,
             "rerouted": st.rerouted,
-            "stages": {k: dict(v) for k, v in self.stages.items()},
+            # A list, so the stages keep the cascade's order in any JSON.
+            "stages": [{"stage": k, **v} for k, v in self.stages.items()],
             "p_label_known": st.p_label_known,
             "p_label_mean": round(st.p_label_sum / st.p_label_known, 4)
             if st.p_label_known

@@ -8,6 +8,7 @@ escalate further; a SIGKILL between the stages re-pays at most the calls in flig
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import signal
 import time
@@ -189,11 +190,22 @@ def test_the_screen_decides_the_sure_posts_and_only_the_rest_reach_the_judge(
     assert all(decided[k] == ("judge", judged[k]) for k in hard)
     assert _applied(engine) == {k: label for k, (_s, label) in decided.items()}
     assert "stage screen: sent 14, calls" in out and "stage judge: sent 8" in out
-    # A rerun has nothing to do at any stage.
+    # A rerun has nothing to do at any stage; forced, it sends nothing either, and each
+    # partition's metadata says which stage decided how many of its labels.
     before = (_meter(sim, CHAT_ENDPOINT), _meter(sim, MODERATIONS_ENDPOINT))
     assert main(["run"]) == 0
+    capsys.readouterr()
+    assert main(["run", "--force", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
     assert (_meter(sim, CHAT_ENDPOINT), _meter(sim, MODERATIONS_ENDPOINT)) == before
     assert _booked(engine) == booked
+    per_stage = {"screen": 0, "judge": 0}
+    for row in doc["partitions"]:
+        assert [s["stage"] for s in row["stages"]] == ["screen", "judge"]
+        for figures in row["stages"]:
+            per_stage[figures["stage"]] += figures.get("decided", 0)
+    assert per_stage == {"screen": len(SURE_OK) * len(TENANTS), "judge": len(hard)}
+    assert [(s["stage"], s["calls"]) for s in doc["stages"]] == [("screen", 0), ("judge", 0)]
 
 
 def test_a_changed_threshold_reroutes_and_pays_only_for_the_posts_passed_on(

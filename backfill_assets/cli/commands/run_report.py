@@ -54,8 +54,8 @@ def _partition_row(rec: RunRecord, pk: str) -> dict[str, Any]:
     # A cascade's labels re-routed by a changed decide rule, and its stages (no call made).
     row["rerouted"] = int(md.get("rerouted_from_stored", 0))
     stages = md.get("stages")
-    if isinstance(stages, dict):
-        row["stages"] = {str(k): dict(v) for k, v in stages.items() if isinstance(v, dict)}
+    if isinstance(stages, list):
+        row["stages"] = [dict(s) for s in stages if isinstance(s, dict) and "stage" in s]
     for k, v in md.items():
         if k.startswith("outcome_"):
             row[k[len("outcome_") :]] = int(v)
@@ -78,17 +78,20 @@ def run_document(
     # Every total is present, 0 included: a run with nothing to do still reports its totals.
     totals: dict[str, int] = defaultdict(int, {k: 0 for k in TOTAL_KEYS})
     rows = []
-    stages: dict[str, dict[str, int]] = {}
+    stages: dict[str, dict[str, Any]] = {}
     for rec in records:
         for pk in rec.partitions:
             row = _partition_row(rec, pk)
             for k, v in row.items():
                 if isinstance(v, int):
                     totals[k] += v
-            for name, figures in row.get("stages", {}).items():
-                into = stages.setdefault(name, dict.fromkeys(_STAGE_FIGURES, 0))
-                for k, v in figures.items():
-                    into[k] = into.get(k, 0) + int(v)
+            for figures in row.get("stages", []):
+                into = stages.setdefault(
+                    str(figures["stage"]),
+                    {"stage": figures["stage"], **dict.fromkeys(_STAGE_FIGURES, 0)},
+                )
+                for k in _STAGE_FIGURES:
+                    into[k] += int(figures.get(k, 0))
             row["checks"] = checks.get(pk, [])
             row["blocking_failed"] = [
                 c["name"] for c in row["checks"] if c["blocking"] and not c["passed"]
@@ -121,7 +124,7 @@ def run_document(
         "blocked_partitions": blocked,
         "applied_partitions": len(applied),
         "totals": dict(totals),
-        **({"stages": stages} if stages else {}),
+        **({"stages": list(stages.values())} if stages else {}),
     }
 
 
@@ -148,9 +151,9 @@ def totals_line(doc: dict[str, Any]) -> str:
     line = "totals: " + ", ".join([*parts, f"runs {len(doc['runs'])}", f"failed runs {failed}"])
     if totals.get("relabelled"):
         line += f"\nrelabelled from stored results: {totals['relabelled']:,} (no call made)"
-    for name, f in doc.get("stages", {}).items():
+    for f in doc.get("stages", []):
         line += (
-            f"\nstage {name}: sent {f.get('sent', 0):,}, calls {f.get('calls', 0):,}, "
+            f"\nstage {f['stage']}: sent {f.get('sent', 0):,}, calls {f.get('calls', 0):,}, "
             f"decided {f.get('decided', 0):,}, cost ${usd_text(int(f.get('cost_nanos', 0)))}"
         )
     if totals.get("rerouted"):

@@ -8,6 +8,7 @@ from typing import Any
 import dagster as dg
 
 from backfill_assets.dispatch.partition_run import PartitionReport
+from backfill_assets.domain.money.nanos import usd_text
 from backfill_assets.domain.policy.rubric import Rubric
 from backfill_assets.domain.work.keys import Versions
 
@@ -35,6 +36,24 @@ def label_table(labels: dict[str, int]) -> str:
         lines.append(f"| {label} | {n} | {n / total:.1%} |" if total else f"| {label} | {n} | - |")
     if total == 0:
         lines.append("| (none) | 0 | - |")
+    return "\n".join(lines)
+
+
+def stage_table(stages: list[dict[str, Any]]) -> str:
+    """Markdown table of a cascade's stages in one partition: posts sent and calls this run,
+    their cost, and the share of the partition's labels each stage decided (all runs)."""
+    decided = sum(f.get("decided", 0) for f in stages)
+    lines = [
+        "| stage | sent | calls | cost_usd | decided | share |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for f in stages:
+        n = f.get("decided", 0)
+        share = f"{n / decided:.1%}" if decided else "-"
+        lines.append(
+            f"| {f['stage']} | {f.get('sent', 0)} | {f.get('calls', 0)} | "
+            f"{usd_text(f.get('cost_nanos', 0))} | {n} | {share} |"
+        )
     return "\n".join(lines)
 
 
@@ -88,6 +107,7 @@ def partition_metadata(
         # decide rule without a call.
         out["rerouted_from_stored"] = int_value(s["rerouted"])
         out["stages"] = dg.MetadataValue.json(s["stages"])
+        out["stage_distribution"] = dg.MetadataValue.md(stage_table(s["stages"]))
     # How sure the model was of the labels this run accepted, where the wire said (p_label).
     out["p_label_known"] = int_value(s["p_label_known"])
     if s["p_label_mean"] is not None:
