@@ -167,7 +167,7 @@ def _judge_labels(engine: Engine) -> dict[tuple[str, str], str]:
 def test_the_screen_decides_the_sure_posts_and_only_the_rest_reach_the_judge(
     engine: Engine, cascade: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    sim, _path = cascade
+    sim, path = cascade
     assert main(["run"]) == 0
     out = capsys.readouterr().out
     hard = {(t, x) for t in TENANTS for x in PINNED if x not in SURE_OK}
@@ -190,6 +190,16 @@ def test_the_screen_decides_the_sure_posts_and_only_the_rest_reach_the_judge(
     assert all(decided[k] == ("judge", judged[k]) for k in hard)
     assert _applied(engine) == {k: label for k, (_s, label) in decided.items()}
     assert "stage screen: sent 14, calls" in out and "stage judge: sent 8" in out
+    # The export says which stage decided each of the cascade's labels.
+    assert main(["export", "--format", "jsonl", "--out", str(path.parent / "out")]) == 0
+    rows = [
+        json.loads(line)
+        for t in TENANTS
+        for line in (path.parent / "out" / f"{t}.jsonl").read_text("utf-8").splitlines()
+    ]
+    stages = {r["stage"] for r in rows if r["model"] == "cascade"}
+    assert stages == {"screen", "judge"}
+    assert {r["stage"] for r in rows if r["model"] != "cascade"} == {None}
     # A rerun has nothing to do at any stage; forced, it sends nothing either, and each
     # partition's metadata says which stage decided how many of its labels.
     before = (_meter(sim, CHAT_ENDPOINT), _meter(sim, MODERATIONS_ENDPOINT))

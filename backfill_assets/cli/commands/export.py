@@ -49,6 +49,7 @@ COLUMNS = [
     "policy_version",
     "policy_identity",
     "model",
+    "stage",
     "content_hash",
     "labelled_at",
 ]
@@ -71,6 +72,7 @@ def _schema() -> pa.Schema:
             ("policy_version", pa.string()),
             ("policy_identity", pa.string()),
             ("model", pa.string()),
+            ("stage", pa.string()),
             ("content_hash", pa.string()),
             ("labelled_at", pa.string()),
         ]

@@ -30,6 +30,8 @@ class LabelRow:
     policy_version: str | None
     policy_identity: str | None
     model: str
+    # A cascade's label: the stage that decided it (None for one model's labels).
+    stage: str | None
     content_hash: str
     labelled_at: str
 
@@ -51,6 +53,7 @@ def tenant_labels(
             pv.c.version,
             pv.c.identity,
             r.c.model,
+            r.c.stage,
             r.c.content_hash,
             r.c.created_at,
         )
@@ -81,6 +84,7 @@ def tenant_labels(
             policy_version=row.version,
             policy_identity=row.identity,
             model=row.model,
+            stage=row.stage,
             content_hash=row.content_hash,
             labelled_at=row.created_at.isoformat(timespec="seconds") + "Z",
         )
