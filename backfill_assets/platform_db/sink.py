@@ -42,9 +42,11 @@ class SinkError(PlatformDbError):
 def sink_table(name: str = DEFAULT_TABLE, optional: Sequence[str] = OPTIONAL) -> sa.Table:
     """The sink table's definition: one row per (tenant, post, policy), the label in force;
     ``optional``: the optional columns it has (``p_label``: the label's probability, NULL where
-    none was given), after the others."""
+    none was given; ``stage``: the cascade stage that decided, NULL for one model), after the
+    others."""
     schema, table = split_table_name(name)
-    extra = [sa.Column("p_label", sa.Float, nullable=True)] if "p_label" in optional else []
+    types = {"p_label": sa.Float, "stage": sa.Text}
+    extra = [sa.Column(c, types[c], nullable=True) for c in OPTIONAL if c in optional]
     return sa.Table(
         table,
         sa.MetaData(schema=schema),

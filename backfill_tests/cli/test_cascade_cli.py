@@ -21,6 +21,7 @@ from sqlalchemy.engine import Engine
 
 from backfill_assets.cli import main
 from backfill_assets.domain.policy.dialect_sections import MODERATION_CATEGORIES
+from backfill_assets.platform_db.sink import sink_table
 from backfill_assets.providersim.billing.meter import CHAT_ENDPOINT, MODERATIONS_ENDPOINT
 from backfill_tests.cli_runs import clean_env, run_cli
 from backfill_tests.conftest import import_records
@@ -219,9 +220,18 @@ def test_the_screen_decides_the_sure_posts_and_only_the_rest_reach_the_judge(
 
 
 def test_a_changed_threshold_reroutes_and_pays_only_for_the_posts_passed_on(
-    engine: Engine, cascade: Any, capsys: pytest.CaptureFixture[str]
+    engine: Engine,
+    cascade: Any,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     sim, path = cascade
+    # The platform's own table, which the apply writes back into.
+    sink = f"sqlite:///{path.parent / 'platform.db'}"
+    platform = sa.create_engine(sink)
+    with platform.begin() as conn:
+        conn.exec_driver_sql(str(sa.schema.CreateTable(sink_table()).compile(platform)))
+    monkeypatch.setenv("BACKFILL_SINK_URL", sink)
     assert main(["run"]) == 0
     booked = _booked(engine)
     screened = _meter(sim, MODERATIONS_ENDPOINT)
@@ -243,6 +253,18 @@ def test_a_changed_threshold_reroutes_and_pays_only_for_the_posts_passed_on(
     assert _meter(sim, MODERATIONS_ENDPOINT) == screened
     assert all(_decided(engine)[(t, "see you at the meetup")] == ("screen", "ok") for t in TENANTS)
     assert all(_applied(engine)[(t, "see you at the meetup")] == "ok" for t in TENANTS)
+    # The sink follows every re-route: each post's row names the stage that decided it now.
+    with platform.connect() as conn:
+        written = {
+            (str(t), str(p)): str(st)
+            for t, p, st in conn.execute(
+                sa.text("SELECT tenant_id, post_id, stage FROM moderation_labels")
+            )
+        }
+    platform.dispose()
+    decided = _decided(engine)
+    assert len(written) == len(POSTS)
+    assert sorted(written.values()) == sorted(stage for stage, _label in decided.values())
 
 
 def test_a_crash_in_the_judge_stage_repays_at_most_the_calls_in_flight(

@@ -217,6 +217,7 @@ def test_an_older_version_never_replaces_a_newer_one_in_the_sink(
             "labelled_at": dt.datetime(2026, 1, 1),
             "written_at": dt.datetime(2026, 1, 2),
             "p_label": None,
+            "stage": None,
         }
         return tuple(values[c.name] for c in table.columns)
 
@@ -305,6 +306,8 @@ def test_p_label_reaches_a_sink_with_the_column_and_a_table_made_before_it_still
         f"p{i:03d}": 0.75 for i in range(10)
     }
     assert all(r["p_label"] is None for k, r in rows.items() if k[1] >= "p010")
+    # One model's labels have no cascade stage: NULL in the stage column.
+    assert {r["stage"] for r in rows.values()} == {None}
     # An operator's table from before p_label: checked fine, written without it.
     old = f"sqlite:///{tmp_path / 'old-platform.db'}"
     legacy = sa.create_engine(old)

@@ -1,5 +1,6 @@
-"""A cascade of model stages: its file, checked with every problem's line, and which posts each
-stage decides (pure). docs/cascade.md.
+"""A cascade of model stages: its file, checked with every problem's line, which posts each
+stage decides, and the sweep of its thresholds over a gold set (``sweep.py``) (pure).
+docs/cascade.md.
 
 The names the settings and the CLI use are handed on here, so they import the package, not its
 modules."""
@@ -20,6 +21,7 @@ from backfill_assets.domain.cascade.file import (
     CascadeInvalid,
     CascadeStage,
     cascade_problems,
+    cascade_yaml,
     load_cascade,
     parse_cascade,
 )
@@ -36,6 +38,7 @@ __all__ = [
     "Decide",
     "FileProblem",
     "cascade_problems",
+    "cascade_yaml",
     "decides",
     "load_cascade",
     "parse_cascade",

@@ -335,6 +335,30 @@ def load_cascade(path: str | Path) -> Cascade:
     return parse_cascade(text, str(path))
 
 
+def cascade_yaml(cascade: Cascade, header: Sequence[str] = ()) -> str:
+    """The cascade as a file ``load_cascade`` reads back to the same stages and rules (its
+    ``routing_version`` and ``stage_version`` unchanged): every text double-quoted, so no name or
+    model is read as a number or a boolean, and each ``min_score`` as Python writes the float,
+    which YAML reads back to the same number. ``header``: comment lines above it."""
+    lines = [f"# {line}" for line in header]
+    lines.append("stages:")
+    for stage in cascade.stages:
+        lines += [
+            f"  - name: {_text(stage.name)}",
+            f"    dialect: {_text(stage.dialect)}",
+            f"    model: {_text(stage.model)}",
+        ]
+        if stage.decide is not None:
+            rule = stage.decide
+            lines.append(f"    decide: {{when: {rule.when}, min_score: {float(rule.min_score)!r}}}")
+    return "\n".join(lines) + "\n"
+
+
+def _text(value: str) -> str:
+    """A YAML double-quoted scalar: JSON's escapes are YAML's."""
+    return json.dumps(value, ensure_ascii=False)
+
+
 def cascade_problems(cascade: Cascade, policy: Policy) -> list[FileProblem]:
     """What stops ``policy`` from being read in each stage's dialect (its default variant), at
     that stage's line: ``openai-moderation`` needs the policy's ``dialects: openai-moderation:``

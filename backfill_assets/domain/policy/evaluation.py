@@ -114,13 +114,27 @@ def figures(
     confusion = {e: dict.fromkeys([*labels, NO_LABEL], 0) for e in labels}
     for e, p in zip(expected, got, strict=True):
         confusion[e][p] += 1
-    support = Counter(expected)
-    said = Counter(got)
+    unlabelled: Counter[str] = Counter()
+    if outcomes is not None:
+        unlabelled.update(o for p, o in zip(predicted, outcomes, strict=True) if p is None)
+    return confusion_figures(labels, confusion, dict(unlabelled))
+
+
+def confusion_figures(
+    labels: Sequence[str],
+    confusion: Mapping[str, Mapping[str, int]],
+    unlabelled: Mapping[str, int] | None = None,
+) -> Figures:
+    """``figures`` of the rows a confusion matrix counts (expected label -> answered label or
+    ``NO_LABEL`` -> rows, a row for each of ``labels``, every column in each), without the rows
+    themselves: a cascade's sweep measures thousands of settings this way."""
+    rows = sum(sum(row.values()) for row in confusion.values())
     per_label = []
     present: list[float] = []
     for label in labels:
         tp = confusion[label][label]
-        n_pred, n_true = said.get(label, 0), support.get(label, 0)
+        n_pred = sum(row[label] for row in confusion.values())
+        n_true = sum(confusion[label].values())
         precision = tp / n_pred if n_pred else None
         recall = tp / n_true if n_true else None
         f1 = (
@@ -143,18 +157,15 @@ def figures(
         )
         if n_true or n_pred:
             present.append(f1)
-    correct = sum(1 for e, p in zip(expected, got, strict=True) if e == p)
-    unlabelled: Counter[str] = Counter()
-    if outcomes is not None:
-        unlabelled.update(o for p, o in zip(predicted, outcomes, strict=True) if p is None)
+    correct = sum(confusion[label][label] for label in labels)
     return Figures(
-        rows=len(expected),
-        labels=labels,
+        rows=rows,
+        labels=tuple(labels),
         per_label=tuple(per_label),
-        accuracy=correct / len(expected) if expected else 0.0,
+        accuracy=correct / rows if rows else 0.0,
         macro_f1=sum(present) / len(present) if present else 0.0,
         confusion=confusion,
-        unlabelled=dict(unlabelled),
+        unlabelled=dict(unlabelled or {}),
     )
 
 
