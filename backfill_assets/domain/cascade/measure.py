@@ -11,7 +11,7 @@ comes with pandas, and only the sweep needs it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -138,31 +138,20 @@ class GoldArrays:
                 for e, row in zip(self.labels, counts, strict=True)
             }
             fig = confusion_figures(self.labels, confusion)
-            self._figures[key] = (fig.accuracy, fig.macro_f1, _interval(cells, len(self.labels)))
+            self._figures[key] = (
+                fig.accuracy,
+                fig.macro_f1,
+                macro_f1_interval(cells, len(self.labels)),
+            )
         return self._figures[key]
 
 
 def macro_f1_interval(
-    cells: Mapping[tuple[str, str | None], int],
-    labels: Sequence[str],
-    resamples: int = RESAMPLES,
-    seed: int = SEED,
-) -> tuple[float, float]:
-    """The 95% percentile-bootstrap interval of macro-F1 over rows counted by (expected,
-    answered) pair (answered None: no label); ``labels``: those F1 is measured for."""
-    width = len(labels) + 1
-    index = {label: i for i, label in enumerate(labels)}
-    counts = _np().zeros(len(labels) * width, dtype=_np().int64)
-    for (expected, answered), n in cells.items():
-        counts[index[expected] * width + index.get(answered or "", len(labels))] += n
-    return _interval(counts, len(labels), resamples, seed)
-
-
-def _interval(
     counts: Any, labels: int, resamples: int = RESAMPLES, seed: int = SEED
 ) -> tuple[float, float]:
-    """``macro_f1_interval`` over a confusion matrix as flat counts (``labels`` rows of
-    ``labels + 1`` columns, the last for no label)."""
+    """The 95% percentile-bootstrap interval of macro-F1 over the rows a confusion matrix
+    counts, given as flat counts: ``labels`` rows (expected) of ``labels + 1`` columns
+    (answered; the last: no label)."""
     np = _np()
     n = int(counts.sum())
     if n == 0:

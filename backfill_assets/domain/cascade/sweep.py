@@ -14,16 +14,18 @@ The grid: 0.50 to 0.99 by 0.01, then 0.995 and 0.999, plus the file's own ``min_
 With one thresholded stage, both ``when`` rules are tried (107 settings or fewer). With more,
 each stage keeps the file's ``when``, and its values are off, its own and ``j`` spread evenly
 over the grid, ``j`` the largest that keeps the product of the stages' choices at most
-``MAX_SETTINGS`` (3,000): two thresholded stages get the whole grid (54 x 54), three 14 each.
+``MAX_SETTINGS`` (3,000): two thresholded stages get the whole grid (53 x 53 when the file's own
+values are on it), three 14 choices each, seven 3.
 
-Macro-F1 and accuracy are ``domain/policy/evaluation.py``'s ``figures``. The 95% interval of
+Macro-F1 and accuracy are what ``domain/policy/evaluation.py``'s ``figures`` computes for the
+setting's labels (``confusion_figures``, from their confusion matrix). The 95% interval of
 macro-F1 is a percentile bootstrap over the gold rows: ``RESAMPLES`` resamples of n rows drawn
 with replacement, each one's macro-F1 computed as ``figures`` does (the mean F1 over the labels
 that occur in its expected or answered labels), the interval their 2.5th and 97.5th percentiles
 (linear interpolation). Rows with the same (expected, answered) pair are interchangeable for
 macro-F1, so a resample is drawn as multinomial counts of those pairs (the same distribution
 as drawing rows, at a cost that does not grow with n), from numpy's PCG64 seeded with ``SEED``:
-the same answers give the same interval on every run.
+the same answers give the same interval on every run. ``measure.py`` measures every setting.
 """
 
 from __future__ import annotations
@@ -36,18 +38,8 @@ from typing import Any
 
 from backfill_assets.domain.cascade.decide import ANY_LABEL, NONE_LABEL, WHENS, Decide, decides
 from backfill_assets.domain.cascade.file import Cascade
-from backfill_assets.domain.cascade.measure import (
-    OFF,
-    RESAMPLES,
-    SEED,
-    GoldArrays,
-    GoldPost,
-    Setting,
-    StageAnswer,
-)
+from backfill_assets.domain.cascade.measure import OFF, GoldArrays, GoldPost, Setting, StageAnswer
 from backfill_assets.domain.money.nanos import usd_text, whole_nanos
-
-__all__ = ["RESAMPLES", "SEED", "GoldPost", "StageAnswer"]  # handed on: the sweep's inputs
 
 GRID: tuple[float, ...] = (*(round(0.5 + k / 100, 2) for k in range(50)), 0.995, 0.999)
 MAX_SETTINGS = 3_000
