@@ -79,6 +79,20 @@ def _price(value: str) -> tuple[str, tuple[str, str, str]]:
     return model, (parts[0], parts[1], parts[2])
 
 
+def _accuracy(value: str) -> tuple[str, dict[str, float]]:
+    model, _, rest = value.partition("=")
+    parts = rest.split(",")
+    try:
+        shares = [float(p) for p in parts]
+        if not model or len(parts) != 3 or not all(0.0 <= p <= 1.0 for p in shares):
+            raise ValueError(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected MODEL=EASY,MEDIUM,HARD, each within [0, 1], got {value!r}"
+        ) from None
+    return model, dict(zip(("easy", "medium", "hard"), shares, strict=True))
+
+
 def _positive_seconds(value: str) -> float:
     number = _seconds(value)
     if number == 0.0:
@@ -304,6 +318,17 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
     )
     _add_hostile_arguments(parser)
     _add_guard_arguments(parser)
+    corpus = parser.add_argument_group("Corpus (answers by true label; docs/providers.md)")
+    corpus.add_argument("--corpus", metavar="FILE", help="corpus.json of providersim.corpus")
+    corpus.add_argument(
+        "--accuracy",
+        action="append",
+        default=[],
+        type=_accuracy,
+        metavar="MODEL=EASY,MEDIUM,HARD",
+        help="how often a model (or a name prefix) answers a corpus post's true label, per "
+        "difficulty; repeatable, over the built-in table",
+    )
 
 
 def config_from_args(ns: argparse.Namespace) -> SimConfig:
@@ -341,4 +366,6 @@ def config_from_args(ns: argparse.Namespace) -> SimConfig:
         batch_list_lag_ms=ns.batch_list_lag_ms,
         batch_usage_shape=ns.batch_usage_shape,
         **_guard_settings(ns),
+        corpus=ns.corpus,
+        **({"accuracy": {**SimConfig().accuracy, **dict(ns.accuracy)}} if ns.accuracy else {}),
     )

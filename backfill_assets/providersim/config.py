@@ -10,6 +10,8 @@ from typing import Annotated, Literal, get_args
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from backfill_assets.providersim.corpus import DEFAULT_ACCURACY, Accuracy, CorpusFile
+
 FaultKind = Literal[
     "500",
     "502",
@@ -221,6 +223,17 @@ class SimConfig(BaseModel):
         description="Pinned moderation scores: sha256 hex of an input text (UTF-8) -> "
         "{category: score in [0, 1]}; the named categories replace the computed scores of "
         "that text on POST /v1/moderations (and in batch lines), the others stay computed.",
+    )
+    corpus: CorpusFile | None = Field(
+        default=None,
+        description="The truth of a corpus (corpus.py's corpus.json, parsed, or its path): a "
+        "post in it is answered (chat-json, moderations) by its true label, right as often as "
+        "'accuracy' says; a post not in it as without it.",
+    )
+    accuracy: dict[str, Accuracy] = Field(
+        default_factory=lambda: dict(DEFAULT_ACCURACY),
+        description="Model name or prefix (the longest wins) -> the probability it answers a "
+        "corpus post's true label, per difficulty; a model not listed: corpus.CHEAP.",
     )
     guard_answers: GuardPins = Field(
         default_factory=dict,

@@ -6,7 +6,8 @@ here, content faults do. Each answer is a 200 and books exactly one ``BilledCall
 
 - chat-json (any other chat model): ``answers.answer_content``, completion tokens counted by
   ``count_tokens``, and with ``logprobs: true`` its tokens' log-probabilities
-  (``answers.answer_logprobs``: the label's value at a probability drawn from the key);
+  (``answers.answer_logprobs``: the label's value at a probability drawn from the key); a post
+  of ``SimConfig.corpus`` is answered by its truth (``answers.corpus_answer``);
 - Llama Guard on the chat route (built-in categories) and on ``/v1/completions`` (the prompt's
   categories): ``guard_models/llama_guard.py`` and ``llama_guard_wire.py``, completion
   tokens the answer's tokens;
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from backfill_assets.providers.models.rules import count_tokens
-from backfill_assets.providersim.answers import answer_content, answer_logprobs
+from backfill_assets.providersim.answers import answer_content, answer_logprobs, corpus_answer
 from backfill_assets.providersim.billing.meter import (
     CHAT_ENDPOINT,
     COMPLETIONS_ENDPOINT,
@@ -98,17 +99,14 @@ class Dialects:
 
     def chat_json(self, call: AdmittedChat, request_id: str) -> Response:
         """The chat-json answer: the policy's JSON object within the request's schema."""
-        chat = call.chat
-        content, finish_reason = answer_content(
-            call.fault, call.correlation_id, call.post, chat.response_schema
-        )
+        chat, cid, schema = call.chat, call.correlation_id, call.chat.response_schema
+        given = corpus_answer(self._config, chat.model, call.post, schema)
+        content, finish_reason = answer_content(call.fault, cid, call.post, schema, given)
         completion = count_tokens(content)
-        usage = self._bill(request_id, call.correlation_id, chat, call.prompt, completion)
-        logprobs = (
-            answer_logprobs(content, call.correlation_id, chat.top_logprobs)
-            if chat.logprobs
-            else None
-        )
+        usage = self._bill(request_id, cid, chat, call.prompt, completion)
+        p_label = given.p_label if given is not None else None
+        top = chat.top_logprobs
+        logprobs = answer_logprobs(content, cid, top, p_label) if chat.logprobs else None
         body = completion_body(
             chat.model, content, finish_reason, usage, chat.service_tier, logprobs
         )
@@ -157,7 +155,7 @@ class Dialects:
 
     def moderation(self, call: AdmittedModeration, request_id: str) -> Response:
         """The moderation answer, billed at zero."""
-        body = moderation_body(call.request, self._config.moderation_scores, call.fault)
+        body = moderation_body(call.request, self._config, call.fault)
         # Free, but billed as a call all the same: ledgers count calls as well as cost.
         self._meter.bill(
             BilledCall(

@@ -22,8 +22,9 @@ types a category does not cover (images, for most of them), which never reach a 
 Scores are a deterministic function of the text: the highest weight among the phrases of
 ``_PHRASES`` found in it (whole lower-cased words), plus a jitter below 0.01 drawn from a hash of
 the category and the text, so the same text always scores the same and text matching nothing
-scores below 0.05 in every category. ``SimConfig.moderation_scores`` pins scores per text
-(keyed by the sha256 hex of the text's UTF-8). ``sexual/minors`` has no phrase: pin it.
+scores below 0.05 in every category. A text of ``SimConfig.corpus`` is scored by its truth
+instead (``corpus_scores``). ``SimConfig.moderation_scores`` pins scores per text (keyed by the
+sha256 hex of the text's UTF-8), over both. ``sexual/minors`` has no phrase: pin it.
 
 The correlation id of a request (for ``fault_by_key``, fault draws and the meter) is the sha256
 hex of its first input's text: the product sends no key on this endpoint. Its rate-limit charge
@@ -46,7 +47,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from backfill_assets.providers.models.rules import count_tokens
-from backfill_assets.providersim.config import MODERATION_CATEGORIES, FaultKind
+from backfill_assets.providersim.config import MODERATION_CATEGORIES, FaultKind, SimConfig
+from backfill_assets.providersim.corpus import accuracy_of, text_sha
 from backfill_assets.providersim.faults import unit_draw
 from backfill_assets.providersim.wire import ApiError
 
@@ -215,22 +217,64 @@ def _phrase_scores(text: str) -> dict[str, float]:
     return found
 
 
-def category_scores(text: str, pins: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
-    """The 13 scores of ``text``: phrase weights plus jitter, then any pinned scores."""
-    hits = _phrase_scores(text)
+# A corpus post's category score, drawn within these: a harmful post's when the endpoint is
+# right (by difficulty) and when it is wrong; a harmless medium or hard post's when it is right
+# (by difficulty) and when it is wrong (a false alarm at any threshold up to 0.5).
+_SHOWN = {"easy": (0.85, 0.99), "medium": (0.7, 0.9), "hard": (0.6, 0.8)}
+_MISSED = (0.02, 0.3)
+_LOOKS_LIKE = {"medium": (0.01, 0.15), "hard": (0.05, 0.3)}
+_FALSE_ALARM = (0.5, 0.6)
+
+
+def corpus_scores(config: SimConfig, model: str, text: str) -> dict[str, float] | None:
+    """The 13 scores of a text of ``config.corpus`` (None: not in it): every category near 0
+    (below 0.01) but the one the post shows as, scored by whether ``model`` is right on it
+    (``config.accuracy``, drawn from the seed, the model and the text). A harmless easy post
+    keeps every category below 0.01; a post whose label has no category too."""
+    corpus = config.corpus
+    truth = corpus.truth(text) if corpus is not None else None
+    if corpus is None or truth is None:
+        return None
+    key = text_sha(text)
+
+    def draw(*what: str) -> float:
+        return unit_draw(config.seed, "corpus", model, key, *what)
+
+    scores = {c: round(_FLOOR + draw(c) * (_JITTER - 0.001), 6) for c in MODERATION_CATEGORIES}
+    harmful = truth.label != corpus.none_label
+    if truth.category is None or (not harmful and truth.difficulty == "easy"):
+        return scores
+    right = draw() < accuracy_of(config.accuracy, model, truth.difficulty)
+    if harmful:
+        low, high = _SHOWN[truth.difficulty] if right else _MISSED
+    else:
+        low, high = _LOOKS_LIKE[truth.difficulty] if right else _FALSE_ALARM
+    scores[truth.category] = round(low + draw("score") * (high - low), 6)
+    return scores
+
+
+def category_scores(
+    text: str, pins: Mapping[str, Mapping[str, float]], truth: dict[str, float] | None = None
+) -> dict[str, float]:
+    """The 13 scores of ``text``: phrase weights plus jitter (or ``truth``, a corpus post's
+    scores), then any pinned scores."""
+    hits = _phrase_scores(text) if truth is None else {}
     scores: dict[str, float] = {}
     for category in MODERATION_CATEGORIES:
         jitter = unit_draw("moderation", category, text) * _JITTER
         # A hit lands within half the jitter of its weight; a miss stays just above zero.
         base = hits[category] - _JITTER / 2 if category in hits else _FLOOR
         scores[category] = round(min(1.0, base + jitter), 6)
+    scores.update(truth or {})
     scores.update(pins.get(text_key(text), {}))
     return scores
 
 
-def moderation_result(text: str, pins: Mapping[str, Mapping[str, float]]) -> dict[str, Any]:
-    """One entry of ``results`` for ``text``."""
-    scores = category_scores(text, pins)
+def moderation_result(
+    text: str, pins: Mapping[str, Mapping[str, float]], truth: dict[str, float] | None = None
+) -> dict[str, Any]:
+    """One entry of ``results`` for ``text`` (``truth``: a corpus post's scores)."""
+    scores = category_scores(text, pins, truth)
     categories = {category: score >= FLAG_THRESHOLD for category, score in scores.items()}
     return {
         "flagged": any(categories.values()),
@@ -241,13 +285,14 @@ def moderation_result(text: str, pins: Mapping[str, Mapping[str, float]]) -> dic
 
 
 def moderation_answer(
-    request: ModerationRequest,
-    pins: Mapping[str, Mapping[str, float]],
-    fault: FaultKind | None = None,
+    request: ModerationRequest, config: SimConfig, fault: FaultKind | None = None
 ) -> dict[str, Any]:
     """The answer to ``request`` as JSON data, distorted by a ``wrong_key``, ``unknown_label``
     or ``bad_confidence`` fault (``malformed`` is applied to the encoded body)."""
-    results = [moderation_result(text, pins) for text in request.texts]
+    pins, model = config.moderation_scores, request.model
+    results = [
+        moderation_result(text, pins, corpus_scores(config, model, text)) for text in request.texts
+    ]
     if fault == "wrong_key":
         results = results[:-1]
     elif fault == "unknown_label":
@@ -264,10 +309,8 @@ def cut_off(encoded: str) -> str:
 
 
 def moderation_body(
-    request: ModerationRequest,
-    pins: Mapping[str, Mapping[str, float]],
-    fault: FaultKind | None = None,
+    request: ModerationRequest, config: SimConfig, fault: FaultKind | None = None
 ) -> bytes:
     """The 200 body for ``request``, distorted as the content ``fault`` says (module docstring)."""
-    encoded = json.dumps(moderation_answer(request, pins, fault))
+    encoded = json.dumps(moderation_answer(request, config, fault))
     return (cut_off(encoded) if fault == "malformed" else encoded).encode("utf-8")

@@ -32,7 +32,12 @@ from typing import Any
 
 from backfill_assets.providers.models.rules import count_tokens
 from backfill_assets.providersim.access import refusal
-from backfill_assets.providersim.answers import answer_content, answer_logprobs, fault_error
+from backfill_assets.providersim.answers import (
+    answer_content,
+    answer_logprobs,
+    corpus_answer,
+    fault_error,
+)
 from backfill_assets.providersim.billing.meter import MODERATIONS_ENDPOINT, BilledCall, Meter
 from backfill_assets.providersim.billing.pricing import call_cost_nanos
 from backfill_assets.providersim.billing.usage import billed_prompt, cached_tokens, usage_body
@@ -248,8 +253,9 @@ def answer_line(config: SimConfig, meter: Meter, line: BatchLine, batch_id: str)
     if line.moderation is not None:
         return _moderation_line(config, meter, line, line.moderation, fault, request_id, batch_id)
     assert line.chat is not None  # a line holds one request or the other
+    given = corpus_answer(config, model, line.post, line.chat.response_schema)
     content, finish_reason = answer_content(
-        fault, line.correlation_id, line.post, line.chat.response_schema
+        fault, line.correlation_id, line.post, line.chat.response_schema, given
     )
     completion = count_tokens(content)
     cached = cached_tokens(line.prompt, config.cached_prefix_tokens)
@@ -270,8 +276,11 @@ def answer_line(config: SimConfig, meter: Meter, line: BatchLine, batch_id: str)
     )
     usage = usage_body(config.batch_usage_shape, line.prompt, completion, cached)
     chat = line.chat
+    p_label = given.p_label if given is not None else None
     logprobs = (
-        answer_logprobs(content, line.correlation_id, chat.top_logprobs) if chat.logprobs else None
+        answer_logprobs(content, line.correlation_id, chat.top_logprobs, p_label)
+        if chat.logprobs
+        else None
     )
     body = completion_body(model, content, finish_reason, usage, "default", logprobs)
     return _output_line(
@@ -302,7 +311,7 @@ def _moderation_line(
             endpoint=MODERATIONS_ENDPOINT,
         )
     )
-    answer = moderation_answer(request, config.moderation_scores, fault)
+    answer = moderation_answer(request, config, fault)
     body: Any = cut_off(json.dumps(answer)) if fault == "malformed" else answer
     return _output_line(
         line.custom_id, {"status_code": 200, "request_id": request_id, "body": body}, None
