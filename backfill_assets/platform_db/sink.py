@@ -45,8 +45,10 @@ def sink_table(name: str = DEFAULT_TABLE, optional: Sequence[str] = OPTIONAL) ->
     none was given; ``stage``: the cascade stage that decided, NULL for one model), after the
     others."""
     schema, table = split_table_name(name)
-    types = {"p_label": sa.Float, "stage": sa.Text}
-    extra = [sa.Column(c, types[c], nullable=True) for c in OPTIONAL if c in optional]
+    types: dict[str, Any] = {"p_label": sa.Float, "stage": sa.Text}
+    extra: list[sa.Column[Any]] = [
+        sa.Column(c, types[c], nullable=True) for c in OPTIONAL if c in optional
+    ]
     return sa.Table(
         table,
         sa.MetaData(schema=schema),
