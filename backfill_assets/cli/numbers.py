@@ -114,3 +114,16 @@ def margin_share(raw: str) -> float:
     if not 0.0 <= value <= 90.0:
         raise argparse.ArgumentTypeError(f"{shown(raw)} must be within 0 and 90 (percent)")
     return value / 100.0
+
+
+def share(what: str) -> Callable[[str], float]:
+    """An argparse ``type``: a finite number from 0 to 1 (``--target-macro-f1``)."""
+
+    def parse(text: str) -> float:
+        try:
+            return float(decimal_number(text, Decimal(0), Decimal(1), what))
+        except OutOfRange as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parse.__name__ = "share"
+    return parse

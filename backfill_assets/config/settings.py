@@ -144,6 +144,19 @@ class Settings(BaseModel):
         """The cascade in force (``BACKFILL_CASCADE_PATH``), None for one model."""
         return self._stages
 
+    def for_cascade(self, cascade: Cascade, env: Mapping[str, str], what: str) -> Settings:
+        """These settings with ``cascade`` in force instead (``evaluate --cascade FILE``, and the
+        file a sweep writes): its stages built from ``env`` as ``from_env`` builds
+        ``BACKFILL_CASCADE_PATH``'s, no stage's variables read as a region. ``what``: the name
+        a problem is reported under."""
+        cascades = [cascade] + ([self._stages.cascade] if self._stages is not None else [])
+        owned = stage_variables(env, [s.env_suffix for c in cascades for s in c.stages])
+        regions = region_base_urls({k: v for k, v in env.items() if k not in owned})
+        copy = self.model_copy(update={"region_base_urls": regions})
+        copy._stages = None
+        copy._stages = _stages_of(copy, cascade, env, what)
+        return copy
+
     def require_price(self) -> None:
         """For what prices or sends (``run``, ``dry-run``, ``evaluate``, ``launch``, the code
         location's runs): a real provider's model has a price, or SettingsError naming it. The
@@ -261,9 +274,13 @@ def _read_cascade(env: Mapping[str, str], model: ModelSettings) -> tuple[Cascade
     return cascade, stage_variables(env, [s.env_suffix for s in cascade.stages])
 
 
-def _stages_of(settings: Settings, cascade: Cascade, env: Mapping[str, str]) -> Stages:
+def _stages_of(
+    settings: Settings,
+    cascade: Cascade,
+    env: Mapping[str, str],
+    what: str = "BACKFILL_CASCADE_PATH",
+) -> Stages:
     """The cascade's stages; what a cascade cannot do yet is refused by name."""
-    what = "BACKFILL_CASCADE_PATH"
     if settings.model.model_backend != "openai":
         raise SettingsError(f"{what} needs BACKFILL_MODEL_BACKEND=openai")
     served_by_vllm = [s for s in cascade.stages if s.dialect in ("llama-guard", "safeguard")]

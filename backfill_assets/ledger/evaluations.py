@@ -27,6 +27,10 @@ from backfill_assets.ledger.tables import (
 )
 
 EVALUATION = "evaluation"
+# Report fields: the mapping version the labels were read under (a cascade's decide rules are
+# in it), and the threshold sweep that chose the setting evaluated.
+MAPPING_FIELD = "mapping_version"
+SWEEP_FIELD = "sweep"
 _IN_CHUNK = 5_000
 
 
@@ -71,13 +75,16 @@ def claim_tenant(conn: Connection, tenant_id: str) -> bool:
 class Answer:
     """What a policy answered for one gold post: a label (None if none was accepted), its
     rule ids, the outcome (``accepted``, a dead letter's, or ``missing``), and with a label
-    its score and the score's source (``label_score``)."""
+    its score and the score's source (``label_score``), and the stored confidence and
+    ``p_label`` it was read from (a cascade's stage score, ``stage_score``, needs both)."""
 
     label: str | None
     rule_ids: tuple[str, ...]
     outcome: str
     score: float | None = None
     score_source: str | None = None
+    confidence: float | None = None
+    p_label: float | None = None
 
 
 def _chunks(items: Sequence[str]) -> Iterable[list[str]]:
@@ -118,6 +125,8 @@ def answers(
                 "accepted",
                 score,
                 source,
+                float(confidence),
+                None if p_label is None else float(p_label),
             )
         for key, outcome in conn.execute(
             sa.select(dead_letters.c.key, dead_letters.c.outcome).where(
@@ -147,6 +156,29 @@ def booked(conn: Connection, tenant_id: str, keys: Sequence[str]) -> tuple[int, 
         totals[2] += int(row[2])
         totals[3] += int(row[3])
     return totals[0], totals[1], totals[2], totals[3]
+
+
+def booked_by_key(
+    conn: Connection, tenant_id: str, keys: Sequence[str]
+) -> dict[str, tuple[int, int, int, int]]:
+    """Per key: (tokens in, tokens out, nano-dollars, calls) the ledger booked for it (keys
+    never booked are left out)."""
+    le = ledger_events
+    out: dict[str, tuple[int, int, int, int]] = {}
+    for chunk in _chunks(sorted(keys)):
+        for key, tokens_in, tokens_out, nanos, calls in conn.execute(
+            sa.select(
+                le.c.key,
+                sa.func.coalesce(sa.func.sum(le.c.tokens_in), 0),
+                sa.func.coalesce(sa.func.sum(le.c.tokens_out), 0),
+                sa.func.coalesce(sa.func.sum(le.c.cost_nanos), 0),
+                sa.func.count(),
+            )
+            .where(le.c.tenant_id == tenant_id, le.c.type == EventKind.USAGE, le.c.key.in_(chunk))
+            .group_by(le.c.key)
+        ):
+            out[str(key)] = (int(tokens_in), int(tokens_out), int(nanos), int(calls))
+    return out
 
 
 def record(
@@ -237,13 +269,39 @@ def latest_evaluations(conn: Connection) -> list[Evaluation]:
     return [_evaluation(r) for r in rows]
 
 
-def latest_evaluation(conn: Connection, key_version: str, model: str) -> Evaluation | None:
-    """The latest evaluation of a policy version with a model (None: never evaluated)."""
+def latest_evaluation(
+    conn: Connection, key_version: str, model: str, mapping: str | None = None
+) -> Evaluation | None:
+    """The latest evaluation of a policy version with a model (None: never evaluated);
+    with ``mapping``, the latest whose report names that mapping version (a cascade's decide
+    rules: ``MAPPING_FIELD``)."""
     pe = policy_evaluations
-    row = conn.execute(
+    query = sa.select(pe).where(pe.c.key_version == key_version, pe.c.model == model)
+    if mapping is None:
+        row = conn.execute(query.order_by(pe.c.id.desc()).limit(1)).first()
+        return None if row is None else _evaluation(row)
+    # Narrowed in SQL by the report's text (sorted-key JSON), then checked on the parsed report.
+    quoted = json.dumps({MAPPING_FIELD: mapping})[1:-1]
+    for row in conn.execute(
+        query.where(pe.c.report.contains(quoted, autoescape=True)).order_by(pe.c.id.desc())
+    ):
+        found = _evaluation(row)
+        if found.report.get(MAPPING_FIELD) == mapping:
+            return found
+    return None
+
+
+def latest_sweep(conn: Connection, model: str) -> Evaluation | None:
+    """The latest evaluation of ``model`` (a cascade's) recorded by a threshold sweep: its
+    report holds the sweep (``SWEEP_FIELD``)."""
+    pe = policy_evaluations
+    quoted = json.dumps(SWEEP_FIELD) + ": {"
+    for row in conn.execute(
         sa.select(pe)
-        .where(pe.c.key_version == key_version, pe.c.model == model)
+        .where(pe.c.model == model, pe.c.report.contains(quoted, autoescape=True))
         .order_by(pe.c.id.desc())
-        .limit(1)
-    ).first()
-    return None if row is None else _evaluation(row)
+    ):
+        found = _evaluation(row)
+        if isinstance(found.report.get(SWEEP_FIELD), dict):
+            return found
+    return None

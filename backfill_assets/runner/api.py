@@ -25,6 +25,7 @@ from backfill_assets.defs.model_resources import (
     versions_for,
 )
 from backfill_assets.defs.partitions import ensure_partitions, partition_key_for, partition_ref
+from backfill_assets.defs.reporting.cascade_sweep import sweep_cascade
 from backfill_assets.defs.reporting.evaluation import (
     comparison,
     evaluate_policies,
@@ -38,6 +39,7 @@ from backfill_assets.defs.reporting.evaluation_report import (
     AGAINST,
     ReportDirError,
     check_report_dir,
+    write_frontier,
     write_report,
 )
 from backfill_assets.defs.reporting.usage import REPRICE_COLUMNS, USAGE_COLUMNS, reprice, usage_csv
@@ -141,6 +143,7 @@ __all__ = [
     "sink_of",
     "stage_models",
     "store_gold",
+    "sweep_cascade",
     "usage_csv",
     "utc",
     "verify_store",
@@ -148,6 +151,7 @@ __all__ = [
     "with_levels",
     "write_back",
     "write_export",
+    "write_frontier",
     "write_report",
 ]
 

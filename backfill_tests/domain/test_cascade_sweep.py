@@ -296,7 +296,8 @@ def test_the_chosen_setting_is_written_as_a_file_with_the_same_rules() -> None:
         )
     )
     setting = (Decide("none_label", 0.995), Decide("none_label", 0.51))
-    written = parse_cascade(cascade_yaml(with_setting(cascade, setting), ["chosen", "by a sweep"]))
+    header = ["chosen on gold\nstages: []", "by a sweep"]  # a file name may hold a line end
+    written = parse_cascade(cascade_yaml(with_setting(cascade, setting), header))
     assert written.routing_version() == with_setting(cascade, setting).routing_version()
     assert written.stage_version() == cascade.stage_version()
     assert [s.decide for s in written.stages] == [*setting, None]

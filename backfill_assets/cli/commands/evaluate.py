@@ -1,6 +1,7 @@
 """``evaluate GOLD [--policy FILE] [--against FILE] [--tenant T] [--report DIR]``: a policy
 measured on a gold set before the sweep, through the backfill's own keys, ledger and
-dispatcher, with its calibration (and with ``--report``, pictures of it)."""
+dispatcher, with its calibration (and with ``--report``, pictures of it). With ``--cascade
+FILE [--target-macro-f1 X] [--write FILE]``, a cascade's thresholds swept (``cascade.py``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from backfill_assets.cli.commands.cascade import plan_sweep, run_sweep
 from backfill_assets.cli.inputs import load_user_policy
+from backfill_assets.cli.numbers import share
 from backfill_assets.cli.process import freeze_heap
 from backfill_assets.cli.tables import Human, emit, table
 from backfill_assets.domain.errors import UserError
@@ -55,6 +58,26 @@ def add_evaluate_command(add: Callable[[str, str], argparse.ArgumentParser]) -> 
         help="also write confusion_matrix.png, reliability.png, precision_recall.png and "
         "calibration.json into DIR (made if missing; with --against, the baseline's in "
         "DIR/against)",
+    )
+    sp.add_argument(
+        "--cascade",
+        metavar="FILE",
+        help="sweep this cascade file's thresholds: every gold post through every stage once, "
+        "then each setting's decided shares, cost per 1,000 posts and macro-F1 with its 95%% "
+        "interval, and the frontier (docs/cascade.md)",
+    )
+    sp.add_argument(
+        "--target-macro-f1",
+        metavar="X",
+        type=share("a macro-F1"),
+        help="with --cascade: choose the cheapest setting whose macro-F1 interval's lower bound "
+        "reaches X (0 to 1); exit 1 when none does",
+    )
+    sp.add_argument(
+        "--write",
+        metavar="FILE",
+        help="with --target-macro-f1: write the chosen setting as a cascade file here "
+        "(default: print it)",
     )
     sp.set_defaults(func=cmd_evaluate)
 
@@ -149,7 +172,6 @@ def cmd_evaluate(args: argparse.Namespace, settings: Settings) -> int:
         check_report_dir,
         comparison,
         evaluate_policies,
-        gate_result,
         gold_sha256,
         model_resource,
         read_gold,
@@ -163,7 +185,9 @@ def cmd_evaluate(args: argparse.Namespace, settings: Settings) -> int:
         tenant = validate_tenant_id(args.tenant)
     except InvalidTenantId as exc:
         raise UserError(f"argument --tenant: {exc}") from None
-    settings.require_price()
+    plan = plan_sweep(args, settings)  # --cascade: its file checked before the store opens
+    if plan is None:
+        settings.require_price()
     if settings.stages() is not None and (args.policy or args.against):
         # A cascade is evaluated as it is configured: its stages under the policy in force.
         raise UserError("--policy and --against evaluate one model: not with BACKFILL_CASCADE_PATH")
@@ -186,6 +210,8 @@ def cmd_evaluate(args: argparse.Namespace, settings: Settings) -> int:
     except CustomerTenant as exc:
         raise UserError(f"argument --tenant: {exc}") from None
     model = model_resource(settings)
+    if plan is not None:
+        return _sweep(args, settings, plan, engine, gold, tenant, report_dir)
     options = RunResource.of(settings).run_options(model, settings.drills.faults())
     try:
         results = evaluate_policies(
@@ -204,10 +230,7 @@ def cmd_evaluate(args: argparse.Namespace, settings: Settings) -> int:
         ],
         "policies": [r.report for r in results],
     }
-    human: list[Human] = [
-        f"{'line' if r.rows == 1 else f'{r.rows} lines from'} {r.line}: {r.reason}"
-        for r in gold.rejected
-    ]
+    human = _rejected(gold)
     for result in results:
         human += _human(result.report)
     if report_dir is not None:
@@ -219,17 +242,46 @@ def cmd_evaluate(args: argparse.Namespace, settings: Settings) -> int:
         kappa = "-" if cmp["kappa"] is None else f"{cmp['kappa']:.3f}"
         human += [f"agreement {cmp['agreement']:.1%}, Cohen's kappa {kappa}", _transitions(cmp)]
     # The UI shows it beside the backfill: policy_evaluation's metadata and its gate check.
-    current = settings.rubric()
-    gate = settings.policy_gate()
-    check_result = gate_result(engine, current, model.model, gate)
+    check_result = _record_in_dagster(settings, engine, settings.rubric(), model.model)
     doc["gate"] = {"passed": check_result.passed, "summary": check_result.summary}
-    if gate is not None:
+    if settings.policy_gate() is not None:
         human.append(
             f"gate: {'passed' if check_result.passed else 'FAILED'}: {check_result.summary}"
         )
-    _record_in_dagster(settings, engine, current, model.model, check_result)
     emit(args, doc, *human)
     return 0
+
+
+def _sweep(
+    args: argparse.Namespace,
+    settings: Settings,
+    plan: Any,
+    engine: Any,
+    gold: Any,
+    tenant: str,
+    report_dir: Path | None,
+) -> int:
+    """``--cascade``: the sweep (``cascade.py``), then ``policy_evaluation`` as evaluate
+    records it."""
+    from backfill_assets.runner.api import RunStopped, gold_sha256, model_resource
+
+    source = (str(Path(args.gold).resolve()), gold_sha256(args.gold))
+    try:
+        doc, human, code = run_sweep(args, plan, engine, gold, tenant, source, report_dir)
+    except RunStopped as exc:
+        emit(args, {"ok": False, "error": str(exc)}, f"evaluation stopped: {exc}")
+        return 1
+    _record_in_dagster(settings, engine, settings.rubric(), model_resource(settings).model)
+    emit(args, doc, *_rejected(gold), *human)
+    return int(code)
+
+
+def _rejected(gold: Any) -> list[Human]:
+    """The gold set's rejected rows, each with its line."""
+    return [
+        f"{'line' if r.rows == 1 else f'{r.rows} lines from'} {r.line}: {r.reason}"
+        for r in gold.rejected
+    ]
 
 
 def _write_reports(engine: Any, folder: Path, results: list[Any]) -> dict[str, Any]:
@@ -247,18 +299,20 @@ def _write_reports(engine: Any, folder: Path, results: list[Any]) -> dict[str, A
     return {"dir": str(folder), "files": [str(p) for p in written]}
 
 
-def _record_in_dagster(
-    settings: Settings, engine: Any, rubric: Rubric, model: str, check_result: Any
-) -> None:
+def _record_in_dagster(settings: Settings, engine: Any, rubric: Rubric, model: str) -> Any:
+    """``policy_evaluation`` and its gate check for the policy (and model) in force, as the UI
+    shows them; returns the gate's result."""
     import dagster as dg
 
     from backfill_assets.runner.api import (
         POLICY_EVALUATION,
         evaluation_metadata,
         gate_evaluation,
+        gate_result,
         instance,
     )
 
+    check_result = gate_result(engine, rubric, model, settings.policy_gate())
     inst = instance(settings)
     try:
         inst.report_runless_asset_event(
@@ -269,3 +323,4 @@ def _record_in_dagster(
         inst.report_runless_asset_event(gate_evaluation(check_result))
     finally:
         inst.dispose()
+    return check_result

@@ -21,6 +21,7 @@ from typing import Any
 import dagster as dg
 from sqlalchemy.engine import Engine
 
+from backfill_assets.config.stages import CASCADE_MODEL
 from backfill_assets.config.variables import StoreSettings
 from backfill_assets.defs.asset_keys import POLICY_EVALUATION
 from backfill_assets.defs.model_resources import (
@@ -30,11 +31,13 @@ from backfill_assets.defs.model_resources import (
     versions_for,
 )
 from backfill_assets.defs.partitions import partition_key_for
-from backfill_assets.defs.reporting.evaluation_report import report_links
+from backfill_assets.defs.reporting.cascade_gold import own_setting, read_stored, routed
+from backfill_assets.defs.reporting.evaluation_report import frontier_link, report_links
 from backfill_assets.defs.reporting.evaluation_tables import (
     calibration_table,
     confusion_table,
     evaluations_table,
+    frontier_table,
     per_label_table,
 )
 from backfill_assets.defs.sealing import NO_CONFIG
@@ -74,6 +77,15 @@ def store_gold(engine: Engine, gold: GoldSet, tenant: str, source: str, target: 
     raise_slice_levels(engine, [tenant], target)
 
 
+def gold_refs(engine: Engine, tenant: str) -> list[PartitionRef]:
+    """The partitions of the tenant that holds the gold set, at its slice level."""
+    refs = with_levels(
+        engine,
+        [PartitionRef(partition_key_for(tenant, s), tenant, i) for i, s in enumerate(SLICE_KEYS)],
+    )
+    return [r for r in refs if r.slices]
+
+
 @dataclass
 class PolicyResult:
     """One policy's evaluation: its figures as a JSON report, each row's answer, and the id
@@ -86,7 +98,7 @@ class PolicyResult:
     evaluation_id: int
 
 
-def _report(
+def gold_report(
     rubric: Rubric,
     versions: Versions,
     gold: GoldSet,
@@ -120,6 +132,8 @@ def _report(
         "policy_id": rubric.policy.policy_id,
         "version": rubric.policy.version,
         "model": versions.model,
+        # A cascade's decide rules are in it: the gate reads the evaluation of the rules in force.
+        evals.MAPPING_FIELD: versions.mapping,
         "rows": n,
         "accuracy": fig.accuracy,
         "macro_f1": fig.macro_f1,
@@ -152,11 +166,7 @@ def evaluate_policies(
 ) -> list[PolicyResult]:
     """Label the gold set under each policy (what is done already is not sent again), then
     compute and store each one's figures. ``source``: the gold file's name and sha256."""
-    refs = with_levels(
-        engine,
-        [PartitionRef(partition_key_for(tenant, s), tenant, i) for i, s in enumerate(SLICE_KEYS)],
-    )
-    refs = [r for r in refs if r.slices]
+    refs = gold_refs(engine, tenant)
     ids = [row.post.post_id for row in gold.rows]
     wanted = set(ids)
     # A gold set is small and wanted now: one call per key, never a 24-hour batch.
@@ -167,10 +177,8 @@ def evaluate_policies(
         run_id = f"evaluate-{uuid.uuid4().hex[:12]}"
         # The calls of a cascade are its stages' (each under its own keys); its labels are
         # composed from them.
-        sent = [versions]
-        if isinstance(model, CascadeModelResource):
-            stages = stage_runs(model)
-            sent = [s.route.versions for s in stages]
+        stages = stage_runs(model) if isinstance(model, CascadeModelResource) else None
+        if stages is not None:
             reports = run_cascade(
                 engine, refs, stages, versions, rubric, run_id, sync, log, only_posts=wanted
             )
@@ -189,13 +197,19 @@ def evaluate_policies(
         calls_now = sum(r.stats.calls for r in reports)
         with read_tx(engine) as conn:
             answers = evals.answers(conn, tenant, ids, versions)
-            keys = [
-                work_key(v, tenant, row.post.post_id, row.post.content_hash)
-                for v in sent
-                for row in gold.rows
-            ]
-            spend = evals.booked(conn, tenant, keys)
-        report, labels = _report(rubric, versions, gold, answers, spend, calls_now)
+            if stages is None:
+                keys = [
+                    work_key(versions, tenant, i, row.post.content_hash)
+                    for i, row in zip(ids, gold.rows, strict=True)
+                ]
+                spend = evals.booked(conn, tenant, keys)
+            else:
+                # The calls the cascade's routes make: a stage's answer stored for a post its
+                # route does not reach (a sweep sends every post to every stage) is not its.
+                route = [s.route for s in stages]
+                stored = read_stored(conn, tenant, gold, route)
+                spend = routed(stored, own_setting(route), rubric.policy.none_label)[1]
+        report, labels = gold_report(rubric, versions, gold, answers, spend, calls_now)
         report["tenant"] = tenant
         report["gold"] = {"file": source[0], "sha256": source[1], "rows": len(ids)}
         with write_tx(engine) as conn:
@@ -233,10 +247,15 @@ class GateResult:
 def gate_result(engine: Engine, rubric: Rubric, model: str, gate: Gate | None) -> GateResult:
     """The gate for ``rubric`` with ``model``: its latest evaluation has enough gold rows of
     every label and its macro-F1 reaches the minimum (no gate set: always passes)."""
+    # A cascade's evaluation must be of the decide rules in force (its mapping version): a
+    # threshold changes no key, and the sweep records the setting it chose.
+    mapping = rubric.policy.mapping_version if model == CASCADE_MODEL else None
     with read_tx(engine) as conn:
-        latest = evals.latest_evaluation(conn, rubric.key_version, model)
+        latest = evals.latest_evaluation(conn, rubric.key_version, model, mapping)
     f1 = latest.macro_f1 if latest is not None else None
     who = f"policy {rubric.policy.identity} with model {model}"
+    if mapping is not None:
+        who += f" and these decide rules (mapping {mapping})"
     if gate is None:
         return GateResult(True, "no gate (BACKFILL_POLICY_MIN_MACRO_F1 is not set)", f1)
     bar = f"BACKFILL_POLICY_MIN_MACRO_F1={gate.min_macro_f1:g}"
@@ -275,9 +294,11 @@ def gate_result(engine: Engine, rubric: Rubric, model: str, gate: Gate | None) -
 def evaluation_metadata(engine: Engine, rubric: Rubric, model: str) -> dict[str, Any]:
     """What ``policy_evaluation`` shows: every version's latest evaluation, and the policy in
     force's per-label figures and confusion matrix."""
+    mapping = rubric.policy.mapping_version if model == CASCADE_MODEL else None
     with read_tx(engine) as conn:
         every = evals.latest_evaluations(conn)
-        current = evals.latest_evaluation(conn, rubric.key_version, model)
+        current = evals.latest_evaluation(conn, rubric.key_version, model, mapping)
+        swept = evals.latest_sweep(conn, CASCADE_MODEL)
     md: dict[str, Any] = {
         "evaluations": dg.MetadataValue.md(evaluations_table(every)),
         "policy": dg.MetadataValue.text(rubric.policy.identity),
@@ -296,6 +317,10 @@ def evaluation_metadata(engine: Engine, rubric: Rubric, model: str) -> dict[str,
             md["calibration"] = dg.MetadataValue.md(calibration_table(current.report))
         if current.report_dir is not None:
             md.update(report_links(current.report_dir))
+    if swept is not None:
+        md["cascade_frontier"] = dg.MetadataValue.md(frontier_table(swept.report))
+        if swept.report_dir is not None:
+            md.update(frontier_link(swept.report_dir))
     return md
 
 

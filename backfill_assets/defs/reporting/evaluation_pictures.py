@@ -1,5 +1,6 @@
 """The pictures of ``evaluate --report``, drawn from an evaluation's JSON report: the confusion
-matrix, the reliability diagram (overall and per label) and the precision-recall curves.
+matrix, the reliability diagram (overall and per label) and the precision-recall curves; with
+``--cascade``, the threshold sweep's cost against macro-F1.
 
 Figures are made with matplotlib's object API and its Agg canvas, never ``pyplot``: no GUI
 backend is chosen, no global figure state is kept, and nothing here needs a display. Titles
@@ -143,4 +144,67 @@ def precision_recall(report: dict[str, Any], path: Path) -> Path:
     )
     if ax.get_legend_handles_labels()[0]:
         ax.legend(loc="lower left", fontsize=8)
+    return _save(fig, path)
+
+
+def _cost(setting: dict[str, Any]) -> float:
+    return float(setting["cost_per_1000_posts_usd"])
+
+
+def _errors(settings: Sequence[dict[str, Any]]) -> list[list[float]]:
+    lows = [s["macro_f1"] - s["macro_f1_ci95"][0] for s in settings]
+    highs = [s["macro_f1_ci95"][1] - s["macro_f1"] for s in settings]
+    return [[max(0.0, x) for x in lows], [max(0.0, x) for x in highs]]
+
+
+def cascade_frontier(sweep: dict[str, Any], path: Path) -> Path:
+    """A threshold sweep: every setting's cost per 1,000 posts against its macro-F1 (grey),
+    the frontier with its 95% intervals (a line, cheapest first), the file's own setting and
+    the chosen one marked."""
+    fig = Figure(figsize=(8, 5.5), layout="constrained")
+    ax = fig.add_subplot()
+    every = sweep["settings"]
+    ax.plot(
+        [_cost(s) for s in every],
+        [s["macro_f1"] for s in every],
+        ".",
+        color="lightgrey",
+        label=f"every setting ({len(every)})",
+    )
+    front = sweep["frontier"]
+    ax.errorbar(
+        [_cost(s) for s in front],
+        [s["macro_f1"] for s in front],
+        yerr=_errors(front),
+        fmt="o-",
+        color="tab:blue",
+        markersize=4,
+        capsize=3,
+        label="frontier (95% CI)",
+    )
+    marks = [("the file's own", sweep["own"], "s", "tab:orange")]
+    if sweep.get("chosen") is not None:
+        marks.append(("chosen", sweep["chosen"], "*", "tab:red"))
+    for name, s, marker, colour in marks:
+        ax.errorbar(
+            [_cost(s)],
+            [s["macro_f1"]],
+            yerr=_errors([s]),
+            fmt=marker,
+            color=colour,
+            markersize=12 if marker == "*" else 8,
+            capsize=3,
+            label=f"{name}: {s['setting']}",
+        )
+    target = sweep.get("target_macro_f1")
+    if target is not None:
+        ax.axhline(target, linestyle="--", color="grey", linewidth=1, label=f"target {target:g}")
+    ax.set_xlabel("cost per 1,000 posts (USD)")
+    ax.set_ylabel("macro-F1")
+    ax.set_title(
+        f"cascade thresholds on {sweep['gold']['rows']} gold rows\n{sweep['cascade']}",
+        fontsize=10,
+        parse_math=False,
+    )
+    ax.legend(loc="lower right", fontsize=7)
     return _save(fig, path)

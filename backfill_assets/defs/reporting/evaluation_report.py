@@ -23,6 +23,8 @@ RELIABILITY_PNG = "reliability.png"
 PRECISION_RECALL_PNG = "precision_recall.png"
 CALIBRATION_JSON = "calibration.json"
 PICTURES = (CONFUSION_PNG, RELIABILITY_PNG, PRECISION_RECALL_PNG)
+# evaluate --cascade: cost per 1,000 posts against macro-F1, every setting swept.
+FRONTIER_PNG = "cascade_frontier.png"
 # With --against, the baseline's report goes beside the policy's, in this subfolder.
 AGAINST = "against"
 
@@ -73,6 +75,26 @@ def write_report(
     with write_tx(engine) as conn:
         evals.set_report_dir(conn, evaluation_id, str(folder))
     return [*written, calibration]
+
+
+def write_frontier(folder: Path, sweep: dict[str, Any]) -> Path:
+    """Draw a threshold sweep's settings, its frontier and the chosen setting into
+    ``folder/cascade_frontier.png`` (``sweep``: the ``evaluate --cascade --json`` document)."""
+    from backfill_assets.defs.reporting import evaluation_pictures as pictures
+
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        return pictures.cascade_frontier(sweep, folder / FRONTIER_PNG)
+    except OSError as exc:
+        raise ReportDirError(f"{folder} cannot be written: {exc.strerror or exc}") from None
+
+
+def frontier_link(folder: str) -> dict[str, Any]:
+    """``policy_evaluation``'s link to the latest sweep's picture, while it is there."""
+    path = Path(folder) / FRONTIER_PNG
+    if not path.is_file():
+        return {}
+    return {FRONTIER_PNG.replace(".", "_"): dg.MetadataValue.path(str(path))}
 
 
 def report_links(folder: str) -> dict[str, Any]:

@@ -60,6 +60,35 @@ def calibration_table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def frontier_table(report: dict[str, Any]) -> str:
+    """Markdown: a threshold sweep's frontier (``report["sweep"]``, as ``evaluate --cascade``
+    recorded it), cheapest first, the chosen setting marked."""
+    sweep = report["sweep"]
+    names: list[str] = sweep["stages"]
+    chosen = (sweep.get("chosen") or {}).get("setting")
+    target = sweep.get("target_macro_f1")
+    lines = [
+        f"{Path(sweep['file']).name} on {Path(report['gold']['file']).name} "
+        f"({report['rows']} rows): {sweep['settings']} settings swept, "
+        + (f"target macro-F1 lower bound {target:g}" if target is not None else "no target"),
+        "",
+        "| setting | "
+        + " | ".join(f"{n} decides" for n in names)
+        + " | cost / 1k posts | macro-F1 [95% CI] | |",
+        "|---|" + "---:|" * len(names) + "---:|---:|---|",
+    ]
+    for s in sweep["frontier"]:
+        lo, hi = s["macro_f1_ci95"]
+        mark = "chosen" if s["setting"] == chosen else ""
+        lines.append(
+            f"| {s['setting']} | "
+            + " | ".join(_pct(s["decided"][n]) for n in names)
+            + f" | {Decimal(s['cost_per_1000_posts_usd']):.6f} | "
+            f"{s['macro_f1']:.3f} [{lo:.3f}, {hi:.3f}] | {mark} |"
+        )
+    return "\n".join(lines)
+
+
 def evaluations_table(evaluations: Sequence[evals.Evaluation]) -> str:
     """Markdown: each policy version's latest evaluation."""
     lines = [

@@ -340,7 +340,8 @@ def cascade_yaml(cascade: Cascade, header: Sequence[str] = ()) -> str:
     ``routing_version`` and ``stage_version`` unchanged): every text double-quoted, so no name or
     model is read as a number or a boolean, and each ``min_score`` as Python writes the float,
     which YAML reads back to the same number. ``header``: comment lines above it."""
-    lines = [f"# {line}" for line in header]
+    # A comment ends at a line end: one in a header line (a file's name) would start YAML.
+    lines = ["# " + "".join(c if c.isprintable() else "?" for c in line) for line in header]
     lines.append("stages:")
     for stage in cascade.stages:
         lines += [
