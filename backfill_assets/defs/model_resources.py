@@ -217,12 +217,12 @@ def stage_runs(model: CascadeModelResource) -> list[StageRun]:
     ]
 
 
-def stage_models(model: ModelResource) -> list[tuple[Rubric, str]] | None:
-    """A cascade's stages as an estimate counts them, each post through all (None: one
-    model)."""
+def stage_models(model: ModelResource) -> list[tuple[str, Rubric, str]] | None:
+    """A cascade's stages as an estimate counts them (name, rubric, model), each post through
+    all (None: one model)."""
     if not isinstance(model, CascadeModelResource) or model.stages is None:
         return None
-    return [(s.rubric, s.model.name) for s in model.stages.stages]
+    return [(s.name, s.rubric, s.model.name) for s in model.stages.stages]
 
 
 def _stage_endpoint(settings: Settings, stage: Stage) -> OpenAIModelResource:

@@ -305,3 +305,32 @@ def latest_sweep(conn: Connection, model: str) -> Evaluation | None:
         if isinstance(found.report.get(SWEEP_FIELD), dict):
             return found
     return None
+
+
+def gold_shares(
+    conn: Connection, key_version: str, model: str, mapping: str
+) -> dict[str, float] | None:
+    """The share of the gold set's posts each stage of a cascade decided under these decide
+    rules (``mapping``), from the latest threshold sweep that recorded them (None: none did;
+    a plain ``evaluate`` of the same rules records no shares)."""
+    pe = policy_evaluations
+    quoted = json.dumps({MAPPING_FIELD: mapping})[1:-1]
+    query = (
+        sa.select(pe)
+        .where(
+            pe.c.key_version == key_version,
+            pe.c.model == model,
+            pe.c.report.contains(quoted, autoescape=True),
+        )
+        .order_by(pe.c.id.desc())
+    )
+    for row in conn.execute(query):
+        report = _evaluation(row).report
+        sweep = report.get(SWEEP_FIELD)
+        if report.get(MAPPING_FIELD) != mapping or not isinstance(sweep, dict):
+            continue
+        kept = sweep.get("chosen") or sweep.get("own")
+        decided = kept.get("decided") if isinstance(kept, dict) else None
+        if isinstance(decided, dict):
+            return {str(k): float(v) for k, v in decided.items()}
+    return None

@@ -18,6 +18,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from backfill_assets.config.settings import Settings
+from backfill_assets.defs.model_resources import model_resource
+from backfill_assets.defs.reporting import backfill_plan
 from backfill_assets.defs.reporting.evaluation import evaluation_metadata
 from backfill_assets.domain.cascade import load_cascade
 from backfill_assets.domain.cascade.sweep import GRID
@@ -213,6 +215,15 @@ def test_every_stage_once_then_the_cheapest_setting_written_and_gated(
 
     # The gate: the written file's run passes it; the file's own rules were never evaluated.
     import_records(engine, tmp_path, [{"tenant_id": "acme", "post_id": "p1", "text": GOLD[0][0]}])
+    # backfill_plan: each stage's expected calls and cost, from the shares the gold set's
+    # sweep found for these rules (every post reaches the screen; what it decides does not
+    # reach the judge).
+    settings = Settings.from_env(dict(__import__("os").environ))
+    model = model_resource(settings)
+    plan = backfill_plan._plan(settings.store, model, settings.rubric()).metadata or {}
+    reach = 1 - chosen["decided"]["screen"]
+    assert "| acme | screen | 100.0% | 1 |" in plan["stage_plan"].value
+    assert f"| acme | judge | {reach:.1%} | {int(reach)} |" in plan["stage_plan"].value
     monkeypatch.setenv("BACKFILL_POLICY_MIN_MACRO_F1", "0.75")
     monkeypatch.setenv("BACKFILL_CASCADE_PATH", str(path))
     code, _, err = _cli(["run"], capsys)

@@ -8,6 +8,8 @@ the daemon after every import (it depends on ``posts``) and on demand.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Mapping
+from decimal import Decimal
 from typing import Any
 
 import dagster as dg
@@ -17,10 +19,11 @@ from backfill_assets.defs.asset_keys import POSTS
 from backfill_assets.defs.model_resources import ModelResource, stage_models, versions_for
 from backfill_assets.defs.sealing import NO_CONFIG
 from backfill_assets.defs.sensors import refresh_condition
-from backfill_assets.domain.money.nanos import usd_text
+from backfill_assets.domain.money.nanos import usd_text, whole_nanos
 from backfill_assets.domain.policy.rubric import Rubric
 from backfill_assets.ledger.engine import read_tx
 from backfill_assets.ledger.engines import store_engine
+from backfill_assets.ledger.evaluations import gold_shares
 from backfill_assets.ledger.reports import tenant_ids
 from backfill_assets.ledger.spend.deadline_plans import StoredPlan, open_plan
 from backfill_assets.ledger.spend.estimate import TenantEstimate, estimate_pending
@@ -99,6 +102,35 @@ def deadline_table(plan: StoredPlan, rows: list[TenantEstimate], now: dt.datetim
     )
 
 
+def stage_plan_table(
+    rows: list[TenantEstimate], shares: Mapping[str, float], limit: int = MAX_TABLE_ROWS
+) -> str:
+    """A cascade's expected calls and cost per tenant and stage: each stage's estimate times
+    the share of posts that reach it, from the gold set's shares decided per stage."""
+    lines = [
+        "| tenant | stage | reaches (gold) | expected calls | expected cost (USD) |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for r in sorted(rows, key=lambda r: (-r.keys, r.tenant))[:limit]:
+        for name, part, reach in _reached(r, shares):
+            calls = int(Decimal(part.keys) * reach)
+            cost = whole_nanos(Decimal(part.estimated_cost_nanos) * reach)
+            lines.append(f"| {r.tenant} | {name} | {reach:.1%} | {calls} | {usd_text(cost)} |")
+    return "\n".join(lines)
+
+
+def _reached(
+    row: TenantEstimate, shares: Mapping[str, float]
+) -> list[tuple[str, TenantEstimate, Decimal]]:
+    """Each stage with the share of posts that reach it: all reach the first; each stage's
+    decided share (on the gold set) does not reach the next."""
+    out, reach = [], Decimal(1)
+    for name, part in row.stages.items():
+        out.append((name, part, max(reach, Decimal(0))))
+        reach -= Decimal(str(shares.get(name, 0.0)))
+    return out
+
+
 def _plan(store: StoreSettings, model: ModelResource, rubric: Rubric) -> dg.MaterializeResult[None]:
     versions = versions_for(model, rubric)
     with read_tx(store_engine(store)) as conn:
@@ -106,6 +138,11 @@ def _plan(store: StoreSettings, model: ModelResource, rubric: Rubric) -> dg.Mate
             conn, tenant_ids(conn), versions, rubric, model.price_table(), stage_models(model)
         )
         running = open_plan(conn, versions.code_version)
+        shares = (
+            gold_shares(conn, versions.key_version, versions.model, versions.mapping)
+            if stage_models(model) is not None
+            else None
+        )
     metadata: dict[str, Any] = {
         "plan": dg.MetadataValue.md(plan_table(rows)),
         # Typed numbers, so the UI can plot them across materialisations.
@@ -123,6 +160,16 @@ def _plan(store: StoreSettings, model: ModelResource, rubric: Rubric) -> dg.Mate
         "code_version": dg.MetadataValue.text(versions.code_version),
         "policy": dg.MetadataValue.text(rubric.policy.identity),
     }
+    if shares is not None:
+        # A cascade with a sweep of these decide rules: what the gold set says each stage
+        # will be sent and cost (the plan above counts every post through every stage).
+        metadata["stage_plan"] = dg.MetadataValue.md(stage_plan_table(rows, shares))
+        expected = sum(
+            whole_nanos(Decimal(part.estimated_cost_nanos) * reach)
+            for r in rows
+            for _n, part, reach in _reached(r, shares)
+        )
+        metadata["expected_cost_usd"] = dg.MetadataValue.text(usd_text(expected))
     if running is not None:
         # `run --deadline` refreshes this asset after each of its steps.
         metadata["deadline_plan"] = dg.MetadataValue.md(

@@ -8,7 +8,7 @@ token, plus template, schema and ``max_tokens``), which is what a strict cap has
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
@@ -42,6 +42,8 @@ class TenantEstimate:
     estimated_cost_nanos_batch: int = 0
     # ... and at the flex tier's (BACKFILL_SERVICE_TIER=flex).
     estimated_cost_nanos_flex: int = 0
+    # A cascade's stages, each as if every pending post reached it (by stage name).
+    stages: dict[str, TenantEstimate] = field(default_factory=dict)
 
     @property
     def estimated_cost_usd(self) -> Decimal:
@@ -80,23 +82,36 @@ def estimate_pending(
     versions: Versions,
     rubric: Rubric,
     prices: PriceTable | None = None,
-    stages: Sequence[tuple[Rubric, str]] | None = None,
+    stages: Sequence[tuple[str, Rubric, str]] | None = None,
 ) -> list[TenantEstimate]:
     """Stream every tenant's pending posts (one stored slice at a time) and add them up.
 
     ``stages``: a cascade's stages (rubric, model): a pending post is counted through every
     one of them, the worst case, since which posts a stage passes on is known only once it
-    has answered."""
+    has answered. Each stage's own estimate is in ``TenantEstimate.stages``."""
     out: list[TenantEstimate] = []
-    sent = list(stages) if stages is not None else [(rubric, versions.model)]
     for tenant in tenants:
         est = TenantEstimate(tenant)
+        per = {name: TenantEstimate(tenant) for name, _r, _m in stages or ()}
         for s in range(SLICE_COUNT):
             for row in pending_posts(conn, tenant, [s], versions):
                 est.keys += 1
                 key = work_key(versions, tenant, row.post_id, row.content_hash)
-                for stage_rubric, model in sent:
-                    _add_call(est, stage_rubric, model, key, row.text, prices)
+                if stages is None:
+                    _add_call(est, rubric, versions.model, key, row.text, prices)
+                    continue
+                for name, stage_rubric, model in stages:
+                    per[name].keys += 1
+                    _add_call(per[name], stage_rubric, model, key, row.text, prices)
+        for part in per.values():
+            est.estimated_tokens += part.estimated_tokens
+            est.bound_tokens += part.bound_tokens
+            est.estimated_cost_nanos += part.estimated_cost_nanos
+            est.estimated_cost_nanos_batch += part.estimated_cost_nanos_batch
+            est.estimated_cost_nanos_flex += part.estimated_cost_nanos_flex
+            est.bound_cost_nanos += part.bound_cost_nanos
+            est.bound_cost_nanos_batch += part.bound_cost_nanos_batch
+        est.stages = per
         out.append(est)
     return out
 
