@@ -754,6 +754,16 @@ class ChecksSettings(Group):
         le=10**9,
         description="... and it was seen at least this many times.",
     )
+    max_stage_share_drift: float = _var(
+        "BACKFILL_CHECK_MAX_STAGE_SHARE_DRIFT",
+        default=0.15,
+        ge=0.0,
+        le=1.0,
+        description="`stage_drift` (a cascade; warns, never blocks): how far the share of a "
+        "partition's labels its first stage decided may stray from the share the gold set's "
+        "threshold sweep found for the same decide rules (0.15: 70% on the gold set, 55% to "
+        "85% here), once the partition has `BACKFILL_DRIFT_MIN_COUNT` labels.",
+    )
     apply_live: Flag = _var(
         "BACKFILL_APPLY_LIVE",
         default=False,
@@ -769,6 +779,7 @@ class ChecksSettings(Group):
             max_orphan_attempts=self.max_orphan_attempts,
             max_tokens_per_key=self.max_tokens_per_key,
             max_over_bound_calls=self.max_over_bound_calls,
+            max_stage_share_drift=self.max_stage_share_drift,
             drift=DriftRule(
                 labels=watched or policy.flagging_labels,
                 factor=self.drift_factor,

@@ -332,5 +332,7 @@ def gold_shares(
         kept = sweep.get("chosen") or sweep.get("own")
         decided = kept.get("decided") if isinstance(kept, dict) else None
         if isinstance(decided, dict):
-            return {str(k): float(v) for k, v in decided.items()}
+            # In the stages' order (the report's JSON keys are sorted).
+            order = [str(n) for n in sweep.get("stages", [])] or sorted(decided)
+            return {n: float(decided[n]) for n in order if n in decided}
     return None

@@ -231,6 +231,12 @@ def test_every_stage_once_then_the_cheapest_setting_written_and_gated(
     monkeypatch.setenv("BACKFILL_CASCADE_PATH", str(chosen_file))
     code, _, err = _cli(["run"], capsys)
     assert code == 0, err
+    # stage_drift compares the run's first-stage share with the sweep's (one label: too few).
+    argv = ["check", "--tenant", "acme", "--name", "stage_drift", "--slice", "s00", "--json"]
+    code, checked, err = _cli(argv, capsys)
+    assert code == 0, err
+    [drift] = checked["checks"]
+    assert drift["passed"] and "too few to compare" in drift["summary"]
 
     # policy_evaluation shows the frontier.
     settings = Settings.from_env(dict(__import__("os").environ))

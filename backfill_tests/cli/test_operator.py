@@ -62,6 +62,7 @@ def test_run_json_reports_checks_and_apply_per_partition(
         "billed_within_bound",
         "spend",
         "label_drift",
+        "stage_drift",
     ]
     assert all(c["passed"] for c in row["checks"])
     assert doc["totals"]["accepted"] == 60

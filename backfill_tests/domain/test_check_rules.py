@@ -23,6 +23,7 @@ BOUNDS = CheckBounds(
     max_orphan_attempts=16,
     max_tokens_per_key=0,
     max_over_bound_calls=0,
+    max_stage_share_drift=0.15,
     drift=DriftRule(labels=(), factor=5.0, min_count=5),
 )
 
@@ -168,6 +169,34 @@ def test_spend_fails_past_the_orphan_bound_and_drift_past_its_factor() -> None:
     relaxed = replace(BOUNDS, max_orphan_attempts=len(rows), drift=DriftRule(("spam",), 500.0, 1))
     got = {v.name: v for v in evaluate(ev, relaxed, ["spend", "label_drift"])}
     assert got["spend"].passed and got["label_drift"].passed
+
+
+def test_stage_drift_compares_the_first_stages_share_with_the_gold_sets() -> None:
+    # Six posts; the first stage decided the first k of them, the judge the rest.
+    def rows(k: int) -> list[dict[str, Any]]:
+        return [result(p, stage="screen" if i < k else "judge") for i, p in enumerate(POSTS)]
+
+    def ev(k: int, gold: float | None) -> PartitionEvidence:
+        e = PartitionEvidence(TENANT, 0, V, POSTS, rows(k), [], [])
+        e.stage_share = None if gold is None else ("screen", gold)
+        return e
+
+    bounds = replace(BOUNDS, drift=DriftRule((), 5.0, 5))
+    [one] = evaluate(ev(3, None), bounds, ["stage_drift"])
+    assert one.passed and "not a cascade" in one.summary and not one.blocking
+    [near] = evaluate(ev(5, 0.75), bounds, ["stage_drift"])  # 83% against 75%
+    assert near.passed and near.counts["first_stage_decided"] == 5
+    [far] = evaluate(ev(2, 0.75), bounds, ["stage_drift"])  # 33% against 75%
+    assert not far.passed and "33.3% of 6 labels; the gold set 75.0%" in far.summary
+    assert far.warn and not far.blocking
+    # Labels of an older text, or of another model, are not the cascade's: not counted.
+    stale = ev(2, 0.75)
+    stale.results = [*stale.results, result("p0", model="other", stage="screen")]
+    assert evaluate(stale, bounds, ["stage_drift"])[0].counts["labels"] == 6
+    # Too few labels to say.
+    few = PartitionEvidence(TENANT, 0, V, POSTS, rows(6)[:4], [], [])
+    few.stage_share = ("screen", 0.1)
+    assert evaluate(few, bounds, ["stage_drift"])[0].passed
 
 
 @pytest.mark.parametrize(

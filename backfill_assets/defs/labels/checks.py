@@ -20,6 +20,7 @@ from typing import Any
 import dagster as dg
 from sqlalchemy.engine import Engine
 
+from backfill_assets.config.stages import CASCADE_MODEL
 from backfill_assets.config.variables import ChecksSettings, StoreSettings
 from backfill_assets.defs.asset_keys import CHECK_KEYS, LABELS
 from backfill_assets.defs.instance_api import (
@@ -44,6 +45,7 @@ from backfill_assets.domain.policy.rubric import Rubric
 from backfill_assets.domain.work.keys import Versions
 from backfill_assets.ledger.engine import read_tx, refresh_planner_stats
 from backfill_assets.ledger.engines import store_engine
+from backfill_assets.ledger.evaluations import gold_shares
 from backfill_assets.ledger.evidence import check_pool
 from backfill_assets.ledger.evidence.evidence import Partition
 from backfill_assets.ledger.evidence.partition_checks import Baseline, CheckSetup, check_partitions
@@ -111,6 +113,11 @@ def check_results_for_many(
         if drift and configured is None:
             live = live_label_counts(conn, tenants, versions.code_version)
             baselines = {t: _live_baseline(live[t]) for t in tenants}
+        shares = (
+            gold_shares(conn, versions.key_version, versions.model, versions.mapping)
+            if "stage_drift" in names and versions.model == CASCADE_MODEL
+            else None
+        )
     setup = CheckSetup(
         versions,
         rubric.contract,
@@ -119,6 +126,8 @@ def check_results_for_many(
         baselines,
         dict(deferred or {}),
         sample,
+        # The first stage's share on the gold set (shares are in the stages' order).
+        next(iter(shares.items())) if shares else None,
     )
     chunks = check_pool.plan(partitions, counts, pooling)
     if chunks is not None:
@@ -219,7 +228,7 @@ def _evaluation(
 
 
 def build_partition_checks(rubric: Rubric) -> dg.AssetChecksDefinition:
-    """The seven checks in one group (``check_defs.CHECK_GROUPS``), one multi-check: the
+    """The eight checks in one group (``check_defs.CHECK_GROUPS``), one multi-check: the
     partition's rows are read once for all of them. ``rubric``: the policy the definitions
     loaded (the stored results are checked against its labels and rules), closed over like
     the asset's."""

@@ -71,6 +71,15 @@ CHECKS: tuple[CheckDef, ...] = (
         "Watched label shares (the policy's labels whose action is not none, unless "
         "configured) stay under factor x the baseline (configured or live shares).",
     ),
+    CheckDef(
+        "stage_drift",
+        False,
+        True,
+        "A cascade's first stage decided about the share of the partition's labels that the "
+        "gold set's threshold sweep found for the same decide rules (within "
+        "BACKFILL_CHECK_MAX_STAGE_SHARE_DRIFT): if not, the gold set no longer looks like the "
+        "archive, and its cost and quality figures do not hold here.",
+    ),
 )
 CHECK_NAMES = tuple(c.name for c in CHECKS)
 BLOCKING_CHECKS = tuple(c.name for c in CHECKS if c.blocking)
@@ -83,7 +92,7 @@ class CheckGroup:
 
     Every evaluation is an event the instance writes and indexes, and a small tenant's
     partition holds a handful of posts: at 10,000 one-partition tenants a second group took
-    ~10% of the run. So all seven checks are one evaluation; its metadata says which member
+    ~10% of the run. So all eight checks are one evaluation; its metadata says which member
     failed and why, and its ``blocking`` flag and severity follow the members that failed
     (``GroupResult``): only a failed blocking member keeps ``applied_labels`` out.
     """

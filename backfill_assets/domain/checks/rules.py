@@ -43,6 +43,9 @@ class CheckBounds:
     max_tokens_per_key: int
     # Calls billed past their reserved bound a partition may hold and still be applied.
     max_over_bound_calls: int
+    # A cascade's first stage's share of a partition's labels may stray this far from the
+    # gold set's (``stage_drift``).
+    max_stage_share_drift: float
     drift: DriftRule
 
 
@@ -63,6 +66,9 @@ class PartitionEvidence:
     deferred: int | None = None
     # post_id -> its expected key under ``versions``, when the caller computed them already.
     expected_keys: Mapping[str, str] | None = None
+    # A cascade's first stage and the share of the gold set's posts it decided (None: one
+    # model, or no threshold sweep of the decide rules in force).
+    stage_share: tuple[str, float] | None = None
 
 
 def _sample(problems: Iterable[Problem], n: int) -> tuple[str, ...]:
@@ -111,6 +117,8 @@ def evaluate(
             v = _within_bound(problems, bounds, sample)
         elif name == "label_drift":
             v = _drift(ev, bounds.drift)
+        elif name == "stage_drift":
+            v = _stage_drift(ev, bounds)
         else:
             raise ValueError(f"unknown check {name!r}")
         out.append(_with_inspect(v, ev))
@@ -262,3 +270,32 @@ def _drift(ev: PartitionEvidence, rule: DriftRule) -> CheckResult:
         else f"{', '.join(drifted)} over {rule.factor:g}x the {ev.baseline_source} baseline"
     )
     return CheckResult("label_drift", not drifted, summary, base_counts, (), table)
+
+
+def _stage_drift(ev: PartitionEvidence, bounds: CheckBounds) -> CheckResult:
+    """The share of the partition's labels (of current texts) a cascade's first stage decided,
+    against the gold set's share for the same rules."""
+    name = "stage_drift"
+    if ev.stage_share is None:
+        return CheckResult(name, True, "not a cascade, or its decide rules have no sweep", {})
+    first, gold = ev.stage_share
+    v = ev.versions
+    mine = [
+        r
+        for r in ev.results
+        if r["key_version"] == v.key_version
+        and r["model"] == v.model
+        and ev.posts.get(str(r["post_id"])) == r["content_hash"]
+    ]
+    decided = sum(1 for r in mine if r["stage"] == first)
+    share = decided / len(mine) if mine else 0.0
+    counts: dict[str, Any] = {"labels": len(mine), "first_stage_decided": decided}
+    counts.update({"share": round(share, 4), "gold_share": round(gold, 4)})
+    if len(mine) < bounds.drift.min_count:
+        return CheckResult(name, True, f"{len(mine)} label(s): too few to compare", counts)
+    off = abs(share - gold)
+    summary = (
+        f"{first} decided {share:.1%} of {len(mine)} labels; the gold set {gold:.1%} "
+        f"(allowed: {bounds.max_stage_share_drift:.0%} either way)"
+    )
+    return CheckResult(name, off <= bounds.max_stage_share_drift, summary, counts)

@@ -115,6 +115,7 @@ def check_chunks(
         "bounds": asdict(setup.bounds),
         "names": list(setup.names),
         "sample": setup.sample,
+        "stage_share": list(setup.stage_share) if setup.stage_share is not None else None,
     }
     todo: queue.SimpleQueue[Sequence[Partition]] = queue.SimpleQueue()
     for chunk in chunks:
@@ -221,6 +222,7 @@ def _bounds(d: Mapping[str, Any]) -> CheckBounds:
         max_orphan_attempts=int(d["max_orphan_attempts"]),
         max_tokens_per_key=int(d["max_tokens_per_key"]),
         max_over_bound_calls=int(d["max_over_bound_calls"]),
+        max_stage_share_drift=float(d["max_stage_share_drift"]),
         drift=DriftRule(
             labels=tuple(drift["labels"]),
             factor=float(drift["factor"]),
@@ -255,6 +257,9 @@ def _answer(job: Mapping[str, Any], engines: dict[str, Engine]) -> dict[str, Any
         baselines=baselines,
         deferred=dict(job["deferred"]),
         sample=int(job["sample"]),
+        stage_share=(str(job["stage_share"][0]), float(job["stage_share"][1]))
+        if job.get("stage_share")
+        else None,
     )
     check_results = check_partitions(engine, partitions, setup)
     return {"check_results": {k: [asdict(v) for v in vs] for k, vs in check_results.items()}}

@@ -47,7 +47,7 @@ _DERIVATION = (
     "task_version",
 )
 _COLUMNS = {
-    "results": (*_DERIVATION, "label", "rule_ids", "confidence"),
+    "results": (*_DERIVATION, "label", "rule_ids", "confidence", "stage"),
     "dead_letters": (*_DERIVATION, "outcome"),
     "ledger_events": (
         *_DERIVATION,

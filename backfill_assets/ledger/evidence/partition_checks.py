@@ -37,6 +37,8 @@ class CheckSetup:
     baselines: Mapping[str, Baseline]
     deferred: Mapping[str, int | None]
     sample: int
+    # A cascade's first stage and its gold share (``rules.PartitionEvidence.stage_share``).
+    stage_share: tuple[str, float] | None = None
 
 
 def check_partitions(
@@ -65,6 +67,7 @@ def check_partitions(
             if part.tenant_id in setup.baselines:
                 ev.baseline, ev.baseline_source = setup.baselines[part.tenant_id]
             ev.deferred = setup.deferred.get(part.key)
+            ev.stage_share = setup.stage_share
             out[part.key] = evaluate(ev, setup.bounds, names, sample=setup.sample)
         batch, held = [], 0
 
