@@ -290,7 +290,8 @@ def _print(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
     base = rows[0]["cost"] or 1
     print(
         f"# {args.posts:,} posts ({args.harmless:.0%} harmless), gold {args.gold:,}; "
-        f"strong {args.strong}, screen {args.screen}; target: strong's gold macro-F1 - {args.drop}"
+        f"strong {args.strong}, screen {args.screen}; target: the strong model's gold "
+        f"interval lower bound - {args.drop}"
     )
     print("| mode | gold macro-F1 | archive macro-F1 | per 1,000 posts | vs strong | calls | run |")
     print("|---|---:|---:|---:|---:|---:|---:|")
