@@ -178,14 +178,12 @@ def _stage_options(
     options: RunOptions, stage: StageRun, drill: UsageHook | None, later: Sequence[StageRun]
 ) -> RunOptions:
     """The run's options as one stage sends: its lanes and Batch API, the drill counted over
-    the stages, and (sync) the bound of the stages after it reserved with each call."""
+    the stages, and the bound of the stages after it, reserved with each call (or chunk)."""
     batch = options.batch
     if batch is not None:
         batch = dataclasses.replace(batch, endpoint=stage.batch)
-    # A batch chunk reserves its own lines' bounds in its row (batch/submit.py).
-    ahead = _ahead(later) if options.dispatch_mode == "sync" else None
     return dataclasses.replace(
-        options, lanes=stage.lanes, batch=batch, after_usage=drill, ahead=ahead
+        options, lanes=stage.lanes, batch=batch, after_usage=drill, ahead=_ahead(later)
     )
 
 

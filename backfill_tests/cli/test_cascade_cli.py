@@ -378,10 +378,21 @@ def test_what_a_cascade_cannot_do_is_refused_by_name(
     assert "BACKFILL_CASCADE_PATH needs BACKFILL_MODEL_BACKEND=openai" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("mode", ["sync", "batch"])
 def test_a_budget_reserves_the_stages_ahead_before_the_screen_is_sent(
-    engine: Engine, cascade: Any, monkeypatch: pytest.MonkeyPatch
+    engine: Engine, cascade: Any, start_sim: StartSim, monkeypatch: pytest.MonkeyPatch, mode: str
 ) -> None:
     sim, _path = cascade
+    if mode == "batch":
+        # A batch chunk holds, in its reservation, what its lines' later stages may cost.
+        sim = start_sim(
+            api_key=API_KEY,
+            batch_processing_ms=15,
+            moderation_scores={_sha(t): _scores(p) for t, p in PINNED.items()},
+        )
+        monkeypatch.setenv("BACKFILL_MODEL_BASE_URL", sim.base_url)
+        monkeypatch.setenv("BACKFILL_DISPATCH", "batch")
+        monkeypatch.setenv("BACKFILL_BATCH_POLL_SECONDS", "0.02")
     # Enough for any screen call (the endpoint is free, its bound is the text) but not for the
     # judge's prompt after it: nothing is screened, since the post could not be judged.
     monkeypatch.setenv("BACKFILL_TENANT_BUDGET_TOKENS", "600")

@@ -12,6 +12,7 @@ from sqlalchemy.engine import Engine
 
 from backfill_assets.dispatch.batch_options import BatchOptions
 from backfill_assets.dispatch.partition_run import PartitionStats
+from backfill_assets.domain.money.budgets import Spend
 from backfill_assets.domain.money.prices import PriceTable
 from backfill_assets.domain.policy.dialect_sections import OPENAI_MODERATION
 from backfill_assets.domain.policy.output_gate import OutputContract
@@ -73,6 +74,8 @@ class BatchContext:
     log: Callable[[str], None]
     # A cascade's later stage: per partition, the posts passed on to it (DispatchJob's).
     passed_on: Mapping[str, Collection[tuple[str, str]]] | None = None
+    # A cascade's stages after this one: what they may cost for a post (RunOptions.ahead).
+    ahead: Callable[[str], Spend] | None = None
     flush_rows: int = 2048
     flush_interval_s: float = 0.1
     # The API key, only to scrub it from stored messages.

@@ -60,6 +60,7 @@ async def run_batch(
         logprobs=endpoint.settings.logprobs,
         log=log,
         passed_on=job.passed_on,
+        ahead=options.ahead,
         flush_rows=options.flush_rows,
         flush_interval_s=options.flush_interval_s,
         secret=endpoint.api_key,

@@ -90,6 +90,11 @@ async def plan(
     lines.sort(key=lambda ln: ln.key)
     encoded = [_line_bytes(ctx, tenant_id, ln) for ln in lines]
     bounds, priced = _bounds(ctx, lines)
+    # A cascade's stage: each line also holds what the stages after it may cost for the post,
+    # in the chunk's reservation (never in the line's own bound, which its bill is judged by).
+    held = bounds
+    if ctx.ahead is not None and ctx.budgets:
+        held = [b + ctx.ahead(ln.text) for b, ln in zip(bounds, lines, strict=True)]
     jobs: list[ChunkJob] = []
     for span in split([len(b) for b in encoded], max_lines, ctx.options.max_file_bytes):
         job = None
@@ -98,7 +103,7 @@ async def plan(
             if ctx.budgets:
                 caps, free = await ctx.db(_free, ctx, tenant_id)
                 if caps.any:
-                    n = _fitting(caps, free, bounds[span.start : span.stop], priced)
+                    n = _fitting(caps, free, held[span.start : span.stop], priced)
                 if n == 0 and caps.nanos is not None and not priced:
                     ctx.log(f"{tenant_id}: {UNPRICED_UNDER_DOLLAR_CAP}: its keys are deferred")
             if n == 0:
@@ -106,7 +111,13 @@ async def plan(
             content = b"".join(encoded[span.start : span.start + n])
             chosen = lines[span.start : span.start + n]
             job = await _intent(
-                ctx, partition, tenant_id, slice_no, chosen, bounds[span.start :], content
+                ctx,
+                partition,
+                tenant_id,
+                slice_no,
+                chosen,
+                (bounds[span.start :], held[span.start :]),
+                content,
             )
             if job is not None:
                 break
@@ -150,10 +161,12 @@ async def _intent(
     tenant_id: str,
     slice_no: int,
     lines: list[ChunkLine],
-    bounds: Sequence[Spend],
+    bounds_held: tuple[Sequence[Spend], Sequence[Spend]],
     content: bytes,
 ) -> ChunkJob | None:
-    """Record the chunk with its reservation; None if the cap no longer admits it."""
+    """Record the chunk with its reservation (what its lines hold); None if the cap no longer
+    admits it. Each line keeps its own bound."""
+    bounds, held = bounds_held
     base = chunk_base(ctx.versions, tenant_id, slice_no, [ln.key for ln in lines])
     seq = await ctx.db(_next_seq, ctx, base)
     v = ctx.versions
@@ -172,8 +185,8 @@ async def _intent(
         run_id=ctx.run_id,
         intent_at=utcnow(),
         # The chunk's reservation: held in this row while the chunk is open (sql/005, 015).
-        reserved_tokens=sum(b.tokens for b in bounds[: len(lines)]),
-        reserved_nanos=sum(b.nanos for b in bounds[: len(lines)]),
+        reserved_tokens=sum(b.tokens for b in held[: len(lines)]),
+        reserved_nanos=sum(b.nanos for b in held[: len(lines)]),
     )
     rows = [
         store.LineRow(
