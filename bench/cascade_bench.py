@@ -30,7 +30,6 @@ each stage decided.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import socket
@@ -38,7 +37,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import unicodedata
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -66,10 +64,6 @@ def _cli(argv: list[str], env: dict[str, str], ok: tuple[int, ...] = (0,)) -> st
     if done.returncode not in ok:
         raise RuntimeError(f"{' '.join(argv)} exited {done.returncode}:\n{done.stderr[-4000:]}")
     return done.stdout
-
-
-def _sha(text: str) -> str:
-    return hashlib.sha256(unicodedata.normalize("NFC", text).encode("utf-8")).hexdigest()
 
 
 def _archive_figures(store: str, model: str, truth: dict[str, str], labels: list[str]) -> Any:
