@@ -130,10 +130,21 @@ def _argv(cmd: Command, action: argparse.Action, value: str, files: Files) -> li
         at = len(cmd.path) + positionals.index(action)
         return [*base[:at], value, *base[at:], *quick]
     flag = action.option_strings[0]
+    if cmd.path == ("demo-data",) and action.dest in ("posts", "tenants"):
+        # A valid count is honoured: millions of posts would take minutes without refusing
+        # anything, so a large valid one is asked as 1,000 (out-of-range ones stay as drawn).
+        value = _at_most(value, 1_000, 10**7)
     if action.dest == "out":
         # Where a command writes: any name, but inside this test's directory.
         value = f"{files.out}/{value.replace('/', '_')}"
     return [*base, *quick, *WITH.get(flag, []), f"{flag}={value}"]
+
+
+def _at_most(value: str, cap: int, limit: int) -> str:
+    """``value``, or ``cap`` when it is plain digits between ``cap`` and ``limit``."""
+    if not (value.isascii() and value.isdigit()):
+        return value
+    return str(cap) if cap < int(value) <= limit else value
 
 
 def _holds(argv: list[str], files: Files, capsys: pytest.CaptureFixture[str]) -> None:
