@@ -8,6 +8,7 @@ prints it, and never a traceback, whatever the file holds (pure).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,19 @@ class FileProblem:
     def render(self, source: str) -> str:
         """``FILE:LINE:COLUMN: message``, as compilers print it."""
         return f"{source}:{self.line}:{self.column}: {self.message}"
+
+
+class FileInvalid(ValueError):
+    """A file with problems; ``problems`` lists every one of them (``what``: the kind of
+    file, as the message names it)."""
+
+    what = "file"
+
+    def __init__(self, source: str, problems: Sequence[FileProblem]) -> None:
+        self.source = source
+        self.problems = list(problems)
+        lines = [p.render(source) for p in self.problems]
+        super().__init__(f"{len(lines)} problem(s) in {self.what} {source}:\n" + "\n".join(lines))
 
 
 def quoted(value: str) -> str:

@@ -24,6 +24,7 @@ from backfill_assets.domain.policy.rubric import Rubric
 from backfill_assets.domain.ranges import MAX_OUTPUT_TOKENS
 from backfill_assets.domain.work.regions import API_KEY_VAR, BASE_URL_VAR
 from backfill_assets.domain.yaml_positions import (
+    FileInvalid,
     FileProblem,
     Tree,
     YamlPath,
@@ -111,14 +112,10 @@ class Cascade:
         return _short([[s.name, s.dialect, s.model] for s in self.stages])
 
 
-class CascadeInvalid(ValueError):
+class CascadeInvalid(FileInvalid):
     """A cascade file with problems; ``problems`` lists every one of them."""
 
-    def __init__(self, source: str, problems: Sequence[FileProblem]) -> None:
-        self.source = source
-        self.problems = list(problems)
-        lines = [p.render(source) for p in self.problems]
-        super().__init__(f"{len(lines)} problem(s) in cascade {source}:\n" + "\n".join(lines))
+    what = "cascade"
 
 
 def _suffix(name: str) -> str:

@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from backfill_assets.domain.policy.document import ACTIONS, Policy, PolicyDoc
 from backfill_assets.domain.yaml_positions import (
+    FileInvalid,
     FileProblem,
     Tree,
     YamlPath,
@@ -34,14 +35,10 @@ BUILTIN_POLICY_FILE = "default.yaml"
 _WHOLE = "the policy"
 
 
-class PolicyInvalid(ValueError):
+class PolicyInvalid(FileInvalid):
     """A policy file with problems; ``problems`` lists every one of them."""
 
-    def __init__(self, source: str, problems: Sequence[FileProblem]) -> None:
-        self.source = source
-        self.problems = list(problems)
-        lines = [p.render(source) for p in self.problems]
-        super().__init__(f"{len(lines)} problem(s) in policy {source}:\n" + "\n".join(lines))
+    what = "policy"
 
 
 def _where(path: YamlPath) -> str:
