@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
 
 from backfill_assets.cli import build_parser, main
 from backfill_assets.config.settings import Settings
@@ -107,3 +109,18 @@ def cli_doc(argv: list[str], env: dict[str, str], capsys: pytest.CaptureFixture[
     doc = last_json(out)
     doc["exit"] = code
     return doc
+
+
+def unanswered_attempts(engine: Engine) -> int:
+    """Attempts with no usage or error booked: the calls a killed run had announced and not
+    seen answered (what a crash may re-pay at most)."""
+    with engine.connect() as conn:
+        return int(
+            conn.execute(
+                sa.text(
+                    "SELECT count(*) FROM ledger_events a WHERE a.type = 'attempt' AND NOT EXISTS"
+                    " (SELECT 1 FROM ledger_events e WHERE e.attempt_id = a.attempt_id"
+                    " AND e.type <> 'attempt')"
+                )
+            ).scalar_one()
+        )

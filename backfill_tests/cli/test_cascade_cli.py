@@ -23,7 +23,7 @@ from backfill_assets.cli import main
 from backfill_assets.domain.policy.dialect_sections import MODERATION_CATEGORIES
 from backfill_assets.platform_db.sink import sink_table
 from backfill_assets.providersim.billing.meter import CHAT_ENDPOINT, MODERATIONS_ENDPOINT
-from backfill_tests.cli_runs import clean_env, run_cli
+from backfill_tests.cli_runs import clean_env, run_cli, unanswered_attempts
 from backfill_tests.conftest import import_records
 from backfill_tests.providers.conftest import StartSim
 
@@ -294,14 +294,7 @@ def test_a_crash_in_the_judge_stage_repays_at_most_the_calls_in_flight(
     booked = _booked(engine)
     hard = {(t, x) for t in TENANTS for x in PINNED if x not in SURE_OK}
     calls, _cost = _meter(sim, CHAT_ENDPOINT)
-    with engine.connect() as conn:
-        in_flight = conn.execute(
-            sa.text(
-                "SELECT count(*) FROM ledger_events a WHERE a.type = 'attempt' AND NOT EXISTS"
-                " (SELECT 1 FROM ledger_events e WHERE e.attempt_id = a.attempt_id"
-                " AND e.type <> 'attempt')"
-            )
-        ).scalar_one()
+    in_flight = unanswered_attempts(engine)
     assert booked["omni-moderation-latest"][0] == len(POSTS)
     # What the simulator billed beyond the ledger is what was in flight at the kill (attempts
     # with no outcome), and no post went to the judge that the screen had decided.

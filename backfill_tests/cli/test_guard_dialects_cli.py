@@ -20,7 +20,7 @@ from sqlalchemy.engine import Engine
 
 from backfill_assets.cli import main
 from backfill_assets.providersim.billing.meter import CHAT_ENDPOINT, COMPLETIONS_ENDPOINT
-from backfill_tests.cli_runs import clean_env, run_cli
+from backfill_tests.cli_runs import clean_env, run_cli, unanswered_attempts
 from backfill_tests.conftest import import_records
 from backfill_tests.providers.conftest import StartSim
 
@@ -288,7 +288,7 @@ def test_a_crash_resumes_and_re_pays_at_most_what_was_in_flight(
     # What the provider billed and the ledger lacks is at most what was announced and not
     # booked: the call in flight, and calls answered but not yet durable (the kill lands on a
     # group commit, which a loaded machine delays).
-    in_flight = _unanswered(engine)
+    in_flight = unanswered_attempts(engine)
     assert 3 <= booked < len(POSTS) and 0 <= lost <= in_flight
     resumed = run_cli(["run", "--json"], env)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
@@ -298,20 +298,6 @@ def test_a_crash_resumes_and_re_pays_at_most_what_was_in_flight(
     if lost == 0:
         assert (tokens, cost) == (billed_tokens, billed_cost)
     assert len(_rows(engine, "applied_labels")) == len(POSTS)
-
-
-def _unanswered(engine: Engine) -> int:
-    """Attempts with no outcome: the calls a killed run had announced."""
-    with engine.connect() as conn:
-        return int(
-            conn.execute(
-                sa.text(
-                    "SELECT count(*) FROM ledger_events a WHERE a.type = 'attempt' AND NOT EXISTS"
-                    " (SELECT 1 FROM ledger_events e WHERE e.attempt_id = a.attempt_id"
-                    " AND e.type <> 'attempt')"
-                )
-            ).scalar_one()
-        )
 
 
 def test_a_token_budget_stops_a_tenant_at_its_cap(

@@ -19,7 +19,7 @@ from sqlalchemy.engine import Engine
 from backfill_assets.cli import main
 from backfill_assets.domain.policy.dialect_sections import MODERATION_CATEGORIES
 from backfill_assets.providersim.billing.meter import MODERATIONS_ENDPOINT
-from backfill_tests.cli_runs import clean_env, run_cli
+from backfill_tests.cli_runs import clean_env, run_cli, unanswered_attempts
 from backfill_tests.conftest import import_records
 from backfill_tests.providers.conftest import StartSim
 
@@ -229,14 +229,7 @@ def test_a_crash_after_the_calls_resumes_without_sending_them_again(
     killed = run_cli(["run", "--json"], {**env, "BACKFILL_KILL_AFTER_USAGE": "3"})
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     booked = _ledger(engine)[0]
-    with engine.connect() as conn:
-        in_flight = conn.execute(
-            sa.text(
-                "SELECT count(*) FROM ledger_events a WHERE a.type = 'attempt' AND NOT EXISTS"
-                " (SELECT 1 FROM ledger_events e WHERE e.attempt_id = a.attempt_id"
-                " AND e.type <> 'attempt')"
-            )
-        ).scalar_one()
+    in_flight = unanswered_attempts(engine)
     lost = _settled(sim)[0] - booked
     assert 3 <= booked < len(POSTS) and 0 <= lost <= in_flight
     resumed = run_cli(["run", "--json"], env)
