@@ -63,7 +63,10 @@ def test_a_signal_stops_run_commits_and_cancels(tmp_path: Path, signum: int) -> 
         usage = conn.execute(
             sa.text("SELECT count(*) FROM ledger_events WHERE type = 'usage'")
         ).scalar_one()
-    assert 50 <= done < 2000 and usage == done  # what finished is committed, with its usage
+    # What finished is committed with its usage. Usage is booked before the answer is
+    # parsed, so a signal between the two leaves a paid call with no result yet: at most
+    # the calls in flight, which the next run re-pays.
+    assert 50 <= done < 2000 and done <= usage <= done + 64
     instance = dg.DagsterInstance.from_config(str(tmp_path / "home"))
     with instance:
         statuses = {r.dagster_run.status for r in instance.get_run_records()}
