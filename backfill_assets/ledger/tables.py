@@ -260,6 +260,8 @@ applied_labels = sa.Table(
     sa.Column("result_key", sa.Text, nullable=False),
     sa.Column("content_hash", sa.Text, nullable=False),
     sa.Column("applied_at", sa.DateTime, nullable=False),
+    # sql/025: 'model' or 'human' (ledger/decisions/tables.py).
+    sa.Column("source", sa.Text, nullable=False, server_default="model"),
 )
 
 # sql/010: the high-water mark of each database source (`import --sql --source NAME`).
@@ -349,4 +351,40 @@ batch_cancels = sa.Table(
     sa.Column("model", sa.Text, nullable=False),
     sa.Column("seconds", sa.Float, nullable=False),
     sa.Column("ended_at", sa.DateTime, nullable=False),
+)
+
+# sql/025 (issue 50): the two values of ``applied_labels.source``, moderators' decisions and
+# previous classifiers' baselines.
+HUMAN = "human"
+MODEL = "model"
+
+decisions = sa.Table(
+    "decisions",
+    metadata,
+    sa.Column("decision_key", sa.Text, primary_key=True),
+    sa.Column("tenant_id", sa.Text, nullable=False),
+    sa.Column("post_id", sa.Text, nullable=False),
+    sa.Column("policy_id", sa.Text, nullable=False),
+    sa.Column("policy_version", sa.Text, nullable=False),
+    sa.Column("key_version", sa.Text, nullable=False),
+    sa.Column("label", sa.Text, nullable=False),
+    sa.Column("rule_ids", sa.Text, nullable=False),
+    sa.Column("reviewer_id", sa.Text, nullable=False),
+    sa.Column("decided_at", sa.DateTime, nullable=False),
+    sa.Column("reason_code", sa.Text, nullable=True),
+    sa.Column("content_hash", sa.Text, nullable=False),
+    sa.Column("imported_at", sa.DateTime, nullable=False),
+)
+
+baselines = sa.Table(
+    "baselines",
+    metadata,
+    sa.Column("name", sa.Text, primary_key=True),
+    sa.Column("tenant_id", sa.Text, primary_key=True),
+    sa.Column("post_id", sa.Text, primary_key=True),
+    sa.Column("policy_id", sa.Text, nullable=False),
+    sa.Column("label", sa.Text, nullable=False),
+    sa.Column("scores", sa.Text, nullable=True),
+    sa.Column("content_hash", sa.Text, nullable=False),
+    sa.Column("imported_at", sa.DateTime, nullable=False),
 )

@@ -21,11 +21,12 @@ from sqlalchemy.engine import Connection
 
 from backfill_assets.domain.policy.document import Policy
 from backfill_assets.domain.work.keys import Versions
+from backfill_assets.ledger.decisions.precedence import IS_HUMAN, decided_in_force, replaceable
 from backfill_assets.ledger.dialect import insert_for
 from backfill_assets.ledger.engine import is_sqlite
 from backfill_assets.ledger.policies import register, versions_of
 from backfill_assets.ledger.run.partition_groups import claimed_by
-from backfill_assets.ledger.tables import applied_labels, posts, results, utcnow
+from backfill_assets.ledger.tables import MODEL, applied_labels, posts, results, utcnow
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,8 @@ class ApplyReport:
     changed: int
     # Eligible posts whose label in force is a newer version's, left as they are.
     newer_kept: int
+    # Eligible posts whose label in force is a moderator's decision, left as they are.
+    human_kept: int
     target: str
     code_version: str
     policy_version: str
@@ -43,7 +46,7 @@ class ApplyReport:
     @property
     def unchanged(self) -> int:
         """Eligible posts that already carried this label and version."""
-        return self.eligible - self.changed - self.newer_kept
+        return self.eligible - self.changed - self.newer_kept - self.human_kept
 
 
 def _accepted(
@@ -88,11 +91,33 @@ def newer_versions(conn: Connection, policy: Policy) -> list[str]:
     return [v.key_version for v in ranked[mine[0] + 1 :]] if mine else []
 
 
+@dataclass(frozen=True)
+class _Held:
+    """What an apply of one version leaves alone: rows of newer versions (their key
+    versions), and moderators' decisions other than those it may replace (``replaceable``:
+    label, rule ids and policy version of decisions this version no longer has)."""
+
+    newer: list[str]
+    replaceable: list[tuple[str, str, str]]
+
+    def kept(self, al: sa.Table, excluded: Any) -> sa.ColumnElement[bool]:
+        """Rows the upsert may overwrite: a model's, not a newer version's, or a decision
+        that is replaceable or about an older text of the post."""
+        human_open = [al.c.content_hash != excluded.content_hash]
+        if self.replaceable:
+            triple = sa.tuple_(al.c.label, al.c.rule_ids, al.c.policy_version)
+            human_open.append(triple.in_(self.replaceable))
+        writable = sa.or_(al.c.source == MODEL, *human_open)
+        if self.newer:
+            return sa.and_(writable, al.c.key_version.not_in(self.newer))
+        return writable
+
+
 def _upsert(
     conn: Connection,
     match: sa.ColumnElement[bool],
     policy: Policy,
-    newer: list[str],
+    held: _Held,
     *returning: sa.ColumnElement[Any],
 ) -> sa.CursorResult[*tuple[Any, ...]]:
     """Write this version's labels into ``applied_labels``. Its row count, or the rows it
@@ -111,6 +136,7 @@ def _upsert(
         results.c.key,
         results.c.content_hash,
         sa.literal(utcnow(), sa.DateTime),
+        sa.literal(MODEL),
     ).where(match)
     columns = [
         "tenant_id",
@@ -124,6 +150,7 @@ def _upsert(
         "result_key",
         "content_hash",
         "applied_at",
+        "source",
     ]
     stmt = insert_for(conn, al).from_select(columns, source)
     excluded = stmt.excluded
@@ -136,11 +163,15 @@ def _upsert(
         "result_key",
         "content_hash",
     ]
-    differs = sa.or_(*(al.c[c].is_distinct_from(excluded[c]) for c in replace))
+    differs = sa.or_(*(al.c[c].is_distinct_from(excluded[c]) for c in [*replace, "source"]))
     stmt = stmt.on_conflict_do_update(
         index_elements=[al.c.tenant_id, al.c.post_id, al.c.policy_id],
-        set_={**{c: excluded[c] for c in replace}, "applied_at": excluded.applied_at},
-        where=sa.and_(differs, al.c.key_version.not_in(newer)) if newer else differs,
+        set_={
+            **{c: excluded[c] for c in replace},
+            "applied_at": excluded.applied_at,
+            "source": excluded.source,
+        },
+        where=sa.and_(differs, held.kept(al, excluded)),
     )
     return conn.execute(stmt.returning(*returning) if returning else stmt)
 
@@ -162,33 +193,44 @@ def apply_partitions(
     if versions.key_version != policy.key_version:
         raise ValueError("the versions name another policy than the one applied")
     # In one order, so two transactions over overlapping tenants never wait on each other.
-    _lock(conn, sorted({t for t, _s in parts}), policy.policy_id)
+    tenants = sorted({t for t, _s in parts})
+    _lock(conn, tenants, policy.policy_id)
     register(conn, policy)
     newer = newer_versions(conn, policy)
+    decided = decided_in_force(conn, policy.policy_id, tenants)
+    held = _Held(newer, replaceable(policy, decided))
     owners = {(t, s): i for i, (t, slices) in enumerate(parts) for s in slices}
-    eligible, changed, newer_kept = [0] * len(parts), [0] * len(parts), [0] * len(parts)
+    eligible, changed = [0] * len(parts), [0] * len(parts)
+    newer_kept, human_kept = [0] * len(parts), [0] * len(parts)
     if owners:
         match = _accepted(owners, versions)
         for i, n in _per_part(conn, posts, match, owners).items():
             eligible[i] = n
-        for i, n in _written(conn, match, policy, newer, parts, owners).items():
+        for i, n in _written(conn, match, policy, held, parts, owners).items():
             changed[i] = n
+        al = applied_labels
+        in_force = sa.and_(
+            al.c.tenant_id == posts.c.tenant_id,
+            al.c.post_id == posts.c.post_id,
+            al.c.policy_id == policy.policy_id,
+        )
         if newer:
-            al = applied_labels
-            held_by_newer = sa.and_(
-                al.c.tenant_id == posts.c.tenant_id,
-                al.c.post_id == posts.c.post_id,
-                al.c.policy_id == policy.policy_id,
-                al.c.key_version.in_(newer),
-            )
-            for i, n in _per_part(conn, posts, sa.and_(match, held_by_newer), owners).items():
+            by_newer = sa.and_(in_force, al.c.key_version.in_(newer))
+            for i, n in _per_part(conn, posts, sa.and_(match, by_newer), owners).items():
                 newer_kept[i] = n
+        if decided:
+            by_human = sa.and_(in_force, IS_HUMAN)
+            if newer:
+                by_human = sa.and_(by_human, al.c.key_version.not_in(newer))
+            for i, n in _per_part(conn, posts, sa.and_(match, by_human), owners).items():
+                human_kept[i] = n
         _posts_columns(conn, match, versions, policy, live)
     return [
         ApplyReport(
             eligible=eligible[i],
             changed=changed[i],
             newer_kept=newer_kept[i],
+            human_kept=human_kept[i],
             target="live+shadow" if live else "shadow",
             code_version=versions.code_version,
             policy_version=policy.version,
@@ -218,7 +260,7 @@ def _written(
     conn: Connection,
     match: sa.ColumnElement[bool],
     policy: Policy,
-    newer: list[str],
+    held: _Held,
     parts: Sequence[tuple[str, Sequence[int]]],
     owners: Mapping[Any, int],
 ) -> dict[int, int]:
@@ -228,24 +270,24 @@ def _written(
     their group, so that read is of small ones)."""
     tenants = [t for t, _s in parts]
     if len(parts) == 1:
-        return {0: int(_upsert(conn, match, policy, newer).rowcount or 0)}
+        return {0: int(_upsert(conn, match, policy, held).rowcount or 0)}
     al = applied_labels
     if len(set(tenants)) == len(tenants):
         part_of = {t: i for i, t in enumerate(tenants)}
         out: dict[int, int] = {}
-        for row in _upsert(conn, match, policy, newer, al.c.tenant_id):
+        for row in _upsert(conn, match, policy, held, al.c.tenant_id):
             part = part_of[str(row[0])]
             out[part] = out.get(part, 0) + 1
         return out
-    held = {
+    placed = {
         (str(t), str(p)): owners[(str(t), int(s))]
         for t, p, s in conn.execute(
             sa.select(posts.c.tenant_id, posts.c.post_id, posts.c.slice).where(match)
         )
     }
     out = {}
-    for row in _upsert(conn, match, policy, newer, al.c.tenant_id, al.c.post_id):
-        part = held[(str(row[0]), str(row[1]))]
+    for row in _upsert(conn, match, policy, held, al.c.tenant_id, al.c.post_id):
+        part = placed[(str(row[0]), str(row[1]))]
         out[part] = out.get(part, 0) + 1
     return out
 
