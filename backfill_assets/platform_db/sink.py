@@ -30,7 +30,16 @@ from backfill_assets.domain.work.keys import partition_of
 from backfill_assets.ledger.dialect import insert_for
 from backfill_assets.ledger.engine import write_tx
 from backfill_assets.ledger.run.posts import slice_levels
-from backfill_assets.ledger.tables import applied_labels, posts, results, sink_writes, utcnow
+from backfill_assets.ledger.tables import (
+    HUMAN,
+    applied_labels,
+    decisions,
+    policy_versions,
+    posts,
+    results,
+    sink_writes,
+    utcnow,
+)
 from backfill_assets.platform_db.connections import PlatformDbError, failure_text, platform_engine
 from backfill_assets.platform_db.sink_upsert import KEY, OPTIONAL, upsert
 
@@ -42,10 +51,10 @@ class SinkError(PlatformDbError):
 def sink_table(name: str = DEFAULT_TABLE, optional: Sequence[str] = OPTIONAL) -> sa.Table:
     """The sink table's definition: one row per (tenant, post, policy), the label in force;
     ``optional``: the optional columns it has (``p_label``: the label's probability, NULL where
-    none was given; ``stage``: the cascade stage that decided, NULL for one model), after the
-    others."""
+    none was given; ``stage``: the cascade stage that decided, NULL for one model; ``source``:
+    ``human`` for a moderator's decision, ``model`` otherwise), after the others."""
     schema, table = split_table_name(name)
-    types: dict[str, Any] = {"p_label": sa.Float, "stage": sa.Text}
+    types: dict[str, Any] = {"p_label": sa.Float, "stage": sa.Text, "source": sa.Text}
     extra: list[sa.Column[Any]] = [
         sa.Column(c, types[c], nullable=True) for c in OPTIONAL if c in optional
     ]
@@ -155,9 +164,11 @@ def _partition_rows(
     tenant_id: str, slices: Sequence[int], key_version: str, policy_id: str, table: sa.Table
 ) -> sa.Select[Any]:
     """The sink's columns of a partition's labels, ``applied_at`` where ``written_at`` goes,
-    then the optional columns ``table`` has."""
+    then the optional columns ``table`` has. The labels are this version's and the
+    moderators' decisions in force under the policy id, whatever version they were made under
+    (a decision is certain: confidence 1, labelled when it was decided)."""
     al = applied_labels
-    optional = [results.c[c] for c in OPTIONAL if c in table.c]
+    optional = [al.c.source if c == "source" else results.c[c] for c in OPTIONAL if c in table.c]
     return (
         sa.select(
             al.c.tenant_id,
@@ -165,21 +176,22 @@ def _partition_rows(
             al.c.policy_id,
             al.c.label,
             al.c.rule_ids,
-            results.c.confidence,
+            sa.func.coalesce(results.c.confidence, 1.0).label("confidence"),
             al.c.policy_version,
             al.c.key_version,
             al.c.model,
             al.c.content_hash,
-            results.c.created_at.label("labelled_at"),
+            sa.func.coalesce(results.c.created_at, decisions.c.decided_at).label("labelled_at"),
             al.c.applied_at,
             *optional,
         )
         .join(posts, sa.and_(posts.c.tenant_id == al.c.tenant_id, posts.c.post_id == al.c.post_id))
-        .join(results, results.c.key == al.c.result_key)
+        .outerjoin(results, results.c.key == al.c.result_key)
+        .outerjoin(decisions, decisions.c.decision_key == al.c.result_key)
         .where(
             al.c.tenant_id == tenant_id,
             al.c.policy_id == policy_id,
-            al.c.key_version == key_version,
+            sa.or_(al.c.key_version == key_version, al.c.source == HUMAN),
             posts.c.slice.in_(list(slices)),
         )
         .order_by(al.c.post_id)
@@ -288,10 +300,14 @@ def _record(
 def gaps(
     conn: Connection, sink_id: str, key_version: str, tenants: Sequence[str] | None = None
 ) -> set[tuple[str, int]]:
-    """(tenant, stored slice) whose applied labels of ``key_version`` are not all in the sink:
-    never written there, or applied in the store after the last write-back. One grouped
-    query, whatever the number of tenants."""
+    """(tenant, stored slice) whose applied labels of ``key_version`` (and the moderators'
+    decisions in force under its policy id) are not all in the sink: never written there, or
+    applied in the store after the last write-back. One grouped query, whatever the number of
+    tenants."""
     al = applied_labels
+    pv = policy_versions
+    policy_id = sa.select(pv.c.policy_id).where(pv.c.key_version == key_version).scalar_subquery()
+    decided = sa.and_(al.c.source == HUMAN, al.c.policy_id == policy_id)
     applied = (
         sa.select(
             al.c.tenant_id,
@@ -299,7 +315,7 @@ def gaps(
             sa.func.max(al.c.applied_at).label("newest"),
         )
         .join(posts, sa.and_(posts.c.tenant_id == al.c.tenant_id, posts.c.post_id == al.c.post_id))
-        .where(al.c.key_version == key_version)
+        .where(sa.or_(al.c.key_version == key_version, decided))
         .group_by(al.c.tenant_id, posts.c.slice)
     )
     if tenants is not None:

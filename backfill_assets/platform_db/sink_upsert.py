@@ -29,7 +29,7 @@ VALUES = (
     "labelled_at",
 )
 # Columns a sink table may lack (added after tables were created): written where present.
-OPTIONAL = ("p_label", "stage")
+OPTIONAL = ("p_label", "stage", "source")
 # Databases with INSERT ... ON CONFLICT; others take the portable read-then-write path.
 _NATIVE_UPSERT = frozenset({"postgresql", "sqlite"})
 

@@ -218,6 +218,7 @@ def test_an_older_version_never_replaces_a_newer_one_in_the_sink(
             "written_at": dt.datetime(2026, 1, 2),
             "p_label": None,
             "stage": None,
+            "source": "model",
         }
         return tuple(values[c.name] for c in table.columns)
 

@@ -17,7 +17,7 @@ import io
 import json
 import os
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict
 from itertools import islice
 from pathlib import Path
@@ -33,7 +33,6 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from backfill_assets.config.settings import Settings
-    from backfill_assets.runner.queries import LabelRow
 
 FORMATS = ("parquet", "csv", "jsonl")
 BATCH_ROWS = 5_000
@@ -52,6 +51,7 @@ COLUMNS = [
     "stage",
     "content_hash",
     "labelled_at",
+    "source",
 ]
 
 
@@ -75,17 +75,18 @@ def _schema() -> pa.Schema:
             ("stage", pa.string()),
             ("content_hash", pa.string()),
             ("labelled_at", pa.string()),
+            ("source", pa.string()),
         ]
     )
 
 
-def _batches(rows: Iterable[LabelRow]) -> Iterator[list[LabelRow]]:
+def _batches(rows: Iterable[Any]) -> Iterator[list[Any]]:
     it = iter(rows)
     while batch := list(islice(it, BATCH_ROWS)):
         yield batch
 
 
-def _write_jsonl(rows: Iterable[LabelRow], out: IO[bytes]) -> int:
+def _write_jsonl(rows: Iterable[Any], out: IO[bytes]) -> int:
     n = 0
     for row in rows:
         doc = {**asdict(row), "rule_ids": list(row.rule_ids)}
@@ -94,9 +95,9 @@ def _write_jsonl(rows: Iterable[LabelRow], out: IO[bytes]) -> int:
     return n
 
 
-def _write_csv(rows: Iterable[LabelRow], out: IO[bytes]) -> int:
+def _write_csv(rows: Iterable[Any], out: IO[bytes], columns: Sequence[str] = COLUMNS) -> int:
     text = io.TextIOWrapper(out, encoding="utf-8", newline="", write_through=True)
-    writer = csv.DictWriter(text, fieldnames=COLUMNS, lineterminator="\n")
+    writer = csv.DictWriter(text, fieldnames=columns, lineterminator="\n")
     writer.writeheader()
     n = 0
     for row in rows:
@@ -109,17 +110,17 @@ def _write_csv(rows: Iterable[LabelRow], out: IO[bytes]) -> int:
     return n
 
 
-def _write_parquet(rows: Iterable[LabelRow], out: IO[bytes]) -> int:
+def _write_parquet(rows: Iterable[Any], out: IO[bytes], schema: pa.Schema | None = None) -> int:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    schema = _schema()
+    schema = schema or _schema()
     n = 0
     with pq.ParquetWriter(out, schema) as writer:
         for batch in _batches(rows):
-            columns: dict[str, list[Any]] = {c: [] for c in COLUMNS}
+            columns: dict[str, list[Any]] = {c: [] for c in schema.names}
             for row in batch:
-                for c in COLUMNS:
+                for c in schema.names:
                     value = getattr(row, c)
                     columns[c].append(list(value) if c == "rule_ids" else value)
             writer.write_table(pa.table(columns, schema=schema))
@@ -153,6 +154,28 @@ def _atomic(path: Path, write: Any) -> Any:
         Path(tmp).unlink(missing_ok=True)
         raise
     return result
+
+
+def write_rows(
+    path: Path,
+    fmt: str,
+    rows: Iterable[Any],
+    columns: Sequence[str] = COLUMNS,
+    schema: Callable[[], pa.Schema] = _schema,
+) -> tuple[int, str]:
+    """Write ``rows`` (dataclasses holding ``columns``, ``rule_ids`` a tuple) to ``path`` in
+    ``fmt`` as ``export`` writes its files: CSV cells neutralised, Parquet by ``schema``,
+    atomically, owner-only. Returns the rows written and the file's sha256 (``review export``
+    writes its files through this too)."""
+    write: Callable[[IO[bytes]], int]
+    if fmt == "csv":
+        write = functools.partial(_write_csv, rows, columns=columns)
+    elif fmt == "parquet":
+        write = functools.partial(_write_parquet, rows, schema=schema())
+    else:
+        write = functools.partial(_write_jsonl, rows)
+    n = _atomic(path, write)
+    return int(n), _sha256(path)
 
 
 def cmd_export(args: argparse.Namespace, settings: Settings) -> int:
