@@ -44,4 +44,4 @@ CREATE TABLE baselines (
 
 -- The decisions in force, read by every model apply (ledger/decisions/precedence.py): a few
 -- among a tenant's labels, found without reading the rest.
-CREATE INDEX applied_labels_human ON applied_labels (policy_id, tenant_id) WHERE source = 'human';
+CREATE INDEX applied_labels_human ON applied_labels (tenant_id, policy_id) WHERE source = 'human';

@@ -69,6 +69,9 @@ class PartitionEvidence:
     # A cascade's first stage and the share of the gold set's posts it decided (None: one
     # model, or no threshold sweep of the decide rules in force).
     stage_share: tuple[str, float] | None = None
+    # (post id, why) of moderators' labels in force here that are not a decision about that
+    # post of this tenant (``ledger/evidence``): an isolation failure.
+    foreign_decisions: Sequence[tuple[str, str]] = ()
 
 
 def _sample(problems: Iterable[Problem], n: int) -> tuple[str, ...]:
@@ -103,6 +106,10 @@ def evaluate(
     for name in wanted:
         if name == "isolation":
             found = [p for p in problems if p.kind == "isolation"]
+            found += [
+                Problem("isolation", ev.tenant, "applied_labels", post, why)
+                for post, why in ev.foreign_decisions
+            ]
             v = _kind_result(name, found, "row(s)", sample)
         elif name == "no_duplicates":
             found = [p for p in problems if p.kind == "duplicate"]

@@ -15,9 +15,17 @@ from backfill_assets.domain.checks.rules import PartitionEvidence
 from backfill_assets.domain.checks.verify import Row
 from backfill_assets.domain.work.keys import Versions, work_key
 from backfill_assets.ledger.bulk import driver_rows, select_rows
+from backfill_assets.ledger.decisions.precedence import IS_HUMAN
 from backfill_assets.ledger.engine import is_sqlite
 from backfill_assets.ledger.run.partition_groups import Owners, claimed_by, claims, owners_of_all
-from backfill_assets.ledger.tables import dead_letters, ledger_events, posts, results
+from backfill_assets.ledger.tables import (
+    applied_labels,
+    dead_letters,
+    decisions,
+    ledger_events,
+    posts,
+    results,
+)
 
 # Bound on bind parameters per IN (...) list: SQLite allows 32,766, PostgreSQL 65,535.
 _IN_CHUNK = 5_000
@@ -218,6 +226,7 @@ def evidence_of(
         if claim is not None:
             ledger[claim].append(row)
     result_rows, dead = gather(results), gather(dead_letters)
+    foreign = _foreign_decisions(conn, partitions, owners)
     return {
         part.key: PartitionEvidence(
             tenant=part.tenant_id,
@@ -228,9 +237,47 @@ def evidence_of(
             dead=dead[part.key],
             ledger=ledger[part.key],
             expected_keys=expected[part.key],
+            foreign_decisions=foreign.get(part.key, ()),
         )
         for part in partitions
     }
+
+
+def _foreign_decisions(
+    conn: Connection, partitions: Sequence[Partition], owners: Owners
+) -> dict[str, list[tuple[str, str]]]:
+    """Per partition, (post id, why) of each moderator's label in force there that is not a
+    decision about that very post of that tenant: isolation holds for people too. Read from
+    the decisions in force (a partial index), so a store without any costs one probe."""
+    al, d = applied_labels, decisions
+    tenants = sorted({p.tenant_id for p in partitions})
+    stmt = (
+        sa.select(al.c.tenant_id, posts.c.slice, al.c.post_id, d.c.tenant_id, d.c.post_id)
+        .join(posts, sa.and_(posts.c.tenant_id == al.c.tenant_id, posts.c.post_id == al.c.post_id))
+        .outerjoin(d, d.c.decision_key == al.c.result_key)
+        .where(
+            IS_HUMAN,
+            al.c.tenant_id.in_(tenants),
+            sa.or_(
+                d.c.decision_key.is_(None),
+                d.c.tenant_id != al.c.tenant_id,
+                d.c.post_id != al.c.post_id,
+                d.c.policy_id != al.c.policy_id,
+            ),
+        )
+    )
+    out: dict[str, list[tuple[str, str]]] = {}
+    for tenant, slice_no, post, d_tenant, d_post in conn.execute(stmt):
+        owner = owners.get((str(tenant), int(slice_no)))
+        if owner is None:
+            continue
+        why = (
+            "a human label with no decision behind it"
+            if d_tenant is None
+            else f"a human label from a decision about {d_tenant}/{d_post}"
+        )
+        out.setdefault(owner, []).append((str(post), why))
+    return out
 
 
 def _no_evidence(part: Partition, versions: Versions) -> PartitionEvidence:
