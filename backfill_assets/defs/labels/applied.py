@@ -36,6 +36,8 @@ def apply_metadata(rep: ApplyReport) -> dict[str, Any]:
         "changed": dg.MetadataValue.int(rep.changed),
         "unchanged": dg.MetadataValue.int(rep.unchanged),
         "newer_version_kept": dg.MetadataValue.int(rep.newer_kept),
+        # Posts whose label in force is a moderator's decision (issue 50): never replaced.
+        "human_decision_kept": dg.MetadataValue.int(rep.human_kept),
         "target_columns": dg.MetadataValue.text(rep.target),
         "rubric_version": dg.MetadataValue.text(rep.code_version),
         "policy_version": dg.MetadataValue.text(rep.policy_version),
