@@ -7,6 +7,8 @@ Running work goes through ``api``.
 from __future__ import annotations
 
 from backfill_assets.config.urls import database_url
+from backfill_assets.ledger.decisions.review import REASONS as REVIEW_REASONS
+from backfill_assets.ledger.decisions.review import ReviewQueue, review_rows
 from backfill_assets.ledger.engine import read_tx, write_tx
 from backfill_assets.ledger.engines import engine_for, store_engine
 from backfill_assets.ledger.evaluations import CustomerTenant
@@ -28,10 +30,12 @@ from backfill_assets.ledger.spend.deadline_plans import StoredPlan, create_plan,
 from backfill_assets.ledger.spend.estimate import estimate_pending
 
 __all__ = [
+    "REVIEW_REASONS",
     "ChunkState",
     "CustomerTenant",
     "ImportSummary",
     "LabelRow",
+    "ReviewQueue",
     "StoredPlan",
     "all_regions",
     "budget_status",
@@ -48,6 +52,7 @@ __all__ = [
     "reject_sources",
     "rejected_tenant_values",
     "requeue",
+    "review_rows",
     "schema_versions",
     "set_caps",
     "set_region",

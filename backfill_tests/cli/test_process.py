@@ -38,6 +38,7 @@ LIGHT_COMMANDS = [
     ["rejects"],
     ["export", "--out", "{tmp}/parquet"],
     ["export", "--out", "{tmp}/csv", "--format", "csv"],
+    ["review", "export", "--out", "{tmp}/review"],
 ]
 
 

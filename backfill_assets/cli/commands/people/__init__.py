@@ -1,0 +1,1 @@
+"""The commands of people in the loop: moderators' decisions in, the review queue out."""
