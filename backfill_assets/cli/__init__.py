@@ -22,6 +22,7 @@ from backfill_assets.cli.commands.evaluate import add_evaluate_command
 from backfill_assets.cli.commands.export import FORMATS, cmd_export
 from backfill_assets.cli.commands.ingest import add_ingest_commands
 from backfill_assets.cli.commands.operator import add_operator_commands
+from backfill_assets.cli.commands.people.decisions import add_decisions_commands
 from backfill_assets.cli.commands.people.review import add_review_commands
 from backfill_assets.cli.commands.policy import add_policy_commands
 from backfill_assets.cli.commands.provider_sim import COMMAND as PROVIDER_SIM
@@ -179,6 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_policy_commands(add)
     add_cascade_commands(add)
     add_evaluate_command(add)
+    add_decisions_commands(add)
     add_review_commands(add)
     add_provider_sim_command(sub)
     return p
@@ -221,7 +223,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = Settings.from_env(os.environ, load_policy=args.command != "policy")
         code: int = args.func(args, settings)
     except (SettingsError, UserError) as exc:
-        groups = ("tenant_command", "policy_command", "cascade_command", "review_command")
+        groups = (
+            "tenant_command",
+            "policy_command",
+            "cascade_command",
+            "decisions_command",
+            "review_command",
+        )
         sub = next((getattr(args, g) for g in groups if getattr(args, g, None)), None)
         name = " ".join(filter(None, (args.command, sub)))
         tell(f"backfill-moderation {name}: error: {exc}")

@@ -16,7 +16,7 @@ rejected by its lengths, before its values become Python strings.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -100,8 +100,20 @@ def open_parquet(path: Path) -> Any:
         ) from None
 
 
-def _needed(path: Path, pf: Any, columns_for: ColumnsFor) -> dict[str, int]:
-    """The columns to read, each with its Parquet column index, checked to be text."""
+def _is_loose(kind: Any) -> bool:
+    """A list of text or a timestamp: what a ``loose`` column may also be."""
+    if pa.types.is_timestamp(kind):
+        return True
+    return bool(pa.types.is_list(kind) or pa.types.is_large_list(kind)) and _is_text(
+        kind.value_type
+    )
+
+
+def _needed(
+    path: Path, pf: Any, columns_for: ColumnsFor, loose: Collection[str] = ()
+) -> dict[str, int]:
+    """The columns to read, each with its Parquet column index, checked to be text (or, for
+    ``loose`` ones, a list of text or a timestamp)."""
     schema = pf.schema_arrow
     names = list(schema.names)
     needed = named_columns(str(path), columns_for, names)
@@ -111,7 +123,7 @@ def _needed(path: Path, pf: Any, columns_for: ColumnsFor) -> dict[str, int]:
     for name in names:
         kind = schema.field(name).type
         if name in needed:
-            if not _is_text(kind):
+            if not (_is_text(kind) or (name in loose and _is_loose(kind))):
                 raise ImportInputError(
                     f"{path}: column {name} is {kind}, not text; export it as a string column "
                     "(e.g. CAST(id AS VARCHAR)); nothing was imported"
@@ -122,11 +134,13 @@ def _needed(path: Path, pf: Any, columns_for: ColumnsFor) -> dict[str, int]:
 
 
 def parquet_records(
-    path: Path, columns_for: ColumnsFor, batch_rows: int
+    path: Path, columns_for: ColumnsFor, batch_rows: int, loose: Collection[str] = ()
 ) -> Iterator[Record | Rejection]:
-    """Rows of a Parquet export as named values; a row's line is its number in the file."""
+    """Rows of a Parquet export as named values; a row's line is its number in the file.
+    ``loose``: columns that may also be lists of text or timestamps (a decision's rules and
+    time), checked by the caller row by row."""
     pf = open_parquet(path)
-    needed = _needed(path, pf, columns_for)
+    needed = _needed(path, pf, columns_for, loose)
     meta = pf.metadata
     row_no = 0
     with path.open("rb") as fh:
@@ -243,6 +257,11 @@ def _lengths(column: Any) -> list[int]:
     """Bytes of each value of a column, nulls 0 (a dictionary value counted per row)."""
     if pa.types.is_null(column.type):
         return [0] * len(column)
+    if pa.types.is_timestamp(column.type):
+        return [8] * len(column)
+    if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
+        # A list's values joined: its bytes, give or take a separator each.
+        column = pc.binary_join(column, "\x1f")
     if pa.types.is_dictionary(column.type):
         lengths = pc.take(pc.binary_length(column.dictionary), column.indices)
     else:

@@ -4,7 +4,7 @@ that names each column once, Parquet pages and column types) before any field is
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -19,16 +19,21 @@ BATCH_ROWS = 2000
 
 @contextmanager
 def file_records(
-    path: Path, fmt: Format, columns_for: ColumnsFor, batch_rows: int = BATCH_ROWS
+    path: Path,
+    fmt: Format,
+    columns_for: ColumnsFor,
+    batch_rows: int = BATCH_ROWS,
+    loose: Collection[str] = (),
 ) -> Iterator[Iterator[Record | Rejection]]:
     """The records of ``path`` read as ``fmt``; ``columns_for`` picks the columns a header or
-    schema must have (a JSON line names its own)."""
+    schema must have (a JSON line names its own). ``loose``: Parquet columns that may also be
+    lists of text or timestamps."""
     if fmt == "parquet":
         # pyarrow (~0.15 s) loads with the first Parquet file read, not in every process that
         # might read one (a no-op `run` imports this module through the definitions).
         from backfill_assets.ingest.parquet_rows import parquet_records
 
-        yield parquet_records(path, columns_for, batch_rows)
+        yield parquet_records(path, columns_for, batch_rows, loose)
         return
     with open_bytes(path) as fh:
         yield csv_records(fh, str(path), columns_for) if fmt == "csv" else jsonl_records(fh)

@@ -7,8 +7,15 @@ Running work goes through ``api``.
 from __future__ import annotations
 
 from backfill_assets.config.urls import database_url
+from backfill_assets.ingest.decisions import (
+    DecisionOptions,
+    import_decision_files,
+    import_decision_sql,
+)
+from backfill_assets.ingest.decisions import parse_map as parse_decision_map
 from backfill_assets.ledger.decisions.review import REASONS as REVIEW_REASONS
 from backfill_assets.ledger.decisions.review import ReviewQueue, review_rows
+from backfill_assets.ledger.decisions.store import DecisionsSummary
 from backfill_assets.ledger.engine import read_tx, write_tx
 from backfill_assets.ledger.engines import engine_for, store_engine
 from backfill_assets.ledger.evaluations import CustomerTenant
@@ -33,6 +40,8 @@ __all__ = [
     "REVIEW_REASONS",
     "ChunkState",
     "CustomerTenant",
+    "DecisionOptions",
+    "DecisionsSummary",
     "ImportSummary",
     "LabelRow",
     "ReviewQueue",
@@ -43,11 +52,14 @@ __all__ = [
     "database_url",
     "engine_for",
     "estimate_pending",
+    "import_decision_files",
+    "import_decision_sql",
     "ledger_by_model_day",
     "list_rejects",
     "mark",
     "migrate",
     "open_plan",
+    "parse_decision_map",
     "read_tx",
     "reject_sources",
     "rejected_tenant_values",

@@ -110,7 +110,7 @@ def _apply_chunk(
             out.stale_text += 1
             continue
         row = in_force.get(key)
-        if row is not None and row.source == HUMAN and row.result_key == dec.decision_key:
+        if row is not None and row.source == HUMAN and _same(row, dec):
             out.unchanged += 1
             continue
         if row is not None and row.source == MODEL and not _outranks(dec, row, policy_of):
@@ -121,6 +121,16 @@ def _apply_chunk(
         _upsert(conn, writes)
         _posts_columns(conn, writes)
         out.applied += len(writes)
+
+
+def _same(row: sa.Row[Any], dec: sa.Row[Any]) -> bool:
+    """The post already holds this decision as it now reads (a re-import may have changed
+    its label, rules or version under the same key)."""
+    return bool(
+        row.result_key == dec.decision_key
+        and (row.label, row.rule_ids, row.key_version)
+        == (dec.label, dec.rule_ids, dec.key_version)
+    )
 
 
 def _outranks(dec: sa.Row[Any], model_row: sa.Row[Any], policy_of: Any) -> bool:
