@@ -100,7 +100,7 @@ def _from(queue: ReviewQueue) -> sa.ColumnElement[bool]:
     al = applied_labels
     return sa.and_(
         al.c.policy_id == queue.policy_id,
-        sa.true(),
+        _IS_MODEL,
         sa.or_(_decided(), al.c.label.in_(queue.review_labels), _below(queue)),
     )
 
