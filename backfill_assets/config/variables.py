@@ -774,6 +774,16 @@ class ChecksSettings(Group):
     def bounds(self, policy: Policy) -> CheckBounds:
         """The pure checks' bounds; drift watches ``policy``'s flagging labels by default."""
         watched = tuple(x.strip() for x in self.drift_labels.split(",") if x.strip())
+    min_kappa: float = _var(
+        "BACKFILL_CHECK_MIN_KAPPA",
+        default=0.6,
+        ge=-1.0,
+        le=1.0,
+        description="`agreement` (warns, never blocks): the lowest Cohen's kappa between the "
+        "model's labels and moderators' decisions over a tenant's decided posts under the "
+        "policy version in force, once it has `BACKFILL_DRIFT_MIN_COUNT` of them (0.6: the "
+        "lower end of what Landis and Koch call substantial agreement, 0.61 to 0.80).",
+    )
         return CheckBounds(
             max_rebilled_share=self.max_rebilled_share,
             max_orphan_attempts=self.max_orphan_attempts,
@@ -795,6 +805,7 @@ class ChecksSettings(Group):
 
 
 class DataSettings(Group):
+            min_kappa=self.min_kappa,
     """Data in and out: the import directory, the database source, the sink."""
 
     import_dir: str = _var(

@@ -63,6 +63,7 @@ def test_run_json_reports_checks_and_apply_per_partition(
         "spend",
         "label_drift",
         "stage_drift",
+        "agreement",
     ]
     assert all(c["passed"] for c in row["checks"])
     assert doc["totals"]["accepted"] == 60

@@ -25,6 +25,7 @@ BOUNDS = CheckBounds(
     max_over_bound_calls=0,
     max_stage_share_drift=0.15,
     drift=DriftRule(labels=(), factor=5.0, min_count=5),
+    min_kappa=0.6,
 )
 
 

@@ -43,6 +43,7 @@ from backfill_assets.domain.checks.catalog import (
 )
 from backfill_assets.domain.policy.rubric import Rubric
 from backfill_assets.domain.work.keys import Versions
+from backfill_assets.ledger.decisions.agreement import agreement_pairs, pairs_by_tenant
 from backfill_assets.ledger.engine import read_tx, refresh_planner_stats
 from backfill_assets.ledger.engines import store_engine
 from backfill_assets.ledger.evaluations import gold_shares
@@ -118,6 +119,21 @@ def check_results_for_many(
             if "stage_drift" in names and versions.model == CASCADE_MODEL
             else None
         )
+        # The model against moderators, tenant-wide under the policy version in force.
+        agreement = (
+            pairs_by_tenant(
+                agreement_pairs(
+                    conn,
+                    rubric.policy.policy_id,
+                    versions.model,
+                    versions.task_version,
+                    tenants,
+                    versions.key_version,
+                )
+            )
+            if "agreement" in names
+            else None
+        )
     setup = CheckSetup(
         versions,
         rubric.contract,
@@ -128,6 +144,7 @@ def check_results_for_many(
         sample,
         # The first stage's share on the gold set (shares are in the stages' order).
         next(iter(shares.items())) if shares else None,
+        None if agreement is None else {t: agreement.get(t, {}) for t in tenants},
     )
     chunks = check_pool.plan(partitions, counts, pooling)
     if chunks is not None:
@@ -145,6 +162,10 @@ def _live_baseline(live: Mapping[str, int]) -> Baseline:
     return {k: n / total for k, n in live.items()}, f"live ({total} posts)"
 
 
+# Members whose table is shown when they pass too (agreement's labels table is its figures).
+_TABLE_ALWAYS = frozenset({"agreement"})
+
+
 def group_metadata(gv: GroupResult) -> dict[str, Any]:
     """One evaluation's metadata: each member's result, and what to act on for failures.
 
@@ -158,10 +179,12 @@ def group_metadata(gv: GroupResult) -> dict[str, Any]:
         rows.append(f"| {v.name} | {'yes' if v.blocking else 'no'} | {result} | {v.summary} |")
         for name, value in v.counts.items():
             md[f"{v.name}.{name}"] = int_value(value) if type(value) is int else value
+        if v.table and v.name in _TABLE_ALWAYS:
+            md[f"{v.name}.table"] = dg.MetadataValue.md(v.table)
         if not v.passed:
             if v.sample_keys:
                 md[f"{v.name}.offending_sample"] = dg.MetadataValue.text("\n".join(v.sample_keys))
-            if v.table:
+            if v.table and v.name not in _TABLE_ALWAYS:
                 md[f"{v.name}.table"] = dg.MetadataValue.md(v.table)
             md[f"{v.name}.inspect"] = dg.MetadataValue.text(v.inspect)
     md["checks"] = dg.MetadataValue.md("\n".join(rows))
@@ -228,7 +251,7 @@ def _evaluation(
 
 
 def build_partition_checks(rubric: Rubric) -> dg.AssetChecksDefinition:
-    """The eight checks in one group (``check_defs.CHECK_GROUPS``), one multi-check: the
+    """The nine checks in one group (``check_defs.CHECK_GROUPS``), one multi-check: the
     partition's rows are read once for all of them. ``rubric``: the policy the definitions
     loaded (the stored results are checked against its labels and rules), closed over like
     the asset's."""

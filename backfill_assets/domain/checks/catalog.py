@@ -80,6 +80,15 @@ CHECKS: tuple[CheckDef, ...] = (
         "BACKFILL_CHECK_MAX_STAGE_SHARE_DRIFT): if not, the gold set no longer looks like the "
         "archive, and its cost and quality figures do not hold here.",
     ),
+    CheckDef(
+        "agreement",
+        False,
+        True,
+        "Cohen's kappa between the model's labels and moderators' decisions over the tenant's "
+        "decided posts under the policy version in force reaches BACKFILL_CHECK_MIN_KAPPA; "
+        "agreement and kappa with 95% intervals and a table per label. Passes with no "
+        "decisions yet.",
+    ),
 )
 CHECK_NAMES = tuple(c.name for c in CHECKS)
 BLOCKING_CHECKS = tuple(c.name for c in CHECKS if c.blocking)
@@ -92,7 +101,7 @@ class CheckGroup:
 
     Every evaluation is an event the instance writes and indexes, and a small tenant's
     partition holds a handful of posts: at 10,000 one-partition tenants a second group took
-    ~10% of the run. So all eight checks are one evaluation; its metadata says which member
+    ~10% of the run. So all nine checks are one evaluation; its metadata says which member
     failed and why, and its ``blocking`` flag and severity follow the members that failed
     (``GroupResult``): only a failed blocking member keeps ``applied_labels`` out.
     """
@@ -115,8 +124,9 @@ CHECK_GROUPS: tuple[CheckGroup, ...] = (
         "that tenant's post), no_duplicates, coverage (every expected key accepted or "
         "dead-lettered), output_schema (pandera) and billed_within_bound (no call billed past "
         "the bound reserved for it). spend (rebilled tokens, orphan attempts and tokens per "
-        "key within bounds: an error) and label_drift (watched label shares under factor x "
-        "the baseline: a warning) are reported and never block.",
+        "key within bounds: an error), label_drift (watched label shares under factor x "
+        "the baseline), stage_drift and agreement (kappa between the model and moderators: "
+        "warnings) are reported and never block.",
     ),
 )
 

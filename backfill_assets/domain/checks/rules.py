@@ -15,6 +15,7 @@ from typing import Any
 
 from backfill_assets.domain.checks.catalog import CHECK_NAMES, CheckResult, inspect_command
 from backfill_assets.domain.checks.verify import Problem, ScopeReport, verify_scope
+from backfill_assets.domain.policy.agreement import Pairs, agreement
 from backfill_assets.domain.work.keys import Versions
 
 Row = Mapping[str, Any]
@@ -47,6 +48,8 @@ class CheckBounds:
     # gold set's (``stage_drift``).
     max_stage_share_drift: float
     drift: DriftRule
+    # Cohen's kappa between the model and moderators below this warns (``agreement``).
+    min_kappa: float
 
 
 @dataclass
@@ -72,6 +75,9 @@ class PartitionEvidence:
     # (post id, why) of moderators' labels in force here that are not a decision about that
     # post of this tenant (``ledger/evidence``): an isolation failure.
     foreign_decisions: Sequence[tuple[str, str]] = ()
+    # The tenant's (model label, moderator's label) -> decided posts under the policy version
+    # in force (``ledger/decisions/agreement.py``); None: not read.
+    agreement: Pairs | None = None
 
 
 def _sample(problems: Iterable[Problem], n: int) -> tuple[str, ...]:
@@ -126,6 +132,8 @@ def evaluate(
             v = _drift(ev, bounds.drift)
         elif name == "stage_drift":
             v = _stage_drift(ev, bounds)
+        elif name == "agreement":
+            v = agreement_result(ev.agreement or {}, bounds)
         else:
             raise ValueError(f"unknown check {name!r}")
         out.append(_with_inspect(v, ev))
@@ -306,3 +314,43 @@ def _stage_drift(ev: PartitionEvidence, bounds: CheckBounds) -> CheckResult:
         f"(allowed: {bounds.max_stage_share_drift:.0%} either way)"
     )
     return CheckResult(name, off <= bounds.max_stage_share_drift, summary, counts)
+
+
+def agreement_result(pairs: Pairs, bounds: CheckBounds) -> CheckResult:
+    """The model against moderators over a tenant's decided posts (tenant-wide, the same in
+    each of its partitions): agreement, Cohen's kappa with their 95% intervals, a table per
+    label; a warning when kappa is under ``min_kappa`` with at least the drift check's minimum
+    count of posts."""
+    name = "agreement"
+    got = agreement(pairs)
+    if not got.posts:
+        return CheckResult(name, True, "no decisions yet", {"decided_posts": 0})
+    counts: dict[str, int | float] = {"decided_posts": got.posts, "agreed": got.agreed}
+    counts["agreement"] = round(got.observed or 0.0, 4)
+    if got.observed_ci:
+        counts.update(agreement_low=round(got.observed_ci[0], 4))
+        counts.update(agreement_high=round(got.observed_ci[1], 4))
+    kappa = got.kappa.value if got.kappa.value is not None else 0.0
+    counts.update(kappa=round(kappa, 4), min_kappa=bounds.min_kappa)
+    ci = got.kappa.ci
+    if ci:
+        counts.update(kappa_low=round(ci[0], 4), kappa_high=round(ci[1], 4))
+    lines = ["| label | model | moderators | both | positive agreement | kappa (95% CI) |"]
+    lines.append("|---|---:|---:|---:|---:|---:|")
+    for x in got.per_label:
+        pa = "-" if x.positive_agreement is None else f"{x.positive_agreement:.1%}"
+        k = x.kappa
+        kt = "-" if k.value is None else f"{k.value:.3f}"
+        kt += f" ({k.ci[0]:.3f} to {k.ci[1]:.3f})" if k.ci else ""
+        lines.append(f"| {x.label} | {x.model} | {x.human} | {x.both} | {pa} | {kt} |")
+    interval = f" (95% CI {ci[0]:.3f} to {ci[1]:.3f})" if ci else ""
+    summary = (
+        f"kappa {kappa:.3f}{interval}, agreement {got.observed:.1%} over {got.posts} decided "
+        f"post(s)"
+    )
+    if got.posts < bounds.drift.min_count:
+        return CheckResult(name, True, f"{summary}: too few to judge", counts, (), "\n".join(lines))
+    passed = kappa >= bounds.min_kappa
+    if not passed:
+        summary += f": under {bounds.min_kappa:g}"
+    return CheckResult(name, passed, summary, counts, (), "\n".join(lines))

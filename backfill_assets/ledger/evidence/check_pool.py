@@ -142,6 +142,7 @@ def check_chunks(
                 if s.tenant_id in setup.baselines
             }
             job["deferred"] = {s.key: setup.deferred.get(s.key) for s in chunk}
+            job["agreement"] = _agreement_job(setup, chunk)
             try:
                 proc.stdin.write(json.dumps(job) + "\n")
                 proc.stdin.flush()
@@ -197,6 +198,19 @@ def check_chunks(
     return out
 
 
+def _agreement_job(
+    setup: CheckSetup, chunk: Sequence[Partition]
+) -> dict[str, list[list[Any]]] | None:
+    """The chunk's tenants' agreement pairs as JSON lists (None: not read)."""
+    if setup.agreement is None:
+        return None
+    return {
+        s.tenant_id: [[m, h, n] for (m, h), n in setup.agreement[s.tenant_id].items()]
+        for s in chunk
+        if s.tenant_id in setup.agreement
+    }
+
+
 def _stop(proc: subprocess.Popen[str]) -> None:
     with contextlib.suppress(OSError):
         if proc.stdin is not None:
@@ -223,6 +237,7 @@ def _bounds(d: Mapping[str, Any]) -> CheckBounds:
         max_tokens_per_key=int(d["max_tokens_per_key"]),
         max_over_bound_calls=int(d["max_over_bound_calls"]),
         max_stage_share_drift=float(d["max_stage_share_drift"]),
+        min_kappa=float(d["min_kappa"]),
         drift=DriftRule(
             labels=tuple(drift["labels"]),
             factor=float(drift["factor"]),
@@ -260,6 +275,12 @@ def _answer(job: Mapping[str, Any], engines: dict[str, Engine]) -> dict[str, Any
         stage_share=(str(job["stage_share"][0]), float(job["stage_share"][1]))
         if job.get("stage_share")
         else None,
+        agreement=None
+        if job.get("agreement") is None
+        else {
+            str(t): {(str(m), str(h)): int(n) for m, h, n in pairs}
+            for t, pairs in job["agreement"].items()
+        },
     )
     check_results = check_partitions(engine, partitions, setup)
     return {"check_results": {k: [asdict(v) for v in vs] for k, vs in check_results.items()}}

@@ -10,6 +10,7 @@ from sqlalchemy.engine import Engine
 
 from backfill_assets.domain.checks.catalog import CheckResult
 from backfill_assets.domain.checks.rules import CheckBounds, PartitionEvidence, evaluate
+from backfill_assets.domain.policy.agreement import Pairs
 from backfill_assets.domain.policy.output_gate import OutputContract
 from backfill_assets.domain.policy.validation import stored_result_problems
 from backfill_assets.domain.work.keys import Versions
@@ -39,6 +40,8 @@ class CheckSetup:
     sample: int
     # A cascade's first stage and its gold share (``rules.PartitionEvidence.stage_share``).
     stage_share: tuple[str, float] | None = None
+    # Each tenant's agreement pairs (``rules.PartitionEvidence.agreement``); None: not read.
+    agreement: Mapping[str, Pairs] | None = None
 
 
 def check_partitions(
@@ -68,6 +71,8 @@ def check_partitions(
                 ev.baseline, ev.baseline_source = setup.baselines[part.tenant_id]
             ev.deferred = setup.deferred.get(part.key)
             ev.stage_share = setup.stage_share
+            if setup.agreement is not None:
+                ev.agreement = setup.agreement.get(part.tenant_id, {})
             out[part.key] = evaluate(ev, setup.bounds, names, sample=setup.sample)
         batch, held = [], 0
 
