@@ -13,6 +13,7 @@ from backfill_assets.defs.labels.checks import build_partition_checks
 from backfill_assets.defs.posts.assets import build_incremental_schedule, build_posts
 from backfill_assets.defs.reporting.backfill_plan import build_backfill_plan
 from backfill_assets.defs.reporting.evaluation import build_policy_evaluation
+from backfill_assets.defs.reporting.review_queue import build_review_queue
 from backfill_assets.defs.reporting.usage import tenant_usage
 from backfill_assets.defs.resources import resources
 from backfill_assets.defs.sealing import sealed_resources
@@ -49,6 +50,7 @@ def build_definitions(settings: Settings | Mapping[str, str]) -> dg.Definitions:
     checks = build_partition_checks(rubric)
     backfill_plan = build_backfill_plan(rubric)
     evaluation = build_policy_evaluation(rubric, settings.policy_gate())
+    review_queue = build_review_queue(rubric)
     backfill_job = dg.define_asset_job(
         BACKFILL_JOB,
         # Selecting the assets selects their checks too: labels, the eight checks, then the
@@ -73,7 +75,7 @@ def build_definitions(settings: Settings | Mapping[str, str]) -> dg.Definitions:
         "goes, so the UI shows the deadline plan's progress).",
     )
     return dg.Definitions(
-        assets=[posts, labels, applied, tenant_usage, backfill_plan, evaluation],
+        assets=[posts, labels, applied, tenant_usage, backfill_plan, evaluation, review_queue],
         asset_checks=[checks],
         jobs=[backfill_job, apply_job, usage_job, plan_job, import_job],
         schedules=[incremental],

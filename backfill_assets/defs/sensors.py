@@ -52,13 +52,14 @@ def refresh_condition() -> dg.AutomationCondition[Any]:
     ) & ~dg.AutomationCondition.in_progress()
 
 
-# Evaluates the reporting assets' conditions (backfill_plan after an import, tenant_usage
-# after label runs). Dagster's implicit default sensor starts stopped on a fresh instance, so
-# nothing would refresh until someone turned it on in the UI.
+# Evaluates the reporting assets' conditions (backfill_plan after an import, tenant_usage and
+# review_queue after label runs). Dagster's implicit default sensor starts stopped on a fresh
+# instance, so nothing would refresh until someone turned it on in the UI.
 reporting_automation = dg.AutomationConditionSensorDefinition(
     "reporting_automation",
     target=dg.AssetSelection.groups("reporting"),
     default_status=dg.DefaultSensorStatus.RUNNING,
     minimum_interval_seconds=15,
-    description="Refreshes backfill_plan and tenant_usage when what they read has changed.",
+    description="Refreshes backfill_plan, tenant_usage and review_queue when what they read "
+    "has changed.",
 )

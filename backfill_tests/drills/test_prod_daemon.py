@@ -206,9 +206,10 @@ def test_prod_daemon_backfill_on_postgres(
                 or ("dagster/backfill" in r.tags and r.status != dg.DagsterRunStatus.SUCCESS)
             }
             assert not failed, failed
-            # The rest are the reporting sensor's refreshes (backfill_plan, tenant_usage).
+            # The rest are the reporting sensor's refreshes (backfill_plan, tenant_usage,
+            # review_queue).
             runs = [r for r in every if "dagster/backfill" in r.tags]
-            reporting = {dg.AssetKey("backfill_plan"), dg.AssetKey("tenant_usage")}
+            reporting = {dg.AssetKey(k) for k in ("backfill_plan", "tenant_usage", "review_queue")}
             others = [r for r in every if r not in runs]
             assert all(r.asset_selection and r.asset_selection <= reporting for r in others)
             # multi_run(16): one run per tenant's backfill, each tagged for the run queue.

@@ -1,1 +1,2 @@
-"""Reporting assets: usage for invoicing, the backfill plan, the policy evaluation."""
+"""Reporting assets: usage for invoicing, the backfill plan, the policy evaluation, the review
+queue."""
