@@ -115,6 +115,10 @@ def test_below_queues_the_labels_under_the_probability_too(
     assert rows["leak-0"]["p_label"] == 0.31 and rows["leak-0"]["rule_ids"] == ["SOL-1"]
     # Without --below, the same store queues the review labels only.
     assert _export(out, capsys, "--tenant", "learn")["total"] == 4
+    # A threshold outside 0..1 is refused before anything is written.
+    refused = tmp_path / "refused"
+    assert main(["review", "export", "--out", str(refused), "--below", "1.5"]) == 2
+    assert not refused.exists()
 
 
 def test_tenant_chooses_the_files_and_an_unknown_one_writes_nothing(

@@ -70,7 +70,7 @@ def add_review_commands(add: Callable[[str, str], argparse.ArgumentParser]) -> N
         "--below",
         type=share("a probability"),
         metavar="P",
-        help="queue too the model's labels whose probability (p_label) is under P (0 to 1)",
+        help="also queue the model's labels whose probability (p_label) is under P (0 to 1)",
     )
     sp.set_defaults(func=cmd_review_export)
 
