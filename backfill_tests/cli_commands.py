@@ -75,6 +75,7 @@ class Files:
         (root / "policy.yaml").write_text(builtin_policy_text(), "utf-8")
         (root / "gold.csv").write_text("id,text,label\n1,hello there,ok\n2,buy now,spam\n")
         (root / "report.json").write_text('{"data": []}')
+        (root / "baseline.csv").write_text(f"tenant_id,post_id,label\n{TENANT},p0,ok\n")
         return cls(root)
 
     @property
@@ -95,6 +96,7 @@ def _values(files: Files) -> dict[str, str]:
         "region": "eu",
         "outcome": "schema_rejected",
         "out": str(files.out / "f"),
+        "name": "old-classifier",
     }
 
 
@@ -102,6 +104,8 @@ def _values(files: Files) -> dict[str, str]:
 def _extra(files: Files) -> dict[tuple[str, ...], list[str]]:
     return {
         ("import",): [str(files.root / "posts.jsonl")],
+        ("evaluate",): [str(files.root / "gold.csv")],
+        ("baseline", "import"): [str(files.root / "baseline.csv")],
         ("launch",): ["--stale"],
         ("tenant", "set-budget"): ["--usd", "5"],
         ("provider-sim",): ["--help"],

@@ -22,6 +22,7 @@ from backfill_assets.cli.commands.evaluate import add_evaluate_command
 from backfill_assets.cli.commands.export import FORMATS, cmd_export
 from backfill_assets.cli.commands.ingest import add_ingest_commands
 from backfill_assets.cli.commands.operator import add_operator_commands
+from backfill_assets.cli.commands.people.baseline import add_baseline_commands
 from backfill_assets.cli.commands.people.decisions import add_decisions_commands
 from backfill_assets.cli.commands.people.review import add_review_commands
 from backfill_assets.cli.commands.policy import add_policy_commands
@@ -180,6 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_policy_commands(add)
     add_cascade_commands(add)
     add_evaluate_command(add)
+    add_baseline_commands(add)
     add_decisions_commands(add)
     add_review_commands(add)
     add_provider_sim_command(sub)
@@ -227,6 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "tenant_command",
             "policy_command",
             "cascade_command",
+            "baseline_command",
             "decisions_command",
             "review_command",
         )

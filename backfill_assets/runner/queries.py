@@ -7,12 +7,24 @@ Running work goes through ``api``.
 from __future__ import annotations
 
 from backfill_assets.config.urls import database_url
+from backfill_assets.ingest.baselines import (
+    BaselineSummary,
+    baseline_options,
+    import_baseline_file,
+    import_baseline_query,
+)
 from backfill_assets.ingest.decisions import (
     DecisionOptions,
     import_decision_files,
     import_decision_sql,
 )
 from backfill_assets.ingest.decisions import parse_map as parse_decision_map
+from backfill_assets.ledger.decisions.baselines import (
+    against_baseline,
+    baseline_names,
+    baseline_tenants,
+    moved_posts,
+)
 from backfill_assets.ledger.decisions.review import REASONS as REVIEW_REASONS
 from backfill_assets.ledger.decisions.review import ReviewQueue, review_rows
 from backfill_assets.ledger.decisions.store import DecisionsSummary
@@ -35,9 +47,11 @@ from backfill_assets.ledger.run.usage import (
 from backfill_assets.ledger.spend.budget import budget_status, set_caps, tenant_caps
 from backfill_assets.ledger.spend.deadline_plans import StoredPlan, create_plan, mark, open_plan
 from backfill_assets.ledger.spend.estimate import estimate_pending
+from backfill_assets.platform_db.source import SourceError, query_columns, stream_rows
 
 __all__ = [
     "REVIEW_REASONS",
+    "BaselineSummary",
     "ChunkState",
     "CustomerTenant",
     "DecisionOptions",
@@ -45,21 +59,30 @@ __all__ = [
     "ImportSummary",
     "LabelRow",
     "ReviewQueue",
+    "SourceError",
     "StoredPlan",
+    "against_baseline",
     "all_regions",
+    "baseline_names",
+    "baseline_options",
+    "baseline_tenants",
     "budget_status",
     "create_plan",
     "database_url",
     "engine_for",
     "estimate_pending",
+    "import_baseline_file",
+    "import_baseline_query",
     "import_decision_files",
     "import_decision_sql",
     "ledger_by_model_day",
     "list_rejects",
     "mark",
     "migrate",
+    "moved_posts",
     "open_plan",
     "parse_decision_map",
+    "query_columns",
     "read_tx",
     "reject_sources",
     "rejected_tenant_values",
@@ -71,6 +94,7 @@ __all__ = [
     "slice_levels",
     "state_counts",
     "store_engine",
+    "stream_rows",
     "tenant_caps",
     "tenant_ids",
     "tenant_labels",

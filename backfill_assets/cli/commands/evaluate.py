@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from backfill_assets.cli.commands.cascade import plan_sweep, run_sweep
+from backfill_assets.cli.commands.people.baseline import add_against_baseline, baseline_or
 from backfill_assets.cli.inputs import load_user_policy
 from backfill_assets.cli.numbers import share
 from backfill_assets.cli.process import freeze_heap
@@ -37,7 +38,10 @@ def add_evaluate_command(add: Callable[[str, str], argparse.ArgumentParser]) -> 
         "nothing.",
     )
     sp.add_argument(
-        "gold", metavar="GOLD", help="the gold set (JSONL, CSV or Parquet, also gzip: by content)"
+        "gold",
+        metavar="GOLD",
+        nargs="?",
+        help="the gold set (JSONL, CSV or Parquet, also gzip: by content)",
     )
     sp.add_argument(
         "--policy", metavar="FILE", help="the policy to evaluate (default: BACKFILL_POLICY_PATH's)"
@@ -49,8 +53,9 @@ def add_evaluate_command(add: Callable[[str, str], argparse.ArgumentParser]) -> 
     )
     sp.add_argument(
         "--tenant",
-        default=DEFAULT_TENANT,
-        help=f"the tenant the calls are booked to (default {DEFAULT_TENANT}; never a customer's)",
+        default=None,
+        help=f"the tenant the calls are booked to (default {DEFAULT_TENANT}; never a customer's); "
+        "with --against-baseline, the one tenant compared (default: every tenant)",
     )
     sp.add_argument(
         "--report",
@@ -79,7 +84,8 @@ def add_evaluate_command(add: Callable[[str, str], argparse.ArgumentParser]) -> 
         help="with --target-macro-f1: write the chosen setting as a cascade file here "
         "(default: print it)",
     )
-    sp.set_defaults(func=cmd_evaluate)
+    add_against_baseline(sp)
+    sp.set_defaults(func=baseline_or(cmd_evaluate))
 
 
 def _pct(value: float | None) -> str:
@@ -182,7 +188,7 @@ def cmd_evaluate(args: argparse.Namespace, settings: Settings) -> int:
     freeze_heap()  # what the runner loaded lives until the end (process.py)
 
     try:
-        tenant = validate_tenant_id(args.tenant)
+        tenant = validate_tenant_id(DEFAULT_TENANT if args.tenant is None else args.tenant)
     except InvalidTenantId as exc:
         raise UserError(f"argument --tenant: {exc}") from None
     plan = plan_sweep(args, settings)  # --cascade: its file checked before the store opens

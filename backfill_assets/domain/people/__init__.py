@@ -1,0 +1,1 @@
+"""People in the loop, pure: a previous classifier's results read onto the policy's labels."""
