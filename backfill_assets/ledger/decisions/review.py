@@ -105,9 +105,10 @@ def _from(queue: ReviewQueue) -> sa.ColumnElement[bool]:
     )
 
 
-def _joined(*columns: Any) -> sa.Select[Any]:
+def _joined(*columns: Any, scores: bool = True) -> sa.Select[Any]:
+    """``applied_labels`` with its post's current text, and with ``scores`` its result."""
     al, p, r = applied_labels, posts, results
-    return (
+    stmt = (
         sa.select(*columns)
         .select_from(al)
         .join(
@@ -118,8 +119,8 @@ def _joined(*columns: Any) -> sa.Select[Any]:
                 p.c.content_hash == al.c.content_hash,
             ),
         )
-        .outerjoin(r, r.c.key == al.c.result_key)
     )
+    return stmt.outerjoin(r, r.c.key == al.c.result_key) if scores else stmt
 
 
 def _reason(queue: ReviewQueue) -> sa.ColumnElement[str]:
@@ -178,7 +179,13 @@ def review_counts(
     ``applied_at``: one grouped query, tenants in name order, none without a queued post."""
     al = applied_labels
     stmt = (
-        _joined(al.c.tenant_id, sa.func.count(), sa.func.min(al.c.applied_at))
+        # The results are read for a threshold only: the asset's count never joins them.
+        _joined(
+            al.c.tenant_id,
+            sa.func.count(),
+            sa.func.min(al.c.applied_at),
+            scores=queue.below is not None,
+        )
         .where(_from(queue))
         .group_by(al.c.tenant_id)
         .order_by(al.c.tenant_id)
