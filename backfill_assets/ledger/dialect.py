@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -14,3 +15,27 @@ def insert_for(conn: Connection, table: sa.Table) -> Any:
     if conn.dialect.name == "postgresql":
         return postgresql.insert(table)
     return sqlite.insert(table)
+
+
+def with_keys(
+    conn: Connection,
+    stmt: sa.Select[Any],
+    columns: Sequence[sa.ColumnElement[Any]],
+    keys: Sequence[tuple[str, ...]],
+) -> sa.Select[Any]:
+    """``stmt`` narrowed to the rows whose ``columns`` equal one of ``keys`` (text values).
+
+    PostgreSQL reads a row-value ``IN`` list as one OR arm per key, tried against every row a
+    scan meets: joined to the keys as arrays (``unnest``), each key is one index probe, so a
+    batch's reads stay flat as the table grows. SQLite looks row values up in its index.
+    """
+    if conn.dialect.name != "postgresql":
+        return stmt.where(sa.tuple_(*columns).in_(list(keys)))
+    names = [f"k{i}" for i in range(len(columns))]
+    arrays = [
+        sa.bindparam(None, [str(k[i]) for k in keys], type_=postgresql.ARRAY(sa.Text))
+        for i in range(len(columns))
+    ]
+    wanted = sa.func.unnest(*arrays).table_valued(*names).render_derived(name="wanted")
+    on = sa.and_(*(col == wanted.c[n] for col, n in zip(columns, names, strict=True)))
+    return stmt.join(wanted, on)

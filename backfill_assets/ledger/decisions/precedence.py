@@ -26,7 +26,7 @@ from sqlalchemy.engine import Connection
 
 from backfill_assets.domain.policy.diff import version_order
 from backfill_assets.domain.policy.document import Policy
-from backfill_assets.ledger.dialect import insert_for
+from backfill_assets.ledger.dialect import insert_for, with_keys
 from backfill_assets.ledger.policies import registered_policy
 from backfill_assets.ledger.tables import HUMAN, MODEL, applied_labels, decisions, posts, utcnow
 
@@ -80,17 +80,17 @@ def _apply_chunk(
     conn: Connection, keys: Sequence[tuple[str, str, str]], policy_of: Any, out: DecisionsApplied
 ) -> None:
     d, al = decisions, applied_labels
-    wanted = sa.tuple_(d.c.tenant_id, d.c.post_id, d.c.policy_id).in_(list(keys))
     newest: dict[tuple[str, str, str], sa.Row[Any]] = {}
+    texts = sa.select(posts.c.tenant_id, posts.c.post_id, posts.c.content_hash)
+    pairs = sorted({(t, p) for t, p, _ in keys})
     current_text = {
         (str(t), str(p)): str(h)
         for t, p, h in conn.execute(
-            sa.select(posts.c.tenant_id, posts.c.post_id, posts.c.content_hash).where(
-                sa.tuple_(posts.c.tenant_id, posts.c.post_id).in_([(t, p) for t, p, _ in keys])
-            )
+            with_keys(conn, texts, [posts.c.tenant_id, posts.c.post_id], pairs)
         )
     }
-    for dec in conn.execute(sa.select(d).where(wanted)):
+    decided = with_keys(conn, sa.select(d), [d.c.tenant_id, d.c.post_id, d.c.policy_id], keys)
+    for dec in conn.execute(decided):
         key = (dec.tenant_id, dec.post_id, dec.policy_id)
         seen = newest.get(key)
         if seen is None or (dec.decided_at, dec.decision_key) > (
@@ -98,12 +98,8 @@ def _apply_chunk(
             seen.decision_key,
         ):
             newest[key] = dec
-    in_force = {
-        (r.tenant_id, r.post_id, r.policy_id): r
-        for r in conn.execute(
-            sa.select(al).where(sa.tuple_(al.c.tenant_id, al.c.post_id, al.c.policy_id).in_(keys))
-        )
-    }
+    held = with_keys(conn, sa.select(al), [al.c.tenant_id, al.c.post_id, al.c.policy_id], keys)
+    in_force = {(r.tenant_id, r.post_id, r.policy_id): r for r in conn.execute(held)}
     writes: list[dict[str, Any]] = []
     for key, dec in newest.items():
         if current_text.get((dec.tenant_id, dec.post_id)) != dec.content_hash:
@@ -128,8 +124,7 @@ def _same(row: sa.Row[Any], dec: sa.Row[Any]) -> bool:
     its label, rules or version under the same key)."""
     return bool(
         row.result_key == dec.decision_key
-        and (row.label, row.rule_ids, row.key_version)
-        == (dec.label, dec.rule_ids, dec.key_version)
+        and (row.label, row.rule_ids, row.key_version) == (dec.label, dec.rule_ids, dec.key_version)
     )
 
 

@@ -25,7 +25,7 @@ from backfill_assets.ledger.decisions.precedence import (
     apply_decisions,
     decision_key,
 )
-from backfill_assets.ledger.dialect import insert_for
+from backfill_assets.ledger.dialect import insert_for, with_keys
 from backfill_assets.ledger.engine import write_tx
 from backfill_assets.ledger.policies import register, registered_policy, versions_of
 from backfill_assets.ledger.run.rejects import record_rejects
@@ -167,13 +167,11 @@ def _posts_of(conn: Connection, pairs: Sequence[tuple[str, str]]) -> dict[tuple[
     found: dict[tuple[str, str], Any] = {}
     unique = sorted(set(pairs))
     for part in _chunks(unique):
-        stmt = (
-            sa.select(posts.c.tenant_id, posts.c.post_id, posts.c.content_hash, tenants.c.purpose)
-            .join(tenants, tenants.c.tenant_id == posts.c.tenant_id)
-            .where(sa.tuple_(posts.c.tenant_id, posts.c.post_id).in_(list(part)))
-        )
-        for t, p, h, purpose in conn.execute(stmt):
-            found[(str(t), str(p))] = (str(h), purpose is not None)
+        stmt: sa.Select[Any] = sa.select(
+            posts.c.tenant_id, posts.c.post_id, posts.c.content_hash, tenants.c.purpose
+        ).join(tenants, tenants.c.tenant_id == posts.c.tenant_id)
+        for row in conn.execute(with_keys(conn, stmt, [posts.c.tenant_id, posts.c.post_id], part)):
+            found[(str(row[0]), str(row[1]))] = (str(row[2]), row[3] is not None)
     return found
 
 
