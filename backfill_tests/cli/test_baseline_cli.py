@@ -188,6 +188,11 @@ def test_perspective_scores_mapped_by_threshold_and_measured_against_the_labels(
     assert acme["transitions"] == TRANSITIONS
     assert acme["agreement"] == pytest.approx(0.5)
     assert acme["kappa"] == pytest.approx(KAPPA)
+    # With their 95% intervals, as for moderators' decisions.
+    low, high = acme["kappa_ci95"]
+    assert -1.0 <= low < KAPPA < high <= 1.0
+    low, high = acme["agreement_ci95"]
+    assert low < 0.5 < high
     # The new policy acts on p3 (spam), which the old scorer passed; it passes p4 and p6.
     assert acme["now_flagged"]["posts"] == 1 and acme["now_flagged"]["post_ids"] == ["p3"]
     assert acme["now_passed"]["posts"] == 2 and acme["now_passed"]["post_ids"] == ["p4", "p6"]

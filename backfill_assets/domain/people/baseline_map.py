@@ -265,24 +265,6 @@ def scores_json(scores: Mapping[str, float]) -> str:
     return json.dumps(dict(sorted(scores.items())), separators=(",", ":"))
 
 
-def agreement_and_kappa(pairs: Mapping[tuple[str, str], int]) -> tuple[float | None, float | None]:
-    """Observed agreement and Cohen's kappa of (old, new) label counts; ``None`` without
-    rows, kappa ``None`` too when chance agreement is certain (one label on both sides)."""
-    n = sum(pairs.values())
-    if not n:
-        return None, None
-    observed = sum(c for (a, b), c in pairs.items() if a == b) / n
-    old: dict[str, int] = {}
-    new: dict[str, int] = {}
-    for (a, b), c in pairs.items():
-        old[a] = old.get(a, 0) + c
-        new[b] = new.get(b, 0) + c
-    chance = sum(c * new.get(label, 0) for label, c in old.items()) / (n * n)
-    if chance >= 1.0:
-        return observed, None
-    return observed, (observed - chance) / (1 - chance)
-
-
 def acting(policy: Policy, labels: Sequence[str]) -> tuple[list[str], list[str]]:
     """``labels`` split into those whose action is ``none`` and those acted on (hidden,
     reviewed, ...); a label the policy lacks is in neither."""

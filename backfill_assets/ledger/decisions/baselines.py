@@ -15,12 +15,10 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from backfill_assets.domain.people.baseline_map import (
-    BaselineRow,
-    acting,
-    agreement_and_kappa,
-)
+from backfill_assets.domain.people.baseline_map import BaselineRow, acting
+from backfill_assets.domain.policy.agreement import cohen_kappa
 from backfill_assets.domain.policy.document import Policy
+from backfill_assets.domain.policy.evaluation import wilson
 from backfill_assets.ledger.dialect import insert_for
 from backfill_assets.ledger.tables import applied_labels, baselines, posts, utcnow
 
@@ -197,10 +195,11 @@ def moved_posts(
 def against_baseline(
     conn: Connection, name: str, policy: Policy, tenants: Sequence[str], listed: int
 ) -> list[dict[str, Any]]:
-    """Per tenant of ``tenants``: the posts with both labels, agreement and Cohen's kappa,
-    the transitions (old label -> new label -> posts), and the posts the new labels act on
-    that the old passed (``now_flagged``) and the reverse (``now_passed``), the first
-    ``listed`` of each by post id."""
+    """Per tenant of ``tenants``: the posts with both labels, agreement and Cohen's kappa with
+    their 95% intervals (``domain/policy/agreement.py``, as for decisions), the transitions
+    (old label -> new label -> posts), and the posts the new labels act on that the old
+    passed (``now_flagged``) and the reverse (``now_passed``), the first ``listed`` of each
+    by post id."""
     counts: dict[str, dict[tuple[str, str], int]] = {t: {} for t in tenants}
     for tenant, old, new, n in transition_counts(conn, name, policy.policy_id, tenants):
         counts[tenant][(old, new)] = n
@@ -209,15 +208,18 @@ def against_baseline(
         pairs = counts[tenant]
         labels = sorted({x for pair in pairs for x in pair})
         passes, acts = acting(policy, labels)
-        observed, kappa = agreement_and_kappa(pairs)
+        posts, agreed = sum(pairs.values()), sum(n for (o, w), n in pairs.items() if o == w)
+        kappa = cohen_kappa(pairs)
         transitions: dict[str, dict[str, int]] = {}
         for (old, new), n in sorted(pairs.items()):
             transitions.setdefault(old, {})[new] = n
         doc: dict[str, Any] = {
             "tenant": tenant,
-            "posts": sum(pairs.values()),
-            "agreement": observed,
-            "kappa": kappa,
+            "posts": posts,
+            "agreement": agreed / posts if posts else None,
+            "agreement_ci95": list(ci) if (ci := wilson(agreed, posts)) else None,
+            "kappa": kappa.value,
+            "kappa_ci95": list(kappa.ci) if kappa.ci else None,
             "transitions": transitions,
         }
         for key, olds, news in (("now_flagged", passes, acts), ("now_passed", acts, passes)):
