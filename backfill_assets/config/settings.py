@@ -119,6 +119,7 @@ class Settings(BaseModel):
         if problems:
             raise SettingsError("; ".join(problems[:3]))
         model: ModelSettings = groups["model"]
+        _refuse_per_region_model(env)
         cascade = _read_cascade(env, model)
         regions = region_base_urls({k: v for k, v in env.items() if k not in cascade[1]})
         settings = cls(**groups, region_base_urls=regions, api_key_set=bool(env.get(API_KEY_VAR)))
@@ -260,6 +261,24 @@ def _check_dialect(settings: Settings) -> None:
         raise SettingsError(
             f"{what} is served by vLLM, which has no Batch API: unset BACKFILL_DISPATCH"
         )
+
+
+# What a region lane cannot change: a lane is the same model and dialect at another endpoint.
+_PER_LANE_REFUSED = ("BACKFILL_MODEL_DIALECT__", "BACKFILL_MODEL__")
+
+
+def _refuse_per_region_model(env: Mapping[str, str]) -> None:
+    """A dialect or model per region is refused by name rather than ignored: both are part of
+    every key and of the labels' code version, which are one per code location, and a tenant
+    must never be labelled by another model than the one its labels claim."""
+    for name in sorted(env):
+        if name.startswith(_PER_LANE_REFUSED) and env[name].strip():
+            raise SettingsError(
+                f"{name}: a region lane sends to another endpoint of the same model and "
+                "dialect; a model or dialect per region is not supported (both are part of "
+                "every key and of the labels' code version). Unset it; to send some posts to "
+                "another model, use a cascade (BACKFILL_CASCADE_PATH, docs/cascade.md)"
+            )
 
 
 def _read_cascade(env: Mapping[str, str], model: ModelSettings) -> tuple[Cascade | None, set[str]]:

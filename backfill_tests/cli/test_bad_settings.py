@@ -58,6 +58,10 @@ def test_a_bad_value_exits_2_and_names_the_variable(args: list[str], tmp_path: P
         ("BACKFILL_DRIFT_LABELS", "spam,nsfw"),
         ("BACKFILL_DRIFT_BASELINE", '{"nsfw": 1}'),
         ("BACKFILL_MODEL_BASE_URL__eu", "http://eu.example/v1"),
+        # A lane is the same model at another endpoint: a dialect or model per region is
+        # refused by name, never silently ignored.
+        ("BACKFILL_MODEL_DIALECT__EU", "llama-guard"),
+        ("BACKFILL_MODEL__EU", "gpt-4o-mini"),
         ("BACKFILL_POLICY_PATH", "/no/such/policy.yaml"),
         ("BACKFILL_PROMPT_PATH", "/some/prompt.txt"),
     ],
