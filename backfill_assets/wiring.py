@@ -87,7 +87,17 @@ def build_definitions(settings: Settings | Mapping[str, str]) -> dg.Definitions:
         # would only add start-up cost (docs/architecture.md, "One run, many partitions").
         # BACKFILL_EXECUTOR=multiprocess restores Dagster's default (the orchestration
         # benchmark compares the two).
-        executor=dg.multiprocess_executor
-        if settings.orchestration.executor == "multiprocess"
-        else dg.in_process_executor,
+        executor=_executor(settings),
     )
+
+
+def _executor(settings: Settings) -> dg.ExecutorDefinition:
+    """The executor ``BACKFILL_EXECUTOR`` names; dagster-celery is imported only for Celery."""
+    chosen = settings.orchestration.executor
+    if chosen == "celery":
+        from backfill_assets.defs.celery_steps import celery_executor
+
+        return celery_executor(
+            settings.orchestration.celery_broker_url, settings.store.pg_dead_peer_seconds
+        )
+    return dg.multiprocess_executor if chosen == "multiprocess" else dg.in_process_executor

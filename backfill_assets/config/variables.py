@@ -608,11 +608,21 @@ class OrchestrationSettings(Group):
         ge=0,
         le=64,
     )
-    executor: Literal["in_process", "multiprocess"] = _var(
+    executor: Literal["in_process", "multiprocess", "celery"] = _var(
         "BACKFILL_EXECUTOR",
         "`multiprocess` restores Dagster's default executor (a process per step; only the "
-        "orchestration benchmark wants it).",
+        "orchestration benchmark wants it). `celery`: each step is a task on the Celery workers "
+        "that `bin/prod worker` starts, on any host reaching the broker, the store and the "
+        "instance ([operations.md](operations.md#celery-steps-on-several-hosts)).",
         default="in_process",
+    )
+    celery_broker_url: str = _var(
+        "BACKFILL_CELERY_BROKER_URL",
+        "With `BACKFILL_EXECUTOR=celery`: the broker the runs send steps to and `bin/prod "
+        "worker` takes them from (the same URL on every host); a secret, its password never "
+        "printed.",
+        default="pyamqp://guest@127.0.0.1:5672//",
+        repr=False,
     )
 
 
