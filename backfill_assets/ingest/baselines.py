@@ -205,7 +205,8 @@ def import_baseline_file(
     source = f"baseline {opts.name}: {p.resolve()}"
     try:
         chosen = fmt or sniff_format(p)
-        with file_records(p, chosen, columns_for(opts)) as records:
+        attributes = opts.score_map.attributes if opts.score_map else ()
+        with file_records(p, chosen, columns_for(opts), numbers=attributes) as records:
             rows = merge_runs(records) if chosen == "parquet" else records
             return _import(engine, rows, opts, source)
     except FileNotFoundError:

@@ -109,11 +109,19 @@ def _is_loose(kind: Any) -> bool:
     )
 
 
+def _is_number(kind: Any) -> bool:
+    return bool(pa.types.is_floating(kind) or pa.types.is_integer(kind))
+
+
 def _needed(
-    path: Path, pf: Any, columns_for: ColumnsFor, loose: Collection[str] = ()
+    path: Path,
+    pf: Any,
+    columns_for: ColumnsFor,
+    loose: Collection[str] = (),
+    numbers: Collection[str] = (),
 ) -> dict[str, int]:
     """The columns to read, each with its Parquet column index, checked to be text (or, for
-    ``loose`` ones, a list of text or a timestamp)."""
+    ``loose`` ones, a list of text or a timestamp; for ``numbers``, a number)."""
     schema = pf.schema_arrow
     names = list(schema.names)
     needed = named_columns(str(path), columns_for, names)
@@ -123,7 +131,11 @@ def _needed(
     for name in names:
         kind = schema.field(name).type
         if name in needed:
-            if not (_is_text(kind) or (name in loose and _is_loose(kind))):
+            if not (
+                _is_text(kind)
+                or (name in loose and _is_loose(kind))
+                or (name in numbers and _is_number(kind))
+            ):
                 raise ImportInputError(
                     f"{path}: column {name} is {kind}, not text; export it as a string column "
                     "(e.g. CAST(id AS VARCHAR)); nothing was imported"
@@ -134,13 +146,18 @@ def _needed(
 
 
 def parquet_records(
-    path: Path, columns_for: ColumnsFor, batch_rows: int, loose: Collection[str] = ()
+    path: Path,
+    columns_for: ColumnsFor,
+    batch_rows: int,
+    loose: Collection[str] = (),
+    numbers: Collection[str] = (),
 ) -> Iterator[Record | Rejection]:
     """Rows of a Parquet export as named values; a row's line is its number in the file.
     ``loose``: columns that may also be lists of text or timestamps (a decision's rules and
-    time), checked by the caller row by row."""
+    time); ``numbers``: columns that may also be numbers (a baseline's scores); both checked
+    by the caller row by row."""
     pf = open_parquet(path)
-    needed = _needed(path, pf, columns_for, loose)
+    needed = _needed(path, pf, columns_for, loose, numbers)
     meta = pf.metadata
     row_no = 0
     with path.open("rb") as fh:
@@ -257,7 +274,7 @@ def _lengths(column: Any) -> list[int]:
     """Bytes of each value of a column, nulls 0 (a dictionary value counted per row)."""
     if pa.types.is_null(column.type):
         return [0] * len(column)
-    if pa.types.is_timestamp(column.type):
+    if pa.types.is_timestamp(column.type) or _is_number(column.type):
         return [8] * len(column)
     if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
         # A list's values joined: its bytes, give or take a separator each.

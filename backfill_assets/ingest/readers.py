@@ -24,16 +24,17 @@ def file_records(
     columns_for: ColumnsFor,
     batch_rows: int = BATCH_ROWS,
     loose: Collection[str] = (),
+    numbers: Collection[str] = (),
 ) -> Iterator[Iterator[Record | Rejection]]:
     """The records of ``path`` read as ``fmt``; ``columns_for`` picks the columns a header or
     schema must have (a JSON line names its own). ``loose``: Parquet columns that may also be
-    lists of text or timestamps."""
+    lists of text or timestamps; ``numbers``: Parquet columns that may also be numbers."""
     if fmt == "parquet":
         # pyarrow (~0.15 s) loads with the first Parquet file read, not in every process that
         # might read one (a no-op `run` imports this module through the definitions).
         from backfill_assets.ingest.parquet_rows import parquet_records
 
-        yield parquet_records(path, columns_for, batch_rows, loose)
+        yield parquet_records(path, columns_for, batch_rows, loose, numbers)
         return
     with open_bytes(path) as fh:
         yield csv_records(fh, str(path), columns_for) if fmt == "csv" else jsonl_records(fh)

@@ -14,6 +14,8 @@ import stat
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
@@ -276,6 +278,29 @@ def test_a_query_of_attribute_columns_and_refused_flags(
             )
         )
     assert got == {"p1": "abuse", "p5": "abuse", "p8": "ok"}
+    # The same scores as a Parquet file's number columns (a null: no score for it).
+    table = pa.table(
+        {
+            "tenant_id": ["acme", "acme", "acme"],
+            "post_id": ["p1", "p5", "p8"],
+            "TOXICITY": [0.9, 0.1, 0.2],
+            "THREAT": [0.1, 0.65, None],
+        }
+    )
+    pq.write_table(table, tmp_path / "old.parquet")
+    flags = argv[argv.index("--threshold") :]
+    doc = _json(
+        ["baseline", "import", str(tmp_path / "old.parquet"), "--name", "pq", *flags], capsys
+    )
+    assert (doc["imported"], doc["rejected"]) == (3, 0)
+    with labelled[0].connect() as conn:
+        same = conn.execute(
+            sa.text(
+                "SELECT count(*) FROM baselines a JOIN baselines b ON a.post_id = b.post_id"
+                " AND a.label = b.label WHERE a.name = 'old-scorer' AND b.name = 'pq'"
+            )
+        ).scalar_one()
+    assert same == 3
     for bad, says in (
         (["--threshold", "TOXICITY=nothing:0.8"], "label 'nothing' is not in policy"),
         (["--threshold", "TOXICITY=abuse:1.5"], "threshold must be a number in (0, 1]"),
