@@ -6,10 +6,13 @@ Parquet page too large to read) refuses the gold set: a measure of part of it wo
 
 from __future__ import annotations
 
+import datetime as dt
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from sqlalchemy.engine import Engine
 
 from backfill_assets.domain.policy.document import ITEM_ID_RE
 from backfill_assets.domain.work.records import (
@@ -23,6 +26,8 @@ from backfill_assets.domain.work.records import (
 from backfill_assets.ingest.formats import ImportInputError, sniff_format
 from backfill_assets.ingest.lines import InputBroken
 from backfill_assets.ingest.readers import file_records
+from backfill_assets.ledger.decisions.gold import decided_posts, decided_sha256
+from backfill_assets.ledger.engine import read_tx
 
 # A gold set is held in memory: far above any set a person labels by hand.
 MAX_GOLD_ROWS = 100_000
@@ -144,3 +149,33 @@ def _collect(records: Iterator[Record | Rejection], path: Path, tenant: str, out
                 f"{path}: more than {MAX_GOLD_TEXT_BYTES} bytes of text by line {got.post.line} "
                 "(a gold set is held in memory)"
             )
+
+
+def read_decided_gold(
+    engine: Engine,
+    policy_id: str,
+    gold_tenant: str,
+    tenant: str | None = None,
+    since: dt.datetime | None = None,
+) -> tuple[GoldSet, str]:
+    """Moderators' decisions as a gold set of ``gold_tenant`` (``evaluate --from-decisions``;
+    ``ledger/decisions/gold.py``), with its digest: each decided post's current text, the
+    label of its newest decision and that decision's first rule. A row the rules of posts
+    refuse (an id too long once the tenant is in it) is rejected with its row number."""
+    with read_tx(engine) as conn:
+        found = decided_posts(conn, policy_id, tenant, since, MAX_GOLD_ROWS + 1)
+    if len(found) > MAX_GOLD_ROWS:
+        raise GoldError(f"more than {MAX_GOLD_ROWS} decided posts: narrow with --tenant or --since")
+    out = GoldSet()
+    for line, p in enumerate(found, 1):
+        record = {"tenant_id": gold_tenant, "post_id": p.gold_id, "text": p.text}
+        post = validate_row(record, line)
+        if isinstance(post, Rejection):
+            out.rejected.append(Rejection(line, post.reason.replace("post_id", "id"), None))
+        else:
+            out.rows.append(GoldRow(post, p.label, p.rule))
+    if not out.rows:
+        scope = f"tenant {tenant}" if tenant else "any tenant"
+        when = f" since {since.isoformat()}" if since else ""
+        raise GoldError(f"no decided posts of {scope} under policy {policy_id}{when}")
+    return out, decided_sha256(found)

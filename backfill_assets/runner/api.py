@@ -47,7 +47,7 @@ from backfill_assets.defs.resources import RunResource
 from backfill_assets.demo.generate import write_export
 from backfill_assets.dispatch.partition_run import PartitionRef, RunStopped
 from backfill_assets.dispatch.pipeline import run_partitions, with_levels
-from backfill_assets.ingest.gold import GoldError, read_gold
+from backfill_assets.ingest.gold import GoldError, read_decided_gold, read_gold
 from backfill_assets.ingest.importer import (
     ImportInputError,
     ImportOptions,
@@ -133,6 +133,7 @@ __all__ = [
     "partition_ref",
     "plan_deadline",
     "plan_progress",
+    "read_decided_gold",
     "read_gold",
     "record_import",
     "reprice",

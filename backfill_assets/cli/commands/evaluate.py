@@ -6,6 +6,7 @@ FILE [--target-macro-f1 X] [--write FILE]``, a cascade's thresholds swept (``cas
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
@@ -84,8 +85,30 @@ def add_evaluate_command(add: Callable[[str, str], argparse.ArgumentParser]) -> 
         help="with --target-macro-f1: write the chosen setting as a cascade file here "
         "(default: print it)",
     )
+    sp.add_argument(
+        "--from-decisions",
+        action="store_true",
+        help="no GOLD: moderators' decisions are the gold set, each decided post's text with its "
+        "newest decision's label and first rule (--tenant: that tenant's; the calls are booked "
+        f"to {DEFAULT_TENANT})",
+    )
+    sp.add_argument(
+        "--since",
+        metavar="D",
+        type=_since,
+        help="with --from-decisions: decisions made at or after D (ISO 8601; UTC unless given)",
+    )
     add_against_baseline(sp)
     sp.set_defaults(func=baseline_or(cmd_evaluate))
+
+
+def _since(text: str) -> dt.datetime:
+    """``--since``: an ISO 8601 date or time, as naive UTC (the store's)."""
+    try:
+        when = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not an ISO 8601 date or time") from None
+    return when.astimezone(dt.UTC).replace(tzinfo=None) if when.tzinfo else when
 
 
 def _pct(value: float | None) -> str:
@@ -178,9 +201,7 @@ def cmd_evaluate(args: argparse.Namespace, settings: Settings) -> int:
         check_report_dir,
         comparison,
         evaluate_policies,
-        gold_sha256,
         model_resource,
-        read_gold,
         store_gold,
     )
     from backfill_assets.runner.queries import CustomerTenant, engine_for
@@ -191,6 +212,7 @@ def cmd_evaluate(args: argparse.Namespace, settings: Settings) -> int:
         tenant = validate_tenant_id(DEFAULT_TENANT if args.tenant is None else args.tenant)
     except InvalidTenantId as exc:
         raise UserError(f"argument --tenant: {exc}") from None
+    decided_by, tenant = _decided_by(args, tenant)
     plan = plan_sweep(args, settings)  # --cascade: its file checked before the store opens
     if plan is None:
         settings.require_price()
@@ -202,34 +224,38 @@ def cmd_evaluate(args: argparse.Namespace, settings: Settings) -> int:
     if args.against:
         rubrics.insert(0, Rubric(load_user_policy(args.against)))
     try:
-        gold = read_gold(args.gold, tenant)
-    except GoldError as exc:
-        raise UserError(f"argument GOLD: {exc}") from None
-    try:
         report_dir = check_report_dir(args.report) if args.report else None
     except ReportDirError as exc:
         raise UserError(f"argument --report: {exc}") from None
     engine = engine_for(settings.store.url)
-    source = str(Path(args.gold).resolve())
     try:
-        store_gold(engine, gold, tenant, source, settings.run.slice_target_posts)
+        gold, source = _gold(args, engine, policy, tenant, decided_by)
+    except GoldError as exc:
+        raise UserError(
+            f"argument {'--from-decisions' if args.from_decisions else 'GOLD'}: {exc}"
+        ) from None
+    try:
+        store_gold(engine, gold, tenant, source[0], settings.run.slice_target_posts)
     except CustomerTenant as exc:
         raise UserError(f"argument --tenant: {exc}") from None
     model = model_resource(settings)
     if plan is not None:
-        return _sweep(args, settings, plan, engine, gold, tenant, report_dir)
+        return _sweep(args, settings, plan, engine, gold, tenant, report_dir, source)
     options = RunResource.of(settings).run_options(model, settings.drills.faults())
     try:
-        results = evaluate_policies(
-            engine, gold, rubrics, model, options, tenant, (source, gold_sha256(args.gold))
-        )
+        results = evaluate_policies(engine, gold, rubrics, model, options, tenant, source)
     except RunStopped as exc:
         emit(args, {"ok": False, "error": str(exc)}, f"evaluation stopped: {exc}")
         return 1
     doc: dict[str, Any] = {
         "ok": True,
         "tenant": tenant,
-        "gold": {"file": args.gold, "rows": len(gold.rows), "rejected": gold.rejected_rows},
+        "gold": {
+            "file": args.gold,
+            "source": source[0],
+            "rows": len(gold.rows),
+            "rejected": gold.rejected_rows,
+        },
         "rejected": [
             {"line": r.line, "reason": r.reason, **({"rows": r.rows} if r.rows > 1 else {})}
             for r in gold.rejected
@@ -266,12 +292,12 @@ def _sweep(
     gold: Any,
     tenant: str,
     report_dir: Path | None,
+    source: tuple[str, str],
 ) -> int:
     """``--cascade``: the sweep (``cascade.py``), then ``policy_evaluation`` as evaluate
     records it."""
-    from backfill_assets.runner.api import RunStopped, gold_sha256, model_resource
+    from backfill_assets.runner.api import RunStopped, model_resource
 
-    source = (str(Path(args.gold).resolve()), gold_sha256(args.gold))
     try:
         doc, human, code = run_sweep(args, plan, engine, gold, tenant, source, report_dir)
     except RunStopped as exc:
@@ -280,6 +306,34 @@ def _sweep(
     _record_in_dagster(settings, engine, settings.rubric(), model_resource(settings).model)
     emit(args, doc, *_rejected(gold), *human)
     return int(code)
+
+
+def _decided_by(args: argparse.Namespace, tenant: str) -> tuple[str | None, str]:
+    """(whose decisions, the tenant booked): with ``--from-decisions``, ``--tenant`` names
+    whose decisions (None: every tenant's) and the calls stay the evaluation tenant's."""
+    if (args.gold is None) != bool(args.from_decisions) or (args.since and not args.from_decisions):
+        raise UserError("give GOLD or --from-decisions [--since D], not both")
+    return (args.tenant, DEFAULT_TENANT) if args.from_decisions else (None, tenant)
+
+
+def _gold(
+    args: argparse.Namespace, engine: Any, policy: Rubric, tenant: str, decided_by: str | None
+) -> tuple[Any, tuple[str, str]]:
+    """The gold set of ``tenant`` and its source (name, sha256): GOLD's file, or with
+    ``--from-decisions`` the decided posts under the policy's id (``decided_by``'s, or every
+    tenant's), named by the filters and digested by their rows: the same decisions, the same
+    gold set."""
+    from backfill_assets.runner.api import gold_sha256, read_decided_gold, read_gold
+
+    if not args.from_decisions:
+        return read_gold(args.gold, tenant), (
+            str(Path(args.gold).resolve()),
+            gold_sha256(args.gold),
+        )
+    policy_id = policy.policy.policy_id
+    gold, sha = read_decided_gold(engine, policy_id, tenant, decided_by, args.since)
+    since = f";since={args.since.isoformat()}" if args.since else ""
+    return gold, (f"decisions:policy={policy_id};tenant={decided_by or '*'}{since}", sha)
 
 
 def _rejected(gold: Any) -> list[Human]:
