@@ -220,7 +220,7 @@ def test_every_variable_is_in_docs_configuration() -> None:
     code = [
         *ROOT.glob("backfill_assets/**/*.py"),
         *(p for p in (ROOT / "bin").iterdir() if p.is_file()),
-        *(ROOT / "deploy").iterdir(),
+        *(p for p in (ROOT / "deploy").rglob("*") if p.is_file() and "__pycache__" not in p.parts),
         ROOT / "dagster.yaml",
     ]
     read_by_code = _names(code)
