@@ -53,7 +53,7 @@ def build_definitions(settings: Settings | Mapping[str, str]) -> dg.Definitions:
     review_queue = build_review_queue(rubric)
     backfill_job = dg.define_asset_job(
         BACKFILL_JOB,
-        # Selecting the assets selects their checks too: labels, the eight checks, then the
+        # Selecting the assets selects their checks too: labels, the nine checks, then the
         # apply, which the blocking checks gate within each run.
         selection=dg.AssetSelection.assets(labels, applied),
         description="Moderation labels, their checks and the gated apply, per tenant slice.",

@@ -6,8 +6,10 @@ decision's policy version, and the ``agreement`` check reports them (a warning u
 from __future__ import annotations
 
 import datetime as dt
+import json
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import dagster as dg
 import pytest
@@ -29,7 +31,7 @@ from backfill_assets.ledger.decisions.precedence import apply_decisions, decisio
 from backfill_assets.ledger.engine import write_tx
 from backfill_assets.ledger.evidence import check_pool
 from backfill_assets.ledger.tables import decisions, posts, results, utcnow
-from backfill_tests.moderation_helpers import busiest, check_results, execute, load
+from backfill_tests.moderation_helpers import busiest, check_results, execute, load, run_job
 from backfill_tests.pipeline_helpers import RUBRIC, VERSIONS, refs_for, run
 
 ACME, GLOBEX = "acme", "globex"
@@ -219,3 +221,38 @@ def test_check_workers_report_the_same_agreement(labelled: Engine) -> None:
     acme = {v.summary for pk, v in pooled.items() if pk.endswith(ACME)}
     assert len(acme) == 1 and "over 10 decided post(s)" in acme.pop()
     assert {v.summary for pk, v in pooled.items() if pk.endswith(GLOBEX)} == {"no decisions yet"}
+
+
+def test_dagster_records_the_agreement_in_integrity_as_a_warning(
+    engine: Engine, store_url: str, tmp_path: Path
+) -> None:
+    load(engine, tmp_path, {ACME: 40}, spam_every=4)
+    instance = dg.DagsterInstance.ephemeral(tempdir=str(tmp_path / "dagster"))
+    (first,) = run_job(store_url, instance, [ACME])
+    assert first.success
+    model = model_labels(engine, ACME)
+    for i in range(12):
+        pid = f"p{i:04d}"
+        decide(engine, ACME, pid, _flip(model[pid]) if i % 2 else model[pid])
+    (rec,) = run_job(store_url, instance, [ACME])
+    # A warning never blocks: every partition is applied.
+    assert rec.success and sorted(rec.applied) == sorted(rec.partitions)
+    key = dg.AssetCheckKey(dg.AssetKey("moderation_labels"), "integrity")
+    history = instance.event_log_storage.get_asset_check_execution_history(key, limit=100)
+    latest: dict[str | None, Any] = {}
+    for h in sorted(history, key=lambda h: h.id):
+        assert h.event is not None and h.event.dagster_event is not None
+        latest[h.partition] = h.event.dagster_event.event_specific_data
+    assert set(latest) == set(rec.partitions)
+    for evaluation in latest.values():
+        assert not evaluation.passed and evaluation.severity == dg.AssetCheckSeverity.WARN
+        assert not evaluation.blocking
+        md = evaluation.metadata
+        assert md["agreement.decided_posts"].value == 12 and md["agreement.agreement"].value == 0.5
+        assert md["agreement.kappa"].value < 0.6 and "| ok |" in md["agreement.table"].value
+        assert json.loads(md["checks_json"].value)[-1] == {
+            "name": "agreement",
+            "passed": False,
+            "blocking": False,
+            "warn": True,
+        }
