@@ -33,8 +33,10 @@ from dagster._core.launcher import LaunchRunContext
 from dagster._core.origin import JobPythonOrigin, RepositoryPythonOrigin
 from dagster._core.storage.dagster_run import DagsterRun
 from dagster._core.test_utils import instance_for_test
+from dagster_postgres.utils import get_conn_string
 
 from backfill_assets.config.settings import Settings
+from backfill_assets.ledger.dead_peer import DeadPeer
 from backfill_assets.wiring import BACKFILL_JOB
 from backfill_tests.cli_runs import ROOT
 
@@ -267,7 +269,8 @@ def render_run_job(vals: Mapping[str, Any], tmp_path: Path) -> tuple[str, dict[s
 
 
 @pytest.mark.parametrize(
-    "name,manifest", manifests(), ids=lambda x: x if isinstance(x, str) else ""
+    "name,manifest",
+    [pytest.param(n, m, id=f"{m['kind']}/{m['metadata']['name']}") for n, m in manifests()],
 )
 def test_every_manifest_is_a_valid_kubernetes_object(name: str, manifest: dict[str, Any]) -> None:
     validate(manifest)
@@ -311,6 +314,27 @@ def test_settings_go_to_the_configmap_and_keys_to_the_secret() -> None:
 
 def test_the_helm_values_name_what_is_shipped() -> None:
     assert values_problems(values()) == []
+
+
+def test_the_instance_url_gives_a_vanished_pod_up_as_bin_prod_does() -> None:
+    # The chart builds the instance's URL with dagster-postgres from postgresql.*: it carries
+    # the keepalive parameters and startup options bin/prod adds to DAGSTER_PG_URL, for the
+    # ConfigMap's BACKFILL_PG_DEAD_PEER_SECONDS.
+    pg = values()["postgresql"]
+    seconds = shipped("ConfigMap")["backfill-settings"]["data"]["BACKFILL_PG_DEAD_PEER_SECONDS"]
+    peer = DeadPeer(float(seconds))
+    assert pg["postgresqlParams"] == {**peer.client_params(), "options": peer.startup_options()}
+    url = get_conn_string(
+        pg["postgresqlUsername"],
+        PLACEHOLDER,
+        pg["postgresqlHost"],
+        pg["postgresqlDatabase"],
+        str(pg["service"]["port"]),
+        pg["postgresqlParams"],
+        pg["postgresqlScheme"],
+    )
+    assert url.startswith("postgresql+psycopg2://")
+    assert peer.url_with_params(url) == url  # nothing left to add
 
 
 def test_the_values_check_finds_what_is_wrong() -> None:
