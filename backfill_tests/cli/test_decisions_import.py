@@ -21,6 +21,7 @@ from backfill_assets.ledger.policies import register_policy
 from backfill_tests.cli_runs import cli_main, last_json
 from backfill_tests.conftest import import_records, write_jsonl
 from backfill_tests.policy_helpers import COURSE_TEXTS, COURSE_V5, course
+from bench.decisions_bench import decisions_bench
 
 POSTS = [
     {"tenant_id": "acme", "post_id": f"p{i}", "text": text}
@@ -275,3 +276,13 @@ def test_unusable_input_exits_2_with_the_reason(
     code, _out, err = cli_main(["decisions", "import", str(bad), "--map", "who=moderator"], capsys)
     assert code == 2 and "unknown field 'who'" in err
     assert json.loads(json.dumps(stored(store)[0][1])) == "solution_leak"
+
+
+@pytest.mark.pg
+def test_the_decisions_bench_runs_small(pg_available: bool) -> None:
+    if not pg_available:
+        pytest.skip("PostgreSQL not available (set BACKFILL_TEST_PG_URL)")
+    # The bench checks its own counts: every decision new and applied, then all unchanged.
+    doc = decisions_bench(2_000, 5)
+    assert doc["posts"] == 2_000
+    assert doc["import_s"] > 0 and doc["reimport_rss_mb"] > 0
