@@ -33,6 +33,7 @@ IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 # CI runs everything.
 DRILLS = {
     "backfill_tests/drills/test_batch_crash.py",
+    "backfill_tests/drills/test_celery_hosts.py",
     "backfill_tests/drills/test_celery_workers.py",
     "backfill_tests/dispatch/batch/test_batch_dagster.py",
     "backfill_tests/dispatch/batch/test_batch_hostile.py",

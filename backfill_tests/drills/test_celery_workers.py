@@ -25,8 +25,9 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import suppress
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,7 @@ import pytest
 import sqlalchemy as sa
 
 from backfill_assets.ledger.engines import engine_for
-from backfill_assets.providersim import SimConfig, Simulator
+from backfill_assets.providersim import MeterSnapshot, SimConfig, Simulator
 from backfill_tests.cli_runs import ROOT, clear_settings, last_json
 from backfill_tests.conftest import IN_CI, write_jsonl
 from backfill_tests.drills.test_prod_daemon import pg_pair, prod_env, wait_ready
@@ -57,6 +58,7 @@ FLUSH_MS = 50
 # outcomes (under a second at the run's share of the limit).
 IN_FLIGHT_BOUND = CONCURRENCY + RPM // 60
 WAIT_SECONDS = 300
+DEAD_PEER_S = 3
 
 
 def _unavailable() -> str | None:
@@ -98,8 +100,8 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _step_workers(home: Path) -> list[tuple[str, str, str]]:
-    """(tenant, step, Celery worker) of every step a worker started, in the event log's order."""
+def _step_workers(home: Path) -> list[tuple[str, str, str, float]]:
+    """(tenant, step, Celery worker, when) of every step a worker started, in order."""
     found = []
     with dg.DagsterInstance.from_config(str(home)) as instance:
         for record in instance.get_run_records():
@@ -111,8 +113,9 @@ def _step_workers(home: Path) -> list[tuple[str, str, str]]:
                 data = event.engine_event_data if event else None
                 worker = (data.metadata.get("Celery worker") if data else None) or None
                 if worker is not None and event is not None:
-                    found.append((run.tags["tenant"], str(event.step_key), str(worker.value)))
-    return found
+                    step = (run.tags["tenant"], str(event.step_key), str(worker.value))
+                    found.append((*step, entry.timestamp))
+    return sorted(found, key=lambda f: f[3])
 
 
 def _scalar(url: str, sql: str, **params: Any) -> Any:
@@ -125,39 +128,54 @@ def _pairs(url: str, sql: str, **params: Any) -> dict[str, int]:
         return {str(k): int(n) for k, n in conn.execute(sa.text(sql), params).all()}
 
 
-def test_steps_on_two_celery_workers_one_killed_mid_step(
-    pg_pair: tuple[str, str], vhost: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    instance_url, store_url = pg_pair
-    home, port = tmp_path / "home", _free_port()
-    base_url = f"http://127.0.0.1:{port}"
-    sim = Simulator(SimConfig(latency_median_ms=LATENCY_MS)).start()
-    env = prod_env(instance_url, store_url, home, port)
-    env.update(
-        BACKFILL_EXECUTOR="celery",
-        BACKFILL_CELERY_BROKER_URL=f"pyamqp://guest:guest@{BROKER[0]}:{BROKER[1]}/{vhost}",
-        BACKFILL_MODEL_BACKEND="openai",
-        BACKFILL_MODEL_BASE_URL=sim.base_url,
-        BACKFILL_CONCURRENCY=str(CONCURRENCY),
-        BACKFILL_RPM=str(RPM),
-        BACKFILL_ADAPTIVE="off",
-        BACKFILL_FLUSH_MS=str(FLUSH_MS),
-        BACKFILL_PG_DEAD_PEER_SECONDS="3",
-    )
-    # The event log, read here, is the instance's.
-    clear_settings(monkeypatch)
-    monkeypatch.setenv("DAGSTER_PG_URL", instance_url)
+@dataclass
+class Cluster:
+    """Where the drill's processes run and what each is told."""
+
+    env: dict[str, str]  # bin/prod (webserver + daemon), the CLI
+    workers: dict[str, tuple[list[str], dict[str, str]]]  # name -> argv prefix, environment
+    home: Path
+    store_url: str
+    base_url: str
+    logs: Path
+
+
+@dataclass
+class Outcome:
+    victim: str
+    tenant: str
+    node_of: dict[str, str]
+    steps: list[tuple[str, str, str, float]]
+    meter: MeterSnapshot
+    figures: dict[str, Any] = field(default_factory=dict)
+
+
+def celery_env(env: dict[str, str], broker: str, model_url: str) -> dict[str, str]:
+    """``env`` with the Celery executor and the drill's model and limits."""
+    return {
+        **env,
+        "BACKFILL_EXECUTOR": "celery",
+        "BACKFILL_CELERY_BROKER_URL": broker,
+        "BACKFILL_MODEL_BACKEND": "openai",
+        "BACKFILL_MODEL_BASE_URL": model_url,
+        "BACKFILL_CONCURRENCY": str(CONCURRENCY),
+        "BACKFILL_RPM": str(RPM),
+        "BACKFILL_ADAPTIVE": "off",
+        "BACKFILL_FLUSH_MS": str(FLUSH_MS),
+        "BACKFILL_PG_DEAD_PEER_SECONDS": str(DEAD_PEER_S),
+    }
+
+
+def run_drill(
+    c: Cluster, sim: Simulator, stop: Callable[[str, subprocess.Popen[bytes]], object]
+) -> Outcome:
+    """``bin/prod`` and the workers started, the posts imported, a backfill launched through
+    GraphQL; ``stop(name, worker)`` once each worker runs a labels step and the first has sent a
+    third of its posts; until the backfill completes. Every process is stopped on return."""
     figures: dict[str, Any] = {}
     t0 = time.monotonic()
-    prod = start_session([str(PROD)], env, ROOT, tmp_path / "prod.log")
-    workers = {
-        name: start_session(
-            [str(PROD), "worker", "--concurrency", "1"], env, ROOT, tmp_path / f"{name}.log"
-        )
-        for name in ("w1", "w2")
-    }
-    # bin/prod names each worker backfill-<its pid>@<host>.
-    node_of = {name: f"backfill-{proc.pid}@" for name, proc in workers.items()}
+    prod = start_session([str(PROD)], c.env, ROOT, c.logs / "prod.log")
+    workers: dict[str, subprocess.Popen[bytes]] = {}
     launched: subprocess.Popen[str] | None = None
     try:
         records = [
@@ -165,69 +183,86 @@ def test_steps_on_two_celery_workers_one_killed_mid_step(
             for t, n in POSTS.items()
             for i in range(n)
         ]
-        export = write_jsonl(tmp_path / "posts.jsonl", records)
-        wait_ready(base_url, prod, tmp_path / "prod.log", timeout=120)
+        export = write_jsonl(c.logs / "posts.jsonl", records)
+        # The workers once bin/prod's preflight has created the instance's schema.
+        wait_ready(c.base_url, prod, c.logs / "prod.log", timeout=120)
+        for name, (prefix, env) in c.workers.items():
+            argv = [*prefix, str(PROD), "worker", "--concurrency", "1"]
+            workers[name] = start_session(argv, env, ROOT, c.logs / f"{name}.log")
+        # bin/prod names each worker backfill-<its pid>@<host> (`ip netns exec` keeps the pid).
+        node_of = {name: f"backfill-{proc.pid}@" for name, proc in workers.items()}
         cli = [sys.executable, "-m", "backfill_assets.cli"]
         imported = subprocess.run(
-            [*cli, "import", str(export), "--json"], env=env, cwd=ROOT, capture_output=True,
+            [*cli, "import", str(export), "--json"], env=c.env, cwd=ROOT, capture_output=True,
             text=True, timeout=120,
         )  # fmt: skip
         assert imported.returncode == 0, imported.stderr[-2000:]
         figures["ready_s"] = round(time.monotonic() - t0, 1)
         launched = subprocess.Popen(
-            [*cli, "launch", "--missing", "--json", "--wait", str(WAIT_SECONDS), "--url", base_url],
-            env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            [*cli, "launch", "--missing", "--json", "--wait", str(WAIT_SECONDS), "--url",
+             c.base_url],
+            env=c.env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
-        victim, tenant = _kill_one_worker_mid_step(workers, node_of, home, store_url, figures)
+        victim, tenant = _stop_one_worker_mid_step(workers, node_of, c, stop, figures)
         out, err = launched.communicate(timeout=WAIT_SECONDS + 60)
-        logs = "\n".join((tmp_path / f"{n}.log").read_text()[-2000:] for n in ("prod", *workers))
+        figures["stop_to_done_s"] = round(time.monotonic() - figures.pop("stopped_at"), 1)
+        logs = "\n".join((c.logs / f"{n}.log").read_text()[-2000:] for n in ("prod", *workers))
         assert launched.returncode == 0, f"{err[-3000:]}\n{logs}"
         doc = json.loads(out)
         assert {b["status"] for b in doc["backfills"]} == {"COMPLETED_SUCCESS"}, doc
         figures["launch_to_done_s"] = round(time.monotonic() - t0 - figures["ready_s"], 1)
-        steps = _step_workers(home)
+        steps = _step_workers(c.home)
         # The broker's password is not in the workers' logs.
-        assert all(":guest@" not in (tmp_path / f"{n}.log").read_text() for n in workers)
-        assert "guest:***@" in (tmp_path / "w1.log").read_text()
+        assert all(":guest@" not in (c.logs / f"{n}.log").read_text() for n in workers)
+        assert all("guest:***@" in (c.logs / f"{n}.log").read_text() for n in workers)
     finally:
         if launched is not None and launched.poll() is None:
             launched.kill()
         kill_sessions([prod, *workers.values()])
         sim.stop()
-    meter = sim.meter.snapshot()
-    survivor = next(n for n in workers if n != victim)
-    nodes = {w for _t, _s, w in steps}
+    return Outcome(victim, tenant, node_of, steps, sim.meter.snapshot(), figures)
+
+
+def check_outcome(c: Cluster, found: Outcome, label: str) -> None:
+    """Both workers ran steps, the stopped step was taken by the other worker, the backfill
+    is complete and applied once, and the ledger is the meter but for the calls in flight.
+    Prints the figures (pytest -s)."""
+    node_of, steps, tenant = found.node_of, found.steps, found.tenant
+    survivor = next(n for n in node_of if n != found.victim)
+    nodes = {w for _t, _s, w, _at in steps}
     # Every step ran on a worker, and both workers ran steps.
-    assert all(any(w.startswith(node_of[n]) for n in workers) for w in nodes), nodes
-    assert all(any(w.startswith(node_of[n]) for w in nodes) for n in workers), (nodes, node_of)
-    # The killed step was taken again, by the survivor.
-    taken = [w for t, s, w in steps if t == tenant and s == "moderation_labels"]
-    assert len(taken) == 2 and taken[0].startswith(node_of[victim]), taken
-    assert taken[1].startswith(node_of[survivor]), taken
+    assert all(any(w.startswith(node_of[n]) for n in node_of) for w in nodes), nodes
+    assert all(any(w.startswith(node_of[n]) for w in nodes) for n in node_of), (nodes, node_of)
+    # The stopped step was taken again, by the survivor.
+    taken = [(w, at) for t, s, w, at in steps if t == tenant and s == "moderation_labels"]
+    assert len(taken) == 2 and taken[0][0].startswith(node_of[found.victim]), taken
+    assert taken[1][0].startswith(node_of[survivor]), taken
+    # The survivor runs one step at a time: it takes the step once its own labels step ends.
+    found.figures["taken_again_after_s"] = round(taken[1][1] - found.figures.pop("stopped_wall"), 1)
 
     verified = subprocess.run(
         [sys.executable, "-m", "backfill_assets.cli", "verify", "--require-complete", "--json"],
-        env=env, cwd=ROOT, capture_output=True, text=True, timeout=120,
+        env=c.env, cwd=ROOT, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     report = last_json(verified.stdout)
     assert verified.returncode == 0 and report["ok"], report.get("problems")
-    done = _pairs(store_url, "SELECT tenant_id, count(*) FROM results GROUP BY tenant_id")
+    done = _pairs(c.store_url, "SELECT tenant_id, count(*) FROM results GROUP BY tenant_id")
     assert done == POSTS
     # Applied once per partition: one applied_labels materialisation each.
-    with dg.DagsterInstance.from_config(str(home)) as instance:
+    with dg.DagsterInstance.from_config(str(c.home)) as instance:
         applied = instance.fetch_materializations(dg.AssetKey("applied_labels"), limit=100)
-        partitions = [r.partition_key for r in applied.records]
+        partitions = [str(r.partition_key) for r in applied.records]
     assert sorted(partitions) == sorted(set(partitions)) and len(partitions) == len(POSTS)
 
     booked = _pairs(
-        store_url,
+        c.store_url,
         "SELECT tenant_id, sum(tokens_in + tokens_out) FROM ledger_events"
         " WHERE type = 'usage' GROUP BY tenant_id",
     )
-    bills = meter.billed_by_correlation_id
+    bills = found.meter.billed_by_correlation_id
     billed, repaid, unbooked = {}, {}, {}
     for t in POSTS:
-        with engine_for(store_url).connect() as conn:
+        with engine_for(c.store_url).connect() as conn:
             keys = conn.execute(
                 sa.text("SELECT DISTINCT key FROM ledger_events WHERE tenant_id = :t"), {"t": t}
             ).scalars()
@@ -236,49 +271,74 @@ def test_steps_on_two_celery_workers_one_killed_mid_step(
         repaid[t] = sum(b.requests - 1 for b in mine)
         unbooked[t] = billed[t] - booked[t]
     other = next(t for t in POSTS if t != tenant)
+    figures = found.figures
     figures.update(
-        victim=victim,
-        steps_by_worker={n: sum(w.startswith(node_of[n]) for _t, _s, w in steps) for n in workers},
+        victim=found.victim,
+        steps_by_worker={
+            n: sum(w.startswith(node_of[n]) for _t, _s, w, _at in steps) for n in node_of
+        },
         billed_tokens=billed,
         booked_tokens=booked,
         repaid_calls=repaid,
         orphan_attempts={t["tenant"]: t["orphan_attempts"] for t in report["tenants"]},
         in_flight_bound=IN_FLIGHT_BOUND,
-        meter_requests=meter.requests_total,
+        meter_requests=found.meter.requests_total,
     )
-    print("\ncelery workers: " + json.dumps(figures))  # the drill's figures (pytest -s)
-    # Every billed token is booked once, except the calls in flight when the worker died.
-    assert sum(billed.values()) == meter.billed_tokens_total
+    print(f"\n{label}: " + json.dumps(figures))  # the drill's figures (pytest -s)
+    # Every billed token is booked once, except the calls in flight when the worker stopped.
+    assert sum(billed.values()) == found.meter.billed_tokens_total
     assert booked[other] == billed[other] and repaid[other] == 0
     assert unbooked[tenant] >= 0 and repaid[tenant] <= IN_FLIGHT_BOUND
     assert figures["orphan_attempts"][tenant] <= IN_FLIGHT_BOUND
 
 
-def _kill_one_worker_mid_step(
+def test_steps_on_two_celery_workers_one_killed_mid_step(
+    pg_pair: tuple[str, str], vhost: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    instance_url, store_url = pg_pair
+    home, port = tmp_path / "home", _free_port()
+    sim = Simulator(SimConfig(latency_median_ms=LATENCY_MS)).start()
+    broker = f"pyamqp://guest:guest@{BROKER[0]}:{BROKER[1]}/{vhost}"
+    env = celery_env(prod_env(instance_url, store_url, home, port), broker, sim.base_url)
+    # The event log, read here, is the instance's.
+    clear_settings(monkeypatch)
+    monkeypatch.setenv("DAGSTER_PG_URL", instance_url)
+    c = Cluster(
+        env, {"w1": ([], env), "w2": ([], env)}, home, store_url, f"http://127.0.0.1:{port}",
+        tmp_path,
+    )  # fmt: skip
+    # SIGKILL of the worker's whole tree: the host gone, its connections closed.
+    found = run_drill(c, sim, lambda _name, proc: kill_session(proc.pid))
+    check_outcome(c, found, "celery workers")
+
+
+def _stop_one_worker_mid_step(
     workers: dict[str, subprocess.Popen[bytes]],
     node_of: dict[str, str],
-    home: Path,
-    store_url: str,
+    c: Cluster,
+    stop: Callable[[str, subprocess.Popen[bytes]], object],
     figures: dict[str, Any],
 ) -> tuple[str, str]:
     """Once each worker runs one tenant's labels step and the first has sent a third of its
-    posts, SIGKILL that worker's whole tree (the host gone); the worker and its tenant."""
+    posts, ``stop`` that worker; the worker and its tenant."""
     deadline = time.monotonic() + WAIT_SECONDS
     while time.monotonic() < deadline:
-        for proc in workers.values():
-            assert proc.poll() is None, "a worker exited before the kill"
-        labels = {w: t for t, s, w in _step_workers(home) if s == "moderation_labels"}
+        for name, proc in workers.items():
+            assert proc.poll() is None, f"worker {name} exited before the stop"
+        steps = _step_workers(c.home)
+        labels = {w: t for t, s, w, _at in steps if s == "moderation_labels"}
         on = {n: t for n in workers for w, t in labels.items() if w.startswith(node_of[n])}
         if len(on) == 2:
             victim = min(on)
             tenant = on[victim]
-            sent = int(
-                _scalar(store_url, "SELECT count(*) FROM results WHERE tenant_id = :t", t=tenant)
-            )
+            sql = "SELECT count(*) FROM results WHERE tenant_id = :t"
+            sent = int(_scalar(c.store_url, sql, t=tenant))
             if sent >= POSTS[tenant] // 3:
-                assert sent < POSTS[tenant], "the step ended before the kill"
-                kill_session(workers[victim].pid)
-                figures["killed_at_results"] = sent
+                assert sent < POSTS[tenant], "the step ended before the stop"
+                stop(victim, workers[victim])
+                figures["stopped_at"] = time.monotonic()
+                figures["stopped_wall"] = time.time()
+                figures["stopped_at_results"] = sent
                 return victim, tenant
         time.sleep(0.2)
     raise AssertionError("the two workers never ran a labels step each")
