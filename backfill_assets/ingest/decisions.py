@@ -185,15 +185,17 @@ def to_decision(
     record: Record, options: DecisionOptions, fmt: Format | None
 ) -> Decision | Rejection:
     """A row of named values as a decision, or why it cannot be one (never its values)."""
-    values, cols = record.values, options.columns
-    raw_tenant = values.get(_column(cols, "tenant_id"))
-    given = None if raw_tenant is None else shown(raw_tenant)
+
+    def given() -> str | None:
+        raw = record.values.get(_column(options.columns, "tenant_id"))
+        return None if raw is None else shown(raw)
+
     if record.problem is not None:
-        return Rejection(record.line, record.problem, given, record.locator)
+        return Rejection(record.line, record.problem, given(), record.locator)
     try:
         return _decision(record, options, fmt)
     except ValueError as exc:
-        return Rejection(record.line, str(exc), given or options.tenant, record.locator)
+        return Rejection(record.line, str(exc), given() or options.tenant, record.locator)
 
 
 def _decision(record: Record, options: DecisionOptions, fmt: Format | None) -> Decision:
