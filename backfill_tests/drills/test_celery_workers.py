@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -39,8 +40,8 @@ from backfill_assets.ledger.engines import engine_for
 from backfill_assets.providersim import MeterSnapshot, SimConfig, Simulator
 from backfill_tests.cli_runs import ROOT, clear_settings, last_json
 from backfill_tests.conftest import IN_CI, write_jsonl
-from backfill_tests.drills.test_prod_daemon import pg_pair, prod_env, wait_ready
-from backfill_tests.sessions import kill_session, kill_sessions, start_session
+from backfill_tests.drills.test_prod_daemon import pg_pair, prod_env, stop, wait_ready
+from backfill_tests.sessions import kill_session, kill_sessions, session_pids, start_session
 
 __all__ = ["pg_pair"]  # the fixture, shared with the prod daemon drill
 
@@ -353,3 +354,32 @@ def test_prod_worker_refuses_without_the_celery_executor(tmp_path: Path) -> None
     assert done.returncode == 2
     assert "BACKFILL_EXECUTOR=celery" in done.stderr
     assert "s3cr3t" not in done.stderr
+
+
+def test_prod_worker_starts_after_the_preflight_and_stops_on_sigterm(
+    pg_pair: tuple[str, str], vhost: str, tmp_path: Path
+) -> None:
+    instance_url, store_url = pg_pair
+    broker = f"pyamqp://guest:guest@{BROKER[0]}:{BROKER[1]}/{vhost}"
+    env = celery_env(
+        prod_env(instance_url, store_url, tmp_path / "home", 3000), broker, "http://127.0.0.1:9/v1"
+    )
+    log = tmp_path / "worker.log"
+    proc = start_session([str(PROD), "worker", "--concurrency", "1"], env, ROOT, log)
+    try:
+        deadline = time.monotonic() + 90
+        while " ready." not in log.read_text():
+            assert proc.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        text = log.read_text()
+        assert "[prod] store:" in text and "[prod] broker: pyamqp://guest:***@" in text
+        assert f"backfill-{proc.pid}@" in text  # one name per worker
+        # bin/prod, Celery's main process and its pool process.
+        assert len(session_pids(proc.pid)) >= 3
+        code, took = stop(proc, signal.SIGTERM, timeout=40)
+        assert code == 143, log.read_text()[-3000:]
+        assert session_pids(proc.pid) == [], "processes left behind by bin/prod worker"
+        assert took < 20
+    finally:
+        kill_sessions([proc])
