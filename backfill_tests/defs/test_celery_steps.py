@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import dagster as dg
 import pytest
 
 from backfill_assets.config.settings import Settings
@@ -23,6 +24,9 @@ def test_the_jobs_run_their_steps_on_celery_with_the_settings_broker() -> None:
     assert executor.name == "celery"
     # Configured in code: a launch has no executor config to give (nor a broker to redirect).
     assert not executor.config_schema.as_field().is_required
+    # The job's snapshot, stored with every run and served by the webserver, has no broker.
+    snapshot = dg.serialize_value(defs.resolve_job_def(BACKFILL_JOB).get_job_snapshot())
+    assert "s3cr3t" not in snapshot and "rabbit" not in snapshot
 
 
 def test_the_default_executor_stays_in_process() -> None:
