@@ -774,16 +774,6 @@ class ChecksSettings(Group):
         "threshold sweep found for the same decide rules (0.15: 70% on the gold set, 55% to "
         "85% here), once the partition has `BACKFILL_DRIFT_MIN_COUNT` labels.",
     )
-    apply_live: Flag = _var(
-        "BACKFILL_APPLY_LIVE",
-        default=False,
-        description="Off: `applied_labels` writes the shadow columns only; on also writes the "
-        "live `moderation_label` columns.",
-    )
-
-    def bounds(self, policy: Policy) -> CheckBounds:
-        """The pure checks' bounds; drift watches ``policy``'s flagging labels by default."""
-        watched = tuple(x.strip() for x in self.drift_labels.split(",") if x.strip())
     min_kappa: float = _var(
         "BACKFILL_CHECK_MIN_KAPPA",
         default=0.6,
@@ -794,6 +784,16 @@ class ChecksSettings(Group):
         "policy version in force, once it has `BACKFILL_DRIFT_MIN_COUNT` of them (0.6: the "
         "lower end of what Landis and Koch call substantial agreement, 0.61 to 0.80).",
     )
+    apply_live: Flag = _var(
+        "BACKFILL_APPLY_LIVE",
+        default=False,
+        description="Off: `applied_labels` writes the shadow columns only; on also writes the "
+        "live `moderation_label` columns.",
+    )
+
+    def bounds(self, policy: Policy) -> CheckBounds:
+        """The pure checks' bounds; drift watches ``policy``'s flagging labels by default."""
+        watched = tuple(x.strip() for x in self.drift_labels.split(",") if x.strip())
         return CheckBounds(
             max_rebilled_share=self.max_rebilled_share,
             max_orphan_attempts=self.max_orphan_attempts,
@@ -805,6 +805,7 @@ class ChecksSettings(Group):
                 factor=self.drift_factor,
                 min_count=self.drift_min_count,
             ),
+            min_kappa=self.min_kappa,
         )
 
     def configured_baseline(self, policy: Policy) -> dict[str, float] | None:
@@ -815,7 +816,6 @@ class ChecksSettings(Group):
 
 
 class DataSettings(Group):
-            min_kappa=self.min_kappa,
     """Data in and out: the import directory, the database source, the sink."""
 
     import_dir: str = _var(
