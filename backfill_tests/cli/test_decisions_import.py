@@ -5,6 +5,7 @@ unchanged and a changed row an update; a decision outranks the model's label aft
 from __future__ import annotations
 
 import csv
+import datetime as dt
 import json
 import sqlite3
 from pathlib import Path
@@ -147,6 +148,24 @@ def test_every_format_gives_the_same_decisions_applied_over_the_posts(
         "p3": ("contract_cheating", "PAY-1", "human"),
         "p7": ("ok", "", "human"),
     }
+
+
+def test_parquet_may_give_decided_at_as_a_timestamp(
+    store: Engine, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = [{**d, "decided_at": None} for d in THREE[:2]]
+    table = pa.Table.from_pylist(rows).set_column(
+        list(rows[0]).index("decided_at"),
+        "decided_at",
+        pa.array(
+            [dt.datetime(2026, 11, 30, 11, 0, tzinfo=dt.timezone(dt.timedelta(hours=1)))] * 2,
+            type=pa.timestamp("us", tz="+01:00"),
+        ),
+    )
+    pq.write_table(table, tmp_path / "times.parquet")
+    doc = imported([str(tmp_path / "times.parquet")], capsys)
+    assert (doc["imported"], doc["rejected"]) == (2, 0)
+    assert {_time(r[4]) for r in stored(store)} == {"2026-11-30 10:00:00"}
 
 
 def test_each_refused_row_is_recorded_with_its_line_and_reason(
