@@ -36,12 +36,12 @@ from backfill_assets.ingest.importer import export_files
 from backfill_assets.ingest.lines import InputBroken
 from backfill_assets.ingest.readers import file_records
 from backfill_assets.ledger.decisions.store import (
+    BatchHook,
     Decision,
     DecisionsSummary,
     PolicyVersions,
     write_decisions,
 )
-from backfill_assets.platform_db.source import SourceError, query_columns, stream_rows
 
 FIELDS = (
     "tenant_id",
@@ -97,11 +97,11 @@ def parse_map(spec: str | None) -> dict[str, str]:
     return mapped
 
 
-def _column(columns: Mapping[str, str], name: str) -> str:
+def column_of(columns: Mapping[str, str], name: str) -> str:
     return str(columns.get(name, name))
 
 
-def _wanted(options: DecisionOptions) -> Callable[[list[str]], list[str]]:
+def wanted_columns(options: DecisionOptions) -> Callable[[list[str]], list[str]]:
     """What a header or schema must hold, and the columns to read."""
 
     def pick(names: list[str]) -> list[str]:
@@ -110,15 +110,15 @@ def _wanted(options: DecisionOptions) -> Callable[[list[str]], list[str]]:
             for f in FIELDS
             if f not in _OPTIONAL and not (f == "tenant_id" and options.tenant is not None)
         ]
-        missing = [f for f in needed if _column(options.columns, f) not in names]
+        missing = [f for f in needed if column_of(options.columns, f) not in names]
         if missing:
-            gone = ", ".join(f"{f} (from {_column(options.columns, f)})" for f in missing)
+            gone = ", ".join(f"{f} (from {column_of(options.columns, f)})" for f in missing)
             found = ", ".join(shown(n) for n in names[:20]) or "none"
             raise ImportInputError(
                 f"no column for {gone}; its columns: {found} "
                 "(--map FIELD=COLUMN reads a field from another column)"
             )
-        wanted = {_column(options.columns, f) for f in FIELDS}
+        wanted = {column_of(options.columns, f) for f in FIELDS}
         return [n for n in names if n in wanted]
 
     return pick
@@ -187,7 +187,7 @@ def to_decision(
     """A row of named values as a decision, or why it cannot be one (never its values)."""
 
     def given() -> str | None:
-        raw = record.values.get(_column(options.columns, "tenant_id"))
+        raw = record.values.get(column_of(options.columns, "tenant_id"))
         return None if raw is None else shown(raw)
 
     if record.problem is not None:
@@ -202,7 +202,7 @@ def _decision(record: Record, options: DecisionOptions, fmt: Format | None) -> D
     values, cols = record.values, options.columns
 
     def get(name: str) -> Any:
-        value = values.get(_column(cols, name))
+        value = values.get(column_of(cols, name))
         # CSV has no nulls: a blank optional cell says nothing.
         return None if fmt == "csv" and value == "" and name in _OPTIONAL else value
 
@@ -268,12 +268,14 @@ def _import_file(
     summary = DecisionsSummary()
     source = str(path.resolve())
     try:
-        with file_records(path, fmt, _wanted(options), options.batch_rows, _LOOSE) as records:
+        with file_records(
+            path, fmt, wanted_columns(options), options.batch_rows, _LOOSE
+        ) as records:
             rows = (
                 r if isinstance(r, Rejection) else to_decision(r, options, fmt) for r in records
             )
             merged = merge_runs(rows) if fmt == "parquet" else rows
-            _write_all(engine, merged, source, path.name, versions, options, summary, progress)
+            write_all(engine, merged, source, path.name, versions, options, summary, progress)
     except (OSError, EOFError, zlib.error) as exc:
         raise ImportInputError(
             f"{path}: unreadable ({type(exc).__name__}: {exc}); the rows before it were imported"
@@ -285,49 +287,7 @@ def _import_file(
     return summary
 
 
-def import_decision_sql(
-    engine: Engine,
-    url: str,
-    query: str,
-    name: str,
-    policy: Policy,
-    options: DecisionOptions,
-    progress: Progress | None = None,
-) -> DecisionsSummary:
-    """Import the decisions a query returns (streamed, a batch at a time). Rows are numbered
-    in the query's order; a re-import of the same rows changes nothing."""
-    label = f"sql:{name}"
-    try:
-        found = query_columns(url, query)
-        needed = _wanted(options)(found)
-    except SourceError as exc:
-        raise ImportInputError(str(exc)) from None
-    except ImportInputError as exc:
-        raise ImportInputError(f"{label}: the query's result has {exc}") from None
-    summary = DecisionsSummary()
-    chunks = stream_rows(url, query, needed, options.batch_rows)
-
-    def records() -> Iterator[Decision | Rejection]:
-        line = 0
-        for chunk in chunks:
-            for values in chunk:
-                line += 1
-                row = dict(zip(needed, values, strict=True))
-                post = row.get(_column(options.columns, "post_id"))
-                where = f"post_id {shown(post)!r}"
-                yield to_decision(Record(line, row, where), options, None)
-
-    try:
-        versions = PolicyVersions(policy)
-        _write_all(engine, records(), label, label, versions, options, summary, progress)
-    except SourceError as exc:
-        raise ImportInputError(f"{exc}; the rows before it were imported") from None
-    finally:
-        chunks.close()  # the source's connection ends here
-    return summary
-
-
-def _write_all(
+def write_all(
     engine: Engine,
     rows: Iterator[Decision | Rejection],
     source: str,
@@ -336,14 +296,18 @@ def _write_all(
     options: DecisionOptions,
     summary: DecisionsSummary,
     progress: Progress | None,
+    hook: BatchHook | None = None,
 ) -> None:
+    """Write ``rows`` in batches of ``options.batch_rows``, one transaction each (``hook``
+    runs inside it last). A break in the input: the rows before it are written, with the
+    break's line as a rejection, then it is raised again."""
     batch: list[Decision | Rejection] = []
     try:
         for item in rows:
             summary.read += item.rows if isinstance(item, Rejection) else 1
             batch.append(item)
             if len(batch) >= options.batch_rows:
-                write_decisions(engine, source, batch, versions, summary)
+                write_decisions(engine, source, batch, versions, summary, hook)
                 batch = []
                 if progress is not None:
                     progress(label, summary)
@@ -351,9 +315,9 @@ def _write_all(
         # What was read before the break is kept, with the break's line as a rejection.
         batch.append(Rejection(exc.line, exc.reason[:500], None))
         summary.read += 1
-        write_decisions(engine, source, batch, versions, summary)
+        write_decisions(engine, source, batch, versions, summary, hook)
         raise
     if batch:
-        write_decisions(engine, source, batch, versions, summary)
+        write_decisions(engine, source, batch, versions, summary, hook)
     if progress is not None:
         progress(label, summary)

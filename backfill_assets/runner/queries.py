@@ -13,11 +13,7 @@ from backfill_assets.ingest.baselines import (
     import_baseline_file,
     import_baseline_query,
 )
-from backfill_assets.ingest.decisions import (
-    DecisionOptions,
-    import_decision_files,
-    import_decision_sql,
-)
+from backfill_assets.ingest.decisions import DecisionOptions, import_decision_files
 from backfill_assets.ingest.decisions import parse_map as parse_decision_map
 from backfill_assets.ledger.decisions.baselines import (
     against_baseline,
@@ -47,6 +43,7 @@ from backfill_assets.ledger.run.usage import (
 from backfill_assets.ledger.spend.budget import budget_status, set_caps, tenant_caps
 from backfill_assets.ledger.spend.deadline_plans import StoredPlan, create_plan, mark, open_plan
 from backfill_assets.ledger.spend.estimate import estimate_pending
+from backfill_assets.platform_db.decision_source import import_decision_sql
 from backfill_assets.platform_db.source import SourceError, query_columns, stream_rows
 
 __all__ = [

@@ -275,6 +275,40 @@ def test_a_database_query_imports_decisions(
     assert (again["imported"], again["unchanged"]) == (0, 1)
 
 
+def test_a_query_with_a_cursor_reads_on_from_its_mark(
+    store: Engine, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    platform = tmp_path / "platform.db"
+    insert = "INSERT INTO reviews VALUES ('acme', ?, 'course-rubric', '5', ?, '', 'mod-2', ?, NULL)"
+    with sqlite3.connect(platform) as db:
+        db.execute(
+            "CREATE TABLE reviews (tenant_id, post_id, policy_id, policy_version, label,"
+            " rule_ids, reviewer_id, decided_at, reason_code)"
+        )
+        db.executemany(
+            insert,
+            [("p1", "ok", "2026-11-30T10:00:00"), ("p2", "spam", "2026-11-30T10:05:00")],
+        )
+    argv = ["--sql", f"sqlite:///{platform}", "--query", "SELECT * FROM reviews"]
+    argv += ["--source", "reviews", "--cursor", "decided_at"]
+    first = imported(argv, capsys)
+    assert (first["read"], first["imported"]) == (2, 2)
+    assert first["high_water"] == {
+        "decided_at": "2026-11-30T10:05:00",
+        "tenant_id": "acme",
+        "post_id": "p2",
+    }
+    with sqlite3.connect(platform) as db:
+        db.execute(insert, ("p3", "ok", "2026-11-30T11:00:00"))
+    # From the mark's value on, that value again: the mark's row unchanged, the new one new.
+    again = imported(argv, capsys)
+    assert (again["read"], again["imported"], again["unchanged"]) == (2, 1, 1)
+    assert again["high_water"]["post_id"] == "p3"
+    assert in_force(store)["p3"] == ("ok", "", "human")
+    code, _out, err = cli_main(["decisions", "import", *argv[:4], "--source", "reviews"], capsys)
+    assert code == 2 and "a source keeps its cursor" in err
+
+
 def test_unusable_input_exits_2_with_the_reason(
     store: Engine, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -11,7 +11,7 @@ old text, so it does not take the new one (the model's again, see ``precedence``
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -31,6 +31,9 @@ from backfill_assets.ledger.engine import write_tx
 from backfill_assets.ledger.policies import register, registered_policy, versions_of
 from backfill_assets.ledger.run.rejects import record_rejects
 from backfill_assets.ledger.tables import decisions, posts, tenants, utcnow
+
+# Called inside each batch's transaction, last, with the batch.
+BatchHook = Callable[[Connection, Sequence["Decision | Rejection"]], None]
 
 # Keys one statement reads at once.
 _CHUNK = 500
@@ -195,11 +198,15 @@ def write_decisions(
     batch: Sequence[Decision | Rejection],
     versions: PolicyVersions,
     summary: DecisionsSummary,
+    hook: BatchHook | None = None,
 ) -> None:
     """Check, keep and apply one batch of decisions in one transaction; a refused row is
-    recorded in ``rejected_records`` under ``source`` with its line and reason."""
+    recorded in ``rejected_records`` under ``source`` with its line and reason. ``hook`` runs
+    inside the transaction last (a database source moves its high-water mark there)."""
     with write_tx(engine) as conn:
         _write(conn, source, batch, versions, summary)
+        if hook is not None:
+            hook(conn, batch)
 
 
 def _write(

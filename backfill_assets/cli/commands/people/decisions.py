@@ -63,7 +63,14 @@ def add_decisions_commands(add: Callable[[str, str], argparse.ArgumentParser]) -
         "--source",
         default="decisions",
         metavar="NAME",
-        help="with --sql: the source's name in rejects (default: decisions)",
+        help="with --sql: the source's name in rejects and its mark (default: decisions)",
+    )
+    sp.add_argument(
+        "--cursor",
+        default=None,
+        metavar="COLUMN",
+        help="with --sql: read only rows from the last import's COLUMN value on (that value "
+        "again); without it every import reads the whole query, what it read before unchanged",
     )
     sp.set_defaults(func=cmd_decisions_import)
 
@@ -77,8 +84,9 @@ def _options(args: argparse.Namespace) -> DecisionOptions:
             tenant = validate_tenant_id(args.tenant)
         except InvalidTenantId as exc:
             raise UserError(f"argument --tenant: {exc}") from None
-    if args.sql is None and args.query is not None:
-        raise UserError("argument --query: only with --sql")
+    for flag, value in (("--query", args.query), ("--cursor", args.cursor)):
+        if args.sql is None and value is not None:
+            raise UserError(f"argument {flag}: only with --sql")
     if args.sql is None and args.path is None:
         raise UserError("give a PATH to import, or --sql URL --query ...")
     if args.sql is not None:
@@ -114,11 +122,19 @@ def cmd_decisions_import(args: argparse.Namespace, settings: Settings) -> int:
             display.update(label, s.read, imported=s.imported, rejected=s.rejected)
 
         try:
+            mark = None
             if args.sql is not None:
-                one = import_decision_sql(
-                    engine, args.sql, args.query, args.source, policy, options, progress
+                got = import_decision_sql(
+                    engine,
+                    args.sql,
+                    args.query,
+                    args.source,
+                    args.cursor,
+                    policy,
+                    options,
+                    progress,
                 )
-                done = [(f"sql:{args.source}", one)]
+                done, mark = [(f"sql:{args.source}", got.summary)], got.high_water()
             else:
                 files = import_decision_files(engine, Path(args.path), policy, options, progress)
                 done = [(f.name, s) for f, s in files]
@@ -136,7 +152,11 @@ def cmd_decisions_import(args: argparse.Namespace, settings: Settings) -> int:
             f"{total.applied.held_for_review} decision(s) held: a newer policy version's label "
             "holds the post and lacks the decided label or a rule; the post is in review"
         )
-    emit(args, total.as_dict(), *human)
+    doc: dict[str, Any] = total.as_dict()
+    if mark is not None:
+        doc["high_water"] = mark
+        human.append("high-water mark: " + ", ".join(f"{k} {v}" for k, v in mark.items() if v))
+    emit(args, doc, *human)
     if total.new_rejects and not args.json:
         tell(rejects_hint(total.new_rejects))
     return 0
