@@ -61,6 +61,11 @@ from dagster._core.storage.local_compute_log_manager import (
 from dagster._core.storage.runs.sql_run_storage import SqlRunStorage
 from dagster._core.storage.sqlite import SQLITE_BUSY_TIMEOUT_SECONDS
 from dagster._core.storage.sqlite_storage import DagsterSqliteStorage, _event_logs_directory
+
+# The backfill daemon sleeps this module's ``DEFAULT_DAEMON_INTERVAL_SECONDS`` (30 s) between
+# its looks at the backfills, read when its loop starts; 1.13.27 has no setting for it
+# (``instance_class.py`` shortens it on request). Dagster loads the module with the instance.
+from dagster._daemon import controller as daemon_controller
 from dagster._serdes import ConfigurableClassData, serialize_value
 from dagster._utils import ensure_file, touch_file
 
@@ -110,6 +115,7 @@ __all__ = [
     "SqliteEventLogStorage",
     "TargetMaterialization",
     "compute_logs_directory",
+    "daemon_controller",
     "ensure_file",
     "event_logs_directory",
     "get_token_provider_from_config",
