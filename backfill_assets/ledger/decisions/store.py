@@ -84,17 +84,17 @@ class DecisionsSummary:
     def as_dict(self) -> dict[str, int]:
         """The ``--json`` summary: the rows' counts, then the apply's (``already_applied``:
         posts that already held the decision)."""
-        applied = asdict(self.applied)
+        applied = self.applied
         return {
             "read": self.read,
             "imported": self.imported,
             "updated": self.updated,
             "unchanged": self.unchanged,
             "rejected": self.rejected,
-            "applied": applied["applied"],
-            "already_applied": applied["unchanged"],
-            "held_for_review": applied["held_for_review"],
-            "stale_text": applied["stale_text"],
+            "applied": applied.applied,
+            "already_applied": applied.unchanged,
+            "held_for_review": applied.held_for_review,
+            "stale_text": applied.stale_text,
         }
 
 
