@@ -23,6 +23,7 @@ from typing import Any
 from sqlalchemy.engine import Engine
 
 from backfill_assets.domain.policy.document import Policy
+from backfill_assets.domain.work.columns import ColumnMapError, parse_field_map
 from backfill_assets.domain.work.keys import TENANT_ID_RE
 from backfill_assets.domain.work.records import (
     MAX_POST_ID_CHARS,
@@ -78,23 +79,10 @@ class DecisionOptions:
 
 def parse_map(spec: str | None) -> dict[str, str]:
     """``--map policy_version=version,reviewer_id=moderator`` as field -> column."""
-    mapped: dict[str, str] = {}
-    for part in (spec or "").split(","):
-        if not part.strip():
-            continue
-        name, sep, column = (s.strip() for s in part.partition("="))
-        if not sep or not column or len(column) > 128 or not column.isprintable():
-            raise ImportInputError(f"argument --map: {shown(part)!r}: expected FIELD=COLUMN")
-        if name not in FIELDS:
-            raise ImportInputError(
-                f"argument --map: unknown field {shown(name)!r}; fields: {', '.join(FIELDS)}"
-            )
-        if name in mapped:
-            raise ImportInputError(f"argument --map: field {name} is mapped twice")
-        mapped[name] = column
-    if len(set(mapped.values())) != len(mapped):
-        raise ImportInputError("argument --map: two fields are mapped to the same column")
-    return mapped
+    try:
+        return parse_field_map(spec, FIELDS)
+    except ColumnMapError as exc:
+        raise ImportInputError(f"argument --map: {exc}") from None
 
 
 def column_of(columns: Mapping[str, str], name: str) -> str:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from backfill_assets.domain.policy.document import Policy
+from backfill_assets.domain.work.columns import ColumnMapError, parse_field_map
 from backfill_assets.domain.yaml_positions import FileInvalid, FileProblem, parse_yaml, read_text
 
 ATTRIBUTE_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
@@ -156,21 +157,10 @@ def score_map(bands: Iterable[Band], policy: Policy) -> ScoreMap | None:
 
 def parse_columns(spec: str | None) -> dict[str, str]:
     """``--map tenant_id=workspace,post_id=id,label=old_label``: field -> column."""
-    mapped: dict[str, str] = {}
-    for part in (spec or "").split(","):
-        if not part.strip():
-            continue
-        name, sep, column = (s.strip() for s in part.partition("="))
-        if not sep or not column or len(column) > 128 or not column.isprintable():
-            raise MappingError(f"{part[:60]!r}: expected FIELD=COLUMN")
-        if name not in FIELDS:
-            raise MappingError(f"unknown field {name[:40]!r}; fields: {', '.join(FIELDS)}")
-        if name in mapped:
-            raise MappingError(f"field {name} is mapped twice")
-        mapped[name] = column
-    if len(set(mapped.values())) != len(mapped):
-        raise MappingError("two fields are mapped to the same column")
-    return mapped
+    try:
+        return parse_field_map(spec, FIELDS)
+    except ColumnMapError as exc:
+        raise MappingError(str(exc)) from None
 
 
 def _number(value: Any) -> float | None:

@@ -31,6 +31,31 @@ def _shown(name: str) -> str:
     return "".join(c for c in name[:40] if c.isprintable())
 
 
+def parse_field_map(spec: str | None, fields: Collection[str]) -> dict[str, str]:
+    """``--map FIELD=COLUMN,...`` of any import (posts, decisions, baselines): field ->
+    column, each field among ``fields`` once, each column short, printable and taken once.
+    Raises ``ColumnMapError`` naming what is wrong (blank: no mapping)."""
+    mapped: dict[str, str] = {}
+    for part in (spec or "").split(","):
+        if not part.strip():
+            continue
+        name, sep, column = part.partition("=")
+        name, column = name.strip(), column.strip()
+        if not sep or not column:
+            raise ColumnMapError(f"{_shown(part)!r}: expected FIELD=COLUMN")
+        if name not in fields:
+            raise ColumnMapError(f"unknown field {_shown(name)!r}; fields: {', '.join(fields)}")
+        if name in mapped:
+            raise ColumnMapError(f"field {name} is mapped twice")
+        if len(column) > _MAX_COLUMN_CHARS or not column.isprintable():
+            raise ColumnMapError(f"column name for {name} is not a printable short name")
+        mapped[name] = column
+    taken = list(mapped.values())
+    if len(set(taken)) != len(taken):
+        raise ColumnMapError("two fields are mapped to the same column")
+    return mapped
+
+
 @dataclass(frozen=True)
 class ColumnMap:
     """Field -> the source column that holds it (fields not named use their default names)."""
@@ -40,25 +65,7 @@ class ColumnMap:
     @classmethod
     def parse(cls, spec: str | None) -> ColumnMap:
         """``tenant_id=workspace,post_id=id,text=body`` (blank: no mapping)."""
-        mapped: dict[str, str] = {}
-        for part in (spec or "").split(","):
-            if not part.strip():
-                continue
-            name, sep, column = part.partition("=")
-            name, column = name.strip(), column.strip()
-            if not sep or not column:
-                raise ColumnMapError(f"{_shown(part)!r}: expected FIELD=COLUMN")
-            if name not in FIELDS:
-                raise ColumnMapError(f"unknown field {_shown(name)!r}; fields: {', '.join(FIELDS)}")
-            if name in mapped:
-                raise ColumnMapError(f"field {name} is mapped twice")
-            if len(column) > _MAX_COLUMN_CHARS or not column.isprintable():
-                raise ColumnMapError(f"column name for {name} is not a printable short name")
-            mapped[name] = column
-        taken = list(mapped.values())
-        if len(set(taken)) != len(taken):
-            raise ColumnMapError("two fields are mapped to the same column")
-        return cls(mapped)
+        return cls(parse_field_map(spec, FIELDS))
 
     def names(self, name: str) -> tuple[str, ...]:
         """The columns a row may give ``name`` under."""
