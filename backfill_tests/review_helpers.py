@@ -8,15 +8,13 @@ import datetime as dt
 from pathlib import Path
 from typing import Any
 
-import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from backfill_assets.domain.policy.file import parse_policy
 from backfill_assets.domain.policy.rubric import Rubric
-from backfill_assets.ledger.decisions.precedence import apply_decisions, decision_key
 from backfill_assets.ledger.labels.apply import apply_partitions
-from backfill_assets.ledger.tables import decisions, posts, utcnow
 from backfill_tests.conftest import import_records
+from backfill_tests.decision_helpers import DECIDED_AT, record_decision
 from backfill_tests.pipeline_helpers import refs_for, run
 from backfill_tests.policy_helpers import COURSE_V5, versions_of
 
@@ -85,29 +83,7 @@ def decide(
 ) -> Any:
     """A moderator's decision about a post's current text under ``rubric``, stored and
     applied as ``decisions import`` does; returns what the apply did."""
-    policy = rubric.policy
-    decided_at = dt.datetime(2026, 12, 1, 12, 0) + dt.timedelta(minutes=minutes)
-    with engine.begin() as conn:
-        content_hash = conn.execute(
-            sa.select(posts.c.content_hash).where(
-                posts.c.tenant_id == tenant, posts.c.post_id == post_id
-            )
-        ).scalar_one()
-        conn.execute(
-            decisions.insert().values(
-                decision_key=decision_key(tenant, post_id, policy.policy_id, "mod-7", decided_at),
-                tenant_id=tenant,
-                post_id=post_id,
-                policy_id=policy.policy_id,
-                policy_version=policy.version,
-                key_version=policy.key_version,
-                label=label,
-                rule_ids=rule_ids,
-                reviewer_id="mod-7",
-                decided_at=decided_at,
-                reason_code=None,
-                content_hash=content_hash,
-                imported_at=utcnow(),
-            )
-        )
-        return apply_decisions(conn, [(tenant, post_id, policy.policy_id)])
+    at = DECIDED_AT + dt.timedelta(minutes=minutes)
+    return record_decision(
+        engine, tenant, post_id, label, policy=rubric.policy, rules=rule_ids, at=at
+    )

@@ -17,11 +17,9 @@ from sqlalchemy.engine import Engine
 
 from backfill_assets.domain.policy.rubric import Rubric
 from backfill_assets.ingest.gold import read_gold
-from backfill_assets.ledger.decisions.precedence import apply_decisions, decision_key
-from backfill_assets.ledger.engine import write_tx
-from backfill_assets.ledger.tables import decisions, posts, utcnow
 from backfill_tests.cli_runs import cli_main
 from backfill_tests.conftest import import_records
+from backfill_tests.decision_helpers import record_decision
 from backfill_tests.policy_helpers import COURSE_V5, DOCS_POLICIES, course
 
 GOLD = DOCS_POLICIES / "course-gold.csv"
@@ -62,30 +60,17 @@ def decide(
 ) -> None:
     """A moderator's decision under course v5 about the post's current text, applied."""
     policy = course("5")
-    with write_tx(engine) as conn:
-        text_hash = conn.execute(
-            sa.select(posts.c.content_hash).where(
-                posts.c.tenant_id == tenant, posts.c.post_id == post_id
-            )
-        ).scalar_one()
-        conn.execute(
-            decisions.insert().values(
-                decision_key=decision_key(tenant, post_id, policy.policy_id, reviewer, at),
-                tenant_id=tenant,
-                post_id=post_id,
-                policy_id=policy.policy_id,
-                policy_version=policy.version,
-                key_version=Rubric(policy).key_version,
-                label=label,
-                rule_ids=",".join(sorted(r for r in rules.split(",") if r)),
-                reviewer_id=reviewer,
-                decided_at=at,
-                reason_code=None,
-                content_hash=text_hash,
-                imported_at=utcnow(),
-            )
-        )
-        apply_decisions(conn, [(tenant, post_id, policy.policy_id)])
+    record_decision(
+        engine,
+        tenant,
+        post_id,
+        label,
+        policy=policy,
+        rules=rules,
+        at=at,
+        reviewer=reviewer,
+        key_version=Rubric(policy).key_version,
+    )
 
 
 @pytest.fixture

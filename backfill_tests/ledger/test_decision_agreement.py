@@ -27,10 +27,9 @@ from backfill_assets.domain.checks.catalog import (
 )
 from backfill_assets.domain.policy.agreement import agreement
 from backfill_assets.ledger.decisions.agreement import agreement_pairs, pairs_by_tenant
-from backfill_assets.ledger.decisions.precedence import apply_decisions, decision_key
-from backfill_assets.ledger.engine import write_tx
 from backfill_assets.ledger.evidence import check_pool
-from backfill_assets.ledger.tables import decisions, posts, results, utcnow
+from backfill_assets.ledger.tables import results
+from backfill_tests.decision_helpers import record_decision
 from backfill_tests.moderation_helpers import busiest, check_results, execute, load, run_job
 from backfill_tests.pipeline_helpers import RUBRIC, VERSIONS, refs_for, run
 
@@ -50,34 +49,17 @@ def decide(
 ) -> None:
     """A moderator's decision, inserted as an import would (the post's text unless given),
     then applied."""
-    policy = RUBRIC.policy
-    with write_tx(engine) as conn:
-        text_hash = (
-            content_hash
-            or conn.execute(
-                sa.select(posts.c.content_hash).where(
-                    posts.c.tenant_id == tenant, posts.c.post_id == post_id
-                )
-            ).scalar_one()
-        )
-        conn.execute(
-            decisions.insert().values(
-                decision_key=decision_key(tenant, post_id, policy.policy_id, reviewer, at),
-                tenant_id=tenant,
-                post_id=post_id,
-                policy_id=policy.policy_id,
-                policy_version=policy.version,
-                key_version=key_version,
-                label=label,
-                rule_ids="",
-                reviewer_id=reviewer,
-                decided_at=at,
-                reason_code=None,
-                content_hash=text_hash,
-                imported_at=utcnow(),
-            )
-        )
-        apply_decisions(conn, [(tenant, post_id, policy.policy_id)])
+    record_decision(
+        engine,
+        tenant,
+        post_id,
+        label,
+        policy=RUBRIC.policy,
+        at=at,
+        reviewer=reviewer,
+        key_version=key_version,
+        content_hash=content_hash,
+    )
 
 
 def model_labels(engine: Engine, tenant: str) -> dict[str, str]:

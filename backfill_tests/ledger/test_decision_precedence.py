@@ -14,10 +14,10 @@ from sqlalchemy.engine import Engine
 
 from backfill_assets.domain.policy.document import Policy, PolicyDoc
 from backfill_assets.domain.work.keys import Versions
-from backfill_assets.ledger.decisions.precedence import apply_decisions, decision_key
+from backfill_assets.ledger.decisions.precedence import apply_decisions
 from backfill_assets.ledger.labels.apply import apply_partitions
 from backfill_assets.ledger.policies import register
-from backfill_assets.ledger.tables import decisions, utcnow
+from backfill_tests.decision_helpers import record_decision
 from backfill_tests.moderation_helpers import busiest, check_results, execute, load, run_job
 from backfill_tests.pipeline_helpers import RUBRIC, VERSIONS
 
@@ -40,31 +40,13 @@ def decide(
     at: dt.datetime = dt.datetime(2026, 11, 1, 12, 0),
     reviewer: str = "r-17",
 ) -> dict[str, int]:
-    """Record one decision as an import does and apply it; what the apply did."""
+    """Record one decision as an import does (its policy version registered, as the import
+    finds it) and apply it; what the apply did."""
     with engine.begin() as conn:
         register(conn, policy)
-        content = conn.execute(
-            sa.text("SELECT content_hash FROM posts WHERE tenant_id = :t AND post_id = :p"),
-            {"t": tenant, "p": post},
-        ).scalar_one()
-        conn.execute(
-            decisions.insert().values(
-                decision_key=decision_key(tenant, post, policy.policy_id, reviewer, at),
-                tenant_id=tenant,
-                post_id=post,
-                policy_id=policy.policy_id,
-                policy_version=policy.version,
-                key_version=policy.key_version,
-                label=label,
-                rule_ids=rules,
-                reviewer_id=reviewer,
-                decided_at=at,
-                reason_code=None,
-                content_hash=content,
-                imported_at=utcnow(),
-            )
-        )
-        done = apply_decisions(conn, [(tenant, post, policy.policy_id)])
+    done = record_decision(
+        engine, tenant, post, label, policy=policy, rules=rules, at=at, reviewer=reviewer
+    )
     return vars(done)
 
 
