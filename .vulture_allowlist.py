@@ -126,3 +126,6 @@ _store_asset_check_evaluation_planned  # sqlite_instance: Dagster's SqlEventLogS
 # Python: a module-level __getattr__ answers a name the module does not hold (PEP 562).
 __getattr__  # backfill_assets/__init__.py: __version__, read when first asked for
 cmd_run  # cli/__init__.py: lazy("run:cmd_run"), imported when `run` is chosen
+
+# A module attribute of Dagster's daemon controller, set so the backfill daemon ticks sooner.
+DEFAULT_DAEMON_INTERVAL_SECONDS  # accelerators/instance_class.py: read by Dagster's daemon
