@@ -1,13 +1,16 @@
 """The daemon path: a backfill launched as the UI launches it, to its labels applied.
 
     bench/run daemon [--sizes 10,100,1200] [--rounds 1] [--settings default,tuned]
-                     [--rpm 600] [--latency-ms 200]
+                     [--rpm 600] [--latency-ms 200] [--stagger 30]
 
 ``bin/prod`` (webserver + daemon) on a fresh PostgreSQL instance and store, the provider
 simulator at ``--rpm``. Each size is one new tenant of that many posts, imported, then launched
 through the webserver's GraphQL API (``launchPartitionBackfill`` of labels + apply, as the UI's
 launch dialog does) and waited for. Where the time went comes from the instance's own records:
-the backfill's timestamps, its runs' create, start and end times, and their events.
+the backfill's timestamps, its runs' create, start and end times, and their events. Each
+launch waits a random 0..``--stagger`` s first (the same draws for every settings in a round):
+launched at once, it would follow the previous backfill's close, i.e. a look of the backfill
+daemon, by a few seconds and wait nearly a whole interval for the next.
 
   tick      launch -> first run created          (the backfill daemon's next look)
   queue     created -> dequeued                  (the run queue's next dequeue)
@@ -29,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -142,8 +146,10 @@ def phases(home: Path, backfill_id: str, launched: float) -> dict[str, float]:
     }
 
 
-def one_round(settings: str, sizes: list[int], sim_url: str, rpm: int, work: Path, r: int) -> dict[int, dict[str, float]]:  # fmt: skip
+def one_round(settings: str, sizes: list[int], args: argparse.Namespace, sim_url: str, work: Path, r: int) -> dict[int, dict[str, float]]:  # fmt: skip
     """bin/prod with ``settings``; one tenant a size, launched and waited for in turn."""
+    rpm = args.rpm
+    draws = random.Random(r)
     from backfill_assets.runner.launch import DagsterClient, by_tenant, select_partitions
 
     home = work / f"home-{settings}-{r}"
@@ -186,6 +192,7 @@ def one_round(settings: str, sizes: list[int], sim_url: str, rpm: int, work: Pat
                     fh2.write("\n")
             _cli(["import", str(export)], env)
             keys = by_tenant(select_partitions(client.partition_state(), missing=True))[tenant]
+            time.sleep(draws.uniform(0, args.stagger))
             launched = time.time()
             backfill_id = client.launch_backfill(keys, f"bench {tenant}", {"tenant": tenant})
             status = ""
@@ -216,6 +223,7 @@ def main() -> None:
     p.add_argument("--settings", default="default,tuned", help="default, tuned or both")
     p.add_argument("--rpm", type=int, default=600)
     p.add_argument("--latency-ms", type=float, default=200.0)
+    p.add_argument("--stagger", type=float, default=30.0, help="random wait before a launch")
     args = p.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     chosen = [s for s in args.settings.split(",") if s]
@@ -227,7 +235,7 @@ def main() -> None:
         try:
             for r in range(args.rounds):
                 for s in chosen if r % 2 == 0 else chosen[::-1]:
-                    for n, figs in one_round(s, sizes, sim_url, args.rpm, Path(tmp), r).items():
+                    for n, figs in one_round(s, sizes, args, sim_url, Path(tmp), r).items():
                         got[s][n].append(figs)
         finally:
             sim.terminate()
