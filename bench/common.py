@@ -48,12 +48,14 @@ def clean_env(**values: str) -> dict[str, str]:
 
 def stock_yaml(text: str) -> str:
     """One of the project's dagster.yaml templates without the accelerators (no
-    ``instance_class``; ``storage: postgres`` for ``storage: custom``): the instance a
+    ``instance_class`` nor its ``backfill_daemon``; ``storage: postgres`` for
+    ``storage: custom``): the instance a
     deployment that adds the code location to its own Dagster has."""
     import yaml
 
     doc: dict[str, Any] = yaml.safe_load(text) or {}
     doc.pop("instance_class", None)
+    doc.pop("backfill_daemon", None)  # a setting of the project's instance class
     custom = (doc.get("storage") or {}).get("custom")
     if custom is not None:
         doc["storage"] = {"postgres": custom.get("config", {})}

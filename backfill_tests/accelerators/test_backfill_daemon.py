@@ -13,6 +13,7 @@ import yaml
 from backfill_assets.accelerators import instance_class
 from backfill_assets.accelerators.dagster_private import daemon_controller
 from backfill_tests.cli_runs import ROOT
+from bench.common import stock_yaml
 
 SHIPPED = [ROOT / "dagster.yaml", ROOT / "deploy" / "dagster.postgres.yaml"]
 
@@ -71,3 +72,16 @@ def test_the_shipped_instances_look_every_few_seconds(path: Path) -> None:
     assert doc["instance_class"]["module"].startswith("backfill_assets.accelerators.")
     queue = doc.get("run_queue") or doc["run_coordinator"]["config"]
     assert queue["dequeue_interval_seconds"] <= 2
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
+def test_without_the_accelerators_dagster_loads_the_file(path: Path, tmp_path: Path) -> None:
+    """A stock deployment drops the instance class and its setting (Dagster refuses the key)."""
+    doc = yaml.safe_load(stock_yaml(path.read_text()))
+    assert "instance_class" not in doc and "backfill_daemon" not in doc
+    home = tmp_path / "home"
+    home.mkdir()
+    doc.pop("storage", None)  # no PostgreSQL needed: the file's other sections are what count
+    (home / "dagster.yaml").write_text(yaml.safe_dump(doc))
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        assert type(instance) is dg.DagsterInstance
