@@ -71,6 +71,12 @@ DEFAULT_OPTIONS = ImportOptions()
 
 def export_files(path: Path) -> list[Path]:
     """The files an import of ``path`` reads, in order; each one checked to open."""
+    try:
+        path.stat()
+    except FileNotFoundError:
+        pass  # said below, with a broken link told apart
+    except OSError as exc:  # a name too long, a loop of links: no file to read
+        raise _unusable(path, f"cannot read: {exc.strerror or exc}") from None
     if path.is_dir():
         files = sorted({f for pat in EXPORT_PATTERNS for f in path.glob(pat)}, key=lambda f: f.name)
         if not files:

@@ -297,6 +297,14 @@ def _blank_rows(batch: Any) -> list[bool] | None:
     return [bool(b) for b in mask.to_pylist()]
 
 
+def _values(column: Any) -> list[Any]:
+    """A column's Python values; a timestamp with a zone as naive UTC (Arrow holds UTC), so no
+    time zone database decides what the instant is."""
+    if pa.types.is_timestamp(column.type) and column.type.tz is not None:
+        column = column.cast(pa.timestamp(column.type.unit))
+    return list(column.to_pylist())
+
+
 def _batch_records(batch: Any, needed: dict[str, int], before: int) -> Iterator[Record | Rejection]:
     """The batch's rows; a row whose values are longer than a JSONL line may be is rejected by
     their lengths, before any of its values becomes a Python string. Rows with no values at
@@ -307,7 +315,7 @@ def _batch_records(batch: Any, needed: dict[str, int], before: int) -> Iterator[
     if over or any(blank):
         keep = [i not in over and not blank[i] for i in range(len(totals))]
         batch = batch.filter(pa.array(keep))
-    rows = zip(*(c.to_pylist() for c in batch.columns), strict=True)
+    rows = zip(*(_values(c) for c in batch.columns), strict=True)
     names, empty = list(needed), _empty_reason(needed)
     i = 0
     while i < len(totals):

@@ -5,7 +5,6 @@ unchanged and a changed row an update; a decision outranks the model's label aft
 from __future__ import annotations
 
 import csv
-import datetime as dt
 import json
 import sqlite3
 from pathlib import Path
@@ -157,10 +156,10 @@ def test_parquet_may_give_decided_at_as_a_timestamp(
     table = pa.Table.from_pylist(rows).set_column(
         list(rows[0]).index("decided_at"),
         "decided_at",
-        pa.array(
-            [dt.datetime(2026, 11, 30, 11, 0, tzinfo=dt.timezone(dt.timedelta(hours=1)))] * 2,
-            type=pa.timestamp("us", tz="+01:00"),
-        ),
+        # 10:00 UTC held as Arrow does (microseconds since the epoch, UTC), shown at +01:00.
+        # Built from the instant, not from a Python datetime: once pandera is imported,
+        # pyarrow reads an aware datetime's wall time as UTC.
+        pa.array([1796032800000000] * 2, type=pa.int64()).cast(pa.timestamp("us", tz="+01:00")),
     )
     pq.write_table(table, tmp_path / "times.parquet")
     doc = imported([str(tmp_path / "times.parquet")], capsys)

@@ -227,13 +227,16 @@ def cmd_evaluate(args: argparse.Namespace, settings: Settings) -> int:
         report_dir = check_report_dir(args.report) if args.report else None
     except ReportDirError as exc:
         raise UserError(f"argument --report: {exc}") from None
-    engine = engine_for(settings.store.url)
+    # A gold file is read before the store opens (a wrong path creates nothing); the
+    # decisions are in the store.
+    engine = engine_for(settings.store.url) if args.from_decisions else None
     try:
         gold, source = _gold(args, engine, policy, tenant, decided_by)
     except GoldError as exc:
         raise UserError(
             f"argument {'--from-decisions' if args.from_decisions else 'GOLD'}: {exc}"
         ) from None
+    engine = engine or engine_for(settings.store.url)
     try:
         store_gold(engine, gold, tenant, source[0], settings.run.slice_target_posts)
     except CustomerTenant as exc:
