@@ -178,14 +178,9 @@ def write_rows(
     return int(n), _sha256(path)
 
 
-def cmd_export(args: argparse.Namespace, settings: Settings) -> int:
-    """Write each tenant's accepted labels to ``DIR/<tenant>.<format>`` and a manifest."""
-    from backfill_assets.runner.queries import read_tx, store_engine, tenant_ids, tenant_labels
-
-    engine = store_engine(settings.store)
-    with read_tx(engine) as conn:
-        known = tenant_ids(conn)
-    # Every argument is checked before DIR is made: a refused export leaves nothing behind.
+def tenants_and_out_dir(args: argparse.Namespace, known: list[str]) -> tuple[list[str], Path]:
+    """The tenants ``--tenant`` chose among ``known`` (none: all), then ``--out`` made. Every
+    argument is checked before DIR is made: a refused export leaves nothing behind."""
     chosen = sorted(set(known_tenants(args.tenant, known))) or known
     out_dir = Path(args.out)
     try:
@@ -193,6 +188,16 @@ def cmd_export(args: argparse.Namespace, settings: Settings) -> int:
     except OSError as exc:
         where = shown(str(out_dir), PATH_SHOWN)
         raise UserError(f"argument --out: cannot create {where} ({type(exc).__name__})") from None
+    return chosen, out_dir
+
+
+def cmd_export(args: argparse.Namespace, settings: Settings) -> int:
+    """Write each tenant's accepted labels to ``DIR/<tenant>.<format>`` and a manifest."""
+    from backfill_assets.runner.queries import read_tx, store_engine, tenant_ids, tenant_labels
+
+    engine = store_engine(settings.store)
+    with read_tx(engine) as conn:
+        chosen, out_dir = tenants_and_out_dir(args, tenant_ids(conn))
     write = _WRITERS[args.format]
     files = []
     for tenant in chosen:

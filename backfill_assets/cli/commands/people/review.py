@@ -13,16 +13,12 @@ import argparse
 import functools
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from backfill_assets.cli.commands.export import FORMATS, write_rows
-from backfill_assets.cli.inputs import known_tenants
+from backfill_assets.cli.commands.export import FORMATS, tenants_and_out_dir, write_rows
 from backfill_assets.cli.numbers import share
 from backfill_assets.cli.parsers import command_group
 from backfill_assets.cli.tables import emit, table
-from backfill_assets.domain.errors import UserError
-from backfill_assets.domain.ranges import PATH_SHOWN, shown
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -96,15 +92,7 @@ def cmd_review_export(args: argparse.Namespace, settings: Settings) -> int:
     queue = ReviewQueue.of(policy, args.below)
     engine = store_engine(settings.store)
     with read_tx(engine) as conn:
-        known = tenant_ids(conn)
-    # Every argument is checked before DIR is made: a refused export leaves nothing behind.
-    chosen = sorted(set(known_tenants(args.tenant, known))) or known
-    out_dir = Path(args.out)
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        where = shown(str(out_dir), PATH_SHOWN)
-        raise UserError(f"argument --out: cannot create {where} ({type(exc).__name__})") from None
+        chosen, out_dir = tenants_and_out_dir(args, tenant_ids(conn))
     files: list[dict[str, Any]] = []
     for tenant in chosen:
         path = out_dir / f"{tenant}.{args.format}"
