@@ -3,7 +3,7 @@ simulator, on both stores: the free moderation endpoint screens every post, and 
 it is not sure of reach the chat model. A post decided at the screen is never sent to the
 judge, an escalated one once; the ledger books each stage's calls and equals the simulator's
 bill; a changed decide rule re-routes from stored results and pays only for the posts that now
-escalate further; a SIGKILL between the stages re-pays at most the calls in flight."""
+escalate further; a SIGKILL in either stage re-pays at most the calls in flight."""
 
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ from backfill_tests.providers.conftest import StartSim
 POLICY = Path(__file__).resolve().parents[2] / "docs" / "policies" / "forum-moderation.yaml"
 API_KEY = "sk-cascade-cli-0123456789abcdef"
 JUDGE = "gpt-4o-mini"
+SCREEN = "omni-moderation-latest"
 # Post text -> the scores the moderation endpoint answers for it (the rest near 0).
 PINNED: dict[str, dict[str, float]] = {
     "I will find you and hurt you": {"violence": 0.91, "harassment/threatening": 0.62},
@@ -235,13 +236,20 @@ def test_a_changed_threshold_reroutes_and_pays_only_for_the_posts_passed_on(
     assert main(["run"]) == 0
     booked = _booked(engine)
     screened = _meter(sim, MODERATIONS_ENDPOINT)
+    judged = _meter(sim, CHAT_ENDPOINT)
     capsys.readouterr()
     # Stricter: the post at 0.98 is no longer sure, in either tenant, and goes to the judge.
     path.write_text(_cascade(0.99), encoding="utf-8")
     assert main(["run"]) == 0
     out = capsys.readouterr().out
     assert _meter(sim, MODERATIONS_ENDPOINT) == screened
-    assert _booked(engine)[JUDGE][0] == booked[JUDGE][0] + len(TENANTS)
+    # It costs exactly the newly escalated posts' judge calls: in the simulator's bill, and
+    # booked to the nano-dollar.
+    now = _booked(engine)
+    calls, cost = _meter(sim, CHAT_ENDPOINT)
+    assert calls == judged[0] + len(TENANTS)
+    assert now[JUDGE][0] == booked[JUDGE][0] + len(TENANTS)
+    assert now[JUDGE][1] - booked[JUDGE][1] == cost - judged[1] > 0
     decided = _decided(engine)
     assert all(decided[(t, "see you at the meetup")][0] == "judge" for t in TENANTS)
     assert "re-routed from stored results: 2 (no call made)" in out
@@ -267,8 +275,14 @@ def test_a_changed_threshold_reroutes_and_pays_only_for_the_posts_passed_on(
     assert sorted(written.values()) == sorted(stage for stage, _label in decided.values())
 
 
-def test_a_crash_in_the_judge_stage_repays_at_most_the_calls_in_flight(
-    engine: Engine, cascade: Any, start_sim: StartSim
+@pytest.mark.parametrize(
+    ("stage", "kill_after"),
+    # The drill counts usages over the stages: half-way through the screen's 14, or right
+    # after the judge's second.
+    [("screen", len(POSTS) // 2), ("judge", len(POSTS) + 2)],
+)
+def test_a_crash_in_either_stage_repays_at_most_the_calls_in_flight(
+    engine: Engine, cascade: Any, start_sim: StartSim, stage: str, kill_after: int
 ) -> None:
     sim = start_sim(
         api_key=API_KEY,
@@ -283,31 +297,38 @@ def test_a_crash_in_the_judge_stage_repays_at_most_the_calls_in_flight(
             "BACKFILL_MODEL_BASE_URL": sim.base_url,
         }
     )
-    # The screen books 14 usages; the drill counts over the stages, so the kill lands right
-    # after the judge's second.
-    killed = run_cli(["run", "--json"], {**env, "BACKFILL_KILL_AFTER_USAGE": str(len(POSTS) + 2)})
+    killed = run_cli(["run", "--json"], {**env, "BACKFILL_KILL_AFTER_USAGE": str(kill_after)})
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
-    assert _booked(engine)[JUDGE][0] == 2
+    at_kill = _booked(engine)
+    if stage == "screen":
+        # Killed inside the first stage: nothing had reached the judge yet.
+        assert 0 < at_kill[SCREEN][0] < len(POSTS) and JUDGE not in at_kill
+    else:
+        assert at_kill[SCREEN][0] == len(POSTS) and at_kill[JUDGE][0] == 2
     resumed = run_cli(["run", "--json"], env)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     _settle(sim)
     booked = _booked(engine)
     hard = {(t, x) for t in TENANTS for x in PINNED if x not in SURE_OK}
-    calls, _cost = _meter(sim, CHAT_ENDPOINT)
     in_flight = unanswered_attempts(engine)
-    assert booked["omni-moderation-latest"][0] == len(POSTS)
-    # What the simulator billed beyond the ledger is what was in flight at the kill (attempts
-    # with no outcome), and no post went to the judge that the screen had decided.
-    assert len(hard) <= booked[JUDGE][0] <= calls <= booked[JUDGE][0] + in_flight
+    # Per stage, what the simulator billed beyond the ledger is what was in flight at the
+    # kill (attempts with no outcome), and no post went to the judge that the screen decided.
+    for model, endpoint, reach in (
+        (SCREEN, MODERATIONS_ENDPOINT, len(POSTS)),
+        (JUDGE, CHAT_ENDPOINT, len(hard)),
+    ):
+        calls, _cost = _meter(sim, endpoint)
+        assert reach <= booked[model][0] <= calls <= booked[model][0] + in_flight, model
     assert _sent_to_judge(engine) == hard
     assert len(_applied(engine)) == len(POSTS)
 
 
 def _settle(sim: Any) -> None:
-    seen = _meter(sim, CHAT_ENDPOINT)
+    """Wait for calls the killed run left in flight to reach the simulator's meter."""
+    seen = (_meter(sim, CHAT_ENDPOINT), _meter(sim, MODERATIONS_ENDPOINT))
     while True:
         time.sleep(0.3)
-        now = _meter(sim, CHAT_ENDPOINT)
+        now = (_meter(sim, CHAT_ENDPOINT), _meter(sim, MODERATIONS_ENDPOINT))
         if now == seen:
             return
         seen = now
@@ -366,6 +387,10 @@ def test_what_a_cascade_cannot_do_is_refused_by_name(
     monkeypatch.delenv("BACKFILL_DISPATCH")
     assert main(["run", "--sample", "3"]) == 2
     assert "not with BACKFILL_CASCADE_PATH" in capsys.readouterr().err
+    # The deadline planner refuses a cascade rather than plan it: it prices one model's calls.
+    for argv in (["--deadline", "3d"], ["--deadline", "3d", "--dry-run"]):
+        assert main(["run", *argv]) == 2
+        assert "--deadline and --sample plan one model's calls" in capsys.readouterr().err
     monkeypatch.setenv("BACKFILL_MODEL_BACKEND", "fake")
     assert main(["run"]) == 2
     assert "BACKFILL_CASCADE_PATH needs BACKFILL_MODEL_BACKEND=openai" in capsys.readouterr().err

@@ -1,9 +1,13 @@
 """A cascade's money through the CLI against the simulator, on both stores: dollar caps hold at
 64 calls in flight while the provider bills three times the prompt tokens, and each tenant's
-cost per stage equals the simulator's meter to the nano-dollar."""
+cost per stage equals the simulator's meter to the nano-dollar, in the ledger and in what
+``usage`` and its CSV (the invoice) show per stage."""
 
 from __future__ import annotations
 
+import csv
+import io
+import json
 from collections import defaultdict
 from decimal import Decimal
 from pathlib import Path
@@ -33,6 +37,7 @@ stages:
     dialect: chat-json
     model: gpt-4o-mini
 """
+STAGE_OF = {"omni-moderation-latest": "screen", "gpt-4o-mini": "judge"}
 
 
 def _booked(engine: Engine) -> dict[tuple[str, str], int]:
@@ -69,6 +74,7 @@ def test_caps_hold_at_64_in_flight_under_3x_billing_and_stage_costs_equal_the_me
     cli_store: dict[str, str],
     start_sim: StartSim,
     monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     import_records(engine, tmp_path, varied_corpus(TENANTS, 60))
     sim = start_sim(prompt_token_factor=3.0, latency_median_ms=20)
@@ -106,3 +112,19 @@ def test_caps_hold_at_64_in_flight_under_3x_billing_and_stage_costs_equal_the_me
     # (the screen is free: it books 0 as the meter does).
     assert booked[("initech", "omni-moderation-latest")] == 0
     assert {k: v for k, v in booked.items() if v} == _metered(engine, sim)
+    # `usage` and its CSV (the invoice) name each row's stage, and their cost per tenant and
+    # stage is the meter's too.
+    metered = {(t, STAGE_OF[m]): c for (t, m), c in _metered(engine, sim).items()}
+    capsys.readouterr()
+    assert main(["usage", "--totals", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["usage"]
+    assert {r["stage"] for r in rows} == {"screen", "judge"}
+    assert all(r["stage"] == STAGE_OF[r["model"]] for r in rows)
+    assert {(r["tenant"], r["stage"]): r["cost_nanos"] for r in rows if r["cost_nanos"]} == metered
+    assert main(["usage", "--csv"]) == 0
+    invoice: dict[tuple[str, str], int] = defaultdict(int)
+    for r in csv.DictReader(io.StringIO(capsys.readouterr().out)):
+        if r["model"] != "TOTAL":
+            invoice[(r["tenant"], r["stage"])] += int(r["cost_nanos"])
+    assert {k: v for k, v in invoice.items() if v} == metered
+    assert invoice[("initech", "screen")] == 0

@@ -290,6 +290,11 @@ def test_answers_a_run_stored_cost_nothing_and_an_unreachable_target_is_exit_1(
     files = {Path(f).name for f in doc["report"]["files"]}
     assert "cascade_frontier.png" in files and "confusion_matrix.png" in files
     assert (report / "cascade_frontier.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # policy_evaluation shows the sweep's frontier and links its picture.
+    settings = Settings.from_env(dict(__import__("os").environ))
+    md = evaluation_metadata(engine, settings.rubric(), settings.model.name)
+    assert "| setting | screen decides | judge decides |" in md["cascade_frontier"].value
+    assert md["cascade_frontier_png"].value == str(report / "cascade_frontier.png")
     # Its human form says the same.
     code, text, _ = _cli(
         ["evaluate", str(gold), "--cascade", str(path), "--target-macro-f1", "1"], capsys
