@@ -15,11 +15,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import dagster as dg
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from backfill_assets.cli import main
+from backfill_assets.defs.asset_keys import LABELS
 from backfill_assets.domain.policy.dialect_sections import MODERATION_CATEGORIES
 from backfill_assets.platform_db.sink import sink_table
 from backfill_assets.providersim.billing.meter import CHAT_ENDPOINT, MODERATIONS_ENDPOINT
@@ -218,6 +220,25 @@ def test_the_screen_decides_the_sure_posts_and_only_the_rest_reach_the_judge(
             per_stage[figures["stage"]] += figures.get("decided", 0)
     assert per_stage == {"screen": len(SURE_OK) * len(TENANTS), "judge": len(hard)}
     assert [(s["stage"], s["calls"]) for s in doc["stages"]] == [("screen", 0), ("judge", 0)]
+    # The labels' metadata in the UI shows the share of a partition's labels each stage
+    # decided (a partition with labels of both stages).
+    [pk] = [
+        row["partition"]
+        for row in doc["partitions"]
+        if all(f.get("decided", 0) for f in row["stages"])
+    ][:1]
+    with dg.DagsterInstance.from_config(os.environ["DAGSTER_HOME"]) as inst:
+        [record] = inst.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=LABELS, asset_partitions=[pk]), limit=1
+        ).records
+        event = record.event_log_entry.asset_materialization
+        assert event is not None
+    table, figures = event.metadata["stage_distribution"].value, event.metadata["stages"].value
+    assert isinstance(table, str) and isinstance(figures, list)
+    assert [f["stage"] for f in figures] == ["screen", "judge"]
+    total = sum(f["decided"] for f in figures)
+    for f in figures:
+        assert f"| {f['decided']} | {f['decided'] / total:.1%} |" in table, (f, table)
 
 
 def test_a_changed_threshold_reroutes_and_pays_only_for_the_posts_passed_on(
