@@ -12,14 +12,16 @@ from sqlalchemy.engine import Engine
 
 from backfill_assets.domain.checks.verify import (
     BLOCKING_KINDS,
+    Booked,
     Problem,
     ScopeReport,
+    book_usage,
     usage_rollup_problems,
     verify_scope,
 )
 from backfill_assets.domain.work.keys import Versions, slice_key
 from backfill_assets.ledger.engine import whole_table_read_tx
-from backfill_assets.ledger.evidence.evidence import scope_rows
+from backfill_assets.ledger.evidence.evidence import CHUNK_POSTS, tenant_chunks
 from backfill_assets.ledger.run.usage import rollup_totals
 from backfill_assets.ledger.tables import dead_letters, ledger_events, results, tenants, usage_daily
 from backfill_assets.platform_db.sink import Sink, gap_partitions
@@ -89,9 +91,11 @@ def verify_store(
     versions: Versions,
     tenant_filter: Sequence[str] | None = None,
     sink: Sink | None = None,
+    chunk_posts: int = CHUNK_POSTS,
 ) -> VerifyReport:
     """Verify every tenant that has posts or claims rows (and, with ``sink``, which of their
-    partitions are applied in the store but not yet written back)."""
+    partitions are applied in the store but not yet written back), ``chunk_posts`` posts of a
+    tenant at a time."""
     reports: list[ScopeReport] = []
     problems: list[Problem] = []
     with whole_table_read_tx(engine) as conn:
@@ -108,15 +112,18 @@ def verify_store(
             ).scalars()
         )
         for tenant_id in sorted(names):
-            rows = scope_rows(conn, tenant_id)
-            rep, probs = verify_scope(
-                tenant_id, rows.posts, rows.results, rows.dead, rows.ledger, versions
-            )
-            rep.evaluation = tenant_id in gold
+            rep = ScopeReport(tenant=tenant_id, evaluation=tenant_id in gold)
+            booked: Booked = {}
+            for rows in tenant_chunks(conn, tenant_id, chunk_posts):
+                part, probs = verify_scope(
+                    tenant_id, rows.posts, rows.results, rows.dead, rows.ledger, versions
+                )
+                rep.absorb(part)
+                problems.extend(probs)
+                book_usage(booked, tenant_id, rows.ledger)
             reports.append(rep)
-            problems.extend(probs)
             rollup = rollup_totals(conn, tenant_id)
-            problems.extend(usage_rollup_problems(tenant_id, rows.ledger, rollup))
+            problems.extend(usage_rollup_problems(tenant_id, booked, rollup))
         pending: list[tuple[str, str]] = []
         if sink is not None:
             found = gap_partitions(conn, sink.sink_id, versions.key_version, tenant_filter or None)

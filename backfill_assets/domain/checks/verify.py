@@ -79,6 +79,16 @@ class ScopeReport:
     rebilled_keys: list[str] = field(default_factory=list)
     orphan_keys: list[str] = field(default_factory=list)
 
+    def absorb(self, part: ScopeReport, sample: int = 5) -> None:
+        """Add the figures of ``part``, another share of the same scope's posts (``verify``
+        audits a tenant in chunks of posts; every row belongs to its post's chunk, so the sum
+        is what the whole scope gives, and so are the samples: the smallest keys)."""
+        for name in _COUNTS:
+            setattr(self, name, getattr(self, name) + getattr(part, name))
+        self.dead_by_outcome = dict(Counter(self.dead_by_outcome) + Counter(part.dead_by_outcome))
+        for name in ("missing_keys", "rebilled_keys", "orphan_keys"):
+            setattr(self, name, sorted([*getattr(self, name), *getattr(part, name)])[:sample])
+
     def as_dict(self) -> dict[str, Any]:
         """JSON form (without the key samples)."""
         out = asdict(self)
@@ -86,6 +96,19 @@ class ScopeReport:
             out.pop(sample)
         return out
 
+
+_COUNTS = (
+    "expected",
+    "done",
+    "dead",
+    "missing",
+    "billed_tokens",
+    "rebilled_tokens",
+    "orphan_attempts",
+    "stale",
+    "usage_missing",
+    "over_bound",
+)
 
 Sent = Mapping[str, set[tuple[str, str]]]
 
@@ -311,18 +334,26 @@ def _check_ledger(
             rep.rebilled_keys.append(key)
 
 
-def usage_rollup_problems(
-    tenant: str, ledger: Iterable[Row], rollup: Mapping[str, tuple[int, int, int]]
-) -> list[Problem]:
-    """The usage rollup (calls, tokens in, tokens out per model) against the usage events of
-    the tenant's ledger: reports and invoices read the rollup, so they must agree exactly."""
-    booked: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
+Booked = dict[str, list[int]]
+
+
+def book_usage(booked: Booked, tenant: str, ledger: Iterable[Row]) -> None:
+    """Add the usage events of ``ledger`` (calls, tokens in, tokens out per model) to
+    ``booked``: what ``usage_rollup_problems`` compares with the rollup."""
     for ev in ledger:
         if ev["type"] == EventKind.USAGE and ev["tenant_id"] == tenant:
-            sums = booked[str(ev["model"])]
+            sums = booked.setdefault(str(ev["model"]), [0, 0, 0])
             sums[0] += 1
             sums[1] += int(ev["tokens_in"])
             sums[2] += int(ev["tokens_out"])
+
+
+def usage_rollup_problems(
+    tenant: str, booked: Booked, rollup: Mapping[str, tuple[int, int, int]]
+) -> list[Problem]:
+    """The usage rollup (calls, tokens in, tokens out per model) against the usage events of
+    the tenant's ledger (``book_usage``): reports and invoices read the rollup, so they must
+    agree exactly."""
     problems = []
     for model in sorted(set(booked) | set(rollup)):
         ledger_sums = tuple(booked.get(model, (0, 0, 0)))
