@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import io
 import sqlite3
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from operator import itemgetter
 from typing import Any
@@ -73,6 +73,28 @@ def select_rows(conn: Connection, stmt: AnySelect, by_name: bool = False) -> lis
     values = compiled.params
     params = [values[name] for name in compiled.positiontup or ()]
     return driver_rows(conn, str(compiled), params, by_name)
+
+
+def stream_rows(conn: Connection, stmt: AnySelect, batch_rows: int) -> Iterator[Any]:
+    """The rows of ``stmt`` read as ``row["column"]``, fetched ``batch_rows`` at a time: a
+    server-side cursor on PostgreSQL; on SQLite the driver's own cursor and rows (as
+    ``select_rows``), which step through the result as it is read."""
+    if conn.dialect.name != "sqlite":
+        yield from conn.execute(stmt.execution_options(yield_per=batch_rows)).mappings()
+        return
+    compiled = stmt.compile(dialect=conn.dialect, compile_kwargs={"render_postcompile": True})
+    values = compiled.params
+    raw = conn.connection.driver_connection
+    if not isinstance(raw, sqlite3.Connection):
+        raise TypeError("a SQLite connection without sqlite3 underneath")
+    cursor = raw.cursor()
+    cursor.row_factory = sqlite3.Row
+    try:
+        cursor.execute(str(compiled), [values[name] for name in compiled.positiontup or ()])
+        while batch := cursor.fetchmany(batch_rows):
+            yield from batch
+    finally:
+        cursor.close()
 
 
 def driver_rows(

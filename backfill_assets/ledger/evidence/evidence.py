@@ -16,7 +16,7 @@ from backfill_assets.domain.checks.rules import PartitionEvidence
 from backfill_assets.domain.checks.verify import Row
 from backfill_assets.domain.work.events import EventKind
 from backfill_assets.domain.work.keys import Versions, work_key
-from backfill_assets.ledger.bulk import driver_rows, select_rows
+from backfill_assets.ledger.bulk import driver_rows, select_rows, stream_rows
 from backfill_assets.ledger.decisions.precedence import IS_HUMAN
 from backfill_assets.ledger.engine import is_sqlite
 from backfill_assets.ledger.run.partition_groups import Owners, claimed_by, claims, owners_of_all
@@ -124,9 +124,7 @@ def _by_post(conn: Connection, stmt: sa.Select[Any], post_id: Any, *then: Any) -
     """
     order = post_id if is_sqlite(conn.engine) else post_id.collate("C")
     stmt = stmt.add_columns(post_id.label(_HOME)).where(post_id.is_not(None))
-    stmt = stmt.order_by(order, *then).execution_options(yield_per=_STREAM_ROWS)
-    for row in conn.execute(stmt).mappings():
-        yield cast(Row, row)
+    yield from stream_rows(conn, stmt.order_by(order, *then), _STREAM_ROWS)
 
 
 def _tag(n: int, rows: Iterator[Row]) -> Iterator[tuple[str, int, Row]]:
