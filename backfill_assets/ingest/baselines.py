@@ -41,6 +41,7 @@ from backfill_assets.domain.work.records import (
     Post,
     Record,
     Rejection,
+    RowCounts,
     merge_runs,
     rows_locator,
     shown,
@@ -77,25 +78,14 @@ class BaselineImport:
 
 
 @dataclass
-class BaselineSummary:
+class BaselineSummary(RowCounts):
     """Rows read, and what became of them; ``rejects``: the first ``LISTED_REJECTS``."""
 
-    read: int = 0
-    imported: int = 0
-    updated: int = 0
-    unchanged: int = 0
-    rejected: int = 0
     rejects: list[Rejection] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         """The counts, as ``--json`` prints them."""
-        return {
-            "read": self.read,
-            "imported": self.imported,
-            "updated": self.updated,
-            "unchanged": self.unchanged,
-            "rejected": self.rejected,
-        }
+        return dict(self.counts())
 
 
 def baseline_options(

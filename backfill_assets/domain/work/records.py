@@ -19,6 +19,30 @@ MAX_LINE_BYTES = 256 * 1024
 _Item = TypeVar("_Item")
 
 
+@dataclass
+class RowCounts:
+    """The rows an import read and what became of each: the counts ``import``, ``decisions
+    import`` and ``baseline import`` print first, in this order."""
+
+    read: int = 0
+    imported: int = 0
+    updated: int = 0
+    unchanged: int = 0
+    rejected: int = 0
+
+    def add_counts(self, other: RowCounts) -> None:
+        """Add another file's counts (a directory import)."""
+        for name in _COUNTED:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+    def counts(self) -> dict[str, int]:
+        """The counts, as ``--json`` prints them."""
+        return {name: getattr(self, name) for name in _COUNTED}
+
+
+_COUNTED = ("read", "imported", "updated", "unchanged", "rejected")
+
+
 @dataclass(frozen=True, slots=True)
 class Post:
     """A validated post, text NFC-normalised."""

@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from backfill_assets.domain.policy.document import Policy
-from backfill_assets.domain.work.records import Rejection, shown
+from backfill_assets.domain.work.records import Rejection, RowCounts, shown
 from backfill_assets.ledger.bulk import db_time, insert_rows
 from backfill_assets.ledger.decisions.precedence import (
     DecisionsApplied,
@@ -62,23 +62,18 @@ class Decision:
 
 
 @dataclass
-class DecisionsSummary:
+class DecisionsSummary(RowCounts):
     """What ``decisions import`` did: the rows read and their fate, and what applying the
     decisions did to the labels in force."""
 
-    read: int = 0
-    imported: int = 0
-    updated: int = 0
-    unchanged: int = 0
-    rejected: int = 0
     applied: DecisionsApplied = field(default_factory=DecisionsApplied)
     # Rejected rows not recorded by an earlier import of the same source (not in the JSON).
     new_rejects: int = 0
 
     def add(self, other: DecisionsSummary) -> None:
         """Add another file's counts (a directory import)."""
-        for name in ("read", "imported", "updated", "unchanged", "rejected", "new_rejects"):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.add_counts(other)
+        self.new_rejects += other.new_rejects
         _add_applied(self.applied, other.applied)
 
     def as_dict(self) -> dict[str, int]:
@@ -86,11 +81,7 @@ class DecisionsSummary:
         posts that already held the decision)."""
         applied = self.applied
         return {
-            "read": self.read,
-            "imported": self.imported,
-            "updated": self.updated,
-            "unchanged": self.unchanged,
-            "rejected": self.rejected,
+            **self.counts(),
             "applied": applied.applied,
             "already_applied": applied.unchanged,
             "held_for_review": applied.held_for_review,

@@ -9,7 +9,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from backfill_assets.domain.work.keys import MAX_LEVEL, level_for
-from backfill_assets.domain.work.records import Post, Rejection
+from backfill_assets.domain.work.records import Post, Rejection, RowCounts
 from backfill_assets.ledger.bulk import db_time, insert_rows, select_rows
 from backfill_assets.ledger.dialect import insert_for
 from backfill_assets.ledger.engine import is_sqlite, write_tx
@@ -19,14 +19,9 @@ from backfill_assets.ledger.tables import posts, tenants, utcnow
 
 
 @dataclass
-class ImportSummary:
+class ImportSummary(RowCounts):
     """Counts printed by ``backfill-moderation import``."""
 
-    read: int = 0
-    imported: int = 0
-    updated: int = 0
-    unchanged: int = 0
-    rejected: int = 0
     new_tenants: list[str] = field(default_factory=list)
     # Rejected lines not recorded by an earlier import of the same file (not in the JSON).
     new_rejects: int = 0
@@ -37,25 +32,14 @@ class ImportSummary:
 
     def add(self, other: ImportSummary) -> None:
         """Add another file's counts (a directory import)."""
-        self.read += other.read
-        self.imported += other.imported
-        self.updated += other.updated
-        self.unchanged += other.unchanged
-        self.rejected += other.rejected
+        self.add_counts(other)
         self.new_rejects += other.new_rejects
         self.new_tenants += [t for t in other.new_tenants if t not in self.new_tenants]
         self.tenants_seen |= other.tenants_seen
 
     def as_dict(self) -> dict[str, object]:
         """JSON-friendly form."""
-        return {
-            "read": self.read,
-            "imported": self.imported,
-            "updated": self.updated,
-            "unchanged": self.unchanged,
-            "rejected": self.rejected,
-            "new_tenants": sorted(self.new_tenants),
-        }
+        return {**self.counts(), "new_tenants": sorted(self.new_tenants)}
 
 
 def register_tenants(conn: Connection, tenant_ids: Iterable[str]) -> list[str]:
