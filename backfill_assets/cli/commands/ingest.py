@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -95,14 +95,42 @@ def _options(args: argparse.Namespace) -> ImportOptions:
         columns = ColumnMap.parse(args.map)
     except ColumnMapError as exc:
         raise UserError(f"argument --map: {exc}") from None
-    tenant = None
-    if args.tenant is not None:
-        try:
-            tenant = validate_tenant_id(args.tenant)
-        except InvalidTenantId as exc:
-            raise UserError(f"argument --tenant: {exc}") from None
     fmt: Format | None = args.format
-    return ImportOptions(columns=columns, tenant=tenant, format=fmt)
+    return ImportOptions(columns=columns, tenant=bound_tenant(args.tenant), format=fmt)
+
+
+def bound_tenant(value: str | None) -> str | None:
+    """``--tenant``'s value, checked (an import bound to one tenant), or ``None``."""
+    if value is None:
+        return None
+    try:
+        return validate_tenant_id(value)
+    except InvalidTenantId as exc:
+        raise UserError(f"argument --tenant: {exc}") from None
+
+
+def from_sql(
+    args: argparse.Namespace, sql_only: Mapping[str, object], required: Sequence[str], hint: str
+) -> bool:
+    """Whether an import reads ``--sql`` (True) or its PATH (False), for ``import``,
+    ``decisions import`` and ``baseline import`` alike: ``sql_only`` are the flags (and their
+    values) that only go with ``--sql``, ``required`` those it needs, ``hint`` the message
+    when neither a PATH nor ``--sql`` is given."""
+    if args.sql is None:
+        given = [flag for flag, value in sql_only.items() if value is not None]
+        if given:
+            raise UserError(f"argument {given[0]}: only with --sql")
+        if args.path is None:
+            raise UserError(hint)
+        return False
+    if args.path is not None:
+        raise UserError("give either a PATH or --sql, not both")
+    if args.format is not None:
+        raise UserError("argument --format: not with --sql (a query's rows have no format)")
+    for flag in required:
+        if sql_only[flag] is None:
+            raise UserError(f"argument {flag}: required with --sql")
+    return True
 
 
 def _sql_source(args: argparse.Namespace) -> SqlSource | None:
@@ -110,20 +138,9 @@ def _sql_source(args: argparse.Namespace) -> SqlSource | None:
     from backfill_assets.runner.api import SqlSource
 
     sql_only = {"--query": args.query, "--source": args.source, "--cursor": args.cursor}
-    if args.sql is None:
-        given = [flag for flag, value in sql_only.items() if value is not None]
-        if given:
-            raise UserError(f"argument {given[0]}: only with --sql")
-        if args.path is None:
-            raise UserError("give a PATH to import, or --sql URL --query ... --source NAME")
+    hint = "give a PATH to import, or --sql URL --query ... --source NAME"
+    if not from_sql(args, sql_only, ("--query", "--source"), hint):
         return None
-    if args.path is not None:
-        raise UserError("give either a PATH or --sql, not both")
-    if args.format is not None:
-        raise UserError("argument --format: not with --sql (a query's rows have no format)")
-    for flag in ("--query", "--source"):
-        if sql_only[flag] is None:
-            raise UserError(f"argument {flag}: required with --sql")
     return SqlSource(url=args.sql, query=args.query, name=args.source, cursor=args.cursor)
 
 

@@ -9,12 +9,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from backfill_assets.cli.commands.ingest import rejects_hint
+from backfill_assets.cli.commands.ingest import bound_tenant, from_sql, rejects_hint
 from backfill_assets.cli.inputs import choice
 from backfill_assets.cli.parsers import Command, command_group
 from backfill_assets.cli.tables import Human, emit, table, tell
 from backfill_assets.domain.errors import UserError
-from backfill_assets.domain.work import InvalidTenantId, validate_tenant_id
 from backfill_assets.ingest.formats import FORMATS, ImportInputError
 
 if TYPE_CHECKING:
@@ -122,29 +121,11 @@ def baseline_or(evaluate: Command) -> Command:
     return command
 
 
-def _tenant(value: str | None) -> str | None:
-    if value is None:
-        return None
-    try:
-        return validate_tenant_id(value)
-    except InvalidTenantId as exc:
-        raise UserError(f"argument --tenant: {exc}") from None
-
-
 def _source(args: argparse.Namespace) -> tuple[str, str] | None:
     """(url, query) of ``--sql``, or ``None`` for a file."""
-    if args.sql is None:
-        if args.query is not None:
-            raise UserError("argument --query: only with --sql")
-        if args.path is None:
-            raise UserError("give a PATH to import, or --sql URL --query ...")
+    hint = "give a PATH to import, or --sql URL --query ..."
+    if not from_sql(args, {"--query": args.query}, ("--query",), hint):
         return None
-    if args.path is not None:
-        raise UserError("give either a PATH or --sql, not both")
-    if args.format is not None:
-        raise UserError("argument --format: not with --sql (a query's rows have no format)")
-    if args.query is None:
-        raise UserError("argument --query: required with --sql")
     return str(args.sql), str(args.query)
 
 
@@ -164,7 +145,7 @@ def cmd_baseline_import(args: argparse.Namespace, settings: Settings) -> int:
     policy = settings.rubric().policy
     try:
         opts = baseline_options(
-            args.name, policy, _tenant(args.tenant), args.map, args.threshold, args.mapping
+            args.name, policy, bound_tenant(args.tenant), args.map, args.threshold, args.mapping
         )
     except ImportInputError as exc:
         raise UserError(str(exc)) from None

@@ -9,13 +9,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from backfill_assets.cli.commands.ingest import rejects_hint
+from backfill_assets.cli.commands.ingest import bound_tenant, from_sql, rejects_hint
 from backfill_assets.cli.inputs import choice
 from backfill_assets.cli.parsers import command_group
 from backfill_assets.cli.progress import ProgressDisplay, wanted
 from backfill_assets.cli.tables import Human, emit, table, tell
 from backfill_assets.domain.errors import UserError
-from backfill_assets.domain.work import InvalidTenantId, validate_tenant_id
 from backfill_assets.ingest.formats import FORMATS, Format, ImportInputError
 
 if TYPE_CHECKING:
@@ -78,24 +77,9 @@ def add_decisions_commands(add: Callable[[str, str], argparse.ArgumentParser]) -
 def _options(args: argparse.Namespace) -> DecisionOptions:
     from backfill_assets.runner.queries import DecisionOptions, parse_decision_map
 
-    tenant = None
-    if args.tenant is not None:
-        try:
-            tenant = validate_tenant_id(args.tenant)
-        except InvalidTenantId as exc:
-            raise UserError(f"argument --tenant: {exc}") from None
-    for flag, value in (("--query", args.query), ("--cursor", args.cursor)):
-        if args.sql is None and value is not None:
-            raise UserError(f"argument {flag}: only with --sql")
-    if args.sql is None and args.path is None:
-        raise UserError("give a PATH to import, or --sql URL --query ...")
-    if args.sql is not None:
-        if args.path is not None:
-            raise UserError("give either a PATH or --sql, not both")
-        if args.query is None:
-            raise UserError("argument --query: required with --sql")
-        if args.format is not None:
-            raise UserError("argument --format: not with --sql (a query's rows have no format)")
+    tenant = bound_tenant(args.tenant)
+    sql_only = {"--query": args.query, "--cursor": args.cursor}
+    from_sql(args, sql_only, ("--query",), "give a PATH to import, or --sql URL --query ...")
     fmt: Format | None = args.format
     try:
         columns = parse_decision_map(args.map)
