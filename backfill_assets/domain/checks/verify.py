@@ -195,19 +195,18 @@ def verify_scope(
     dead: Iterable[Row],
     ledger: Iterable[Row],
     versions: Versions,
-    known_posts: Mapping[str, str] | None = None,
     sample: int = 5,
     expected_keys: Mapping[str, str] | None = None,
 ) -> tuple[ScopeReport, list[Problem]]:
     """Audit one tenant's scope.
 
-    ``posts`` (post_id -> current content hash) defines the expected keys; ``known_posts``
-    (default: ``posts``) is every post of the tenant a row may legitimately derive from.
+    ``posts`` (post_id -> current content hash) defines the expected keys and is every post a
+    row of the scope may derive from (a row's post is in its own scope: a partition holds its
+    posts' slices, and ``verify``'s chunks of a tenant hold all of their posts' rows).
     ``expected_keys`` (post_id -> key under ``versions``) saves recomputing them when the
     caller has; they must be ``work_key(versions, tenant, post_id, posts[post_id])``.
     """
     rep = ScopeReport(tenant=tenant)
-    owned = posts if known_posts is None else known_posts
     ledger = list(ledger)
     sent = _sent(tenant, ledger)
     problems: list[Problem] = []
@@ -216,7 +215,7 @@ def verify_scope(
         if expected_keys is not None
         else {pid: work_key(versions, tenant, pid, h) for pid, h in posts.items()}
     )
-    derive = _Derivation(tenant, owned, versions, by_post)
+    derive = _Derivation(tenant, posts, versions, by_post)
     expected = set(by_post.values())
     rep.expected = len(expected)
 
@@ -236,7 +235,7 @@ def verify_scope(
         why = derive.why_not(row, sent)
         if why:
             problems.append(Problem("isolation", tenant, "results", row["key"], why))
-        elif _is_stale(row, owned):
+        elif _is_stale(row, posts):
             rep.stale += 1
     for key, n in result_keys.items():
         if n > 1:
