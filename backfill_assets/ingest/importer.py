@@ -223,7 +223,7 @@ def _import_file(
         ) from None
     finally:
         raise_slice_levels(engine, summary.tenants_seen, slice_target)
-    refresh_planner_stats(engine, ("tenants", "posts"))
+    refresh_planner_stats(engine, ("tenants", "posts"), force=bool(summary.new_tenants))
     return summary
 
 

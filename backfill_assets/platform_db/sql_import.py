@@ -239,6 +239,6 @@ def import_sql(
     finally:
         chunks.close()  # the source's connection ends here, not whenever it is collected
         raise_slice_levels(engine, summary.tenants_seen, slice_target)
-    refresh_planner_stats(engine, ("tenants", "posts"))
+    refresh_planner_stats(engine, ("tenants", "posts"), force=bool(summary.new_tenants))
     final: SourceState = holder[0]
     return SqlImport(summary, final.mark, source.cursor)

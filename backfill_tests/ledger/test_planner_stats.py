@@ -4,6 +4,7 @@ measured, or whose row count moved past 2x, not one whose rows were updated in p
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
@@ -19,7 +20,7 @@ from backfill_assets.ledger.engine import (
 )
 from backfill_assets.ledger.migrate import migrate
 from backfill_assets.runner.verify import verify_store
-from backfill_tests.conftest import pg_database
+from backfill_tests.conftest import import_records, pg_database
 
 
 @pytest.mark.parametrize(
@@ -82,6 +83,20 @@ def test_updates_in_place_do_not_reanalyse_but_growth_does(pg_engine: Engine) ->
     assert _analysed(pg_engine) == 2
 
 
+@pytest.mark.pg
+def test_forced_refresh_reanalyses_within_2x(pg_engine: Engine) -> None:
+    # An import that adds tenants: the row count moved less than 2x, but statistics taken
+    # before the new tenants would make the planner expect one row of each.
+    _write(pg_engine, "CREATE TABLE t (id int PRIMARY KEY, label text)")
+    _write(pg_engine, "INSERT INTO t SELECT g, 'a' FROM generate_series(1, 3000) g")
+    refresh_planner_stats(pg_engine, ("t",))
+    _write(pg_engine, "INSERT INTO t SELECT g, 'new' FROM generate_series(3001, 3500) g")
+    refresh_planner_stats(pg_engine, ("t",))
+    assert _analysed(pg_engine) == 1
+    refresh_planner_stats(pg_engine, ("t",), force=True)
+    assert _analysed(pg_engine) == 2
+
+
 def _page_cost(url: str) -> str:
     engine = make_engine(url)
     try:
@@ -131,3 +146,29 @@ def test_verify_reads_whole_tables_at_the_servers_page_cost(pg_engine: Engine) -
             assert sent[0] == "SET LOCAL random_page_cost TO DEFAULT"
         finally:
             engine.dispose()
+
+
+@pytest.mark.pg
+def test_an_import_that_adds_tenants_reanalyses_posts(pg_engine: Engine, tmp_path: Path) -> None:
+    migrate(pg_engine)
+
+    def analysed() -> int:
+        with pg_engine.connect() as conn:
+            conn.exec_driver_sql("SELECT pg_stat_force_next_flush()")
+            return int(
+                conn.exec_driver_sql(
+                    "SELECT analyze_count FROM pg_stat_user_tables WHERE relname = 'posts'"
+                ).scalar_one()
+            )
+
+    def posts_of(tenant: str, n: int) -> list[dict[str, str]]:
+        return [{"tenant_id": tenant, "post_id": f"p{i}", "text": f"post {i}"} for i in range(n)]
+
+    import_records(pg_engine, tmp_path, posts_of("acme", 3000), name="a.jsonl")
+    first = analysed()
+    # Within 2x and no new tenant: left as it is.
+    import_records(pg_engine, tmp_path, posts_of("acme", 3300), name="b.jsonl")
+    assert analysed() == first
+    # A new tenant of 300 posts: analysed again.
+    import_records(pg_engine, tmp_path, posts_of("globex", 300), name="c.jsonl")
+    assert analysed() == first + 1
